@@ -1,0 +1,7 @@
+from django.apps import AppConfig
+
+
+class AccountsConfig(AppConfig):
+    name = "dashboard.accounts"
+    label = "accounts"
+    verbose_name = "API tokens"

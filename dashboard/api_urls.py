@@ -1,0 +1,22 @@
+"""The JSON API under /api/. A plain list: each app appends its own routes."""
+
+from django.urls import path
+
+from dashboard.devices import views as device_views
+from dashboard.experiments import api as experiment_api
+
+urlpatterns = [
+    path("devices/", device_views.api_devices, name="api-devices"),
+    path("experiments/", experiment_api.experiments, name="api-experiments"),
+    path("experiments/<int:pk>/", experiment_api.experiment_detail, name="api-experiment"),
+    path(
+        "experiments/<int:pk>/metrics/",
+        experiment_api.experiment_metrics,
+        name="api-experiment-metrics",
+    ),
+    path(
+        "experiments/<int:pk>/stop/",
+        experiment_api.experiment_stop_view,
+        name="api-experiment-stop",
+    ),
+]

@@ -1,0 +1,200 @@
+"""What a machine can offer for training: CPUs, memory, GPUs, torch and shared memory.
+
+Runs inside the Celery worker's main process, which forks the pool: no call here may initialise
+CUDA (pytorch#40403). GPUs are read through NVML, torch only for what it was built with.
+Facts that cannot change while a process lives are computed once; the rest is cheap to re-read
+every few seconds.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import shutil
+import socket
+from datetime import UTC, datetime
+from typing import Any
+
+import psutil
+import pynvml
+
+logger = logging.getLogger(__name__)
+
+SHM_PATH = "/dev/shm"  # noqa: S108 - the POSIX shared memory mount, not a temporary file
+# Below this, DataLoader workers die with "Bus error" on real batches (pytorch#5040).
+SHM_LOW_BYTES = 1024**3
+PROBE_ELEMENTS = 16
+DISTRIBUTED_BACKENDS = ("nccl", "gloo", "mpi", "ucc")
+
+# NVML stays initialised for the life of the process: nvmlInit can take seconds per GPU when
+# persistence mode is off, too much for a report every few seconds.
+_nvml_initialised = False
+
+
+def machine_name() -> str:
+    """The name this worker reports under; several test workers on one host need their own."""
+    return os.environ.get("TRAINYARD_WORKER_NAME") or socket.gethostname()
+
+
+def cpu_count_usable() -> int:
+    # The affinity mask is what this process may actually run on (taskset, cgroups cpusets).
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def nvml_ensure() -> None:
+    global _nvml_initialised
+    if not _nvml_initialised:
+        pynvml.nvmlInit()
+        _nvml_initialised = True
+
+
+def _text(value: str | bytes) -> str:
+    # Old pynvml releases return bytes, nvidia-ml-py returns str.
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _nvml_read(call: Any, *args: Any) -> Any:
+    """One NVML field; a field the GPU does not support is None, not a failed report."""
+    try:
+        return call(*args)
+    except pynvml.NVMLError as exc:
+        logger.debug("NVML %s failed: %s", getattr(call, "__name__", call), exc)
+        return None
+
+
+def gpu_facts_collect_one(*, index: int) -> dict[str, Any]:
+    handle = pynvml.nvmlDeviceGetHandleByIndex(index)
+    memory = _nvml_read(pynvml.nvmlDeviceGetMemoryInfo, handle)
+    utilization = _nvml_read(pynvml.nvmlDeviceGetUtilizationRates, handle)
+    pci = _nvml_read(pynvml.nvmlDeviceGetPciInfo, handle)
+    uuid = _nvml_read(pynvml.nvmlDeviceGetUUID, handle)
+    name = _nvml_read(pynvml.nvmlDeviceGetName, handle)
+    return {
+        # NVML numbers GPUs in PCI bus order; CUDA agrees only with CUDA_DEVICE_ORDER=PCI_BUS_ID.
+        "index": index,
+        "uuid": _text(uuid) if uuid is not None else None,
+        "name": _text(name) if name is not None else None,
+        "pci_bus_id": _text(pci.busId) if pci is not None else None,
+        "memory_total_bytes": int(memory.total) if memory is not None else None,
+        "memory_used_bytes": int(memory.used) if memory is not None else None,
+        "utilization_percent": int(utilization.gpu) if utilization is not None else None,
+    }
+
+
+def gpu_facts_collect() -> dict[str, Any]:
+    """GPUs as NVML sees them, or a plain sentence saying why there are none."""
+    try:
+        nvml_ensure()
+        count = pynvml.nvmlDeviceGetCount()
+        gpus = [gpu_facts_collect_one(index=index) for index in range(count)]
+        driver = _nvml_read(pynvml.nvmlSystemGetDriverVersion)
+    except pynvml.NVMLError as exc:
+        return {"gpus": [], "gpu_status": f"no GPU: {exc}", "nvml_driver_version": None}
+    if not gpus:
+        status = "no GPU: NVML works but reports no device"
+    else:
+        status = f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''} through NVML"
+    return {
+        "gpus": gpus,
+        "gpu_status": status,
+        "nvml_driver_version": _text(driver) if driver is not None else None,
+    }
+
+
+def shm_usage_collect() -> dict[str, Any]:
+    try:
+        usage = shutil.disk_usage(SHM_PATH)
+    except OSError as exc:
+        return {
+            "path": SHM_PATH,
+            "present": False,
+            "status": f"no {SHM_PATH} on this machine ({exc.strerror or exc})",
+        }
+    return {
+        "path": SHM_PATH,
+        "present": True,
+        "total_bytes": usage.total,
+        "used_bytes": usage.used,
+        "free_bytes": usage.free,
+        "low": usage.total < SHM_LOW_BYTES,
+    }
+
+
+def shm_probe_collect() -> dict[str, Any]:
+    """Share a small CPU tensor the way DataLoader workers do, proving it works here and now."""
+    import torch
+
+    try:
+        tensor = torch.arange(PROBE_ELEMENTS, dtype=torch.float32).share_memory_()
+    except (RuntimeError, OSError) as exc:
+        return {"name": "probe", "is_shared": False, "error": str(exc)}
+    return {
+        "name": "probe",
+        "is_shared": tensor.is_shared(),
+        "dtype": str(tensor.dtype).removeprefix("torch."),
+        "shape": list(tensor.shape),
+        "bytes": tensor.nbytes,
+    }
+
+
+@functools.cache
+def torch_facts_static() -> dict[str, Any]:
+    """What torch was built with. torch.cuda.* is never called: it would initialise CUDA."""
+    try:
+        import torch
+        import torch.distributed as dist
+        import torch.multiprocessing as mp
+    except ImportError as exc:
+        return {"torch": {"error": f"torch cannot be imported: {exc}"}, "sharing": {}}
+    available = dist.is_available()
+    backends: dict[str, bool] = {}
+    for backend in DISTRIBUTED_BACKENDS:
+        check = getattr(dist, f"is_{backend}_available", None)
+        if check is not None:  # ucc only exists in some releases
+            backends[backend] = bool(available and check())
+    return {
+        "torch": {
+            "version": torch.__version__,
+            "cuda_compiled": torch.version.cuda,
+            "distributed_available": available,
+            "distributed_backends": backends,
+        },
+        "sharing": {
+            # Per process: this is what the worker, and so a child it starts, uses by default.
+            "sharing_strategy": mp.get_sharing_strategy(),
+            "sharing_strategies": sorted(mp.get_all_sharing_strategies()),
+        },
+    }
+
+
+def machine_facts_collect(*, with_torch: bool = True) -> dict[str, Any]:
+    """Everything a worker reports about its machine; see the module docstring for the costs.
+
+    `with_torch=False` is for the web process, which only needs CPUs and GPUs and should not
+    pay for importing torch.
+    """
+    memory = psutil.virtual_memory()
+    facts: dict[str, Any] = {
+        "hostname": machine_name(),
+        "collected_at": datetime.now(UTC).isoformat(),
+        "cpu_count": cpu_count_usable(),
+        "memory": {"total_bytes": memory.total, "available_bytes": memory.available},
+        **gpu_facts_collect(),
+        # What a training subprocess inherits; the launcher should set PCI_BUS_ID so that the
+        # GPU ids above (NVML order) mean the same GPUs to CUDA.
+        "cuda_device_order": os.environ.get("CUDA_DEVICE_ORDER"),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+    }
+    shared_memory = shm_usage_collect()
+    if with_torch:
+        static = torch_facts_static()
+        facts["torch"] = static["torch"]
+        shared_memory.update(static["sharing"])
+        if "error" not in static["torch"]:
+            shared_memory["shared_tensors"] = [shm_probe_collect()]
+    facts["shared_memory"] = shared_memory
+    return facts

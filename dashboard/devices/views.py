@@ -1,0 +1,112 @@
+"""The device page and its JSON feed: what every worker machine last reported."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.shortcuts import render
+from django.utils import timezone
+
+from dashboard.api import api_view
+from dashboard.devices.facts import SHM_LOW_BYTES
+from dashboard.devices.models import WorkerMachine
+
+POLL_SECONDS = 5
+
+
+def bytes_text(value: int | float | None) -> str:
+    """Binary units, the way /dev/shm and GPU memory are sized."""
+    if value is None:
+        return "?"
+    amount = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(amount) < 1024 or unit == "TiB":
+            return f"{amount:.0f} {unit}" if unit == "B" else f"{amount:.1f} {unit}"
+        amount /= 1024
+    raise AssertionError("unreachable")
+
+
+def machine_age_seconds(machine: WorkerMachine) -> int:
+    return max(0, int((timezone.now() - machine.reported_at).total_seconds()))
+
+
+def machine_api_item(machine: WorkerMachine) -> dict[str, Any]:
+    return {
+        "hostname": machine.hostname,
+        "online": machine.is_online,
+        "reported_at": machine.reported_at.isoformat(),
+        # Server-side age, so that a browser with a wrong clock still says "N s ago" right.
+        "age_seconds": machine_age_seconds(machine),
+        "report": machine.report,
+    }
+
+
+def gpu_card(gpu: dict[str, Any]) -> dict[str, Any]:
+    used, total = gpu.get("memory_used_bytes"), gpu.get("memory_total_bytes")
+    utilization = gpu.get("utilization_percent")
+    return {
+        **gpu,
+        "memory_text": f"{bytes_text(used)} / {bytes_text(total)}",
+        "utilization_text": "?" if utilization is None else f"{utilization} %",
+    }
+
+
+def shm_card(shm: dict[str, Any]) -> dict[str, Any]:
+    total = shm.get("total_bytes")
+    return {
+        **shm,
+        "total_text": bytes_text(total),
+        "used_text": bytes_text(shm.get("used_bytes")),
+        "free_text": bytes_text(shm.get("free_bytes")),
+        "low": shm.get("present", False) and total is not None and total < SHM_LOW_BYTES,
+        "strategies_text": ", ".join(shm.get("sharing_strategies") or []) or "?",
+        "tensors": [
+            {**tensor, "bytes_text": bytes_text(tensor.get("bytes"))}
+            for tensor in shm.get("shared_tensors") or []
+        ],
+    }
+
+
+def machine_card(machine: WorkerMachine) -> dict[str, Any]:
+    """The page's view of one machine; static/js/devices.js renders the same from the API."""
+    report = machine.report or {}
+    memory = report.get("memory") or {}
+    torch_facts = report.get("torch") or {}
+    return {
+        "hostname": machine.hostname,
+        "online": machine.is_online,
+        "age_seconds": machine_age_seconds(machine),
+        "reported_at": machine.reported_at,
+        "cpu_count": report.get("cpu_count"),
+        "memory_text": (
+            f"{bytes_text(memory.get('available_bytes'))} available "
+            f"of {bytes_text(memory.get('total_bytes'))}"
+        ),
+        "gpus": [gpu_card(gpu) for gpu in report.get("gpus") or []],
+        "gpu_status": report.get("gpu_status") or "no GPU: not reported",
+        "cuda_device_order": report.get("cuda_device_order"),
+        "torch": torch_facts,
+        "backends": sorted((torch_facts.get("distributed_backends") or {}).items()),
+        "shm": shm_card(report.get("shared_memory") or {}),
+    }
+
+
+def device_list(request: HttpRequest) -> HttpResponse:
+    machines = WorkerMachine.objects.all()
+    return render(
+        request,
+        "devices/device_list.html",
+        {
+            "cards": [machine_card(machine) for machine in machines],
+            "stale_seconds": settings.TRAINYARD_WORKER_STALE_SECONDS,
+            "poll_seconds": POLL_SECONDS,
+        },
+    )
+
+
+@api_view(("GET",))
+def api_devices(request: HttpRequest) -> HttpResponse:
+    machines = WorkerMachine.objects.all()
+    return JsonResponse({"machines": [machine_api_item(machine) for machine in machines]})

@@ -1,0 +1,96 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin, messages
+from django.db.models import QuerySet
+from django.http import HttpRequest
+
+from dashboard.experiments.models import Experiment, LogLine, MetricPoint
+from dashboard.experiments.services import experiment_clone, experiment_stop
+
+
+class ReadOnlyInline(admin.TabularInline):
+    extra = 0
+    can_delete = False
+    show_change_link = False
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class MetricPointInline(ReadOnlyInline):
+    model = MetricPoint
+    fields = (
+        "seq",
+        "epoch",
+        "step",
+        "train_loss",
+        "test_loss",
+        "test_accuracy",
+        "images_per_second",
+        "time",
+    )
+    readonly_fields = fields
+
+
+class LogLineInline(ReadOnlyInline):
+    model = LogLine
+    fields = ("seq", "time", "level", "message")
+    readonly_fields = fields
+
+
+@admin.register(Experiment)
+class ExperimentAdmin(admin.ModelAdmin):
+    list_display = ("name", "status", "strategy", "owner", "accuracy", "duration", "created_at")
+    list_filter = ("status", "strategy", "owner")
+    search_fields = ("name",)
+    date_hierarchy = "created_at"
+    actions = ("stop_runs", "clone_and_relaunch")
+    inlines = (MetricPointInline, LogLineInline)
+    readonly_fields = (
+        "status",
+        "created_at",
+        "started_at",
+        "finished_at",
+        "worker",
+        "error",
+        "test_loss",
+        "test_accuracy",
+        "epoch",
+        "step",
+        "total_steps",
+        "last_seq",
+        "notes",
+        "run_info",
+        "cancel_requested_at",
+        "cancelled_by",
+        "launcher_pid",
+        "cloned_from",
+    )
+
+    @admin.display(description="test accuracy", ordering="test_accuracy")
+    def accuracy(self, obj: Experiment) -> str:
+        return "–" if obj.test_accuracy is None else f"{obj.test_accuracy:.2%}"
+
+    @admin.display(description="duration")
+    def duration(self, obj: Experiment) -> str:
+        seconds = obj.duration_seconds
+        if seconds is None:
+            return "–"
+        minutes, secs = divmod(int(seconds), 60)
+        return f"{minutes} min {secs:02d} s" if minutes else f"{secs} s"
+
+    @admin.action(description="Stop the selected runs")
+    def stop_runs(self, request: HttpRequest, queryset: QuerySet[Experiment]) -> None:
+        stopped = sum(experiment_stop(experiment=e, by=request.user) for e in queryset)
+        self.message_user(request, f"Stop requested for {stopped} run(s).", messages.SUCCESS)
+
+    @admin.action(description="Clone and relaunch the selected runs")
+    def clone_and_relaunch(self, request: HttpRequest, queryset: QuerySet[Experiment]) -> None:
+        clones = [experiment_clone(experiment=e, owner=request.user) for e in queryset]
+        names = ", ".join(f"#{c.pk}" for c in clones)
+        self.message_user(request, f"Queued {len(clones)} new run(s): {names}.", messages.SUCCESS)

@@ -1,0 +1,105 @@
+"""The JSON API for scripts: /api/experiments/... Same validation as the launch form."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import HttpRequest, JsonResponse
+
+from dashboard.api import ApiError, api_view, json_body
+from dashboard.experiments.forms import FIELDS, ExperimentForm
+from dashboard.experiments.models import Experiment
+from dashboard.experiments.services import (
+    experiment_as_dict,
+    experiment_can_control,
+    experiment_launch,
+    experiment_stop,
+    experiments_visible_to,
+)
+
+# JSON types each field accepts; booleans are never numbers here.
+FIELD_TYPES: dict[str, tuple[type, ...]] = {
+    "name": (str,),
+    "dataset": (str,),
+    "strategy": (str,),
+    "processes": (int,),
+    "gpus": (list,),
+    "epochs": (int,),
+    "batch_size": (int,),
+    "lr": (int, float),
+    "optimizer": (str,),
+    "seed": (int,),
+}
+TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", list: "a list"}
+MAX_LIST_PAGE = 500
+
+
+def launch_payload_check(payload: dict[str, Any]) -> dict[str, list[str]]:
+    errors: dict[str, list[str]] = {}
+    for key in payload:
+        if key not in FIELD_TYPES:
+            errors[key] = [f"unknown field; the fields are {', '.join(FIELDS)}"]
+    for key, allowed in FIELD_TYPES.items():
+        if key not in payload or (key == "processes" and payload[key] is None):
+            continue
+        value = payload[key]
+        if isinstance(value, bool) or not isinstance(value, allowed):
+            errors[key] = [f"must be {TYPE_NAMES[allowed[0]]}"]
+    gpus = payload.get("gpus")
+    if isinstance(gpus, list) and any(isinstance(g, bool) or not isinstance(g, int) for g in gpus):
+        errors["gpus"] = ["must be a list of integer GPU ids"]
+    return errors
+
+
+def launch_form_data(payload: dict[str, Any]) -> dict[str, Any]:
+    """Omitted fields take the form's defaults."""
+    defaults = {name: Experiment._meta.get_field(name).get_default() for name in FIELDS}
+    defaults["processes"] = None  # decided by the strategy and the GPUs
+    return {**defaults, **payload}
+
+
+def _visible(request: HttpRequest, pk: int) -> Experiment:
+    experiment = experiments_visible_to(request.user).filter(pk=pk).first()
+    if experiment is None:
+        raise ApiError(404, f"no experiment {pk}")
+    return experiment
+
+
+@api_view(("GET", "POST"))
+def experiments(request: HttpRequest) -> JsonResponse:
+    if request.method == "GET":
+        rows = experiments_visible_to(request.user).select_related("cancelled_by")[:MAX_LIST_PAGE]
+        return JsonResponse({"experiments": [experiment_as_dict(e) for e in rows]})
+    payload = json_body(request)
+    errors = launch_payload_check(payload)
+    if errors:
+        raise ApiError(400, "invalid experiment", errors)
+    form = ExperimentForm(data=launch_form_data(payload))
+    if not form.is_valid():
+        errors = {k: [e["message"] for e in v] for k, v in form.errors.get_json_data().items()}
+        raise ApiError(400, "invalid experiment", errors)
+    experiment = experiment_launch(owner=request.user, fields=form.cleaned_data)
+    return JsonResponse(experiment_as_dict(experiment), status=201)
+
+
+@api_view(("GET",))
+def experiment_detail(request: HttpRequest, pk: int) -> JsonResponse:
+    return JsonResponse(experiment_as_dict(_visible(request, pk)))
+
+
+@api_view(("GET",))
+def experiment_metrics(request: HttpRequest, pk: int) -> JsonResponse:
+    experiment = _visible(request, pk)
+    return JsonResponse({"id": pk, "points": [p.as_dict() for p in experiment.points.all()]})
+
+
+@api_view(("POST",))
+def experiment_stop_view(request: HttpRequest, pk: int) -> JsonResponse:
+    experiment = _visible(request, pk)
+    if not experiment_can_control(experiment=experiment, user=request.user):
+        raise ApiError(403, "only the owner or staff may stop this run")
+    if not experiment.is_active:
+        raise ApiError(409, f"the run is already {experiment.status}")
+    experiment_stop(experiment=experiment, by=request.user)
+    experiment.refresh_from_db()
+    return JsonResponse(experiment_as_dict(experiment), status=202)

@@ -1,0 +1,74 @@
+"""The live channel of one experiment: /ws/experiments/<id>/.
+
+On connect it sends a snapshot of what the database holds (the run's points and last logs), then
+every later event in `seq` order. Clients drop what they already have (seq <= snapshot's) and
+reconnect on a gap, so nothing is lost when the channel layer drops or the socket breaks.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from channels.db import database_sync_to_async
+from channels.generic.websocket import AsyncJsonWebsocketConsumer
+
+from dashboard.experiments.models import Experiment
+from dashboard.experiments.services import experiment_as_dict, experiments_visible_to
+from dashboard.experiments.sink import experiment_group
+
+SNAPSHOT_LOG_LINES = 200
+CLOSE_UNAUTHENTICATED = 4401
+CLOSE_FORBIDDEN = 4403
+
+
+@database_sync_to_async
+def experiment_visible(*, pk: int, user: Any) -> bool:
+    return experiments_visible_to(user).filter(pk=pk).exists()
+
+
+@database_sync_to_async
+def experiment_snapshot(*, pk: int) -> dict[str, Any]:
+    experiment = Experiment.objects.select_related("owner", "cancelled_by").get(pk=pk)
+    points = [p.as_dict() for p in experiment.points.all()]
+    logs = [line.as_dict() for line in experiment.logs.order_by("-seq", "-id")[:SNAPSHOT_LOG_LINES]]
+    logs.reverse()
+    return {
+        "type": "snapshot",
+        "seq": experiment.last_seq,
+        "experiment": experiment_as_dict(experiment),
+        "points": points,
+        "logs": logs,
+    }
+
+
+class ExperimentConsumer(AsyncJsonWebsocketConsumer):
+    group_name: str | None = None
+
+    async def connect(self) -> None:
+        user = self.scope.get("user")
+        if user is None or not user.is_authenticated:
+            await self.close(code=CLOSE_UNAUTHENTICATED)
+            return
+        pk = int(self.scope["url_route"]["kwargs"]["pk"])
+        if not await experiment_visible(pk=pk, user=user):
+            await self.close(code=CLOSE_FORBIDDEN)
+            return
+        # Join before reading the snapshot: an event stored in between then arrives twice
+        # (dropped by seq) instead of never.
+        self.group_name = experiment_group(pk)
+        await self.channel_layer.group_add(self.group_name, self.channel_name)
+        await self.accept()
+        await self.send_json(await experiment_snapshot(pk=pk))
+
+    async def disconnect(self, code: int) -> None:
+        if self.group_name is not None:
+            await self.channel_layer.group_discard(self.group_name, self.channel_name)
+
+    async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
+        # The channel is one-way: whatever a client sends, even invalid JSON, is answered with an
+        # error and never decoded or acted on.
+        await self.send_json({"type": "error", "error": "this channel accepts no messages"})
+
+    async def run_events(self, message: dict[str, Any]) -> None:
+        for event in message["events"]:
+            await self.send_json(event)

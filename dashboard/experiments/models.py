@@ -1,0 +1,161 @@
+"""Experiments, their metric points and their log lines."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+from django.urls import reverse
+
+
+class Status(models.TextChoices):
+    QUEUED = "queued"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+
+
+ACTIVE_STATUSES = (Status.QUEUED, Status.RUNNING)
+
+
+class Dataset(models.TextChoices):
+    MNIST = "mnist", "MNIST"
+    FASHION_MNIST = "fashion-mnist", "Fashion-MNIST"
+
+
+class Strategy(models.TextChoices):
+    SINGLE = "single", "Single device"
+    DP = "dp", "DataParallel"
+    DDP = "ddp", "DistributedDataParallel"
+
+
+class Optimizer(models.TextChoices):
+    ADAM = "adam", "Adam"
+    SGD = "sgd", "SGD"
+
+
+class Experiment(models.Model):
+    name = models.CharField(max_length=200)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="experiments"
+    )
+    dataset = models.CharField(max_length=32, choices=Dataset.choices, default=Dataset.MNIST)
+    strategy = models.CharField(max_length=32, choices=Strategy.choices, default=Strategy.DDP)
+    processes = models.PositiveSmallIntegerField(default=2, help_text="DDP ranks")
+    gpus = models.JSONField(default=list, blank=True, help_text="GPU ids; empty means CPU")
+    epochs = models.PositiveSmallIntegerField(default=1)
+    batch_size = models.PositiveIntegerField(default=64)
+    lr = models.FloatField(default=1e-3)
+    optimizer = models.CharField(max_length=16, choices=Optimizer.choices, default=Optimizer.ADAM)
+    seed = models.IntegerField(default=1)
+
+    status = models.CharField(
+        max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    worker = models.CharField(max_length=255, blank=True, help_text="machine that ran it")
+    error = models.TextField(blank=True)
+    test_loss = models.FloatField(null=True, blank=True)
+    test_accuracy = models.FloatField(null=True, blank=True, help_text="fraction 0..1")
+
+    # Progress, as of the last event the supervising task stored.
+    epoch = models.PositiveIntegerField(default=0)
+    step = models.PositiveIntegerField(default=0)
+    total_steps = models.PositiveIntegerField(null=True, blank=True)
+    last_seq = models.IntegerField(default=0)
+    notes = models.JSONField(default=list, blank=True, help_text="what the engine said it did")
+    run_info = models.JSONField(default=dict, blank=True, help_text="the `started` event")
+
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    cancelled_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+    launcher_pid = models.IntegerField(null=True, blank=True)
+    cloned_from = models.ForeignKey(
+        "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="clones"
+    )
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+
+    def __str__(self) -> str:
+        return f"#{self.pk} {self.name}"
+
+    def get_absolute_url(self) -> str:
+        return reverse("experiment-detail", args=[self.pk])
+
+    @property
+    def is_active(self) -> bool:
+        return self.status in ACTIVE_STATUSES
+
+    @property
+    def duration_seconds(self) -> float | None:
+        if self.started_at is None:
+            return None
+        end = self.finished_at
+        if end is None:
+            from django.utils import timezone
+
+            end = timezone.now()
+        return (end - self.started_at).total_seconds()
+
+    @property
+    def group_name(self) -> str:
+        return f"experiment-{self.pk}"
+
+    def devices_label(self) -> str:
+        if self.gpus:
+            return "GPU " + ",".join(str(g) for g in self.gpus)
+        if self.strategy == Strategy.DDP:
+            return f"{self.processes} CPU processes"
+        return "CPU"
+
+
+class MetricPoint(models.Model):
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="points")
+    seq = models.IntegerField()
+    step = models.PositiveIntegerField()
+    epoch = models.PositiveIntegerField()
+    train_loss = models.FloatField(null=True, blank=True)
+    test_loss = models.FloatField(null=True, blank=True)
+    test_accuracy = models.FloatField(null=True, blank=True)
+    images_per_second = models.FloatField(null=True, blank=True)
+    time = models.FloatField(help_text="seconds since the run started")
+
+    class Meta:
+        ordering = ["seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["experiment", "seq"], name="unique_point_seq")
+        ]
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "seq": self.seq,
+            "step": self.step,
+            "epoch": self.epoch,
+            "train_loss": self.train_loss,
+            "test_loss": self.test_loss,
+            "test_accuracy": self.test_accuracy,
+            "images_per_second": self.images_per_second,
+            "time": self.time,
+        }
+
+
+class LogLine(models.Model):
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="logs")
+    seq = models.IntegerField()
+    time = models.FloatField(default=0)
+    level = models.CharField(max_length=16, default="info")
+    message = models.TextField()
+
+    class Meta:
+        ordering = ["seq", "id"]
+
+    def as_dict(self) -> dict[str, object]:
+        return {"seq": self.seq, "time": self.time, "level": self.level, "message": self.message}

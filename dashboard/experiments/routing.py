@@ -1,0 +1,7 @@
+from django.urls import re_path
+
+from dashboard.experiments.consumers import ExperimentConsumer
+
+websocket_urlpatterns = [
+    re_path(r"^ws/experiments/(?P<pk>\d+)/$", ExperimentConsumer.as_asgi()),
+]

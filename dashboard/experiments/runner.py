@@ -1,0 +1,257 @@
+"""Supervising one run: claim it, start the training process, relay its events, settle its status.
+
+The training runs as a new interpreter in a session of its own (Celery's prefork children are
+daemonic and may not have multiprocessing children). It speaks the protocol of
+`training/protocol.py` on stdout; nothing else of it is known here.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import queue
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+from typing import IO, Any
+
+from django.conf import settings
+from django.utils import timezone
+
+from dashboard.experiments.models import Experiment, Status
+from dashboard.experiments.processes import process_tree_stop
+from dashboard.experiments.sink import EventSink
+from training.protocol import PROTOCOL_VERSION, parse_event
+
+log = logging.getLogger(__name__)
+
+FLUSH_SECONDS = 0.5
+STOP_POLL_SECONDS = 0.5
+STDERR_TAIL_LINES = 30
+
+
+def training_command(*, experiment: Experiment) -> list[str]:
+    run_dir = Path(settings.TRAINYARD_RUNS_DIR) / str(experiment.pk)
+    command = [
+        sys.executable,
+        "-m",
+        "training",
+        "--run-id",
+        str(experiment.pk),
+        "--strategy",
+        experiment.strategy,
+        "--nproc",
+        str(experiment.processes),
+        "--dataset",
+        experiment.dataset,
+        "--epochs",
+        str(experiment.epochs),
+        "--batch-size",
+        str(experiment.batch_size),
+        "--lr",
+        repr(experiment.lr),
+        "--optimizer",
+        experiment.optimizer,
+        "--seed",
+        str(experiment.seed),
+        "--data-dir",
+        str(settings.TRAINYARD_DATA_DIR),
+        "--checkpoint-dir",
+        str(run_dir / "checkpoints"),
+    ]
+    if experiment.gpus:
+        command += ["--gpus", ",".join(str(g) for g in experiment.gpus)]
+    return command
+
+
+def experiment_claim(*, experiment_id: int, worker: str) -> bool:
+    """Only a queued run can become running: two workers can never both start one run."""
+    claimed = Experiment.objects.filter(pk=experiment_id, status=Status.QUEUED).update(
+        status=Status.RUNNING, started_at=timezone.now(), worker=worker
+    )
+    return claimed == 1
+
+
+def experiment_run(*, experiment_id: int, worker: str) -> str | None:
+    """Run a queued experiment to its end; returns the final status, or None if not claimed."""
+    if not experiment_claim(experiment_id=experiment_id, worker=worker):
+        log.info("experiment %s was not queued any more; not starting it", experiment_id)
+        return None
+    experiment = Experiment.objects.get(pk=experiment_id)
+    sink = EventSink(experiment)
+    sink.add({"type": "status", "status": Status.RUNNING, "worker": worker})
+    sink.flush()
+    try:
+        supervisor = RunSupervisor(experiment=experiment, sink=sink)
+        outcome = supervisor.run()
+    except Exception as exc:  # a supervisor bug must not leave the run "running"
+        log.exception("supervising experiment %s failed", experiment_id)
+        outcome = Outcome(Status.FAILED, error=f"supervisor error: {exc}")
+    return experiment_settle(experiment=experiment, sink=sink, outcome=outcome)
+
+
+class Outcome:
+    def __init__(
+        self,
+        status: str,
+        *,
+        error: str = "",
+        test_loss: float | None = None,
+        test_accuracy: float | None = None,
+    ):
+        self.status = status
+        self.error = error
+        self.test_loss = test_loss
+        self.test_accuracy = test_accuracy
+
+
+def experiment_settle(*, experiment: Experiment, sink: EventSink, outcome: Outcome) -> str:
+    finished_at = timezone.now()
+    Experiment.objects.filter(pk=experiment.pk, status=Status.RUNNING).update(
+        status=outcome.status,
+        finished_at=finished_at,
+        error=outcome.error,
+        test_loss=outcome.test_loss,
+        test_accuracy=outcome.test_accuracy,
+        launcher_pid=None,
+    )
+    final_type = "finished" if outcome.status == Status.SUCCEEDED else "failed"
+    fields: dict[str, Any] = {"type": final_type, "status": outcome.status}
+    if final_type == "finished":
+        fields.update(test_loss=outcome.test_loss, test_accuracy=outcome.test_accuracy)
+    else:
+        fields.update(error=outcome.error)
+    sink.add(fields)
+    sink.flush()
+    return outcome.status
+
+
+def _pump(stream: IO[str], source: str, lines: queue.Queue[tuple[str, str | None]]) -> None:
+    for line in stream:
+        lines.put((source, line))
+    lines.put((source, None))
+
+
+class RunSupervisor:
+    def __init__(self, *, experiment: Experiment, sink: EventSink):
+        self.experiment = experiment
+        self.sink = sink
+        self.lines: queue.Queue[tuple[str, str | None]] = queue.Queue()
+        self.stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
+        self.rank_pids: list[int] = []
+        self.final_event: dict[str, Any] | None = None
+        self.stopped_by: str | None = None
+
+    def run(self) -> Outcome:
+        process = self._start()
+        open_streams = 2
+        next_flush = next_stop_check = time.monotonic()
+        while open_streams:
+            try:
+                source, line = self.lines.get(timeout=0.1)
+            except queue.Empty:
+                source, line = "", ""
+            if line is None:
+                open_streams -= 1
+            elif line:
+                self._take(source, line)
+            now = time.monotonic()
+            if now >= next_flush:
+                self.sink.flush()
+                next_flush = now + FLUSH_SECONDS
+            if now >= next_stop_check and self.stopped_by is None:
+                self._check_stop(process)
+                next_stop_check = now + STOP_POLL_SECONDS
+        returncode = process.wait()
+        self.sink.flush()
+        return self._outcome(returncode)
+
+    def _start(self) -> subprocess.Popen[str]:
+        command = training_command(experiment=self.experiment)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+        log.info("experiment %s: %s", self.experiment.pk, " ".join(command))
+        process = subprocess.Popen(  # noqa: S603 - the command is built from validated fields
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            text=True,
+            bufsize=1,
+            start_new_session=True,
+            cwd=settings.BASE_DIR,
+            env=env,
+        )
+        Experiment.objects.filter(pk=self.experiment.pk).update(launcher_pid=process.pid)
+        for stream, source in ((process.stdout, "stdout"), (process.stderr, "stderr")):
+            assert stream is not None
+            threading.Thread(target=_pump, args=(stream, source, self.lines), daemon=True).start()
+        return process
+
+    def _take(self, source: str, line: str) -> None:
+        event = parse_event(line) if source == "stdout" else None
+        if event is None:
+            if source == "stderr":
+                self.stderr_tail.append(line.rstrip())
+            if line.strip():
+                self.sink.add_output(line, level=source)
+            return
+        if event["v"] > PROTOCOL_VERSION:
+            self.sink.add_output(f"unknown protocol version {event['v']}: {line}", level="error")
+            return
+        if event["type"] == "started":
+            self.rank_pids = [int(p) for p in event.get("pids") or [] if isinstance(p, int)]
+        if event["type"] in {"finished", "failed"}:
+            self.final_event = event
+            if event.get("traceback"):
+                self.sink.add_output(str(event["traceback"]), level="error")
+            # The final status is the dashboard's to say, once the process has exited.
+            level = "info" if event["type"] == "finished" else "error"
+            event = {"type": "log", "level": level, "message": _final_message(event)}
+        self.sink.add(event)
+
+    def _check_stop(self, process: subprocess.Popen[str]) -> None:
+        row = (
+            Experiment.objects.filter(pk=self.experiment.pk)
+            .values("cancel_requested_at", "cancelled_by__username")
+            .first()
+        )
+        if row is None or row["cancel_requested_at"] is None:
+            return
+        self.stopped_by = row["cancelled_by__username"] or "someone"
+        self.sink.add_output(
+            f"Stop requested by {self.stopped_by}; ending every process", level="info"
+        )
+        self.sink.flush()
+        killed = process_tree_stop(
+            root_pid=process.pid,
+            extra_pids=self.rank_pids,
+            grace_seconds=settings.TRAINYARD_STOP_GRACE_SECONDS,
+        )
+        if killed:
+            self.sink.add_output(f"killed after the grace period: {killed}", level="warning")
+
+    def _outcome(self, returncode: int) -> Outcome:
+        if self.stopped_by is not None:
+            return Outcome(Status.CANCELLED, error=f"Stopped by {self.stopped_by}.")
+        final = self.final_event or {}
+        if returncode == 0 and final.get("type") == "finished":
+            return Outcome(
+                Status.SUCCEEDED,
+                test_loss=final.get("test_loss"),
+                test_accuracy=final.get("test_accuracy"),
+            )
+        if final.get("type") == "failed":
+            return Outcome(Status.FAILED, error=str(final.get("error") or "training failed"))
+        tail = "\n".join(self.stderr_tail)
+        return Outcome(Status.FAILED, error=f"training exited with code {returncode}\n{tail}")
+
+
+def _final_message(event: dict[str, Any]) -> str:
+    if event["type"] == "finished":
+        accuracy = event.get("test_accuracy")
+        shown = f"{accuracy:.2%}" if isinstance(accuracy, float) else "n/a"
+        return f"training finished: test accuracy {shown}, test loss {event.get('test_loss')}"
+    return f"training failed: {event.get('error')}"

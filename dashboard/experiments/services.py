@@ -1,0 +1,92 @@
+"""What can be done to experiments: launch, stop, clone, read. Views, the API and admin call these."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
+from django.db import transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from dashboard.experiments.forms import FIELDS
+from dashboard.experiments.models import Experiment, Status
+
+User = AbstractBaseUser | AnonymousUser
+
+
+def experiments_visible_to(user: Any) -> QuerySet[Experiment]:
+    queryset = Experiment.objects.select_related("owner")
+    if getattr(user, "is_staff", False):
+        return queryset
+    return queryset.filter(owner_id=user.pk)
+
+
+def experiment_can_control(*, experiment: Experiment, user: Any) -> bool:
+    return bool(getattr(user, "is_staff", False) or experiment.owner_id == user.pk)
+
+
+def experiment_launch(*, owner: Any, fields: dict[str, Any]) -> Experiment:
+    """Store a validated launch request and queue it once the row is committed."""
+    from dashboard.experiments.tasks import run_experiment
+
+    experiment = Experiment.objects.create(owner=owner, **fields)
+    transaction.on_commit(lambda: run_experiment.delay(experiment.pk))
+    return experiment
+
+
+def experiment_stop(*, experiment: Experiment, by: Any) -> bool:
+    """Ask a run to stop. A queued run is cancelled at once; a running one by its supervisor."""
+    now = timezone.now()
+    cancelled_queued = Experiment.objects.filter(pk=experiment.pk, status=Status.QUEUED).update(
+        status=Status.CANCELLED,
+        cancel_requested_at=now,
+        cancelled_by=by,
+        finished_at=now,
+        error=f"Stopped by {by} before it started.",
+    )
+    if cancelled_queued:
+        return True
+    requested = Experiment.objects.filter(
+        pk=experiment.pk, status=Status.RUNNING, cancel_requested_at__isnull=True
+    ).update(cancel_requested_at=now, cancelled_by=by)
+    return bool(requested)
+
+
+def experiment_clone(*, experiment: Experiment, owner: Any) -> Experiment:
+    fields = {name: getattr(experiment, name) for name in FIELDS}
+    fields["name"] = f"{experiment.name} (again)"[:200]
+    clone = experiment_launch(owner=owner, fields=fields)
+    Experiment.objects.filter(pk=clone.pk).update(cloned_from=experiment)
+    return clone
+
+
+def _iso(value: Any) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def experiment_as_dict(experiment: Experiment) -> dict[str, Any]:
+    data: dict[str, Any] = {"id": experiment.pk}
+    data.update({name: getattr(experiment, name) for name in FIELDS})
+    data.update(
+        owner=experiment.owner.get_username(),
+        status=experiment.status,
+        created_at=_iso(experiment.created_at),
+        started_at=_iso(experiment.started_at),
+        finished_at=_iso(experiment.finished_at),
+        worker=experiment.worker,
+        error=experiment.error,
+        test_loss=experiment.test_loss,
+        test_accuracy=experiment.test_accuracy,
+        epoch=experiment.epoch,
+        step=experiment.step,
+        total_steps=experiment.total_steps,
+        last_seq=experiment.last_seq,
+        notes=experiment.notes,
+        dataset_source=experiment.run_info.get("dataset_source"),
+        stop_requested=experiment.cancel_requested_at is not None,
+        cancelled_by=experiment.cancelled_by.get_username() if experiment.cancelled_by else None,
+        duration=experiment.duration_seconds,
+        url=experiment.get_absolute_url(),
+    )
+    return data

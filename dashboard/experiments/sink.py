@@ -1,0 +1,132 @@
+"""Where a run's events go: metric and log rows in the database, then the run's channel group.
+
+Events are numbered by the dashboard (`seq`, per experiment, no gaps), stored in one transaction
+per flush, and sent as one channel message per flush: channels-redis drops messages past its
+capacity without a word, so a fast run must not send one message per event.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+
+from dashboard.experiments.models import Experiment, LogLine, MetricPoint
+
+log = logging.getLogger(__name__)
+
+GROUP_MESSAGE_TYPE = "run.events"
+POINT_FIELDS = ("step", "epoch", "train_loss", "test_loss", "test_accuracy", "images_per_second")
+MAX_LOG_CHARS = 4000
+
+
+def experiment_group(experiment_id: int) -> str:
+    return f"experiment-{experiment_id}"
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value) if math.isfinite(value) else None
+
+
+class EventSink:
+    def __init__(self, experiment: Experiment):
+        self.experiment = experiment
+        self.seq = experiment.last_seq
+        self.points: list[MetricPoint] = []
+        self.logs: list[LogLine] = []
+        self.messages: list[dict[str, Any]] = []
+        self.updates: dict[str, Any] = {}
+        self.channel_layer = get_channel_layer()
+
+    def add(self, event: dict[str, Any]) -> dict[str, Any]:
+        """Number an event, queue its rows and its message; returns the message."""
+        self.seq += 1
+        message = {**event, "seq": self.seq}
+        message.pop("v", None)
+        message.pop("run", None)
+        kind = message["type"]
+        if kind in {"step", "epoch"}:
+            self._add_point(message)
+        elif kind == "log":
+            self._add_log(message, level=str(message.get("level", "info")))
+        elif kind == "started":
+            self.updates.update(
+                run_info={k: v for k, v in message.items() if k not in {"seq", "type"}},
+                notes=list(message.get("notes") or []),
+                total_steps=message.get("total_steps"),
+            )
+            for note in message.get("notes") or []:
+                self._add_log({"seq": self.seq, "time": message.get("time"), "message": note})
+        elif kind == "checkpoint":
+            self._add_log(
+                {**message, "message": f"checkpoint of epoch {message.get('epoch')} saved"}
+            )
+        elif kind == "failed" and message.get("traceback"):
+            self._add_log({**message, "message": message["traceback"]}, level="error")
+        self.messages.append(message)
+        return message
+
+    def add_output(self, line: str, *, level: str) -> None:
+        """A line of plain output (stderr, or stdout that is not an event)."""
+        self.add({"type": "log", "level": level, "message": line.rstrip()[:MAX_LOG_CHARS]})
+
+    def _add_point(self, message: dict[str, Any]) -> None:
+        values = {name: _number(message.get(name)) for name in POINT_FIELDS}
+        if message["type"] == "epoch":
+            values["train_loss"] = None  # the epoch mean would draw a second, coarser curve
+        else:
+            values["test_loss"] = values["test_accuracy"] = None
+        step, epoch = int(values.pop("step") or 0), int(values.pop("epoch") or 0)
+        self.points.append(
+            MetricPoint(
+                experiment_id=self.experiment.pk,
+                seq=self.seq,
+                step=step,
+                epoch=epoch,
+                time=_number(message.get("time")) or 0.0,
+                **values,
+            )
+        )
+        self.updates.update(step=step, epoch=epoch)
+
+    def _add_log(self, message: dict[str, Any], *, level: str = "info") -> None:
+        self.logs.append(
+            LogLine(
+                experiment_id=self.experiment.pk,
+                seq=self.seq,
+                time=_number(message.get("time")) or 0.0,
+                level=level[:16],
+                message=str(message.get("message", ""))[:MAX_LOG_CHARS],
+            )
+        )
+
+    def flush(self) -> None:
+        """Store what was added, then send it. The database comes first: it is the record."""
+        if not self.messages:
+            return
+        with transaction.atomic():
+            MetricPoint.objects.bulk_create(self.points)
+            LogLine.objects.bulk_create(self.logs)
+            Experiment.objects.filter(pk=self.experiment.pk).update(
+                last_seq=self.seq, **self.updates
+            )
+        messages, self.messages = self.messages, []
+        self.points, self.logs, self.updates = [], [], {}
+        self._send(messages)
+
+    def _send(self, messages: list[dict[str, Any]]) -> None:
+        if self.channel_layer is None:
+            return
+        try:
+            async_to_sync(self.channel_layer.group_send)(
+                experiment_group(self.experiment.pk),
+                {"type": GROUP_MESSAGE_TYPE, "events": messages},
+            )
+        except Exception:  # the browser backfills from the database on reconnect
+            log.warning("channel layer unreachable; %d events only stored", len(messages))

