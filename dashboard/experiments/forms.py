@@ -124,7 +124,7 @@ class ExperimentForm(forms.ModelForm):
         for message in capacity_check(
             strategy=strategy, processes=data.get("processes", 1), gpus=gpus
         ):
-            self.add_error("gpus" if "GPU" in message else "processes", message)
+            self.add_error("gpus" if gpus else "processes", message)
         if not data.get("name"):
             data["name"] = f"{Strategy(strategy).label} on {data.get('dataset', 'mnist')}"
         return data

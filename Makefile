@@ -1,0 +1,44 @@
+# Trainyard: `make run` serves the dashboard, `make test` runs every test. Both set up what they need.
+PYTHON ?= python3.11
+VENV := .venv
+PY := $(VENV)/bin/python
+PORT ?= 8000
+export PYTORCH_NVML_BASED_CUDA_CHECK := 1
+
+.PHONY: setup run test lint typecheck worker clean
+
+$(VENV)/.installed: pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: Trainyard needs Python 3.11"; exit 1; }
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	touch $@
+
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+setup: $(VENV)/.installed node_modules/.installed
+	$(PY) manage.py migrate --noinput -v 0
+
+run: setup
+	@$(PY) manage.py ensure_admin
+	@echo "Trainyard: http://127.0.0.1:$(PORT)/  (Ctrl-C stops everything)"
+	WEB_PORT=$(PORT) $(VENV)/bin/honcho -f Procfile start
+
+worker: setup
+	$(VENV)/bin/celery -A dashboard worker --loglevel INFO
+
+test: setup
+	$(VENV)/bin/pytest
+	$(MAKE) --no-print-directory lint
+
+lint:
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+typecheck:
+	$(VENV)/bin/mypy training dashboard
+
+clean:
+	rm -rf $(VENV) node_modules var staticfiles

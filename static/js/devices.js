@@ -1,0 +1,191 @@
+// The device page: poll GET /api/devices/ and re-render the machine cards.
+// Mirrors templates/devices/device_list.html; built with DOM nodes (textContent), never HTML
+// strings, because every value comes from a worker's report.
+(function () {
+  "use strict";
+
+  const root = document.getElementById("devices");
+  if (!root) return;
+  const apiUrl = root.dataset.apiUrl;
+  const pollMs = (Number(root.dataset.pollSeconds) || 5) * 1000;
+  const SHM_LOW_BYTES = 1024 ** 3;
+
+  function el(tag, attrs, children) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(attrs || {})) {
+      if (key === "class") node.className = value;
+      else node.setAttribute(key, value);
+    }
+    for (const child of [].concat(children || [])) {
+      if (child === null || child === undefined || child === false) continue;
+      node.append(child instanceof Node ? child : String(child));
+    }
+    return node;
+  }
+
+  function bytesText(value) {
+    if (value === null || value === undefined) return "?";
+    let amount = Number(value);
+    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
+    for (const unit of units) {
+      if (Math.abs(amount) < 1024 || unit === "TiB") {
+        return unit === "B" ? `${amount.toFixed(0)} ${unit}` : `${amount.toFixed(1)} ${unit}`;
+      }
+      amount /= 1024;
+    }
+  }
+
+  function yesNo(value) {
+    return value ? "yes" : "no";
+  }
+
+  function factList(pairs) {
+    const list = el("dl", { class: "facts" });
+    for (const [term, description] of pairs) {
+      list.append(el("dt", {}, term), el("dd", {}, description));
+    }
+    return list;
+  }
+
+  function table(className, headings, rows) {
+    return el("table", { class: className }, [
+      el("thead", {}, el("tr", {}, headings.map((h) => el("th", {}, h)))),
+      el("tbody", {}, rows.map((cells) => el("tr", {}, cells.map((c) => el("td", {}, c))))),
+    ]);
+  }
+
+  function torchPairs(torch) {
+    if (torch.error) return [["torch", torch.error]];
+    const backends = Object.entries(torch.distributed_backends || {}).sort();
+    const distributed =
+      (torch.distributed_available ? "available" : "not available") +
+      backends.map(([name, ok]) => ` · ${name} ${yesNo(ok)}`).join("");
+    return [
+      ["torch", `${torch.version || "?"}, compiled for CUDA ${torch.cuda_compiled || "none (CPU build)"}`],
+      ["torch.distributed", distributed],
+    ];
+  }
+
+  function gpuSection(report) {
+    const gpus = report.gpus || [];
+    if (!gpus.length) return [];
+    const rows = gpus.map((gpu) => [
+      gpu.index,
+      gpu.name || "?",
+      gpu.pci_bus_id || "?",
+      `${bytesText(gpu.memory_used_bytes)} / ${bytesText(gpu.memory_total_bytes)}`,
+      gpu.utilization_percent === null || gpu.utilization_percent === undefined
+        ? "?"
+        : `${gpu.utilization_percent} %`,
+    ]);
+    return [
+      table("gpus", ["GPU", "Name", "PCI bus", "Memory used / total", "Utilization"], rows),
+      el(
+        "p",
+        { class: "muted" },
+        "GPU numbers are NVML's (PCI bus order); CUDA_DEVICE_ORDER on this worker: " +
+          (report.cuda_device_order || "unset (CUDA numbers fastest first)") + "."
+      ),
+    ];
+  }
+
+  function shmSection(shm) {
+    const nodes = [el("h3", {}, "Shared memory")];
+    if (shm.present) {
+      nodes.push(
+        factList([
+          [
+            shm.path,
+            `${bytesText(shm.total_bytes)} · ${bytesText(shm.used_bytes)} used · ${bytesText(shm.free_bytes)} free`,
+          ],
+          ["Sharing strategy", shm.sharing_strategy || "?"],
+          ["Strategies available", (shm.sharing_strategies || []).join(", ") || "?"],
+        ])
+      );
+      if (shm.total_bytes !== undefined && shm.total_bytes < SHM_LOW_BYTES) {
+        nodes.push(
+          el("p", { class: "hint warning" }, [
+            `${shm.path} has only ${bytesText(shm.total_bytes)}: DataLoader workers that pass ` +
+              'batches through it die with "Bus error". In Docker the default is 64 MB; start ' +
+              "the container with ",
+            el("code", {}, "--shm-size=2g"),
+            " (or ",
+            el("code", {}, "--ipc=host"),
+            ").",
+          ])
+        );
+      }
+    } else {
+      nodes.push(el("p", {}, shm.status || "shared memory not reported"));
+    }
+    const tensors = shm.shared_tensors || [];
+    if (tensors.length) {
+      const rows = tensors.map((t) => [
+        t.name,
+        yesNo(t.is_shared),
+        t.dtype || "",
+        (t.shape || []).join(" × "),
+        t.error ? t.error : t.bytes,
+      ]);
+      nodes.push(table("shared-tensors", ["Shared tensor", "is_shared", "dtype", "shape", "bytes"], rows));
+    }
+    return nodes;
+  }
+
+  function machineCard(machine) {
+    const report = machine.report || {};
+    const memory = report.memory || {};
+    const gpus = report.gpus || [];
+    const gpuStatus = report.gpu_status || "no GPU: not reported";
+    return el("section", { class: "card machine", "data-hostname": machine.hostname }, [
+      el("header", { class: "machine-head" }, [
+        el("h2", {}, machine.hostname),
+        " ",
+        el("span", { class: `badge ${machine.online ? "online" : "offline"}` }, machine.online ? "online" : "offline"),
+        " ",
+        el("span", { class: "muted" }, `last report ${machine.age_seconds} s ago`),
+      ]),
+      factList([
+        ["CPU cores", report.cpu_count ?? "?"],
+        ["Memory", `${bytesText(memory.available_bytes)} available of ${bytesText(memory.total_bytes)}`],
+        ["GPUs", gpus.length ? `${gpus.length} (${gpuStatus})` : gpuStatus],
+        ...torchPairs(report.torch || {}),
+      ]),
+      ...gpuSection(report),
+      ...shmSection(report.shared_memory || {}),
+    ]);
+  }
+
+  function render(machines) {
+    if (!machines.length) {
+      root.replaceChildren(
+        el("p", { class: "empty" }, [
+          "No worker has reported yet: start one with ",
+          el("code", {}, "celery -A dashboard worker"),
+          ".",
+        ])
+      );
+      return;
+    }
+    root.replaceChildren(...machines.map(machineCard));
+  }
+
+  async function refresh() {
+    try {
+      const response = await fetch(apiUrl, {
+        headers: { Accept: "application/json" },
+        credentials: "same-origin",
+      });
+      if (response.ok) {
+        render((await response.json()).machines || []);
+      }
+      // Not ok (logged out, server restarting): keep the last cards and try again later.
+    } catch (error) {
+      console.warn("device refresh failed", error);
+    } finally {
+      setTimeout(refresh, pollMs);
+    }
+  }
+
+  setTimeout(refresh, pollMs);
+})();

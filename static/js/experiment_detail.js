@@ -1,0 +1,574 @@
+// The live experiment page: draws the stored curve at once (embedded snapshot), then follows
+// /ws/experiments/<id>/ — a snapshot on every connect, then events numbered by `seq`.
+(function () {
+  "use strict";
+
+  const root = document.getElementById("experiment-detail");
+  if (!root) return;
+
+  const FINAL = new Set(["succeeded", "failed", "cancelled"]);
+  const ACTIVE = new Set(["queued", "running"]);
+  const STATUS_LABELS = {
+    queued: "Queued",
+    running: "Running",
+    succeeded: "Succeeded",
+    failed: "Failed",
+    cancelled: "Cancelled",
+  };
+  const MAX_LOG_LINES = 500;
+  const BACKOFF_MIN_MS = 1000;
+  const BACKOFF_MAX_MS = 30000;
+  // Close codes the consumer uses when it refuses a connection: retrying would not help.
+  const CLOSE_UNAUTHENTICATED = 4401;
+  const CLOSE_FORBIDDEN = 4403;
+
+  const $ = (id) => document.getElementById(id);
+  const wsPath = root.dataset.wsPath;
+  const stopUrl = root.dataset.stopUrl;
+
+  // ---- state -------------------------------------------------------------------------------
+
+  const state = {
+    experiment: {},
+    lastSeq: 0,
+    ips: null,
+  };
+
+  // ---- formatting --------------------------------------------------------------------------
+
+  function formatDuration(seconds) {
+    if (seconds === null || seconds === undefined || isNaN(seconds)) return "—";
+    const total = Math.max(0, Math.floor(seconds));
+    const h = Math.floor(total / 3600);
+    const m = Math.floor((total % 3600) / 60);
+    const s = total % 60;
+    const pad = (n) => String(n).padStart(2, "0");
+    if (h) return h + "h " + pad(m) + "m";
+    if (m) return m + "m " + pad(s) + "s";
+    return s + "s";
+  }
+
+  const isNum = (v) => typeof v === "number" && isFinite(v);
+  const formatPercent = (f) => (isNum(f) ? (f * 100).toFixed(2) + "%" : "—");
+  const formatLoss = (v) => (isNum(v) ? v.toFixed(4) : "—");
+
+  const dateFormat = new Intl.DateTimeFormat(undefined, {
+    year: "numeric", month: "short", day: "numeric",
+    hour: "2-digit", minute: "2-digit", second: "2-digit",
+  });
+
+  function setTime(el, iso) {
+    if (!el) return;
+    if (!iso) {
+      el.removeAttribute("datetime");
+      setText(el, "—");
+      return;
+    }
+    const date = new Date(iso);
+    if (isNaN(date)) return;
+    el.setAttribute("datetime", iso);
+    setText(el, dateFormat.format(date));
+    el.title = date.toString();
+  }
+
+  function setText(el, text) {
+    if (el && el.textContent !== String(text)) el.textContent = String(text);
+  }
+
+  // ---- charts --------------------------------------------------------------------------------
+
+  const css = getComputedStyle(document.documentElement);
+  const cssVar = (name, fallback) => css.getPropertyValue(name).trim() || fallback;
+  const charts = {};
+  const series = { train: [], test: [], acc: [] };
+  let chartsDirty = false;
+
+  function makeChart(id, data, { color, yTitle, yMin, yMax, points }) {
+    const canvas = $(id);
+    if (!canvas || typeof Chart === "undefined") return null;
+    return new Chart(canvas, {
+      type: "line",
+      data: {
+        datasets: [{
+          data: data,
+          borderColor: color,
+          backgroundColor: color,
+          borderWidth: 2,
+          pointRadius: points ? 3 : 0,
+          pointHoverRadius: 4,
+          tension: 0,
+          spanGaps: true,
+        }],
+      },
+      options: {
+        animation: false,
+        parsing: false,
+        normalized: true,
+        responsive: true,
+        maintainAspectRatio: false,
+        interaction: { mode: "nearest", axis: "x", intersect: false },
+        plugins: {
+          legend: { display: false },
+          tooltip: {
+            callbacks: {
+              title: (items) => (items.length ? "step " + items[0].parsed.x : ""),
+              label: (item) => yTitle + ": " + (yTitle === "%" ? item.parsed.y.toFixed(2) + "%" : item.parsed.y.toFixed(4)),
+            },
+          },
+        },
+        scales: {
+          x: {
+            type: "linear",
+            min: 0,
+            title: { display: true, text: "step" },
+            ticks: { maxTicksLimit: 6, precision: 0 },
+            grid: { color: cssVar("--grid", "rgba(0,0,0,.06)") },
+          },
+          y: {
+            min: yMin,
+            max: yMax,
+            title: { display: true, text: yTitle },
+            ticks: { maxTicksLimit: 6 },
+            grid: { color: cssVar("--grid", "rgba(0,0,0,.06)") },
+          },
+        },
+      },
+    });
+  }
+
+  function initCharts() {
+    if (typeof Chart === "undefined") return;
+    Chart.defaults.color = cssVar("--muted", "#6b7280");
+    Chart.defaults.borderColor = cssVar("--border", "#e5e7eb");
+    Chart.defaults.font.family = cssVar("--font", "system-ui, sans-serif");
+    charts.train = makeChart("chart-train", series.train, {
+      color: cssVar("--chart-train", "#4f46e5"), yTitle: "loss", yMin: 0,
+    });
+    charts.test = makeChart("chart-test", series.test, {
+      color: cssVar("--chart-test", "#db2777"), yTitle: "loss", yMin: 0, points: true,
+    });
+    charts.acc = makeChart("chart-acc", series.acc, {
+      color: cssVar("--chart-acc", "#059669"), yTitle: "%", yMax: 100, points: true,
+    });
+  }
+
+  function markEmpty() {
+    for (const key of ["train", "test", "acc"]) {
+      const empty = document.querySelector('[data-empty-for="chart-' + key + '"]');
+      if (empty) empty.hidden = series[key].length > 0;
+    }
+  }
+
+  // One redraw per animation frame however many events arrived.
+  function chartsChanged() {
+    if (chartsDirty) return;
+    chartsDirty = true;
+    requestAnimationFrame(function () {
+      chartsDirty = false;
+      const total = state.experiment.total_steps;
+      // Dots while a curve is short, or a few points would draw nothing visible.
+      if (charts.train) charts.train.data.datasets[0].pointRadius = series.train.length < 40 ? 2 : 0;
+      for (const key of Object.keys(charts)) {
+        const chart = charts[key];
+        if (!chart) continue;
+        chart.options.scales.x.max = isNum(total) && total > 0 ? total : undefined;
+        chart.update("none");
+      }
+      markEmpty();
+    });
+  }
+
+  function addPoint(p) {
+    if (p.test_loss === null || p.test_loss === undefined) {
+      if (isNum(p.train_loss)) series.train.push({ x: p.step, y: p.train_loss });
+    } else {
+      series.test.push({ x: p.step, y: p.test_loss });
+      if (isNum(p.test_accuracy)) series.acc.push({ x: p.step, y: p.test_accuracy * 100 });
+    }
+  }
+
+  function resetSeries(points) {
+    // The arrays are the charts' own data arrays: empty them in place.
+    series.train.length = 0;
+    series.test.length = 0;
+    series.acc.length = 0;
+    for (const p of points || []) addPoint(p);
+    chartsChanged();
+  }
+
+  // ---- log -----------------------------------------------------------------------------------
+
+  const logBox = $("log-box");
+
+  function logLine(line) {
+    const li = document.createElement("li");
+    li.className = "log-" + String(line.level || "info").replace(/[^a-z]/g, "");
+    const time = document.createElement("span");
+    time.className = "log-time";
+    time.textContent = (isNum(line.time) ? line.time : 0).toFixed(1) + "s";
+    const msg = document.createElement("span");
+    msg.className = "log-msg";
+    msg.textContent = line.message;
+    li.append(time, msg);
+    return li;
+  }
+
+  function atBottom() {
+    return logBox.scrollHeight - logBox.scrollTop - logBox.clientHeight < 24;
+  }
+
+  function resetLogs(lines) {
+    const fragment = document.createDocumentFragment();
+    for (const line of (lines || []).slice(-MAX_LOG_LINES)) fragment.append(logLine(line));
+    if (!lines || !lines.length) {
+      const li = document.createElement("li");
+      li.className = "log-empty muted";
+      li.textContent = "Nothing logged yet.";
+      fragment.append(li);
+    }
+    logBox.replaceChildren(fragment);
+    logBox.scrollTop = logBox.scrollHeight;
+  }
+
+  function appendLog(line) {
+    const stick = atBottom();
+    const empty = logBox.querySelector(".log-empty");
+    if (empty) empty.remove();
+    logBox.append(logLine(line));
+    while (logBox.children.length > MAX_LOG_LINES) logBox.firstElementChild.remove();
+    if (stick) logBox.scrollTop = logBox.scrollHeight;
+  }
+
+  // ---- page state ----------------------------------------------------------------------------
+
+  const stopButton = $("stop-button");
+  const stopError = $("stop-error");
+  let stopping = stopButton ? stopButton.disabled : false;
+
+  function renderStatus(status) {
+    const badge = $("status-badge");
+    setText(badge, STATUS_LABELS[status] || status);
+    badge.className = "badge status-" + status;
+    const fill = $("progress-bar").firstElementChild;
+    fill.className = "status-" + status;
+    if (stopButton && !ACTIVE.has(status)) stopButton.hidden = true;
+  }
+
+  function renderProgress() {
+    const e = state.experiment;
+    let pct = 0;
+    if (e.status === "succeeded") pct = 100;
+    else if (isNum(e.total_steps) && e.total_steps > 0) pct = Math.min(100, (100 * e.step) / e.total_steps);
+    const bar = $("progress-bar");
+    bar.setAttribute("aria-valuenow", pct.toFixed(1));
+    bar.firstElementChild.style.width = pct + "%";
+    setText($("progress-pct"), Math.round(pct) + "%");
+    setText($("stat-epoch"), (e.epoch || 0) + " / " + (e.epochs || "—"));
+    setText($("stat-step"), (e.step || 0) + " / " + (isNum(e.total_steps) ? e.total_steps : "—"));
+    setText($("stat-accuracy"), formatPercent(e.test_accuracy));
+    setText($("stat-loss"), formatLoss(e.test_loss));
+    setText($("stat-ips"), isNum(state.ips) ? Math.round(state.ips).toLocaleString() + " img/s" : "—");
+  }
+
+  function renderNotes(notes) {
+    const box = $("notes-box");
+    const list = $("notes-list");
+    notes = Array.isArray(notes) ? notes : [];
+    box.hidden = notes.length === 0;
+    const current = Array.from(list.children, (li) => li.textContent);
+    if (current.join("\n") === notes.join("\n")) return;
+    list.replaceChildren(...notes.map((note) => {
+      const li = document.createElement("li");
+      li.textContent = note;
+      return li;
+    }));
+  }
+
+  function renderError(status, error) {
+    const box = $("error-box");
+    const show = Boolean(error) && status !== "succeeded";
+    box.hidden = !show;
+    if (show) {
+      setText($("error-title"), status === "cancelled" ? "Stopped" : "The run failed");
+      setText($("error-text"), error);
+    }
+  }
+
+  function renderDuration() {
+    const e = state.experiment;
+    let seconds = null;
+    if (e.started_at) {
+      const end = e.finished_at ? new Date(e.finished_at) : new Date();
+      seconds = (end - new Date(e.started_at)) / 1000;
+    } else if (isNum(e.duration)) {
+      seconds = e.duration;
+    }
+    setText($("stat-duration"), formatDuration(seconds));
+  }
+
+  function applyExperiment(e) {
+    if (!e || typeof e !== "object") return;
+    Object.assign(state.experiment, e);
+    const x = state.experiment;
+    renderStatus(x.status);
+    renderProgress();
+    renderNotes(x.notes);
+    renderError(x.status, x.error);
+    if ("worker" in e) setText($("info-worker"), x.worker || "—");
+    if ("dataset_source" in e) setText($("info-dataset-source"), x.dataset_source || "—");
+    if ("started_at" in e) setTime($("info-started"), x.started_at);
+    if ("finished_at" in e) setTime($("info-finished"), x.finished_at);
+    if (x.stop_requested && stopButton && !stopping) markStopping();
+    renderDuration();
+    chartsChanged();
+  }
+
+  // ---- events --------------------------------------------------------------------------------
+
+  function handleSnapshot(msg) {
+    state.lastSeq = isNum(msg.seq) ? msg.seq : 0;
+    state.ips = null;
+    const points = msg.points || [];
+    for (let i = points.length - 1; i >= 0; i--) {
+      if (isNum(points[i].images_per_second)) {
+        state.ips = points[i].images_per_second;
+        break;
+      }
+    }
+    applyExperiment(msg.experiment);
+    resetSeries(points);
+    resetLogs(msg.logs);
+  }
+
+  function handleEvent(msg) {
+    const e = state.experiment;
+    switch (msg.type) {
+      case "started": {
+        applyExperiment({
+          status: ACTIVE.has(e.status) ? "running" : e.status,
+          total_steps: msg.total_steps,
+          epochs: isNum(msg.epochs) ? msg.epochs : e.epochs,
+          notes: msg.notes || [],
+          dataset_source: msg.dataset_source,
+        });
+        if (Array.isArray(msg.devices) && msg.devices.length) setText($("info-device"), msg.devices.join(", "));
+        else if (msg.device) setText($("info-device"), msg.device);
+        if (isNum(msg.world_size)) setText($("info-world-size"), msg.world_size);
+        for (const note of msg.notes || []) appendLog({ time: msg.time, level: "info", message: note });
+        break;
+      }
+      case "step":
+        addPoint({ step: msg.step, train_loss: msg.train_loss, test_loss: null });
+        if (isNum(msg.images_per_second)) state.ips = msg.images_per_second;
+        Object.assign(e, { epoch: msg.epoch, step: msg.step });
+        renderProgress();
+        chartsChanged();
+        break;
+      case "epoch":
+        // The epoch's mean train loss would draw a second, coarser curve: not charted.
+        addPoint({ step: msg.step, test_loss: msg.test_loss, test_accuracy: msg.test_accuracy });
+        Object.assign(e, {
+          epoch: msg.epoch, step: msg.step, test_loss: msg.test_loss, test_accuracy: msg.test_accuracy,
+        });
+        renderProgress();
+        chartsChanged();
+        break;
+      case "log":
+        appendLog(msg);
+        break;
+      case "checkpoint":
+        appendLog({ time: msg.time, level: "info", message: "checkpoint of epoch " + msg.epoch + " saved" });
+        break;
+      case "status":
+        applyExperiment(Object.assign({}, msg.experiment || {}, msg.status ? { status: msg.status } : {}));
+        break;
+      case "finished":
+        applyExperiment({
+          status: msg.status || "succeeded",
+          test_loss: msg.test_loss,
+          test_accuracy: msg.test_accuracy,
+          finished_at: e.finished_at || new Date().toISOString(),
+        });
+        break;
+      case "failed":
+        if (msg.traceback) appendLog({ time: msg.time, level: "error", message: msg.traceback });
+        applyExperiment({
+          status: msg.status || "failed",
+          error: msg.error || e.error,
+          finished_at: e.finished_at || new Date().toISOString(),
+        });
+        break;
+      default:
+        // Unknown types are ignored, as the protocol asks.
+        break;
+    }
+  }
+
+  // ---- connection ----------------------------------------------------------------------------
+
+  const conn = $("conn");
+  let socket = null;
+  let attempts = 0;
+  let retryTimer = null;
+  let openedAt = 0;
+  let closedForGood = false;
+
+  function setConn(kind, text) {
+    conn.dataset.state = kind;
+    setText($("conn-text"), text);
+  }
+
+  const isFinal = () => FINAL.has(state.experiment.status);
+
+  function connect() {
+    clearTimeout(retryTimer);
+    retryTimer = null;
+    if (closedForGood || !wsPath || typeof WebSocket === "undefined") return;
+    const scheme = location.protocol === "https:" ? "wss://" : "ws://";
+    setConn(attempts ? "reconnecting" : "connecting", attempts ? "reconnecting…" : "connecting…");
+    let ws;
+    try {
+      ws = new WebSocket(scheme + location.host + wsPath);
+    } catch (err) {
+      scheduleReconnect();
+      return;
+    }
+    socket = ws;
+    ws.onopen = function () {
+      openedAt = Date.now();
+      setConn("live", "live");
+    };
+    ws.onmessage = function (event) {
+      if (socket !== ws) return;
+      let msg;
+      try {
+        msg = JSON.parse(event.data);
+      } catch (err) {
+        return;
+      }
+      if (!msg || typeof msg !== "object") return;
+      if (msg.type === "snapshot") {
+        handleSnapshot(msg);
+      } else {
+        if (!isNum(msg.seq) || msg.seq <= state.lastSeq) return;
+        if (msg.seq > state.lastSeq + 1) {
+          // Something was lost between us and the run: start again from a fresh snapshot.
+          ws.close(4000, "gap");
+          return;
+        }
+        state.lastSeq = msg.seq;
+        attempts = 0;
+        handleEvent(msg);
+      }
+      if (isFinal()) {
+        // Nothing more will come; the server keeps the record.
+        closedForGood = true;
+        ws.close(1000, "final");
+      }
+    };
+    ws.onclose = function (event) {
+      if (socket !== ws) return;
+      socket = null;
+      if (Date.now() - openedAt > 30000) attempts = 0;
+      if (event.code === CLOSE_UNAUTHENTICATED) {
+        closedForGood = true;
+        setConn("closed", "closed: log in again to follow the run");
+        return;
+      }
+      if (event.code === CLOSE_FORBIDDEN) {
+        closedForGood = true;
+        setConn("closed", "closed: not allowed");
+        return;
+      }
+      if (closedForGood || isFinal()) {
+        closedForGood = true;
+        setConn("closed", "closed");
+        return;
+      }
+      if (event.code === 4000 && attempts === 0) {
+        attempts = 1;
+        connect();
+        return;
+      }
+      scheduleReconnect();
+    };
+  }
+
+  function scheduleReconnect() {
+    const base = Math.min(BACKOFF_MAX_MS, BACKOFF_MIN_MS * 2 ** attempts);
+    const delay = Math.round(base * (0.7 + Math.random() * 0.6));
+    attempts += 1;
+    setConn("reconnecting", "reconnecting in " + Math.ceil(delay / 1000) + "s…");
+    clearTimeout(retryTimer);
+    retryTimer = setTimeout(connect, delay);
+  }
+
+  // Coming back online or to the tab: no need to sit out the backoff.
+  function retrySoon() {
+    if (retryTimer && !closedForGood && !document.hidden) {
+      attempts = 0;
+      connect();
+    }
+  }
+  window.addEventListener("online", retrySoon);
+  document.addEventListener("visibilitychange", retrySoon);
+
+  // ---- stop ----------------------------------------------------------------------------------
+
+  function csrfToken() {
+    const match = document.cookie.match(/(?:^|;\s*)csrftoken=([^;]+)/);
+    if (match) return decodeURIComponent(match[1]);
+    const input = document.querySelector('input[name="csrfmiddlewaretoken"]');
+    return input ? input.value : "";
+  }
+
+  function markStopping() {
+    stopping = true;
+    stopButton.disabled = true;
+    stopButton.textContent = "Stopping…";
+  }
+
+  if (stopButton) {
+    stopButton.addEventListener("click", async function () {
+      if (stopping) return;
+      markStopping();
+      stopError.hidden = true;
+      try {
+        const response = await fetch(stopUrl, {
+          method: "POST",
+          credentials: "same-origin",
+          headers: { "X-CSRFToken": csrfToken(), Accept: "application/json" },
+        });
+        let body = {};
+        try {
+          body = await response.json();
+        } catch (err) {
+          body = {};
+        }
+        if (!response.ok) {
+          throw new Error(body.error || "The server answered " + response.status + ".");
+        }
+        // The answer is the experiment as it now stands (a queued run is cancelled at once).
+        if (body && body.status) applyExperiment(body);
+      } catch (err) {
+        stopping = false;
+        stopButton.disabled = false;
+        stopButton.textContent = "Stop";
+        stopError.textContent = "Could not stop the run: " + err.message;
+        stopError.hidden = false;
+      }
+    });
+  }
+
+  // ---- start ---------------------------------------------------------------------------------
+
+  initCharts();
+  const initialEl = $("experiment-initial");
+  if (initialEl) handleSnapshot(JSON.parse(initialEl.textContent));
+  for (const el of document.querySelectorAll("time[datetime]")) setTime(el, el.getAttribute("datetime"));
+  setInterval(function () {
+    if (!isFinal() && state.experiment.started_at) renderDuration();
+  }, 1000);
+  // A finished run still connects once: its snapshot is the record the page should show.
+  connect();
+})();

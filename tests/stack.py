@@ -1,0 +1,215 @@
+"""A real Trainyard stack for tests: Redis, the ASGI server (daphne) and a Celery worker.
+
+Each runs as its own process on free ports, over a fresh SQLite file; tests talk to it only as a
+user would, over HTTP and WebSocket.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import requests
+
+ROOT = Path(__file__).resolve().parent.parent
+IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for(predicate: Any, *, timeout: float, what: str, interval: float = 0.1) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
+
+
+def port_open(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
+            return True
+    except OSError:
+        return False
+
+
+@dataclass
+class Service:
+    name: str
+    process: subprocess.Popen[bytes]
+    log_path: Path
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+    def stop(self, timeout: float = 20) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+def service_start(*, name: str, command: list[str], env: dict[str, str], logs: Path) -> Service:
+    log_path = logs / f"{name}.log"
+    with log_path.open("wb") as out:
+        process = subprocess.Popen(  # noqa: S603
+            command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
+        )
+    return Service(name, process, log_path)
+
+
+@dataclass
+class Stack:
+    base_url: str
+    redis_url: str
+    database: Path
+    env: dict[str, str]
+    logs: Path
+    services: dict[str, Service] = field(default_factory=dict)
+    passwords: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def ws_url(self) -> str:
+        return self.base_url.replace("http://", "ws://")
+
+    def manage(self, *args: str, input_text: str | None = None) -> str:
+        result = subprocess.run(  # noqa: S603
+            [sys.executable, "manage.py", *args],
+            cwd=ROOT,
+            env=self.env,
+            input=input_text,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        if result.returncode != 0:
+            raise RuntimeError(f"manage.py {' '.join(args)} failed:\n{result.stderr}")
+        return result.stdout
+
+    def user_create(self, username: str, *, staff: bool = False) -> None:
+        password = f"pw-{username}-{os.getpid()}"
+        code = (
+            "from django.contrib.auth import get_user_model as g;"
+            f"g().objects.create_user({username!r}, password={password!r}, is_staff={staff})"
+        )
+        self.manage("shell", "-c", code)
+        self.passwords[username] = password
+
+    def login(self, username: str) -> requests.Session:
+        session = requests.Session()
+        page = session.get(f"{self.base_url}/accounts/login/", timeout=10)
+        page.raise_for_status()
+        response = session.post(
+            f"{self.base_url}/accounts/login/",
+            data={
+                "username": username,
+                "password": self.passwords[username],
+                "csrfmiddlewaretoken": session.cookies["csrftoken"],
+            },
+            headers={"Referer": f"{self.base_url}/accounts/login/"},
+            timeout=10,
+        )
+        response.raise_for_status()
+        assert "sessionid" in session.cookies, f"login of {username} failed"
+        session.headers["X-CSRFToken"] = session.cookies["csrftoken"]
+        session.headers["Referer"] = self.base_url + "/"
+        return session
+
+    def query(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+        import sqlite3
+
+        with sqlite3.connect(self.database, timeout=20) as connection:
+            return list(connection.execute(sql, params))
+
+    def experiment_row(self, pk: int) -> dict[str, Any]:
+        (row,) = self.query(
+            "SELECT status, launcher_pid, run_info FROM experiments_experiment WHERE id = ?", pk
+        )
+        return {"status": row[0], "launcher_pid": row[1], "run_info": json.loads(row[2] or "{}")}
+
+    def worker_restart(self) -> None:
+        self.services["worker"].stop()
+        self.services["worker"] = worker_start(self)
+
+    def diagnostics(self) -> str:
+        return "\n".join(
+            f"--- {name} (exit {s.process.poll()}) ---\n{s.log_tail()}"
+            for name, s in self.services.items()
+        )
+
+
+def redis_start(*, logs: Path) -> tuple[Service, str]:
+    from dashboard.management.commands.serve_redis import redis_binary
+
+    port = free_port()
+    command = [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
+    service = service_start(name="redis", command=command + ["--appendonly", "no"],
+                            env=dict(os.environ), logs=logs)
+    wait_for(lambda: port_open(port), timeout=15, what="redis")
+    return service, f"redis://127.0.0.1:{port}/0"
+
+
+def worker_start(stack: Stack) -> Service:
+    command = [
+        sys.executable, "-m", "celery", "-A", "dashboard", "worker", "--pool", "prefork",
+        "--concurrency", "2", "--loglevel", "INFO", "-n", "test-worker@%h",
+        "--without-gossip", "--without-mingle",
+    ]  # fmt: skip
+    return service_start(name="worker", command=command, env=stack.env, logs=stack.logs)
+
+
+@contextmanager
+def stack_running(*, home: Path, data_dir: Path) -> Iterator[Stack]:
+    logs = home / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    redis, redis_url = redis_start(logs=logs)
+    web_port = free_port()
+    database = home / "stack.sqlite3"
+    env = {
+        **os.environ,
+        "DJANGO_SETTINGS_MODULE": "dashboard.settings",
+        "TRAINYARD_HOME": str(home),
+        "DATABASE_URL": f"sqlite:///{database}",
+        "REDIS_URL": redis_url,
+        "TRAINYARD_DATA_DIR": str(data_dir),
+        "TRAINYARD_WORKER_NAME": "test-worker",
+        "TRAINYARD_DEVICE_REPORT_SECONDS": "2",
+        "PYTHONUNBUFFERED": "1",
+        "DEBUG": "1",
+    }
+    stack = Stack(f"http://127.0.0.1:{web_port}", redis_url, database, env, logs)
+    stack.services["redis"] = redis
+    try:
+        stack.manage("migrate", "--noinput", "-v", "0")
+        web = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(web_port),
+               "dashboard.asgi:application"]  # fmt: skip
+        stack.services["web"] = service_start(name="web", command=web, env=env, logs=logs)
+        stack.services["worker"] = worker_start(stack)
+        wait_for(lambda: port_open(web_port), timeout=60, what="daphne")
+        yield stack
+    finally:
+        for name in ("worker", "web", "redis"):
+            if name in stack.services:
+                stack.services[name].stop()

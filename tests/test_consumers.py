@@ -1,0 +1,112 @@
+"""The live channel, driven through WebsocketCommunicator with the real ASGI application."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from channels.layers import get_channel_layer
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import AnonymousUser
+
+from dashboard.experiments.models import MetricPoint
+from dashboard.experiments.sink import EventSink, experiment_group
+
+pytestmark = pytest.mark.django_db(transaction=True)
+ORIGIN = (b"origin", b"http://localhost")
+
+
+def application() -> Any:
+    from dashboard.asgi import application
+
+    return application
+
+
+def communicator(pk: int, user: Any, *, origin: tuple[bytes, bytes] = ORIGIN) -> Any:
+    comm = WebsocketCommunicator(application(), f"/ws/experiments/{pk}/", headers=[origin])
+    # Put the user where AuthMiddlewareStack would; the session path is exercised end to end by
+    # the integration tests.
+    comm.scope["user"] = user
+    return comm
+
+
+async def test_snapshot_then_live_events_in_order(user_factory: Any, experiment_factory: Any):
+    owner = await sync_to_async(user_factory)()
+    run = await sync_to_async(experiment_factory)(owner=owner, status="running", last_seq=1)
+    await sync_to_async(MetricPoint.objects.create)(
+        experiment=run, seq=1, step=1, epoch=1, train_loss=2.0, time=0.5
+    )
+    comm = communicator(run.pk, owner)
+    connected, _ = await comm.connect()
+    assert connected
+    snapshot = await comm.receive_json_from()
+    assert snapshot["type"] == "snapshot" and snapshot["experiment"]["id"] == run.pk
+    assert [p["train_loss"] for p in snapshot["points"]] == [2.0]
+
+    sink = await sync_to_async(EventSink)(run)
+    sink.add({"type": "step", "epoch": 1, "step": 10, "train_loss": 1.5, "time": 1.0})
+    sink.add({"type": "log", "level": "info", "message": "hello"})
+    await sync_to_async(sink.flush)()
+    first, second = await comm.receive_json_from(), await comm.receive_json_from()
+    assert (first["type"], second["type"]) == ("step", "log")
+    assert second["seq"] == first["seq"] + 1 == snapshot["seq"] + 2
+    await comm.disconnect()
+
+
+async def test_one_group_message_per_flush(user_factory: Any, experiment_factory: Any):
+    owner = await sync_to_async(user_factory)()
+    run = await sync_to_async(experiment_factory)(owner=owner, status="running")
+    layer = get_channel_layer()
+    channel = await layer.new_channel()
+    await layer.group_add(experiment_group(run.pk), channel)
+    sink = await sync_to_async(EventSink)(run)
+    for step in range(1, 301):
+        sink.add({"type": "step", "epoch": 1, "step": step, "train_loss": 1.0, "time": step})
+    await sync_to_async(sink.flush)()
+    message = await layer.receive(channel)
+    assert len(message["events"]) == 300
+    count = await sync_to_async(MetricPoint.objects.filter(experiment=run).count)()
+    assert count == 300
+
+
+@pytest.mark.parametrize("who", ["anonymous", "stranger"])
+async def test_refused_for_anonymous_and_other_users(
+    user_factory: Any, experiment_factory: Any, who: str
+):
+    owner = await sync_to_async(user_factory)()
+    run = await sync_to_async(experiment_factory)(owner=owner)
+    user = AnonymousUser() if who == "anonymous" else await sync_to_async(user_factory)()
+    connected, _ = await communicator(run.pk, user).connect()
+    assert not connected
+
+
+async def test_staff_may_watch_any_run(user_factory: Any, experiment_factory: Any):
+    owner = await sync_to_async(user_factory)()
+    staff = await sync_to_async(user_factory)(staff=True)
+    run = await sync_to_async(experiment_factory)(owner=owner)
+    comm = communicator(run.pk, staff)
+    connected, _ = await comm.connect()
+    assert connected and (await comm.receive_json_from())["type"] == "snapshot"
+    await comm.disconnect()
+
+
+async def test_foreign_origin_is_refused(user_factory: Any, experiment_factory: Any):
+    owner = await sync_to_async(user_factory)()
+    run = await sync_to_async(experiment_factory)(owner=owner)
+    comm = communicator(run.pk, owner, origin=(b"origin", b"http://evil.example"))
+    connected, _ = await comm.connect()
+    assert not connected
+
+
+async def test_client_messages_are_answered_not_acted_on(
+    user_factory: Any, experiment_factory: Any
+):
+    owner = await sync_to_async(user_factory)()
+    run = await sync_to_async(experiment_factory)(owner=owner)
+    comm = communicator(run.pk, owner)
+    await comm.connect()
+    await comm.receive_json_from()
+    await comm.send_to(text_data="{not json")
+    assert (await comm.receive_json_from())["type"] == "error"
+    await comm.disconnect()

@@ -1,0 +1,129 @@
+"""The whole path against real processes: Redis, daphne, a Celery worker and torchrun ranks."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import Any
+
+import psutil
+import pytest
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import ClientConnection, connect
+
+from tests.stack import Stack, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+
+def socket_open(stack: Stack, session: Any, pk: int, *, origin: str | None = None):
+    cookie = f"sessionid={session.cookies['sessionid']}" if session is not None else ""
+    headers = {"Origin": origin or stack.base_url}
+    if cookie:
+        headers["Cookie"] = cookie
+    return connect(f"{stack.ws_url}/ws/experiments/{pk}/", additional_headers=headers)
+
+
+def messages_until_final(ws: ClientConnection, *, timeout: float) -> list[dict[str, Any]]:
+    received: list[dict[str, Any]] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        message = json.loads(ws.recv(timeout=deadline - time.monotonic()))
+        received.append(message)
+        if message["type"] in {"finished", "failed"}:
+            return received
+    raise TimeoutError(f"no final message; got {[m['type'] for m in received]}")
+
+
+def launch(session: Any, stack: Stack, **fields: Any) -> dict[str, Any]:
+    response = session.post(f"{stack.base_url}/api/experiments/", json=fields, timeout=10)
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def test_ddp_run_streams_live_and_succeeds(stack: Stack) -> None:
+    alice = stack.login("alice")
+    started = time.monotonic()
+    run = launch(alice, stack, name="ddp live", strategy="ddp", processes=2, epochs=1)
+    assert run["status"] == "queued"
+    with socket_open(stack, alice, run["id"]) as ws:
+        messages = messages_until_final(ws, timeout=240)
+    snapshot, live = messages[0], messages[1:]
+    assert snapshot["type"] == "snapshot" and snapshot["experiment"]["id"] == run["id"]
+    seqs = [m["seq"] for m in live if m["seq"] > snapshot["seq"]]
+    assert seqs == list(range(snapshot["seq"] + 1, snapshot["seq"] + 1 + len(seqs)))
+    types = {m["type"] for m in live}
+    assert {"started", "step", "epoch", "finished"} <= types, types
+    first_step = next(m for m in live if m["type"] == "step")
+    assert first_step["train_loss"] > 0 and first_step["images_per_second"] > 0
+    assert messages[-1]["status"] == "succeeded", stack.diagnostics()
+    print(f"start to final message: {time.monotonic() - started:.1f} s")
+
+    detail = alice.get(f"{stack.base_url}/api/experiments/{run['id']}/", timeout=10).json()
+    assert detail["status"] == "succeeded"
+    assert detail["worker"] == "test-worker"
+    assert detail["test_accuracy"] > 0.8, detail
+    points = alice.get(f"{stack.base_url}/api/experiments/{run['id']}/metrics/", timeout=10)
+    rows = points.json()["points"]
+    assert any(p["train_loss"] is not None for p in rows)
+    evaluations = [p for p in rows if p["test_accuracy"] is not None]
+    assert len(evaluations) == 1 and evaluations[0]["test_accuracy"] == detail["test_accuracy"]
+
+
+def test_stopping_a_ddp_run_ends_every_process(stack: Stack) -> None:
+    alice = stack.login("alice")
+    run = launch(alice, stack, name="to stop", strategy="ddp", processes=2, epochs=20)
+    row = wait_for(
+        lambda: (r := stack.experiment_row(run["id"]))["run_info"].get("pids") and r,
+        timeout=120,
+        what="the run's started event",
+    )
+    launcher = psutil.Process(row["launcher_pid"])
+    pids = {launcher.pid, *row["run_info"]["pids"], *(c.pid for c in launcher.children(True))}
+    assert len(pids) >= 3  # torchrun and two ranks
+
+    asked = time.monotonic()
+    response = alice.post(f"{stack.base_url}/api/experiments/{run['id']}/stop/", timeout=10)
+    assert response.status_code == 202, response.text
+    wait_for(
+        lambda: not [p for p in pids if psutil.pid_exists(p) and not _zombie(p)],
+        timeout=10,
+        what=f"processes {pids} to end",
+        interval=0.05,
+    )
+    gone_after = time.monotonic() - asked
+    print(f"stop request to last process gone: {gone_after:.2f} s")
+    assert gone_after < 5
+    final = wait_for(
+        lambda: (r := stack.experiment_row(run["id"]))["status"] != "running" and r,
+        timeout=10,
+        what="the cancelled status",
+    )
+    assert final["status"] == "cancelled"
+    detail = alice.get(f"{stack.base_url}/api/experiments/{run['id']}/", timeout=10).json()
+    assert detail["cancelled_by"] == "alice" and "alice" in detail["error"]
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def test_other_users_cannot_see_stop_or_subscribe(stack: Stack) -> None:
+    alice, bob = stack.login("alice"), stack.login("bob")
+    (row,) = stack.query("SELECT id FROM auth_user WHERE username = 'alice'")
+    pk = launch(alice, stack, name="private", strategy="single", epochs=1)["id"]
+    assert bob.get(f"{stack.base_url}/api/experiments/{pk}/", timeout=10).status_code == 404
+    assert bob.post(f"{stack.base_url}/api/experiments/{pk}/stop/", timeout=10).status_code == 404
+    listed = bob.get(f"{stack.base_url}/api/experiments/", timeout=10).json()["experiments"]
+    assert pk not in {e["id"] for e in listed}
+    for session, origin in ((bob, None), (None, None), (alice, "http://evil.example")):
+        with pytest.raises(InvalidStatus), socket_open(stack, session, pk, origin=origin):
+            pass
+    root = stack.login("root")
+    assert root.get(f"{stack.base_url}/api/experiments/{pk}/", timeout=10).status_code == 200
+    with socket_open(stack, alice, pk) as ws:
+        assert json.loads(ws.recv(timeout=10))["type"] == "snapshot"
+    assert row

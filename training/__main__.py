@@ -1,0 +1,3 @@
+from training.cli import main
+
+raise SystemExit(main())

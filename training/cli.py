@@ -1,0 +1,168 @@
+"""``python -m training``: parse, validate, launch torchrun for ddp, run, report the outcome."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import traceback
+from collections.abc import Sequence
+from pathlib import Path
+from types import FrameType
+from typing import IO, NoReturn
+
+from training.config import TrainConfig, build_parser, parse_args
+from training.protocol import EventWriter
+
+log = logging.getLogger("training")
+
+EXIT_FAILED = 1
+EXIT_SIGTERM = 143  # 128 + SIGTERM, what a shell reports for a process killed by it
+
+
+def main(argv: Sequence[str] | None = None, *, events_stream: IO[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # CUDA numbers GPUs fastest first, nvidia-smi and NVML by PCI bus; --gpus means the latter.
+    os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    parser = build_parser()
+    cfg = parse_args(argv, parser)
+    cfg = _validate(cfg, parser)
+
+    from training import runtime  # imports torch: after argument errors, which should be quick
+
+    if cfg.strategy == "ddp" and not runtime.under_torchrun():
+        exec_torchrun(cfg, argv)
+
+    rank = int(os.environ.get("RANK", "0")) if cfg.strategy == "ddp" else 0
+    logging.basicConfig(
+        stream=sys.stderr,
+        level=logging.INFO,
+        format=f"%(asctime)s trainyard[rank {rank}] %(levelname)s %(message)s",
+    )
+    if events_stream is None:
+        events_stream = _claim_stdout()
+    events = EventWriter(cfg.run_id, enabled=rank == 0, stream=events_stream)
+    _exit_on_sigterm()
+
+    from training import engine
+
+    rt = None
+    try:
+        rt = runtime.start(cfg)
+        engine.train(cfg, rt, events)
+        return 0
+    except SystemExit as exc:
+        _report_failure(events, f"terminated (exit status {exc.code})", "")
+        raise
+    except KeyboardInterrupt:
+        _report_failure(events, "interrupted", "")
+        return 130
+    except Exception as exc:
+        log.exception("training failed")
+        _report_failure(events, f"{type(exc).__name__}: {exc}", traceback.format_exc())
+        return EXIT_FAILED
+    finally:
+        runtime.stop(rt)
+
+
+def _validate(cfg: TrainConfig, parser: argparse.ArgumentParser) -> TrainConfig:
+    """Refusals that depend on the machine; each ends in parser.error (exit status 2)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if cfg.strategy != "ddp" and world > 1:
+        parser.error(
+            f"--strategy {cfg.strategy} runs one process, but this one was started as one of "
+            f"{world} (WORLD_SIZE={world}); use --strategy ddp"
+        )
+    if cfg.strategy == "ddp" and cfg.gpus and cfg.nproc != len(cfg.gpus):
+        parser.error(
+            f"argument --nproc: DDP runs one process per GPU, so --nproc must equal the number "
+            f"of --gpus (got --nproc {cfg.nproc} and {len(cfg.gpus)} GPU(s): "
+            f"{','.join(map(str, cfg.gpus))})"
+        )
+    # Under torchrun the launcher has checked the ids and renumbered them already.
+    if "LOCAL_RANK" in os.environ or not (cfg.gpus or cfg.strategy == "dp"):
+        return cfg
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if cfg.gpus and count == 0:
+        parser.error(
+            f"argument --gpus: GPU {','.join(map(str, cfg.gpus))} requested, but CUDA is not "
+            "available on this machine (no GPU found); leave --gpus out to train on the CPU"
+        )
+    missing = [g for g in cfg.gpus if g >= count]
+    if missing:
+        parser.error(
+            f"argument --gpus: no GPU {','.join(map(str, missing))} here; this machine has "
+            f"{count} GPU(s), ids 0 to {count - 1}"
+        )
+    if cfg.strategy == "dp" and not cfg.gpus and count > 0:
+        parser.error(
+            f"--strategy dp needs --gpus on this machine ({count} GPU(s), e.g. --gpus "
+            f"{','.join(map(str, range(min(count, 2))))}); to train on the CPU use --strategy "
+            "single"
+        )
+    return cfg
+
+
+def exec_torchrun(cfg: TrainConfig, argv: Sequence[str]) -> NoReturn:
+    """Become ``torchrun --standalone`` running this same command once per rank.
+
+    exec, not a child process: the PID the caller holds (to signal or wait on) is the launcher
+    itself. --standalone picks a free port, so runs started together never collide.
+    """
+    env = dict(os.environ)
+    if cfg.gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, cfg.gpus))
+    # The ranks start with `-m training` from the caller's working directory, which need not
+    # be the one this package was found from.
+    root = str(Path(__file__).resolve().parent.parent)
+    paths = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if root not in paths:
+        env["PYTHONPATH"] = os.pathsep.join([root, *paths])
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={cfg.nproc}",
+        "-m",
+        "training",
+        *argv,
+    ]
+    print("trainyard: exec " + " ".join(cmd), file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, cmd, env)
+
+
+def _claim_stdout() -> IO[str]:
+    """Keep the real stdout for events only; anything else printed goes to stderr.
+
+    Done at the file-descriptor level so that prints from libraries, and from C code, cannot
+    put a stray line into the event stream.
+    """
+    sys.stdout.flush()
+    events_fd = os.dup(1)
+    os.dup2(2, 1)
+    return os.fdopen(events_fd, "w", buffering=1, encoding="utf-8")
+
+
+def _exit_on_sigterm() -> None:
+    def handler(signum: int, frame: FrameType | None) -> None:
+        # A second SIGTERM must not interrupt the cleanup the first one started.
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        log.warning("SIGTERM received; stopping")
+        raise SystemExit(EXIT_SIGTERM)
+
+    signal.signal(signal.SIGTERM, handler)
+
+
+def _report_failure(events: EventWriter, error: str, tb: str) -> None:
+    try:
+        events.emit("failed", error=error, traceback=tb)
+    except (OSError, ValueError):
+        # The reader may be gone (broken pipe); the exit status still tells.
+        log.warning("could not write the failed event")

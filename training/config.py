@@ -1,0 +1,160 @@
+"""The run's settings, parsed from the command line (flag names follow pytorch/examples)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+STRATEGIES = ("single", "dp", "ddp")
+DATASETS = ("mnist", "fashion-mnist")
+OPTIMIZERS = ("adam", "sgd")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    strategy: str
+    nproc: int
+    gpus: tuple[int, ...]
+    dataset: str
+    data_dir: str
+    epochs: int
+    batch_size: int
+    test_batch_size: int
+    lr: float
+    optimizer: str
+    seed: int
+    log_interval: int
+    dry_run: bool
+    run_id: str
+    checkpoint_dir: str | None
+    resume: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        # Lists, not tuples: checkpoints are read back with torch.load(weights_only=True).
+        d = asdict(self)
+        d["gpus"] = list(self.gpus)
+        return d
+
+
+def _int_in(lo: int, hi: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"must be from {lo} to {hi}, got {value}")
+        return value
+
+    return parse
+
+
+def _learning_rate(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    # "not (0 < value <= 10)" also rejects NaN.
+    if not 0 < value <= 10:
+        raise argparse.ArgumentTypeError(f"must be > 0 and <= 10, got {text}")
+    return value
+
+
+def _gpu_ids(text: str) -> tuple[int, ...]:
+    if not text.strip():
+        return ()
+    try:
+        ids = tuple(int(part) for part in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated GPU ids such as 0,1, got {text!r}"
+        ) from None
+    if any(i < 0 for i in ids):
+        raise argparse.ArgumentTypeError(f"GPU ids must not be negative, got {text!r}")
+    if len(set(ids)) != len(ids):
+        raise argparse.ArgumentTypeError(f"GPU ids must not repeat, got {text!r}")
+    return ids
+
+
+def _run_id(text: str) -> str:
+    if len(text) > 200 or any(not ch.isprintable() for ch in text):
+        raise argparse.ArgumentTypeError("must be at most 200 printable characters")
+    return text
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m training",
+        description="Train a small CNN on MNIST or Fashion-MNIST with one process (single), "
+        "nn.DataParallel (dp) or DistributedDataParallel (ddp). Events go to stdout as JSON "
+        "lines, logs to stderr.",
+    )
+    p.add_argument("--strategy", choices=STRATEGIES, default="single")
+    p.add_argument(
+        "--nproc",
+        type=_int_in(1, 256),
+        default=None,
+        help="DDP processes (default: one per --gpus, else 2)",
+    )
+    p.add_argument(
+        "--gpus",
+        type=_gpu_ids,
+        default=(),
+        help='GPU ids, e.g. "0,1" (default: none, train on the CPU)',
+    )
+    p.add_argument("--dataset", choices=DATASETS, default="mnist")
+    p.add_argument(
+        "--data-dir",
+        default=os.environ.get("TRAINYARD_DATA_DIR") or "./var/data",
+        help="dataset folder (default: $TRAINYARD_DATA_DIR or ./var/data)",
+    )
+    p.add_argument("--epochs", type=_int_in(1, 1000), default=1)
+    p.add_argument(
+        "--batch-size", type=_int_in(1, 8192), default=64, help="per process (default: 64)"
+    )
+    p.add_argument("--test-batch-size", type=_int_in(1, 8192), default=1000)
+    p.add_argument("--lr", type=_learning_rate, default=1e-3)
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adam")
+    p.add_argument("--seed", type=_int_in(0, 2**31 - 1), default=1)
+    p.add_argument(
+        "--log-interval",
+        type=_int_in(1, 1_000_000),
+        default=10,
+        help="optimizer steps between step events (default: 10)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="one batch per epoch, a quick check")
+    p.add_argument("--run-id", type=_run_id, default="", help="echoed in every event")
+    p.add_argument("--checkpoint-dir", default=None, help="write epoch-N.pt here each epoch")
+    p.add_argument("--resume", default=None, metavar="PATH", help="continue from a checkpoint")
+    return p
+
+
+def parse_args(argv: Sequence[str], parser: argparse.ArgumentParser | None = None) -> TrainConfig:
+    parser = parser or build_parser()
+    ns = parser.parse_args(list(argv))
+    if ns.resume is not None and not Path(ns.resume).is_file():
+        parser.error(f"argument --resume: no checkpoint file at {ns.resume}")
+    return TrainConfig(
+        strategy=ns.strategy,
+        nproc=ns.nproc if ns.nproc is not None else (len(ns.gpus) or 2),
+        gpus=ns.gpus,
+        dataset=ns.dataset,
+        data_dir=str(Path(ns.data_dir).expanduser().resolve()),
+        epochs=ns.epochs,
+        batch_size=ns.batch_size,
+        test_batch_size=ns.test_batch_size,
+        lr=ns.lr,
+        optimizer=ns.optimizer,
+        seed=ns.seed,
+        log_interval=ns.log_interval,
+        dry_run=ns.dry_run,
+        run_id=ns.run_id,
+        checkpoint_dir=(
+            str(Path(ns.checkpoint_dir).expanduser().resolve()) if ns.checkpoint_dir else None
+        ),
+        resume=str(Path(ns.resume).expanduser().resolve()) if ns.resume else None,
+    )
