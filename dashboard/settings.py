@@ -1,4 +1,4 @@
-"""Django settings. Every value can come from the environment; the defaults run a local dashboard."""
+"""Django settings: every value can come from the environment; defaults run a local dashboard."""
 
 import os
 from pathlib import Path

@@ -165,8 +165,9 @@ def redis_start(*, logs: Path) -> tuple[Service, str]:
 
     port = free_port()
     command = [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
-    service = service_start(name="redis", command=command + ["--appendonly", "no"],
-                            env=dict(os.environ), logs=logs)
+    service = service_start(
+        name="redis", command=command + ["--appendonly", "no"], env=dict(os.environ), logs=logs
+    )
     wait_for(lambda: port_open(port), timeout=15, what="redis")
     return service, f"redis://127.0.0.1:{port}/0"
 

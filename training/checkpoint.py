@@ -41,6 +41,7 @@ def save(
     path = directory / f"epoch-{epoch}.pt"
     # A reader (or a resume after a crash) must never see a half-written file.
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.")
+    os.fchmod(fd, 0o644)
     os.close(fd)
     try:
         torch.save(state, tmp)

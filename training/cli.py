@@ -24,6 +24,9 @@ EXIT_SIGTERM = 143  # 128 + SIGTERM, what a shell reports for a process killed b
 
 def main(argv: Sequence[str] | None = None, *, events_stream: IO[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["--"]:
+        # torchrun passes "--" through or drops it depending on the Python version.
+        argv = argv[1:]
     # CUDA numbers GPUs fastest first, nvidia-smi and NVML by PCI bus; --gpus means the latter.
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     parser = build_parser()
@@ -130,6 +133,9 @@ def exec_torchrun(cfg: TrainConfig, argv: Sequence[str]) -> NoReturn:
         f"--nproc-per-node={cfg.nproc}",
         "-m",
         "training",
+        # Without "--" torchrun's own parser reads our flags too: it takes abbreviations, so
+        # --nproc is an "ambiguous option" to it and others could be silently swallowed.
+        "--",
         *argv,
     ]
     print("trainyard: exec " + " ".join(cmd), file=sys.stderr)

@@ -288,6 +288,8 @@ def _sizes(train: Split, test: Split) -> str:
 
 def _atomic_write(path: Path, data: bytes) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    # mkstemp makes the file private; a dataset is shared with other users' runs.
+    os.fchmod(fd, 0o644)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
@@ -304,6 +306,7 @@ def _atomic_gunzip(src: Path, dest: Path) -> None:
     if dest.is_file():
         return
     fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
+    os.fchmod(fd, 0o644)
     try:
         with os.fdopen(fd, "wb") as out, gzip.open(src, "rb") as inp:
             shutil.copyfileobj(inp, out, 1 << 20)

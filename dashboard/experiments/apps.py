@@ -5,3 +5,7 @@ class ExperimentsConfig(AppConfig):
     name = "dashboard.experiments"
     label = "experiments"
     verbose_name = "Experiments"
+
+    def ready(self) -> None:
+        # Connects the Celery worker_shutting_down handler; importing it starts nothing.
+        from dashboard.experiments import worker  # noqa: F401

@@ -134,6 +134,9 @@ class MetricPoint(models.Model):
             models.UniqueConstraint(fields=["experiment", "seq"], name="unique_point_seq")
         ]
 
+    def __str__(self) -> str:
+        return f"step {self.step} of #{self.experiment_id}"
+
     def as_dict(self) -> dict[str, object]:
         return {
             "seq": self.seq,
@@ -156,6 +159,9 @@ class LogLine(models.Model):
 
     class Meta:
         ordering = ["seq", "id"]
+
+    def __str__(self) -> str:
+        return self.message[:80]
 
     def as_dict(self) -> dict[str, object]:
         return {"seq": self.seq, "time": self.time, "level": self.level, "message": self.message}

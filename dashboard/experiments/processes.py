@@ -72,3 +72,19 @@ def _is_zombie(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+def parent_death_signal_set() -> None:
+    """In a child before exec: SIGTERM it when the process that started it dies.
+
+    A Celery pool child killed outright (SIGKILL, OOM) would otherwise leave its training running
+    with nobody reading its events. Linux only; elsewhere a no-op.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    except OSError:
+        return
+    pr_set_pdeathsig = 1
+    libc.prctl(pr_set_pdeathsig, signal.SIGTERM)

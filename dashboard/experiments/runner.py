@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -22,7 +23,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from dashboard.experiments.models import Experiment, Status
-from dashboard.experiments.processes import process_tree_stop
+from dashboard.experiments.processes import parent_death_signal_set, process_tree_stop
 from dashboard.experiments.sink import EventSink
 from training.protocol import PROTOCOL_VERSION, parse_event
 
@@ -171,7 +172,13 @@ class RunSupervisor:
 
     def _start(self) -> subprocess.Popen[str]:
         command = training_command(experiment=self.experiment)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", "PYTORCH_NVML_BASED_CUDA_CHECK": "1"}
+        env = {
+            **os.environ,
+            "PYTHONUNBUFFERED": "1",
+            "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
+            # GPU ids are NVML's, in PCI order; CUDA must number them the same way.
+            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        }
         log.info("experiment %s: %s", self.experiment.pk, " ".join(command))
         process = subprocess.Popen(  # noqa: S603 - the command is built from validated fields
             command,
@@ -181,6 +188,7 @@ class RunSupervisor:
             text=True,
             bufsize=1,
             start_new_session=True,
+            preexec_fn=parent_death_signal_set,  # noqa: PLW1509 - only prctl, no locks taken
             cwd=settings.BASE_DIR,
             env=env,
         )
@@ -220,6 +228,7 @@ class RunSupervisor:
         )
         if row is None or row["cancel_requested_at"] is None:
             return
+
         self.stopped_by = row["cancelled_by__username"] or "someone"
         self.sink.add_output(
             f"Stop requested by {self.stopped_by}; ending every process", level="info"
@@ -246,6 +255,13 @@ class RunSupervisor:
         if final.get("type") == "failed":
             return Outcome(Status.FAILED, error=str(final.get("error") or "training failed"))
         tail = "\n".join(self.stderr_tail)
+        if returncode < 0 or returncode in {128 + signal.SIGTERM, 128 + signal.SIGKILL}:
+            number = -returncode if returncode < 0 else returncode - 128
+            reason = (
+                f"training was ended by {signal.Signals(number).name} from outside the dashboard "
+                "(a worker shutting down ends its runs)"
+            )
+            return Outcome(Status.FAILED, error=f"{reason}\n{tail}")
         return Outcome(Status.FAILED, error=f"training exited with code {returncode}\n{tail}")
 
 
@@ -255,3 +271,21 @@ def _final_message(event: dict[str, Any]) -> str:
         shown = f"{accuracy:.2%}" if isinstance(accuracy, float) else "n/a"
         return f"training finished: test accuracy {shown}, test loss {event.get('test_loss')}"
     return f"training failed: {event.get('error')}"
+
+
+def experiments_stop_for_worker_shutdown(*, worker: str) -> list[int]:
+    """End the process trees of the runs this worker supervises; returns their ids."""
+    rows = Experiment.objects.filter(status=Status.RUNNING, worker=worker).exclude(
+        launcher_pid=None
+    )
+    ended = []
+    for experiment in rows:
+        pids = [int(p) for p in experiment.run_info.get("pids") or [] if isinstance(p, int)]
+        log.warning("worker shutting down: ending run %s", experiment.pk)
+        process_tree_stop(
+            root_pid=experiment.launcher_pid or 0,
+            extra_pids=pids,
+            grace_seconds=settings.TRAINYARD_STOP_GRACE_SECONDS,
+        )
+        ended.append(experiment.pk)
+    return ended

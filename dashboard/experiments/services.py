@@ -1,4 +1,4 @@
-"""What can be done to experiments: launch, stop, clone, read. Views, the API and admin call these."""
+"""What can be done to experiments: launch, stop, clone, read. Views, API and admin call these."""
 
 from __future__ import annotations
 

@@ -23,6 +23,8 @@ from dashboard.experiments.services import (
 # The detail page embeds the stored curve so that it draws before the socket opens; the log box
 # shows only the tail.
 DETAIL_LOG_LINES = 200
+# The list shows as many runs as one page of the JSON API that keeps it live.
+LIST_LIMIT = 500
 
 
 def format_duration(seconds: float | None) -> str:
@@ -61,9 +63,11 @@ def _row(experiment: Experiment) -> dict[str, Any]:
 
 
 def experiment_list(request: HttpRequest) -> HttpResponse:
-    experiments = experiments_visible_to(request.user)
+    experiments = list(experiments_visible_to(request.user)[: LIST_LIMIT + 1])
     context = {
-        "rows": [_row(e) for e in experiments],
+        "rows": [_row(e) for e in experiments[:LIST_LIMIT]],
+        "truncated": len(experiments) > LIST_LIMIT,
+        "limit": LIST_LIMIT,
         "strategy_labels": dict(Strategy.choices),
         "show_owner": request.user.is_staff,
     }
@@ -109,7 +113,7 @@ def experiment_new(request: HttpRequest) -> HttpResponse:
             {"value": value, "label": label, "help": STRATEGY_HELP.get(value, "")}
             for value, label in Strategy.choices
         ],
-        "ddp": Strategy.DDP.value,
+        "ddp_value": str(Strategy.DDP),
     }
     return render(request, "experiments/form.html", context, status=status)
 

@@ -19,7 +19,7 @@
       }
     }
     if (processesField) {
-      const relevant = value === "ddp";
+      const relevant = value === (form.dataset.ddpValue || "ddp");
       processesField.classList.toggle("is-dimmed", !relevant);
       const input = processesField.querySelector("input");
       if (input) {

@@ -1,0 +1,26 @@
+"""Celery hookup: a worker that shuts down ends the training it supervises.
+
+Warm shutdown waits for running tasks, and a training task can run for days: so the runs this
+worker supervises are ended (their whole process trees), their supervisors see the exit and mark
+them failed with the reason, and the worker can stop.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery.signals import worker_shutting_down
+
+log = logging.getLogger(__name__)
+
+
+@worker_shutting_down.connect(dispatch_uid="trainyard-experiments-shutting-down")
+def worker_shutting_down_stop_runs(sender: Any = None, **kwargs: Any) -> None:
+    from dashboard.experiments.runner import experiments_stop_for_worker_shutdown
+    from dashboard.experiments.tasks import worker_name
+
+    try:
+        experiments_stop_for_worker_shutdown(worker=worker_name())
+    except Exception:
+        log.exception("could not end the runs of this worker")

