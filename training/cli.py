@@ -57,7 +57,8 @@ def main(argv: Sequence[str] | None = None, *, events_stream: IO[str] | None = N
         engine.train(cfg, rt, events)
         return 0
     except SystemExit as exc:
-        _report_failure(events, f"terminated (exit status {exc.code})", "")
+        reason = "stopped by SIGTERM" if exc.code == EXIT_SIGTERM else f"exited ({exc.code})"
+        _report_failure(events, reason, "")
         raise
     except KeyboardInterrupt:
         _report_failure(events, "interrupted", "")

@@ -20,6 +20,8 @@ Fashion-MNIST
     2. Debian's ``dataset-fashion-mnist`` package (``/usr/share/datasets/fashion-mnist``),
        decompressed into ``data_dir/FashionMNIST/raw``.
     3. A torchvision download, as above.
+
+Setting ``TRAINYARD_NO_DOWNLOAD=1`` skips every download attempt (tests, air-gapped hosts).
 """
 
 from __future__ import annotations
@@ -122,7 +124,9 @@ def _load_mnist(data_dir: Path) -> tuple[Split, Split, str]:
         return (*found, f"torchvision MNIST from {data_dir} ({_sizes(*found)})")
     reason = f"the full MNIST was not found under {data_dir}"
     host = _reachable_mirror(MNIST.mirrors)
-    if host:
+    if downloads_disabled():
+        reason += " and downloads are turned off (TRAINYARD_NO_DOWNLOAD)"
+    elif host:
         downloaded = _download(MNIST, data_dir)
         if downloaded:
             return (
@@ -255,7 +259,13 @@ def _download(cls: type[MNIST], root: Path) -> tuple[Split, Split] | None:
     return _read_torchvision(cls, root)
 
 
+def downloads_disabled() -> bool:
+    return os.environ.get("TRAINYARD_NO_DOWNLOAD", "").lower() not in ("", "0", "false", "no")
+
+
 def _reachable_mirror(mirrors: list[str]) -> str | None:
+    if downloads_disabled():
+        return None
     for url in mirrors:
         parts = urlsplit(url)
         if parts.hostname and _can_connect(

@@ -124,6 +124,8 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
         seed=cfg.seed,
         dry_run=cfg.dry_run,
         pids=[pid for pid, _ in ranks],
+        # Under torchrun the ranks' parent is the launcher, the process the caller started.
+        launcher_pid=os.getppid() if rt.distributed else os.getpid(),
         notes=notes,
         torch_version=torch.__version__,
     )

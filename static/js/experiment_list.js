@@ -47,7 +47,12 @@
     return fraction === null || fraction === undefined ? "—" : (fraction * 100).toFixed(2) + "%";
   }
 
-  const dateFormat = new Intl.DateTimeFormat(undefined, {
+  // "Dec 2, 11:51" this year, "Dec 2, 2025, 11:51" before.
+  const thisYear = new Date().getFullYear();
+  const shortDate = new Intl.DateTimeFormat(undefined, {
+    month: "short", day: "numeric", hour: "2-digit", minute: "2-digit",
+  });
+  const longDate = new Intl.DateTimeFormat(undefined, {
     year: "numeric", month: "short", day: "numeric", hour: "2-digit", minute: "2-digit",
   });
 
@@ -56,7 +61,7 @@
     if (!iso) return;
     const date = new Date(iso);
     if (isNaN(date)) return;
-    const text = dateFormat.format(date);
+    const text = (date.getFullYear() === thisYear ? shortDate : longDate).format(date);
     if (el.textContent !== text) el.textContent = text;
     el.title = date.toString();
   }
@@ -93,7 +98,10 @@
     if (badge.className !== badgeClass) badge.className = badgeClass;
     setText(badge, STATUS_LABELS[e.status] || e.status);
 
-    setText(field(row, "strategy"), strategyLabels[e.strategy] || e.strategy);
+    const strategy = strategyLabels[e.strategy] || { short: e.strategy, label: e.strategy };
+    const abbr = field(row, "strategy");
+    setText(abbr, strategy.short);
+    if (abbr.title !== strategy.label) abbr.title = strategy.label;
     setText(field(row, "devices"), devicesLabel(e));
 
     const pct = progressOf(e);
@@ -101,6 +109,8 @@
     bar.setAttribute("aria-valuenow", String(pct));
     bar.setAttribute("aria-label", "Progress of " + e.name);
     bar.firstElementChild.style.width = pct + "%";
+    const fillClass = "status-" + e.status;
+    if (bar.firstElementChild.className !== fillClass) bar.firstElementChild.className = fillClass;
     setText(field(row, "progress-text"), e.total_steps ? e.step + " / " + e.total_steps : "—");
 
     setText(field(row, "accuracy"), formatPercent(e.test_accuracy));
