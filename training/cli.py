@@ -32,6 +32,8 @@ def main(argv: Sequence[str] | None = None, *, events_stream: IO[str] | None = N
     parser = build_parser()
     cfg = parse_args(argv, parser)
     cfg = _validate(cfg, parser)
+    # Early, so that a SIGTERM at any point from here on runs the finally blocks below.
+    _exit_on_sigterm()
 
     from training import runtime  # imports torch: after argument errors, which should be quick
 
@@ -47,7 +49,6 @@ def main(argv: Sequence[str] | None = None, *, events_stream: IO[str] | None = N
     if events_stream is None:
         events_stream = _claim_stdout()
     events = EventWriter(cfg.run_id, enabled=rank == 0, stream=events_stream)
-    _exit_on_sigterm()
 
     from training import engine
 

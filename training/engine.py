@@ -77,7 +77,6 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
     t_start = time.monotonic()
     # Same seed on every rank: identical initial weights (DDP also broadcasts rank 0's).
     torch.manual_seed(cfg.seed)
-    data = load_dataset(cfg.dataset, Path(cfg.data_dir))
     model = SimpleCNN().to(rt.device)
     optimizer = _make_optimizer(cfg, model)
     notes: list[str] = []
@@ -88,6 +87,8 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
             f"Resumed from {cfg.resume} at epoch {start_epoch - 1}, step {step}; "
             f"training continues with epoch {start_epoch}."
         )
+    # After the checkpoint: a bad --resume fails before seconds are spent on the data.
+    data = load_dataset(cfg.dataset, Path(cfg.data_dir))
     net, warnings = _wrap(cfg, rt, model, notes)
 
     sampler: DistributedSampler[int] | None = None
@@ -129,8 +130,7 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
         notes=notes,
         torch_version=torch.__version__,
     )
-    sample = data.source.startswith("MNIST sample")
-    _log(events, rt, f"Data: {data.source}.", "warning" if sample else "info")
+    _log(events, rt, f"Data: {data.source}.", "warning" if data.substitute else "info")
     for message in warnings:
         _log(events, rt, message, "warning")
     if start_epoch > cfg.epochs:

