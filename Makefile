@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 export PYTORCH_NVML_BASED_CUDA_CHECK := 1
 
-.PHONY: setup run test lint typecheck worker clean
+.PHONY: setup run test lint worker clean
 
 $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: Trainyard needs Python 3.11"; exit 1; }
@@ -36,8 +36,6 @@ test: setup
 lint:
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-
-typecheck:
 	$(VENV)/bin/mypy training dashboard
 
 clean:

@@ -13,7 +13,7 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, NoReturn
 
-from training.config import TrainConfig, build_parser, parse_args
+from training.config import TrainConfig, build_parser, parse_args, under_torchrun
 from training.protocol import EventWriter
 
 log = logging.getLogger("training")
@@ -35,10 +35,11 @@ def main(argv: Sequence[str] | None = None, *, events_stream: IO[str] | None = N
     # Early, so that a SIGTERM at any point from here on runs the finally blocks below.
     _exit_on_sigterm()
 
-    from training import runtime  # imports torch: after argument errors, which should be quick
-
-    if cfg.strategy == "ddp" and not runtime.under_torchrun():
+    if cfg.strategy == "ddp" and not under_torchrun():
         exec_torchrun(cfg, argv)
+
+    # torch is imported only now: argument errors and the ddp launcher do not wait for it.
+    from training import engine, runtime
 
     rank = int(os.environ.get("RANK", "0")) if cfg.strategy == "ddp" else 0
     logging.basicConfig(
@@ -49,8 +50,6 @@ def main(argv: Sequence[str] | None = None, *, events_stream: IO[str] | None = N
     if events_stream is None:
         events_stream = _claim_stdout()
     events = EventWriter(cfg.run_id, enabled=rank == 0, stream=events_stream)
-
-    from training import engine
 
     rt = None
     try:
@@ -87,7 +86,7 @@ def _validate(cfg: TrainConfig, parser: argparse.ArgumentParser) -> TrainConfig:
             f"{','.join(map(str, cfg.gpus))})"
         )
     # Under torchrun the launcher has checked the ids and renumbered them already.
-    if "LOCAL_RANK" in os.environ or not (cfg.gpus or cfg.strategy == "dp"):
+    if under_torchrun() or not (cfg.gpus or cfg.strategy == "dp"):
         return cfg
     import torch
 

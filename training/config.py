@@ -40,6 +40,10 @@ class TrainConfig:
         return d
 
 
+def under_torchrun() -> bool:
+    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
+
+
 def _int_in(lo: int, hi: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:

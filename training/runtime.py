@@ -34,10 +34,6 @@ class Runtime:
         return self.rank == 0
 
 
-def under_torchrun() -> bool:
-    return "LOCAL_RANK" in os.environ and "WORLD_SIZE" in os.environ
-
-
 def start(cfg: TrainConfig) -> Runtime:
     """Choose the device and, for ddp, join the process group (undo with ``stop``)."""
     if cfg.strategy != "ddp":

@@ -10,12 +10,12 @@ from django.core import validators
 from dashboard.experiments.models import Experiment, Strategy
 
 STRATEGY_HELP: dict[str, str] = {
-    Strategy.SINGLE: "One process on one device: a GPU when you pick one, else the CPU.",
-    Strategy.DP: (
+    "single": "One process on one device: a GPU when you pick one, else the CPU.",
+    "dp": (
         "DataParallel: one process splits each batch across the chosen GPUs and gathers the "
         "results on the first; without GPUs it runs as a plain single CPU process."
     ),
-    Strategy.DDP: (
+    "ddp": (
         "DistributedDataParallel: one process per rank (torchrun), each on its own shard of the "
         "data, gradients averaged by all-reduce (NCCL on GPUs, Gloo on CPU)."
     ),
@@ -91,8 +91,8 @@ class ExperimentForm(forms.ModelForm):
         self.fields["processes"].required = False
         for name, (low, high) in LIMITS.items():
             field = self.fields[name]
-            field.min_value = low  # type: ignore[attr-defined]
-            field.max_value = high  # type: ignore[attr-defined]
+            field.min_value = low
+            field.max_value = high
             field.validators += [
                 validators.MinValueValidator(low),
                 validators.MaxValueValidator(high),

@@ -168,7 +168,7 @@
       chartsDirty = false;
       const total = state.experiment.total_steps;
       // Dots while a curve is short, or a few points would draw nothing visible.
-      if (charts.train) charts.train.data.datasets[0].pointRadius = series.train.length < 40 ? 2 : 0;
+      if (charts.train) charts.train.data.datasets[0].pointRadius = series.train.length < 40 ? 3 : 0;
       for (const key of Object.keys(charts)) {
         const chart = charts[key];
         if (!chart) continue;

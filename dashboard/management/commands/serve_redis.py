@@ -61,8 +61,8 @@ class Command(BaseCommand):
         binary = redis_binary()
         self.stdout.write(f"Starting {binary} on {host}:{port} (data in {data_dir})")
         self.stdout.flush()
-        args = [binary, "--port", str(port), "--bind", host, "--dir", str(data_dir)]
-        os.execv(binary, args + ["--save", "60 1", "--appendonly", "no"])
+        command = [binary, "--port", str(port), "--bind", host, "--dir", str(data_dir)]
+        os.execv(binary, [*command, "--save", "60 1", "--appendonly", "no"])
 
     def _wait(self) -> None:
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
