@@ -117,7 +117,8 @@ def test_stop_a_run_from_its_page(page: Any, stack: Stack) -> None:
     page.wait_for_function(
         "() => document.body.innerText.toLowerCase().includes('cancelled')", timeout=30_000
     )
-    assert page.get_by_role("button", name="Stop").count() == 0 or not page.get_by_role(
-        "button", name="Stop"
-    ).is_enabled()
+    assert (
+        page.get_by_role("button", name="Stop").count() == 0
+        or not page.get_by_role("button", name="Stop").is_enabled()
+    )
     screenshot(page, "stopped-run.png")
