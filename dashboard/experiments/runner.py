@@ -203,7 +203,8 @@ class RunSupervisor:
         if event is None:
             if source == "stderr":
                 self.stderr_tail.append(line.rstrip())
-            if line.strip():
+            # After a Stop, the launcher's signal tracebacks are expected noise, not news.
+            if line.strip() and self.stopped_by is None:
                 self.sink.add_output(line, level=source)
             return
         if event["v"] > PROTOCOL_VERSION:

@@ -437,7 +437,9 @@
       return;
     }
     socket = ws;
+    let opened = false;
     ws.onopen = function () {
+      opened = true;
       openedAt = Date.now();
       setConn("live", "live");
     };
@@ -493,8 +495,29 @@
         connect();
         return;
       }
+      if (!opened) {
+        // A refused handshake looks like a network drop (1006): ask the API which it was.
+        explainRefusal();
+        return;
+      }
       scheduleReconnect();
     };
+  }
+
+  function explainRefusal() {
+    fetch(experimentUrl, { credentials: "same-origin", headers: { Accept: "application/json" } })
+      .then(function (response) {
+        if (response.status === 401) {
+          closedForGood = true;
+          setConn("closed", "closed: log in again to follow the run");
+        } else if (response.status === 403 || response.status === 404) {
+          closedForGood = true;
+          setConn("closed", "closed: not allowed");
+        } else {
+          scheduleReconnect();
+        }
+      })
+      .catch(scheduleReconnect);
   }
 
   function closeForGood() {
