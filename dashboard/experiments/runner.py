@@ -44,8 +44,6 @@ def training_command(*, experiment: Experiment) -> list[str]:
         str(experiment.pk),
         "--strategy",
         experiment.strategy,
-        "--nproc",
-        str(experiment.processes),
         "--dataset",
         experiment.dataset,
         "--epochs",
@@ -63,6 +61,8 @@ def training_command(*, experiment: Experiment) -> list[str]:
         "--checkpoint-dir",
         str(run_dir / "checkpoints"),
     ]
+    if experiment.strategy == "ddp":
+        command += ["--nproc", str(experiment.processes)]
     if experiment.gpus:
         command += ["--gpus", ",".join(str(g) for g in experiment.gpus)]
     return command
