@@ -26,9 +26,19 @@ and, by type:
     checkpoint  epoch, step, path
     finished    test_loss, test_accuracy, epochs, steps, duration (seconds); also epochs_run
                 (epochs trained by this process, fewer than epochs after --resume)
+    failed      error (text), traceback (text, may be empty)
 
 Losses are null where they were not finite (a diverged run): JSON has no NaN.
-    failed      error (text), traceback (text, may be empty)
+
+Added in 1.1 (additive; older readers ignore them):
+
+    started     shared_tensors: [{name, dtype, shape, bytes, is_shared}] for tensors the run keeps
+                in shared memory (dataset images/labels, Hogwild parameters); strategy may also be
+                dp-primitives, model-parallel, hogwild or deepspeed; zero_stage (deepspeed);
+                stages: [{name, device}] (model-parallel)
+    step, epoch data_seconds and compute_seconds (rank 0, since the last event), rss_bytes
+                (rank 0's resident memory), and ranks: [{rank, images_per_second, data_seconds,
+                compute_seconds, rss_bytes}] for every rank or Hogwild process
 
 Readers must ignore fields they do not know and treat a line that is not a JSON object as plain log
 output. A reader that sees a higher major version than it knows should stop reading events.

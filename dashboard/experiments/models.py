@@ -13,6 +13,7 @@ class Status(models.TextChoices):
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
+    LOST = "lost"
 
 
 ACTIVE_STATUSES = (Status.QUEUED, Status.RUNNING)
@@ -77,6 +78,12 @@ class Experiment(models.Model):
         related_name="+",
     )
     launcher_pid = models.IntegerField(null=True, blank=True)
+    heartbeat_at = models.DateTimeField(
+        null=True, blank=True, help_text="last sign of life from the supervising task"
+    )
+    attempt = models.PositiveSmallIntegerField(default=0, help_text="attempts started so far")
+    attempts = models.JSONField(default=list, blank=True, help_text="history of attempts")
+    waiting_reason = models.CharField(max_length=300, blank=True)
     cloned_from = models.ForeignKey(
         "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="clones"
     )
