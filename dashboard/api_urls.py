@@ -4,10 +4,12 @@ from django.urls import path
 
 from dashboard.devices import views as device_views
 from dashboard.experiments import api as experiment_api
+from dashboard.experiments import api_compare
 
 urlpatterns = [
     path("devices/", device_views.api_devices, name="api-devices"),
     path("experiments/", experiment_api.experiments, name="api-experiments"),
+    path("experiments/compare/", api_compare.experiments_compare, name="api-experiments-compare"),
     path("experiments/<int:pk>/", experiment_api.experiment_detail, name="api-experiment"),
     path(
         "experiments/<int:pk>/metrics/",

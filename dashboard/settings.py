@@ -6,7 +6,7 @@ from pathlib import Path
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
-from dashboard.env import env_bool, env_int, env_list, env_str
+from dashboard.env import env_bool, env_float, env_int, env_list, env_str
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 # Everything a running dashboard writes (database, datasets, checkpoints) lives under one folder.
@@ -20,6 +20,9 @@ if not SECRET_KEY:
     if not DEBUG:
         raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG=0")
     SECRET_KEY = "insecure-dev-key-only-for-debug-mode"  # noqa: S105
+if not DEBUG and not env_str("ALLOWED_HOSTS", ""):
+    # The local defaults below would serve production under any name it is reached by.
+    raise ImproperlyConfigured("ALLOWED_HOSTS must be set when DEBUG=0 (e.g. example.com)")
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
@@ -125,6 +128,18 @@ STATICFILES_DIRS = [
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
 
+# Bad input: bodies over 64 KiB are refused (413 from the JSON API, the same figure as
+# dashboard.api.MAX_BODY_BYTES), and so are WebSocket frames and messages over 64 KiB under
+# `manage.py runserver` (the Procfile passes the same to daphne; the consumer closes at 4 KiB).
+DATA_UPLOAD_MAX_MEMORY_SIZE = 64 * 1024
+DAPHNE_WEBSOCKET_MAX_MESSAGE_SIZE = 64 * 1024
+DAPHNE_WEBSOCKET_MAX_FRAME_SIZE = 64 * 1024
+
+# Per-user limits on launches (0 turns one off): runs queued or running at once, and launches
+# in any minute. Over either, the API answers 429 with Retry-After and the form says why.
+TRAINYARD_MAX_ACTIVE_RUNS_PER_USER = env_int("TRAINYARD_MAX_ACTIVE_RUNS_PER_USER", 4)
+TRAINYARD_LAUNCH_RATE_PER_MINUTE = env_int("TRAINYARD_LAUNCH_RATE_PER_MINUTE", 10)
+
 if not DEBUG:
     SESSION_COOKIE_SECURE = True
     CSRF_COOKIE_SECURE = True
@@ -142,6 +157,22 @@ TRAINYARD_WORKER_STALE_SECONDS = env_int("TRAINYARD_WORKER_STALE_SECONDS", 60)
 TRAINYARD_DEVICE_REPORT_SECONDS = env_int("TRAINYARD_DEVICE_REPORT_SECONDS", 5)
 # Seconds between SIGTERM and SIGKILL when a run is stopped.
 TRAINYARD_STOP_GRACE_SECONDS = env_int("TRAINYARD_STOP_GRACE_SECONDS", 3)
+# A running run whose supervisor has been silent this long is `lost`, and queued again to resume
+# from its last checkpoint until it has been attempted this many times.
+TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS = env_float("TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS", 30.0)
+TRAINYARD_MAX_ATTEMPTS = env_int("TRAINYARD_MAX_ATTEMPTS", 3)
+TRAINYARD_REAPER_SECONDS = env_float("TRAINYARD_REAPER_SECONDS", 10.0)
+# A queued run not dispatched for this long is sent to the workers again.
+TRAINYARD_REDISPATCH_SECONDS = env_int("TRAINYARD_REDISPATCH_SECONDS", 60)
+# How long a run that waits for devices sleeps before it asks again.
+TRAINYARD_WAIT_RETRY_SECONDS = env_float("TRAINYARD_WAIT_RETRY_SECONDS", 3.0)
+
+CELERY_BEAT_SCHEDULE = {
+    "reap-lost-runs": {
+        "task": "experiments.reap_lost_runs",
+        "schedule": TRAINYARD_REAPER_SECONDS,
+    },
+}
 
 LOGGING = {
     "version": 1,

@@ -1,9 +1,24 @@
 from django.contrib import admin
+from django.contrib.auth import views as auth_views
 from django.urls import include, path
+
+# Of django.contrib.auth.urls only what a signed-in dashboard needs: the password reset views
+# answer anonymous visitors and send mail, and Trainyard configures no mail (staff reset
+# passwords in the admin).
+account_urlpatterns = [
+    path("login/", auth_views.LoginView.as_view(), name="login"),
+    path("logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("password_change/", auth_views.PasswordChangeView.as_view(), name="password_change"),
+    path(
+        "password_change/done/",
+        auth_views.PasswordChangeDoneView.as_view(),
+        name="password_change_done",
+    ),
+]
 
 urlpatterns = [
     path("admin/", admin.site.urls),
-    path("accounts/", include("django.contrib.auth.urls")),
+    path("accounts/", include(account_urlpatterns)),
     path("api/", include("dashboard.api_urls")),
     path("devices/", include("dashboard.devices.urls")),
     path("", include("dashboard.experiments.urls")),

@@ -6,8 +6,10 @@ user would, over HTTP and WebSocket.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -66,16 +68,23 @@ class Service:
             try:
                 self.process.wait(timeout)
             except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
+                self.kill()
+
+    def kill(self) -> None:
+        """SIGKILL the whole service, pool children included: a machine or container dying."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
 
 
 def service_start(*, name: str, command: list[str], env: dict[str, str], logs: Path) -> Service:
     log_path = logs / f"{name}.log"
     with log_path.open("wb") as out:
+        # A session of its own, so a test can kill one service outright (killpg) as a crash would.
         process = subprocess.Popen(  # noqa: S603
-            command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT
-        )
+            command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )  # fmt: skip
     return Service(name, process, log_path)
 
 
@@ -149,9 +158,14 @@ class Stack:
         )
         return {"status": row[0], "launcher_pid": row[1], "run_info": json.loads(row[2] or "{}")}
 
-    def worker_restart(self) -> None:
-        self.services["worker"].stop()
+    def worker_start(self) -> None:
         self.services["worker"] = worker_start(self)
+
+    def redis_restart(self, *, down_seconds: float) -> None:
+        self.services["redis"].kill()
+        time.sleep(down_seconds)
+        port = int(self.redis_url.rsplit(":", 1)[1].split("/")[0])
+        self.services["redis"], _ = redis_start(logs=self.logs, port=port)
 
     def diagnostics(self) -> str:
         return "\n".join(
@@ -160,10 +174,10 @@ class Stack:
         )
 
 
-def redis_start(*, logs: Path) -> tuple[Service, str]:
+def redis_start(*, logs: Path, port: int | None = None) -> tuple[Service, str]:
     from dashboard.management.commands.serve_redis import redis_binary
 
-    port = free_port()
+    port = port or free_port()
     command = [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
     service = service_start(
         name="redis", command=command + ["--appendonly", "no"], env=dict(os.environ), logs=logs
@@ -197,6 +211,10 @@ def stack_running(*, home: Path, data_dir: Path) -> Iterator[Stack]:
         "TRAINYARD_DATA_DIR": str(data_dir),
         "TRAINYARD_WORKER_NAME": "test-worker",
         "TRAINYARD_DEVICE_REPORT_SECONDS": "2",
+        # Short bounds, so that a lost worker is noticed within a test's patience.
+        "TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS": "8",
+        "TRAINYARD_REAPER_SECONDS": "2",
+        "TRAINYARD_WAIT_RETRY_SECONDS": "1",
         "PYTHONUNBUFFERED": "1",
         "DEBUG": "1",
     }
@@ -208,9 +226,12 @@ def stack_running(*, home: Path, data_dir: Path) -> Iterator[Stack]:
                "dashboard.asgi:application"]  # fmt: skip
         stack.services["web"] = service_start(name="web", command=web, env=env, logs=logs)
         stack.services["worker"] = worker_start(stack)
+        beat = [sys.executable, "-m", "celery", "-A", "dashboard", "beat", "--loglevel", "INFO",
+                "--schedule", str(home / "celerybeat-schedule")]  # fmt: skip
+        stack.services["beat"] = service_start(name="beat", command=beat, env=env, logs=logs)
         wait_for(lambda: port_open(web_port), timeout=60, what="daphne")
         yield stack
     finally:
-        for name in ("worker", "web", "redis"):
+        for name in ("beat", "worker", "web", "redis"):
             if name in stack.services:
                 stack.services[name].stop()

@@ -491,7 +491,8 @@ def test_capacity_check_rejects_malformed_requests() -> None:
     machine_make(hostname="gpu-node-1", gpu_ids=(0, 1))
 
     assert capacity_check(strategy="fsdp", processes=1, gpus=[]) == [
-        "unknown strategy 'fsdp': use one of single, dp, ddp"
+        "unknown strategy 'fsdp': use one of single, dp, ddp, dp-primitives, model-parallel, "
+        "hogwild, deepspeed"
     ]
     assert capacity_check(strategy="ddp", processes=0, gpus=[]) == [
         "processes must be at least 1, not 0"

@@ -134,13 +134,19 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(autouse=True)
 def _no_processes_left() -> Iterator[None]:
-    yield
     me = psutil.Process()
+    # Processes that were there before (a test stack's servers) are not this test's.
+    before = {p.pid for p in me.children(recursive=True)}
+
+    def new_children() -> list[psutil.Process]:
+        return [p for p in me.children(recursive=True) if p.pid not in before]
+
+    yield
     # A child reaped by communicate() can linger for a moment as it is torn down.
     deadline = time.monotonic() + 5
-    while me.children(recursive=True) and time.monotonic() < deadline:
+    while new_children() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert me.children(recursive=True) == []
+    assert new_children() == []
 
 
 # --- data ----------------------------------------------------------------------------------------

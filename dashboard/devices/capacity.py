@@ -10,8 +10,23 @@ from django.conf import settings
 
 from dashboard.devices.models import WorkerMachine
 
-STRATEGIES = ("single", "dp", "ddp")
-STRATEGY_LABELS = {"single": "single", "dp": "DataParallel", "ddp": "DDP"}
+STRATEGIES = ("single", "dp", "ddp", "dp-primitives", "model-parallel", "hogwild", "deepspeed")
+STRATEGY_LABELS = {
+    "single": "single",
+    "dp": "DataParallel",
+    "ddp": "DDP",
+    "dp-primitives": "DataParallel primitives",
+    "model-parallel": "model parallel",
+    "hogwild": "Hogwild",
+    "deepspeed": "DeepSpeed",
+}
+# Several processes on one machine; on the CPU each wants a core of its own.
+PROCESS_STRATEGIES = ("ddp", "hogwild", "deepspeed")
+# With GPUs these run one process per GPU.
+PROCESS_PER_GPU_STRATEGIES = ("ddp", "deepspeed")
+# The model is cut in two: the convolutions and the classifier.
+MODEL_PARALLEL_STAGES = 2
+DP_PRIMITIVES_MIN_GPUS = 2
 SOURCE_WORKERS = "workers"
 SOURCE_WEB = "web"
 
@@ -104,15 +119,63 @@ def _largest_text(capacity: Capacity, machine: MachineCapacity) -> str:
 
 
 def capacity_check_cpu(*, capacity: Capacity, strategy: str, processes: int) -> list[str]:
-    if strategy != "ddp":
-        return []  # single and dp on CPU run one process; any machine will do
+    if strategy not in PROCESS_STRATEGIES:
+        return []  # the one-process strategies on CPU; any machine will do
     largest = max(capacity.machines, key=lambda m: (m.cpu_count, m.hostname))
     if processes <= largest.cpu_count:
         return []
     return [
-        f"DDP asks for {_processes(processes)} but {_largest_text(capacity, largest)} has "
-        f"{_plural(largest.cpu_count, 'CPU core')} and {gpu_ids_text(largest.gpu_ids)}"
+        f"{STRATEGY_LABELS[strategy]} asks for {_processes(processes)} but "
+        f"{_largest_text(capacity, largest)} has {_plural(largest.cpu_count, 'CPU core')} and "
+        f"{gpu_ids_text(largest.gpu_ids)}"
     ]
+
+
+def capacity_check_dp_primitives(*, capacity: Capacity, gpus: list[int]) -> list[str]:
+    """replicate/scatter/gather need two GPUs or more on one machine; say which machine has."""
+    if len(gpus) >= DP_PRIMITIVES_MIN_GPUS:
+        return []
+    most = max(capacity.machines, key=lambda m: (len(m.gpu_ids), m.hostname))
+    asked = f"got {gpu_ids_text(gpus)}" if gpus else "no GPU ids were given"
+    if len(most.gpu_ids) >= DP_PRIMITIVES_MIN_GPUS:
+        where = "; ".join(
+            machine_gpus_text(m)
+            for m in capacity.machines
+            if len(m.gpu_ids) >= DP_PRIMITIVES_MIN_GPUS
+        )
+        return [
+            f"DataParallel primitives need at least {DP_PRIMITIVES_MIN_GPUS} GPUs on one "
+            f"machine ({asked}): {where}"
+        ]
+    return [
+        f"DataParallel primitives need at least {DP_PRIMITIVES_MIN_GPUS} GPUs on one machine "
+        f"({asked}), but {_largest_text(capacity, most)} has {gpu_ids_text(most.gpu_ids)}; "
+        "pick another strategy"
+    ]
+
+
+def capacity_check_combination(*, strategy: str, processes: int, gpus: list[int]) -> list[str]:
+    """Rules of each strategy that need no machine: how many GPUs and processes go together."""
+    label = STRATEGY_LABELS[strategy]
+    if strategy == "single" and len(gpus) > 1:
+        return [f"a single-device run uses one GPU, not {len(gpus)} ({gpu_ids_text(gpus)})"]
+    if strategy in PROCESS_PER_GPU_STRATEGIES and gpus and processes != len(gpus):
+        return [
+            f"{label} runs one process per GPU: {_processes(processes)} "
+            f"for {_plural(len(gpus), 'GPU')} ({gpu_ids_text(gpus)})"
+        ]
+    if strategy == "model-parallel" and len(gpus) > MODEL_PARALLEL_STAGES:
+        return [
+            f"model parallel splits the model into {MODEL_PARALLEL_STAGES} stages: give 0, 1 or "
+            f"{MODEL_PARALLEL_STAGES} GPU ids (none: both stages on the CPU; one: a stage on "
+            "it and the other on the CPU), not {len(gpus)} ({gpu_ids_text(gpus)})"
+        ]
+    if strategy == "hogwild" and gpus:
+        return [
+            "Hogwild trains on the CPU: its processes share one model in CPU shared memory; "
+            f"leave the GPU ids empty (got {gpu_ids_text(gpus)})"
+        ]
+    return []
 
 
 def capacity_check_gpu_ids(*, capacity: Capacity, gpus: list[int]) -> list[str]:
@@ -152,17 +215,14 @@ def capacity_check(*, strategy: str, processes: int, gpus: list[int]) -> list[st
     if errors:
         return errors
 
-    label = STRATEGY_LABELS[strategy]
-    if strategy == "single" and len(gpus) > 1:
-        errors.append(f"a single-device run uses one GPU, not {len(gpus)} ({gpu_ids_text(gpus)})")
-    if strategy == "ddp" and gpus and processes != len(gpus):
-        errors.append(
-            f"{label} runs one process per GPU: {_processes(processes)} "
-            f"for {_plural(len(gpus), 'GPU')} ({gpu_ids_text(gpus)})"
-        )
+    errors += capacity_check_combination(strategy=strategy, processes=processes, gpus=gpus)
+    if strategy == "hogwild" and gpus:
+        return errors  # nothing on any machine would make it fit
 
     capacity = capacity_summary()
-    if gpus:
+    if strategy == "dp-primitives" and len(gpus) < DP_PRIMITIVES_MIN_GPUS:
+        errors += capacity_check_dp_primitives(capacity=capacity, gpus=gpus)
+    elif gpus:
         errors += capacity_check_gpu_ids(capacity=capacity, gpus=gpus)
     else:
         errors += capacity_check_cpu(capacity=capacity, strategy=strategy, processes=processes)

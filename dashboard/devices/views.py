@@ -32,7 +32,7 @@ def machine_age_seconds(machine: WorkerMachine) -> int:
     return max(0, int((timezone.now() - machine.reported_at).total_seconds()))
 
 
-def machine_api_item(machine: WorkerMachine) -> dict[str, Any]:
+def machine_api_item(machine: WorkerMachine, *, runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "hostname": machine.hostname,
         "online": machine.is_online,
@@ -40,7 +40,45 @@ def machine_api_item(machine: WorkerMachine) -> dict[str, Any]:
         # Server-side age, so that a browser with a wrong clock still says "N s ago" right.
         "age_seconds": machine_age_seconds(machine),
         "report": machine.report,
+        "runs": runs,
     }
+
+
+def running_shared_tensors(*, user: Any) -> dict[str, list[dict[str, Any]]]:
+    """Per machine, the shared tensors of the runs running there, as their `started` said.
+
+    Everyone sees the memory a machine holds; only the runs the user may open are named.
+    """
+    from dashboard.experiments.models import Experiment, Status
+    from dashboard.experiments.services import experiment_can_control
+
+    by_machine: dict[str, list[dict[str, Any]]] = {}
+    running = Experiment.objects.filter(status=Status.RUNNING).exclude(worker="")
+    for run in running.order_by("id"):
+        tensors = (run.run_info or {}).get("shared_tensors")
+        if not isinstance(tensors, list) or not tensors:
+            continue
+        named = experiment_can_control(experiment=run, user=user)
+        rows = [
+            {**tensor, "bytes_text": bytes_text(tensor.get("bytes"))}
+            for tensor in tensors
+            if isinstance(tensor, dict)
+        ]
+        shared = sum(
+            t["bytes"] for t in rows if t.get("is_shared") and isinstance(t.get("bytes"), int)
+        )
+        by_machine.setdefault(run.worker, []).append(
+            {
+                "id": run.pk if named else None,
+                "name": run.name if named else None,
+                "url": run.get_absolute_url() if named else None,
+                "strategy": run.strategy,
+                "shared_tensors": rows,
+                "shared_bytes": shared,
+                "shared_text": bytes_text(shared),
+            }
+        )
+    return by_machine
 
 
 def gpu_card(gpu: dict[str, Any]) -> dict[str, Any]:
@@ -69,7 +107,7 @@ def shm_card(shm: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def machine_card(machine: WorkerMachine) -> dict[str, Any]:
+def machine_card(machine: WorkerMachine, *, runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The page's view of one machine; static/js/devices.js renders the same from the API."""
     report = machine.report or {}
     memory = report.get("memory") or {}
@@ -90,16 +128,20 @@ def machine_card(machine: WorkerMachine) -> dict[str, Any]:
         "torch": torch_facts,
         "backends": sorted((torch_facts.get("distributed_backends") or {}).items()),
         "shm": shm_card(report.get("shared_memory") or {}),
+        "runs": runs,
     }
 
 
 def device_list(request: HttpRequest) -> HttpResponse:
     machines = WorkerMachine.objects.all()
+    runs = running_shared_tensors(user=request.user)
     return render(
         request,
         "devices/device_list.html",
         {
-            "cards": [machine_card(machine) for machine in machines],
+            "cards": [
+                machine_card(machine, runs=runs.get(machine.hostname, [])) for machine in machines
+            ],
             "stale_seconds": settings.TRAINYARD_WORKER_STALE_SECONDS,
             "poll_seconds": POLL_SECONDS,
         },
@@ -109,4 +151,6 @@ def device_list(request: HttpRequest) -> HttpResponse:
 @api_view(("GET",))
 def api_devices(request: HttpRequest) -> HttpResponse:
     machines = WorkerMachine.objects.all()
-    return JsonResponse({"machines": [machine_api_item(machine) for machine in machines]})
+    runs = running_shared_tensors(user=request.user)
+    items = [machine_api_item(m, runs=runs.get(m.hostname, [])) for m in machines]
+    return JsonResponse({"machines": items})

@@ -6,6 +6,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from dashboard.experiments.limits import LaunchLimited
 from dashboard.experiments.models import Experiment, LogLine, MetricPoint
 from dashboard.experiments.services import experiment_clone, experiment_stop
 
@@ -91,6 +92,12 @@ class ExperimentAdmin(admin.ModelAdmin):
 
     @admin.action(description="Clone and relaunch the selected runs")
     def clone_and_relaunch(self, request: HttpRequest, queryset: QuerySet[Experiment]) -> None:
-        clones = [experiment_clone(experiment=e, owner=request.user) for e in queryset]
+        clones: list[Experiment] = []
+        try:
+            for experiment in queryset:
+                clones.append(experiment_clone(experiment=experiment, owner=request.user))
+        except LaunchLimited as refused:
+            # Staff launch under the same per-user limits: say where it stopped, and why.
+            self.message_user(request, f"Stopped cloning: {refused.message}.", messages.WARNING)
         names = ", ".join(f"#{c.pk}" for c in clones)
         self.message_user(request, f"Queued {len(clones)} new run(s): {names}.", messages.SUCCESS)

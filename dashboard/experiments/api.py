@@ -7,7 +7,8 @@ from typing import Any
 from django.http import HttpRequest, JsonResponse
 
 from dashboard.api import ApiError, api_view, json_body
-from dashboard.experiments.forms import FIELDS, ExperimentForm
+from dashboard.experiments.forms import FIELDS, MAX_GPU_IDS, ExperimentForm
+from dashboard.experiments.limits import LaunchLimited
 from dashboard.experiments.models import Experiment
 from dashboard.experiments.services import (
     experiment_as_dict,
@@ -29,9 +30,15 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "lr": (int, float),
     "optimizer": (str,),
     "seed": (int,),
+    "zero_stage": (int,),
 }
+# Fields where null means "the default for the strategy".
+NULLABLE_FIELDS = frozenset({"processes", "zero_stage"})
 TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", list: "a list"}
 MAX_LIST_PAGE = 500
+# Bounds checked before the form sees a value (see launch_payload_bounds_check).
+MAX_JSON_INT = 2**63 - 1
+MAX_STRING_CHARS = 200
 
 
 def launch_payload_check(payload: dict[str, Any]) -> dict[str, list[str]]:
@@ -40,7 +47,7 @@ def launch_payload_check(payload: dict[str, Any]) -> dict[str, list[str]]:
         if key not in FIELD_TYPES:
             errors[key] = [f"unknown field; the fields are {', '.join(FIELDS)}"]
     for key, allowed in FIELD_TYPES.items():
-        if key not in payload or (key == "processes" and payload[key] is None):
+        if key not in payload or (key in NULLABLE_FIELDS and payload[key] is None):
             continue
         value = payload[key]
         if isinstance(value, bool) or not isinstance(value, allowed):
@@ -48,6 +55,27 @@ def launch_payload_check(payload: dict[str, Any]) -> dict[str, list[str]]:
     gpus = payload.get("gpus")
     if isinstance(gpus, list) and any(isinstance(g, bool) or not isinstance(g, int) for g in gpus):
         errors["gpus"] = ["must be a list of integer GPU ids"]
+    for key, why in launch_payload_bounds_check(payload).items():
+        errors.setdefault(key, why)
+    return errors
+
+
+def launch_payload_bounds_check(payload: dict[str, Any]) -> dict[str, list[str]]:
+    """Sizes the form cannot take safely: an integer too big for a float (lr) or a database
+    column is an OverflowError there, and a huge string would be echoed back in the error."""
+    errors: dict[str, list[str]] = {}
+    for key in FIELD_TYPES:
+        value = payload.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_JSON_INT:
+            errors[key] = [f"out of range (at most {MAX_JSON_INT} in size)"]
+        elif isinstance(value, str) and len(value) > MAX_STRING_CHARS:
+            errors[key] = [f"at most {MAX_STRING_CHARS} characters, not {len(value)}"]
+    gpus = payload.get("gpus")
+    if isinstance(gpus, list):
+        if len(gpus) > MAX_GPU_IDS:
+            errors["gpus"] = [f"at most {MAX_GPU_IDS} GPU ids, not {len(gpus)}"]
+        elif any(isinstance(g, int) and not isinstance(g, bool) and g < 0 for g in gpus):
+            errors["gpus"] = ["GPU ids are whole numbers from 0"]
     return errors
 
 
@@ -78,8 +106,20 @@ def experiments(request: HttpRequest) -> JsonResponse:
     if not form.is_valid():
         errors = {k: [e["message"] for e in v] for k, v in form.errors.get_json_data().items()}
         raise ApiError(400, "invalid experiment", errors)
-    experiment = experiment_launch(owner=request.user, fields=form.cleaned_data)
+    try:
+        experiment = experiment_launch(owner=request.user, fields=form.cleaned_data)
+    except LaunchLimited as refused:
+        raise launch_limited_error(refused) from None
     return JsonResponse(experiment_as_dict(experiment), status=201)
+
+
+def launch_limited_error(refused: LaunchLimited) -> ApiError:
+    return ApiError(
+        429,
+        refused.message,
+        details=refused.as_details(),
+        headers={"Retry-After": str(refused.retry_after)},
+    )
 
 
 @api_view(("GET",))

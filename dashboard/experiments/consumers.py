@@ -13,12 +13,33 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from dashboard.experiments.models import Experiment
-from dashboard.experiments.services import experiment_as_dict, experiments_visible_to
+from dashboard.experiments.services import experiment_snapshot_build, experiments_visible_to
 from dashboard.experiments.sink import experiment_group
 
 SNAPSHOT_LOG_LINES = 200
 CLOSE_UNAUTHENTICATED = 4401
 CLOSE_FORBIDDEN = 4403
+# The channel is one-way, so a client has nothing sizable to say: a frame over this closes the
+# connection (1009, "message too big"). daphne refuses frames over its own
+# --websocket-max-frame-size / --websocket-max-message-size (1 MiB unless set; see Procfile).
+MAX_CLIENT_FRAME_BYTES = 4096
+CLOSE_TOO_BIG = 1009
+# Ids longer than this cannot be a row's (64-bit) and int() refuses over 4,300 digits.
+PK_MAX_DIGITS = 18
+
+
+def experiment_pk_parse(raw: Any) -> int | None:
+    text = str(raw)
+    if not (text.isascii() and text.isdigit() and len(text) <= PK_MAX_DIGITS):
+        return None
+    return int(text)
+
+
+def frame_size(*, text_data: str | None, bytes_data: bytes | None) -> int:
+    if bytes_data is not None:
+        return len(bytes_data)
+    # surrogatepass: a test client can send lone surrogates that daphne never would.
+    return len((text_data or "").encode("utf-8", "surrogatepass"))
 
 
 @database_sync_to_async
@@ -29,16 +50,7 @@ def experiment_visible(*, pk: int, user: Any) -> bool:
 @database_sync_to_async
 def experiment_snapshot(*, pk: int) -> dict[str, Any]:
     experiment = Experiment.objects.select_related("owner", "cancelled_by").get(pk=pk)
-    points = [p.as_dict() for p in experiment.points.all()]
-    logs = [line.as_dict() for line in experiment.logs.order_by("-seq", "-id")[:SNAPSHOT_LOG_LINES]]
-    logs.reverse()
-    return {
-        "type": "snapshot",
-        "seq": experiment.last_seq,
-        "experiment": experiment_as_dict(experiment),
-        "points": points,
-        "logs": logs,
-    }
+    return experiment_snapshot_build(experiment=experiment, log_lines=SNAPSHOT_LOG_LINES)
 
 
 class ExperimentConsumer(AsyncJsonWebsocketConsumer):
@@ -49,8 +61,8 @@ class ExperimentConsumer(AsyncJsonWebsocketConsumer):
         if user is None or not user.is_authenticated:
             await self.close(code=CLOSE_UNAUTHENTICATED)
             return
-        pk = int(self.scope["url_route"]["kwargs"]["pk"])
-        if not await experiment_visible(pk=pk, user=user):
+        pk = experiment_pk_parse(self.scope["url_route"]["kwargs"]["pk"])
+        if pk is None or not await experiment_visible(pk=pk, user=user):
             await self.close(code=CLOSE_FORBIDDEN)
             return
         # Join before reading the snapshot: an event stored in between then arrives twice
@@ -67,6 +79,9 @@ class ExperimentConsumer(AsyncJsonWebsocketConsumer):
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         # The channel is one-way: whatever a client sends, even invalid JSON, is answered with an
         # error and never decoded or acted on.
+        if frame_size(text_data=text_data, bytes_data=bytes_data) > MAX_CLIENT_FRAME_BYTES:
+            await self.close(code=CLOSE_TOO_BIG)
+            return
         await self.send_json({"type": "error", "error": "this channel accepts no messages"})
 
     async def run_events(self, message: dict[str, Any]) -> None:

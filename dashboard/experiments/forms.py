@@ -7,7 +7,7 @@ from typing import Any
 from django import forms
 from django.core import validators
 
-from dashboard.experiments.models import Experiment, Strategy
+from dashboard.experiments.models import PROCESS_STRATEGIES, Experiment, Strategy, ZeroStage
 
 STRATEGY_HELP: dict[str, str] = {
     "single": "One process on one device: a GPU when you pick one, else the CPU.",
@@ -18,6 +18,22 @@ STRATEGY_HELP: dict[str, str] = {
     "ddp": (
         "DistributedDataParallel: one process per rank (torchrun), each on its own shard of the "
         "data, gradients averaged by all-reduce (NCCL on GPUs, Gloo on CPU)."
+    ),
+    "dp-primitives": (
+        "DataParallel built by hand from replicate, scatter, parallel_apply and gather: shows "
+        "what nn.DataParallel does each step; needs 2 or more GPUs on one machine."
+    ),
+    "model-parallel": (
+        "The model cut in two stages on different devices (0, 1 or 2 GPUs, the rest on the "
+        "CPU), activations passed between them: for models too big for one device."
+    ),
+    "hogwild": (
+        "Hogwild: CPU processes train one model held in shared memory, each on its own shard, "
+        "updating it without locks; cheap parallelism on many cores."
+    ),
+    "deepspeed": (
+        "DeepSpeed ZeRO under torchrun: like DDP, but optimizer state (stage 1) and gradients "
+        "(stage 2) are split across ranks to save memory; Gloo on CPU, NCCL on GPUs."
     ),
 }
 
@@ -40,7 +56,12 @@ FIELDS = (
     "lr",
     "optimizer",
     "seed",
+    "zero_stage",
 )
+DEFAULT_ZERO_STAGE = ZeroStage.ONE
+# One machine never has more GPUs than this; the bound also keeps the checks on the list cheap.
+MAX_GPU_IDS = 64
+GPU_ID_MAX_DIGITS = 6
 
 
 class GpuListField(forms.Field):
@@ -54,12 +75,15 @@ class GpuListField(forms.Field):
         items = value.split(",") if isinstance(value, str) else value
         if not isinstance(items, list | tuple):
             raise forms.ValidationError(self.error_messages["invalid"], code="invalid")
+        if len(items) > MAX_GPU_IDS:
+            raise forms.ValidationError(f"at most {MAX_GPU_IDS} GPU ids", code="too_many")
         ids: list[int] = []
         for item in items:
             if isinstance(item, bool):
                 raise forms.ValidationError(self.error_messages["invalid"], code="invalid")
             text = str(item).strip()
-            if not text.isdigit():
+            # isdigit() alone lets "²" through, which int() then refuses.
+            if not (text.isascii() and text.isdigit() and len(text) <= GPU_ID_MAX_DIGITS):
                 raise forms.ValidationError(self.error_messages["invalid"], code="invalid")
             ids.append(int(text))
         if len(set(ids)) != len(ids):
@@ -89,6 +113,13 @@ class ExperimentForm(forms.ModelForm):
         self.fields["name"].required = False
         # Omitted processes mean "the natural count": one per GPU, else two CPU ranks.
         self.fields["processes"].required = False
+        zero_stage = self.fields["zero_stage"]
+        zero_stage.error_messages["invalid_choice"] = (
+            "the ZeRO stage is 1 or 2 (stage 3 is not offered), not %(value)s"
+        )
+        assert isinstance(zero_stage, forms.TypedChoiceField)
+        # Only DeepSpeed reads it: without a choice it trains with stage 1.
+        zero_stage.choices = [("", "default (1)"), *ZeroStage.choices]
         for name, (low, high) in LIMITS.items():
             field = self.fields[name]
             field.min_value = low
@@ -112,19 +143,30 @@ class ExperimentForm(forms.ModelForm):
         strategy, gpus = data.get("strategy"), data.get("gpus", [])
         if strategy is None or self.errors:
             return data
-        if strategy != Strategy.DDP:
+        # Fields a strategy does not read are normalised, not refused: the form keeps them
+        # (dimmed or hidden) while the user switches strategies.
+        data["zero_stage"] = (
+            (data.get("zero_stage") or DEFAULT_ZERO_STAGE)
+            if strategy == Strategy.DEEPSPEED
+            else None
+        )
+        if strategy not in PROCESS_STRATEGIES:
             data["processes"] = 1
         elif data.get("processes") is None:
             data["processes"] = len(gpus) if gpus else DEFAULT_CPU_PROCESSES
-        elif gpus and data["processes"] != len(gpus):
+        elif gpus and strategy != Strategy.HOGWILD and data["processes"] != len(gpus):
+            label = Strategy(strategy).label
             self.add_error(
-                "processes", f"with GPUs, DDP runs one process per GPU: {len(gpus)} for {gpus}"
+                "processes",
+                f"with GPUs, {label} runs one process per GPU: {len(gpus)} for {gpus}",
             )
             return data
+        # A strategy that cannot run without GPUs is refused on the GPU field, where the fix is.
+        needs_gpus = gpus or strategy == Strategy.DP_PRIMITIVES
         for message in capacity_check(
             strategy=strategy, processes=data.get("processes", 1), gpus=gpus
         ):
-            self.add_error("gpus" if gpus else "processes", message)
+            self.add_error("gpus" if needs_gpus else "processes", message)
         if not data.get("name"):
             data["name"] = f"{Strategy(strategy).label} on {data.get('dataset', 'mnist')}"
         return data

@@ -28,6 +28,19 @@ class Strategy(models.TextChoices):
     SINGLE = "single", "Single device"
     DP = "dp", "DataParallel"
     DDP = "ddp", "DistributedDataParallel"
+    DP_PRIMITIVES = "dp-primitives", "DataParallel primitives"
+    MODEL_PARALLEL = "model-parallel", "Model parallel"
+    HOGWILD = "hogwild", "Hogwild"
+    DEEPSPEED = "deepspeed", "DeepSpeed ZeRO"
+
+
+# Strategies that start several processes and take `processes` (the others run one process).
+PROCESS_STRATEGIES = (Strategy.DDP, Strategy.HOGWILD, Strategy.DEEPSPEED)
+
+
+class ZeroStage(models.IntegerChoices):
+    ONE = 1, "ZeRO-1: optimizer state sharded"
+    TWO = 2, "ZeRO-2: optimizer state and gradients sharded"
 
 
 class Optimizer(models.TextChoices):
@@ -42,13 +55,21 @@ class Experiment(models.Model):
     )
     dataset = models.CharField(max_length=32, choices=Dataset.choices, default=Dataset.MNIST)
     strategy = models.CharField(max_length=32, choices=Strategy.choices, default=Strategy.DDP)
-    processes = models.PositiveSmallIntegerField(default=2, help_text="DDP ranks")
+    processes = models.PositiveSmallIntegerField(
+        default=2, help_text="processes of DDP, Hogwild and DeepSpeed; 1 for the others"
+    )
     gpus = models.JSONField(default=list, blank=True, help_text="GPU ids; empty means CPU")
     epochs = models.PositiveSmallIntegerField(default=1)
     batch_size = models.PositiveIntegerField(default=64)
     lr = models.FloatField(default=1e-3)
     optimizer = models.CharField(max_length=16, choices=Optimizer.choices, default=Optimizer.ADAM)
     seed = models.IntegerField(default=1)
+    zero_stage = models.PositiveSmallIntegerField(
+        choices=ZeroStage.choices,
+        null=True,
+        blank=True,
+        help_text="DeepSpeed ZeRO stage; empty for the other strategies",
+    )
 
     status = models.CharField(
         max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True
@@ -68,6 +89,9 @@ class Experiment(models.Model):
     last_seq = models.IntegerField(default=0)
     notes = models.JSONField(default=list, blank=True, help_text="what the engine said it did")
     run_info = models.JSONField(default=dict, blank=True, help_text="the `started` event")
+    # The latest per-rank figures ({step, epoch, time, ranks: [...]}), overwritten per flush so
+    # that a reloaded page shows them without replaying every event.
+    rank_stats = models.JSONField(default=dict, blank=True, help_text="latest per-rank figures")
 
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     cancelled_by = models.ForeignKey(
@@ -119,8 +143,8 @@ class Experiment(models.Model):
     def devices_label(self) -> str:
         if self.gpus:
             return "GPU " + ",".join(str(g) for g in self.gpus)
-        if self.strategy == Strategy.DDP:
-            return f"{self.processes} CPU processes"
+        if self.strategy in PROCESS_STRATEGIES:
+            return f"{self.processes} CPU process{'' if self.processes == 1 else 'es'}"
         return "CPU"
 
 
@@ -172,3 +196,39 @@ class LogLine(models.Model):
 
     def as_dict(self) -> dict[str, object]:
         return {"seq": self.seq, "time": self.time, "level": self.level, "message": self.message}
+
+
+class Checkpoint(models.Model):
+    """A checkpoint a run reported. The file lives on the worker that ran it (`worker`), under
+    its TRAINYARD_RUNS_DIR; this web server can serve it only where that folder is shared."""
+
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="checkpoints")
+    epoch = models.PositiveIntegerField()
+    step = models.PositiveIntegerField(default=0)
+    path = models.TextField(help_text="as the training wrote it, on the worker's machine")
+    size = models.BigIntegerField(null=True, blank=True, help_text="bytes, read by the worker")
+    worker = models.CharField(max_length=255, blank=True)
+    created = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["epoch"]
+        constraints = [
+            models.UniqueConstraint(fields=["experiment", "epoch"], name="unique_checkpoint_epoch")
+        ]
+
+    def __str__(self) -> str:
+        return f"epoch {self.epoch} of #{self.experiment_id}"
+
+    def get_absolute_url(self) -> str:
+        return reverse("experiment-checkpoint", args=[self.experiment_id, self.epoch])
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "epoch": self.epoch,
+            "step": self.step,
+            "path": self.path,
+            "size": self.size,
+            "worker": self.worker,
+            "created": self.created.isoformat() if self.created else None,
+            "url": self.get_absolute_url(),
+        }

@@ -16,15 +16,37 @@ import sys
 import threading
 import time
 from collections import deque
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
 from django.conf import settings
+from django.db import transaction
+from django.db.models import F
 from django.utils import timezone
 
-from dashboard.experiments.models import Experiment, Status
+from dashboard.devices.models import WorkerMachine
+from dashboard.experiments.allocation import (
+    MULTI_PROCESS_STRATEGIES,
+    Machine,
+    allocation_refusal,
+    machine_local,
+    run_cpu_threads,
+)
+from dashboard.experiments.models import (
+    PROCESS_STRATEGIES,
+    Experiment,
+    Status,
+    Strategy,
+    ZeroStage,
+)
 from dashboard.experiments.processes import parent_death_signal_set, process_tree_stop
 from dashboard.experiments.sink import EventSink
+from dashboard.experiments.survival import (
+    attempt_record,
+    experiment_resume_prepare,
+    supervisor_started,
+)
 from training.protocol import PROTOCOL_VERSION, parse_event
 
 log = logging.getLogger(__name__)
@@ -32,6 +54,7 @@ log = logging.getLogger(__name__)
 FLUSH_SECONDS = 0.5
 STOP_POLL_SECONDS = 0.5
 STDERR_TAIL_LINES = 30
+WAITING = "waiting"
 
 
 def training_command(*, experiment: Experiment) -> list[str]:
@@ -61,36 +84,84 @@ def training_command(*, experiment: Experiment) -> list[str]:
         "--checkpoint-dir",
         str(run_dir / "checkpoints"),
     ]
-    if experiment.strategy == "ddp":
+    if experiment.strategy in PROCESS_STRATEGIES:
         command += ["--nproc", str(experiment.processes)]
+    if experiment.strategy == Strategy.DEEPSPEED:
+        command += ["--zero-stage", str(experiment.zero_stage or ZeroStage.ONE)]
     if experiment.gpus:
         command += ["--gpus", ",".join(str(g) for g in experiment.gpus)]
     return command
 
 
-def experiment_claim(*, experiment_id: int, worker: str) -> bool:
-    """Only a queued run can become running: two workers can never both start one run."""
-    claimed = Experiment.objects.filter(pk=experiment_id, status=Status.QUEUED).update(
-        status=Status.RUNNING, started_at=timezone.now(), worker=worker
-    )
-    return claimed == 1
+@dataclass(frozen=True)
+class Claim:
+    claimed: bool
+    waiting_reason: str = ""
+
+
+def experiment_claim(*, experiment_id: int, machine: Machine) -> Claim:
+    """Start a queued run on this machine if its devices are free; else say what it waits for.
+
+    Only a queued run can become running (a conditional update), so two workers can never both
+    start one run; the machine's lock makes the device check and the claim one step.
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        WorkerMachine.objects.select_for_update().filter(hostname=machine.name).first()
+        experiment = Experiment.objects.filter(pk=experiment_id, status=Status.QUEUED).first()
+        if experiment is None:
+            return Claim(False)
+        busy = list(Experiment.objects.filter(status=Status.RUNNING, worker=machine.name))
+        reason = allocation_refusal(experiment=experiment, machine=machine, busy=busy)
+        if reason:
+            Experiment.objects.filter(pk=experiment_id, status=Status.QUEUED).update(
+                waiting_reason=reason[:300], heartbeat_at=now
+            )
+            return Claim(False, reason)
+        claimed = Experiment.objects.filter(pk=experiment_id, status=Status.QUEUED).update(
+            status=Status.RUNNING,
+            started_at=experiment.started_at or now,
+            worker=machine.name,
+            attempt=F("attempt") + 1,
+            heartbeat_at=now,
+            waiting_reason="",
+            error="",
+        )
+    return Claim(claimed == 1)
 
 
 def experiment_run(*, experiment_id: int, worker: str) -> str | None:
-    """Run a queued experiment to its end; returns the final status, or None if not claimed."""
-    if not experiment_claim(experiment_id=experiment_id, worker=worker):
+    """Run a queued experiment to its end; returns the final status, WAITING, or None."""
+    claim = experiment_claim(experiment_id=experiment_id, machine=machine_local(worker=worker))
+    if claim.waiting_reason:
+        return WAITING
+    if not claim.claimed:
         log.info("experiment %s was not queued any more; not starting it", experiment_id)
         return None
     experiment = Experiment.objects.get(pk=experiment_id)
+    resume = experiment_resume_prepare(experiment=experiment)
     sink = EventSink(experiment)
-    sink.add({"type": "status", "status": Status.RUNNING, "worker": worker})
+    sink.add(
+        {
+            "type": "status",
+            "status": Status.RUNNING,
+            "worker": worker,
+            "attempt": experiment.attempt,
+            "resumed": experiment.attempt > 1,
+        }
+    )
     sink.flush()
     try:
-        supervisor = RunSupervisor(experiment=experiment, sink=sink)
+        supervisor = RunSupervisor(experiment=experiment, sink=sink, resume=resume)
         outcome = supervisor.run()
     except Exception as exc:  # a supervisor bug must not leave the run "running"
         log.exception("supervising experiment %s failed", experiment_id)
         outcome = Outcome(Status.FAILED, error=f"supervisor error: {exc}")
+    if outcome is None:
+        log.warning(
+            "experiment %s was taken from this worker; left to its new owner", experiment_id
+        )
+        return None
     return experiment_settle(experiment=experiment, sink=sink, outcome=outcome)
 
 
@@ -111,8 +182,20 @@ class Outcome:
 
 def experiment_settle(*, experiment: Experiment, sink: EventSink, outcome: Outcome) -> str:
     finished_at = timezone.now()
-    Experiment.objects.filter(pk=experiment.pk, status=Status.RUNNING).update(
+    history = [
+        *experiment.attempts,
+        attempt_record(
+            experiment=experiment,
+            outcome=outcome.status,
+            reason=outcome.error,
+            ended_at=finished_at,
+        ),
+    ]
+    Experiment.objects.filter(
+        pk=experiment.pk, status=Status.RUNNING, attempt=experiment.attempt
+    ).update(
         status=outcome.status,
+        attempts=history,
         finished_at=finished_at,
         error=outcome.error,
         test_loss=outcome.test_loss,
@@ -136,20 +219,50 @@ def _pump(stream: IO[str], source: str, lines: queue.Queue[tuple[str, str | None
     lines.put((source, None))
 
 
+def heartbeat_interval() -> float:
+    return max(0.5, min(5.0, settings.TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS / 6))
+
+
+def training_environment(*, experiment: Experiment) -> dict[str, str]:
+    machine = machine_local(worker=experiment.worker)
+    threads = run_cpu_threads(
+        strategy=experiment.strategy,
+        processes=experiment.processes,
+        gpus=experiment.gpus,
+        cpu_count=machine.cpu_count,
+    )
+    per_process = 1 if experiment.strategy in MULTI_PROCESS_STRATEGIES else max(threads, 1)
+    return {
+        **os.environ,
+        "PYTHONUNBUFFERED": "1",
+        "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
+        # GPU ids are NVML's, in PCI order; CUDA must number them the same way.
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        # The allocation counted this many threads for the run: hold it to that.
+        "OMP_NUM_THREADS": str(per_process),
+        # Lets a worker that starts later tell this run's processes from live ones.
+        "TRAINYARD_SUPERVISOR_PID": str(os.getpid()),
+        "TRAINYARD_SUPERVISOR_STARTED": repr(supervisor_started()),
+        "TRAINYARD_RUN_ID": str(experiment.pk),
+    }
+
+
 class RunSupervisor:
-    def __init__(self, *, experiment: Experiment, sink: EventSink):
+    def __init__(self, *, experiment: Experiment, sink: EventSink, resume: Path | None = None):
         self.experiment = experiment
         self.sink = sink
+        self.resume = resume
+        self.taken_over = False
         self.lines: queue.Queue[tuple[str, str | None]] = queue.Queue()
         self.stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
         self.rank_pids: list[int] = []
         self.final_event: dict[str, Any] | None = None
         self.stopped_by: str | None = None
 
-    def run(self) -> Outcome:
+    def run(self) -> Outcome | None:
         process = self._start()
         open_streams = 2
-        next_flush = next_stop_check = time.monotonic()
+        next_flush = next_stop_check = next_beat = time.monotonic()
         while open_streams:
             try:
                 source, line = self.lines.get(timeout=0.1)
@@ -166,20 +279,30 @@ class RunSupervisor:
             if now >= next_stop_check and self.stopped_by is None:
                 self._check_stop(process)
                 next_stop_check = now + STOP_POLL_SECONDS
+            if now >= next_beat and not self.taken_over:
+                self._heartbeat(process)
+                next_beat = now + heartbeat_interval()
         returncode = process.wait()
+        if self.taken_over:
+            return None
         self.sink.flush()
         return self._outcome(returncode)
 
+    def _heartbeat(self, process: subprocess.Popen[str]) -> None:
+        alive = Experiment.objects.filter(
+            pk=self.experiment.pk, status=Status.RUNNING, attempt=self.experiment.attempt
+        ).update(heartbeat_at=timezone.now())
+        if alive:
+            return
+        # The reaper gave up on this attempt (it looked lost) and the run has moved on: end
+        # this copy rather than train twice.
+        self.taken_over = True
+        process_tree_stop(root_pid=process.pid, extra_pids=self.rank_pids, grace_seconds=2)
+
     def _start(self) -> subprocess.Popen[str]:
         command = training_command(experiment=self.experiment)
-        env = {
-            **os.environ,
-            "PYTHONUNBUFFERED": "1",
-            "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
-            # GPU ids are NVML's, in PCI order; CUDA must number them the same way.
-            "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
-        }
-        log.info("experiment %s: %s", self.experiment.pk, " ".join(command))
+        if self.resume is not None:
+            command += ["--resume", str(self.resume)]
         process = subprocess.Popen(  # noqa: S603 - the command is built from validated fields
             command,
             stdout=subprocess.PIPE,
@@ -190,8 +313,9 @@ class RunSupervisor:
             start_new_session=True,
             preexec_fn=parent_death_signal_set,  # noqa: PLW1509 - only prctl, no locks taken
             cwd=settings.BASE_DIR,
-            env=env,
+            env=training_environment(experiment=self.experiment),
         )
+        log.info("experiment %s: pid %s: %s", self.experiment.pk, process.pid, " ".join(command))
         Experiment.objects.filter(pk=self.experiment.pk).update(launcher_pid=process.pid)
         for stream, source in ((process.stdout, "stdout"), (process.stderr, "stderr")):
             assert stream is not None

@@ -10,6 +10,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from dashboard.experiments.forms import FIELDS
+from dashboard.experiments.limits import launch_slot_claim
 from dashboard.experiments.models import Experiment, Status
 
 User = AbstractBaseUser | AnonymousUser
@@ -30,8 +31,11 @@ def experiment_launch(*, owner: Any, fields: dict[str, Any]) -> Experiment:
     """Store a validated launch request and queue it once the row is committed."""
     from dashboard.experiments.tasks import run_experiment
 
-    experiment = Experiment.objects.create(owner=owner, **fields)
-    transaction.on_commit(lambda: run_experiment.delay(experiment.pk))
+    with transaction.atomic():
+        # Raises LaunchLimited over the owner's limits (concurrent runs, launches a minute).
+        launch_slot_claim(owner=owner)
+        experiment = Experiment.objects.create(owner=owner, **fields)
+        transaction.on_commit(lambda: run_experiment.delay(experiment.pk))
     return experiment
 
 
@@ -59,6 +63,43 @@ def experiment_clone(*, experiment: Experiment, owner: Any) -> Experiment:
     clone = experiment_launch(owner=owner, fields=fields)
     Experiment.objects.filter(pk=clone.pk).update(cloned_from=experiment)
     return clone
+
+
+def experiment_run_facts(experiment: Experiment) -> dict[str, Any]:
+    """What the `started` event said about where the run lives: shared tensors, stages."""
+    info = experiment.run_info or {}
+    tensors = info.get("shared_tensors")
+    stages = info.get("stages")
+    return {
+        "shared_tensors": [t for t in tensors if isinstance(t, dict)]
+        if isinstance(tensors, list)
+        else [],
+        "stages": [s for s in stages if isinstance(s, dict)] if isinstance(stages, list) else [],
+        "zero_stage": info.get("zero_stage"),
+        "world_size": info.get("world_size"),
+        "global_batch_size": info.get("global_batch_size"),
+    }
+
+
+def experiment_snapshot_build(*, experiment: Experiment, log_lines: int) -> dict[str, Any]:
+    """What a page needs to draw a run from scratch: the WebSocket's first message."""
+    from dashboard.experiments.checkpoints import checkpoint_as_dict
+
+    logs = [line.as_dict() for line in experiment.logs.order_by("-seq", "-id")[:log_lines]]
+    logs.reverse()
+    return {
+        "type": "snapshot",
+        "seq": experiment.last_seq,
+        "experiment": experiment_as_dict(experiment),
+        "points": [p.as_dict() for p in experiment.points.all()],
+        "logs": logs,
+        "run": experiment_run_facts(experiment),
+        "rank_stats": experiment.rank_stats or {},
+        "checkpoints": [
+            checkpoint_as_dict(checkpoint=c, experiment=experiment)
+            for c in experiment.checkpoints.all()
+        ],
+    }
 
 
 def _iso(value: Any) -> str | None:

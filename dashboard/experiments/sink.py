@@ -9,19 +9,24 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
-from dashboard.experiments.models import Experiment, LogLine, MetricPoint
+from dashboard.experiments.models import Checkpoint, Experiment, LogLine, MetricPoint
 
 log = logging.getLogger(__name__)
 
 GROUP_MESSAGE_TYPE = "run.events"
 POINT_FIELDS = ("step", "epoch", "train_loss", "test_loss", "test_accuracy", "images_per_second")
 MAX_LOG_CHARS = 4000
+RANK_FIELDS = ("images_per_second", "data_seconds", "compute_seconds", "rss_bytes")
+# A report is trusted to be small, not to be well-formed: bound what one event can store.
+MAX_RANKS = 1024
+MAX_PATH_CHARS = 4096
 
 
 def experiment_group(experiment_id: int) -> str:
@@ -34,6 +39,44 @@ def _number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
+def rank_stats_from_event(message: dict[str, Any]) -> dict[str, Any] | None:
+    """The per-rank figures of a step or epoch event (protocol 1.1), or None when it has none.
+
+    Events from one-process strategies may carry rank 0's figures only (data_seconds, ...)
+    without `ranks`: those become a one-rank list, so the page has one shape to draw.
+    """
+    ranks = message.get("ranks")
+    if not isinstance(ranks, list):
+        if all(_number(message.get(name)) is None for name in RANK_FIELDS[1:]):
+            return None
+        ranks = [{"rank": 0, **{name: message.get(name) for name in RANK_FIELDS}}]
+    rows = []
+    for index, rank in enumerate(ranks[:MAX_RANKS]):
+        if not isinstance(rank, dict):
+            continue
+        number = rank.get("rank")
+        if not isinstance(number, int) or isinstance(number, bool):
+            number = index
+        rows.append({"rank": number, **{name: _number(rank.get(name)) for name in RANK_FIELDS}})
+    if not rows:
+        return None
+    return {
+        "type": message["type"],
+        "step": message.get("step"),
+        "epoch": message.get("epoch"),
+        "time": _number(message.get("time")),
+        "ranks": rows,
+    }
+
+
+def file_size(path: str) -> int | None:
+    # Read here, by the worker: the file is on this machine, maybe not on the web server's.
+    try:
+        return os.stat(path).st_size
+    except (OSError, ValueError):
+        return None
+
+
 class EventSink:
     def __init__(self, experiment: Experiment):
         self.experiment = experiment
@@ -42,6 +85,7 @@ class EventSink:
         self.logs: list[LogLine] = []
         self.messages: list[dict[str, Any]] = []
         self.updates: dict[str, Any] = {}
+        self.checkpoints: list[Checkpoint] = []
         self.channel_layer = get_channel_layer()
 
     def add(self, event: dict[str, Any]) -> dict[str, Any]:
@@ -64,6 +108,7 @@ class EventSink:
             for note in message.get("notes") or []:
                 self._add_log({"seq": self.seq, "time": message.get("time"), "message": note})
         elif kind == "checkpoint":
+            self._add_checkpoint(message)
             self._add_log(
                 {**message, "message": f"checkpoint of epoch {message.get('epoch')} saved"}
             )
@@ -94,6 +139,28 @@ class EventSink:
             )
         )
         self.updates.update(step=step, epoch=epoch)
+        stats = rank_stats_from_event(message)
+        if stats is not None:
+            self.updates["rank_stats"] = stats
+
+    def _add_checkpoint(self, message: dict[str, Any]) -> None:
+        epoch, path = message.get("epoch"), message.get("path")
+        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+            return
+        if not isinstance(path, str) or not path or len(path) > MAX_PATH_CHARS:
+            return
+        step = message.get("step")
+        checkpoint = Checkpoint(
+            experiment_id=self.experiment.pk,
+            epoch=epoch,
+            step=step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else 0,
+            path=path,
+            size=file_size(path),
+            worker=self.experiment.worker,
+        )
+        # The message tells the page where to download it; the size is what the worker saw.
+        message.update(size=checkpoint.size, url=checkpoint.get_absolute_url())
+        self.checkpoints.append(checkpoint)
 
     def _add_log(self, message: dict[str, Any], *, level: str = "info") -> None:
         self.logs.append(
@@ -113,11 +180,19 @@ class EventSink:
         with transaction.atomic():
             MetricPoint.objects.bulk_create(self.points)
             LogLine.objects.bulk_create(self.logs)
+            # A resumed run writes its epochs' checkpoints again: the newer file wins.
+            Checkpoint.objects.bulk_create(
+                # One row per epoch per statement: PostgreSQL refuses to update a row twice.
+                list({c.epoch: c for c in self.checkpoints}.values()),
+                update_conflicts=True,
+                unique_fields=["experiment", "epoch"],
+                update_fields=["step", "path", "size", "worker", "created"],
+            )
             Experiment.objects.filter(pk=self.experiment.pk).update(
                 last_seq=self.seq, **self.updates
             )
         messages, self.messages = self.messages, []
-        self.points, self.logs, self.updates = [], [], {}
+        self.points, self.logs, self.updates, self.checkpoints = [], [], {}, []
         self._send(messages)
 
     def _send(self, messages: list[dict[str, Any]]) -> None:

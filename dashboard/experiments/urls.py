@@ -5,5 +5,11 @@ from dashboard.experiments import views
 urlpatterns = [
     path("", views.experiment_list, name="experiment-list"),
     path("experiments/new/", views.experiment_new, name="experiment-new"),
+    path("experiments/compare/", views.experiment_compare, name="experiment-compare"),
     path("experiments/<int:pk>/", views.experiment_detail, name="experiment-detail"),
+    path(
+        "experiments/<int:pk>/checkpoints/<int:epoch>/",
+        views.experiment_checkpoint_download,
+        name="experiment-checkpoint",
+    ),
 ]

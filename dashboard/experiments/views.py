@@ -8,15 +8,26 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import FileResponse, Http404, HttpRequest, HttpResponse, HttpResponseNotFound
 from django.shortcuts import get_object_or_404, redirect, render
 
+from dashboard.devices.views import bytes_text
+from dashboard.experiments.checkpoints import checkpoint_file_resolve, checkpoint_where_text
 from dashboard.experiments.forms import FIELDS, STRATEGY_HELP, ExperimentForm
-from dashboard.experiments.models import Experiment, Status, Strategy
+from dashboard.experiments.limits import LaunchLimited
+from dashboard.experiments.models import PROCESS_STRATEGIES, Experiment, Status, Strategy
+from dashboard.experiments.scaling import (
+    BASELINE_RULE,
+    NO_BASELINE,
+    baseline_batch_note,
+    compare_ids_parse,
+    comparison_build,
+    scaling_rows_build,
+)
 from dashboard.experiments.services import (
-    experiment_as_dict,
     experiment_can_control,
     experiment_launch,
+    experiment_snapshot_build,
     experiments_visible_to,
 )
 
@@ -25,8 +36,18 @@ from dashboard.experiments.services import (
 DETAIL_LOG_LINES = 200
 # The list shows as many runs as one page of the JSON API that keeps it live.
 LIST_LIMIT = 500
+# What a launch post carries besides the form's own fields.
+FORM_POST_EXTRA_KEYS = frozenset({"csrfmiddlewaretoken", "clone"})
 # The list's strategy column is narrow: short names, the full one as a tooltip.
-STRATEGY_SHORT = {Strategy.SINGLE: "Single", Strategy.DP: "DP", Strategy.DDP: "DDP"}
+STRATEGY_SHORT = {
+    Strategy.SINGLE: "Single",
+    Strategy.DP: "DP",
+    Strategy.DDP: "DDP",
+    Strategy.DP_PRIMITIVES: "DP prim.",
+    Strategy.MODEL_PARALLEL: "MP",
+    Strategy.HOGWILD: "Hogwild",
+    Strategy.DEEPSPEED: "DeepSpeed",
+}
 
 
 def format_duration(seconds: float | None) -> str:
@@ -94,20 +115,36 @@ def _clone_initial(source: Experiment) -> dict[str, Any]:
     return initial
 
 
+def form_unknown_keys(*, data: Any, form: ExperimentForm) -> str:
+    """Names a launch post carries that the form does not read: refused, not dropped."""
+    unknown = sorted(set(data) - set(form.fields) - FORM_POST_EXTRA_KEYS)
+    # Names come from the client: show a few, shortened.
+    return ", ".join(name[:40] for name in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
+
+
 def experiment_new(request: HttpRequest) -> HttpResponse:
     source: Experiment | None = None
     clone_id = request.POST.get("clone") if request.method == "POST" else request.GET.get("clone")
     if clone_id:
         source = _visible_or_404(request, clone_id)
 
+    retry_after: int | None = None
     if request.method == "POST":
         form = ExperimentForm(request.POST)
+        unknown = form_unknown_keys(data=request.POST, form=form)
+        if unknown:
+            form.add_error(None, f"unknown fields: {unknown}; the fields are {', '.join(FIELDS)}")
         if form.is_valid():
-            experiment = experiment_launch(owner=request.user, fields=form.cleaned_data)
-            if source is not None:
-                Experiment.objects.filter(pk=experiment.pk).update(cloned_from=source)
-            return redirect(experiment)
-        status = 400
+            try:
+                experiment = experiment_launch(owner=request.user, fields=form.cleaned_data)
+            except LaunchLimited as refused:
+                form.add_error(None, refused.message)
+                retry_after = refused.retry_after
+            else:
+                if source is not None:
+                    Experiment.objects.filter(pk=experiment.pk).update(cloned_from=source)
+                return redirect(experiment)
+        status = 400 if retry_after is None else 429
     else:
         form = ExperimentForm(initial=_clone_initial(source) if source else None)
         status = 200
@@ -120,25 +157,36 @@ def experiment_new(request: HttpRequest) -> HttpResponse:
             for value, label in Strategy.choices
         ],
         "ddp_value": str(Strategy.DDP),
+        "process_strategies": " ".join(str(value) for value in PROCESS_STRATEGIES),
+        "deepspeed_value": str(Strategy.DEEPSPEED),
     }
-    return render(request, "experiments/form.html", context, status=status)
+    response = render(request, "experiments/form.html", context, status=status)
+    if retry_after is not None:
+        response["Retry-After"] = str(retry_after)
+    return response
 
 
 def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
     experiment = _visible_or_404(request, pk)
-    logs = list(experiment.logs.order_by("-seq", "-id")[:DETAIL_LOG_LINES])
-    logs.reverse()
-    initial = {
-        "type": "snapshot",
-        "seq": experiment.last_seq,
-        "experiment": experiment_as_dict(experiment),
-        "points": [point.as_dict() for point in experiment.points.all()],
-        "logs": [line.as_dict() for line in logs],
-    }
+    initial = experiment_snapshot_build(experiment=experiment, log_lines=DETAIL_LOG_LINES)
+    [scaling] = scaling_rows_build(
+        experiments=[experiment], visible=experiments_visible_to(request.user)
+    )
+    initial["scaling"] = scaling.as_dict()
     context = {
         "experiment": experiment,
         "initial": initial,
-        "logs": logs,
+        "logs": initial["logs"],
+        "facts": run_facts_rows(initial["run"]),
+        "rank_rows": rank_rows(initial["rank_stats"]),
+        "checkpoints": [
+            {**c, "size_text": bytes_text(c["size"]) if c["size"] is not None else "?"}
+            for c in initial["checkpoints"]
+        ],
+        "scaling": scaling,
+        "scaling_note": baseline_batch_note(scaling),
+        "baseline_rule": BASELINE_RULE,
+        "no_baseline": NO_BASELINE,
         "can_control": experiment_can_control(experiment=experiment, user=request.user),
         "progress": progress_percent(experiment),
         "accuracy": format_percent(experiment.test_accuracy),
@@ -147,3 +195,90 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "final": not experiment.is_active,
     }
     return render(request, "experiments/detail.html", context)
+
+
+def _seconds_text(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f} s"
+
+
+def rank_rows(stats: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per-rank figures with the share of time spent waiting for data, for the stacked bar."""
+    rows = []
+    for rank in stats.get("ranks") or []:
+        data, compute = rank.get("data_seconds"), rank.get("compute_seconds")
+        total = (data or 0) + (compute or 0)
+        data_share = 100 * (data or 0) / total if total else 0
+        ips = rank.get("images_per_second")
+        rows.append(
+            {
+                **rank,
+                "ips_text": "—" if ips is None else f"{ips:,.0f}",
+                "data_text": _seconds_text(data),
+                "compute_text": _seconds_text(compute),
+                "rss_text": "—" if rank.get("rss_bytes") is None else bytes_text(rank["rss_bytes"]),
+                "data_percent": round(data_share, 1),
+                "compute_percent": round(100 - data_share, 1) if total else 0,
+                "split_text": f"{data_share:.0f}% waiting for data, {100 - data_share:.0f}% "
+                "computing"
+                if total
+                else "no timing reported",
+            }
+        )
+    return rows
+
+
+def run_facts_rows(facts: dict[str, Any]) -> dict[str, Any]:
+    """Shared tensors with their sizes as text, and the total of those really shared."""
+    tensors = []
+    for tensor in facts["shared_tensors"]:
+        shape = tensor.get("shape")
+        tensors.append(
+            {
+                **tensor,
+                "shape_text": " × ".join(str(n) for n in shape) if isinstance(shape, list) else "",
+                "bytes_text": bytes_text(tensor.get("bytes")),
+            }
+        )
+    shared = sum(
+        t["bytes"] for t in tensors if t.get("is_shared") and isinstance(t.get("bytes"), int)
+    )
+    return {
+        **facts,
+        "shared_tensors": tensors,
+        "shared_total_text": f"{bytes_text(shared)} in shared memory, one copy for every process.",
+    }
+
+
+def experiment_checkpoint_download(request: HttpRequest, pk: int, epoch: int) -> HttpResponse:
+    """The checkpoint file of one epoch: owner or staff, and only from inside the runs folder."""
+    experiment = _visible_or_404(request, pk)
+    if not experiment_can_control(experiment=experiment, user=request.user):
+        raise Http404("No such checkpoint")
+    checkpoint = get_object_or_404(experiment.checkpoints, epoch=epoch)
+    path = checkpoint_file_resolve(checkpoint=checkpoint)
+    if path is None:
+        # Plain text: the reason is the useful part, and the default 404 page drops it.
+        return HttpResponseNotFound(
+            checkpoint_where_text(checkpoint=checkpoint, experiment=experiment),
+            content_type="text/plain; charset=utf-8",
+        )
+    return FileResponse(
+        path.open("rb"), as_attachment=True, filename=f"trainyard-{experiment.pk}-{path.name}"
+    )
+
+
+def experiment_compare(request: HttpRequest) -> HttpResponse:
+    try:
+        ids = compare_ids_parse(request.GET.getlist("ids"))
+    except ValueError as exc:
+        return render(
+            request, "experiments/compare.html", {"error": str(exc), "rows": []}, status=400
+        )
+    context = {
+        **comparison_build(user=request.user, ids=ids),
+        "ids": ids,
+        "baseline_rule": BASELINE_RULE,
+        "no_baseline": NO_BASELINE,
+        "strategy_labels": dict(Strategy.choices),
+    }
+    return render(request, "experiments/compare.html", context)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from celery.signals import worker_shutting_down
+from celery.signals import worker_ready, worker_shutting_down
 
 log = logging.getLogger(__name__)
 
@@ -24,3 +24,16 @@ def worker_shutting_down_stop_runs(sender: Any = None, **kwargs: Any) -> None:
         experiments_stop_for_worker_shutdown(worker=worker_name())
     except Exception:
         log.exception("could not end the runs of this worker")
+
+
+@worker_ready.connect(dispatch_uid="trainyard-experiments-worker-ready")
+def worker_ready_end_orphans(sender: Any = None, **kwargs: Any) -> None:
+    from dashboard.experiments.survival import training_orphans_end
+
+    try:
+        ended = training_orphans_end()
+    except Exception:
+        log.exception("could not look for orphaned training processes")
+        return
+    if ended:
+        log.warning("ended %d orphaned training process(es): %s", len(ended), ended)

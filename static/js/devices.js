@@ -132,6 +132,36 @@
     return nodes;
   }
 
+  // The shared tensors of the runs running on this machine (the server names only the runs
+  // this user may open).
+  function runTensorsSection(runs) {
+    const nodes = [el("h3", {}, "Shared tensors of running runs")];
+    const rows = [];
+    for (const run of runs || []) {
+      const label = run.url
+        ? el("a", { href: run.url }, `#${run.id} ${run.name}`)
+        : "another user's run";
+      (run.shared_tensors || []).forEach((t, index) => {
+        rows.push([
+          index === 0 ? el("span", {}, [label, ` (${run.strategy}, ${run.shared_text} shared)`]) : "",
+          t.name,
+          yesNo(t.is_shared),
+          t.dtype || "",
+          (t.shape || []).join(" × "),
+          t.bytes_text || bytesText(t.bytes),
+        ]);
+      });
+    }
+    if (rows.length) {
+      nodes.push(
+        table("shared-tensors run-tensors", ["Run", "Shared tensor", "is_shared", "dtype", "shape", "bytes"], rows)
+      );
+    } else {
+      nodes.push(el("p", { class: "muted" }, "No run on this machine reports shared tensors now."));
+    }
+    return nodes;
+  }
+
   function machineCard(machine) {
     const report = machine.report || {};
     const memory = report.memory || {};
@@ -153,6 +183,7 @@
       ]),
       ...gpuSection(report),
       ...shmSection(report.shared_memory || {}),
+      ...runTensorsSection(machine.runs),
     ]);
   }
 

@@ -327,7 +327,13 @@
 
   // ---- events --------------------------------------------------------------------------------
 
+  // The run's other panels (static/js/experiment_run.js) follow the same messages.
+  function announce(msg) {
+    root.dispatchEvent(new CustomEvent("run:message", { detail: msg }));
+  }
+
   function handleSnapshot(msg) {
+    announce(msg);
     state.lastSeq = isNum(msg.seq) ? msg.seq : 0;
     state.ips = null;
     const points = msg.points || [];
@@ -343,6 +349,7 @@
   }
 
   function handleEvent(msg) {
+    announce(msg);
     const e = state.experiment;
     switch (msg.type) {
       case "started": {
@@ -464,6 +471,11 @@
         state.lastSeq = msg.seq;
         attempts = 0;
         handleEvent(msg);
+        if (msg.type === "status" && msg.resumed) {
+          // A resumed attempt replaces the points after its checkpoint: redraw from the record.
+          ws.close(4000, "resumed");
+          return;
+        }
       }
       if (isFinal()) {
         // Nothing more will come; the server keeps the record.

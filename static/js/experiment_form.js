@@ -1,5 +1,6 @@
-// Launch form: shows the help line of the chosen strategy only, and dims the processes field
-// unless the strategy is DistributedDataParallel. Without this script every line stays visible.
+// Launch form: shows the help line of the chosen strategy only, dims the processes field unless
+// the strategy starts several processes, and shows the ZeRO stage for DeepSpeed only. Without
+// this script every line and field stays visible (the server ignores what a strategy does not use).
 (function () {
   "use strict";
 
@@ -8,6 +9,10 @@
   const strategy = form.elements.namedItem("strategy");
   const helpList = document.getElementById("strategy-help");
   const processesField = form.querySelector(".ddp-only");
+  const zeroStageField = form.querySelector(".deepspeed-only");
+  const processStrategies = new Set(
+    (form.dataset.processStrategies || form.dataset.ddpValue || "ddp").split(" ")
+  );
   if (!strategy) return;
 
   function sync() {
@@ -19,7 +24,7 @@
       }
     }
     if (processesField) {
-      const relevant = value === (form.dataset.ddpValue || "ddp");
+      const relevant = processStrategies.has(value);
       processesField.classList.toggle("is-dimmed", !relevant);
       const input = processesField.querySelector("input");
       if (input) {
@@ -30,6 +35,14 @@
     }
   }
 
+  function syncZeroStage() {
+    if (!zeroStageField) return;
+    // Hidden, not dimmed: no other strategy has anything like it.
+    zeroStageField.hidden = strategy.value !== (form.dataset.deepspeedValue || "deepspeed");
+  }
+
+  strategy.addEventListener("change", syncZeroStage);
+  syncZeroStage();
   strategy.addEventListener("change", sync);
   sync();
 

@@ -15,6 +15,7 @@
   const emptyState = document.getElementById("empty-state");
   const liveNote = document.getElementById("list-live-status");
   const template = document.getElementById("experiment-row-template");
+  const compareForm = document.getElementById("compare-form");
   const labelsEl = document.getElementById("strategy-labels");
   const strategyLabels = labelsEl ? JSON.parse(labelsEl.textContent) : {};
 
@@ -66,9 +67,14 @@
     el.title = date.toString();
   }
 
+  // Strategies that start several processes (Experiment.devices_label says the same).
+  const PROCESS_STRATEGIES = new Set(["ddp", "hogwild", "deepspeed"]);
+
   function devicesLabel(e) {
     if (e.gpus && e.gpus.length) return "GPU " + e.gpus.join(",");
-    if (e.strategy === "ddp") return e.processes + " CPU processes";
+    if (PROCESS_STRATEGIES.has(e.strategy)) {
+      return e.processes + " CPU process" + (e.processes === 1 ? "" : "es");
+    }
     return "CPU";
   }
 
@@ -125,6 +131,9 @@
   function newRow(e) {
     const row = template.content.firstElementChild.cloneNode(true);
     row.dataset.id = String(e.id);
+    const compare = field(row, "compare");
+    compare.value = String(e.id);
+    compare.setAttribute("aria-label", "Compare #" + e.id);
     row.classList.add("row-new");
     updateRow(row, e);
     // Newest first: ids grow with creation, so insert before the first older row.
@@ -150,6 +159,7 @@
     const any = tbody.rows.length > 0;
     tableCard.hidden = !any;
     emptyState.hidden = any;
+    if (compareForm) compareForm.hidden = !any;
   }
 
   function note(text, html) {

@@ -62,7 +62,8 @@ class Command(BaseCommand):
         self.stdout.write(f"Starting {binary} on {host}:{port} (data in {data_dir})")
         self.stdout.flush()
         command = [binary, "--port", str(port), "--bind", host, "--dir", str(data_dir)]
-        os.execv(binary, [*command, "--save", "60 1", "--appendonly", "no"])
+        # The broker holds queued runs: an append-only file keeps them across a restart.
+        os.execv(binary, [*command, "--appendonly", "yes", "--appendfsync", "everysec"])
 
     def _wait(self) -> None:
         signal.signal(signal.SIGTERM, lambda *_: os._exit(0))

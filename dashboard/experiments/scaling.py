@@ -1,0 +1,264 @@
+"""Scaling figures: throughput, speedup against a `single` run, efficiency, and the batch caveat.
+
+Throughput is the mean images/s of a run's step events (all ranks together, as the training
+reports them); a run with no step event (a --dry-run) falls back to its epoch events.
+
+The baseline of a run is the newest succeeded `single` run the viewer can see with the *same
+config*: the same dataset, epochs, batch size per process and optimizer, on the same machine
+(worker) and the same kind of device (the CPU for a CPU run, one GPU for a run with GPUs). The
+learning rate and seed are left out: they change what is learnt, not how fast. A `single` run is
+its own baseline. Speedup = throughput / the baseline's; efficiency = speedup / world size.
+
+World size is the number of workers a strategy spreads the work over: processes for DDP, Hogwild
+and DeepSpeed; GPUs for DataParallel, its primitives and model parallel (1 on the CPU).
+
+Matching the batch size per process makes DDP's global batch (batch x processes) larger than the
+baseline's, while DataParallel splits one batch across its GPUs: runs that look alike then train on
+different global batches, which changes throughput and accuracy alike. Pages warn where they differ.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from django.db.models import Avg
+
+from dashboard.experiments.models import (
+    PROCESS_STRATEGIES,
+    Experiment,
+    MetricPoint,
+    Status,
+    Strategy,
+)
+from dashboard.experiments.services import experiments_visible_to
+
+# The compare page is one table: a handful of runs, not a report.
+COMPARE_MAX_RUNS = 20
+# Candidates looked at for a baseline before giving up: the newest ones only.
+BASELINE_CANDIDATES = 10
+NO_BASELINE = "no single baseline"
+BASELINE_RULE = (
+    "Baseline: the newest succeeded single-device run you can see with the same dataset, "
+    "epochs, batch size per process and optimizer, on the same machine and the same kind of "
+    "device (CPU, or one GPU for runs on GPUs)."
+)
+
+
+def _mean_ips(ids: Iterable[int], *, step_events: bool) -> dict[int, float]:
+    # Step points carry no test accuracy; epoch points always do (a fraction, never null).
+    rows = (
+        MetricPoint.objects.filter(
+            experiment_id__in=list(ids),
+            images_per_second__isnull=False,
+            test_accuracy__isnull=step_events,
+        )
+        .values("experiment_id")
+        .annotate(mean=Avg("images_per_second"))
+    )
+    return {row["experiment_id"]: float(row["mean"]) for row in rows}
+
+
+def throughputs_read(*, experiment_ids: Iterable[int]) -> dict[int, float]:
+    """Mean images/s of each run's step events (epoch events where it has none)."""
+    ids = set(experiment_ids)
+    found = _mean_ips(ids, step_events=True)
+    missing = ids - found.keys()
+    if missing:
+        found.update(_mean_ips(missing, step_events=False))
+    return found
+
+
+def experiment_world_size(experiment: Experiment) -> int:
+    reported = (experiment.run_info or {}).get("world_size")
+    if experiment.strategy in PROCESS_STRATEGIES:
+        if isinstance(reported, int) and not isinstance(reported, bool) and reported > 0:
+            return reported
+        return max(1, experiment.processes)
+    if experiment.strategy == Strategy.SINGLE:
+        return 1
+    return max(1, len(experiment.gpus or []))
+
+
+def experiment_global_batch(experiment: Experiment) -> int:
+    """Images per optimizer step over all workers, as reported, else as configured."""
+    reported = (experiment.run_info or {}).get("global_batch_size")
+    if isinstance(reported, int) and not isinstance(reported, bool) and reported > 0:
+        return reported
+    if experiment.strategy in PROCESS_STRATEGIES:
+        return experiment.batch_size * max(1, experiment.processes)
+    return experiment.batch_size  # DataParallel splits this one batch across its GPUs
+
+
+def single_baseline_find(
+    *, experiment: Experiment, candidates: Any, throughputs: dict[int, float]
+) -> Experiment | None:
+    """The newest matching single run that has a throughput; see the module docstring."""
+    if experiment.strategy == Strategy.SINGLE:
+        return experiment
+    if not experiment.worker:
+        return None  # not started: the machine, and so the baseline, is not known yet
+    matches = candidates.filter(
+        strategy=Strategy.SINGLE,
+        status=Status.SUCCEEDED,
+        dataset=experiment.dataset,
+        epochs=experiment.epochs,
+        batch_size=experiment.batch_size,
+        optimizer=experiment.optimizer,
+        worker=experiment.worker,
+    ).exclude(pk=experiment.pk)
+    # The same kind of device: a GPU run against a one-GPU single run, a CPU run against CPU.
+    matches = matches.exclude(gpus=[]) if experiment.gpus else matches.filter(gpus=[])
+    found = list(matches.order_by("-finished_at", "-id")[:BASELINE_CANDIDATES])
+    throughputs.update(throughputs_read(experiment_ids=[c.pk for c in found]))
+    return next((c for c in found if c.pk in throughputs), None)
+
+
+def throughput_text(value: float | None) -> str:
+    return "—" if value is None else f"{value:,.0f} img/s"
+
+
+@dataclass(frozen=True)
+class ScalingRow:
+    experiment: Experiment
+    world_size: int
+    global_batch: int
+    throughput: float | None
+    baseline: Experiment | None
+    baseline_throughput: float | None
+    baseline_global_batch: int | None
+
+    @property
+    def speedup(self) -> float | None:
+        if self.throughput is None or not self.baseline_throughput:
+            return None
+        return self.throughput / self.baseline_throughput
+
+    @property
+    def efficiency(self) -> float | None:
+        speedup = self.speedup
+        return None if speedup is None else speedup / self.world_size
+
+    @property
+    def accuracy(self) -> float | None:
+        return self.experiment.test_accuracy
+
+    @property
+    def texts(self) -> dict[str, str]:
+        """The figures as the pages show them (static/js/experiment_run.js writes the same)."""
+        speedup, efficiency = self.speedup, self.efficiency
+        return {
+            "throughput": throughput_text(self.throughput),
+            "baseline_throughput": throughput_text(self.baseline_throughput),
+            "speedup": "—" if speedup is None else f"{speedup:.2f}×",
+            "efficiency": "—" if efficiency is None else f"{efficiency:.0%}",
+            "accuracy": "—" if self.accuracy is None else f"{self.accuracy:.2%}",
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        e, base = self.experiment, self.baseline
+        return {
+            "id": e.pk,
+            "name": e.name,
+            "url": e.get_absolute_url(),
+            "status": e.status,
+            "strategy": e.strategy,
+            "dataset": e.dataset,
+            "batch_size": e.batch_size,
+            "world_size": self.world_size,
+            "global_batch": self.global_batch,
+            "throughput": self.throughput,
+            "baseline": None
+            if base is None
+            else {
+                "id": base.pk,
+                "url": base.get_absolute_url(),
+                "throughput": self.baseline_throughput,
+                "global_batch": self.baseline_global_batch,
+            },
+            "speedup": self.speedup,
+            "efficiency": self.efficiency,
+            "test_accuracy": self.accuracy,
+        }
+
+
+def scaling_rows_build(*, experiments: Sequence[Experiment], visible: Any) -> list[ScalingRow]:
+    """One row per run; `visible` is the queryset of runs the viewer may use as baselines."""
+    throughputs = throughputs_read(experiment_ids=[e.pk for e in experiments])
+    rows = []
+    for experiment in experiments:
+        baseline = single_baseline_find(
+            experiment=experiment, candidates=visible, throughputs=throughputs
+        )
+        rows.append(
+            ScalingRow(
+                experiment=experiment,
+                world_size=experiment_world_size(experiment),
+                global_batch=experiment_global_batch(experiment),
+                throughput=throughputs.get(experiment.pk),
+                baseline=baseline,
+                baseline_throughput=None if baseline is None else throughputs.get(baseline.pk),
+                baseline_global_batch=None
+                if baseline is None
+                else experiment_global_batch(baseline),
+            )
+        )
+    return rows
+
+
+def batch_warning_text(rows: Sequence[ScalingRow]) -> str | None:
+    """A warning when the compared runs do not all train on the same global batch."""
+    if len({row.global_batch for row in rows}) < 2:
+        return None
+    sizes = ", ".join(
+        f"#{row.experiment.pk} {row.experiment.strategy} {row.global_batch}" for row in rows
+    )
+    return (
+        f"Global batch sizes differ ({sizes}). A larger global batch means fewer optimizer steps "
+        "per epoch, so higher images/s and a different accuracy: the difference is not the "
+        "strategy's alone. DataParallel splits its batch across GPUs while DDP takes a batch per "
+        "process; compare runs with equal global batches (e.g. DDP 2 x 32 against DataParallel "
+        "64) to compare the strategies."
+    )
+
+
+def baseline_batch_note(row: ScalingRow) -> str | None:
+    """On a run's page: the run and its baseline train on different global batches."""
+    if row.baseline is None or row.baseline_global_batch in (None, row.global_batch):
+        return None
+    return (
+        f"This run's global batch is {row.global_batch} images, its baseline's "
+        f"{row.baseline_global_batch}: the speedup compares images/s at the same batch per "
+        "process; accuracy differs partly for that reason."
+    )
+
+
+def compare_ids_parse(values: list[str]) -> list[int]:
+    """`?ids=1,2,3` from a script or `?ids=1&ids=2` from the list's checkboxes; order kept."""
+    ids: list[int] = []
+    for value in values:
+        for part in value.split(","):
+            part = part.strip()
+            if not part:
+                continue
+            if not part.isdigit():
+                raise ValueError(f"run ids are whole numbers, not {part!r}")
+            if int(part) not in ids:
+                ids.append(int(part))
+    if len(ids) > COMPARE_MAX_RUNS:
+        raise ValueError(f"compare at most {COMPARE_MAX_RUNS} runs at once, not {len(ids)}")
+    return ids
+
+
+def comparison_build(*, user: Any, ids: list[int]) -> dict[str, Any]:
+    """The compare table for the runs among `ids` the user may see; the others are `missing`."""
+    visible = experiments_visible_to(user)
+    found = {e.pk: e for e in visible.filter(pk__in=ids)}
+    experiments = [found[pk] for pk in ids if pk in found]
+    rows = scaling_rows_build(experiments=experiments, visible=visible)
+    return {
+        "rows": rows,
+        "missing": [pk for pk in ids if pk not in found],
+        "batch_warning": batch_warning_text(rows),
+    }

@@ -1,0 +1,266 @@
+// The run page's fact panels (templates/experiments/_run_facts.html): scaling, per-rank figures,
+// shared tensors, model stages and checkpoints. experiment_detail.js owns the socket and hands
+// every snapshot and event to this script as a "run:message" DOM event on #experiment-detail.
+// Built with DOM nodes (textContent), never HTML strings: every value comes from a run's report.
+(function () {
+  "use strict";
+
+  const root = document.getElementById("experiment-detail");
+  if (!root) return;
+  const $ = (id) => document.getElementById(id);
+  const isNum = (v) => typeof v === "number" && isFinite(v);
+  const PROCESS_STRATEGIES = new Set(["ddp", "hogwild", "deepspeed"]);
+
+  // ---- formatting (the same text as dashboard/experiments/views.py and scaling.py) ---------
+
+  function bytesText(value) {
+    if (!isNum(value)) return "?";
+    let amount = value;
+    for (const unit of ["B", "KiB", "MiB", "GiB", "TiB"]) {
+      if (Math.abs(amount) < 1024 || unit === "TiB") {
+        return unit === "B" ? amount.toFixed(0) + " B" : amount.toFixed(1) + " " + unit;
+      }
+      amount /= 1024;
+    }
+    return "?";
+  }
+  const whole = (v) => Math.round(v).toLocaleString("en-US");
+  const throughputText = (v) => (isNum(v) ? whole(v) + " img/s" : "—");
+  const secondsText = (v) => (isNum(v) ? v.toFixed(2) + " s" : "—");
+
+  function el(tag, attrs, children) {
+    const node = document.createElement(tag);
+    for (const [key, value] of Object.entries(attrs || {})) {
+      if (key === "class") node.className = value;
+      else if (key === "style") node.style.cssText = value;
+      else node.setAttribute(key, value);
+    }
+    for (const child of [].concat(children ?? [])) {
+      if (child === null || child === undefined || child === false) continue;
+      node.append(child instanceof Node ? child : String(child));
+    }
+    return node;
+  }
+
+  function setText(node, text) {
+    if (node && node.textContent !== String(text)) node.textContent = String(text);
+  }
+
+  function show(tableId, emptyId, any) {
+    $(tableId).hidden = !any;
+    $(emptyId).hidden = any;
+  }
+
+  // ---- scaling: the run's mean throughput against its baseline's, updated per step ---------
+
+  const scaling = { stepSum: 0, stepCount: 0, epochSum: 0, epochCount: 0, info: null };
+
+  function addThroughput(kind, ips) {
+    if (!isNum(ips)) return;
+    if (kind === "step") {
+      scaling.stepSum += ips;
+      scaling.stepCount += 1;
+    } else {
+      scaling.epochSum += ips;
+      scaling.epochCount += 1;
+    }
+  }
+
+  function renderScaling() {
+    const info = scaling.info;
+    if (!info) return;
+    // Step events first; a run without any (a dry run) falls back to its epoch events.
+    let throughput = null;
+    if (scaling.stepCount) throughput = scaling.stepSum / scaling.stepCount;
+    else if (scaling.epochCount) throughput = scaling.epochSum / scaling.epochCount;
+    if (throughput === null) throughput = info.throughput;
+    setText($("scaling-throughput"), throughputText(throughput));
+    setText($("scaling-world-size"), info.world_size);
+    setText($("scaling-global-batch"), info.global_batch);
+    const base = info.baseline;
+    let speedup = null;
+    if (base && base.id === info.id) speedup = isNum(throughput) ? 1 : null;
+    else if (base && isNum(base.throughput) && base.throughput > 0 && isNum(throughput)) {
+      speedup = throughput / base.throughput;
+    }
+    setText($("scaling-speedup"), isNum(speedup) ? speedup.toFixed(2) + "×" : "—");
+    const efficiency = isNum(speedup) ? speedup / Math.max(1, info.world_size) : null;
+    setText($("scaling-efficiency"), isNum(efficiency) ? Math.round(efficiency * 100) + "%" : "—");
+  }
+
+  // ---- ranks ---------------------------------------------------------------------------------
+
+  function rankRow(rank) {
+    const data = isNum(rank.data_seconds) ? rank.data_seconds : 0;
+    const compute = isNum(rank.compute_seconds) ? rank.compute_seconds : 0;
+    const total = data + compute;
+    const dataShare = total ? (100 * data) / total : 0;
+    const label = total
+      ? Math.round(dataShare) + "% waiting for data, " + Math.round(100 - dataShare) + "% computing"
+      : "no timing reported";
+    const bar = el("div", { class: "split-bar", role: "img", "aria-label": label, title: label }, [
+      el("span", { class: "data", style: "width: " + (total ? dataShare.toFixed(1) : 0) + "%" }),
+      el("span", { class: "compute", style: "width: " + (total ? (100 - dataShare).toFixed(1) : 0) + "%" }),
+    ]);
+    return el("tr", {}, [
+      el("td", {}, String(rank.rank)),
+      el("td", { class: "num" }, isNum(rank.images_per_second) ? whole(rank.images_per_second) : "—"),
+      el("td", { class: "col-split" }, bar),
+      el("td", { class: "num" }, secondsText(rank.data_seconds)),
+      el("td", { class: "num" }, secondsText(rank.compute_seconds)),
+      el("td", { class: "num" }, isNum(rank.rss_bytes) ? bytesText(rank.rss_bytes) : "—"),
+    ]);
+  }
+
+  // The sink's shape ({step, ranks: [...]}) from an event as it arrives: ranks[], or rank 0's
+  // own fields when a one-process strategy sends no list.
+  function rankStatsOf(msg) {
+    let ranks = Array.isArray(msg.ranks) ? msg.ranks : null;
+    if (!ranks && (isNum(msg.data_seconds) || isNum(msg.compute_seconds) || isNum(msg.rss_bytes))) {
+      ranks = [{
+        rank: 0,
+        images_per_second: msg.images_per_second,
+        data_seconds: msg.data_seconds,
+        compute_seconds: msg.compute_seconds,
+        rss_bytes: msg.rss_bytes,
+      }];
+    }
+    if (!ranks) return null;
+    return {
+      step: msg.step,
+      ranks: ranks
+        .filter((r) => r && typeof r === "object")
+        .map((r, i) => Object.assign({}, r, { rank: Number.isInteger(r.rank) ? r.rank : i })),
+    };
+  }
+
+  function renderRanks(stats) {
+    const ranks = stats && Array.isArray(stats.ranks) ? stats.ranks : [];
+    $("ranks-body").replaceChildren(...ranks.map(rankRow));
+    show("ranks-table", "ranks-empty", ranks.length > 0);
+    setText($("ranks-when"), stats && isNum(stats.step) ? "at step " + stats.step : "");
+  }
+
+  // ---- shared tensors and stages ------------------------------------------------------------
+
+  function renderTensors(tensors) {
+    tensors = Array.isArray(tensors) ? tensors.filter((t) => t && typeof t === "object") : [];
+    $("tensors-body").replaceChildren(...tensors.map((t) => el("tr", {}, [
+      el("td", {}, t.name ?? ""),
+      el("td", {}, t.dtype ?? ""),
+      el("td", {}, Array.isArray(t.shape) ? t.shape.join(" × ") : ""),
+      el("td", { class: "num", title: String(t.bytes ?? "") + " bytes" }, bytesText(t.bytes)),
+      el("td", {}, t.is_shared
+        ? el("span", { class: "badge online" }, "shared")
+        : el("span", { class: "badge warning" }, "not shared")),
+    ])));
+    show("tensors-table", "tensors-empty", tensors.length > 0);
+    const shared = tensors
+      .filter((t) => t.is_shared && isNum(t.bytes))
+      .reduce((sum, t) => sum + t.bytes, 0);
+    const total = $("tensors-total");
+    total.hidden = tensors.length === 0;
+    setText(total, bytesText(shared) + " in shared memory, one copy for every process.");
+  }
+
+  function renderStages(stages) {
+    stages = Array.isArray(stages) ? stages.filter((s) => s && typeof s === "object") : [];
+    $("stages-list").replaceChildren(...stages.map((s) => el("li", {}, [
+      el("span", { class: "stage-name" }, s.name ?? ""),
+      " ",
+      el("span", { class: "muted" }, "on"),
+      " ",
+      el("code", {}, s.device ?? ""),
+    ])));
+    $("stages-box").hidden = stages.length === 0;
+  }
+
+  // ---- checkpoints --------------------------------------------------------------------------
+
+  function checkpointRow(c) {
+    let file;
+    if (c.here === false) {
+      file = el("span", { class: "muted", title: c.where || "" },
+        "on " + (c.worker || "the worker") + ", not on this web server");
+    } else {
+      // A live event cannot know whether this web server sees the file; the link says so if not.
+      file = el("a", { href: c.url, download: "" }, "Download");
+    }
+    return el("tr", { "data-epoch": String(c.epoch) }, [
+      el("td", {}, String(c.epoch)),
+      el("td", { class: "num" }, isNum(c.step) ? String(c.step) : "—"),
+      el("td", { class: "num" }, isNum(c.size) ? bytesText(c.size) : "?"),
+      el("td", {}, file),
+    ]);
+  }
+
+  function renderCheckpoints(list) {
+    list = Array.isArray(list) ? list : [];
+    $("checkpoints-body").replaceChildren(...list.map(checkpointRow));
+    show("checkpoints-table", "checkpoints-empty", list.length > 0);
+  }
+
+  function addCheckpoint(msg) {
+    if (!isNum(msg.epoch) || typeof msg.url !== "string" || !msg.url.startsWith("/")) return;
+    const body = $("checkpoints-body");
+    const row = checkpointRow(msg);
+    const old = body.querySelector('tr[data-epoch="' + msg.epoch + '"]');
+    if (old) old.replaceWith(row);
+    else body.append(row);
+    show("checkpoints-table", "checkpoints-empty", true);
+  }
+
+  // ---- messages ------------------------------------------------------------------------------
+
+  function onSnapshot(msg) {
+    if (msg.scaling) scaling.info = msg.scaling;
+    scaling.stepSum = scaling.stepCount = scaling.epochSum = scaling.epochCount = 0;
+    for (const p of msg.points || []) {
+      // Step points carry no test accuracy; epoch points always do.
+      addThroughput(p.test_accuracy === null || p.test_accuracy === undefined ? "step" : "epoch", p.images_per_second);
+    }
+    renderScaling();
+    const run = msg.run || {};
+    renderTensors(run.shared_tensors);
+    renderStages(run.stages);
+    renderRanks(msg.rank_stats);
+    renderCheckpoints(msg.checkpoints);
+  }
+
+  function onEvent(msg) {
+    switch (msg.type) {
+      case "started":
+        renderTensors(msg.shared_tensors);
+        renderStages(msg.stages);
+        if (scaling.info) {
+          // Only process strategies count processes; the others count devices (scaling.py).
+          if (isNum(msg.world_size) && PROCESS_STRATEGIES.has(scaling.info.strategy)) {
+            scaling.info.world_size = msg.world_size;
+          }
+          if (isNum(msg.global_batch_size)) scaling.info.global_batch = msg.global_batch_size;
+        }
+        renderScaling();
+        break;
+      case "step":
+      case "epoch": {
+        addThroughput(msg.type, msg.images_per_second);
+        renderScaling();
+        const stats = rankStatsOf(msg);
+        if (stats) renderRanks(stats);
+        break;
+      }
+      case "checkpoint":
+        addCheckpoint(msg);
+        break;
+      default:
+        break;
+    }
+  }
+
+  root.addEventListener("run:message", function (event) {
+    const msg = event.detail;
+    if (!msg || typeof msg !== "object") return;
+    if (msg.type === "snapshot") onSnapshot(msg);
+    else onEvent(msg);
+  });
+})();

@@ -1,0 +1,260 @@
+"""The seven strategies in the launch form, the API, the capacity rules and the training command."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+
+from dashboard.devices.capacity import capacity_check
+from dashboard.experiments.forms import STRATEGY_HELP, ExperimentForm
+from dashboard.experiments.models import Experiment, Strategy
+from dashboard.experiments.runner import training_command
+from tests.test_devices import machine_make
+
+pytestmark = pytest.mark.django_db
+
+NEW_STRATEGIES = ("dp-primitives", "model-parallel", "hogwild", "deepspeed")
+
+
+def form_data(**fields: Any) -> dict[str, Any]:
+    data = {
+        "name": "",
+        "dataset": "mnist",
+        "strategy": "single",
+        "processes": "",
+        "gpus": "",
+        "epochs": "1",
+        "batch_size": "64",
+        "lr": "0.001",
+        "optimizer": "adam",
+        "seed": "1",
+        "zero_stage": "",
+    }
+    data.update({k: str(v) for k, v in fields.items()})
+    return data
+
+
+@pytest.fixture
+def launched(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    from dashboard.experiments import tasks
+
+    queued: list[int] = []
+    monkeypatch.setattr(tasks.run_experiment, "delay", queued.append)
+    return queued
+
+
+@pytest.fixture
+def api(user_factory: Any) -> Client:
+    client = Client()
+    client.force_login(user_factory())
+    return client
+
+
+def api_post(client: Client, body: dict[str, Any]) -> Any:
+    return client.post("/api/experiments/", json.dumps(body), content_type="application/json")
+
+
+# --- choices and help -------------------------------------------------------------------------
+
+
+def test_every_strategy_is_a_choice_with_one_help_line() -> None:
+    assert set(Strategy.values) == {"single", "dp", "ddp", *NEW_STRATEGIES}
+    assert set(STRATEGY_HELP) == set(Strategy.values)
+    for line in STRATEGY_HELP.values():
+        assert "\n" not in line and 40 < len(line) < 240
+
+
+def test_form_page_shows_zero_stage_for_deepspeed_only(client: Client, user_factory: Any) -> None:
+    client.force_login(user_factory())
+    html = client.get(reverse("experiment-new")).content.decode()
+    assert 'name="zero_stage"' in html
+    assert 'class="field deepspeed-only"' in html
+    assert 'data-process-strategies="ddp hogwild deepspeed"' in html
+    for value in NEW_STRATEGIES:
+        assert f'<option value="{value}"' in html
+
+
+# --- the form: defaults and normalisation -----------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("fields", "processes", "zero_stage"),
+    [
+        ({"strategy": "model-parallel"}, 1, None),
+        ({"strategy": "hogwild"}, 2, None),
+        ({"strategy": "hogwild", "processes": 1}, 1, None),
+        ({"strategy": "deepspeed"}, 2, 1),
+        ({"strategy": "deepspeed", "zero_stage": 2}, 2, 2),
+        # A stage chosen before switching away from DeepSpeed is dropped, like processes.
+        ({"strategy": "ddp", "zero_stage": 2}, 2, None),
+        ({"strategy": "single", "processes": 5}, 1, None),
+    ],
+)
+def test_form_accepts_the_strategies_on_cpu(
+    fields: dict[str, Any], processes: int, zero_stage: int | None
+) -> None:
+    machine_make(hostname="cpu-box", cpu_count=4)
+    form = ExperimentForm(form_data(**fields))
+    assert form.is_valid(), form.errors
+    assert form.cleaned_data["processes"] == processes
+    assert form.cleaned_data["zero_stage"] == zero_stage
+    assert form.cleaned_data["name"]
+
+
+def test_form_accepts_gpu_strategies_where_the_gpus_are() -> None:
+    machine_make(hostname="gpu-node-1", cpu_count=8, gpu_ids=(0, 1))
+    for fields in (
+        {"strategy": "dp-primitives", "gpus": "0,1"},
+        {"strategy": "model-parallel", "gpus": "0"},
+        {"strategy": "model-parallel", "gpus": "0,1"},
+        {"strategy": "deepspeed", "gpus": "0,1", "zero_stage": "2"},
+    ):
+        form = ExperimentForm(form_data(**fields))
+        assert form.is_valid(), (fields, form.errors)
+    form = ExperimentForm(form_data(strategy="deepspeed", gpus="0,1"))
+    assert form.is_valid() and form.cleaned_data["processes"] == 2
+
+
+# --- refusals that say what is available ------------------------------------------------------
+
+
+def test_dp_primitives_on_a_cpu_only_cluster_names_what_there_is() -> None:
+    machine_make(hostname="cpu-box", cpu_count=4)
+    machine_make(hostname="one-gpu", cpu_count=4, gpu_ids=(0,))
+    form = ExperimentForm(form_data(strategy="dp-primitives"))
+    assert not form.is_valid()
+    [message] = form.errors["gpus"]
+    assert "at least 2 GPUs on one machine" in message
+    assert "no GPU ids were given" in message
+    assert "the largest worker (one-gpu) has GPU 0" in message
+
+
+def test_dp_primitives_with_one_gpu_points_at_the_machine_with_two() -> None:
+    machine_make(hostname="gpu-node-1", gpu_ids=(0, 1, 2))
+    assert capacity_check(strategy="dp-primitives", processes=1, gpus=[1]) == [
+        "DataParallel primitives need at least 2 GPUs on one machine (got GPU 1): "
+        "gpu-node-1 has GPUs 0, 1, 2"
+    ]
+    assert capacity_check(strategy="dp-primitives", processes=1, gpus=[0, 2]) == []
+
+
+def test_model_parallel_takes_at_most_two_gpus() -> None:
+    machine_make(hostname="gpu-node-1", gpu_ids=(0, 1, 2))
+    [message] = capacity_check(strategy="model-parallel", processes=1, gpus=[0, 1, 2])
+    assert "2 stages: give 0, 1 or 2 GPU ids" in message and "not 3 (GPUs 0, 1, 2)" in message
+    assert capacity_check(strategy="model-parallel", processes=1, gpus=[]) == []
+
+
+def test_hogwild_and_deepspeed_processes_fit_the_cores() -> None:
+    machine_make(hostname="host-a", cpu_count=4)
+    assert capacity_check(strategy="hogwild", processes=4, gpus=[]) == []
+    assert capacity_check(strategy="hogwild", processes=6, gpus=[]) == [
+        "Hogwild asks for 6 processes but the largest worker (host-a) has 4 CPU cores and no GPU"
+    ]
+    assert capacity_check(strategy="deepspeed", processes=5, gpus=[]) == [
+        "DeepSpeed asks for 5 processes but the largest worker (host-a) has 4 CPU cores and no GPU"
+    ]
+
+
+def test_hogwild_refuses_gpus_and_deepspeed_wants_one_process_per_gpu() -> None:
+    machine_make(hostname="gpu-node-1", gpu_ids=(0, 1))
+    [message] = capacity_check(strategy="hogwild", processes=2, gpus=[0])
+    assert "Hogwild trains on the CPU" in message and "got GPU 0" in message
+    assert capacity_check(strategy="deepspeed", processes=3, gpus=[0, 1]) == [
+        "DeepSpeed runs one process per GPU: 3 processes for 2 GPUs (GPUs 0, 1)"
+    ]
+    assert capacity_check(strategy="deepspeed", processes=2, gpus=[0, 2]) == [
+        "GPU 2 does not exist: gpu-node-1 has GPUs 0, 1"
+    ]
+
+
+# --- the API ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("strategy", ["model-parallel", "hogwild", "deepspeed"])
+def test_api_launches_the_cpu_strategies(api: Client, launched: list[int], strategy: str) -> None:
+    machine_make(hostname="cpu-box", cpu_count=4)
+    response = api_post(api, {"strategy": strategy})
+    assert response.status_code == 201, response.content
+    body = response.json()
+    assert body["strategy"] == strategy
+    assert body["zero_stage"] == (1 if strategy == "deepspeed" else None)
+    assert body["processes"] == (1 if strategy == "model-parallel" else 2)
+
+
+def test_api_takes_a_zero_stage(api: Client, launched: list[int]) -> None:
+    machine_make(hostname="cpu-box", cpu_count=4)
+    response = api_post(api, {"strategy": "deepspeed", "zero_stage": 2, "processes": 3})
+    assert response.status_code == 201, response.content
+    assert Experiment.objects.get(pk=response.json()["id"]).zero_stage == 2
+
+
+@pytest.mark.parametrize(
+    ("payload", "field", "words"),
+    [
+        ({"strategy": "deepspeed", "zero_stage": 3}, "zero_stage", "1 or 2"),
+        ({"strategy": "deepspeed", "zero_stage": "2"}, "zero_stage", "integer"),
+        ({"strategy": "deepspeed", "zero_stage": True}, "zero_stage", "integer"),
+        ({"strategy": "dp-primitives"}, "gpus", "2 GPUs"),
+        ({"strategy": "hogwild", "processes": 64}, "processes", "4 CPU cores"),
+        ({"strategy": "model-parallel", "gpus": [0, 1, 2]}, "gpus", "2 stages"),
+        ({"strategy": "deepspeed", "gpus": [0, 1], "processes": 1}, "processes", "per GPU"),
+    ],
+)
+def test_api_refuses_bad_combinations(
+    api: Client, launched: list[int], payload: dict[str, Any], field: str, words: str
+) -> None:
+    machine_make(hostname="cpu-box", cpu_count=4)
+    response = api_post(api, payload)
+    assert response.status_code == 400, response.content
+    errors = response.json()["errors"]
+    assert field in errors, errors
+    assert words in errors[field][0], errors
+    assert not Experiment.objects.exists() and not launched
+
+
+# --- the training command ---------------------------------------------------------------------
+
+
+def _flags(command: list[str]) -> dict[str, str]:
+    return {
+        flag: command[i + 1]
+        for i, flag in enumerate(command)
+        if flag.startswith("--") and i + 1 < len(command)
+    }
+
+
+@pytest.mark.parametrize(
+    ("fields", "nproc", "zero"),
+    [
+        ({"strategy": "single", "processes": 1}, None, None),
+        ({"strategy": "dp", "processes": 1, "gpus": [0, 1]}, None, None),
+        ({"strategy": "dp-primitives", "processes": 1, "gpus": [0, 1]}, None, None),
+        ({"strategy": "model-parallel", "processes": 1}, None, None),
+        ({"strategy": "ddp", "processes": 3}, "3", None),
+        ({"strategy": "hogwild", "processes": 4}, "4", None),
+        ({"strategy": "deepspeed", "processes": 2, "zero_stage": 2}, "2", "2"),
+        ({"strategy": "deepspeed", "processes": 2, "zero_stage": None}, "2", "1"),
+    ],
+)
+def test_training_command_per_strategy(
+    user_factory: Any,
+    experiment_factory: Any,
+    fields: dict[str, Any],
+    nproc: str | None,
+    zero: str | None,
+) -> None:
+    experiment = experiment_factory(owner=user_factory(), **fields)
+    command = training_command(experiment=experiment)
+    flags = _flags(command)
+    assert command[1:3] == ["-m", "training"]
+    assert flags["--strategy"] == fields["strategy"]
+    assert flags.get("--nproc") == nproc
+    assert flags.get("--zero-stage") == zero
+    if fields.get("gpus"):
+        assert flags["--gpus"] == ",".join(str(g) for g in fields["gpus"])
+    assert flags["--checkpoint-dir"].endswith(f"{experiment.pk}/checkpoints")

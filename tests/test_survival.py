@@ -1,0 +1,188 @@
+"""Allocation, the reaper, resume and orphans, as plain functions over the database."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+from django.utils import timezone
+
+from dashboard.experiments.allocation import Machine, allocation_refusal
+from dashboard.experiments.models import Experiment, MetricPoint
+from dashboard.experiments.runner import experiment_claim
+from dashboard.experiments.survival import (
+    experiment_resume_prepare,
+    experiments_reap_lost,
+    experiments_redispatch_queued,
+    training_orphans_end,
+)
+
+pytestmark = pytest.mark.django_db
+
+GPU_NODE = Machine("gpu-node-1", cpu_count=16, gpu_ids=frozenset({0, 1, 2, 3}))
+CPU_NODE = Machine("cpu-node", cpu_count=2, gpu_ids=frozenset())
+
+
+@pytest.fixture
+def dispatched(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    from dashboard.experiments import tasks
+
+    sent: list[int] = []
+    monkeypatch.setattr(tasks.run_experiment, "delay", sent.append)
+    return sent
+
+
+@pytest.fixture
+def alice(user_factory: Any) -> Any:
+    return user_factory(username="alice")
+
+
+def test_gpus_are_never_shared(alice: Any, experiment_factory: Any) -> None:
+    running = experiment_factory(owner=alice, gpus=[0, 1], status="running", worker=GPU_NODE.name)
+    wanted = experiment_factory(owner=alice, gpus=[1, 2])
+    reason = allocation_refusal(experiment=wanted, machine=GPU_NODE, busy=[running])
+    assert reason == f"waiting for 2 GPUs on gpu-node-1: GPU 1 in use by #{running.pk}"
+    free = experiment_factory(owner=alice, gpus=[2, 3])
+    assert allocation_refusal(experiment=free, machine=GPU_NODE, busy=[running]) is None
+
+
+def test_gpus_the_machine_lacks(alice: Any, experiment_factory: Any) -> None:
+    wanted = experiment_factory(owner=alice, gpus=[0])
+    reason = allocation_refusal(experiment=wanted, machine=CPU_NODE, busy=[])
+    assert reason == "waiting for GPUs 0: cpu-node has GPUs none"
+
+
+def test_cpu_threads_never_exceed_cores(alice: Any, experiment_factory: Any) -> None:
+    ddp = experiment_factory(owner=alice, strategy="ddp", processes=2, status="running")
+    single = experiment_factory(owner=alice, strategy="single", processes=1)
+    reason = allocation_refusal(experiment=single, machine=CPU_NODE, busy=[ddp])
+    assert reason == f"waiting for 2 CPU cores on cpu-node: 2 of 2 in use by #{ddp.pk}"
+    assert allocation_refusal(experiment=single, machine=CPU_NODE, busy=[]) is None
+
+
+def test_two_claims_of_one_run_one_wins(alice: Any, experiment_factory: Any) -> None:
+    run = experiment_factory(owner=alice, strategy="ddp", processes=2)
+    first = experiment_claim(experiment_id=run.pk, machine=CPU_NODE)
+    second = experiment_claim(experiment_id=run.pk, machine=CPU_NODE)
+    assert first.claimed and not second.claimed and not second.waiting_reason
+    run.refresh_from_db()
+    assert run.status == "running" and run.attempt == 1 and run.worker == "cpu-node"
+
+
+def test_a_busy_machine_leaves_the_run_queued_with_a_reason(
+    alice: Any, experiment_factory: Any
+) -> None:
+    experiment_factory(owner=alice, status="running", worker="cpu-node", processes=2)
+    waiting = experiment_factory(owner=alice, strategy="ddp", processes=2)
+    claim = experiment_claim(experiment_id=waiting.pk, machine=CPU_NODE)
+    waiting.refresh_from_db()
+    assert not claim.claimed and waiting.status == "queued"
+    assert waiting.waiting_reason.startswith("waiting for 2 CPU cores on cpu-node")
+
+
+def _stale(experiment: Experiment, seconds: float) -> None:
+    Experiment.objects.filter(pk=experiment.pk).update(
+        heartbeat_at=timezone.now() - timedelta(seconds=seconds)
+    )
+
+
+def test_silent_run_is_lost_then_queued_again(
+    alice: Any, experiment_factory: Any, dispatched: list[int], settings: Any,
+    django_capture_on_commit_callbacks: Any,
+) -> None:  # fmt: skip
+    settings.TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS = 30
+    run = experiment_factory(owner=alice, status="running", attempt=1, worker="w1")
+    fresh = experiment_factory(owner=alice, status="running", attempt=1, worker="w1")
+    _stale(run, 31)
+    _stale(fresh, 5)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert experiments_reap_lost() == [run.pk]
+    run.refresh_from_db()
+    assert run.status == "queued" and dispatched == [run.pk]
+    assert run.attempts[0]["outcome"] == "lost" and "no heartbeat from worker w1" in run.error
+    assert "queued to resume" in run.waiting_reason
+
+
+def test_a_run_lost_too_often_fails_with_its_history(
+    alice: Any, experiment_factory: Any, dispatched: list[int], settings: Any
+) -> None:
+    settings.TRAINYARD_MAX_ATTEMPTS = 2
+    history = [{"attempt": 1, "worker": "w1", "outcome": "lost", "reason": "no heartbeat"}]
+    run = experiment_factory(owner=alice, status="running", attempt=2, attempts=history)
+    _stale(run, 3600)
+    experiments_reap_lost()
+    run.refresh_from_db()
+    assert run.status == "failed" and not dispatched
+    assert run.error.startswith("gave up after 2 attempts") and "attempt 1 on w1" in run.error
+
+
+def test_resume_replaces_the_points_after_the_checkpoint(
+    alice: Any, experiment_factory: Any, settings: Any, tmp_path: Path
+) -> None:
+    settings.TRAINYARD_RUNS_DIR = tmp_path
+    run = experiment_factory(owner=alice, status="running", attempt=2)
+    folder = tmp_path / str(run.pk) / "checkpoints"
+    folder.mkdir(parents=True)
+    for epoch in (1, 2):
+        (folder / f"epoch-{epoch}.pt").write_bytes(b"x")
+    for seq, epoch in enumerate((1, 1, 2, 2, 3, 3), start=1):
+        MetricPoint.objects.create(experiment=run, seq=seq, step=seq * 10, epoch=epoch, time=seq)
+    assert experiment_resume_prepare(experiment=run) == folder / "epoch-2.pt"
+    assert sorted(run.points.values_list("epoch", flat=True)) == [1, 1, 2, 2]
+
+
+def test_resume_without_checkpoint_starts_over(
+    alice: Any, experiment_factory: Any, settings: Any, tmp_path: Path
+) -> None:
+    settings.TRAINYARD_RUNS_DIR = tmp_path
+    run = experiment_factory(owner=alice, status="running", attempt=2)
+    MetricPoint.objects.create(experiment=run, seq=1, step=10, epoch=1, time=1)
+    assert experiment_resume_prepare(experiment=run) is None
+    assert not run.points.exists()
+
+
+def test_queued_runs_are_sent_again_when_their_message_may_be_lost(
+    alice: Any, experiment_factory: Any, dispatched: list[int], settings: Any
+) -> None:
+    settings.TRAINYARD_REDISPATCH_SECONDS = 60
+    old = experiment_factory(owner=alice)
+    Experiment.objects.filter(pk=old.pk).update(created_at=timezone.now() - timedelta(minutes=5))
+    experiment_factory(owner=alice)  # just created: its message is on its way
+    assert experiments_redispatch_queued() == [old.pk] and dispatched == [old.pk]
+    assert experiments_redispatch_queued() == []  # and not again at once
+
+
+@pytest.mark.django_db(transaction=False)
+def test_orphaned_training_processes_are_ended() -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])  # noqa: S603
+    dead.wait()
+    env = {**os.environ, "TRAINYARD_SUPERVISOR_PID": str(dead.pid), "TRAINYARD_RUN_ID": "9"}
+    orphan = subprocess.Popen(  # noqa: S603
+        [sys.executable, "-c", "import time; time.sleep(60)"], env=env
+    )
+    me = psutil.Process()
+    alive_env = {
+        **os.environ,
+        "TRAINYARD_SUPERVISOR_PID": str(me.pid),
+        "TRAINYARD_SUPERVISOR_STARTED": repr(me.create_time()),
+    }
+    supervised = subprocess.Popen(  # noqa: S603
+        [sys.executable, "-c", "import time; time.sleep(60)"], env=alive_env
+    )
+    try:
+        time.sleep(0.3)
+        ended = training_orphans_end()
+        assert orphan.pid in ended and supervised.pid not in ended
+        assert orphan.wait(timeout=5) is not None
+        assert supervised.poll() is None
+    finally:
+        for process in (orphan, supervised):
+            process.kill()
+            process.wait()

@@ -1,0 +1,58 @@
+"""Which images make up each batch: one seeded order per epoch, shared by every strategy.
+
+Every strategy draws from the same global order: a permutation of the training split seeded with
+``seed + epoch`` (so a resumed run sees what an uninterrupted one would), cut into global batches
+of ``batch_size x world_size`` images. Rank ``r`` of ``world_size`` takes the ``r``-th contiguous
+slice of each global batch. Hence DDP with 2 ranks of 32 is fed exactly the two halves of the
+batches of 64 that a single process with ``--batch-size 64`` trains on, which is what makes DDP
+checkable for exactness (tests/test_exactness.py) rather than merely "close"; Hogwild workers
+take their shard the same way.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def epoch_order(num_images: int, seed: int, epoch: int) -> torch.Tensor:
+    """The permutation of ``range(num_images)`` used in ``epoch`` (1-based)."""
+    generator = torch.Generator().manual_seed(seed + epoch)
+    return torch.randperm(num_images, generator=generator)
+
+
+def global_batches(
+    num_images: int, global_batch_size: int, seed: int, epoch: int, world_size: int = 1
+) -> list[torch.Tensor]:
+    """The epoch's global batches, in order.
+
+    A last batch with fewer images than ``world_size`` is dropped: some rank would get none, and
+    an empty batch has no mean loss.
+    """
+    batches = list(epoch_order(num_images, seed, epoch).split(global_batch_size))
+    if batches and len(batches[-1]) < world_size:
+        batches.pop()
+    return batches
+
+
+def rank_batches(
+    num_images: int, batch_size: int, world_size: int, rank: int, seed: int, epoch: int
+) -> list[torch.Tensor]:
+    """Rank ``rank``'s batches: its contiguous slice of each global batch.
+
+    Full global batches split into equal slices of ``batch_size``; a short last one is split as
+    evenly as it goes (sizes differ by at most one), so every rank takes the same number of steps.
+    """
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in a world of {world_size}")
+    return [
+        batch.tensor_split(world_size)[rank]
+        for batch in global_batches(num_images, batch_size * world_size, seed, epoch, world_size)
+    ]
+
+
+def steps_per_epoch(num_images: int, batch_size: int, world_size: int, limit: int | None) -> int:
+    """Optimizer steps each rank takes per epoch, after ``--steps-per-epoch`` (``limit``)."""
+    global_size = batch_size * world_size
+    full, rest = divmod(num_images, global_size)
+    count = full + (1 if rest >= world_size else 0)
+    return count if limit is None else min(count, limit)
