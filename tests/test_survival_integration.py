@@ -120,3 +120,32 @@ def test_redis_restart_loses_no_point_and_the_socket_backfills(stack: Stack) -> 
           f"reconnects {reconnects}")  # fmt: skip
     assert reconnects >= 1
     assert len(seen) == len(stored), "the client's curve has a hole"
+
+
+def test_runs_started_together_never_share_the_cores(stack: Stack) -> None:
+    alice = stack.login("alice")
+    first, second = (
+        launch(alice, stack, name=f"together {n}", strategy="ddp", processes=2, epochs=1)
+        for n in (1, 2)
+    )
+    waiting = wait_for(
+        lambda: stack.query(
+            "SELECT id, waiting_reason FROM experiments_experiment"
+            " WHERE id IN (?, ?) AND status = 'queued' AND waiting_reason != ''",
+            first,
+            second,
+        ),
+        timeout=120,
+        what="one of the two runs to wait",
+    )
+    (_, reason), *_ = waiting
+    assert reason.startswith("waiting for 2 CPU cores on test-worker"), reason
+    spans = []
+    for pk in (first, second):
+        wait_for(lambda pk=pk: row(stack, pk)["status"] == "succeeded", timeout=240, what=f"#{pk}")
+        ((started, finished),) = stack.query(
+            "SELECT started_at, finished_at FROM experiments_experiment WHERE id = ?", pk
+        )
+        spans.append((started, finished))
+    (a_start, a_end), (b_start, b_end) = sorted(spans)
+    assert a_end <= b_start, f"the two runs overlapped: {spans}"

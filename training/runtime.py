@@ -12,7 +12,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from training.config import TrainConfig
+from training.config import TORCHRUN_STRATEGIES, TrainConfig
 
 log = logging.getLogger(__name__)
 
@@ -35,8 +35,8 @@ class Runtime:
 
 
 def start(cfg: TrainConfig) -> Runtime:
-    """Choose the device and, for ddp, join the process group (undo with ``stop``)."""
-    if cfg.strategy != "ddp":
+    """Choose the device and, under torchrun, join the process group (undo with ``stop``)."""
+    if cfg.strategy not in TORCHRUN_STRATEGIES:
         device = _local_device(cfg.gpus[0] if cfg.gpus else None)
         label = f"cuda:{cfg.gpus[0]}" if cfg.gpus else "cpu"
         return Runtime(0, 0, 1, device, label, distributed=False)
@@ -80,6 +80,16 @@ def all_gather(rt: Runtime, value: Any) -> list[Any]:
     out: list[Any] = [None] * rt.world_size
     dist.all_gather_object(out, value)
     return out
+
+
+def all_gather_floats(rt: Runtime, values: list[float]) -> list[list[float]]:
+    """Every rank's ``values`` (same length on all), rank order; one small collective."""
+    if not rt.distributed:
+        return [list(values)]
+    t = torch.tensor(values, dtype=torch.float64, device=rt.device)
+    out = [torch.empty_like(t) for _ in range(rt.world_size)]
+    dist.all_gather(out, t)
+    return [[float(v) for v in o.tolist()] for o in out]
 
 
 def _local_device(index: int | None) -> torch.device:

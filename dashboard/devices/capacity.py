@@ -168,7 +168,7 @@ def capacity_check_combination(*, strategy: str, processes: int, gpus: list[int]
         return [
             f"model parallel splits the model into {MODEL_PARALLEL_STAGES} stages: give 0, 1 or "
             f"{MODEL_PARALLEL_STAGES} GPU ids (none: both stages on the CPU; one: a stage on "
-            "it and the other on the CPU), not {len(gpus)} ({gpu_ids_text(gpus)})"
+            f"it and the other on the CPU), not {len(gpus)} ({gpu_ids_text(gpus)})"
         ]
     if strategy == "hogwild" and gpus:
         return [

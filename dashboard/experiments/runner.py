@@ -113,21 +113,26 @@ def experiment_claim(*, experiment_id: int, machine: Machine) -> Claim:
             return Claim(False)
         busy = list(Experiment.objects.filter(status=Status.RUNNING, worker=machine.name))
         reason = allocation_refusal(experiment=experiment, machine=machine, busy=busy)
-        if reason:
-            Experiment.objects.filter(pk=experiment_id, status=Status.QUEUED).update(
-                waiting_reason=reason[:300], heartbeat_at=now
+        if reason is None:
+            claimed = Experiment.objects.filter(pk=experiment_id, status=Status.QUEUED).update(
+                status=Status.RUNNING,
+                started_at=experiment.started_at or now,
+                worker=machine.name,
+                attempt=F("attempt") + 1,
+                heartbeat_at=now,
+                waiting_reason="",
+                error="",
             )
-            return Claim(False, reason)
-        claimed = Experiment.objects.filter(pk=experiment_id, status=Status.QUEUED).update(
-            status=Status.RUNNING,
-            started_at=experiment.started_at or now,
-            worker=machine.name,
-            attempt=F("attempt") + 1,
-            heartbeat_at=now,
-            waiting_reason="",
-            error="",
+            return Claim(claimed == 1)
+        Experiment.objects.filter(pk=experiment_id, status=Status.QUEUED).update(
+            waiting_reason=reason[:300], heartbeat_at=now
         )
-    return Claim(claimed == 1)
+    if reason[:300] != experiment.waiting_reason:
+        # Tell the run's page why it waits, once per change of reason.
+        sink = EventSink(experiment)
+        sink.add({"type": "status", "status": Status.QUEUED, "reason": reason})
+        sink.flush()
+    return Claim(False, reason)
 
 
 def experiment_run(*, experiment_id: int, worker: str) -> str | None:

@@ -308,6 +308,13 @@
     setText($("stat-duration"), formatDuration(seconds));
   }
 
+  function renderWaiting(status, reason) {
+    const box = $("waiting-box");
+    if (!box) return;
+    box.hidden = !(status === "queued" && reason);
+    setText($("waiting-text"), reason || "");
+  }
+
   function applyExperiment(e) {
     if (!e || typeof e !== "object") return;
     Object.assign(state.experiment, e);
@@ -316,6 +323,7 @@
     renderProgress();
     renderNotes(x.notes);
     renderError(x.status, x.error);
+    renderWaiting(x.status, x.waiting_reason);
     if ("worker" in e) setText($("info-worker"), x.worker || "—");
     if ("dataset_source" in e) setText($("info-dataset-source"), x.dataset_source || "—");
     if ("started_at" in e) setTime($("info-started"), x.started_at);
@@ -389,7 +397,14 @@
         appendLog({ time: msg.time, level: "info", message: "checkpoint of epoch " + msg.epoch + " saved" });
         break;
       case "status":
-        applyExperiment(Object.assign({}, msg.experiment || {}, msg.status ? { status: msg.status } : {}));
+        applyExperiment(
+          Object.assign(
+            {},
+            msg.experiment || {},
+            msg.status ? { status: msg.status } : {},
+            "reason" in msg ? { waiting_reason: msg.reason } : {},
+          ),
+        );
         break;
       case "finished":
         applyExperiment({

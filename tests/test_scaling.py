@@ -1,0 +1,186 @@
+"""Scaling: throughput, speedup against the matching single run, efficiency, batch warnings."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.test import Client
+from django.urls import reverse
+from django.utils import timezone
+
+from dashboard.experiments.models import Experiment, MetricPoint
+
+pytestmark = pytest.mark.django_db
+
+CONFIG = {"dataset": "mnist", "epochs": 1, "batch_size": 64, "optimizer": "adam", "worker": "box"}
+
+
+def run_make(owner: Any, *, ips: list[float], age: int = 0, **fields: Any) -> Experiment:
+    """A run with step points at these images/s, plus an epoch point that must not count."""
+    values: dict[str, Any] = {
+        **CONFIG,
+        "name": fields.get("strategy", "ddp"),
+        "strategy": "ddp",
+        "processes": 2,
+        "status": "succeeded",
+        "finished_at": timezone.now() - timedelta(minutes=age),
+        "test_accuracy": 0.95,
+    }
+    values.update(fields)
+    experiment = Experiment.objects.create(owner=owner, **values)
+    for seq, value in enumerate(ips, start=1):
+        MetricPoint.objects.create(
+            experiment=experiment, seq=seq, step=10 * seq, epoch=1, images_per_second=value, time=seq
+        )
+    MetricPoint.objects.create(
+        experiment=experiment,
+        seq=len(ips) + 1,
+        step=10 * len(ips),
+        epoch=1,
+        test_loss=0.2,
+        test_accuracy=0.95,
+        images_per_second=99_999,
+        time=99,
+    )
+    return experiment
+
+
+@pytest.fixture
+def alice(user_factory: Any) -> Any:
+    return user_factory(username="alice")
+
+
+@pytest.fixture
+def client(alice: Any) -> Client:
+    client = Client()
+    client.force_login(alice)
+    return client
+
+
+@pytest.fixture
+def runs(alice: Any, user_factory: Any) -> dict[str, Experiment]:
+    bob = user_factory(username="bob")
+    return {
+        "older_single": run_make(alice, ips=[50], strategy="single", processes=1, age=60),
+        "single": run_make(alice, ips=[100, 300], strategy="single", processes=1, age=30),
+        # Newer, but not the same config, not finished, or not alice's: never the baseline.
+        "single_b32": run_make(alice, ips=[10], strategy="single", processes=1, batch_size=32),
+        "single_failed": run_make(alice, ips=[10], strategy="single", processes=1, status="failed"),
+        "single_gpu": run_make(alice, ips=[10], strategy="single", processes=1, gpus=[0]),
+        "single_elsewhere": run_make(alice, ips=[10], strategy="single", processes=1, worker="x"),
+        "single_bob": run_make(bob, ips=[10], strategy="single", processes=1),
+        "ddp": run_make(alice, ips=[360, 360], strategy="ddp", processes=2, test_accuracy=0.9),
+        "dp": run_make(alice, ips=[210], strategy="dp", processes=1),
+        "ddp_b128": run_make(alice, ips=[500], strategy="ddp", processes=2, batch_size=128),
+    }
+
+
+def compare(client: Client, *experiments: Experiment, api: bool = False) -> Any:
+    ids = ",".join(str(e.pk) for e in experiments)
+    name = "api-experiments-compare" if api else "experiment-compare"
+    return client.get(reverse(name) + f"?ids={ids}")
+
+
+def test_compare_api_numbers(client: Client, runs: dict[str, Experiment]) -> None:
+    response = compare(client, runs["single"], runs["ddp"], runs["dp"], api=True)
+    assert response.status_code == 200, response.content
+    body = response.json()
+    single, ddp, dp = body["runs"]
+    assert single["throughput"] == pytest.approx(200)  # the step events' mean, not the epoch's
+    assert single["baseline"]["id"] == runs["single"].pk and single["speedup"] == pytest.approx(1)
+    assert ddp["world_size"] == 2 and ddp["global_batch"] == 128
+    assert ddp["baseline"] == {
+        "id": runs["single"].pk,
+        "url": runs["single"].get_absolute_url(),
+        "throughput": pytest.approx(200),
+        "global_batch": 64,
+    }
+    assert ddp["speedup"] == pytest.approx(1.8) and ddp["efficiency"] == pytest.approx(0.9)
+    assert ddp["test_accuracy"] == pytest.approx(0.9)
+    # DataParallel on the CPU: one device, its batch not multiplied.
+    assert dp["world_size"] == 1 and dp["global_batch"] == 64
+    assert dp["speedup"] == pytest.approx(1.05) and dp["efficiency"] == pytest.approx(1.05)
+    assert "Global batch sizes differ" in body["batch_warning"]
+    assert f"#{runs['ddp'].pk} ddp 128" in body["batch_warning"]
+    assert body["missing"] == []
+
+
+def test_no_warning_when_the_global_batches_agree(
+    client: Client, runs: dict[str, Experiment]
+) -> None:
+    body = compare(client, runs["single"], runs["dp"], api=True).json()
+    assert body["batch_warning"] is None
+    html = compare(client, runs["single"], runs["dp"]).content.decode()
+    assert 'id="batch-warning"' not in html
+
+
+def test_no_single_baseline(client: Client, runs: dict[str, Experiment]) -> None:
+    body = compare(client, runs["ddp_b128"], api=True).json()
+    [row] = body["runs"]
+    assert row["baseline"] is None and row["speedup"] is None and row["efficiency"] is None
+    assert row["throughput"] == pytest.approx(500)
+    html = compare(client, runs["ddp_b128"]).content.decode()
+    assert "no single baseline" in html
+
+
+def test_reported_world_size_and_global_batch_win(alice: Any, client: Client) -> None:
+    run_make(alice, ips=[100], strategy="single", processes=1)
+    hogwild = run_make(
+        alice,
+        ips=[350],
+        strategy="hogwild",
+        processes=4,
+        run_info={"world_size": 4, "global_batch_size": 64},
+    )
+    [row] = compare(client, hogwild, api=True).json()["runs"]
+    assert row["world_size"] == 4 and row["global_batch"] == 64
+    assert row["speedup"] == pytest.approx(3.5) and row["efficiency"] == pytest.approx(0.875)
+
+
+def test_compare_page_renders_the_table(client: Client, runs: dict[str, Experiment]) -> None:
+    response = compare(client, runs["single"], runs["ddp"], runs["single_bob"])
+    assert response.status_code == 200
+    html = response.content.decode()
+    assert 'id="compare-table"' in html and 'id="batch-warning"' in html
+    assert "1.80×" in html and "90%" in html and "360 img/s" in html and "200 img/s" in html
+    # Bob's run is not shown, and is not named either.
+    assert f"Not shown: #{runs['single_bob'].pk}" in html
+    assert response.context["missing"] == [runs["single_bob"].pk]
+
+
+@pytest.mark.parametrize("query", ["?ids=1,x", "?ids=" + ",".join(str(i) for i in range(1, 30))])
+def test_compare_refuses_bad_ids(client: Client, query: str) -> None:
+    assert client.get(reverse("experiment-compare") + query).status_code == 400
+    response = client.get(reverse("api-experiments-compare") + query)
+    assert response.status_code == 400 and response.json()["errors"]["ids"]
+
+
+def test_compare_takes_the_list_checkboxes(client: Client, runs: dict[str, Experiment]) -> None:
+    query = f"?ids={runs['single'].pk}&ids={runs['ddp'].pk}"
+    response = client.get(reverse("experiment-compare") + query)
+    assert [row.experiment.pk for row in response.context["rows"]] == [
+        runs["single"].pk,
+        runs["ddp"].pk,
+    ]
+    empty = client.get(reverse("experiment-compare")).content.decode()
+    assert "Nothing to compare yet" in empty
+
+
+def test_list_page_links_to_compare(client: Client, runs: dict[str, Experiment]) -> None:
+    html = client.get(reverse("experiment-list")).content.decode()
+    assert f'action="{reverse("experiment-compare")}"' in html
+    assert f'name="ids" value="{runs["ddp"].pk}" form="compare-form"' in html
+
+
+def test_run_page_shows_its_scaling(client: Client, runs: dict[str, Experiment]) -> None:
+    response = client.get(runs["ddp"].get_absolute_url())
+    html = response.content.decode()
+    assert 'id="scaling-speedup">1.80×<' in html
+    assert 'id="scaling-efficiency">90%<' in html
+    assert 'id="scaling-global-batch">128<' in html
+    assert f'href="{runs["single"].get_absolute_url()}"' in html
+    # Its global batch is twice the baseline's: said next to the figures.
+    assert "global batch is 128 images, its baseline&#x27;s 64" in html
+    assert response.context["initial"]["scaling"]["baseline"]["id"] == runs["single"].pk
