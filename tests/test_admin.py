@@ -1,0 +1,64 @@
+"""Django admin: the experiment list, its filters and search, and the stop / clone actions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from dashboard.experiments.models import Experiment, LogLine, MetricPoint
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def admin_client_(user_factory: Any) -> Client:
+    admin = user_factory(username="boss", staff=True, is_superuser=True)
+    client = Client()
+    client.force_login(admin)
+    return client
+
+
+def test_list_shows_status_strategy_owner_accuracy_and_duration(
+    admin_client_: Client, user_factory: Any, experiment_factory: Any
+) -> None:
+    owner = user_factory(username="carol")
+    experiment_factory(owner=owner, name="fast one", status="succeeded", test_accuracy=0.9731)
+    page = admin_client_.get("/admin/experiments/experiment/").content.decode()
+    for text in ("fast one", "succeeded", "DistributedDataParallel", "carol", "97.31%"):
+        assert text in page
+    filtered = admin_client_.get("/admin/experiments/experiment/?status__exact=failed")
+    assert "fast one" not in filtered.content.decode()
+    assert "fast one" in admin_client_.get("/admin/experiments/experiment/?q=fast").content.decode()
+
+
+def test_change_page_shows_points_and_logs_read_only(
+    admin_client_: Client, user_factory: Any, experiment_factory: Any
+) -> None:
+    run = experiment_factory(owner=user_factory())
+    MetricPoint.objects.create(experiment=run, seq=1, step=10, epoch=1, train_loss=0.4321, time=1)
+    LogLine.objects.create(experiment=run, seq=2, message="hello from rank 0")
+    page = admin_client_.get(f"/admin/experiments/experiment/{run.pk}/change/").content.decode()
+    assert "0.4321" in page and "hello from rank 0" in page
+    assert 'name="points-0-train_loss"' not in page  # shown, not editable
+
+
+def test_stop_and_clone_actions(
+    admin_client_: Client, user_factory: Any, experiment_factory: Any, monkeypatch: Any,
+    django_capture_on_commit_callbacks: Any,
+) -> None:  # fmt: skip
+    from dashboard.experiments import tasks
+
+    queued: list[int] = []
+    monkeypatch.setattr(tasks.run_experiment, "delay", queued.append)
+    run = experiment_factory(owner=user_factory(), name="again", epochs=3)
+    url = "/admin/experiments/experiment/"
+    admin_client_.post(url, {"action": "stop_runs", "_selected_action": [run.pk]})
+    run.refresh_from_db()
+    assert run.status == "cancelled" and run.cancelled_by.username == "boss"
+    with django_capture_on_commit_callbacks(execute=True):
+        admin_client_.post(url, {"action": "clone_and_relaunch", "_selected_action": [run.pk]})
+    clone = Experiment.objects.exclude(pk=run.pk).get()
+    assert clone.cloned_from == run and clone.epochs == 3 and clone.status == "queued"
+    assert queued == [clone.pk]
