@@ -30,6 +30,8 @@ CHROMIUM_ARGS = [
     "--no-first-run",
 ]
 
+STATUS_IS = """() => document.getElementById('status-badge').textContent.trim().toLowerCase()
+    === '%s'"""
 CHART_POINTS = """() => Object.values(Chart.instances).map(
     c => c.data.datasets.reduce((n, d) => n + d.data.length, 0))"""
 
@@ -86,9 +88,7 @@ def test_start_ddp_and_watch_it_live(page: Any, stack: Stack) -> None:
     # Points arrive over the WebSocket, without a reload.
     page.wait_for_function(f"() => ({CHART_POINTS})().some(n => n >= 3)", timeout=120_000)
     screenshot(page, "live-chart.png")
-    page.wait_for_function(
-        "() => document.body.innerText.toLowerCase().includes('succeeded')", timeout=180_000
-    )
+    page.wait_for_function(STATUS_IS % "succeeded", timeout=180_000)
     points_live = page.evaluate(CHART_POINTS)
     page.reload()
     page.wait_for_function(f"() => ({CHART_POINTS})().some(n => n > 0)", timeout=30_000)
@@ -114,9 +114,7 @@ def test_stop_a_run_from_its_page(page: Any, stack: Stack) -> None:
     start_run(page, stack, name="browser stop", epochs=30)
     page.wait_for_function(f"() => ({CHART_POINTS})().some(n => n >= 1)", timeout=120_000)
     page.get_by_role("button", name="Stop").click()
-    page.wait_for_function(
-        "() => document.body.innerText.toLowerCase().includes('cancelled')", timeout=30_000
-    )
+    page.wait_for_function(STATUS_IS % "cancelled", timeout=30_000)
     assert (
         page.get_by_role("button", name="Stop").count() == 0
         or not page.get_by_role("button", name="Stop").is_enabled()
