@@ -25,6 +25,8 @@ def need(condition: bool, reason: str) -> None:
 def _in_memory_channel_layer(settings: Any) -> None:
     # Unit tests run the consumer in this process; the real stack uses channels-redis.
     settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    # A real password hash costs about a second per user; tests make many users.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
 @pytest.fixture

@@ -215,6 +215,9 @@ def stack_running(*, home: Path, data_dir: Path) -> Iterator[Stack]:
         "TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS": "8",
         "TRAINYARD_REAPER_SECONDS": "2",
         "TRAINYARD_WAIT_RETRY_SECONDS": "1",
+        # The suite launches more runs per user than a person would; limits have tests of their own.
+        "TRAINYARD_MAX_ACTIVE_RUNS_PER_USER": "0",
+        "TRAINYARD_LAUNCH_RATE_PER_MINUTE": "0",
         "PYTHONUNBUFFERED": "1",
         "DEBUG": "1",
     }

@@ -32,16 +32,16 @@ FORM_POSTS = 300
 ORIGIN = (b"origin", b"http://localhost")
 # No machine has GPU 1000: an id from here up never exists, on this machine or a GPU runner.
 ABSENT_GPU = 1000
-FUZZ = {
-    "deadline": None,
-    "database": None,  # no .hypothesis folder in the repository
-    "suppress_health_check": [
+FUZZ = settings(
+    deadline=None,
+    database=None,  # no .hypothesis folder in the repository
+    suppress_health_check=[
         HealthCheck.too_slow,
         HealthCheck.filter_too_much,
         HealthCheck.data_too_large,
         HealthCheck.function_scoped_fixture,
     ],
-}
+)
 VALID_FORM = {
     "name": "",
     "dataset": "mnist",
@@ -246,7 +246,7 @@ def test_api_refuses_1000_invalid_payloads(
     client = Client(HTTP_AUTHORIZATION=f"Bearer {token.key}")
     stats: Counter[str] = Counter()
 
-    @settings(max_examples=API_PAYLOADS, **FUZZ)
+    @settings(FUZZ, max_examples=API_PAYLOADS)
     @given(case=api_cases, content_type=content_types)
     def send(case: tuple[bytes, str], content_type: str) -> None:
         body, field = case
@@ -260,7 +260,8 @@ def test_api_refuses_1000_invalid_payloads(
     send()
     with capsys.disabled():
         print(
-            f"\nAPI fuzz: {stats['sent']} invalid payloads sent, {stats['accepted']} accepted; {dict(stats)}"
+            f"\nAPI fuzz: {stats['sent']} invalid payloads sent, {stats['accepted']} accepted; "
+            f"{dict(stats)}"
         )
     assert stats["sent"] >= API_PAYLOADS and stats["accepted"] == 0
     # The server still takes a valid launch.
@@ -323,7 +324,7 @@ def test_form_refuses_invalid_posts(user_factory: Any, launched: list[int]) -> N
     client.force_login(user_factory())
     stats: Counter[str] = Counter()
 
-    @settings(max_examples=FORM_POSTS, **FUZZ)
+    @settings(FUZZ, max_examples=FORM_POSTS)
     @given(case=form_cases)
     def send(case: tuple[dict[str, str], str]) -> None:
         changes, field = case
@@ -390,7 +391,8 @@ class SocketFuzzer:
         if self.comm is None:
             self.comm = await self.connect()
         comm = self.comm
-        await (comm.send_to(text_data=data) if kind == "text" else comm.send_to(bytes_data=data))
+        # send_input, not send_to: send_to refuses empty frames, which a client can send.
+        await comm.send_input({"type": "websocket.receive", kind: data})
         self.stats["sent"] += 1
         output = await comm.receive_output(timeout=5)
         size = frame_size(
@@ -415,6 +417,15 @@ class SocketFuzzer:
             self.comm = None
 
 
+def loop_shutdown(loop: asyncio.AbstractEventLoop) -> None:
+    # After a failed example a consumer may still wait on the channel layer: end it quietly.
+    pending = asyncio.all_tasks(loop)
+    for task in pending:
+        task.cancel()
+    loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+    loop.close()
+
+
 @pytest.mark.django_db(transaction=True)
 def test_socket_refuses_1000_junk_frames(
     user_factory: Any, experiment_factory: Any, capsys: pytest.CaptureFixture[str]
@@ -426,7 +437,7 @@ def test_socket_refuses_1000_junk_frames(
     loop = asyncio.new_event_loop()
     try:
 
-        @settings(max_examples=SOCKET_FRAMES, **FUZZ)
+        @settings(FUZZ, max_examples=SOCKET_FRAMES)
         @given(frame=frames)
         def send(frame: tuple[str, Any]) -> None:
             loop.run_until_complete(fuzzer.send(*frame))
@@ -436,7 +447,7 @@ def test_socket_refuses_1000_junk_frames(
         # A fresh connection still gets its snapshot.
         loop.run_until_complete(SocketFuzzer(pk=run.pk, user=owner).connect())
     finally:
-        loop.close()
+        loop_shutdown(loop)
     stats = fuzzer.stats
     with capsys.disabled():
         print(

@@ -1,3 +1,6 @@
-from training.cli import main
+# Guarded: Hogwild's workers are started with the spawn method, which imports the parent's main
+# module (this one) in each child; unguarded, every worker would start a run of its own.
+if __name__ == "__main__":
+    from training.cli import main
 
-raise SystemExit(main())
+    raise SystemExit(main())

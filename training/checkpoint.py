@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
+
+if TYPE_CHECKING:
+    from training.config import TrainConfig
 
 FORMAT = "trainyard-checkpoint"
 VERSION = 1
@@ -18,12 +22,19 @@ def save(
     directory: Path,
     *,
     model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    optimizer: torch.optim.Optimizer | None,
     epoch: int,
     step: int,
     config: dict[str, Any],
+    optimizer_state: dict[str, Any] | None = None,
 ) -> Path:
-    """Write ``epoch-{epoch}.pt``; ``model`` is the bare module, never a DP/DDP wrapper."""
+    """Write ``epoch-{epoch}.pt``; ``model`` is the bare module, never a DP/DDP wrapper.
+
+    The optimizer state is ``optimizer``'s, or ``optimizer_state`` where the optimizer lives in
+    another process (Hogwild's rank 0); None where there is none to save (ZeRO partitions it).
+    """
+    if optimizer is not None:
+        optimizer_state = optimizer.state_dict()
     directory.mkdir(parents=True, exist_ok=True)
     state = {
         "format": FORMAT,
@@ -31,7 +42,7 @@ def save(
         "epoch": epoch,
         "step": step,
         "model": model.state_dict(),
-        "optimizer": optimizer.state_dict(),
+        "optimizer": optimizer_state,
         "rng": {
             "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
@@ -60,6 +71,42 @@ def load(path: Path) -> dict[str, Any]:
     if state.get("version") != VERSION:
         raise ValueError(f"{path} has checkpoint version {state.get('version')}, need {VERSION}")
     return state
+
+
+def load_for(cfg: TrainConfig) -> dict[str, Any]:
+    """``cfg.resume``, checked against ``cfg`` where a mismatch would silently change the run."""
+    assert cfg.resume is not None
+    state = load(Path(cfg.resume))
+    saved: dict[str, Any] = state.get("config", {})
+    if (
+        state.get("optimizer") is not None
+        and saved.get("optimizer", cfg.optimizer) != cfg.optimizer
+    ):
+        raise ValueError(
+            f"the checkpoint was trained with --optimizer {saved['optimizer']}; "
+            f"resume with the same optimizer (got --optimizer {cfg.optimizer})"
+        )
+    return state
+
+
+_EPOCH_FILE = re.compile(r"^epoch-(\d+)\.pt$")
+
+
+def retention_apply(directory: Path, keep: int) -> list[Path]:
+    """Delete all but the ``keep`` highest-numbered ``epoch-N.pt`` in ``directory`` (0 keeps
+    all); returns what was deleted. Other files are never touched."""
+    if keep <= 0:
+        return []
+    numbered = sorted(
+        (int(m.group(1)), p)
+        for p in directory.iterdir()
+        if (m := _EPOCH_FILE.match(p.name)) and p.is_file()
+    )
+    deleted = []
+    for _, path in numbered[:-keep]:
+        path.unlink(missing_ok=True)
+        deleted.append(path)
+    return deleted
 
 
 def restore_rng(state: dict[str, Any]) -> None:

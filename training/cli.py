@@ -13,7 +13,15 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, NoReturn
 
-from training.config import TrainConfig, build_parser, parse_args, under_torchrun
+from training.config import (
+    DEEPSPEED_REQUIREMENT,
+    MULTIPROCESS_STRATEGIES,
+    TORCHRUN_STRATEGIES,
+    TrainConfig,
+    build_parser,
+    parse_args,
+    under_torchrun,
+)
 from training.protocol import EventWriter
 
 log = logging.getLogger("training")
@@ -35,13 +43,13 @@ def main(argv: Sequence[str] | None = None, *, events_stream: IO[str] | None = N
     # Early, so that a SIGTERM at any point from here on runs the finally blocks below.
     _exit_on_sigterm()
 
-    if cfg.strategy == "ddp" and not under_torchrun():
+    if cfg.strategy in TORCHRUN_STRATEGIES and not under_torchrun():
         exec_torchrun(cfg, argv)
 
-    # torch is imported only now: argument errors and the ddp launcher do not wait for it.
+    # torch is imported only now: argument errors and the torchrun launcher do not wait for it.
     from training import engine, runtime
 
-    rank = int(os.environ.get("RANK", "0")) if cfg.strategy == "ddp" else 0
+    rank = int(os.environ.get("RANK", "0")) if cfg.strategy in TORCHRUN_STRATEGIES else 0
     logging.basicConfig(
         stream=sys.stderr,
         level=logging.INFO,
@@ -74,23 +82,49 @@ def main(argv: Sequence[str] | None = None, *, events_stream: IO[str] | None = N
 def _validate(cfg: TrainConfig, parser: argparse.ArgumentParser) -> TrainConfig:
     """Refusals that depend on the machine; each ends in parser.error (exit status 2)."""
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    if cfg.strategy != "ddp" and world > 1:
+    if cfg.strategy not in TORCHRUN_STRATEGIES and world > 1:
         parser.error(
             f"--strategy {cfg.strategy} runs one process, but this one was started as one of "
-            f"{world} (WORLD_SIZE={world}); use --strategy ddp"
+            f"{world} (WORLD_SIZE={world}); use --strategy "
+            f"{' or '.join(TORCHRUN_STRATEGIES)}"
         )
-    if cfg.strategy == "ddp" and cfg.gpus and cfg.nproc != len(cfg.gpus):
+    if cfg.strategy in TORCHRUN_STRATEGIES and cfg.gpus and cfg.nproc != len(cfg.gpus):
         parser.error(
-            f"argument --nproc: DDP runs one process per GPU, so --nproc must equal the number "
-            f"of --gpus (got --nproc {cfg.nproc} and {len(cfg.gpus)} GPU(s): "
+            f"argument --nproc: {cfg.strategy} runs one process per GPU, so --nproc must equal "
+            f"the number of --gpus (got --nproc {cfg.nproc} and {len(cfg.gpus)} GPU(s): "
             f"{','.join(map(str, cfg.gpus))})"
         )
+    if cfg.strategy == "hogwild" and cfg.gpus:
+        parser.error(
+            "argument --gpus: hogwild keeps the model in shared host memory and trains on the "
+            "CPU; leave out --gpus (for GPUs use --strategy "
+            f"{', '.join(s for s in MULTIPROCESS_STRATEGIES if s != 'hogwild')}, dp or single)"
+        )
+    if cfg.strategy == "model-parallel" and len(cfg.gpus) > 2:
+        parser.error(
+            f"argument --gpus: model-parallel splits the model in two stages, one per device; "
+            f"give at most two GPUs (got {len(cfg.gpus)}: {','.join(map(str, cfg.gpus))})"
+        )
+    if cfg.strategy == "deepspeed" and not deepspeed_available():
+        parser.error(
+            "--strategy deepspeed needs the optional DeepSpeed package, which is not installed "
+            f"here; install it with: DS_BUILD_OPS=0 pip install --no-build-isolation "
+            f"'{DEEPSPEED_REQUIREMENT}' (the 'deepspeed' extra of this package)"
+        )
     # Under torchrun the launcher has checked the ids and renumbered them already.
-    if under_torchrun() or not (cfg.gpus or cfg.strategy == "dp"):
+    needs_count = cfg.gpus or cfg.strategy in ("dp", "dp-primitives")
+    if under_torchrun() or not needs_count:
         return cfg
     import torch
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if cfg.strategy == "dp-primitives" and count < 2:
+        parser.error(
+            "--strategy dp-primitives needs 2 or more GPUs (it scatters each batch over them); "
+            f"this machine has {count} GPU(s)"
+            + ("" if count else ", CUDA is not available")
+            + "; on the CPU use --strategy single, ddp or hogwild"
+        )
     if cfg.gpus and count == 0:
         parser.error(
             f"argument --gpus: GPU {','.join(map(str, cfg.gpus))} requested, but CUDA is not "
@@ -108,7 +142,22 @@ def _validate(cfg: TrainConfig, parser: argparse.ArgumentParser) -> TrainConfig:
             f"{','.join(map(str, range(min(count, 2))))}); to train on the CPU use --strategy "
             "single"
         )
+    if cfg.strategy == "dp-primitives" and len(cfg.gpus) < 2:
+        parser.error(
+            f"--strategy dp-primitives needs --gpus with two or more ids (this machine has "
+            f"{count} GPUs, e.g. --gpus {','.join(map(str, range(min(count, 2))))})"
+        )
     return cfg
+
+
+def deepspeed_available() -> bool:
+    """Whether ``import deepspeed`` would find the package (without importing it: seconds)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec("deepspeed") is not None
+    except (ImportError, ValueError):  # ValueError: sys.modules["deepspeed"] is None
+        return False
 
 
 def exec_torchrun(cfg: TrainConfig, argv: Sequence[str]) -> NoReturn:
@@ -120,6 +169,9 @@ def exec_torchrun(cfg: TrainConfig, argv: Sequence[str]) -> NoReturn:
     env = dict(os.environ)
     if cfg.gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, cfg.gpus))
+    if cfg.strategy == "deepspeed":
+        # DeepSpeed picks its accelerator when imported; without GPUs it must be told "cpu".
+        env.setdefault("DS_ACCELERATOR", "cuda" if cfg.gpus else "cpu")
     # The ranks start with `-m training` from the caller's working directory, which need not
     # be the one this package was found from.
     root = str(Path(__file__).resolve().parent.parent)

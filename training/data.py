@@ -163,8 +163,7 @@ def idx_read_into(path: Path, out: torch.Tensor) -> None:
     with open(path, "rb") as f:
         f.seek(offset)
         if out.dtype == torch.uint8:
-            view = memoryview(out.numpy()).cast("B")
-            got = f.readinto(view)
+            got = f.readinto(out.numpy().reshape(-1).data)
             if got != out.numel():
                 raise ValueError(f"{path} ended after {got} of {out.numel()} bytes")
         else:

@@ -35,7 +35,7 @@ import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -215,15 +215,25 @@ def with_path(segment: Segment, path: Path) -> Segment:
 
 
 def _map(segment: Segment) -> dict[str, torch.Tensor]:
-    storage = torch.UntypedStorage.from_file(segment.path, True, segment.nbytes)
+    storage = cast(
+        torch.UntypedStorage, torch.UntypedStorage.from_file(segment.path, True, segment.nbytes)
+    )
     tensors = {}
     for spec in segment.tensors:
         dtype = _dtype(spec.dtype)
         t = torch.empty(0, dtype=dtype)
         # set_ counts the offset in elements of dtype; offsets are multiples of _ALIGN bytes.
-        t.set_(storage, spec.offset // dtype.itemsize, spec.shape)
+        t.set_(storage, spec.offset // dtype.itemsize, spec.shape, _contiguous(spec.shape))
         tensors[spec.name] = t
     return tensors
+
+
+def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return tuple(reversed(strides))
 
 
 def _dataset(segment: Segment, tensors: dict[str, torch.Tensor]) -> Dataset:

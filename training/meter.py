@@ -1,0 +1,109 @@
+"""Per-step timings and what the step and epoch events report from them.
+
+Each step is timed in two parts: ``data`` (taking the batch out of the resident tensors,
+normalising it and moving it to the device) and ``compute`` (forward, backward, optimizer step).
+Together they show why a strategy is slow: waiting for data, computing, or (for the difference to
+wall time) waiting for other ranks. Times are host-side: on a GPU the work is queued
+asynchronously, so a step's compute time includes waiting for the GPU only when the queue is
+full, and the loss read at each report (``Window.row``) is where the host catches up.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import psutil
+import torch
+
+from training.runtime import Runtime, all_gather_floats
+
+_PROCESS = psutil.Process()
+ROW_FIELDS = ("loss_sum", "steps", "images", "data_seconds", "compute_seconds", "elapsed", "rss")
+
+
+@dataclass(frozen=True)
+class StepTiming:
+    loss: torch.Tensor  # on the device; read only when a report is made
+    images: int
+    data_seconds: float
+    compute_seconds: float
+
+
+@dataclass
+class Window:
+    """What happened since the last report; the loss stays on the device until read, so a
+    CUDA step does not wait for the GPU."""
+
+    device: torch.device
+    loss_sum: torch.Tensor = field(init=False)
+    steps: int = 0
+    images: int = 0
+    data_seconds: float = 0.0
+    compute_seconds: float = 0.0
+    started: float = field(default_factory=time.perf_counter)
+
+    def __post_init__(self) -> None:
+        self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
+
+    def add(self, timing: StepTiming) -> None:
+        self.loss_sum += timing.loss.detach().to(torch.float64)
+        self.steps += 1
+        self.images += timing.images
+        self.data_seconds += timing.data_seconds
+        self.compute_seconds += timing.compute_seconds
+
+    def row(self) -> list[float]:
+        """This process's figures, in ROW_FIELDS order (what ranks exchange)."""
+        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        return [
+            float(self.loss_sum.item()),
+            float(self.steps),
+            float(self.images),
+            self.data_seconds,
+            self.compute_seconds,
+            elapsed,
+            float(rss_bytes()),
+        ]
+
+
+def rss_bytes() -> int:
+    return int(_PROCESS.memory_info().rss)
+
+
+def window_report(rt: Runtime, window: Window) -> dict[str, Any]:
+    """The event fields for ``window`` over all ranks (one all-gather when distributed)."""
+    return report_from_rows(all_gather_floats(rt, window.row()))
+
+
+def report_from_rows(rows: list[list[float]]) -> dict[str, Any]:
+    """train_loss, images_per_second (all ranks), rank 0's data_seconds, compute_seconds and
+    rss_bytes, and ``ranks``: the same per rank (row ``i`` is rank ``i``)."""
+    per_rank = [dict(zip(ROW_FIELDS, row, strict=True)) for row in rows]
+    loss_sum = sum(r["loss_sum"] for r in per_rank)
+    steps = sum(r["steps"] for r in per_rank)
+    ranks = [
+        {
+            "rank": i,
+            "images_per_second": round(r["images"] / r["elapsed"], 1),
+            "data_seconds": round(r["data_seconds"], 4),
+            "compute_seconds": round(r["compute_seconds"], 4),
+            "rss_bytes": int(r["rss"]),
+        }
+        for i, r in enumerate(per_rank)
+    ]
+    return {
+        "train_loss": finite(loss_sum / steps if steps else math.nan),
+        "images_per_second": round(sum(r["images_per_second"] for r in ranks), 1),
+        "data_seconds": ranks[0]["data_seconds"],
+        "compute_seconds": ranks[0]["compute_seconds"],
+        "rss_bytes": ranks[0]["rss_bytes"],
+        "ranks": ranks,
+    }
+
+
+def finite(value: float) -> float | None:
+    # JSON has no NaN or Infinity; a diverged loss is reported as null.
+    return round(value, 6) if math.isfinite(value) else None

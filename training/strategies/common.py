@@ -1,0 +1,66 @@
+"""What every strategy hands the training loop, and the parts most of them share."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from training.config import TrainConfig
+
+StepFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class Plan:
+    model: nn.Module  # the bare SimpleCNN: its state dict is what checkpoints hold
+    net: nn.Module  # what the training step calls (a wrapper, or the model itself)
+    eval_net: nn.Module  # what evaluation calls
+    optimizer: torch.optim.Optimizer
+    step: StepFn  # one optimizer step on a batch; returns the loss (not yet read)
+    input_device: torch.device  # where batches go
+    output_device: torch.device  # where the logits come out, so where labels go
+    devices: list[str] | None = None  # started.devices, when not one per rank
+    notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    started: dict[str, Any] = field(default_factory=dict)  # extra started fields
+    # False where the optimizer state is partitioned (ZeRO): checkpoints then hold none.
+    saves_optimizer: bool = True
+
+
+def optimizer_make(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
+    if cfg.optimizer == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
+    return torch.optim.Adam(model.parameters(), lr=cfg.lr)
+
+
+def step_default(net: nn.Module, optimizer: torch.optim.Optimizer) -> StepFn:
+    def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(net(x), y)
+        loss.backward()
+        optimizer.step()
+        return loss
+
+    return step
+
+
+def plan_simple(
+    cfg: TrainConfig, model: nn.Module, net: nn.Module, device: torch.device, **extra: Any
+) -> Plan:
+    """A plan whose model sits on one device; ``net`` may wrap it."""
+    optimizer = optimizer_make(cfg, model)
+    return Plan(
+        model=model,
+        net=net,
+        eval_net=extra.pop("eval_net", model),
+        optimizer=optimizer,
+        step=step_default(net, optimizer),
+        input_device=device,
+        output_device=device,
+        **extra,
+    )

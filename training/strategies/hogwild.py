@@ -1,0 +1,368 @@
+"""``hogwild``: N processes update one model in shared memory, asynchronously, without locks.
+
+As pytorch/examples' mnist_hogwild: the parent builds the model and moves its parameters into
+shared memory (``model.share_memory()``); each worker process builds its own optimizer over
+those same parameters and trains on its own shard of every global batch (``rank_batches``),
+writing its updates straight into the shared parameters while the others do the same. Nothing
+synchronises the steps; the parent synchronises the epochs only, to evaluate the shared model
+and write the checkpoint while the workers wait.
+
+The parent does not train: it is rank 0 of the protocol (it writes every event), collects the
+workers' step reports from a queue, and is the process the caller holds. The dataset is one
+shared copy too (``training.shared_data``): the parent creates it, the workers map it.
+
+Workers are started with the ``spawn`` method, not ``fork``: a forked child cannot use CUDA
+once the parent has (pytorch#40403), and forking after the parent's OpenMP thread pool has run
+can hang the child in libgomp. Spawn costs one interpreter start and torch import per worker,
+about two seconds, once per run. The workers die with the parent: SIGTERM to the parent ends
+them in its ``finally``, and a parent killed outright takes them along through
+``PR_SET_PDEATHSIG``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import ctypes
+import logging
+import os
+import queue
+import signal
+import time
+import traceback
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.multiprocessing as mp
+from torch import nn
+
+from training import checkpoint
+from training.batching import rank_batches, steps_per_epoch
+from training.config import TrainConfig
+from training.data import Dataset, load_dataset
+from training.meter import Window, report_from_rows
+from training.model import SimpleCNN
+from training.protocol import EventWriter
+from training.runtime import COLLECTIVE_TIMEOUT, Runtime
+from training.shared_data import (
+    Segment,
+    segment_attach,
+    segment_create,
+    segment_path,
+    segment_remove,
+    shared_flags,
+    shared_tensors_report,
+    stale_segments_remove,
+    tensor_entry,
+)
+from training.strategies.common import optimizer_make, step_default
+
+log = logging.getLogger(__name__)
+
+START_TIMEOUT_S = 300.0  # spawning imports torch in each worker; slow disks, many workers
+STOP_TIMEOUT_S = 30.0
+_CPU = torch.device("cpu")
+
+
+@dataclass(frozen=True)
+class WorkerArgs:
+    rank: int
+    cfg: TrainConfig
+    segment: Segment | None  # None: no shared copy could be made, load privately
+    optimizer_state: dict[str, Any] | None
+    threads: int
+    parent_pid: int
+
+
+def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
+    # Imported here: engine imports this module lazily, and this one uses engine's helpers.
+    from training.engine import (
+        checkpoint_write,
+        evaluate,
+        log_to,
+        resume_apply,
+        started_fields,
+    )
+
+    t_start = time.monotonic()
+    if rt.device.type != "cpu":
+        raise RuntimeError("hogwild trains on the CPU (the CLI refuses --gpus for it)")
+    torch.manual_seed(cfg.seed)
+    model = SimpleCNN()
+    state = checkpoint.load_for(cfg) if cfg.resume else None
+    notes: list[str] = []
+    start_epoch, step = 1, 0
+    if state is not None:
+        model.load_state_dict(state["model"])
+        start_epoch, step = resume_apply(cfg, state, None, notes)
+        if state.get("optimizer") is not None:
+            notes.append("Every Hogwild worker starts from the checkpoint's optimizer state.")
+    # Before spawning: the workers receive handles to these storages, not copies.
+    model.share_memory()
+    nproc = cfg.nproc
+    threads = max(1, torch.get_num_threads() // nproc)
+    notes.append(
+        f"Hogwild ran {nproc} worker process(es), {threads} thread(s) each, updating one shared "
+        f"model without locks; each step of each worker covers {cfg.batch_size} images."
+    )
+
+    path = segment_path(os.getpid(), f"hogwild-{uuid.uuid4().hex[:12]}-{cfg.dataset}")
+    workers: list[Any] = []
+    ctx = mp.get_context("spawn")
+    results: Any = ctx.Queue()
+    controls: list[Any] = []
+    try:
+        data, segment = _dataset_owned(cfg, path)
+        for rank in range(nproc):
+            control = ctx.SimpleQueue()
+            args = WorkerArgs(
+                rank, cfg, segment, state.get("optimizer") if state else None, threads, os.getpid()
+            )
+            p = ctx.Process(
+                target=worker_main,
+                args=(args, model, results, control),
+                name=f"trainyard-hogwild-{rank}",
+                daemon=True,
+            )
+            p.start()
+            workers.append(p)
+            controls.append(control)
+        ready = [_receive(results, workers, "ready", START_TIMEOUT_S) for _ in range(nproc)]
+        ready.sort(key=lambda m: m[1])
+        # Every worker has mapped the data: the name can go, the memory stays until all unmap.
+        segment_remove(path)
+
+        data_flags = [
+            all(flags) for flags in zip(shared_flags(data), *(m[3] for m in ready), strict=True)
+        ]
+        shared = shared_tensors_report(data, data_flags)
+        for i, (name, param) in enumerate(model.named_parameters()):
+            everywhere = param.is_shared() and all(m[4][i] for m in ready)
+            shared.append(tensor_entry(f"model.{name}", param, everywhere))
+
+        per_epoch = steps_per_epoch(len(data.train), cfg.batch_size, nproc, cfg.step_limit)
+        events.emit(
+            "started",
+            **started_fields(cfg, rt, data, per_epoch, start_epoch, world=nproc),
+            devices=["cpu"] * nproc,
+            pids=[m[2] for m in ready],
+            launcher_pid=os.getpid(),
+            notes=notes,
+            shared_tensors=shared,
+        )
+        log_to(events, rt, f"Data: {data.source}.", "warning" if data.substitute else "info")
+        if start_epoch > cfg.epochs:
+            log_to(events, rt, f"The checkpoint already covers {cfg.epochs} epoch(s).")
+
+        test_loss, test_accuracy = None, 0.0
+        for epoch in range(start_epoch, cfg.epochs + 1):
+            for control in controls:
+                control.put(("epoch", epoch, step))
+            done = _epoch_collect(cfg, events, results, workers, epoch, step, per_epoch)
+            step += per_epoch
+            report = report_from_rows([d[3] for d in done])
+            test_loss, test_accuracy = evaluate(model, data, rt, cfg.test_batch_size)
+            events.emit(
+                "epoch",
+                epoch=epoch,
+                step=step,
+                test_loss=test_loss,
+                test_accuracy=test_accuracy,
+                **report,
+            )
+            log.info("epoch %d: test loss %s, accuracy %.4f", epoch, test_loss, test_accuracy)
+            if cfg.checkpoint_dir:
+                checkpoint_write(cfg, events, model, None, epoch, step, optimizer_state=done[0][4])
+        if start_epoch > cfg.epochs:
+            test_loss, test_accuracy = evaluate(model, data, rt, cfg.test_batch_size)
+        events.emit(
+            "finished",
+            test_loss=test_loss,
+            test_accuracy=test_accuracy,
+            epochs=cfg.epochs,
+            epochs_run=max(0, cfg.epochs - start_epoch + 1),
+            steps=step,
+            duration=round(time.monotonic() - t_start, 3),
+        )
+        # After the event: the results are in; the workers' exit (seconds of interpreter
+        # teardown) is no part of the training time.
+        for control in controls:
+            control.put(("stop",))
+        for p in workers:
+            p.join(STOP_TIMEOUT_S)
+    finally:
+        workers_stop(workers)
+        segment_remove(path)
+        results.close()
+        results.cancel_join_thread()
+
+
+def _dataset_owned(cfg: TrainConfig, path: Path) -> tuple[Dataset, Segment | None]:
+    stale_segments_remove()
+    try:
+        return segment_create(cfg.dataset, Path(cfg.data_dir), path)
+    except OSError as exc:
+        segment_remove(path)
+        log.warning("no shared copy of the dataset (%s); each worker loads its own", exc)
+        return load_dataset(cfg.dataset, Path(cfg.data_dir)), None
+
+
+def _epoch_collect(
+    cfg: TrainConfig,
+    events: EventWriter,
+    results: Any,
+    workers: list[Any],
+    epoch: int,
+    step: int,
+    per_epoch: int,
+) -> list[tuple[Any, ...]]:
+    """Relay the workers' step reports as step events until every worker has finished
+    ``epoch``; returns their epoch_done messages in rank order."""
+    nproc = len(workers)
+    pending: dict[int, dict[int, list[float]]] = {}
+    done: dict[int, tuple[Any, ...]] = {}
+    while len(done) < nproc:
+        message = _receive(results, workers, None, COLLECTIVE_TIMEOUT.total_seconds())
+        if message[0] == "step":
+            _, rank, _, local, row = message
+            pending.setdefault(local, {})[rank] = row
+            # Workers report at the same local steps, each in order: a step is complete when
+            # the slowest worker has reported it, and steps complete in order.
+            while pending and len(pending[min(pending)]) == nproc:
+                local = min(pending)
+                rows = pending.pop(local)
+                report = report_from_rows([rows[r] for r in range(nproc)])
+                events.emit("step", epoch=epoch, step=step + local, **report)
+        elif message[0] == "epoch_done":
+            done[message[1]] = message
+        else:
+            raise RuntimeError(f"unexpected message from a Hogwild worker: {message[0]}")
+    return [done[r] for r in range(nproc)]
+
+
+def _receive(
+    results: Any, workers: list[Any], expect: str | None, timeout: float
+) -> tuple[Any, ...]:
+    """The next message from any worker; raises if one failed, died or all went silent."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            message: tuple[Any, ...] = results.get(timeout=0.5)
+        except queue.Empty:
+            dead = [(r, p.exitcode) for r, p in enumerate(workers) if p.exitcode is not None]
+            if dead:
+                raise RuntimeError(
+                    "Hogwild worker(s) ended unexpectedly: "
+                    + ", ".join(f"rank {r} with exit code {code}" for r, code in dead)
+                ) from None
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no word from the Hogwild workers in {timeout:.0f} s") from None
+            continue
+        if message[0] == "error":
+            raise RuntimeError(f"Hogwild worker {message[1]} failed:\n{message[2]}")
+        if expect is not None and message[0] != expect:
+            raise RuntimeError(f"expected {expect!r} from a Hogwild worker, got {message[0]!r}")
+        return message
+
+
+def workers_stop(workers: list[Any], grace: float = 5.0) -> None:
+    """SIGTERM the workers still running, wait, then SIGKILL what is left; reap them all."""
+    for p in workers:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + grace
+    for p in workers:
+        p.join(max(0.0, deadline - time.monotonic()))
+    for p in workers:
+        if p.is_alive():
+            p.kill()
+            p.join(5.0)
+
+
+# --- in the worker processes -----------------------------------------------------------------
+
+
+def worker_main(args: WorkerArgs, model: nn.Module, results: Any, control: Any) -> None:
+    """One Hogwild worker: train on this rank's shard each epoch the parent starts."""
+    _die_with_parent(args.parent_pid)
+    # Ctrl-C reaches the whole process group; the parent decides, and stops the workers.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(args.threads)
+    cfg = args.cfg
+    try:
+        data = (
+            segment_attach(args.segment)
+            if args.segment is not None
+            else load_dataset(cfg.dataset, Path(cfg.data_dir))
+        )
+        optimizer = optimizer_make(cfg, model)
+        if args.optimizer_state is not None:
+            optimizer.load_state_dict(args.optimizer_state)
+            for group in optimizer.param_groups:
+                group["lr"] = cfg.lr
+        params_shared = [p.is_shared() for p in model.parameters()]
+        results.put(("ready", args.rank, os.getpid(), shared_flags(data), params_shared))
+        step_fn = step_default(model, optimizer)
+        per_epoch = steps_per_epoch(len(data.train), cfg.batch_size, cfg.nproc, cfg.step_limit)
+        while True:
+            command = control.get()
+            if command[0] != "epoch":
+                break
+            _, epoch, step_base = command
+            batches = rank_batches(
+                len(data.train), cfg.batch_size, cfg.nproc, args.rank, cfg.seed, epoch
+            )[:per_epoch]
+            whole = _worker_epoch(
+                cfg, args.rank, model, step_fn, data, batches, epoch, step_base, results
+            )
+            # A copy: pickling would otherwise move the live state into shared memory, and the
+            # parent would write a checkpoint of tensors this worker goes on changing.
+            state = (
+                copy.deepcopy(optimizer.state_dict())
+                if args.rank == 0 and cfg.checkpoint_dir
+                else None
+            )
+            results.put(("epoch_done", args.rank, epoch, whole.row(), state))
+    except BaseException:
+        with contextlib.suppress(Exception):
+            results.put(("error", args.rank, traceback.format_exc()))
+        raise
+
+
+def _worker_epoch(
+    cfg: TrainConfig,
+    rank: int,
+    model: nn.Module,
+    step_fn: Any,
+    data: Dataset,
+    batches: list[torch.Tensor],
+    epoch: int,
+    step_base: int,
+    results: Any,
+) -> Window:
+    from training.engine import steps_run
+
+    model.train()
+    interval, whole = Window(_CPU), Window(_CPU)
+    for i, timing in enumerate(steps_run(step_fn, data, batches, _CPU)):
+        interval.add(timing)
+        whole.add(timing)
+        local = i + 1
+        if (step_base + local) % cfg.log_interval == 0 or i == len(batches) - 1:
+            results.put(("step", rank, epoch, local, interval.row()))
+            interval = Window(_CPU)
+    return whole
+
+
+def _die_with_parent(parent_pid: int) -> None:
+    """Have the kernel SIGTERM this worker when the parent dies, even by SIGKILL."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        pr_set_pdeathsig = 1
+        libc.prctl(pr_set_pdeathsig, signal.SIGTERM, 0, 0, 0)
+    # The parent may have died before prctl took effect.
+    if os.getppid() != parent_pid:
+        os._exit(1)
