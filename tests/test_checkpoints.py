@@ -59,6 +59,22 @@ def test_sink_stores_checkpoints_with_their_size(
     assert list(Checkpoint.objects.values_list("epoch", "step")) == [(1, 64)]
 
 
+def test_checkpoints_deleted_by_retention_leave_the_list(
+    runs_dir: Path, user_factory: Any, experiment_factory: Any
+) -> None:
+    experiment = experiment_factory(owner=user_factory(), worker="box-1", status="running")
+    paths = {epoch: checkpoint_write(runs_dir, experiment, epoch) for epoch in (1, 2, 3)}
+    sink = EventSink(experiment)
+    for epoch in (1, 2):
+        sink.add({"type": "checkpoint", "epoch": epoch, "step": epoch, "path": str(paths[epoch])})
+    sink.flush()
+    paths[1].unlink()  # the training keeps the last two
+    message = sink.add({"type": "checkpoint", "epoch": 3, "step": 3, "path": str(paths[3])})
+    assert message["pruned"] == [1]
+    sink.flush()
+    assert list(Checkpoint.objects.values_list("epoch", flat=True)) == [2, 3]
+
+
 def test_owner_downloads_a_checkpoint(
     runs_dir: Path, user_factory: Any, experiment_factory: Any
 ) -> None:
@@ -120,7 +136,7 @@ def test_a_file_on_another_machine_says_where_it_is(
         experiment=experiment,
         epoch=1,
         step=63,
-        path="/srv/trainyard/runs/%d/checkpoints/epoch-1.pt" % experiment.pk,
+        path=f"/srv/trainyard/runs/{experiment.pk}/checkpoints/epoch-1.pt",
         size=2 * 1024**2,
         worker="gpu-node-7",
     )

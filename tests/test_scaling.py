@@ -32,7 +32,12 @@ def run_make(owner: Any, *, ips: list[float], age: int = 0, **fields: Any) -> Ex
     experiment = Experiment.objects.create(owner=owner, **values)
     for seq, value in enumerate(ips, start=1):
         MetricPoint.objects.create(
-            experiment=experiment, seq=seq, step=10 * seq, epoch=1, images_per_second=value, time=seq
+            experiment=experiment,
+            seq=seq,
+            step=10 * seq,
+            epoch=1,
+            images_per_second=value,
+            time=seq,
         )
     MetricPoint.objects.create(
         experiment=experiment,

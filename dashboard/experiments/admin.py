@@ -7,7 +7,7 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from dashboard.experiments.limits import LaunchLimited
-from dashboard.experiments.models import Experiment, LogLine, MetricPoint
+from dashboard.experiments.models import Checkpoint, Experiment, LogLine, MetricPoint
 from dashboard.experiments.services import experiment_clone, experiment_stop
 
 
@@ -44,6 +44,12 @@ class LogLineInline(ReadOnlyInline):
     readonly_fields = fields
 
 
+class CheckpointInline(ReadOnlyInline):
+    model = Checkpoint
+    fields = ("epoch", "step", "path", "size", "worker", "created")
+    readonly_fields = fields
+
+
 @admin.register(Experiment)
 class ExperimentAdmin(admin.ModelAdmin):
     list_display = ("name", "status", "strategy", "owner", "accuracy", "duration", "created_at")
@@ -51,7 +57,7 @@ class ExperimentAdmin(admin.ModelAdmin):
     search_fields = ("name",)
     date_hierarchy = "created_at"
     actions = ("stop_runs", "clone_and_relaunch")
-    inlines = (MetricPointInline, LogLineInline)
+    inlines = (MetricPointInline, LogLineInline, CheckpointInline)
     readonly_fields = (
         "status",
         "created_at",
@@ -67,6 +73,7 @@ class ExperimentAdmin(admin.ModelAdmin):
         "last_seq",
         "notes",
         "run_info",
+        "rank_stats",
         "cancel_requested_at",
         "cancelled_by",
         "launcher_pid",

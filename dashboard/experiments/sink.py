@@ -86,6 +86,7 @@ class EventSink:
         self.messages: list[dict[str, Any]] = []
         self.updates: dict[str, Any] = {}
         self.checkpoints: list[Checkpoint] = []
+        self.pruned: set[int] = set()
         self.channel_layer = get_channel_layer()
 
     def add(self, event: dict[str, Any]) -> dict[str, Any]:
@@ -158,9 +159,27 @@ class EventSink:
             size=file_size(path),
             worker=self.experiment.worker,
         )
-        # The message tells the page where to download it; the size is what the worker saw.
-        message.update(size=checkpoint.size, url=checkpoint.get_absolute_url())
+        self.pruned.discard(epoch)
+        self.checkpoints = [c for c in self.checkpoints if c.epoch != epoch]
         self.checkpoints.append(checkpoint)
+        gone = self._checkpoints_gone(keep_epoch=epoch)
+        # The message tells the page where to download it (the size is what the worker saw) and
+        # which older ones the training's retention has deleted.
+        message.update(size=checkpoint.size, url=checkpoint.get_absolute_url(), pruned=gone)
+
+    def _checkpoints_gone(self, *, keep_epoch: int) -> list[int]:
+        """Epochs whose files this worker wrote and no longer has (the training keeps the last
+        few); their rows go, so that the list shows what can still be fetched."""
+        stored = Checkpoint.objects.filter(
+            experiment_id=self.experiment.pk, worker=self.experiment.worker
+        ).values_list("epoch", "path")
+        entries = [*stored, *((c.epoch, c.path) for c in self.checkpoints)]
+        present = {epoch for epoch, path in entries if file_size(path) is not None}
+        # An epoch written again (a resumed attempt) counts as present if any copy is.
+        gone = sorted({epoch for epoch, _ in entries} - present - {keep_epoch})
+        self.pruned.update(gone)
+        self.checkpoints = [c for c in self.checkpoints if c.epoch not in self.pruned]
+        return gone
 
     def _add_log(self, message: dict[str, Any], *, level: str = "info") -> None:
         self.logs.append(
@@ -180,6 +199,10 @@ class EventSink:
         with transaction.atomic():
             MetricPoint.objects.bulk_create(self.points)
             LogLine.objects.bulk_create(self.logs)
+            if self.pruned:
+                Checkpoint.objects.filter(
+                    experiment_id=self.experiment.pk, epoch__in=self.pruned
+                ).delete()
             # A resumed run writes its epochs' checkpoints again: the newer file wins.
             Checkpoint.objects.bulk_create(
                 # One row per epoch per statement: PostgreSQL refuses to update a row twice.
@@ -193,6 +216,7 @@ class EventSink:
             )
         messages, self.messages = self.messages, []
         self.points, self.logs, self.updates, self.checkpoints = [], [], {}, []
+        self.pruned = set()
         self._send(messages)
 
     def _send(self, messages: list[dict[str, Any]]) -> None:

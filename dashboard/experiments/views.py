@@ -11,11 +11,11 @@ from typing import Any
 from django.http import FileResponse, Http404, HttpRequest, HttpResponse, HttpResponseNotFound
 from django.shortcuts import get_object_or_404, redirect, render
 
-from dashboard.devices.views import bytes_text
 from dashboard.experiments.checkpoints import checkpoint_file_resolve, checkpoint_where_text
 from dashboard.experiments.forms import FIELDS, STRATEGY_HELP, ExperimentForm
 from dashboard.experiments.limits import LaunchLimited
 from dashboard.experiments.models import PROCESS_STRATEGIES, Experiment, Status, Strategy
+from dashboard.experiments.run_facts import checkpoint_rows, rank_rows, run_facts_rows
 from dashboard.experiments.scaling import (
     BASELINE_RULE,
     NO_BASELINE,
@@ -179,10 +179,7 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "logs": initial["logs"],
         "facts": run_facts_rows(initial["run"]),
         "rank_rows": rank_rows(initial["rank_stats"]),
-        "checkpoints": [
-            {**c, "size_text": bytes_text(c["size"]) if c["size"] is not None else "?"}
-            for c in initial["checkpoints"]
-        ],
+        "checkpoints": checkpoint_rows(initial["checkpoints"]),
         "scaling": scaling,
         "scaling_note": baseline_batch_note(scaling),
         "baseline_rule": BASELINE_RULE,
@@ -195,58 +192,6 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "final": not experiment.is_active,
     }
     return render(request, "experiments/detail.html", context)
-
-
-def _seconds_text(value: float | None) -> str:
-    return "—" if value is None else f"{value:.2f} s"
-
-
-def rank_rows(stats: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per-rank figures with the share of time spent waiting for data, for the stacked bar."""
-    rows = []
-    for rank in stats.get("ranks") or []:
-        data, compute = rank.get("data_seconds"), rank.get("compute_seconds")
-        total = (data or 0) + (compute or 0)
-        data_share = 100 * (data or 0) / total if total else 0
-        ips = rank.get("images_per_second")
-        rows.append(
-            {
-                **rank,
-                "ips_text": "—" if ips is None else f"{ips:,.0f}",
-                "data_text": _seconds_text(data),
-                "compute_text": _seconds_text(compute),
-                "rss_text": "—" if rank.get("rss_bytes") is None else bytes_text(rank["rss_bytes"]),
-                "data_percent": round(data_share, 1),
-                "compute_percent": round(100 - data_share, 1) if total else 0,
-                "split_text": f"{data_share:.0f}% waiting for data, {100 - data_share:.0f}% "
-                "computing"
-                if total
-                else "no timing reported",
-            }
-        )
-    return rows
-
-
-def run_facts_rows(facts: dict[str, Any]) -> dict[str, Any]:
-    """Shared tensors with their sizes as text, and the total of those really shared."""
-    tensors = []
-    for tensor in facts["shared_tensors"]:
-        shape = tensor.get("shape")
-        tensors.append(
-            {
-                **tensor,
-                "shape_text": " × ".join(str(n) for n in shape) if isinstance(shape, list) else "",
-                "bytes_text": bytes_text(tensor.get("bytes")),
-            }
-        )
-    shared = sum(
-        t["bytes"] for t in tensors if t.get("is_shared") and isinstance(t.get("bytes"), int)
-    )
-    return {
-        **facts,
-        "shared_tensors": tensors,
-        "shared_total_text": f"{bytes_text(shared)} in shared memory, one copy for every process.",
-    }
 
 
 def experiment_checkpoint_download(request: HttpRequest, pk: int, epoch: int) -> HttpResponse:
@@ -279,6 +224,5 @@ def experiment_compare(request: HttpRequest) -> HttpResponse:
         "ids": ids,
         "baseline_rule": BASELINE_RULE,
         "no_baseline": NO_BASELINE,
-        "strategy_labels": dict(Strategy.choices),
     }
     return render(request, "experiments/compare.html", context)

@@ -16,7 +16,7 @@
       if (key === "class") node.className = value;
       else node.setAttribute(key, value);
     }
-    for (const child of [].concat(children || [])) {
+    for (const child of [].concat(children ?? [])) {
       if (child === null || child === undefined || child === false) continue;
       node.append(child instanceof Node ? child : String(child));
     }

@@ -160,7 +160,7 @@
       .reduce((sum, t) => sum + t.bytes, 0);
     const total = $("tensors-total");
     total.hidden = tensors.length === 0;
-    setText(total, bytesText(shared) + " in shared memory, one copy for every process.");
+    setText(total, bytesText(shared) + " in shared memory: one copy, shared by every process.");
   }
 
   function renderStages(stages) {
@@ -207,7 +207,13 @@
     const old = body.querySelector('tr[data-epoch="' + msg.epoch + '"]');
     if (old) old.replaceWith(row);
     else body.append(row);
-    show("checkpoints-table", "checkpoints-empty", true);
+    // Older files the training's retention deleted (the sink says which).
+    for (const epoch of Array.isArray(msg.pruned) ? msg.pruned : []) {
+      if (!Number.isInteger(epoch)) continue;
+      const gone = body.querySelector('tr[data-epoch="' + epoch + '"]');
+      if (gone) gone.remove();
+    }
+    show("checkpoints-table", "checkpoints-empty", body.children.length > 0);
   }
 
   // ---- messages ------------------------------------------------------------------------------

@@ -324,6 +324,9 @@ class Command(BaseCommand):
                 cwd=settings.BASE_DIR,
                 timeout=options["timeout"],
                 check=False,
+                # As the supervisor starts it: with autogroup scheduling a session is a unit of
+                # CPU share, so a difference here would be measured as overhead.
+                start_new_session=True,
             )
         wall = time.monotonic() - started
         events = [

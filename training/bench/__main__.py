@@ -1,0 +1,27 @@
+"""``python -m training.bench engine|memory [options]`` (``--help`` on each)."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from collections.abc import Sequence
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    commands = ("engine", "memory")
+    if not args or args[0] not in commands:
+        print(
+            f"usage: python -m training.bench {{{','.join(commands)}}} [options]\n"
+            "  engine  images/s of the engine's data path vs a DataLoader loop and compute only\n"
+            "  memory  peak memory of N ranks sharing the dataset vs one process",
+            file=sys.stderr,
+        )
+        return 2
+    module = importlib.import_module(f"training.bench.{args[0]}")
+    code: int = module.main(args[1:])
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,217 @@
+"""``python -m training.bench engine``: how fast the engine's data path feeds training.
+
+Three loops train the same model (SimpleCNN, same initial weights, Adam), with the same batch
+size, thread count and number of steps, in one process:
+
+ours        the engine's own loop (``training.engine.steps_run`` with the strategies' step and
+            the engine's per-step accounting): uint8 tensors resident in memory, batches taken
+            by indexing and normalised on the fly.
+dataloader  a pytorch/examples-style loop: ``torchvision.datasets.MNIST`` (or FashionMNIST),
+            read from the IDX files the data module wrote, with ``ToTensor()`` and
+            ``Normalize()`` per image, through a ``DataLoader`` (shuffled; ``--workers``, 0 by
+            default, as the examples use on the CPU).
+compute     compute only: the same normalised batches built beforehand, already in memory; no
+            data work at all. The ceiling for any data path.
+
+The loops alternate (ours, dataloader, compute, ours, ...) for ``--rounds`` rounds of ``--steps``
+steps each, after a few warm-up steps, so that the machine's noise falls on all of them alike.
+For each loop the table shows the median images/s over the rounds; the ratios are medians of the
+per-round ratios (each round's loops ran back to back). The last line, ``engine ratio``, is
+ours / compute-only: 1.0 means the data path costs nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+from torchvision import transforms
+from torchvision.datasets import MNIST, FashionMNIST
+
+from training.batching import rank_batches
+from training.data import (
+    DEBIAN_FASHION_DIR,
+    Dataset,
+    dataset_files,
+    idx_root,
+    load_dataset,
+    to_batch,
+)
+from training.engine import steps_run
+from training.meter import Window
+from training.model import SimpleCNN
+from training.strategies.common import step_default
+
+WARMUP_STEPS = 3
+LOOPS = ("ours", "dataloader", "compute")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m training.bench engine", description=__doc__)
+    p.add_argument(
+        "--dataset",
+        choices=("mnist", "fashion-mnist"),
+        default="fashion-mnist" if DEBIAN_FASHION_DIR.is_dir() else "mnist",
+        help="default: fashion-mnist where Debian's package is installed, else the MNIST sample",
+    )
+    p.add_argument(
+        "--data-dir", default=os.environ.get("TRAINYARD_DATA_DIR") or "./var/data", type=Path
+    )
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--steps", type=int, default=40, help="timed steps per loop and round")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
+    p.add_argument("--device", default="cuda:0" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--seed", type=int, default=1)
+    return p
+
+
+def main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(list(argv))
+    torch.set_num_threads(args.threads)
+    device = torch.device(args.device)
+    data = load_dataset(args.dataset, args.data_dir.expanduser().resolve())
+    files = dataset_files(args.dataset, args.data_dir.expanduser().resolve())
+    loops = {
+        "ours": _ours(data, args.batch_size, args.seed, device),
+        "dataloader": _dataloader(files.raw, args, data.mean, data.std, device),
+        "compute": _compute(data, args.batch_size, args.seed, device),
+    }
+    models = {}
+    for name in LOOPS:
+        torch.manual_seed(args.seed)
+        model = SimpleCNN().to(device)
+        models[name] = step_default(model, torch.optim.Adam(model.parameters(), lr=1e-3)), model
+    for name in LOOPS:  # warm-up: first-step allocations, lazy initialisation
+        loops[name](models[name][0], WARMUP_STEPS)
+    rates: dict[str, list[float]] = {name: [] for name in LOOPS}
+    for _ in range(args.rounds):
+        for name in LOOPS:
+            models[name][1].train()
+            _sync(device)
+            t0 = time.perf_counter()
+            images = loops[name](models[name][0], args.steps)
+            _sync(device)
+            rates[name].append(images / (time.perf_counter() - t0))
+
+    print(
+        f"engine benchmark: {data.source}; SimpleCNN, Adam, batch {args.batch_size}, "
+        f"{args.threads} thread(s), device {device}, {args.rounds} round(s) of {args.steps} "
+        f"steps per loop, alternating {' / '.join(LOOPS)}"
+    )
+    print(f"{'loop':<12} {'median img/s':>13}  per round")
+    for name in LOOPS:
+        per_round = " ".join(f"{r:8.1f}" for r in rates[name])
+        print(f"{name:<12} {statistics.median(rates[name]):13.1f}  {per_round}")
+    vs_loader = _paired(rates["ours"], rates["dataloader"])
+    vs_compute = _paired(rates["ours"], rates["compute"])
+    print(f"ours / dataloader loop:   {vs_loader:.3f}")
+    print(f"ours / compute-only loop: {vs_compute:.3f}")
+    print(f"engine ratio: {vs_compute:.3f}")
+    return 0
+
+
+StepFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Loop = Callable[[StepFn, int], int]  # (step, steps) -> images trained on
+
+
+def _ours(data: Dataset, batch_size: int, seed: int, device: torch.device) -> Loop:
+    batches = _cycle_batches(len(data.train), batch_size, seed)
+
+    def run(step: StepFn, steps: int) -> int:
+        # As engine.epoch_run: steps_run plus the per-step accounting the events are made of.
+        window = Window(device)
+        for timing in steps_run(step, data, list(itertools.islice(batches, steps)), device):
+            window.add(timing)
+        window.row()  # reads the loss once, as a step event does
+        return window.images
+
+    return run
+
+
+def _dataloader(
+    raw: Path, args: argparse.Namespace, mean: float, std: float, device: torch.device
+) -> Loop:
+    cls = FashionMNIST if args.dataset == "fashion-mnist" else MNIST
+    dataset = cls(
+        str(idx_root(cls, raw)),
+        train=True,
+        download=False,
+        transform=transforms.Compose(
+            [transforms.ToTensor(), transforms.Normalize((mean,), (std,))]
+        ),
+    )
+    loader = DataLoader(
+        dataset,
+        batch_size=args.batch_size,
+        shuffle=True,
+        num_workers=args.workers,
+        pin_memory=device.type == "cuda",
+        persistent_workers=args.workers > 0,
+        generator=torch.Generator().manual_seed(args.seed),
+    )
+    stream = _forever(loader)
+
+    def run(step: StepFn, steps: int) -> int:
+        images = 0
+        last = None
+        for x, y in itertools.islice(stream, steps):
+            x = x.to(device, non_blocking=True)
+            y = y.to(device, non_blocking=True)
+            last = step(x, y)
+            images += len(y)
+        if last is not None:
+            last.item()
+        return images
+
+    return run
+
+
+def _compute(data: Dataset, batch_size: int, seed: int, device: torch.device) -> Loop:
+    # Enough distinct batches that caches do not flatter it; built once, before timing.
+    ready = [
+        to_batch(data.train, idx, device, data.mean, data.std)
+        for idx in rank_batches(len(data.train), batch_size, 1, 0, seed, 1)[:64]
+    ]
+    stream = itertools.cycle(ready)
+
+    def run(step: StepFn, steps: int) -> int:
+        images = 0
+        last = None
+        for x, y in itertools.islice(stream, steps):
+            last = step(x, y)
+            images += len(y)
+        if last is not None:
+            last.item()
+        return images
+
+    return run
+
+
+def _cycle_batches(n: int, batch_size: int, seed: int) -> Iterator[torch.Tensor]:
+    for epoch in itertools.count(1):
+        yield from rank_batches(n, batch_size, 1, 0, seed, epoch)
+
+
+def _forever(
+    loader: DataLoader[tuple[torch.Tensor, int]],
+) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
+    while True:
+        yield from loader
+
+
+def _paired(a: list[float], b: list[float]) -> float:
+    return statistics.median(x / y for x, y in zip(a, b, strict=True))
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
