@@ -9,6 +9,7 @@ from typing import Any
 from django.conf import settings
 
 from dashboard.devices.models import WorkerMachine
+from dashboard.experiments.models import PROCESS_STRATEGIES
 
 STRATEGIES = ("single", "dp", "ddp", "dp-primitives", "model-parallel", "hogwild", "deepspeed")
 STRATEGY_LABELS = {
@@ -20,8 +21,6 @@ STRATEGY_LABELS = {
     "hogwild": "Hogwild",
     "deepspeed": "DeepSpeed",
 }
-# Several processes on one machine; on the CPU each wants a core of its own.
-PROCESS_STRATEGIES = ("ddp", "hogwild", "deepspeed")
 # With GPUs these run one process per GPU.
 PROCESS_PER_GPU_STRATEGIES = ("ddp", "deepspeed")
 # The model is cut in two: the convolutions and the classifier.

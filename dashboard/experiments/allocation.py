@@ -12,10 +12,7 @@ import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from dashboard.experiments.models import Experiment
-
-# Strategies that start one process per rank, each held to one thread (torchrun's own default).
-MULTI_PROCESS_STRATEGIES = frozenset({"ddp", "hogwild", "deepspeed"})
+from dashboard.experiments.models import PROCESS_STRATEGIES, Experiment
 
 
 @dataclass(frozen=True)
@@ -38,7 +35,8 @@ def run_cpu_threads(*, strategy: str, processes: int, gpus: list[int], cpu_count
     """CPU threads a run occupies on its machine; GPU runs are bound by their GPUs instead."""
     if gpus:
         return 0
-    if strategy in MULTI_PROCESS_STRATEGIES:
+    if strategy in PROCESS_STRATEGIES:
+        # One process per rank, each held to one thread (torchrun's own default).
         return processes
     limit = int(os.environ.get("TRAINYARD_CPU_THREADS_PER_RUN") or cpu_count)
     return max(1, min(limit, cpu_count))

@@ -27,7 +27,6 @@ from django.utils import timezone
 
 from dashboard.devices.models import WorkerMachine
 from dashboard.experiments.allocation import (
-    MULTI_PROCESS_STRATEGIES,
     Machine,
     allocation_refusal,
     machine_local,
@@ -236,7 +235,7 @@ def training_environment(*, experiment: Experiment) -> dict[str, str]:
         gpus=experiment.gpus,
         cpu_count=machine.cpu_count,
     )
-    per_process = 1 if experiment.strategy in MULTI_PROCESS_STRATEGIES else max(threads, 1)
+    per_process = 1 if experiment.strategy in PROCESS_STRATEGIES else max(threads, 1)
     return {
         **os.environ,
         "PYTHONUNBUFFERED": "1",
