@@ -30,6 +30,16 @@ def _in_memory_channel_layer(settings: Any) -> None:
 
 
 @pytest.fixture
+def launched(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Runs handed to Celery; the broker is outside these tests (the integration tests use it)."""
+    from dashboard.experiments import tasks
+
+    queued: list[int] = []
+    monkeypatch.setattr(tasks.run_experiment, "delay", queued.append)
+    return queued
+
+
+@pytest.fixture
 def user_factory(django_user_model: Any) -> Any:
     counter = iter(range(1, 10_000))
 

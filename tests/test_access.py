@@ -27,6 +27,7 @@ from django.utils import timezone
 from dashboard.experiments.limits import LaunchLimited
 from dashboard.experiments.models import Experiment, Status
 from dashboard.experiments.services import experiment_launch
+from tests.factories import form_data
 
 ROOT = Path(__file__).resolve().parent.parent
 ORIGIN = (b"origin", b"http://localhost")
@@ -38,34 +39,7 @@ REGEX_SAMPLES = {
     r"admin/(?P<url>.*)$": "admin/no-such-page/",
 }
 MISSING_PK = 987_654_321
-VALID_FORM = {
-    "name": "",
-    "dataset": "mnist",
-    "strategy": "single",
-    "processes": "",
-    "gpus": "",
-    "epochs": "1",
-    "batch_size": "64",
-    "lr": "0.001",
-    "optimizer": "adam",
-    "seed": "1",
-}
-
-
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings: Any) -> None:
-    # Every test makes users; the real hasher costs a second or so each on two cores.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def launched(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Runs handed to Celery; the broker is outside these tests (the integration tests use it)."""
-    from dashboard.experiments import tasks
-
-    queued: list[int] = []
-    monkeypatch.setattr(tasks.run_experiment, "delay", queued.append)
-    return queued
+VALID_FORM = form_data()
 
 
 def client_for(user: Any = None, *, csrf: bool = False) -> Client:

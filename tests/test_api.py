@@ -14,16 +14,6 @@ from dashboard.experiments.models import Experiment
 pytestmark = pytest.mark.django_db
 
 
-@pytest.fixture
-def launched(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Runs handed to Celery; the broker is outside these tests (the integration tests use it)."""
-    from dashboard.experiments import tasks
-
-    queued: list[int] = []
-    monkeypatch.setattr(tasks.run_experiment, "delay", queued.append)
-    return queued
-
-
 def post(client: Client, path: str, body: Any, **headers: str) -> Any:
     raw = body if isinstance(body, str | bytes) else json.dumps(body)
     return client.post(path, raw, content_type="application/json", **headers)

@@ -24,6 +24,7 @@ from dashboard.experiments.api import FIELD_TYPES, NULLABLE_FIELDS
 from dashboard.experiments.consumers import MAX_CLIENT_FRAME_BYTES, frame_size
 from dashboard.experiments.forms import LIMITS, LR_MAX, MAX_GPU_IDS, ExperimentForm
 from dashboard.experiments.models import Experiment, LogLine, MetricPoint
+from tests.factories import form_data
 
 ROOT = Path(__file__).resolve().parent.parent
 API_PAYLOADS = 1000
@@ -42,33 +43,7 @@ FUZZ = settings(
         HealthCheck.function_scoped_fixture,
     ],
 )
-VALID_FORM = {
-    "name": "",
-    "dataset": "mnist",
-    "strategy": "single",
-    "processes": "",
-    "gpus": "",
-    "epochs": "1",
-    "batch_size": "64",
-    "lr": "0.001",
-    "optimizer": "adam",
-    "seed": "1",
-}
-
-
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings: Any) -> None:
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
-
-
-@pytest.fixture
-def launched(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Runs handed to Celery; the broker is outside these tests (the integration tests use it)."""
-    from dashboard.experiments import tasks
-
-    queued: list[int] = []
-    monkeypatch.setattr(tasks.run_experiment, "delay", queued.append)
-    return queued
+VALID_FORM = form_data()
 
 
 def choices_of(field: str) -> list[Any]:

@@ -12,19 +12,9 @@ from django.utils.html import escape
 
 from dashboard.experiments.forms import STRATEGY_HELP
 from dashboard.experiments.models import Experiment, LogLine, MetricPoint, Status
+from tests.factories import form_data
 
-VALID = {
-    "name": "",
-    "dataset": "mnist",
-    "strategy": "single",
-    "processes": "",
-    "gpus": "",
-    "epochs": "1",
-    "batch_size": "64",
-    "lr": "0.001",
-    "optimizer": "adam",
-    "seed": "1",
-}
+VALID = form_data()
 
 
 @pytest.fixture

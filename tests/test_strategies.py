@@ -13,38 +13,12 @@ from dashboard.devices.capacity import capacity_check
 from dashboard.experiments.forms import STRATEGY_HELP, ExperimentForm
 from dashboard.experiments.models import Experiment, Strategy
 from dashboard.experiments.runner import training_command
+from tests.factories import form_data
 from tests.test_devices import machine_make
 
 pytestmark = pytest.mark.django_db
 
 NEW_STRATEGIES = ("dp-primitives", "model-parallel", "hogwild", "deepspeed")
-
-
-def form_data(**fields: Any) -> dict[str, Any]:
-    data = {
-        "name": "",
-        "dataset": "mnist",
-        "strategy": "single",
-        "processes": "",
-        "gpus": "",
-        "epochs": "1",
-        "batch_size": "64",
-        "lr": "0.001",
-        "optimizer": "adam",
-        "seed": "1",
-        "zero_stage": "",
-    }
-    data.update({k: str(v) for k, v in fields.items()})
-    return data
-
-
-@pytest.fixture
-def launched(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    from dashboard.experiments import tasks
-
-    queued: list[int] = []
-    monkeypatch.setattr(tasks.run_experiment, "delay", queued.append)
-    return queued
 
 
 @pytest.fixture

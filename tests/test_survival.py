@@ -31,15 +31,6 @@ CPU_NODE = Machine("cpu-node", cpu_count=2, gpu_ids=frozenset())
 
 
 @pytest.fixture
-def dispatched(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    from dashboard.experiments import tasks
-
-    sent: list[int] = []
-    monkeypatch.setattr(tasks.run_experiment, "delay", sent.append)
-    return sent
-
-
-@pytest.fixture
 def alice(user_factory: Any) -> Any:
     return user_factory(username="alice")
 
@@ -94,7 +85,7 @@ def _stale(experiment: Experiment, seconds: float) -> None:
 
 
 def test_silent_run_is_lost_then_queued_again(
-    alice: Any, experiment_factory: Any, dispatched: list[int], settings: Any,
+    alice: Any, experiment_factory: Any, launched: list[int], settings: Any,
     django_capture_on_commit_callbacks: Any,
 ) -> None:  # fmt: skip
     settings.TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS = 30
@@ -105,13 +96,13 @@ def test_silent_run_is_lost_then_queued_again(
     with django_capture_on_commit_callbacks(execute=True):
         assert experiments_reap_lost() == [run.pk]
     run.refresh_from_db()
-    assert run.status == "queued" and dispatched == [run.pk]
+    assert run.status == "queued" and launched == [run.pk]
     assert run.attempts[0]["outcome"] == "lost" and "no heartbeat from worker w1" in run.error
     assert "queued to resume" in run.waiting_reason
 
 
 def test_a_run_lost_too_often_fails_with_its_history(
-    alice: Any, experiment_factory: Any, dispatched: list[int], settings: Any
+    alice: Any, experiment_factory: Any, launched: list[int], settings: Any
 ) -> None:
     settings.TRAINYARD_MAX_ATTEMPTS = 2
     history = [{"attempt": 1, "worker": "w1", "outcome": "lost", "reason": "no heartbeat"}]
@@ -119,7 +110,7 @@ def test_a_run_lost_too_often_fails_with_its_history(
     _stale(run, 3600)
     experiments_reap_lost()
     run.refresh_from_db()
-    assert run.status == "failed" and not dispatched
+    assert run.status == "failed" and not launched
     assert run.error.startswith("gave up after 2 attempts") and "attempt 1 on w1" in run.error
 
 
@@ -149,13 +140,13 @@ def test_resume_without_checkpoint_starts_over(
 
 
 def test_queued_runs_are_sent_again_when_their_message_may_be_lost(
-    alice: Any, experiment_factory: Any, dispatched: list[int], settings: Any
+    alice: Any, experiment_factory: Any, launched: list[int], settings: Any
 ) -> None:
     settings.TRAINYARD_REDISPATCH_SECONDS = 60
     old = experiment_factory(owner=alice)
     Experiment.objects.filter(pk=old.pk).update(created_at=timezone.now() - timedelta(minutes=5))
     experiment_factory(owner=alice)  # just created: its message is on its way
-    assert experiments_redispatch_queued() == [old.pk] and dispatched == [old.pk]
+    assert experiments_redispatch_queued() == [old.pk] and launched == [old.pk]
     assert experiments_redispatch_queued() == []  # and not again at once
 
 
