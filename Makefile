@@ -12,6 +12,7 @@ $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
+	DS_BUILD_OPS=0 $(PY) -m pip install --quiet --no-build-isolation 'deepspeed==0.19.8'
 	touch $@
 
 node_modules/.installed: package.json package-lock.json

@@ -28,6 +28,7 @@ import torch
 
 from training import data as training_data
 from training.protocol import EVENT_TYPES, PROTOCOL_VERSION, EventWriter
+from training.shared_data import segments_of
 
 ROOT = Path(__file__).resolve().parent.parent
 HAS_CUDA = torch.cuda.is_available()
@@ -41,6 +42,7 @@ class Result:
     returncode: int
     events: list[dict[str, Any]]
     stderr: str
+    pid: int = 0
 
     def of_type(self, type_: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e["type"] == type_]
@@ -96,7 +98,10 @@ def run_cli(data_dir: Path, *args: str, timeout: float = 240) -> Result:
         raise
     # Every stdout line must be an event: nothing else may be printed there.
     events = [json.loads(line) for line in out.splitlines()]
-    return Result(proc.returncode, events, err)
+    # The shared copy of the dataset is named after the launcher (or a rank's parent, the
+    # launcher exec'd into torchrun): nothing of it may be left in /dev/shm.
+    assert segments_of(proc.pid) == [], "dataset segment left in /dev/shm"
+    return Result(proc.returncode, events, err, proc.pid)
 
 
 def assert_well_formed(result: Result, run_id: str) -> None:
@@ -123,13 +128,41 @@ def assert_well_formed(result: Result, run_id: str) -> None:
         assert key in started
     assert started["total_steps"] == started["steps_per_epoch"] * started["epochs"]
     assert result.finished["steps"] == steps[-1]["step"] == started["total_steps"]
+    assert isinstance(started["shared_tensors"], list)
+    # Protocol 1.1: throughput and memory, for rank 0 and per rank (or Hogwild worker).
+    for e in steps + epochs:
+        assert e["images_per_second"] > 0
+        assert e["data_seconds"] >= 0 and e["compute_seconds"] > 0
+        assert e["rss_bytes"] > 10_000_000
+        assert [r["rank"] for r in e["ranks"]] == list(range(started["world_size"]))
+        for r in e["ranks"]:
+            assert r["images_per_second"] > 0 and r["rss_bytes"] > 10_000_000
+            assert r["data_seconds"] >= 0 and r["compute_seconds"] > 0
+        assert e["ranks"][0]["data_seconds"] == e["data_seconds"]
+
+
+def training_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The training tests' own data folder, one per session for every training test module
+    (the sample is written once): conftest's shared one may hold a full MNIST that another test
+    downloaded, which would change every figure here."""
+    path = tmp_path_factory.getbasetemp() / "training-data"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+def children_gone() -> None:
+    """Assert that this process has no children left (ranks, workers, launchers)."""
+    me = psutil.Process()
+    # A child reaped by communicate() can linger for a moment as it is torn down.
+    deadline = time.monotonic() + 5
+    while me.children(recursive=True) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert me.children(recursive=True) == []
 
 
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """This module's own data folder (the sample is written once): conftest's shared one may
-    hold a full MNIST that another test downloaded, which would change every figure here."""
-    return tmp_path_factory.mktemp("training-data")
+    return training_data_dir(tmp_path_factory)
 
 
 @pytest.fixture(autouse=True)
@@ -232,6 +265,19 @@ def test_ddp_two_cpu_ranks(data_dir: Path) -> None:
     assert started["steps_per_epoch"] == 32
     assert result.finished["test_accuracy"] > 0.8
     assert not [pid for pid in pids if psutil.pid_exists(pid)], "ranks outlived the launcher"
+    # One copy of the data in shared memory, mapped by both ranks (is_shared in each).
+    shared = {t["name"]: t for t in started["shared_tensors"]}
+    assert set(shared) == {"train.images", "train.labels", "test.images", "test.labels"}
+    assert all(t["is_shared"] for t in shared.values())
+    assert shared["train.images"]["bytes"] == 4000 * 28 * 28
+    assert shared["train.images"]["dtype"] == "uint8"
+    assert shared["train.labels"]["shape"] == [4000]
+    assert result.stderr.count("dataset tensors shared in rank") == 2
+    for rank in (0, 1):
+        assert f"shared in rank {rank}: {{'train.images': True" in result.stderr
+    # Both ranks step together: the per-rank figures come from both.
+    last = result.of_type("step")[-1]
+    assert len({r["rss_bytes"] for r in last["ranks"]}) == 2
 
 
 def test_ddp_sigterm_stops_every_rank(data_dir: Path) -> None:
@@ -258,40 +304,19 @@ def test_ddp_sigterm_stops_every_rank(data_dir: Path) -> None:
 
 
 # --- checkpoints -------------------------------------------------------------------------------
+# Resumed == uninterrupted, for single and ddp, and --keep-checkpoints in a run:
+# tests/test_exactness.py.
 
 
-def test_checkpoint_each_epoch_and_resume(data_dir: Path, tmp_path: Path) -> None:
-    common = ("--dry-run", "--batch-size", "32", "--checkpoint-dir")
-    first = run_cli(data_dir, *common, str(tmp_path / "a"), "--epochs", "2", "--run-id", "a")
-    assert_well_formed(first, "a")
-    saved = first.of_type("checkpoint")
-    assert [(c["epoch"], c["step"]) for c in saved] == [(1, 1), (2, 2)]
-    assert [Path(c["path"]).name for c in saved] == ["epoch-1.pt", "epoch-2.pt"]
-    state = torch.load(saved[0]["path"], weights_only=True)
-    assert {"model", "optimizer", "epoch", "step", "rng", "config"} <= state.keys()
-    assert state["config"]["batch_size"] == 32
+def test_retention_rule(tmp_path: Path) -> None:
+    from training.checkpoint import retention_apply
 
-    resumed = run_cli(
-        data_dir,
-        *common,
-        str(tmp_path / "b"),
-        "--epochs",
-        "2",
-        "--resume",
-        saved[0]["path"],
-        "--run-id",
-        "b",
-    )
-    assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert resumed.started["start_epoch"] == 2
-    assert [(s["epoch"], s["step"]) for s in resumed.of_type("step")] == [(2, 2)]
-    assert [e["epoch"] for e in resumed.of_type("epoch")] == [2]
-    assert resumed.finished["steps"] == 2
-    # Same data order and optimizer state: the resumed epoch 2 is the uninterrupted one.
-    again = torch.load(tmp_path / "b" / "epoch-2.pt", weights_only=True)["model"]
-    original = torch.load(saved[1]["path"], weights_only=True)["model"]
-    for name, tensor in original.items():
-        torch.testing.assert_close(again[name], tensor, rtol=1e-5, atol=1e-6)
+    for name in ("epoch-1.pt", "epoch-2.pt", "epoch-10.pt", "epoch-9.pt", "notes.txt"):
+        (tmp_path / name).write_text("x")
+    deleted = retention_apply(tmp_path, 2)
+    assert sorted(p.name for p in deleted) == ["epoch-1.pt", "epoch-2.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-10.pt", "epoch-9.pt", "notes.txt"]
+    assert retention_apply(tmp_path, 0) == []  # 0 keeps all
 
 
 def test_failure_emits_failed_and_exits_1(data_dir: Path, tmp_path: Path) -> None:
@@ -366,14 +391,16 @@ def test_ddp_nccl_one_rank_per_gpu(data_dir: Path) -> None:
 
 
 def test_a_diverged_loss_is_written_as_null() -> None:
-    from training.engine import _Meter
+    from training.meter import StepTiming, Window, window_report
     from training.runtime import Runtime
 
     rt = Runtime(0, 0, 1, torch.device("cpu"), "cpu", distributed=False)
-    meter = _Meter(rt.device)
-    meter.add(torch.tensor(float("nan")), 64)
-    loss, ips = meter.reduce(rt)
+    window = Window(rt.device)
+    window.add(StepTiming(torch.tensor(float("nan")), 64, 0.001, 0.01))
+    report = window_report(rt, window)
+    loss, ips = report["train_loss"], report["images_per_second"]
     assert loss is None and ips > 0
+    assert (report["data_seconds"], report["compute_seconds"]) == (0.001, 0.01)
     buffer = io.StringIO()
     EventWriter("r", stream=buffer).emit("step", epoch=1, step=1, train_loss=loss)
     assert json.loads(buffer.getvalue())["train_loss"] is None

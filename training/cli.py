@@ -48,6 +48,9 @@ def main(argv: Sequence[str] | None = None, *, events_stream: IO[str] | None = N
 
     # torch is imported only now: argument errors and the torchrun launcher do not wait for it.
     from training import engine, runtime
+    from training.allocator import allocator_tune
+
+    allocator_tune()
 
     rank = int(os.environ.get("RANK", "0")) if cfg.strategy in TORCHRUN_STRATEGIES else 0
     logging.basicConfig(

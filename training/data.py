@@ -3,7 +3,9 @@
 Each split is loaded once as uint8 images (N x 28 x 28) and int64 labels; batches are taken by
 indexing and normalised on the fly, on the training device. That keeps per-sample PIL transforms
 and DataLoader worker processes out of the picture (workers cannot start inside daemonic Celery
-children, and 28x28 images do not need them).
+children, and 28x28 images do not need them). The IDX files (the layout torchvision keeps them
+in) are read here straight into the tensors' memory, which may be a shared-memory mapping
+(``training.shared_data``): loading never holds a second copy.
 
 Sources, first that works:
 
@@ -310,6 +312,11 @@ def _locate_fashion(data_dir: Path) -> tuple[Path, str]:
 
 
 # --- helpers -----------------------------------------------------------------------------------
+
+
+def mnist_full_found(data_dir: Path) -> bool:
+    """Whether ``data_dir`` holds the full MNIST (which --dataset mnist then uses)."""
+    return _find_idx(MNIST, data_dir) is not None
 
 
 def idx_root(cls: type[MNIST], raw: Path) -> Path:

@@ -46,7 +46,7 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
     start_epoch, step = 1, 0
     if state is not None:
         start_epoch, step = resume_apply(
-            cfg, state, plan.optimizer, plan.notes, plan.saves_optimizer
+            cfg, state, plan.optimizer, plan.notes, takes_optimizer=plan.saves_optimizer
         )
 
     per_epoch = steps_per_epoch(len(data.train), cfg.batch_size, rt.world_size, cfg.step_limit)
@@ -126,7 +126,8 @@ def epoch_run(
     step: int,
 ) -> tuple[int, Window]:
     """Train on ``batches``, emitting step events; returns (global step, the epoch's window)."""
-    interval, whole = Window(plan.input_device), Window(plan.input_device)
+    # On the output device: that is where the loss is (model-parallel: the last stage's).
+    interval, whole = Window(plan.output_device), Window(plan.output_device)
     timings = steps_run(plan.step, data, batches, plan.input_device, plan.output_device)
     for i, timing in enumerate(timings):
         step += 1
@@ -135,7 +136,7 @@ def epoch_run(
         if step % cfg.log_interval == 0 or i == len(batches) - 1:
             # Every rank takes this branch at the same step: the all-gather inside matches up.
             events.emit("step", epoch=epoch, step=step, **window_report(rt, interval))
-            interval = Window(plan.input_device)
+            interval = Window(plan.output_device)
     return step, whole
 
 
@@ -232,22 +233,27 @@ def resume_apply(
     state: dict[str, Any],
     optimizer: torch.optim.Optimizer | None,
     notes: list[str],
-    loads_optimizer: bool = True,
+    takes_optimizer: bool = True,
 ) -> tuple[int, int]:
     """Load the optimizer state and RNG states of a checkpoint whose model is already loaded;
-    returns (first epoch to train, global step so far) and notes what was resumed."""
+    returns (first epoch to train, global step so far) and notes what was resumed.
+
+    ``optimizer`` None with ``takes_optimizer``: the caller hands the state on itself (Hogwild's
+    workers); ``takes_optimizer`` False: the strategy cannot take it (ZeRO partitions it).
+    """
     saved_optimizer = state.get("optimizer")
-    if optimizer is not None and loads_optimizer and saved_optimizer is not None:
+    if saved_optimizer is None:
+        notes.append("The checkpoint holds no optimizer state; the optimizer starts afresh.")
+    elif not takes_optimizer:
+        notes.append(
+            "This strategy does not take the checkpoint's optimizer state; the optimizer "
+            "starts afresh."
+        )
+    elif optimizer is not None:
         optimizer.load_state_dict(saved_optimizer)
         # The saved learning rate would silently override --lr.
         for group in optimizer.param_groups:
             group["lr"] = cfg.lr
-    elif saved_optimizer is None:
-        notes.append("The checkpoint holds no optimizer state; the optimizer starts afresh.")
-    else:
-        notes.append(
-            "This strategy does not take the checkpoint's optimizer state; it starts afresh."
-        )
     checkpoint.restore_rng(state)
     start_epoch, step = int(state["epoch"]) + 1, int(state["step"])
     notes.append(

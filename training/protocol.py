@@ -39,6 +39,10 @@ Added in 1.1 (additive; older readers ignore them):
     step, epoch data_seconds and compute_seconds (rank 0, since the last event), rss_bytes
                 (rank 0's resident memory), and ranks: [{rank, images_per_second, data_seconds,
                 compute_seconds, rss_bytes}] for every rank or Hogwild process
+                (data_seconds: taking the batch and moving it to the device; compute_seconds:
+                forward, backward and optimizer step; in a step event they cover the steps since
+                the previous step event, in an epoch event the whole epoch, like its
+                images_per_second; for Hogwild "rank 0" is worker 0, the parent only evaluates)
 
 Readers must ignore fields they do not know and treat a line that is not a JSON object as plain log
 output. A reader that sees a higher major version than it knows should stop reading events.

@@ -35,6 +35,7 @@ from torch.utils.data import DataLoader
 from torchvision import transforms
 from torchvision.datasets import MNIST, FashionMNIST
 
+from training.allocator import allocator_tune
 from training.batching import rank_batches
 from training.data import (
     DEBIAN_FASHION_DIR,
@@ -76,6 +77,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
+    # As python -m training does; it applies to all three loops alike.
+    tuned = allocator_tune()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     data = load_dataset(args.dataset, args.data_dir.expanduser().resolve())
@@ -105,7 +108,8 @@ def main(argv: Sequence[str]) -> int:
     print(
         f"engine benchmark: {data.source}; SimpleCNN, Adam, batch {args.batch_size}, "
         f"{args.threads} thread(s), device {device}, {args.rounds} round(s) of {args.steps} "
-        f"steps per loop, alternating {' / '.join(LOOPS)}"
+        f"steps per loop, alternating {' / '.join(LOOPS)}; malloc "
+        f"{'tuned as in training.allocator' if tuned else 'as the environment sets it'}"
     )
     print(f"{'loop':<12} {'median img/s':>13}  per round")
     for name in LOOPS:

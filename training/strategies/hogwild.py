@@ -40,13 +40,14 @@ import torch.multiprocessing as mp
 from torch import nn
 
 from training import checkpoint
+from training.allocator import allocator_tune
 from training.batching import rank_batches, steps_per_epoch
 from training.config import TrainConfig
 from training.data import Dataset, load_dataset
 from training.meter import Window, report_from_rows
 from training.model import SimpleCNN
 from training.protocol import EventWriter
-from training.runtime import COLLECTIVE_TIMEOUT, Runtime
+from training.runtime import Runtime
 from training.shared_data import (
     Segment,
     segment_attach,
@@ -97,9 +98,8 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
     start_epoch, step = 1, 0
     if state is not None:
         model.load_state_dict(state["model"])
+        # The workers build their optimizers; each loads the checkpoint's state.
         start_epoch, step = resume_apply(cfg, state, None, notes)
-        if state.get("optimizer") is not None:
-            notes.append("Every Hogwild worker starts from the checkpoint's optimizer state.")
     # Before spawning: the workers receive handles to these storages, not copies.
     model.share_memory()
     nproc = cfg.nproc
@@ -225,7 +225,9 @@ def _epoch_collect(
     pending: dict[int, dict[int, list[float]]] = {}
     done: dict[int, tuple[Any, ...]] = {}
     while len(done) < nproc:
-        message = _receive(results, workers, None, COLLECTIVE_TIMEOUT.total_seconds())
+        # No deadline: reports come every --log-interval steps, which may take long; a worker
+        # that dies is noticed at once, and SIGTERM ends a run that hangs.
+        message = _receive(results, workers, None, None)
         if message[0] == "step":
             _, rank, _, local, row = message
             pending.setdefault(local, {})[rank] = row
@@ -244,10 +246,11 @@ def _epoch_collect(
 
 
 def _receive(
-    results: Any, workers: list[Any], expect: str | None, timeout: float
+    results: Any, workers: list[Any], expect: str | None, timeout: float | None
 ) -> tuple[Any, ...]:
-    """The next message from any worker; raises if one failed, died or all went silent."""
-    deadline = time.monotonic() + timeout
+    """The next message from any worker; raises if one failed or died, or if none spoke for
+    ``timeout`` seconds (None: no limit)."""
+    deadline = None if timeout is None else time.monotonic() + timeout
     while True:
         try:
             message: tuple[Any, ...] = results.get(timeout=0.5)
@@ -258,8 +261,8 @@ def _receive(
                     "Hogwild worker(s) ended unexpectedly: "
                     + ", ".join(f"rank {r} with exit code {code}" for r, code in dead)
                 ) from None
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"no word from the Hogwild workers in {timeout:.0f} s") from None
+            if deadline is not None and time.monotonic() > deadline:
+                raise TimeoutError(f"no word from the Hogwild workers in {timeout} s") from None
             continue
         if message[0] == "error":
             raise RuntimeError(f"Hogwild worker {message[1]} failed:\n{message[2]}")
@@ -288,6 +291,7 @@ def workers_stop(workers: list[Any], grace: float = 5.0) -> None:
 def worker_main(args: WorkerArgs, model: nn.Module, results: Any, control: Any) -> None:
     """One Hogwild worker: train on this rank's shard each epoch the parent starts."""
     _die_with_parent(args.parent_pid)
+    allocator_tune()  # a spawned interpreter: the parent's setting is not inherited
     # Ctrl-C reaches the whole process group; the parent decides, and stops the workers.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(args.threads)

@@ -1,0 +1,68 @@
+"""Smoke runs of the engine benchmarks (``python -m training.bench``): with tiny step counts,
+each must run to its end and print its ratio as the last line. Their values are measured by
+running the commands (README), not here: timings on a shared CI machine mean nothing."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import need
+from tests.test_training import ROOT, children_gone, training_data_dir
+from training.data import DEBIAN_FASHION_DIR
+
+RATIO = re.compile(r"^(engine|memory) ratio: \d+\.\d{3}$")
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return training_data_dir(tmp_path_factory)
+
+
+@pytest.fixture(autouse=True)
+def _no_processes_left() -> Iterator[None]:
+    yield
+    children_gone()
+
+
+def bench(data_dir: Path, *args: str) -> list[str]:
+    env = dict(os.environ, TRAINYARD_NO_DOWNLOAD="1", TRAINYARD_DATA_DIR=str(data_dir))
+    proc = subprocess.run(
+        [sys.executable, "-m", "training.bench", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout.strip().splitlines()
+
+
+def test_engine_bench_prints_its_ratio(data_dir: Path) -> None:
+    lines = bench(data_dir, "engine", "--dataset", "mnist", "--steps", "2", "--rounds", "1")
+    assert RATIO.match(lines[-1]) and lines[-1].startswith("engine ratio: ")
+    table = "\n".join(lines)
+    for loop in ("ours", "dataloader", "compute"):
+        assert re.search(rf"^{loop} +\d+\.\d", table, re.MULTILINE)
+    assert "ours / dataloader loop:" in table
+
+
+def test_memory_bench_prints_its_ratio(data_dir: Path) -> None:
+    need(DEBIAN_FASHION_DIR.is_dir(), "Debian's dataset-fashion-mnist is not installed")
+    lines = bench(data_dir, "memory", "--strategies", "ddp", "--steps", "1")
+    assert RATIO.match(lines[-1]) and lines[-1].startswith("memory ratio: ")
+    assert any(line.startswith("ddp x2 / single: data footprint ratio") for line in lines)
+
+
+def test_bench_usage() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "training.bench"], cwd=ROOT, capture_output=True, text=True
+    )
+    assert proc.returncode == 2 and "engine" in proc.stderr and "memory" in proc.stderr

@@ -1,0 +1,225 @@
+"""Exactness and resume: strategies that should compute the same thing do, to float tolerance.
+
+One configuration, 2 epochs of 10 optimizer steps with SGD (deterministic, unlike nothing else
+here: no dropout, no data-order randomness beyond the seeded per-epoch permutation):
+
+- ``single`` with batches of 64 is the reference;
+- ``ddp`` with 2 ranks of 32 is fed the two halves of each of those batches of 64
+  (``training.batching.rank_batches``), and must end with the same parameters;
+- ``hogwild`` with 1 worker process trains the shared model on exactly the reference's batches;
+- a run resumed from either one's epoch-1 checkpoint must end where the uninterrupted run did.
+
+Tolerance: DDP averages two gradients of 32 (each a mean, reduced over Gloo) where the
+reference takes one mean of 64, and its ranks run one thread each where the reference runs
+several, so float32 sums are taken in a different order; over 20 steps that moves parameters by
+about 1e-7 relative. We require 1e-5 relative to each tensor's norm. Processes that run the same
+operations in the same order (resume, Hogwild with one worker) must agree to 1e-6.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.test_training import (
+    Result,
+    assert_well_formed,
+    children_gone,
+    run_cli,
+    training_data_dir,
+)
+from training.batching import epoch_order, global_batches, rank_batches, steps_per_epoch
+
+STEPS, EPOCHS = 10, 2
+COMMON = (
+    "--optimizer",
+    "sgd",
+    "--lr",
+    "0.01",
+    "--seed",
+    "7",
+    "--epochs",
+    str(EPOCHS),
+    "--steps-per-epoch",
+    str(STEPS),
+    "--log-interval",
+    "5",
+)
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return training_data_dir(tmp_path_factory)
+
+
+@pytest.fixture(autouse=True)
+def _no_processes_left() -> Iterator[None]:
+    yield
+    children_gone()
+
+
+def _params(path: Path) -> dict[str, torch.Tensor]:
+    state: dict[str, torch.Tensor] = torch.load(path, weights_only=True)["model"]
+    return state
+
+
+def assert_same_parameters(a: Path, b: Path, rtol: float) -> None:
+    pa, pb = _params(a), _params(b)
+    assert pa.keys() == pb.keys()
+    for name in pa:
+        diff = float((pa[name] - pb[name]).norm() / pb[name].norm().clamp_min(1e-12))
+        assert diff <= rtol, f"{name}: relative difference {diff:.2e} > {rtol:.0e}"
+
+
+def _run(data_dir: Path, out: Path, run_id: str, *args: str) -> Result:
+    result = run_cli(data_dir, *COMMON, "--checkpoint-dir", str(out), "--run-id", run_id, *args)
+    assert_well_formed(result, run_id)
+    return result
+
+
+@pytest.fixture(scope="module")
+def reference_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Result:
+    out = tmp_path_factory.mktemp("single-64")
+    result = _run(data_dir, out, "ref", "--strategy", "single", "--batch-size", "64")
+    assert result.started["global_batch_size"] == 64
+    assert [c["epoch"] for c in result.of_type("checkpoint")] == [1, 2]
+    return result
+
+
+@pytest.fixture(scope="module")
+def reference(reference_run: Result) -> Path:
+    """The reference run's checkpoint folder."""
+    return Path(reference_run.of_type("checkpoint")[0]["path"]).parent
+
+
+@pytest.fixture(scope="module")
+def ddp_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("ddp-2x32")
+    result = _run(data_dir, out, "ddp", "--strategy", "ddp", "--nproc", "2", "--batch-size", "32")
+    assert (result.started["world_size"], result.started["global_batch_size"]) == (2, 64)
+    return out
+
+
+# --- the batch order, through the public functions -------------------------------------------
+
+
+def test_rank_batches_are_the_halves_of_the_global_batches() -> None:
+    n, seed = 4000, 7
+    for epoch in (1, 2):
+        full = global_batches(n, 64, seed, epoch)
+        halves = [rank_batches(n, 32, 2, r, seed, epoch) for r in (0, 1)]
+        assert len(full) == len(halves[0]) == len(halves[1]) == steps_per_epoch(n, 32, 2, None)
+        for g, a, b in zip(full, *halves, strict=True):
+            assert torch.equal(torch.cat([a, b]), g)
+        # One rank of one is the single process's order; every image once per epoch.
+        single = rank_batches(n, 64, 1, 0, seed, epoch)
+        assert all(torch.equal(a, b) for a, b in zip(single, full, strict=True))
+        assert torch.equal(torch.cat(full).sort().values, torch.arange(n))
+    assert not torch.equal(epoch_order(n, seed, 1), epoch_order(n, seed, 2))
+
+
+def test_a_short_last_global_batch_is_split_evenly_or_dropped() -> None:
+    # 100 = 64 + 36: the last global batch is split 18 / 18.
+    assert [len(b) for b in rank_batches(100, 32, 2, 1, 0, 1)] == [32, 18]
+    assert steps_per_epoch(100, 32, 2, None) == 2
+    # 65 = 64 + 1: one image cannot be split over two ranks; it is left out.
+    assert [len(b) for b in rank_batches(65, 32, 2, 0, 0, 1)] == [32]
+    assert steps_per_epoch(65, 32, 2, None) == 1
+    assert steps_per_epoch(4000, 64, 1, 5) == 5
+
+
+# --- exactness ---------------------------------------------------------------------------------
+
+
+def test_ddp_two_ranks_of_32_equal_one_process_of_64(reference: Path, ddp_run: Path) -> None:
+    assert_same_parameters(ddp_run / "epoch-2.pt", reference / "epoch-2.pt", rtol=1e-5)
+    # And not trivially: training moved the parameters.
+    start = _params(reference / "epoch-1.pt")
+    end = _params(reference / "epoch-2.pt")
+    assert any(not torch.allclose(start[k], end[k]) for k in start)
+
+
+def test_hogwild_with_one_worker_equals_single(
+    data_dir: Path, reference: Path, tmp_path: Path
+) -> None:
+    result = _run(
+        data_dir,
+        tmp_path,
+        "hw1",
+        "--strategy",
+        "hogwild",
+        "--nproc",
+        "1",
+        "--batch-size",
+        "64",
+        "--keep-checkpoints",
+        "1",
+    )
+    assert result.started["world_size"] == 1
+    # Written each epoch, the older one deleted (--keep-checkpoints 1).
+    assert [c["epoch"] for c in result.of_type("checkpoint")] == [1, 2]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-2.pt"]
+    # Worker 0's optimizer state, sent to the parent for the checkpoint.
+    state = torch.load(tmp_path / "epoch-2.pt", weights_only=True)
+    assert state["optimizer"]["state"] and state["step"] == 2 * STEPS
+    params = [t for t in result.started["shared_tensors"] if t["name"].startswith("model.")]
+    assert params and all(t["is_shared"] for t in params)
+    assert_same_parameters(tmp_path / "epoch-2.pt", reference / "epoch-2.pt", rtol=1e-6)
+
+
+# --- resume ------------------------------------------------------------------------------------
+
+
+def test_single_resumed_equals_uninterrupted(
+    data_dir: Path, reference: Path, reference_run: Result, tmp_path: Path
+) -> None:
+    state = torch.load(reference / "epoch-1.pt", weights_only=True)
+    assert {"model", "optimizer", "epoch", "step", "rng", "config"} <= state.keys()
+    assert (state["epoch"], state["step"], state["config"]["batch_size"]) == (1, STEPS, 64)
+    resumed = run_cli(
+        data_dir,
+        *COMMON,
+        "--batch-size",
+        "64",
+        "--checkpoint-dir",
+        str(tmp_path),
+        "--resume",
+        str(reference / "epoch-1.pt"),
+        "--run-id",
+        "r1",
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.started["start_epoch"] == 2
+    assert [s["epoch"] for s in resumed.of_type("step")] == [2, 2]
+    assert [s["step"] for s in resumed.of_type("step")] == [STEPS + 5, 2 * STEPS]
+    assert resumed.finished["steps"] == 2 * STEPS
+    assert_same_parameters(tmp_path / "epoch-2.pt", reference / "epoch-2.pt", rtol=1e-6)
+    expected = reference_run.finished
+    assert resumed.finished["test_accuracy"] == expected["test_accuracy"]
+    assert resumed.finished["test_loss"] == pytest.approx(expected["test_loss"], rel=1e-5)
+
+
+def test_ddp_resumed_equals_uninterrupted(data_dir: Path, ddp_run: Path, tmp_path: Path) -> None:
+    resumed = run_cli(
+        data_dir,
+        *COMMON,
+        "--strategy",
+        "ddp",
+        "--nproc",
+        "2",
+        "--batch-size",
+        "32",
+        "--checkpoint-dir",
+        str(tmp_path),
+        "--resume",
+        str(ddp_run / "epoch-1.pt"),
+        "--run-id",
+        "r2",
+    )
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.started["start_epoch"] == 2
+    assert resumed.finished["steps"] == 2 * STEPS
+    assert_same_parameters(tmp_path / "epoch-2.pt", ddp_run / "epoch-2.pt", rtol=1e-6)

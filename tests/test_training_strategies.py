@@ -1,0 +1,281 @@
+"""The training engine's strategies beyond single/dp/ddp (those are in test_training.py): each
+trains one real epoch on the MNIST sample and beats chance (10%) by a wide margin; what each
+refuses; the shared copy of the dataset. (tests/test_strategies.py is the dashboard's side.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+import torch
+
+from tests.conftest import need
+from tests.test_training import (
+    GPU_COUNT,
+    _kill_tree,
+    _start,
+    assert_well_formed,
+    children_gone,
+    needs_cuda,
+    run_cli,
+    training_data_dir,
+)
+from training import cli
+from training.shared_data import (
+    PREFIX,
+    segment_attach,
+    segment_create,
+    segment_owned,
+    segment_path,
+    segments_of,
+    stale_segments_remove,
+)
+
+# One epoch of the 4,000-image sample; 80% is far above chance and reached by every strategy.
+ACCURACY = 0.8
+
+
+@pytest.fixture(scope="session")
+def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return training_data_dir(tmp_path_factory)
+
+
+@pytest.fixture(autouse=True)
+def _no_processes_left() -> Iterator[None]:
+    yield
+    children_gone()
+
+
+# --- one epoch each, on the CPU ----------------------------------------------------------------
+
+
+def test_model_parallel_on_the_cpu_says_so(data_dir: Path) -> None:
+    result = run_cli(data_dir, "--strategy", "model-parallel", "--run-id", "mp")
+    assert_well_formed(result, "mp")
+    started = result.started
+    assert started["stages"] == [
+        {"name": "features", "device": "cpu"},
+        {"name": "classifier", "device": "cpu"},
+    ]
+    assert started["devices"] == ["cpu", "cpu"]
+    assert any("both stages" in n and "no parallelism" in n for n in started["notes"])
+    assert result.finished["test_accuracy"] > ACCURACY
+
+
+def test_hogwild_two_processes_share_model_and_data(data_dir: Path) -> None:
+    result = run_cli(data_dir, "--strategy", "hogwild", "--nproc", "2", "--run-id", "hw")
+    assert_well_formed(result, "hw")
+    started = result.started
+    assert started["world_size"] == 2
+    pids = started["pids"]
+    assert len(set(pids)) == 2 and result.pid not in pids
+    assert started["launcher_pid"] == result.pid
+    shared = {t["name"]: t for t in started["shared_tensors"]}
+    # Every parameter, in the parent and in both workers, is in shared memory.
+    params = {name for name in shared if name.startswith("model.")}
+    assert params == {f"model.{n}" for n, _ in _model_parameters()}
+    assert all(shared[n]["is_shared"] for n in params)
+    assert shared["model.classifier.1.weight"]["bytes"] == 128 * 64 * 14 * 14 * 4
+    assert all(shared[n]["is_shared"] for n in ("train.images", "test.images"))
+    # Each worker takes half of every global batch of 2 x 64: 4,000 / 128 per worker.
+    assert started["steps_per_epoch"] == 32
+    for event in result.of_type("step"):
+        assert len(event["ranks"]) == 2
+    assert result.finished["test_accuracy"] > ACCURACY
+    assert not [pid for pid in pids if psutil.pid_exists(pid)], "workers outlived the run"
+
+
+def test_hogwild_sigterm_stops_every_worker(data_dir: Path) -> None:
+    proc = _start(
+        data_dir, "--strategy", "hogwild", "--nproc", "2", "--dry-run", "--epochs", "1000"
+    )
+    try:
+        assert proc.stdout is not None
+        pids: list[int] = []
+        for line in proc.stdout:
+            event = json.loads(line)
+            if event["type"] == "started":
+                pids = event["pids"]
+            if event["type"] == "step":
+                break
+        assert pids, "no started event"
+        proc.send_signal(signal.SIGTERM)
+        rest, _ = proc.communicate(timeout=60)
+    except BaseException:
+        _kill_tree(proc)
+        raise
+    assert proc.returncode == 143
+    failed = [json.loads(line) for line in rest.splitlines() if '"failed"' in line]
+    assert failed and "SIGTERM" in failed[0]["error"]
+    assert not [pid for pid in pids if psutil.pid_exists(pid)]
+    assert segments_of(proc.pid) == []
+
+
+def test_deepspeed_zero1_on_two_cpu_ranks(data_dir: Path) -> None:
+    need(cli.deepspeed_available(), "deepspeed is not installed (pip install -e '.[deepspeed]')")
+    result = run_cli(
+        data_dir, "--strategy", "deepspeed", "--nproc", "2", "--run-id", "ds", timeout=400
+    )
+    assert_well_formed(result, "ds")
+    started = result.started
+    assert (started["world_size"], started["zero_stage"]) == (2, 1)
+    assert started["devices"] == ["cpu", "cpu"]
+    assert all(t["is_shared"] for t in started["shared_tensors"])
+    assert any("ZeRO stage 1" in n for n in started["notes"])
+    assert result.finished["test_accuracy"] > ACCURACY
+    # DeepSpeed's JIT-compiled CPU all-reduce kernel is not built (see deepspeed_zero.py).
+    assert "deepspeed_shm_comm" not in result.stderr
+
+
+@pytest.mark.skipif(GPU_COUNT < 2, reason=f"needs 2 or more GPUs; this machine has {GPU_COUNT}")
+@pytest.mark.gpu
+def test_dp_primitives_over_two_gpus(data_dir: Path) -> None:
+    result = run_cli(data_dir, "--strategy", "dp-primitives", "--gpus", "0,1", "--run-id", "dpp")
+    assert_well_formed(result, "dpp")
+    assert result.started["devices"] == ["cuda:0", "cuda:1"]
+    assert result.finished["test_accuracy"] > ACCURACY
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_model_parallel_gpu_and_cpu(data_dir: Path) -> None:
+    result = run_cli(data_dir, "--strategy", "model-parallel", "--gpus", "0", "--run-id", "mpg")
+    assert_well_formed(result, "mpg")
+    assert [s["device"] for s in result.started["stages"]] == ["cuda:0", "cpu"]
+    assert result.finished["test_accuracy"] > ACCURACY
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_deepspeed_nccl_on_one_gpu(data_dir: Path) -> None:
+    need(cli.deepspeed_available(), "deepspeed is not installed (pip install -e '.[deepspeed]')")
+    result = run_cli(
+        data_dir,
+        "--strategy",
+        "deepspeed",
+        "--zero-stage",
+        "2",
+        "--nproc",
+        "1",
+        "--gpus",
+        "0",
+        "--run-id",
+        "dsg",
+    )
+    assert_well_formed(result, "dsg")
+    assert result.started["zero_stage"] == 2
+    assert result.finished["test_accuracy"] > ACCURACY
+
+
+# --- refusals: in this process, parse and validate only (exit status 2) ----------------------
+
+
+def _refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    with pytest.raises(SystemExit) as exc:
+        cli.main(list(argv))
+    assert exc.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.skipif(GPU_COUNT >= 2, reason="checks the refusal on a machine with fewer than 2 GPUs")
+def test_dp_primitives_refused_without_two_gpus(capsys: pytest.CaptureFixture[str]) -> None:
+    err = _refused(capsys, "--strategy", "dp-primitives")
+    assert "dp-primitives needs 2 or more GPUs" in err
+    assert f"this machine has {GPU_COUNT} GPU(s)" in err
+    assert "single, ddp or hogwild" in err  # what is available instead
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--strategy", "nope"], "'model-parallel', 'hogwild', 'deepspeed')"),
+        (["--strategy", "hogwild", "--gpus", "0"], "hogwild keeps the model in shared host"),
+        (["--strategy", "model-parallel", "--gpus", "0,1,2"], "give at most two GPUs"),
+        (["--strategy", "ddp", "--zero-stage", "2"], "applies to --strategy deepspeed only"),
+        (
+            ["--strategy", "deepspeed", "--zero-stage", "3"],
+            "argument --zero-stage: invalid choice: 3",
+        ),
+        (["--strategy", "deepspeed", "--nproc", "2", "--gpus", "0"], "--nproc must equal"),
+        (["--keep-checkpoints", "-1"], "--keep-checkpoints"),
+        (["--steps-per-epoch", "0"], "--steps-per-epoch"),
+        pytest.param(
+            ["--strategy", "model-parallel", "--gpus", "0"],
+            "CUDA is not available",
+            marks=pytest.mark.skipif(torch.cuda.is_available(), reason="GPU-less behaviour"),
+        ),
+    ],
+)
+def test_bad_combinations_are_refused(
+    capsys: pytest.CaptureFixture[str], argv: list[str], expected: str
+) -> None:
+    assert expected in _refused(capsys, *argv)
+
+
+def test_deepspeed_missing_is_refused_with_the_install_command(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "deepspeed", None)  # as if not installed
+    err = _refused(capsys, "--strategy", "deepspeed")
+    assert "needs the optional DeepSpeed package" in err
+    assert "DS_BUILD_OPS=0 pip install --no-build-isolation 'deepspeed==0.19.8'" in err
+
+
+# --- the shared copy of the dataset ------------------------------------------------------------
+
+
+def test_segment_is_one_copy_mapped_by_path_and_leaves_nothing(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from training.data import load_dataset
+
+    monkeypatch.setenv("TRAINYARD_NO_DOWNLOAD", "1")
+    path = segment_path(os.getpid(), "test-segment")
+    with segment_owned(path):
+        owner, segment = segment_create("mnist", data_dir, path)
+        other = segment_attach(segment)
+        assert path.exists()
+    assert not path.exists()  # unlinked, yet both mappings live on
+    private = load_dataset("mnist", data_dir)
+    for a, b in ((owner, other), (other, private)):
+        assert torch.equal(a.train.images, b.train.images)
+        assert torch.equal(a.test.labels, b.test.labels)
+    assert owner.train.images.is_shared() and other.train.labels.is_shared()
+    assert not private.train.images.is_shared()
+    # The same pages, not a copy: a write through one mapping shows in the other.
+    assert owner.train.images.data_ptr() != other.train.images.data_ptr()
+    other.test.labels[0] = 123
+    assert int(owner.test.labels[0]) == 123
+    assert owner.source == private.source and owner.substitute
+
+
+def test_stale_segments_of_dead_owners_are_removed(tmp_path: Path) -> None:
+    dead = psutil.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = tmp_path / f"{PREFIX}{dead.pid}-x"
+    live = tmp_path / f"{PREFIX}{os.getpid()}-y"
+    other = tmp_path / "not-ours"
+    for p in (stale, live, other):
+        p.write_bytes(b"0")
+    assert stale_segments_remove(tmp_path) == [stale]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live.name, other.name])
+
+
+def test_segment_owned_unlinks_on_sigterm_style_exit(tmp_path: Path) -> None:
+    path = tmp_path / f"{PREFIX}{os.getpid()}-z"
+    with pytest.raises(SystemExit), segment_owned(path):
+        path.write_bytes(b"0")
+        raise SystemExit(143)  # what training.cli's SIGTERM handler raises
+    assert not path.exists()
+
+
+def _model_parameters() -> list[tuple[str, torch.Tensor]]:
+    from training.model import SimpleCNN
+
+    return list(SimpleCNN().named_parameters())
