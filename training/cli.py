@@ -55,7 +55,8 @@ def main(argv: Sequence[str] | None = None, *, events_stream: IO[str] | None = N
     rank = int(os.environ.get("RANK", "0")) if cfg.strategy in TORCHRUN_STRATEGIES else 0
     logging.basicConfig(
         stream=sys.stderr,
-        level=logging.INFO,
+        # A reader of the events (the dashboard) sets WARNING: the info lines repeat the events.
+        level=os.environ.get("TRAINYARD_LOG_LEVEL", "INFO").upper(),
         format=f"%(asctime)s trainyard[rank {rank}] %(levelname)s %(message)s",
     )
     if events_stream is None:

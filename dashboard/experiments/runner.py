@@ -248,6 +248,8 @@ def training_environment(*, experiment: Experiment) -> dict[str, str]:
         "TRAINYARD_SUPERVISOR_PID": str(os.getpid()),
         "TRAINYARD_SUPERVISOR_STARTED": repr(supervisor_started()),
         "TRAINYARD_RUN_ID": str(experiment.pk),
+        # The events carry what the engine's info lines say; keep its warnings and errors.
+        "TRAINYARD_LOG_LEVEL": "WARNING",
     }
 
 
