@@ -27,6 +27,7 @@ import torch
 from tests.test_training import (
     Result,
     assert_well_formed,
+    child_pids,
     children_gone,
     run_cli,
     training_data_dir,
@@ -57,8 +58,9 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(autouse=True)
 def _no_processes_left() -> Iterator[None]:
+    before = child_pids()
     yield
-    children_gone()
+    children_gone(before)
 
 
 def _params(path: Path) -> dict[str, torch.Tensor]:

@@ -150,14 +150,24 @@ def training_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
-def children_gone() -> None:
-    """Assert that this process has no children left (ranks, workers, launchers)."""
-    me = psutil.Process()
+def child_pids() -> set[int]:
+    return {p.pid for p in psutil.Process().children(recursive=True)}
+
+
+def children_gone(before: set[int]) -> None:
+    """Assert that no child started since `before` is left (ranks, workers, launchers).
+
+    Children that were there before (a test stack's servers) are not the test's.
+    """
+
+    def new_children() -> list[psutil.Process]:
+        return [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+
     # A child reaped by communicate() can linger for a moment as it is torn down.
     deadline = time.monotonic() + 5
-    while me.children(recursive=True) and time.monotonic() < deadline:
+    while new_children() and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert me.children(recursive=True) == []
+    assert new_children() == []
 
 
 @pytest.fixture(scope="session")
@@ -167,19 +177,9 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(autouse=True)
 def _no_processes_left() -> Iterator[None]:
-    me = psutil.Process()
-    # Processes that were there before (a test stack's servers) are not this test's.
-    before = {p.pid for p in me.children(recursive=True)}
-
-    def new_children() -> list[psutil.Process]:
-        return [p for p in me.children(recursive=True) if p.pid not in before]
-
+    before = child_pids()
     yield
-    # A child reaped by communicate() can linger for a moment as it is torn down.
-    deadline = time.monotonic() + 5
-    while new_children() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert new_children() == []
+    children_gone(before)
 
 
 # --- data ----------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from tests.test_training import (
     _kill_tree,
     _start,
     assert_well_formed,
+    child_pids,
     children_gone,
     needs_cuda,
     run_cli,
@@ -48,8 +49,9 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(autouse=True)
 def _no_processes_left() -> Iterator[None]:
+    before = child_pids()
     yield
-    children_gone()
+    children_gone(before)
 
 
 # --- one epoch each, on the CPU ----------------------------------------------------------------
