@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import need
-from tests.test_training import ROOT, children_gone, training_data_dir
+from tests.test_training import ROOT, child_pids, children_gone, training_data_dir
 from training.data import DEBIAN_FASHION_DIR
 
-RATIO = re.compile(r"^(engine|memory) ratio: \d+\.\d{3}$")
+RATIO = re.compile(r"^(engine|memory|parity) ratio: \d+\.\d{3}$")
 
 
 @pytest.fixture(scope="session")
@@ -27,8 +27,9 @@ def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(autouse=True)
 def _no_processes_left() -> Iterator[None]:
+    before = child_pids()
     yield
-    children_gone()
+    children_gone(before)
 
 
 def bench(data_dir: Path, *args: str) -> list[str]:
@@ -61,8 +62,21 @@ def test_memory_bench_prints_its_ratio(data_dir: Path) -> None:
     assert any(line.startswith("ddp x2 / single: data footprint ratio") for line in lines)
 
 
+def test_parity_bench_prints_its_table_and_ratio(data_dir: Path) -> None:
+    lines = bench(
+        data_dir, "parity", "--seeds", "1", "--steps-per-epoch", "3", "--strategies", "single,ddp"
+    )
+    assert RATIO.match(lines[-1]) and lines[-1].startswith("parity ratio: ")
+    table = "\n".join(lines)
+    assert re.search(r"^strategy +batch/proc +procs +seed 1 +mean +spread +vs single$", table, re.M)
+    acc = r"[01]\.\d{4}"
+    assert re.search(rf"^single +64 +1 +{acc} +{acc} +0\.0000 +\+0\.0000$", table, re.M)
+    assert re.search(rf"^ddp +32 +2 +{acc} +{acc} +0\.0000 +[+-]{acc}$", table, re.M)
+
+
 def test_bench_usage() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "training.bench"], cwd=ROOT, capture_output=True, text=True
     )
     assert proc.returncode == 2 and "engine" in proc.stderr and "memory" in proc.stderr
+    assert "parity" in proc.stderr

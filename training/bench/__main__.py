@@ -1,4 +1,4 @@
-"""``python -m training.bench engine|memory [options]`` (``--help`` on each)."""
+"""``python -m training.bench engine|memory|parity [options]`` (``--help`` on each)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,13 @@ from collections.abc import Sequence
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    commands = ("engine", "memory")
+    commands = ("engine", "memory", "parity")
     if not args or args[0] not in commands:
         print(
             f"usage: python -m training.bench {{{','.join(commands)}}} [options]\n"
             "  engine  images/s of the engine's data path vs a DataLoader loop and compute only\n"
-            "  memory  peak memory of N ranks sharing the dataset vs one process",
+            "  memory  peak memory of N ranks sharing the dataset vs one process\n"
+            "  parity  test accuracy per strategy at the same global batch, over seeds",
             file=sys.stderr,
         )
         return 2

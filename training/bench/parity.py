@@ -1,0 +1,212 @@
+"""``python -m training.bench parity``: the same training, strategy by strategy, same accuracy?
+
+Runs ``python -m training`` once per strategy and seed (``--seeds``, default 1,2,3) with the same
+dataset, epochs and GLOBAL batch (``--global-batch``, default 64): single, dp and model-parallel
+take the whole global batch in one process; ddp, hogwild and deepspeed run ``--nproc`` processes
+(default 2) with ``--batch-size`` global batch / nproc each. Each run's accuracy is the
+``test_accuracy`` of its ``finished`` event.
+
+Per strategy the table shows the per-process batch, the processes, the accuracy for each seed,
+their mean, their spread (max - min: how far seeds alone move a strategy) and the mean's
+difference from single's mean. The last line, ``parity ratio``, is the smallest
+mean accuracy / single's mean accuracy over the strategies that ran: 1.0 means no strategy trains
+worse than one process.
+
+Strategies this machine cannot run are shown as skipped with the reason (deepspeed where the
+package is not installed, dp-primitives with fewer than 2 GPUs); a strategy whose run fails is
+shown as failed with the first line of its error and left out of the ratio. Without single there
+is nothing to compare with: the command then exits 1. On a machine with GPUs, dp and
+dp-primitives get ``--gpus`` (they need it there); the others train on the CPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from training.cli import deepspeed_available
+from training.config import DATASETS, MULTIPROCESS_STRATEGIES, STRATEGIES
+from training.protocol import parse_event
+
+DEFAULT_STRATEGIES = (
+    "single",
+    "dp",
+    "ddp",
+    "hogwild",
+    "model-parallel",
+    "deepspeed",
+    "dp-primitives",
+)
+
+
+@dataclass
+class Row:
+    strategy: str
+    batch: int  # per process
+    procs: int
+    accuracies: list[float] = field(default_factory=list)
+    problem: str = ""  # "skipped: ..." or "failed: ...", else empty
+
+    @property
+    def mean(self) -> float:
+        return sum(self.accuracies) / len(self.accuracies)
+
+    @property
+    def spread(self) -> float:
+        return max(self.accuracies) - min(self.accuracies)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m training.bench parity",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("--seeds", default="1,2,3", help="comma-separated seeds (default: 1,2,3)")
+    p.add_argument("--global-batch", type=int, default=64, help="images per optimizer step")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument(
+        "--steps-per-epoch", type=int, default=None, help="passed on (for quick smoke runs)"
+    )
+    p.add_argument("--dataset", choices=DATASETS, default="mnist")
+    p.add_argument("--nproc", type=int, default=2, help="processes for ddp, hogwild, deepspeed")
+    p.add_argument(
+        "--strategies",
+        default=",".join(DEFAULT_STRATEGIES),
+        help=f"comma-separated (default: {','.join(DEFAULT_STRATEGIES)}); single always runs",
+    )
+    p.add_argument(
+        "--data-dir", default=os.environ.get("TRAINYARD_DATA_DIR") or "./var/data", type=Path
+    )
+    return p
+
+
+def main(argv: list[str]) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        parser.error(f"argument --seeds: expected integers like 1,2,3, got {args.seeds!r}")
+    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    unknown = [s for s in strategies if s not in STRATEGIES]
+    if unknown:
+        parser.error(f"argument --strategies: unknown {','.join(unknown)}")
+    if not seeds:
+        parser.error("argument --seeds: give at least one seed")
+    if args.global_batch % args.nproc:
+        parser.error(f"--global-batch {args.global_batch} does not split over --nproc {args.nproc}")
+    strategies = ["single", *(s for s in strategies if s != "single")]
+    gpus = _gpu_count()
+
+    rows = []
+    for strategy in strategies:
+        row, extra = _plan(strategy, args, gpus)
+        rows.append(row)
+        if row.problem:
+            continue
+        for seed in seeds:
+            print(f"parity: {strategy} seed {seed} ...", file=sys.stderr, flush=True)
+            accuracy, error = run_one(strategy, seed, row.batch, extra, args)
+            if accuracy is None:
+                row.problem = f"failed: {error}"
+                break
+            row.accuracies.append(accuracy)
+
+    print(
+        f"parity benchmark: {args.dataset}, {args.epochs} epoch(s)"
+        + (f" of {args.steps_per_epoch} step(s)" if args.steps_per_epoch else "")
+        + f", global batch {args.global_batch}, seeds {','.join(map(str, seeds))}; "
+        "test accuracy of each run's finished event"
+    )
+    single = rows[0]
+    base = None if single.problem else single.mean
+    seed_cols = " ".join(f"{'seed ' + str(s):>8}" for s in seeds)
+    print(
+        f"{'strategy':<15} {'batch/proc':>10} {'procs':>5} {seed_cols} {'mean':>8} "
+        f"{'spread':>8} {'vs single':>9}"
+    )
+    for row in rows:
+        head = f"{row.strategy:<15} {row.batch:>10} {row.procs:>5}"
+        if row.problem:
+            print(f"{head} {row.problem}")
+            continue
+        accs = " ".join(f"{a:8.4f}" for a in row.accuracies)
+        diff = f"{row.mean - base:+9.4f}" if base is not None else f"{'n/a':>9}"
+        print(f"{head} {accs} {row.mean:8.4f} {row.spread:8.4f} {diff}")
+    if base is None:
+        print("parity ratio: n/a (single failed)")
+        return 1
+    ratio = min(row.mean / base for row in rows if not row.problem)
+    print(f"parity ratio: {ratio:.3f}")
+    return 0
+
+
+def _plan(strategy: str, args: argparse.Namespace, gpus: int) -> tuple[Row, list[str]]:
+    """The row for ``strategy`` (batch, processes; skipped with why) and its extra flags."""
+    if strategy in MULTIPROCESS_STRATEGIES:
+        row = Row(strategy, args.global_batch // args.nproc, args.nproc)
+        extra = ["--nproc", str(args.nproc)]
+    else:
+        row, extra = Row(strategy, args.global_batch, 1), []
+    if strategy == "deepspeed" and not deepspeed_available():
+        row.problem = "skipped: the deepspeed package is not installed"
+    if strategy == "dp-primitives":
+        if gpus < 2:
+            row.problem = f"skipped: needs 2 or more GPUs, this machine has {gpus}"
+        else:
+            extra = ["--gpus", "0,1"]
+    if strategy == "dp" and gpus:
+        extra = ["--gpus", ",".join(map(str, range(min(gpus, 2))))]
+    return row, extra
+
+
+def run_one(
+    strategy: str, seed: int, batch: int, extra: list[str], args: argparse.Namespace
+) -> tuple[float | None, str]:
+    """(test accuracy, "") for a finished run, else (None, the first line of its error)."""
+    cmd = [
+        sys.executable,
+        "-m",
+        "training",
+        "--strategy",
+        strategy,
+        *extra,
+        "--dataset",
+        args.dataset,
+        "--data-dir",
+        str(args.data_dir.expanduser().resolve()),
+        "--batch-size",
+        str(batch),
+        "--epochs",
+        str(args.epochs),
+        "--seed",
+        str(seed),
+        "--run-id",
+        "parity",
+    ]
+    if args.steps_per_epoch:
+        cmd += ["--steps-per-epoch", str(args.steps_per_epoch)]
+    env = dict(os.environ, TRAINYARD_NO_DOWNLOAD="1")
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    events = [e for e in map(parse_event, proc.stdout.splitlines()) if e is not None]
+    finished = [e for e in events if e["type"] == "finished"]
+    if proc.returncode == 0 and finished:
+        return float(finished[-1]["test_accuracy"]), ""
+    failed = [e for e in events if e["type"] == "failed"]
+    if failed and str(failed[-1].get("error", "")).strip():
+        return None, str(failed[-1]["error"]).strip().splitlines()[0]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    return None, lines[-1].strip() if lines else f"exit status {proc.returncode}"
+
+
+def _gpu_count() -> int:
+    import torch
+
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
