@@ -133,7 +133,8 @@ def epoch_run(
         step += 1
         interval.add(timing)
         whole.add(timing)
-        if step % cfg.log_interval == 0 or i == len(batches) - 1:
+        # Step 1 too (as pytorch/examples logs batch 0): the first point shows without waiting.
+        if step % cfg.log_interval == 0 or step == 1 or i == len(batches) - 1:
             # Every rank takes this branch at the same step: the all-gather inside matches up.
             events.emit("step", epoch=epoch, step=step, **window_report(rt, interval))
             interval = Window(plan.output_device)
