@@ -104,6 +104,21 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
         test_loss, test_accuracy = evaluate(
             plan.eval_net, data, rt, cfg.test_batch_size, plan.input_device, plan.output_device
         )
+    finished_emit(
+        events, cfg, test_loss, test_accuracy, start_epoch=start_epoch, step=step, t_start=t_start
+    )
+
+
+def finished_emit(
+    events: EventWriter,
+    cfg: TrainConfig,
+    test_loss: float | None,
+    test_accuracy: float | None,
+    *,
+    start_epoch: int,
+    step: int,
+    t_start: float,
+) -> None:
     events.emit(
         "finished",
         test_loss=test_loss,

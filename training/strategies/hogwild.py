@@ -83,6 +83,7 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
     from training.engine import (
         checkpoint_write,
         evaluate,
+        finished_emit,
         log_to,
         resume_apply,
         started_fields,
@@ -178,15 +179,10 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
                 checkpoint_write(cfg, events, model, None, epoch, step, optimizer_state=done[0][4])
         if start_epoch > cfg.epochs:
             test_loss, test_accuracy = evaluate(model, data, rt, cfg.test_batch_size)
-        events.emit(
-            "finished",
-            test_loss=test_loss,
-            test_accuracy=test_accuracy,
-            epochs=cfg.epochs,
-            epochs_run=max(0, cfg.epochs - start_epoch + 1),
-            steps=step,
-            duration=round(time.monotonic() - t_start, 3),
-        )
+        finished_emit(
+            events, cfg, test_loss, test_accuracy, start_epoch=start_epoch, step=step,
+            t_start=t_start,
+        )  # fmt: skip
         # After the event: the results are in; the workers' exit (seconds of interpreter
         # teardown) is no part of the training time.
         for control in controls:
