@@ -30,6 +30,7 @@ from tests.test_training import (
     child_pids,
     children_gone,
     run_cli,
+    run_cli_asking_checkpoint,
     training_data_dir,
 )
 from training.batching import epoch_order, global_batches, rank_batches, steps_per_epoch
@@ -225,3 +226,86 @@ def test_ddp_resumed_equals_uninterrupted(data_dir: Path, ddp_run: Path, tmp_pat
     assert resumed.started["start_epoch"] == 2
     assert resumed.finished["steps"] == 2 * STEPS
     assert_same_parameters(tmp_path / "epoch-2.pt", ddp_run / "epoch-2.pt", rtol=1e-6)
+
+
+# --- checkpoints on request (SIGUSR1), mid-epoch -----------------------------------------------
+
+
+def _requested_checkpoint(result: Result) -> Path:
+    """The one checkpoint the run wrote on request: mid-epoch 1, kept whatever the retention."""
+    requested = [c for c in result.of_type("checkpoint") if c["requested"]]
+    assert len(requested) == 1, result.of_type("checkpoint")
+    event = requested[0]
+    assert event["epoch"] == 1 and 1 <= event["step"] < STEPS, event
+    path = Path(event["path"])
+    assert path.name == f"step-{event['step']}.pt" and path.is_file()
+    state = torch.load(path, weights_only=True)
+    assert state["step"] == event["step"] and state["epoch"] == 1
+    assert state["images_into_epoch"] == event["step"] * 64
+    assert state["optimizer"]["state"], "the optimizer's momentum must be in it"
+    return path
+
+
+def _resume_from_requested(
+    data_dir: Path, checkpoint: Path, out: Path, run_id: str, *args: str
+) -> Result:
+    step = int(checkpoint.stem.split("-")[1])
+    resumed = _run(data_dir, out, run_id, "--resume", str(checkpoint), *args)
+    assert resumed.started["start_epoch"] == 1
+    assert any(f"from its batch {step + 1}" in n for n in resumed.started["notes"])
+    steps = [s["step"] for s in resumed.of_type("step")]
+    assert steps[0] > step and steps[-1] == 2 * STEPS
+    assert resumed.finished["steps"] == 2 * STEPS
+    return resumed
+
+
+def test_single_checkpoint_on_request_resumes_exactly(
+    data_dir: Path, reference: Path, reference_run: Result, tmp_path: Path
+) -> None:
+    asked = tmp_path / "asked"
+    result = run_cli_asking_checkpoint(
+        data_dir, *COMMON, "--batch-size", "64", "--checkpoint-dir", str(asked),
+        "--keep-checkpoints", "1", "--run-id", "ask1",
+    )  # fmt: skip
+    assert_well_formed(result, "ask1")
+    requested = _requested_checkpoint(result)
+    # Writing it changed nothing in the run; the retention left it alone.
+    assert_same_parameters(asked / "epoch-2.pt", reference / "epoch-2.pt", rtol=1e-6)
+    assert sorted(p.name for p in asked.iterdir()) == ["epoch-2.pt", requested.name]
+
+    resumed = _resume_from_requested(
+        data_dir, requested, tmp_path / "resumed", "ask1r", "--batch-size", "64"
+    )
+    assert_same_parameters(tmp_path / "resumed" / "epoch-2.pt", reference / "epoch-2.pt", 1e-6)
+    assert resumed.finished["test_accuracy"] == reference_run.finished["test_accuracy"]
+
+
+def test_ddp_checkpoint_on_request_resumes_exactly(
+    data_dir: Path, ddp_run: Path, tmp_path: Path
+) -> None:
+    ddp = ("--strategy", "ddp", "--nproc", "2", "--batch-size", "32")
+    result = run_cli_asking_checkpoint(
+        data_dir, *COMMON, *ddp, "--checkpoint-dir", str(tmp_path / "asked"), "--run-id", "ask2"
+    )
+    assert_well_formed(result, "ask2")
+    # Rank 0 takes requests: the first rank, not the torchrun launcher.
+    assert result.started["requests_pid"] == result.started["pids"][0] != result.pid
+    requested = _requested_checkpoint(result)
+    _resume_from_requested(data_dir, requested, tmp_path / "resumed", "ask2r", *ddp)
+    assert_same_parameters(tmp_path / "resumed" / "epoch-2.pt", ddp_run / "epoch-2.pt", 1e-6)
+
+
+def test_hogwild_checkpoint_on_request_resumes_exactly(
+    data_dir: Path, reference: Path, tmp_path: Path
+) -> None:
+    hogwild = ("--strategy", "hogwild", "--nproc", "1", "--batch-size", "64")
+    result = run_cli_asking_checkpoint(
+        data_dir, *COMMON, *hogwild, "--checkpoint-dir", str(tmp_path / "asked"),
+        "--run-id", "ask3",
+    )  # fmt: skip
+    assert_well_formed(result, "ask3")
+    # The parent takes requests; worker 0 sends it its model and optimizer at a step boundary.
+    assert result.started["requests_pid"] == result.pid not in result.started["pids"]
+    requested = _requested_checkpoint(result)
+    _resume_from_requested(data_dir, requested, tmp_path / "resumed", "ask3r", *hogwild)
+    assert_same_parameters(tmp_path / "resumed" / "epoch-2.pt", reference / "epoch-2.pt", 1e-6)

@@ -15,6 +15,7 @@ import signal
 import struct
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -102,6 +103,32 @@ def run_cli(data_dir: Path, *args: str, timeout: float = 240) -> Result:
     # launcher exec'd into torchrun): nothing of it may be left in /dev/shm.
     assert segments_of(proc.pid) == [], "dataset segment left in /dev/shm"
     return Result(proc.returncode, events, err, proc.pid)
+
+
+def run_cli_asking_checkpoint(data_dir: Path, *args: str, timeout: float = 240) -> Result:
+    """Run the CLI and, as soon as it reports ``started``, ask it for a checkpoint the way the
+    dashboard does: SIGUSR1 to ``requests_pid``."""
+    proc = _start(data_dir, *args)
+    stderr: list[str] = []
+    assert proc.stdout is not None and proc.stderr is not None
+    drain = threading.Thread(target=lambda: stderr.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
+    drain.start()
+    events = []
+    deadline = time.monotonic() + timeout
+    try:
+        for line in proc.stdout:
+            event = json.loads(line)
+            events.append(event)
+            if event["type"] == "started":
+                os.kill(event["requests_pid"], signal.SIGUSR1)
+            assert time.monotonic() < deadline, "the run took too long"
+        proc.wait(timeout=30)
+    except BaseException:
+        _kill_tree(proc)
+        raise
+    drain.join(10)
+    assert segments_of(proc.pid) == [], "dataset segment left in /dev/shm"
+    return Result(proc.returncode, events, "".join(stderr), proc.pid)
 
 
 def assert_well_formed(result: Result, run_id: str) -> None:
@@ -240,6 +267,15 @@ def test_single_one_epoch(data_dir: Path) -> None:
     assert (started["train_size"], started["test_size"]) == (4000, 1000)
     assert any("MNIST sample" in e["message"] for e in result.of_type("log"))
     assert result.finished["test_accuracy"] > 0.8
+
+
+def test_checkpoint_request_without_checkpoint_dir_is_refused_not_fatal(data_dir: Path) -> None:
+    result = run_cli_asking_checkpoint(data_dir, "--dry-run", "--epochs", "2", "--run-id", "nockpt")
+    assert_well_formed(result, "nockpt")
+    warnings = [e["message"] for e in result.of_type("log") if e["level"] == "warning"]
+    assert any("start it with --checkpoint-dir" in m for m in warnings), warnings
+    assert result.of_type("checkpoint") == []
+    assert result.finished["epochs_run"] == 2
 
 
 @needs_no_cuda

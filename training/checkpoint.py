@@ -1,4 +1,10 @@
-"""Saving and loading training state (rank 0 writes; any strategy can resume any checkpoint)."""
+"""Saving and loading training state (rank 0 writes; any strategy can resume any checkpoint).
+
+Rank 0 writes ``epoch-N.pt`` at the end of each epoch and, on request, ``step-N.pt`` at the next
+step boundary (``training.requests``). A mid-epoch checkpoint
+records how many images of its epoch were trained, so a resumed run skips exactly those in the
+epoch's seeded order and ends where an uninterrupted run would.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +15,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import nn
 
 if TYPE_CHECKING:
     from training.config import TrainConfig
@@ -21,27 +26,25 @@ VERSION = 1
 def save(
     directory: Path,
     *,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer | None,
+    model_state: dict[str, Any],
+    optimizer_state: dict[str, Any] | None,
     epoch: int,
     step: int,
     config: dict[str, Any],
-    optimizer_state: dict[str, Any] | None = None,
+    images_into_epoch: int | None = None,
 ) -> Path:
-    """Write ``epoch-{epoch}.pt``; ``model`` is the bare module, never a DP/DDP wrapper.
-
-    The optimizer state is ``optimizer``'s, or ``optimizer_state`` where the optimizer lives in
-    another process (Hogwild's rank 0); None where there is none to save (ZeRO partitions it).
-    """
-    if optimizer is not None:
-        optimizer_state = optimizer.state_dict()
+    """Write ``epoch-{epoch}.pt``, or ``step-{step}.pt`` when ``images_into_epoch`` says the
+    epoch is not over. ``model_state`` is the bare module's, never a DP/DDP wrapper's;
+    ``optimizer_state`` None where there is none to save (ZeRO partitions it)."""
     directory.mkdir(parents=True, exist_ok=True)
     state = {
         "format": FORMAT,
         "version": VERSION,
         "epoch": epoch,
         "step": step,
-        "model": model.state_dict(),
+        # None: the epoch is complete. Else the images of `epoch` trained so far, in its order.
+        "images_into_epoch": images_into_epoch,
+        "model": model_state,
         "optimizer": optimizer_state,
         "rng": {
             "torch": torch.get_rng_state(),
@@ -49,7 +52,8 @@ def save(
         },
         "config": config,
     }
-    path = directory / f"epoch-{epoch}.pt"
+    name = f"epoch-{epoch}.pt" if images_into_epoch is None else f"step-{step}.pt"
+    path = directory / name
     # A reader (or a resume after a crash) must never see a half-written file.
     fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.")
     os.fchmod(fd, 0o644)
@@ -94,7 +98,8 @@ _EPOCH_FILE = re.compile(r"^epoch-(\d+)\.pt$")
 
 def retention_apply(directory: Path, keep: int) -> list[Path]:
     """Delete all but the ``keep`` highest-numbered ``epoch-N.pt`` in ``directory`` (0 keeps
-    all); returns what was deleted. Other files are never touched."""
+    all); returns what was deleted. Other files, requested ``step-N.pt`` among them, are never
+    touched: someone asked for those."""
     if keep <= 0:
         return []
     numbered = sorted(

@@ -42,6 +42,10 @@ def main(argv: Sequence[str] | None = None, *, events_stream: IO[str] | None = N
     cfg = _validate(cfg, parser)
     # Early, so that a SIGTERM at any point from here on runs the finally blocks below.
     _exit_on_sigterm()
+    # Before `started` names this process as the one to ask: SIGUSR1 would otherwise kill it.
+    from training.requests import requests_install
+
+    requests_install()
 
     if cfg.strategy in TORCHRUN_STRATEGIES and not under_torchrun():
         exec_torchrun(cfg, argv)

@@ -6,6 +6,7 @@ import logging
 import os
 import time
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from training.data import Dataset, Split, load_dataset, to_batch
 from training.meter import StepTiming, Window, finite, window_report
 from training.model import SimpleCNN
 from training.protocol import EventWriter
+from training.requests import checkpoint_request_pending, checkpoint_request_take
 from training.runtime import Runtime, all_gather, all_reduce_sum
 from training.strategies import Plan, plan_build
 from training.strategies.common import StepFn
@@ -43,13 +45,20 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
         model.load_state_dict(state["model"])
     data, shared_tensors = dataset_for(cfg, rt)
     plan = plan_build(cfg, rt, model)
-    start_epoch, step = 1, 0
-    if state is not None:
-        start_epoch, step = resume_apply(
-            cfg, state, plan.optimizer, plan.notes, takes_optimizer=plan.saves_optimizer
-        )
-
     per_epoch = steps_per_epoch(len(data.train), cfg.batch_size, rt.world_size, cfg.step_limit)
+    resume = ResumePoint()
+    if state is not None:
+        resume = resume_apply(
+            cfg,
+            state,
+            plan.optimizer,
+            plan.notes,
+            takes_optimizer=plan.saves_optimizer,
+            global_batch=cfg.batch_size * rt.world_size,
+            per_epoch=per_epoch,
+        )
+    start_epoch, step = resume.start_epoch, resume.step
+
     ranks = all_gather(rt, (os.getpid(), rt.device_label))
     events.emit(
         "started",
@@ -58,6 +67,7 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
         pids=[pid for pid, _ in ranks],
         # Under torchrun the ranks' parent is the launcher, the process the caller started.
         launcher_pid=os.getppid() if rt.distributed else os.getpid(),
+        requests_pid=os.getpid(),
         notes=plan.notes,
         shared_tensors=shared_tensors,
         **plan.started,
@@ -75,8 +85,11 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
         batches = rank_batches(
             len(data.train), cfg.batch_size, rt.world_size, rt.rank, cfg.seed, epoch
         )[:per_epoch]
+        done_before = resume.skip_batches if epoch == start_epoch else 0
         plan.net.train()
-        step, whole = epoch_run(cfg, rt, events, plan, data, batches, epoch, step)
+        step, whole = epoch_run(
+            cfg, rt, events, plan, data, batches[done_before:], epoch, step, done_before
+        )
         report = window_report(rt, whole)
         test_loss, test_accuracy = evaluate(
             plan.eval_net, data, rt, cfg.test_batch_size, plan.input_device, plan.output_device
@@ -93,13 +106,11 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
             log.info("epoch %d: test loss %s, accuracy %.4f", epoch, test_loss, test_accuracy)
         if cfg.checkpoint_dir and rt.is_main:
             checkpoint_write(
-                cfg,
-                events,
-                plan.model,
-                plan.optimizer if plan.saves_optimizer else None,
-                epoch,
-                step,
-            )
+                cfg, events, model_state=plan.model.state_dict(),
+                optimizer_state=optimizer_state_of(plan), epoch=epoch, step=step,
+            )  # fmt: skip
+            # This one answers a request made during the epoch's last step too.
+            checkpoint_request_take()
     if start_epoch > cfg.epochs:
         test_loss, test_accuracy = evaluate(
             plan.eval_net, data, rt, cfg.test_batch_size, plan.input_device, plan.output_device
@@ -107,6 +118,10 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
     finished_emit(
         events, cfg, test_loss, test_accuracy, start_epoch=start_epoch, step=step, t_start=t_start
     )
+
+
+def optimizer_state_of(plan: Plan) -> dict[str, Any] | None:
+    return plan.optimizer.state_dict() if plan.saves_optimizer else None
 
 
 def finished_emit(
@@ -139,8 +154,11 @@ def epoch_run(
     batches: Sequence[torch.Tensor],
     epoch: int,
     step: int,
+    done_before: int = 0,
 ) -> tuple[int, Window]:
-    """Train on ``batches``, emitting step events; returns (global step, the epoch's window)."""
+    """Train on ``batches`` (the epoch's, after the ``done_before`` a resumed run had done),
+    emitting step events and writing requested checkpoints; returns (global step, the epoch's
+    window)."""
     # On the output device: that is where the loss is (model-parallel: the last stage's).
     interval, whole = Window(plan.output_device), Window(plan.output_device)
     timings = steps_run(plan.step, data, batches, plan.input_device, plan.output_device)
@@ -148,11 +166,27 @@ def epoch_run(
         step += 1
         interval.add(timing)
         whole.add(timing)
+        last = i == len(batches) - 1
         # Step 1 too (as pytorch/examples logs batch 0): the first point shows without waiting.
-        if step % cfg.log_interval == 0 or step == 1 or i == len(batches) - 1:
+        if step % cfg.log_interval == 0 or step == 1 or last:
             # Every rank takes this branch at the same step: the all-gather inside matches up.
             events.emit("step", epoch=epoch, step=step, **window_report(rt, interval))
             interval = Window(plan.output_device)
+        # Rank 0 alone, with no collective: its replica is every rank's. At the epoch's last
+        # step the request waits for the epoch's own checkpoint, a few seconds later.
+        if not (rt.is_main and checkpoint_request_pending()):
+            continue
+        if cfg.checkpoint_dir is None:
+            checkpoint_request_take()
+            checkpoint_request_refuse(events, step=step)
+        elif not last:
+            checkpoint_request_take()
+            trained = (done_before + i + 1) * cfg.batch_size * rt.world_size
+            checkpoint_requested_write(
+                cfg, events, model_state=plan.model.state_dict(),
+                optimizer_state=optimizer_state_of(plan), epoch=epoch, step=step,
+                images_into_epoch=trained,
+            )  # fmt: skip
     return step, whole
 
 
@@ -244,15 +278,25 @@ def started_fields(
     }
 
 
+@dataclass(frozen=True)
+class ResumePoint:
+    start_epoch: int = 1  # the first epoch to train
+    step: int = 0  # global optimizer steps already taken
+    skip_batches: int = 0  # batches of start_epoch already trained (a mid-epoch checkpoint)
+
+
 def resume_apply(
     cfg: TrainConfig,
     state: dict[str, Any],
     optimizer: torch.optim.Optimizer | None,
     notes: list[str],
     takes_optimizer: bool = True,
-) -> tuple[int, int]:
+    *,
+    global_batch: int,
+    per_epoch: int,
+) -> ResumePoint:
     """Load the optimizer state and RNG states of a checkpoint whose model is already loaded;
-    returns (first epoch to train, global step so far) and notes what was resumed.
+    returns where training continues and notes what was resumed.
 
     ``optimizer`` None with ``takes_optimizer``: the caller hands the state on itself (Hogwild's
     workers); ``takes_optimizer`` False: the strategy cannot take it (ZeRO partitions it).
@@ -271,38 +315,89 @@ def resume_apply(
         for group in optimizer.param_groups:
             group["lr"] = cfg.lr
     checkpoint.restore_rng(state)
-    start_epoch, step = int(state["epoch"]) + 1, int(state["step"])
-    notes.append(
-        f"Resumed from {cfg.resume} at epoch {start_epoch - 1}, step {step}; "
-        f"training continues with epoch {start_epoch}."
+    epoch, step = int(state["epoch"]), int(state["step"])
+    point = ResumePoint(epoch + 1, step)
+    trained = state.get("images_into_epoch")
+    if trained is not None:
+        # The epoch's image order is seeded, so skipping the images trained is exact when the
+        # global batch is the one the checkpoint was written with.
+        skip, rest = divmod(int(trained), global_batch)
+        if skip < per_epoch:
+            point = ResumePoint(epoch, step, skip)
+        if rest:
+            notes.append(
+                f"The checkpoint was written {trained} images into epoch {epoch}, not a whole "
+                f"number of this run's global batches of {global_batch}: {rest} of them are "
+                "trained again."
+            )
+    where = f"epoch {epoch}, step {step}" + (
+        f" ({trained} images into the epoch)" if trained is not None else ""
     )
-    return start_epoch, step
+    notes.append(
+        f"Resumed from {cfg.resume} at {where}; training continues with epoch "
+        f"{point.start_epoch}"
+        + (f" from its batch {point.skip_batches + 1}." if point.skip_batches else ".")
+    )
+    return point
 
 
 def checkpoint_write(
     cfg: TrainConfig,
     events: EventWriter,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer | None,
+    *,
+    model_state: dict[str, Any],
+    optimizer_state: dict[str, Any] | None,
     epoch: int,
     step: int,
-    optimizer_state: dict[str, Any] | None = None,
 ) -> Path:
+    """The end-of-epoch checkpoint, then the retention of ``--keep-checkpoints``."""
     assert cfg.checkpoint_dir is not None
     directory = Path(cfg.checkpoint_dir)
     path = checkpoint.save(
         directory,
-        model=model,
-        optimizer=optimizer,
+        model_state=model_state,
         optimizer_state=optimizer_state,
         epoch=epoch,
         step=step,
         config=cfg.to_dict(),
     )
-    events.emit("checkpoint", epoch=epoch, step=step, path=str(path))
+    events.emit("checkpoint", epoch=epoch, step=step, path=str(path), requested=False)
     for old in checkpoint.retention_apply(directory, cfg.keep_checkpoints):
         log.info("deleted %s (--keep-checkpoints %d)", old, cfg.keep_checkpoints)
     return path
+
+
+def checkpoint_requested_write(
+    cfg: TrainConfig,
+    events: EventWriter,
+    *,
+    model_state: dict[str, Any],
+    optimizer_state: dict[str, Any] | None,
+    epoch: int,
+    step: int,
+    images_into_epoch: int,
+) -> Path:
+    """A checkpoint someone asked for (SIGUSR1), mid-epoch; kept whatever the retention."""
+    assert cfg.checkpoint_dir is not None
+    path = checkpoint.save(
+        Path(cfg.checkpoint_dir),
+        model_state=model_state,
+        optimizer_state=optimizer_state,
+        epoch=epoch,
+        step=step,
+        config=cfg.to_dict(),
+        images_into_epoch=images_into_epoch,
+    )
+    events.emit("checkpoint", epoch=epoch, step=step, path=str(path), requested=True)
+    return path
+
+
+def checkpoint_request_refuse(events: EventWriter, *, step: int) -> None:
+    events.log(
+        f"A checkpoint was requested at step {step}, but this run writes none: start it with "
+        "--checkpoint-dir.",
+        "warning",
+    )
 
 
 def log_to(events: EventWriter, rt: Runtime, message: str, level: str = "info") -> None:

@@ -47,6 +47,7 @@ from training.data import Dataset, load_dataset
 from training.meter import Window, report_from_rows
 from training.model import SimpleCNN
 from training.protocol import EventWriter
+from training.requests import checkpoint_request_take
 from training.runtime import Runtime
 from training.shared_data import (
     Segment,
@@ -81,6 +82,7 @@ class WorkerArgs:
 def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
     # Imported here: engine imports this module lazily, and this one uses engine's helpers.
     from training.engine import (
+        ResumePoint,
         checkpoint_write,
         evaluate,
         finished_emit,
@@ -96,11 +98,8 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
     model = SimpleCNN()
     state = checkpoint.load_for(cfg) if cfg.resume else None
     notes: list[str] = []
-    start_epoch, step = 1, 0
     if state is not None:
         model.load_state_dict(state["model"])
-        # The workers build their optimizers; each loads the checkpoint's state.
-        start_epoch, step = resume_apply(cfg, state, None, notes)
     # Before spawning: the workers receive handles to these storages, not copies.
     model.share_memory()
     nproc = cfg.nproc
@@ -114,9 +113,19 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
     workers: list[Any] = []
     ctx = mp.get_context("spawn")
     results: Any = ctx.Queue()
+    # Set by the parent when a checkpoint is requested; worker 0 answers with its state.
+    wanted = ctx.Event()
     controls: list[Any] = []
     try:
         data, segment = _dataset_owned(cfg, path)
+        per_epoch = steps_per_epoch(len(data.train), cfg.batch_size, nproc, cfg.step_limit)
+        resume = ResumePoint()
+        if state is not None:
+            # The workers build their optimizers; each loads the checkpoint's state.
+            resume = resume_apply(
+                cfg, state, None, notes, global_batch=cfg.batch_size * nproc, per_epoch=per_epoch
+            )
+        start_epoch, step = resume.start_epoch, resume.step
         for rank in range(nproc):
             control = ctx.SimpleQueue()
             args = WorkerArgs(
@@ -124,7 +133,7 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
             )
             p = ctx.Process(
                 target=worker_main,
-                args=(args, model, results, control),
+                args=(args, model, results, control, wanted),
                 name=f"trainyard-hogwild-{rank}",
                 daemon=True,
             )
@@ -144,13 +153,13 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
             everywhere = param.is_shared() and all(m[4][i] for m in ready)
             shared.append(tensor_entry(f"model.{name}", param, everywhere))
 
-        per_epoch = steps_per_epoch(len(data.train), cfg.batch_size, nproc, cfg.step_limit)
         events.emit(
             "started",
             **started_fields(cfg, rt, data, per_epoch, start_epoch, world=nproc),
             devices=["cpu"] * nproc,
             pids=[m[2] for m in ready],
             launcher_pid=os.getpid(),
+            requests_pid=os.getpid(),
             notes=notes,
             shared_tensors=shared,
         )
@@ -160,10 +169,11 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
 
         test_loss, test_accuracy = None, 0.0
         for epoch in range(start_epoch, cfg.epochs + 1):
+            skip = resume.skip_batches if epoch == start_epoch else 0
             for control in controls:
-                control.put(("epoch", epoch, step))
-            done = _epoch_collect(cfg, events, results, workers, epoch, step, per_epoch)
-            step += per_epoch
+                control.put(("epoch", epoch, step, skip))
+            done = _epoch_collect(cfg, events, results, workers, wanted, epoch, step, skip)
+            step += per_epoch - skip
             report = report_from_rows([d[3] for d in done])
             test_loss, test_accuracy = evaluate(model, data, rt, cfg.test_batch_size)
             events.emit(
@@ -176,7 +186,13 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
             )
             log.info("epoch %d: test loss %s, accuracy %.4f", epoch, test_loss, test_accuracy)
             if cfg.checkpoint_dir:
-                checkpoint_write(cfg, events, model, None, epoch, step, optimizer_state=done[0][4])
+                checkpoint_write(
+                    cfg, events, model_state=model.state_dict(), optimizer_state=done[0][4],
+                    epoch=epoch, step=step,
+                )  # fmt: skip
+                # It answers a request worker 0 had no step left for.
+                checkpoint_request_take()
+                wanted.clear()
         if start_epoch > cfg.epochs:
             test_loss, test_accuracy = evaluate(model, data, rt, cfg.test_batch_size)
         finished_emit(
@@ -211,12 +227,15 @@ def _epoch_collect(
     events: EventWriter,
     results: Any,
     workers: list[Any],
+    wanted: Any,
     epoch: int,
     step: int,
-    per_epoch: int,
+    skip: int,
 ) -> list[tuple[Any, ...]]:
-    """Relay the workers' step reports as step events until every worker has finished
-    ``epoch``; returns their epoch_done messages in rank order."""
+    """Relay the workers' step reports as step events, and requested checkpoints, until every
+    worker has finished ``epoch``; returns their epoch_done messages in rank order."""
+    from training.engine import checkpoint_request_refuse, checkpoint_requested_write
+
     nproc = len(workers)
     pending: dict[int, dict[int, list[float]]] = {}
     done: dict[int, tuple[Any, ...]] = {}
@@ -224,7 +243,21 @@ def _epoch_collect(
         # No deadline: reports come every --log-interval steps, which may take long; a worker
         # that dies is noticed at once, and SIGTERM ends a run that hangs.
         message = _receive(results, workers, None, None)
-        if message[0] == "step":
+        if checkpoint_request_take():
+            if cfg.checkpoint_dir:
+                wanted.set()
+            else:
+                checkpoint_request_refuse(events, step=step)
+        if message[0] == "checkpoint":
+            # Worker 0's model and optimizer at its step `local`; the other workers are a few
+            # steps either side, as anything read from a Hogwild model is.
+            _, _, local, model_state, optimizer_state = message
+            checkpoint_requested_write(
+                cfg, events, model_state=model_state, optimizer_state=optimizer_state,
+                epoch=epoch, step=step + local,
+                images_into_epoch=(skip + local) * cfg.batch_size * nproc,
+            )  # fmt: skip
+        elif message[0] == "step":
             _, rank, _, local, row = message
             pending.setdefault(local, {})[rank] = row
             # Workers report at the same local steps, each in order: a step is complete when
@@ -284,12 +317,16 @@ def workers_stop(workers: list[Any], grace: float = 5.0) -> None:
 # --- in the worker processes -----------------------------------------------------------------
 
 
-def worker_main(args: WorkerArgs, model: nn.Module, results: Any, control: Any) -> None:
+def worker_main(
+    args: WorkerArgs, model: nn.Module, results: Any, control: Any, wanted: Any
+) -> None:
     """One Hogwild worker: train on this rank's shard each epoch the parent starts."""
     _die_with_parent(args.parent_pid)
     allocator_tune()  # a spawned interpreter: the parent's setting is not inherited
-    # Ctrl-C reaches the whole process group; the parent decides, and stops the workers.
+    # Ctrl-C reaches the whole process group; the parent decides, and stops the workers. The
+    # parent takes checkpoint requests too: one sent to the group must not kill a worker.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     torch.set_num_threads(args.threads)
     cfg = args.cfg
     try:
@@ -311,13 +348,15 @@ def worker_main(args: WorkerArgs, model: nn.Module, results: Any, control: Any) 
             command = control.get()
             if command[0] != "epoch":
                 break
-            _, epoch, step_base = command
+            _, epoch, step_base, skip = command
             batches = rank_batches(
                 len(data.train), cfg.batch_size, cfg.nproc, args.rank, cfg.seed, epoch
-            )[:per_epoch]
+            )[:per_epoch][skip:]
             whole = _worker_epoch(
-                cfg, args.rank, model, step_fn, data, batches, epoch, step_base, results
-            )
+                cfg, args.rank, model, step_fn, data, batches, epoch, step_base, results,
+                # Worker 0 answers checkpoint requests.
+                (wanted, optimizer) if args.rank == 0 else None,
+            )  # fmt: skip
             # A copy: pickling would otherwise move the live state into shared memory, and the
             # parent would write a checkpoint of tensors this worker goes on changing.
             state = (
@@ -342,6 +381,7 @@ def _worker_epoch(
     epoch: int,
     step_base: int,
     results: Any,
+    checkpoints: tuple[Any, torch.optim.Optimizer] | None = None,
 ) -> Window:
     from training.engine import steps_run
 
@@ -351,10 +391,22 @@ def _worker_epoch(
         interval.add(timing)
         whole.add(timing)
         local = i + 1
-        if (step_base + local) % cfg.log_interval == 0 or i == len(batches) - 1:
+        last = i == len(batches) - 1
+        if (step_base + local) % cfg.log_interval == 0 or last:
             results.put(("step", rank, epoch, local, interval.row()))
             interval = Window(_CPU)
+        # At the epoch's last step the parent's epoch checkpoint answers instead.
+        if checkpoints is not None and not last and checkpoints[0].is_set():
+            checkpoints[0].clear()
+            results.put(("checkpoint", rank, local, *_checkpoint_copy(model, checkpoints[1])))
     return whole
+
+
+def _checkpoint_copy(model: nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any]:
+    """Copies of this worker's model and optimizer state, as of its last step: sent as they
+    are, they would move into shared memory and go on changing."""
+    model_state = {k: v.detach().clone() for k, v in model.state_dict().items()}
+    return model_state, copy.deepcopy(optimizer.state_dict())
 
 
 def _die_with_parent(parent_pid: int) -> None:
