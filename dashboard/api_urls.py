@@ -21,4 +21,9 @@ urlpatterns = [
         experiment_api.experiment_stop_view,
         name="api-experiment-stop",
     ),
+    path(
+        "experiments/<int:pk>/checkpoint/",
+        experiment_api.experiment_checkpoint_view,
+        name="api-experiment-checkpoint",
+    ),
 ]

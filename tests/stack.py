@@ -142,7 +142,7 @@ class Stack:
         )
         response.raise_for_status()
         assert "sessionid" in session.cookies, f"login of {username} failed"
-        session.headers["X-CSRFToken"] = session.cookies["csrftoken"]
+        session.headers["X-CSRFToken"] = str(session.cookies["csrftoken"])
         session.headers["Referer"] = self.base_url + "/"
         return session
 

@@ -83,6 +83,7 @@ def sample_values(*, run: Experiment, pk: int) -> dict[str, Any]:
         "id": run.owner_id,
         "content_type_id": content_type.pk,
         "epoch": 1,
+        "step": 1,
     }
 
 
@@ -217,7 +218,11 @@ def test_session_posts_need_the_csrf_token(
     owner = user_factory()
     run = experiment_factory(owner=owner)
     client = client_for(owner, csrf=True)
-    for path, body in (("/api/experiments/", "{}"), (f"/api/experiments/{run.pk}/stop/", "")):
+    for path, body in (
+        ("/api/experiments/", "{}"),
+        (f"/api/experiments/{run.pk}/stop/", ""),
+        (f"/api/experiments/{run.pk}/checkpoint/", ""),
+    ):
         response = client.post(path, body, content_type="application/json")
         assert response.status_code == 403 and "CSRF" in response.json()["error"], path
     assert client.post("/experiments/new/", VALID_FORM).status_code == 403

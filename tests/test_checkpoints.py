@@ -36,8 +36,8 @@ def logged_in(user: Any) -> Client:
     return client
 
 
-def url(experiment: Experiment, epoch: int) -> str:
-    return reverse("experiment-checkpoint", args=[experiment.pk, epoch])
+def url(experiment: Experiment, step: int) -> str:
+    return reverse("experiment-checkpoint", args=[experiment.pk, step])
 
 
 def test_sink_stores_checkpoints_with_their_size(
@@ -51,12 +51,38 @@ def test_sink_stores_checkpoints_with_their_size(
     stored = Checkpoint.objects.get(experiment=experiment)
     assert (stored.epoch, stored.step, stored.path) == (1, 63, str(path))
     assert stored.size == path.stat().st_size and stored.worker == "box-1"
-    assert message["url"] == url(experiment, 1) and message["size"] == stored.size
-    # A resumed attempt writes epoch 1 again: one row, the newer file.
-    sink.add({"type": "checkpoint", "epoch": 1, "step": 64, "path": str(path)})
-    sink.add({"type": "checkpoint", "epoch": "2", "path": str(path)})  # malformed: ignored
+    assert message["url"] == url(experiment, 63) and message["size"] == stored.size
+    assert not stored.requested
+    # A resumed attempt writes step 63 again: one row, the newer file.
+    again = checkpoint_write(runs_dir, experiment, 11)
+    sink.add({"type": "checkpoint", "epoch": 1, "step": 63, "path": str(again)})
+    sink.add({"type": "checkpoint", "epoch": "2", "step": 9, "path": str(path)})  # malformed
+    sink.add({"type": "checkpoint", "epoch": 2, "path": str(path)})  # no step: ignored
     sink.flush()
-    assert list(Checkpoint.objects.values_list("epoch", "step")) == [(1, 64)]
+    assert list(Checkpoint.objects.values_list("epoch", "step", "path")) == [(1, 63, str(again))]
+
+
+def test_sink_stores_a_requested_checkpoint_beside_the_epochs(
+    runs_dir: Path, user_factory: Any, experiment_factory: Any
+) -> None:
+    experiment = experiment_factory(owner=user_factory(), worker="box-1", status="running")
+    epoch_1 = checkpoint_write(runs_dir, experiment, 1)
+    asked = epoch_1.with_name("step-80.pt")
+    asked.write_bytes(b"asked for")
+    sink = EventSink(experiment)
+    sink.add({"type": "checkpoint", "epoch": 1, "step": 63, "path": str(epoch_1)})
+    message = sink.add(
+        {"type": "checkpoint", "epoch": 2, "step": 80, "path": str(asked), "requested": True}
+    )
+    sink.flush()
+    assert message["url"] == url(experiment, 80)
+    rows = Checkpoint.objects.values_list("epoch", "step", "requested")
+    assert list(rows) == [(1, 63, False), (2, 80, True)]
+    assert experiment.logs.filter(
+        message="checkpoint saved on request at step 80 (epoch 2)"
+    ).exists()
+    html = logged_in(experiment.owner).get(experiment.get_absolute_url()).content.decode()
+    assert "on request, mid-epoch" in html and f'href="{url(experiment, 80)}" download' in html
 
 
 def test_checkpoints_deleted_by_retention_leave_the_list(
@@ -82,13 +108,13 @@ def test_owner_downloads_a_checkpoint(
     experiment = experiment_factory(owner=owner)
     path = checkpoint_write(runs_dir, experiment, 2)
     Checkpoint.objects.create(experiment=experiment, epoch=2, step=10, path=str(path), size=18)
-    response = logged_in(owner).get(url(experiment, 2))
+    response = logged_in(owner).get(url(experiment, 10))
     assert response.status_code == 200
     assert b"".join(response.streaming_content) == b"weights of epoch 2"
     assert f'filename="trainyard-{experiment.pk}-epoch-2.pt"' in response["Content-Disposition"]
     # Staff too.
     staff = logged_in(user_factory(staff=True))
-    assert staff.get(url(experiment, 2)).status_code == 200
+    assert staff.get(url(experiment, 10)).status_code == 200
 
 
 def test_others_and_anonymous_get_nothing(
@@ -96,12 +122,13 @@ def test_others_and_anonymous_get_nothing(
 ) -> None:
     experiment = experiment_factory(owner=user_factory())
     path = checkpoint_write(runs_dir, experiment, 1)
-    Checkpoint.objects.create(experiment=experiment, epoch=1, path=str(path))
-    assert logged_in(user_factory()).get(url(experiment, 1)).status_code == 404
-    response = Client().get(url(experiment, 1))
+    Checkpoint.objects.create(experiment=experiment, epoch=1, step=5, path=str(path))
+    assert logged_in(user_factory()).get(url(experiment, 5)).status_code == 404
+    response = Client().get(url(experiment, 5))
     assert response.status_code == 302 and "login" in response["Location"]
     owner = logged_in(experiment.owner)
-    assert owner.get(url(experiment, 9)).status_code == 404  # no checkpoint of that epoch
+    assert owner.get(url(experiment, 5)).status_code == 200
+    assert owner.get(url(experiment, 9)).status_code == 404  # no checkpoint at that step
 
 
 @pytest.mark.parametrize("where", ["traversal", "outside", "other-run", "symlink-out"])
@@ -122,8 +149,8 @@ def test_paths_outside_the_runs_folder_are_404(
     }[where]
     if where == "symlink-out":
         path.symlink_to(secret)
-    Checkpoint.objects.create(experiment=experiment, epoch=3, path=str(path))
-    response = logged_in(experiment.owner).get(url(experiment, 3))
+    Checkpoint.objects.create(experiment=experiment, epoch=3, step=30, path=str(path))
+    response = logged_in(experiment.owner).get(url(experiment, 30))
     assert response.status_code == 404
     assert b"not a checkpoint" not in response.content
 
@@ -141,13 +168,13 @@ def test_a_file_on_another_machine_says_where_it_is(
         worker="gpu-node-7",
     )
     client = logged_in(experiment.owner)
-    response = client.get(url(experiment, 1))
+    response = client.get(url(experiment, 63))
     assert response.status_code == 404
     assert "is on gpu-node-7" in response.content.decode()
     html = client.get(experiment.get_absolute_url()).content.decode()
     assert "on gpu-node-7, not on this web server" in html
     assert "2.0 MiB" in html
-    assert f'href="{url(experiment, 1)}"' not in html
+    assert f'href="{url(experiment, 63)}"' not in html
 
 
 def test_run_page_lists_downloadable_checkpoints(
@@ -161,8 +188,8 @@ def test_run_page_lists_downloadable_checkpoints(
         )
     response = logged_in(experiment.owner).get(experiment.get_absolute_url())
     html = response.content.decode()
-    assert f'href="{url(experiment, 1)}" download' in html
-    assert f'href="{url(experiment, 2)}" download' in html
+    assert f'href="{url(experiment, 63)}" download' in html
+    assert f'href="{url(experiment, 126)}" download' in html
     snapshot = response.context["initial"]
     assert [c["epoch"] for c in snapshot["checkpoints"]] == [1, 2]
     assert all(c["here"] for c in snapshot["checkpoints"])

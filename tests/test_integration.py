@@ -127,3 +127,48 @@ def test_other_users_cannot_see_stop_or_subscribe(stack: Stack) -> None:
     with socket_open(stack, alice, pk) as ws:
         assert json.loads(ws.recv(timeout=10))["type"] == "snapshot"
     assert row
+
+
+def _requested_checkpoint_event(ws: ClientConnection, *, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        message = json.loads(ws.recv(timeout=deadline - time.monotonic()))
+        assert message["type"] not in {"finished", "failed"}, message
+        if message["type"] == "checkpoint" and message.get("requested"):
+            return message
+    raise TimeoutError("no requested checkpoint")
+
+
+def test_checkpoint_now_writes_one_mid_epoch(stack: Stack) -> None:
+    alice = stack.login("alice")
+    run = launch(alice, stack, name="checkpoint now", strategy="ddp", processes=2, epochs=3)
+    api = f"{stack.base_url}/api/experiments/{run['id']}"
+    with socket_open(stack, alice, run["id"]) as ws:
+        wait_for(
+            lambda: stack.experiment_row(run["id"])["status"] == "running",
+            timeout=120,
+            what="the run to start",
+        )
+        # Asked while the ranks still import torch: the request waits for the started event.
+        assert alice.post(f"{api}/checkpoint/", timeout=10).status_code == 202
+        first = _requested_checkpoint_event(ws, timeout=120)
+        # Asked while training: written after the current step.
+        asked = time.monotonic()
+        assert alice.post(f"{api}/checkpoint/", timeout=10).status_code == 202
+        second = _requested_checkpoint_event(ws, timeout=60)
+        print(f"checkpoint request to checkpoint event, training: {time.monotonic() - asked:.2f} s")
+    assert first["step"] < second["step"]
+    assert second["url"].endswith(f"/checkpoints/{second['step']}/")
+
+    download = alice.get(stack.base_url + second["url"], timeout=30)
+    assert download.status_code == 200 and len(download.content) == second["size"] > 100_000
+    detail = alice.get(f"{api}/", timeout=10).json()
+    assert detail["checkpoint_requested"] is False  # passed on, and cleared
+    assert alice.post(f"{api}/stop/", timeout=10).status_code == 202
+    wait_for(
+        lambda: stack.experiment_row(run["id"])["status"] == "cancelled",
+        timeout=30,
+        what="the cancelled status",
+    )
+    refused = alice.post(f"{api}/checkpoint/", timeout=10)
+    assert refused.status_code == 409 and "cancelled" in refused.json()["error"]

@@ -15,7 +15,7 @@ import pytest
 from django.utils import timezone
 
 from dashboard.experiments.allocation import Machine, allocation_refusal
-from dashboard.experiments.models import Experiment, MetricPoint
+from dashboard.experiments.models import Checkpoint, Experiment, MetricPoint
 from dashboard.experiments.runner import experiment_claim
 from dashboard.experiments.survival import (
     experiment_resume_prepare,
@@ -114,6 +114,13 @@ def test_a_run_lost_too_often_fails_with_its_history(
     assert run.error.startswith("gave up after 2 attempts") and "attempt 1 on w1" in run.error
 
 
+def _checkpoint(run: Any, folder: Path, name: str, epoch: int, step: int) -> Path:
+    path = folder / name
+    path.write_bytes(b"x")
+    Checkpoint.objects.create(experiment=run, epoch=epoch, step=step, path=str(path))
+    return path
+
+
 def test_resume_replaces_the_points_after_the_checkpoint(
     alice: Any, experiment_factory: Any, settings: Any, tmp_path: Path
 ) -> None:
@@ -122,11 +129,30 @@ def test_resume_replaces_the_points_after_the_checkpoint(
     folder = tmp_path / str(run.pk) / "checkpoints"
     folder.mkdir(parents=True)
     for epoch in (1, 2):
-        (folder / f"epoch-{epoch}.pt").write_bytes(b"x")
-    for seq, epoch in enumerate((1, 1, 2, 2, 3, 3), start=1):
-        MetricPoint.objects.create(experiment=run, seq=seq, step=seq * 10, epoch=epoch, time=seq)
+        _checkpoint(run, folder, f"epoch-{epoch}.pt", epoch, epoch * 20)
+    # Two points an epoch: a step point, and the epoch's point at its last step.
+    for seq, (epoch, step) in enumerate([(1, 10), (1, 20), (2, 30), (2, 40), (3, 50)], start=1):
+        MetricPoint.objects.create(experiment=run, seq=seq, step=step, epoch=epoch, time=seq)
     assert experiment_resume_prepare(experiment=run) == folder / "epoch-2.pt"
-    assert sorted(run.points.values_list("epoch", flat=True)) == [1, 1, 2, 2]
+    assert sorted(run.points.values_list("step", flat=True)) == [10, 20, 30, 40]
+
+
+def test_resume_takes_the_newest_checkpoint_even_a_requested_one(
+    alice: Any, experiment_factory: Any, settings: Any, tmp_path: Path
+) -> None:
+    settings.TRAINYARD_RUNS_DIR = tmp_path
+    run = experiment_factory(owner=alice, status="running", attempt=2)
+    folder = tmp_path / str(run.pk) / "checkpoints"
+    folder.mkdir(parents=True)
+    _checkpoint(run, folder, "epoch-1.pt", 1, 20)
+    asked = _checkpoint(run, folder, "step-35.pt", 2, 35)
+    # Reported but gone from this machine: not a starting point.
+    Checkpoint.objects.create(experiment=run, epoch=2, step=38, path=str(folder / "gone.pt"))
+    for seq, (epoch, step) in enumerate([(1, 20), (2, 30), (2, 36), (2, 40)], start=1):
+        MetricPoint.objects.create(experiment=run, seq=seq, step=step, epoch=epoch, time=seq)
+    assert experiment_resume_prepare(experiment=run) == asked
+    # Epoch 2's own point (step 40) came after the checkpoint: replayed, so removed.
+    assert sorted(run.points.values_list("step", flat=True)) == [20, 30]
 
 
 def test_resume_without_checkpoint_starts_over(

@@ -44,6 +44,16 @@ Added in 1.1 (additive; older readers ignore them):
                 the previous step event, in an epoch event the whole epoch, like its
                 images_per_second; for Hogwild "rank 0" is worker 0, the parent only evaluates)
 
+Added in 1.2 (additive):
+
+    started     requests_pid: the process that takes requests (rank 0; Hogwild's parent). SIGUSR1
+                to it asks for a checkpoint: it is written after the current optimizer step (at
+                an epoch's last step, the epoch's own checkpoint answers) and reported by a
+                checkpoint event; a run without --checkpoint-dir answers with a warning log.
+    checkpoint  requested: true for one written on request (mid-epoch, file step-N.pt, kept
+                whatever --keep-checkpoints says), false for an epoch's (epoch-N.pt); its epoch
+                is then the epoch it was taken in. Resuming from either continues exactly.
+
 Readers must ignore fields they do not know and treat a line that is not a JSON object as plain log
 output. A reader that sees a higher major version than it knows should stop reading events.
 """

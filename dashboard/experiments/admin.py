@@ -8,7 +8,11 @@ from django.http import HttpRequest
 
 from dashboard.experiments.limits import LaunchLimited
 from dashboard.experiments.models import Checkpoint, Experiment, LogLine, MetricPoint
-from dashboard.experiments.services import experiment_clone, experiment_stop
+from dashboard.experiments.services import (
+    experiment_checkpoint_request,
+    experiment_clone,
+    experiment_stop,
+)
 
 
 class ReadOnlyInline(admin.TabularInline):
@@ -56,7 +60,7 @@ class ExperimentAdmin(admin.ModelAdmin):
     list_filter = ("status", "strategy", "owner")
     search_fields = ("name",)
     date_hierarchy = "created_at"
-    actions = ("stop_runs", "clone_and_relaunch")
+    actions = ("stop_runs", "checkpoint_runs", "clone_and_relaunch")
     inlines = (MetricPointInline, LogLineInline, CheckpointInline)
     readonly_fields = (
         "status",
@@ -76,6 +80,8 @@ class ExperimentAdmin(admin.ModelAdmin):
         "rank_stats",
         "cancel_requested_at",
         "cancelled_by",
+        "checkpoint_requested_at",
+        "checkpoint_requested_by",
         "launcher_pid",
         "cloned_from",
     )
@@ -96,6 +102,18 @@ class ExperimentAdmin(admin.ModelAdmin):
     def stop_runs(self, request: HttpRequest, queryset: QuerySet[Experiment]) -> None:
         stopped = sum(experiment_stop(experiment=e, by=request.user) for e in queryset)
         self.message_user(request, f"Stop requested for {stopped} run(s).", messages.SUCCESS)
+
+    @admin.action(description="Write a checkpoint of the selected running runs now")
+    def checkpoint_runs(self, request: HttpRequest, queryset: QuerySet[Experiment]) -> None:
+        refused = {
+            e.pk: reason
+            for e in queryset
+            if (reason := experiment_checkpoint_request(experiment=e, by=request.user))
+        }
+        asked = queryset.count() - len(refused)
+        self.message_user(request, f"Checkpoint requested of {asked} run(s).", messages.SUCCESS)
+        for pk, reason in refused.items():
+            self.message_user(request, f"#{pk}: {reason}.", messages.WARNING)
 
     @admin.action(description="Clone and relaunch the selected runs")
     def clone_and_relaunch(self, request: HttpRequest, queryset: QuerySet[Experiment]) -> None:

@@ -13,6 +13,7 @@ from dashboard.experiments.models import Experiment
 from dashboard.experiments.services import (
     experiment_as_dict,
     experiment_can_control,
+    experiment_checkpoint_request,
     experiment_launch,
     experiment_stop,
     experiments_visible_to,
@@ -141,5 +142,19 @@ def experiment_stop_view(request: HttpRequest, pk: int) -> JsonResponse:
     if not experiment.is_active:
         raise ApiError(409, f"the run is already {experiment.status}")
     experiment_stop(experiment=experiment, by=request.user)
+    experiment.refresh_from_db()
+    return JsonResponse(experiment_as_dict(experiment), status=202)
+
+
+@api_view(("POST",))
+def experiment_checkpoint_view(request: HttpRequest, pk: int) -> JsonResponse:
+    """Ask a running run to write a checkpoint after its current step (202); it is reported by
+    a `checkpoint` event and listed with the run's checkpoints."""
+    experiment = _visible(request, pk)
+    if not experiment_can_control(experiment=experiment, user=request.user):
+        raise ApiError(403, "only the owner or staff may checkpoint this run")
+    refused = experiment_checkpoint_request(experiment=experiment, by=request.user)
+    if refused:
+        raise ApiError(409, refused)
     experiment.refresh_from_db()
     return JsonResponse(experiment_as_dict(experiment), status=202)

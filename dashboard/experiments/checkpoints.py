@@ -1,7 +1,7 @@
 """Checkpoint files: where a reported checkpoint is on this machine, if it is here at all.
 
-The training writes `epoch-N.pt` under `<TRAINYARD_RUNS_DIR>/<id>/checkpoints/` on the worker that
-ran it, and the sink stores that path. The web server serves a file only when the path resolves
+The training writes its checkpoints under `<TRAINYARD_RUNS_DIR>/<id>/checkpoints/` on the worker
+that ran it, and the sink stores that path. The web server serves a file only when the path resolves
 (symlinks followed) inside this run's folder under its own TRAINYARD_RUNS_DIR: a shared folder in
 a multi-machine setup, the same folder on one machine. Anything else, a path that climbs out with
 `..` or a link pointing elsewhere included, is treated as not here.
@@ -37,9 +37,9 @@ def checkpoint_where_text(*, checkpoint: Checkpoint, experiment: Experiment) -> 
     """Why a checkpoint cannot be downloaded from this web server, in a sentence."""
     worker = checkpoint.worker or experiment.worker or "the worker"
     return (
-        f"The file of epoch {checkpoint.epoch} is on {worker} ({checkpoint.path}), not on this "
-        "web server: share TRAINYARD_RUNS_DIR between the workers and the web server to "
-        "download it here, or copy it from that machine."
+        f"The file of step {checkpoint.step} (epoch {checkpoint.epoch}) is on {worker} "
+        f"({checkpoint.path}), not on this web server: share TRAINYARD_RUNS_DIR between the "
+        "workers and the web server to download it here, or copy it from that machine."
     )
 
 

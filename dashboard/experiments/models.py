@@ -101,6 +101,15 @@ class Experiment(models.Model):
         blank=True,
         related_name="+",
     )
+    # A checkpoint asked for and not yet passed on to the training (the supervisor clears it).
+    checkpoint_requested_at = models.DateTimeField(null=True, blank=True)
+    checkpoint_requested_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
     launcher_pid = models.IntegerField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(
         null=True, blank=True, help_text="last sign of life from the supervising task"
@@ -199,33 +208,36 @@ class LogLine(models.Model):
 
 
 class Checkpoint(models.Model):
-    """A checkpoint a run reported. The file lives on the worker that ran it (`worker`), under
-    its TRAINYARD_RUNS_DIR; this web server can serve it only where that folder is shared."""
+    """A checkpoint a run reported: at the end of an epoch, or mid-epoch when someone asked for
+    one. The file lives on the worker that ran it (`worker`), under its TRAINYARD_RUNS_DIR; this
+    web server can serve it only where that folder is shared."""
 
     experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="checkpoints")
-    epoch = models.PositiveIntegerField()
-    step = models.PositiveIntegerField(default=0)
+    epoch = models.PositiveIntegerField(help_text="the epoch it ended, or the one it was taken in")
+    step = models.PositiveIntegerField(default=0, help_text="global optimizer steps taken")
+    requested = models.BooleanField(default=False, help_text="written on request, mid-epoch")
     path = models.TextField(help_text="as the training wrote it, on the worker's machine")
     size = models.BigIntegerField(null=True, blank=True, help_text="bytes, read by the worker")
     worker = models.CharField(max_length=255, blank=True)
     created = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        ordering = ["epoch"]
+        ordering = ["step"]
         constraints = [
-            models.UniqueConstraint(fields=["experiment", "epoch"], name="unique_checkpoint_epoch")
+            models.UniqueConstraint(fields=["experiment", "step"], name="unique_checkpoint_step")
         ]
 
     def __str__(self) -> str:
-        return f"epoch {self.epoch} of #{self.experiment_id}"
+        return f"step {self.step} (epoch {self.epoch}) of #{self.experiment_id}"
 
     def get_absolute_url(self) -> str:
-        return reverse("experiment-checkpoint", args=[self.experiment_id, self.epoch])
+        return reverse("experiment-checkpoint", args=[self.experiment_id, self.step])
 
     def as_dict(self) -> dict[str, object]:
         return {
             "epoch": self.epoch,
             "step": self.step,
+            "requested": self.requested,
             "path": self.path,
             "size": self.size,
             "worker": self.worker,

@@ -88,3 +88,20 @@ def parent_death_signal_set() -> None:
         return
     pr_set_pdeathsig = 1
     libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
+
+
+def process_in_tree_signal(*, root_pid: int, pid: int, signum: int) -> bool:
+    """Signal ``pid`` only if it is ``root_pid`` or one of its descendants: a PID the training
+    reported may have ended and been reused by an unrelated process. Returns whether it was."""
+    try:
+        root = psutil.Process(root_pid)
+        family = {root.pid, *(child.pid for child in root.children(recursive=True))}
+    except psutil.NoSuchProcess:
+        return False
+    if pid not in family:
+        return False
+    try:
+        os.kill(pid, signum)
+    except ProcessLookupError:
+        return False
+    return True

@@ -17,6 +17,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import IO, Any
 
@@ -39,7 +40,11 @@ from dashboard.experiments.models import (
     Strategy,
     ZeroStage,
 )
-from dashboard.experiments.processes import parent_death_signal_set, process_tree_stop
+from dashboard.experiments.processes import (
+    parent_death_signal_set,
+    process_in_tree_signal,
+    process_tree_stop,
+)
 from dashboard.experiments.sink import EventSink
 from dashboard.experiments.survival import (
     attempt_record,
@@ -262,6 +267,7 @@ class RunSupervisor:
         self.lines: queue.Queue[tuple[str, str | None]] = queue.Queue()
         self.stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
         self.rank_pids: list[int] = []
+        self.started_event: dict[str, Any] | None = None
         self.final_event: dict[str, Any] | None = None
         self.stopped_by: str | None = None
 
@@ -283,7 +289,7 @@ class RunSupervisor:
                 self.sink.flush()
                 next_flush = now + FLUSH_SECONDS
             if now >= next_stop_check and self.stopped_by is None:
-                self._check_stop(process)
+                self._check_requests(process)
                 next_stop_check = now + STOP_POLL_SECONDS
             if now >= next_beat and not self.taken_over:
                 self._heartbeat(process)
@@ -342,6 +348,7 @@ class RunSupervisor:
             return
         if event["type"] == "started":
             self.rank_pids = [int(p) for p in event.get("pids") or [] if isinstance(p, int)]
+            self.started_event = event
         if event["type"] in {"finished", "failed"}:
             self.final_event = event
             if event.get("traceback"):
@@ -351,16 +358,59 @@ class RunSupervisor:
             event = {"type": "log", "level": level, "message": _final_message(event)}
         self.sink.add(event)
 
-    def _check_stop(self, process: subprocess.Popen[str]) -> None:
+    def _check_requests(self, process: subprocess.Popen[str]) -> None:
+        """What the run's row asks of this run: a stop, a checkpoint (one query for both)."""
         row = (
             Experiment.objects.filter(pk=self.experiment.pk)
-            .values("cancel_requested_at", "cancelled_by__username")
+            .values(
+                "cancel_requested_at",
+                "cancelled_by__username",
+                "checkpoint_requested_at",
+                "checkpoint_requested_by__username",
+            )
             .first()
         )
-        if row is None or row["cancel_requested_at"] is None:
+        if row is None:
             return
+        if row["cancel_requested_at"] is not None:
+            self._stop(process, by=row["cancelled_by__username"] or "someone")
+        elif row["checkpoint_requested_at"] is not None:
+            self._checkpoint_request_pass(
+                process,
+                requested_at=row["checkpoint_requested_at"],
+                by=row["checkpoint_requested_by__username"] or "someone",
+            )
 
-        self.stopped_by = row["cancelled_by__username"] or "someone"
+    def _checkpoint_request_pass(
+        self, process: subprocess.Popen[str], *, requested_at: datetime, by: str
+    ) -> None:
+        """Signal the process the training named for requests; wait while it has not started."""
+        if self.started_event is None:
+            return
+        pid = self.started_event.get("requests_pid")
+        if not isinstance(pid, int) or isinstance(pid, bool):
+            message, level = (
+                (
+                    f"Checkpoint requested by {by}, but this training does not take requests "
+                    "(its started event names no requests_pid); it writes one each epoch."
+                ),
+                "warning",
+            )
+        elif process_in_tree_signal(root_pid=process.pid, pid=pid, signum=signal.SIGUSR1):
+            message, level = (
+                (f"Checkpoint requested by {by}; the training writes it after its current step."),
+                "info",
+            )
+        else:
+            message, level = f"Checkpoint requested by {by}, but the training has ended.", "info"
+        # Conditional: a request made meanwhile stays for the next poll.
+        Experiment.objects.filter(
+            pk=self.experiment.pk, checkpoint_requested_at=requested_at
+        ).update(checkpoint_requested_at=None, checkpoint_requested_by=None)
+        self.sink.add_output(message, level=level)
+
+    def _stop(self, process: subprocess.Popen[str], *, by: str) -> None:
+        self.stopped_by = by
         self.sink.add_output(
             f"Stop requested by {self.stopped_by}; ending every process", level="info"
         )

@@ -1,4 +1,6 @@
-"""What can be done to experiments: launch, stop, clone, read. Views, API and admin call these."""
+"""What can be done to experiments: launch, stop, checkpoint, clone, read.
+
+Views, the API and the admin call these."""
 
 from __future__ import annotations
 
@@ -55,6 +57,22 @@ def experiment_stop(*, experiment: Experiment, by: Any) -> bool:
         pk=experiment.pk, status=Status.RUNNING, cancel_requested_at__isnull=True
     ).update(cancel_requested_at=now, cancelled_by=by)
     return bool(requested)
+
+
+def experiment_checkpoint_request(*, experiment: Experiment, by: Any) -> str | None:
+    """Ask a running run for a checkpoint now; its supervisor passes the request on to the
+    training, which writes it after its current step. Returns why it cannot, or None."""
+    requested = Experiment.objects.filter(
+        pk=experiment.pk, status=Status.RUNNING, cancel_requested_at__isnull=True
+    ).update(checkpoint_requested_at=timezone.now(), checkpoint_requested_by=by)
+    if requested:
+        return None
+    experiment.refresh_from_db()
+    if experiment.status == Status.RUNNING:
+        return "the run is stopping"
+    if experiment.status == Status.QUEUED:
+        return "the run has not started yet; ask again once it is running"
+    return f"the run is {experiment.status}; only a running run can write a checkpoint"
 
 
 def experiment_clone(*, experiment: Experiment, owner: Any) -> Experiment:
@@ -130,6 +148,7 @@ def experiment_as_dict(experiment: Experiment) -> dict[str, Any]:
         attempts=experiment.attempts,
         heartbeat_at=_iso(experiment.heartbeat_at),
         stop_requested=experiment.cancel_requested_at is not None,
+        checkpoint_requested=experiment.checkpoint_requested_at is not None,
         cancelled_by=experiment.cancelled_by.get_username() if experiment.cancelled_by else None,
         duration=experiment.duration_seconds,
         url=experiment.get_absolute_url(),

@@ -77,6 +77,19 @@ def file_size(path: str) -> int | None:
         return None
 
 
+def _count(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def checkpoint_saved_text(message: dict[str, Any]) -> str:
+    if message.get("requested") is True:
+        return (
+            f"checkpoint saved on request at step {message.get('step')} "
+            f"(epoch {message.get('epoch')})"
+        )
+    return f"checkpoint of epoch {message.get('epoch')} saved"
+
+
 class EventSink:
     def __init__(self, experiment: Experiment):
         self.experiment = experiment
@@ -110,9 +123,7 @@ class EventSink:
                 self._add_log({"seq": self.seq, "time": message.get("time"), "message": note})
         elif kind == "checkpoint":
             self._add_checkpoint(message)
-            self._add_log(
-                {**message, "message": f"checkpoint of epoch {message.get('epoch')} saved"}
-            )
+            self._add_log({**message, "message": checkpoint_saved_text(message)})
         elif kind == "failed" and message.get("traceback"):
             self._add_log({**message, "message": message["traceback"]}, level="error")
         self.messages.append(message)
@@ -145,40 +156,40 @@ class EventSink:
             self.updates["rank_stats"] = stats
 
     def _add_checkpoint(self, message: dict[str, Any]) -> None:
-        epoch, path = message.get("epoch"), message.get("path")
-        if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 0:
+        epoch, step, path = message.get("epoch"), message.get("step"), message.get("path")
+        if not (_count(epoch) and isinstance(step, int) and _count(step)):
             return
         if not isinstance(path, str) or not path or len(path) > MAX_PATH_CHARS:
             return
-        step = message.get("step")
         checkpoint = Checkpoint(
             experiment_id=self.experiment.pk,
             epoch=epoch,
-            step=step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else 0,
+            step=step,
+            requested=message.get("requested") is True,
             path=path,
             size=file_size(path),
             worker=self.experiment.worker,
         )
-        self.pruned.discard(epoch)
-        self.checkpoints = [c for c in self.checkpoints if c.epoch != epoch]
+        self.pruned.discard(step)
+        self.checkpoints = [c for c in self.checkpoints if c.step != step]
         self.checkpoints.append(checkpoint)
-        gone = self._checkpoints_gone(keep_epoch=epoch)
+        gone = self._checkpoints_gone(keep_step=step)
         # The message tells the page where to download it (the size is what the worker saw) and
-        # which older ones the training's retention has deleted.
+        # which older ones the training's retention has deleted (by step).
         message.update(size=checkpoint.size, url=checkpoint.get_absolute_url(), pruned=gone)
 
-    def _checkpoints_gone(self, *, keep_epoch: int) -> list[int]:
-        """Epochs whose files this worker wrote and no longer has (the training keeps the last
+    def _checkpoints_gone(self, *, keep_step: int) -> list[int]:
+        """Steps whose files this worker wrote and no longer has (the training keeps the last
         few); their rows go, so that the list shows what can still be fetched."""
         stored = Checkpoint.objects.filter(
             experiment_id=self.experiment.pk, worker=self.experiment.worker
-        ).values_list("epoch", "path")
-        entries = [*stored, *((c.epoch, c.path) for c in self.checkpoints)]
-        present = {epoch for epoch, path in entries if file_size(path) is not None}
-        # An epoch written again (a resumed attempt) counts as present if any copy is.
-        gone = sorted({epoch for epoch, _ in entries} - present - {keep_epoch})
+        ).values_list("step", "path")
+        entries = [*stored, *((c.step, c.path) for c in self.checkpoints)]
+        present = {step for step, path in entries if file_size(path) is not None}
+        # A step written again (a resumed attempt) counts as present if any copy is.
+        gone = sorted({step for step, _ in entries} - present - {keep_step})
         self.pruned.update(gone)
-        self.checkpoints = [c for c in self.checkpoints if c.epoch not in self.pruned]
+        self.checkpoints = [c for c in self.checkpoints if c.step not in self.pruned]
         return gone
 
     def _add_log(self, message: dict[str, Any], *, level: str = "info") -> None:
@@ -201,15 +212,15 @@ class EventSink:
             LogLine.objects.bulk_create(self.logs)
             if self.pruned:
                 Checkpoint.objects.filter(
-                    experiment_id=self.experiment.pk, epoch__in=self.pruned
+                    experiment_id=self.experiment.pk, step__in=self.pruned
                 ).delete()
-            # A resumed run writes its epochs' checkpoints again: the newer file wins.
+            # A resumed run writes its steps' checkpoints again: the newer file wins.
             Checkpoint.objects.bulk_create(
-                # One row per epoch per statement: PostgreSQL refuses to update a row twice.
-                list({c.epoch: c for c in self.checkpoints}.values()),
+                # One row per step per statement: PostgreSQL refuses to update a row twice.
+                list({c.step: c for c in self.checkpoints}.values()),
                 update_conflicts=True,
-                unique_fields=["experiment", "epoch"],
-                update_fields=["step", "path", "size", "worker", "created"],
+                unique_fields=["experiment", "step"],
+                update_fields=["epoch", "requested", "path", "size", "worker", "created"],
             )
             Experiment.objects.filter(pk=self.experiment.pk).update(
                 last_seq=self.seq, **self.updates

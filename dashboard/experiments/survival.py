@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -20,13 +19,11 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
-from dashboard.experiments.models import Experiment, MetricPoint, Status
+from dashboard.experiments.models import Checkpoint, Experiment, MetricPoint, Status
 from dashboard.experiments.processes import process_tree_stop
 from dashboard.experiments.sink import EventSink
 
 log = logging.getLogger(__name__)
-
-CHECKPOINT_NAME = re.compile(r"^epoch-(\d+)\.pt$")
 
 
 def supervisor_started() -> float:
@@ -45,14 +42,13 @@ def attempt_record(
     }
 
 
-def checkpoint_latest(*, experiment_id: int) -> tuple[int, Path] | None:
-    folder = Path(settings.TRAINYARD_RUNS_DIR) / str(experiment_id) / "checkpoints"
-    found = []
-    for path in folder.glob("epoch-*.pt") if folder.is_dir() else []:
-        match = CHECKPOINT_NAME.match(path.name)
-        if match:
-            found.append((int(match.group(1)), path))
-    return max(found) if found else None
+def checkpoint_latest(*, experiment_id: int) -> Checkpoint | None:
+    """The newest checkpoint the run reported whose file this worker can read: end of epoch or
+    requested mid-epoch, the training resumes either exactly."""
+    for checkpoint in Checkpoint.objects.filter(experiment_id=experiment_id).order_by("-step"):
+        if Path(checkpoint.path).is_file():
+            return checkpoint
+    return None
 
 
 def experiment_resume_prepare(*, experiment: Experiment) -> Path | None:
@@ -64,16 +60,18 @@ def experiment_resume_prepare(*, experiment: Experiment) -> Path | None:
     if experiment.attempt <= 1:
         return None
     latest = checkpoint_latest(experiment_id=experiment.pk)
-    kept_epochs = latest[0] if latest else 0
-    removed, _ = MetricPoint.objects.filter(experiment=experiment, epoch__gt=kept_epochs).delete()
+    kept_steps = latest.step if latest else 0
+    # An epoch's test point carries the epoch's last step: kept when the checkpoint is at or
+    # after the epoch's end, replaced when it was taken mid-epoch.
+    removed, _ = MetricPoint.objects.filter(experiment=experiment, step__gt=kept_steps).delete()
     log.info(
-        "experiment %s attempt %s: resuming after epoch %s (%s points replaced)",
+        "experiment %s attempt %s: resuming after step %s (%s points replaced)",
         experiment.pk,
         experiment.attempt,
-        kept_epochs,
+        kept_steps,
         removed,
     )
-    return latest[1] if latest else None
+    return Path(latest.path) if latest else None
 
 
 def experiments_reap_lost(*, now: datetime | None = None) -> list[int]:

@@ -8,7 +8,7 @@ urlpatterns = [
     path("experiments/compare/", views.experiment_compare, name="experiment-compare"),
     path("experiments/<int:pk>/", views.experiment_detail, name="experiment-detail"),
     path(
-        "experiments/<int:pk>/checkpoints/<int:epoch>/",
+        "experiments/<int:pk>/checkpoints/<int:step>/",
         views.experiment_checkpoint_download,
         name="experiment-checkpoint",
     ),

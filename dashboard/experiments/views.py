@@ -194,12 +194,12 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
     return render(request, "experiments/detail.html", context)
 
 
-def experiment_checkpoint_download(request: HttpRequest, pk: int, epoch: int) -> HttpResponse:
-    """The checkpoint file of one epoch: owner or staff, and only from inside the runs folder."""
+def experiment_checkpoint_download(request: HttpRequest, pk: int, step: int) -> HttpResponse:
+    """The checkpoint file at one step: owner or staff, and only from inside the runs folder."""
     experiment = _visible_or_404(request, pk)
     if not experiment_can_control(experiment=experiment, user=request.user):
         raise Http404("No such checkpoint")
-    checkpoint = get_object_or_404(experiment.checkpoints, epoch=epoch)
+    checkpoint = get_object_or_404(experiment.checkpoints, step=step)
     path = checkpoint_file_resolve(checkpoint=checkpoint)
     if path is None:
         # Plain text: the reason is the useful part, and the default 404 page drops it.

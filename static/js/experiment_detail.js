@@ -394,7 +394,14 @@
         appendLog(msg);
         break;
       case "checkpoint":
-        appendLog({ time: msg.time, level: "info", message: "checkpoint of epoch " + msg.epoch + " saved" });
+        // The same words as the stored log line (dashboard/experiments/sink.py).
+        appendLog({
+          time: msg.time,
+          level: "info",
+          message: msg.requested === true
+            ? "checkpoint saved on request at step " + msg.step + " (epoch " + msg.epoch + ")"
+            : "checkpoint of epoch " + msg.epoch + " saved",
+        });
         break;
       case "status":
         applyExperiment(

@@ -186,9 +186,10 @@
       // A live event cannot know whether this web server sees the file; the link says so if not.
       file = el("a", { href: c.url, download: "" }, "Download");
     }
-    return el("tr", { "data-epoch": String(c.epoch) }, [
+    return el("tr", { "data-step": String(c.step) }, [
       el("td", {}, String(c.epoch)),
       el("td", { class: "num" }, isNum(c.step) ? String(c.step) : "—"),
+      el("td", {}, c.requested === true ? "on request, mid-epoch" : "end of epoch"),
       el("td", { class: "num" }, isNum(c.size) ? bytesText(c.size) : "?"),
       el("td", {}, file),
     ]);
@@ -201,20 +202,94 @@
   }
 
   function addCheckpoint(msg) {
-    if (!isNum(msg.epoch) || typeof msg.url !== "string" || !msg.url.startsWith("/")) return;
+    if (!isNum(msg.step) || typeof msg.url !== "string" || !msg.url.startsWith("/")) return;
     const body = $("checkpoints-body");
     const row = checkpointRow(msg);
-    const old = body.querySelector('tr[data-epoch="' + msg.epoch + '"]');
+    const old = body.querySelector('tr[data-step="' + msg.step + '"]');
     if (old) old.replaceWith(row);
-    else body.append(row);
-    // Older files the training's retention deleted (the sink says which).
-    for (const epoch of Array.isArray(msg.pruned) ? msg.pruned : []) {
-      if (!Number.isInteger(epoch)) continue;
-      const gone = body.querySelector('tr[data-epoch="' + epoch + '"]');
+    else {
+      // In step order: a resumed attempt writes steps again that the list already has.
+      const after = [...body.children].find((tr) => Number(tr.dataset.step) > msg.step);
+      body.insertBefore(row, after || null);
+    }
+    // Older files the training's retention deleted (the sink says which, by step).
+    for (const step of Array.isArray(msg.pruned) ? msg.pruned : []) {
+      if (!Number.isInteger(step)) continue;
+      const gone = body.querySelector('tr[data-step="' + step + '"]');
       if (gone) gone.remove();
     }
     show("checkpoints-table", "checkpoints-empty", body.children.length > 0);
   }
+
+  // ---- checkpoint now: POST, then wait for the training's checkpoint event ----------------
+
+  const checkpointButton = $("checkpoint-button");
+  const checkpointStatus = $("checkpoint-status");
+  const checkpoint = {
+    pending: Boolean(checkpointButton && checkpointButton.textContent.includes("requested")),
+    status: null, // the run's, once a snapshot or event has said it
+  };
+
+  function say(text, isError) {
+    checkpointStatus.textContent = text;
+    checkpointStatus.classList.toggle("error-text", Boolean(isError));
+    checkpointStatus.hidden = !text;
+  }
+
+  function renderCheckpointButton() {
+    if (!checkpointButton) return;
+    const running = checkpoint.status === "running";
+    checkpointButton.hidden = checkpoint.status !== null && !running && checkpoint.status !== "queued";
+    checkpointButton.disabled = checkpoint.pending || !running;
+    checkpointButton.textContent = checkpoint.pending ? "Checkpoint requested…" : "Checkpoint now";
+  }
+
+  function csrfToken() {
+    const match = document.cookie.match(/(?:^|;\s*)csrftoken=([^;]+)/);
+    if (match) return decodeURIComponent(match[1]);
+    const input = document.querySelector('input[name="csrfmiddlewaretoken"]');
+    return input ? input.value : "";
+  }
+
+  async function checkpointRequest() {
+    checkpoint.pending = true;
+    renderCheckpointButton();
+    say("Requested: rank 0 writes it after its current step.");
+    try {
+      const response = await fetch(checkpointButton.dataset.url, {
+        method: "POST",
+        credentials: "same-origin",
+        headers: { "X-CSRFToken": csrfToken(), Accept: "application/json" },
+      });
+      let body = {};
+      try { body = await response.json(); } catch (err) { body = {}; }
+      if (!response.ok) throw new Error(body.error || "the server answered " + response.status);
+    } catch (err) {
+      checkpoint.pending = false;
+      renderCheckpointButton();
+      say("Could not ask for a checkpoint: " + err.message + ".", true);
+    }
+  }
+
+  function onRunStatus(status) {
+    if (typeof status !== "string") return;
+    checkpoint.status = status;
+    if (status !== "running" && status !== "queued" && checkpoint.pending) {
+      // The run ended first; its last epoch's checkpoint, if any, is in the list.
+      checkpoint.pending = false;
+      say("");
+    }
+    renderCheckpointButton();
+  }
+
+  function onCheckpointWritten(msg) {
+    if (!checkpoint.pending) return;
+    checkpoint.pending = false;
+    renderCheckpointButton();
+    say("Saved at step " + msg.step + " (epoch " + msg.epoch + ").");
+  }
+
+  if (checkpointButton) checkpointButton.addEventListener("click", checkpointRequest);
 
   // ---- messages ------------------------------------------------------------------------------
 
@@ -231,6 +306,10 @@
     renderStages(run.stages);
     renderRanks(msg.rank_stats);
     renderCheckpoints(msg.checkpoints);
+    if (msg.experiment) {
+      if (msg.experiment.checkpoint_requested) checkpoint.pending = true;
+      onRunStatus(msg.experiment.status);
+    }
   }
 
   function onEvent(msg) {
@@ -257,6 +336,12 @@
       }
       case "checkpoint":
         addCheckpoint(msg);
+        onCheckpointWritten(msg);
+        break;
+      case "status":
+      case "finished":
+      case "failed":
+        onRunStatus(msg.status);
         break;
       default:
         break;
