@@ -1,4 +1,5 @@
-"""A user's path in a real Chromium: log in, start a DDP run, watch it live, look at devices, stop.
+"""A user's path in a real Chromium: log in, start a DDP run, watch it live, look at devices,
+checkpoint a run now, stop it.
 
 Screenshots land in test-artifacts/ for a person to look at.
 """
@@ -109,14 +110,26 @@ def test_device_page_shows_the_worker(page: Any, stack: Stack) -> None:
     screenshot(page, "devices.png")
 
 
-def test_stop_a_run_from_its_page(page: Any, stack: Stack) -> None:
+def test_checkpoint_then_stop_a_run_from_its_page(page: Any, stack: Stack) -> None:
     log_in(page, stack, "bob")
     start_run(page, stack, name="browser stop", epochs=30)
     page.wait_for_function(f"() => ({CHART_POINTS})().some(n => n >= 1)", timeout=120_000)
+
+    button = page.locator("#checkpoint-button")
+    assert button.is_enabled() and button.inner_text() == "Checkpoint now"
+    button.click()
+    # Live: the row appears and the button is ready again, without a reload.
+    row = page.locator("#checkpoints-body tr", has_text="on request, mid-epoch")
+    row.wait_for(timeout=60_000)
+    assert "Saved at step" in page.locator("#checkpoint-status").inner_text()
+    assert button.is_enabled() and row.get_by_role("link", name="Download").count() == 1
+    screenshot(page, "checkpoint-now.png")
+
     page.get_by_role("button", name="Stop").click()
     page.wait_for_function(STATUS_IS % "cancelled", timeout=30_000)
     assert (
         page.get_by_role("button", name="Stop").count() == 0
         or not page.get_by_role("button", name="Stop").is_enabled()
     )
+    assert not button.is_visible()  # nothing left to checkpoint
     screenshot(page, "stopped-run.png")
