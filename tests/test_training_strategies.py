@@ -10,6 +10,7 @@ import signal
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -25,6 +26,7 @@ from tests.test_training import (
     children_gone,
     needs_cuda,
     run_cli,
+    run_cli_asking_checkpoint,
     training_data_dir,
 )
 from training import cli
@@ -57,9 +59,23 @@ def _no_processes_left() -> Iterator[None]:
 # --- one epoch each, on the CPU ----------------------------------------------------------------
 
 
-def test_model_parallel_on_the_cpu_says_so(data_dir: Path) -> None:
-    result = run_cli(data_dir, "--strategy", "model-parallel", "--run-id", "mp")
+def assert_requested_checkpoint_loads(result: Any) -> None:
+    """The checkpoint asked for at `started` holds a whole SimpleCNN, whatever the strategy."""
+    from training.model import SimpleCNN
+
+    [event] = [c for c in result.of_type("checkpoint") if c["requested"]]
+    state = torch.load(event["path"], weights_only=True)
+    assert state["step"] == event["step"] and state["images_into_epoch"] > 0
+    SimpleCNN().load_state_dict(state["model"])  # strict: every key, right shapes
+
+
+def test_model_parallel_on_the_cpu_says_so(data_dir: Path, tmp_path: Path) -> None:
+    result = run_cli_asking_checkpoint(
+        data_dir, "--strategy", "model-parallel", "--checkpoint-dir", str(tmp_path),
+        "--run-id", "mp",
+    )  # fmt: skip
     assert_well_formed(result, "mp")
+    assert_requested_checkpoint_loads(result)
     started = result.started
     assert started["stages"] == [
         {"name": "features", "device": "cpu"},
@@ -119,12 +135,14 @@ def test_hogwild_sigterm_stops_every_worker(data_dir: Path) -> None:
     assert segments_of(proc.pid) == []
 
 
-def test_deepspeed_zero1_on_two_cpu_ranks(data_dir: Path) -> None:
+def test_deepspeed_zero1_on_two_cpu_ranks(data_dir: Path, tmp_path: Path) -> None:
     need(cli.deepspeed_available(), "deepspeed is not installed (pip install -e '.[deepspeed]')")
-    result = run_cli(
-        data_dir, "--strategy", "deepspeed", "--nproc", "2", "--run-id", "ds", timeout=400
-    )
+    result = run_cli_asking_checkpoint(
+        data_dir, "--strategy", "deepspeed", "--nproc", "2", "--checkpoint-dir", str(tmp_path),
+        "--run-id", "ds", timeout=400,
+    )  # fmt: skip
     assert_well_formed(result, "ds")
+    assert_requested_checkpoint_loads(result)
     started = result.started
     assert (started["world_size"], started["zero_stage"]) == (2, 1)
     assert started["devices"] == ["cpu", "cpu"]
