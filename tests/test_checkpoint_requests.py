@@ -17,8 +17,10 @@ import pytest
 from django.test import Client
 
 from dashboard.accounts.models import ApiToken
-from dashboard.experiments.models import Experiment
+from dashboard.experiments.models import Experiment, Status
 from dashboard.experiments.processes import process_in_tree_signal
+from dashboard.experiments.runner import Outcome, experiment_settle
+from dashboard.experiments.sink import EventSink
 from tests.stack import wait_for
 
 pytestmark = pytest.mark.django_db
@@ -116,6 +118,18 @@ def test_run_page_offers_checkpoint_now_while_running(
     done = experiment_factory(owner=alice, status="succeeded")
     html = logged_in(alice).get(done.get_absolute_url()).content.decode()
     assert 'id="checkpoint-button"' not in html
+
+
+def test_a_request_the_run_ended_before_answering_is_dropped(
+    user_factory: Any, experiment_factory: Any
+) -> None:
+    alice = user_factory()
+    run = experiment_factory(owner=alice, status="running", attempt=1)
+    assert ask(logged_in(alice), run).status_code == 202
+    run.refresh_from_db()
+    experiment_settle(experiment=run, sink=EventSink(run), outcome=Outcome(Status.SUCCEEDED))
+    body = logged_in(alice).get(f"/api/experiments/{run.pk}/").json()
+    assert body["status"] == "succeeded" and body["checkpoint_requested"] is False
 
 
 def test_the_signal_goes_only_to_a_process_of_the_run() -> None:

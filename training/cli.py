@@ -43,7 +43,7 @@ def main(argv: Sequence[str] | None = None, *, events_stream: IO[str] | None = N
     # Early, so that a SIGTERM at any point from here on runs the finally blocks below.
     _exit_on_sigterm()
     # Before `started` names this process as the one to ask: SIGUSR1 would otherwise kill it.
-    from training.requests import requests_install
+    from training.run_requests import requests_install
 
     requests_install()
 

@@ -21,7 +21,7 @@ from training.data import Dataset, Split, load_dataset, to_batch
 from training.meter import StepTiming, Window, finite, window_report
 from training.model import SimpleCNN
 from training.protocol import EventWriter
-from training.requests import checkpoint_request_pending, checkpoint_request_take
+from training.run_requests import checkpoint_request_pending, checkpoint_request_take
 from training.runtime import Runtime, all_gather, all_reduce_sum
 from training.strategies import Plan, plan_build
 from training.strategies.common import StepFn

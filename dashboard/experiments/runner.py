@@ -210,6 +210,9 @@ def experiment_settle(*, experiment: Experiment, sink: EventSink, outcome: Outco
         test_loss=outcome.test_loss,
         test_accuracy=outcome.test_accuracy,
         launcher_pid=None,
+        # A request the training never got to: nothing is left to answer it.
+        checkpoint_requested_at=None,
+        checkpoint_requested_by=None,
     )
     final_type = "finished" if outcome.status == Status.SUCCEEDED else "failed"
     fields: dict[str, Any] = {"type": final_type, "status": outcome.status}

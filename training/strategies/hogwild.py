@@ -47,7 +47,7 @@ from training.data import Dataset, load_dataset
 from training.meter import Window, report_from_rows
 from training.model import SimpleCNN
 from training.protocol import EventWriter
-from training.requests import checkpoint_request_take
+from training.run_requests import checkpoint_request_take
 from training.runtime import Runtime
 from training.shared_data import (
     Segment,
