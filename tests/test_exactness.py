@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.conftest import need
 from tests.test_training import (
     Result,
     assert_well_formed,
@@ -33,6 +34,7 @@ from tests.test_training import (
     run_cli_asking_checkpoint,
     training_data_dir,
 )
+from training import cli
 from training.batching import epoch_order, global_batches, rank_batches, steps_per_epoch
 
 STEPS, EPOCHS = 10, 2
@@ -231,7 +233,7 @@ def test_ddp_resumed_equals_uninterrupted(data_dir: Path, ddp_run: Path, tmp_pat
 # --- checkpoints on request (SIGUSR1), mid-epoch -----------------------------------------------
 
 
-def _requested_checkpoint(result: Result) -> Path:
+def _requested_checkpoint(result: Result, zero_partitions: int = 0) -> Path:
     """The one checkpoint the run wrote on request: mid-epoch 1, kept whatever the retention."""
     requested = [c for c in result.of_type("checkpoint") if c["requested"]]
     assert len(requested) == 1, result.of_type("checkpoint")
@@ -242,7 +244,12 @@ def _requested_checkpoint(result: Result) -> Path:
     state = torch.load(path, weights_only=True)
     assert state["step"] == event["step"] and state["epoch"] == 1
     assert state["images_into_epoch"] == event["step"] * 64
-    assert state["optimizer"]["state"], "the optimizer's momentum must be in it"
+    if zero_partitions:
+        partitions = state["optimizer"]["zero_partitions"]
+        assert len(partitions) == zero_partitions
+        assert all(p["base_optimizer_state"]["state"] for p in partitions), "momentum missing"
+    else:
+        assert state["optimizer"]["state"], "the optimizer's momentum must be in it"
     return path
 
 
@@ -309,3 +316,20 @@ def test_hogwild_checkpoint_on_request_resumes_exactly(
     requested = _requested_checkpoint(result)
     _resume_from_requested(data_dir, requested, tmp_path / "resumed", "ask3r", *hogwild)
     assert_same_parameters(tmp_path / "resumed" / "epoch-2.pt", reference / "epoch-2.pt", 1e-6)
+
+
+def test_deepspeed_resumes_zero_optimizer_state_exactly(data_dir: Path, tmp_path: Path) -> None:
+    """ZeRO partitions the optimizer state over the ranks: a checkpoint gathers every rank's
+    partition, and a resumed run gives each rank its own back (momentum included)."""
+    need(cli.deepspeed_available(), "deepspeed is not installed (pip install -e '.[deepspeed]')")
+    zero = ("--strategy", "deepspeed", "--nproc", "2", "--batch-size", "32")
+    asked = tmp_path / "asked"
+    result = run_cli_asking_checkpoint(
+        data_dir, *COMMON, *zero, "--checkpoint-dir", str(asked), "--run-id", "ask4", timeout=400
+    )
+    assert_well_formed(result, "ask4")
+    requested = _requested_checkpoint(result, zero_partitions=2)
+    resumed = _resume_from_requested(data_dir, requested, tmp_path / "resumed", "ask4r", *zero)
+    notes = resumed.started["notes"]
+    assert any("ZeRO's optimizer state resumed: 2 partitions" in n for n in notes), notes
+    assert_same_parameters(tmp_path / "resumed" / "epoch-2.pt", asked / "epoch-2.pt", 1e-6)

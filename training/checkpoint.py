@@ -93,6 +93,13 @@ def load_for(cfg: TrainConfig) -> dict[str, Any]:
     return state
 
 
+def holds_torch_optimizer(state: dict[str, Any]) -> bool:
+    """Whether the checkpoint's optimizer state is a torch optimizer's, not ZeRO's partitions
+    (``training.strategies.deepspeed_zero``), which only DeepSpeed takes back."""
+    saved = state.get("optimizer")
+    return isinstance(saved, dict) and "state" in saved and "param_groups" in saved
+
+
 _EPOCH_FILE = re.compile(r"^epoch-(\d+)\.pt$")
 
 

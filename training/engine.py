@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,7 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
             plan.optimizer,
             plan.notes,
             takes_optimizer=plan.saves_optimizer,
+            restore=plan.optimizer_restore,
             global_batch=cfg.batch_size * rt.world_size,
             per_epoch=per_epoch,
         )
@@ -104,13 +105,15 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
         )
         if rt.is_main:
             log.info("epoch %d: test loss %s, accuracy %.4f", epoch, test_loss, test_accuracy)
-        if cfg.checkpoint_dir and rt.is_main:
-            checkpoint_write(
-                cfg, events, model_state=plan.model.state_dict(),
-                optimizer_state=optimizer_state_of(plan), epoch=epoch, step=step,
-            )  # fmt: skip
-            # This one answers a request made during the epoch's last step too.
-            checkpoint_request_take()
+        if cfg.checkpoint_dir:
+            optimizer_state = optimizer_state_of(plan, rt)  # every rank: ZeRO gathers
+            if rt.is_main:
+                checkpoint_write(
+                    cfg, events, model_state=plan.model.state_dict(),
+                    optimizer_state=optimizer_state, epoch=epoch, step=step,
+                )  # fmt: skip
+                # This one answers a request made during the epoch's last step too.
+                checkpoint_request_take()
     if start_epoch > cfg.epochs:
         test_loss, test_accuracy = evaluate(
             plan.eval_net, data, rt, cfg.test_batch_size, plan.input_device, plan.output_device
@@ -120,8 +123,21 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
     )
 
 
-def optimizer_state_of(plan: Plan) -> dict[str, Any] | None:
-    return plan.optimizer.state_dict() if plan.saves_optimizer else None
+def optimizer_state_of(plan: Plan, rt: Runtime) -> dict[str, Any] | None:
+    """The optimizer state a checkpoint holds, on rank 0. Every rank calls this: where the
+    state is partitioned (ZeRO), gathering it is a collective."""
+    if plan.optimizer_gather is not None:
+        return plan.optimizer_gather()
+    return plan.optimizer.state_dict() if plan.saves_optimizer and rt.is_main else None
+
+
+def checkpoint_asked(plan: Plan, rt: Runtime) -> bool:
+    """Whether a checkpoint is requested; where writing one is a collective, all ranks learn
+    rank 0's answer (one tiny all-reduce a step, for those strategies only)."""
+    pending = rt.is_main and checkpoint_request_pending()
+    if plan.optimizer_gather is None:
+        return pending
+    return all_reduce_sum(rt, [1.0 if pending else 0.0])[0] > 0
 
 
 def finished_emit(
@@ -172,21 +188,24 @@ def epoch_run(
             # Every rank takes this branch at the same step: the all-gather inside matches up.
             events.emit("step", epoch=epoch, step=step, **window_report(rt, interval))
             interval = Window(plan.output_device)
-        # Rank 0 alone, with no collective: its replica is every rank's. At the epoch's last
-        # step the request waits for the epoch's own checkpoint, a few seconds later.
-        if not (rt.is_main and checkpoint_request_pending()):
+        # Rank 0 writes: its replica is every rank's. At the epoch's last step the request
+        # waits for the epoch's own checkpoint, a few seconds later.
+        if not checkpoint_asked(plan, rt):
             continue
         if cfg.checkpoint_dir is None:
-            checkpoint_request_take()
-            checkpoint_request_refuse(events, step=step)
+            if rt.is_main:
+                checkpoint_request_take()
+                checkpoint_request_refuse(events, step=step)
         elif not last:
-            checkpoint_request_take()
-            trained = (done_before + i + 1) * cfg.batch_size * rt.world_size
-            checkpoint_requested_write(
-                cfg, events, model_state=plan.model.state_dict(),
-                optimizer_state=optimizer_state_of(plan), epoch=epoch, step=step,
-                images_into_epoch=trained,
-            )  # fmt: skip
+            optimizer_state = optimizer_state_of(plan, rt)
+            if rt.is_main:
+                checkpoint_request_take()
+                trained = (done_before + i + 1) * cfg.batch_size * rt.world_size
+                checkpoint_requested_write(
+                    cfg, events, model_state=plan.model.state_dict(),
+                    optimizer_state=optimizer_state, epoch=epoch, step=step,
+                    images_into_epoch=trained,
+                )  # fmt: skip
     return step, whole
 
 
@@ -292,6 +311,7 @@ def resume_apply(
     notes: list[str],
     takes_optimizer: bool = True,
     *,
+    restore: Callable[[dict[str, Any]], str] | None = None,
     global_batch: int,
     per_epoch: int,
 ) -> ResumePoint:
@@ -299,12 +319,15 @@ def resume_apply(
     returns where training continues and notes what was resumed.
 
     ``optimizer`` None with ``takes_optimizer``: the caller hands the state on itself (Hogwild's
-    workers); ``takes_optimizer`` False: the strategy cannot take it (ZeRO partitions it).
+    workers); ``restore``: the strategy takes it its own way (ZeRO, partitioned);
+    ``takes_optimizer`` False: it cannot take a plain optimizer's state.
     """
     saved_optimizer = state.get("optimizer")
     if saved_optimizer is None:
         notes.append("The checkpoint holds no optimizer state; the optimizer starts afresh.")
-    elif not takes_optimizer:
+    elif restore is not None:
+        notes.append(restore(saved_optimizer))
+    elif not takes_optimizer or not checkpoint.holds_torch_optimizer(state):
         notes.append(
             "This strategy does not take the checkpoint's optimizer state; the optimizer "
             "starts afresh."

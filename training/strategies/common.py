@@ -28,8 +28,13 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     started: dict[str, Any] = field(default_factory=dict)  # extra started fields
-    # False where the optimizer state is partitioned (ZeRO): checkpoints then hold none.
+    # False where rank 0's optimizer does not hold the whole state (ZeRO partitions it).
     saves_optimizer: bool = True
+    # Where the state is partitioned: a collective every rank joins at a checkpoint, returning
+    # on rank 0 the whole state to save (None on the others) ...
+    optimizer_gather: Callable[[], dict[str, Any] | None] | None = None
+    # ... and what takes such a state back on resume; returns a note for the user.
+    optimizer_restore: Callable[[dict[str, Any]], str] | None = None
 
 
 def optimizer_make(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:

@@ -30,10 +30,7 @@ INSTALL_HINT = (
     f"DS_BUILD_OPS=0 pip install --no-build-isolation '{DEEPSPEED_REQUIREMENT}' "
     "(the 'deepspeed' extra of this package)"
 )
-OPTIMIZER_NOT_SAVED = (
-    "ZeRO partitions the optimizer state over the ranks, so checkpoints of this run hold the "
-    "model but not the optimizer state; a resumed run starts the optimizer afresh."
-)
+ZERO_STATE = "zero_partitions"  # the key of a gathered ZeRO optimizer state in a checkpoint
 
 
 def ds_config(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
@@ -86,8 +83,66 @@ def plan_build(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> Plan:
         notes=[
             f"DeepSpeed ZeRO stage {cfg.zero_stage} over {rt.world_size} rank(s) "
             f"({'NCCL' if rt.device.type == 'cuda' else 'Gloo, DS_ACCELERATOR=cpu'}).",
-            OPTIMIZER_NOT_SAVED,
         ],
         started={"zero_stage": cfg.zero_stage},
         saves_optimizer=False,
+        optimizer_gather=lambda: zero_state_gather(engine, cfg, rt),
+        optimizer_restore=lambda saved: zero_state_restore(engine, cfg, rt, saved),
     )
+
+
+def zero_state_gather(engine: Any, cfg: TrainConfig, rt: Runtime) -> dict[str, Any] | None:
+    """Every rank's partition of the optimizer state, gathered on rank 0 (a collective)."""
+    import torch.distributed as dist
+
+    mine = _saveable(engine.optimizer.state_dict())
+    partitions: list[Any] | None = [None] * rt.world_size if rt.is_main else None
+    dist.gather_object(mine, partitions, dst=0)
+    if partitions is None:
+        return None
+    return {ZERO_STATE: partitions, "world_size": rt.world_size, "zero_stage": cfg.zero_stage}
+
+
+def zero_state_restore(engine: Any, cfg: TrainConfig, rt: Runtime, saved: dict[str, Any]) -> str:
+    partitions = saved.get(ZERO_STATE)
+    if not isinstance(partitions, list):
+        return (
+            "The checkpoint's optimizer state is not ZeRO's (another strategy wrote it); the "
+            "optimizer starts afresh."
+        )
+    where = (saved.get("world_size"), saved.get("zero_stage"))
+    if where != (rt.world_size, cfg.zero_stage):
+        return (
+            f"The checkpoint's ZeRO optimizer state is partitioned for {where[0]} rank(s) at "
+            f"stage {where[1]}, this run has {rt.world_size} at stage {cfg.zero_stage}; the "
+            "optimizer starts afresh."
+        )
+    # Each rank takes its own partition; the master weights come from the loaded model.
+    engine.optimizer.load_state_dict(partitions, load_optimizer_states=True)
+    for group in engine.optimizer.param_groups:
+        group["lr"] = cfg.lr  # the saved learning rate would silently override --lr
+    return f"ZeRO's optimizer state resumed: {len(partitions)} partitions, one per rank."
+
+
+def _saveable(value: Any) -> Any:
+    """``value`` with what ``torch.load(weights_only=True)`` accepts: tensors (on the CPU),
+    numbers, strings, lists and dicts; enums become their values; other objects (the loss
+    scaler, fragment mappings for DeepSpeed's universal checkpoints) are left out."""
+    import enum
+
+    if isinstance(value, torch.Tensor):
+        return value.detach().cpu().clone()
+    if isinstance(value, enum.Enum):
+        return _saveable(value.value)
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if isinstance(value, dict):
+        kept = {k: _saveable(v) for k, v in value.items()}
+        return {k: v for k, v in kept.items() if v is not _DROPPED}
+    if isinstance(value, list | tuple):
+        items = [_saveable(v) for v in value]
+        return [v for v in items if v is not _DROPPED]
+    return _DROPPED
+
+
+_DROPPED = object()

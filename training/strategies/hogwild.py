@@ -126,11 +126,11 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
                 cfg, state, None, notes, global_batch=cfg.batch_size * nproc, per_epoch=per_epoch
             )
         start_epoch, step = resume.start_epoch, resume.step
+        taken = state is not None and checkpoint.holds_torch_optimizer(state)
+        worker_optimizer_state = state["optimizer"] if state is not None and taken else None
         for rank in range(nproc):
             control = ctx.SimpleQueue()
-            args = WorkerArgs(
-                rank, cfg, segment, state.get("optimizer") if state else None, threads, os.getpid()
-            )
+            args = WorkerArgs(rank, cfg, segment, worker_optimizer_state, threads, os.getpid())
             p = ctx.Process(
                 target=worker_main,
                 args=(args, model, results, control, wanted),
