@@ -86,8 +86,11 @@ def test_model_parallel_on_the_cpu_says_so(data_dir: Path, tmp_path: Path) -> No
     assert result.finished["test_accuracy"] > ACCURACY
 
 
-def test_hogwild_two_processes_share_model_and_data(data_dir: Path) -> None:
-    result = run_cli(data_dir, "--strategy", "hogwild", "--nproc", "2", "--run-id", "hw")
+def test_hogwild_two_processes_share_model_and_data(data_dir: Path, tmp_path: Path) -> None:
+    result = run_cli(
+        data_dir, "--strategy", "hogwild", "--nproc", "2", "--checkpoint-dir", str(tmp_path),
+        "--run-id", "hw",
+    )  # fmt: skip
     assert_well_formed(result, "hw")
     started = result.started
     assert started["world_size"] == 2
@@ -107,6 +110,23 @@ def test_hogwild_two_processes_share_model_and_data(data_dir: Path) -> None:
         assert len(event["ranks"]) == 2
     assert result.finished["test_accuracy"] > ACCURACY
     assert not [pid for pid in pids if psutil.pid_exists(pid)], "workers outlived the run"
+
+    # Each worker's own optimizer state is kept (worker 0's is the one other strategies take),
+    # and a Hogwild run on as many workers gives each its own back.
+    state = torch.load(tmp_path / "epoch-1.pt", weights_only=True)
+    own = state["worker_optimizers"]
+    assert len(own) == 2 and own[0]["state"] and own[1]["state"]
+    first = own[0]["state"][0]["exp_avg"]
+    assert torch.equal(state["optimizer"]["state"][0]["exp_avg"], first)
+    assert not torch.equal(own[1]["state"][0]["exp_avg"], first)
+    resumed = run_cli(
+        data_dir, "--strategy", "hogwild", "--nproc", "2", "--epochs", "2",
+        "--steps-per-epoch", "3", "--resume", str(tmp_path / "epoch-1.pt"), "--run-id", "hwr",
+    )  # fmt: skip
+    # Epoch 1 had 32 steps, epoch 2 has 3 (--steps-per-epoch): not the usual shape of a run.
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert resumed.started["start_epoch"] == 2 and resumed.finished["steps"] == 32 + 3
+    assert any("Each of the 2 workers resumed its own" in n for n in resumed.started["notes"])
 
 
 def test_hogwild_sigterm_stops_every_worker(data_dir: Path) -> None:

@@ -32,10 +32,12 @@ def save(
     step: int,
     config: dict[str, Any],
     images_into_epoch: int | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> Path:
     """Write ``epoch-{epoch}.pt``, or ``step-{step}.pt`` when ``images_into_epoch`` says the
     epoch is not over. ``model_state`` is the bare module's, never a DP/DDP wrapper's;
-    ``optimizer_state`` None where there is none to save (ZeRO partitions it)."""
+    ``optimizer_state`` None where there is none to save; ``extra``: a strategy's own entries
+    (Hogwild's per-worker optimizer states)."""
     directory.mkdir(parents=True, exist_ok=True)
     state = {
         "format": FORMAT,
@@ -51,6 +53,7 @@ def save(
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else [],
         },
         "config": config,
+        **(extra or {}),
     }
     name = f"epoch-{epoch}.pt" if images_into_epoch is None else f"step-{step}.pt"
     path = directory / name

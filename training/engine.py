@@ -372,6 +372,7 @@ def checkpoint_write(
     optimizer_state: dict[str, Any] | None,
     epoch: int,
     step: int,
+    extra: dict[str, Any] | None = None,
 ) -> Path:
     """The end-of-epoch checkpoint, then the retention of ``--keep-checkpoints``."""
     assert cfg.checkpoint_dir is not None
@@ -383,6 +384,7 @@ def checkpoint_write(
         epoch=epoch,
         step=step,
         config=cfg.to_dict(),
+        extra=extra,
     )
     events.emit("checkpoint", epoch=epoch, step=step, path=str(path), requested=False)
     for old in checkpoint.retention_apply(directory, cfg.keep_checkpoints):

@@ -64,6 +64,7 @@ from training.strategies.common import optimizer_make, step_default
 
 log = logging.getLogger(__name__)
 
+WORKER_OPTIMIZERS = "worker_optimizers"  # a checkpoint's per-worker optimizer states
 START_TIMEOUT_S = 300.0  # spawning imports torch in each worker; slow disks, many workers
 STOP_TIMEOUT_S = 30.0
 _CPU = torch.device("cpu")
@@ -126,11 +127,10 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
                 cfg, state, None, notes, global_batch=cfg.batch_size * nproc, per_epoch=per_epoch
             )
         start_epoch, step = resume.start_epoch, resume.step
-        taken = state is not None and checkpoint.holds_torch_optimizer(state)
-        worker_optimizer_state = state["optimizer"] if state is not None and taken else None
+        optimizer_states = workers_optimizer_states(state, nproc, notes)
         for rank in range(nproc):
             control = ctx.SimpleQueue()
-            args = WorkerArgs(rank, cfg, segment, worker_optimizer_state, threads, os.getpid())
+            args = WorkerArgs(rank, cfg, segment, optimizer_states[rank], threads, os.getpid())
             p = ctx.Process(
                 target=worker_main,
                 args=(args, model, results, control, wanted),
@@ -186,9 +186,10 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
             )
             log.info("epoch %d: test loss %s, accuracy %.4f", epoch, test_loss, test_accuracy)
             if cfg.checkpoint_dir:
+                # Worker 0's optimizer is the one other strategies resume; Hogwild takes each.
                 checkpoint_write(
                     cfg, events, model_state=model.state_dict(), optimizer_state=done[0][4],
-                    epoch=epoch, step=step,
+                    epoch=epoch, step=step, extra={WORKER_OPTIMIZERS: [d[4] for d in done]},
                 )  # fmt: skip
                 # It answers a request worker 0 had no step left for.
                 checkpoint_request_take()
@@ -210,6 +211,27 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
         segment_remove(path)
         results.close()
         results.cancel_join_thread()
+
+
+def workers_optimizer_states(
+    state: dict[str, Any] | None, nproc: int, notes: list[str]
+) -> list[dict[str, Any] | None]:
+    """The optimizer state each worker starts from: its own where the checkpoint has one per
+    worker for as many workers, else worker 0's (or a single process's) for all."""
+    if state is None or not checkpoint.holds_torch_optimizer(state):
+        return [None] * nproc
+    own = state.get(WORKER_OPTIMIZERS)
+    if isinstance(own, list) and len(own) == nproc and all(isinstance(o, dict) for o in own):
+        if nproc > 1:
+            notes.append(f"Each of the {nproc} workers resumed its own optimizer state.")
+        return list(own)
+    if nproc > 1:
+        notes.append(
+            "The checkpoint holds one optimizer state (a requested checkpoint keeps worker 0's, "
+            "another strategy's its only one, or another number of workers); every worker "
+            "starts from it."
+        )
+    return [state["optimizer"]] * nproc
 
 
 def _dataset_owned(cfg: TrainConfig, path: Path) -> tuple[Dataset, Segment | None]:
@@ -359,11 +381,7 @@ def worker_main(
             )  # fmt: skip
             # A copy: pickling would otherwise move the live state into shared memory, and the
             # parent would write a checkpoint of tensors this worker goes on changing.
-            state = (
-                copy.deepcopy(optimizer.state_dict())
-                if args.rank == 0 and cfg.checkpoint_dir
-                else None
-            )
+            state = copy.deepcopy(optimizer.state_dict()) if cfg.checkpoint_dir else None
             results.put(("epoch_done", args.rank, epoch, whole.row(), state))
     except BaseException:
         with contextlib.suppress(Exception):
