@@ -193,3 +193,28 @@ def test_run_page_lists_downloadable_checkpoints(
     snapshot = response.context["initial"]
     assert [c["epoch"] for c in snapshot["checkpoints"]] == [1, 2]
     assert all(c["here"] for c in snapshot["checkpoints"])
+
+
+@pytest.mark.django_db(transaction=True)
+def test_migration_0004_rolls_back_keeping_each_epochs_newest(
+    user_factory: Any, experiment_factory: Any
+) -> None:
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    experiment = experiment_factory(owner=user_factory())
+    for epoch, step, requested in ((1, 5, True), (1, 10, False), (2, 20, False)):
+        Checkpoint.objects.create(
+            experiment=experiment, epoch=epoch, step=step, requested=requested, path="x"
+        )
+    before = [("experiments", "0003_strategies_checkpoints_rank_stats")]
+    after = [("experiments", "0004_checkpoints_on_request")]
+    executor = MigrationExecutor(connection)
+    try:
+        executor.migrate(before)
+        old = executor.loader.project_state(before).apps.get_model("experiments", "Checkpoint")
+        rows = old.objects.order_by("epoch").values_list("epoch", "step")
+        assert list(rows) == [(1, 10), (2, 20)]  # epoch 1's requested one gave way
+    finally:
+        executor = MigrationExecutor(connection)
+        executor.migrate(after)

@@ -291,9 +291,11 @@ def test_ddp_checkpoint_on_request_resumes_exactly(
     data_dir: Path, ddp_run: Path, tmp_path: Path
 ) -> None:
     ddp = ("--strategy", "ddp", "--nproc", "2", "--batch-size", "32")
+    # Sent to torchrun and both ranks, as a batch scheduler would: rank 0 answers, none dies.
     result = run_cli_asking_checkpoint(
-        data_dir, *COMMON, *ddp, "--checkpoint-dir", str(tmp_path / "asked"), "--run-id", "ask2"
-    )
+        data_dir, *COMMON, *ddp, "--checkpoint-dir", str(tmp_path / "asked"), "--run-id", "ask2",
+        everyone=True,
+    )  # fmt: skip
     assert_well_formed(result, "ask2")
     # Rank 0 takes requests: the first rank, not the torchrun launcher.
     assert result.started["requests_pid"] == result.started["pids"][0] != result.pid
@@ -308,7 +310,7 @@ def test_hogwild_checkpoint_on_request_resumes_exactly(
     hogwild = ("--strategy", "hogwild", "--nproc", "1", "--batch-size", "64")
     result = run_cli_asking_checkpoint(
         data_dir, *COMMON, *hogwild, "--checkpoint-dir", str(tmp_path / "asked"),
-        "--run-id", "ask3",
+        "--run-id", "ask3", everyone=True,
     )  # fmt: skip
     assert_well_formed(result, "ask3")
     # The parent takes requests; worker 0 sends it its model and optimizer at a step boundary.
@@ -333,3 +335,84 @@ def test_deepspeed_resumes_zero_optimizer_state_exactly(data_dir: Path, tmp_path
     notes = resumed.started["notes"]
     assert any("ZeRO's optimizer state resumed: 2 partitions" in n for n in notes), notes
     assert_same_parameters(tmp_path / "resumed" / "epoch-2.pt", asked / "epoch-2.pt", 1e-6)
+
+
+# --- requests at the edges, in this process (the flag set by a real SIGUSR1 to ourselves) ----
+
+
+def _train_here(data_dir: Path, *args: str, ask: bool = False) -> Result:
+    import io
+    import json
+    import os
+    import signal
+
+    from training import engine, runtime
+    from training.config import parse_args
+    from training.protocol import EventWriter
+    from training.run_requests import checkpoint_request_take, requests_install
+
+    cfg = parse_args(["--data-dir", str(data_dir), "--run-id", "here", *COMMON[:6], *args])
+    previous = signal.getsignal(signal.SIGUSR1)
+    requests_install()
+    buffer = io.StringIO()
+    try:
+        if ask:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        rt = runtime.start(cfg)
+        try:
+            engine.train(cfg, rt, EventWriter("here", stream=buffer))
+        finally:
+            runtime.stop(rt)
+    finally:
+        checkpoint_request_take()
+        signal.signal(signal.SIGUSR1, previous)
+    return Result(0, [json.loads(line) for line in buffer.getvalue().splitlines()], "")
+
+
+@pytest.fixture
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAINYARD_NO_DOWNLOAD", "1")
+
+
+@pytest.mark.usefixtures("offline")
+def test_a_request_at_an_epochs_last_step_is_answered_by_the_epochs_checkpoint(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    result = _train_here(
+        data_dir, "--dry-run", "--epochs", "2", "--checkpoint-dir", str(tmp_path), ask=True
+    )
+    answers = [
+        (c["epoch"], c["requested"], c["answers_request"]) for c in result.of_type("checkpoint")
+    ]
+    assert answers == [(1, False, True), (2, False, False)]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-1.pt", "epoch-2.pt"]
+
+
+@pytest.mark.usefixtures("offline")
+def test_resume_with_another_global_batch_says_what_is_trained_again(
+    data_dir: Path, tmp_path: Path
+) -> None:
+    first = _train_here(
+        data_dir, "--batch-size", "64", "--epochs", "2", "--steps-per-epoch", "4",
+        "--checkpoint-dir", str(tmp_path), ask=True,
+    )  # fmt: skip
+    [asked] = [c for c in first.of_type("checkpoint") if c["requested"]]
+    assert (asked["epoch"], asked["step"]) == (1, 1) and Path(asked["path"]).name == "step-1.pt"
+
+    # 64 images trained; batches of 48: one batch skipped, 16 images trained again.
+    again = _train_here(
+        data_dir, "--batch-size", "48", "--epochs", "2", "--steps-per-epoch", "4",
+        "--resume", asked["path"],
+    )  # fmt: skip
+    notes = again.started["notes"]
+    assert any("16 of them are trained again" in n for n in notes), notes
+    assert any("from its batch 2" in n for n in notes), notes
+    # Three steps left in epoch 1 (2 to 4), four in epoch 2; a step event ends each epoch.
+    assert [e["step"] for e in again.of_type("step")] == [4, 8] and again.finished["steps"] == 8
+
+    # The epoch limited to 1 step: the checkpoint covers it, training goes on with epoch 2.
+    short = _train_here(
+        data_dir, "--batch-size", "64", "--epochs", "2", "--steps-per-epoch", "1",
+        "--resume", asked["path"],
+    )  # fmt: skip
+    assert short.started["start_epoch"] == 2 and short.finished["steps"] == 2

@@ -89,7 +89,10 @@ def test_silent_run_is_lost_then_queued_again(
     django_capture_on_commit_callbacks: Any,
 ) -> None:  # fmt: skip
     settings.TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS = 30
-    run = experiment_factory(owner=alice, status="running", attempt=1, worker="w1")
+    run = experiment_factory(
+        owner=alice, status="running", attempt=1, worker="w1",
+        checkpoint_requested_at=timezone.now(),  # asked of the attempt that goes silent
+    )  # fmt: skip
     fresh = experiment_factory(owner=alice, status="running", attempt=1, worker="w1")
     _stale(run, 31)
     _stale(fresh, 5)
@@ -97,6 +100,7 @@ def test_silent_run_is_lost_then_queued_again(
         assert experiments_reap_lost() == [run.pk]
     run.refresh_from_db()
     assert run.status == "queued" and launched == [run.pk]
+    assert run.checkpoint_requested_at is None
     assert run.attempts[0]["outcome"] == "lost" and "no heartbeat from worker w1" in run.error
     assert "queued to resume" in run.waiting_reason
 

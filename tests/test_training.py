@@ -105,9 +105,12 @@ def run_cli(data_dir: Path, *args: str, timeout: float = 240) -> Result:
     return Result(proc.returncode, events, err, proc.pid)
 
 
-def run_cli_asking_checkpoint(data_dir: Path, *args: str, timeout: float = 240) -> Result:
+def run_cli_asking_checkpoint(
+    data_dir: Path, *args: str, timeout: float = 240, everyone: bool = False
+) -> Result:
     """Run the CLI and, as soon as it reports ``started``, ask it for a checkpoint the way the
-    dashboard does: SIGUSR1 to ``requests_pid``."""
+    dashboard does: SIGUSR1 to ``requests_pid``; with ``everyone``, as a batch scheduler does,
+    to every process of the run (launcher, ranks, workers)."""
     proc = _start(data_dir, *args)
     stderr: list[str] = []
     assert proc.stdout is not None and proc.stderr is not None
@@ -120,7 +123,10 @@ def run_cli_asking_checkpoint(data_dir: Path, *args: str, timeout: float = 240) 
             event = json.loads(line)
             events.append(event)
             if event["type"] == "started":
-                os.kill(event["requests_pid"], signal.SIGUSR1)
+                family = psutil.Process(proc.pid).children(recursive=True) if everyone else []
+                for pid in {event["requests_pid"], *(p.pid for p in family), proc.pid}:
+                    if everyone or pid == event["requests_pid"]:
+                        os.kill(pid, signal.SIGUSR1)
             assert time.monotonic() < deadline, "the run took too long"
         proc.wait(timeout=30)
     except BaseException:
@@ -353,6 +359,13 @@ def test_retention_rule(tmp_path: Path) -> None:
     assert sorted(p.name for p in deleted) == ["epoch-1.pt", "epoch-2.pt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-10.pt", "epoch-9.pt", "notes.txt"]
     assert retention_apply(tmp_path, 0) == []  # 0 keeps all
+    # Requested checkpoints have their own count; neither kind deletes the other.
+    for name in ("step-5.pt", "step-40.pt", "step-300.pt"):
+        (tmp_path / name).write_text("x")
+    deleted = retention_apply(tmp_path, 1, kind="step")
+    assert sorted(p.name for p in deleted) == ["step-40.pt", "step-5.pt"]
+    assert retention_apply(tmp_path, 1) == [tmp_path / "epoch-9.pt"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-10.pt", "notes.txt", "step-300.pt"]
 
 
 def test_failure_emits_failed_and_exits_1(data_dir: Path, tmp_path: Path) -> None:

@@ -103,19 +103,19 @@ def holds_torch_optimizer(state: dict[str, Any]) -> bool:
     return isinstance(saved, dict) and "state" in saved and "param_groups" in saved
 
 
-_EPOCH_FILE = re.compile(r"^epoch-(\d+)\.pt$")
+_NUMBERED_FILE = re.compile(r"^(epoch|step)-(\d+)\.pt$")
 
 
-def retention_apply(directory: Path, keep: int) -> list[Path]:
-    """Delete all but the ``keep`` highest-numbered ``epoch-N.pt`` in ``directory`` (0 keeps
-    all); returns what was deleted. Other files, requested ``step-N.pt`` among them, are never
-    touched: someone asked for those."""
+def retention_apply(directory: Path, keep: int, kind: str = "epoch") -> list[Path]:
+    """Delete all but the ``keep`` highest-numbered ``{kind}-N.pt`` in ``directory`` (0 keeps
+    all; kind "epoch" for the epochs' files, "step" for those written on request); returns what
+    was deleted. Other files are never touched."""
     if keep <= 0:
         return []
     numbered = sorted(
-        (int(m.group(1)), p)
+        (int(m.group(2)), p)
         for p in directory.iterdir()
-        if (m := _EPOCH_FILE.match(p.name)) and p.is_file()
+        if (m := _NUMBERED_FILE.match(p.name)) and m.group(1) == kind and p.is_file()
     )
     deleted = []
     for _, path in numbered[:-keep]:

@@ -202,6 +202,11 @@ def exec_torchrun(cfg: TrainConfig, argv: Sequence[str]) -> NoReturn:
     print("trainyard: exec " + " ".join(cmd), file=sys.stderr)
     sys.stdout.flush()
     sys.stderr.flush()
+    # exec resets a handled signal to its default, which for SIGUSR1 is to die; an ignored one
+    # stays ignored, in torchrun and in the ranks until they install their handler. So a
+    # checkpoint request sent to every process of the job (as batch schedulers do) is taken by
+    # rank 0 and harms none of the others.
+    signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     os.execve(sys.executable, cmd, env)
 
 

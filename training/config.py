@@ -63,6 +63,7 @@ class TrainConfig:
     resume: str | None
     zero_stage: int = 1
     keep_checkpoints: int = 2
+    keep_requested_checkpoints: int = 5
     steps_per_epoch: int | None = None  # at most this many optimizer steps per epoch
 
     @property
@@ -187,6 +188,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep the last N epoch checkpoints, delete older ones (default: 2; 0 keeps all)",
     )
     p.add_argument(
+        "--keep-requested-checkpoints",
+        type=_int_in(0, 10**6),
+        default=5,
+        metavar="N",
+        help="keep the last N checkpoints written on request (SIGUSR1), delete older ones "
+        "(default: 5; 0 keeps all)",
+    )
+    p.add_argument(
         "--zero-stage",
         type=int,
         choices=ZERO_STAGES,
@@ -227,5 +236,6 @@ def parse_args(argv: Sequence[str], parser: argparse.ArgumentParser | None = Non
         resume=str(Path(ns.resume).expanduser().resolve()) if ns.resume else None,
         zero_stage=ns.zero_stage if ns.zero_stage is not None else 1,
         keep_checkpoints=ns.keep_checkpoints,
+        keep_requested_checkpoints=ns.keep_requested_checkpoints,
         steps_per_epoch=ns.steps_per_epoch,
     )

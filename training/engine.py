@@ -111,9 +111,9 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
                 checkpoint_write(
                     cfg, events, model_state=plan.model.state_dict(),
                     optimizer_state=optimizer_state, epoch=epoch, step=step,
+                    # It answers a request made during the epoch's last step or evaluation.
+                    answers_request=checkpoint_request_take(),
                 )  # fmt: skip
-                # This one answers a request made during the epoch's last step too.
-                checkpoint_request_take()
     if start_epoch > cfg.epochs:
         test_loss, test_accuracy = evaluate(
             plan.eval_net, data, rt, cfg.test_batch_size, plan.input_device, plan.output_device
@@ -373,6 +373,7 @@ def checkpoint_write(
     epoch: int,
     step: int,
     extra: dict[str, Any] | None = None,
+    answers_request: bool = False,
 ) -> Path:
     """The end-of-epoch checkpoint, then the retention of ``--keep-checkpoints``."""
     assert cfg.checkpoint_dir is not None
@@ -386,7 +387,14 @@ def checkpoint_write(
         config=cfg.to_dict(),
         extra=extra,
     )
-    events.emit("checkpoint", epoch=epoch, step=step, path=str(path), requested=False)
+    events.emit(
+        "checkpoint",
+        epoch=epoch,
+        step=step,
+        path=str(path),
+        requested=False,
+        answers_request=answers_request,
+    )
     for old in checkpoint.retention_apply(directory, cfg.keep_checkpoints):
         log.info("deleted %s (--keep-checkpoints %d)", old, cfg.keep_checkpoints)
     return path
@@ -402,7 +410,8 @@ def checkpoint_requested_write(
     step: int,
     images_into_epoch: int,
 ) -> Path:
-    """A checkpoint someone asked for (SIGUSR1), mid-epoch; kept whatever the retention."""
+    """A checkpoint someone asked for (SIGUSR1), mid-epoch; the last
+    ``--keep-requested-checkpoints`` of them are kept, apart from the epochs' files."""
     assert cfg.checkpoint_dir is not None
     path = checkpoint.save(
         Path(cfg.checkpoint_dir),
@@ -413,7 +422,12 @@ def checkpoint_requested_write(
         config=cfg.to_dict(),
         images_into_epoch=images_into_epoch,
     )
-    events.emit("checkpoint", epoch=epoch, step=step, path=str(path), requested=True)
+    events.emit(
+        "checkpoint", epoch=epoch, step=step, path=str(path), requested=True, answers_request=True
+    )
+    kept = cfg.keep_requested_checkpoints
+    for old in checkpoint.retention_apply(Path(cfg.checkpoint_dir), kept, kind="step"):
+        log.info("deleted %s (--keep-requested-checkpoints %d)", old, kept)
     return path
 
 

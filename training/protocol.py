@@ -50,9 +50,11 @@ Added in 1.2 (additive):
                 to it asks for a checkpoint: it is written after the current optimizer step (at
                 an epoch's last step, the epoch's own checkpoint answers) and reported by a
                 checkpoint event; a run without --checkpoint-dir answers with a warning log.
-    checkpoint  requested: true for one written on request (mid-epoch, file step-N.pt, kept
-                whatever --keep-checkpoints says), false for an epoch's (epoch-N.pt); its epoch
+    checkpoint  requested: true for one written on request (mid-epoch, file step-N.pt, the last
+                --keep-requested-checkpoints kept), false for an epoch's (epoch-N.pt); its epoch
                 is then the epoch it was taken in. Resuming from either continues exactly.
+                answers_request: true when this checkpoint answers a request (every requested
+                one, and an epoch's that took a request made at the epoch's end).
 
 Readers must ignore fields they do not know and treat a line that is not a JSON object as plain log
 output. A reader that sees a higher major version than it knows should stop reading events.

@@ -271,6 +271,8 @@ class RunSupervisor:
         self.stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
         self.rank_pids: list[int] = []
         self.started_event: dict[str, Any] | None = None
+        # The request passed on to the training and not yet answered by a checkpoint event.
+        self.checkpoint_signalled: datetime | None = None
         self.final_event: dict[str, Any] | None = None
         self.stopped_by: str | None = None
 
@@ -352,6 +354,8 @@ class RunSupervisor:
         if event["type"] == "started":
             self.rank_pids = [int(p) for p in event.get("pids") or [] if isinstance(p, int)]
             self.started_event = event
+        if event["type"] == "checkpoint" and event.get("answers_request") is True:
+            self._checkpoint_request_answered()
         if event["type"] in {"finished", "failed"}:
             self.final_event = event
             if event.get("traceback"):
@@ -377,7 +381,7 @@ class RunSupervisor:
             return
         if row["cancel_requested_at"] is not None:
             self._stop(process, by=row["cancelled_by__username"] or "someone")
-        elif row["checkpoint_requested_at"] is not None:
+        elif row["checkpoint_requested_at"] not in (None, self.checkpoint_signalled):
             self._checkpoint_request_pass(
                 process,
                 requested_at=row["checkpoint_requested_at"],
@@ -387,30 +391,45 @@ class RunSupervisor:
     def _checkpoint_request_pass(
         self, process: subprocess.Popen[str], *, requested_at: datetime, by: str
     ) -> None:
-        """Signal the process the training named for requests; wait while it has not started."""
+        """Signal the process the training named for requests; wait while it has not started.
+
+        The request stays on the row, so that a page shows it pending, until the training's
+        checkpoint event answers it (``_checkpoint_request_answered``); asking again meanwhile
+        is the same request."""
         if self.started_event is None:
             return
         pid = self.started_event.get("requests_pid")
         if not isinstance(pid, int) or isinstance(pid, bool):
-            message, level = (
-                (
-                    f"Checkpoint requested by {by}, but this training does not take requests "
-                    "(its started event names no requests_pid); it writes one each epoch."
-                ),
-                "warning",
+            self._checkpoint_request_drop(
+                requested_at,
+                f"Checkpoint requested by {by}, but this training does not take requests (its "
+                "started event names no requests_pid); it writes one each epoch.",
             )
         elif process_in_tree_signal(root_pid=process.pid, pid=pid, signum=signal.SIGUSR1):
-            message, level = (
-                (f"Checkpoint requested by {by}; the training writes it after its current step."),
-                "info",
+            self.checkpoint_signalled = requested_at
+            self.sink.add_output(
+                f"Checkpoint requested by {by}; the training writes it after its current step.",
+                level="info",
             )
         else:
-            message, level = f"Checkpoint requested by {by}, but the training has ended.", "info"
-        # Conditional: a request made meanwhile stays for the next poll.
+            self._checkpoint_request_drop(
+                requested_at, f"Checkpoint requested by {by}, but the training has ended."
+            )
+
+    def _checkpoint_request_answered(self) -> None:
+        if self.checkpoint_signalled is None:
+            return
+        # Conditional: a request made after the signal was sent is a new one, for the next poll.
+        Experiment.objects.filter(
+            pk=self.experiment.pk, checkpoint_requested_at__lte=self.checkpoint_signalled
+        ).update(checkpoint_requested_at=None, checkpoint_requested_by=None)
+        self.checkpoint_signalled = None
+
+    def _checkpoint_request_drop(self, requested_at: datetime, reason: str) -> None:
         Experiment.objects.filter(
             pk=self.experiment.pk, checkpoint_requested_at=requested_at
         ).update(checkpoint_requested_at=None, checkpoint_requested_by=None)
-        self.sink.add_output(message, level=level)
+        self.sink.add_output(reason, level="warning")
 
     def _stop(self, process: subprocess.Popen[str], *, by: str) -> None:
         self.stopped_by = by

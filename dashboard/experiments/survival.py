@@ -19,6 +19,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from dashboard.experiments.checkpoints import checkpoint_file_resolve
 from dashboard.experiments.models import Checkpoint, Experiment, MetricPoint, Status
 from dashboard.experiments.processes import process_tree_stop
 from dashboard.experiments.sink import EventSink
@@ -46,7 +47,8 @@ def checkpoint_latest(*, experiment_id: int) -> Checkpoint | None:
     """The newest checkpoint the run reported whose file this worker can read: end of epoch or
     requested mid-epoch, the training resumes either exactly."""
     for checkpoint in Checkpoint.objects.filter(experiment_id=experiment_id).order_by("-step"):
-        if Path(checkpoint.path).is_file():
+        # Only from inside the run's own folder, as for downloads.
+        if checkpoint_file_resolve(checkpoint=checkpoint) is not None:
             return checkpoint
     return None
 
@@ -97,7 +99,15 @@ def experiment_mark_lost(*, experiment: Experiment, now: datetime) -> bool:
     with transaction.atomic():
         marked = Experiment.objects.filter(
             pk=experiment.pk, status=Status.RUNNING, heartbeat_at=experiment.heartbeat_at
-        ).update(status=Status.LOST, error=reason, attempts=history, launcher_pid=None)
+        ).update(
+            status=Status.LOST,
+            error=reason,
+            attempts=history,
+            launcher_pid=None,
+            # Asked of the attempt that was lost; the next one starts from the newest checkpoint.
+            checkpoint_requested_at=None,
+            checkpoint_requested_by=None,
+        )
         if not marked:
             return False
     log.warning("experiment %s lost: %s", experiment.pk, reason)

@@ -283,10 +283,13 @@
   }
 
   function onCheckpointWritten(msg) {
-    if (!checkpoint.pending) return;
+    // Only the checkpoint that took the request answers it (an epoch's may, at its end).
+    if (!checkpoint.pending || msg.answers_request !== true) return;
     checkpoint.pending = false;
     renderCheckpointButton();
-    say("Saved at step " + msg.step + " (epoch " + msg.epoch + ").");
+    say(msg.requested === true
+      ? "Saved at step " + msg.step + " (epoch " + msg.epoch + ")."
+      : "Saved with epoch " + msg.epoch + "'s checkpoint (step " + msg.step + ").");
   }
 
   if (checkpointButton) checkpointButton.addEventListener("click", checkpointRequest);
@@ -307,7 +310,10 @@
     renderRanks(msg.rank_stats);
     renderCheckpoints(msg.checkpoints);
     if (msg.experiment) {
-      if (msg.experiment.checkpoint_requested) checkpoint.pending = true;
+      // The row keeps a request until the training's checkpoint answers it.
+      const was = checkpoint.pending;
+      checkpoint.pending = msg.experiment.checkpoint_requested === true;
+      if (was && !checkpoint.pending) say("");
       onRunStatus(msg.experiment.status);
     }
   }

@@ -137,7 +137,7 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
                 name=f"trainyard-hogwild-{rank}",
                 daemon=True,
             )
-            p.start()
+            _start_with_requests_blocked(p)
             workers.append(p)
             controls.append(control)
         ready = [_receive(results, workers, "ready", START_TIMEOUT_S) for _ in range(nproc)]
@@ -187,13 +187,14 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
             log.info("epoch %d: test loss %s, accuracy %.4f", epoch, test_loss, test_accuracy)
             if cfg.checkpoint_dir:
                 # Worker 0's optimizer is the one other strategies resume; Hogwild takes each.
+                # It answers a request worker 0 had no step left for.
+                asked = checkpoint_request_take() or wanted.is_set()
+                wanted.clear()
                 checkpoint_write(
                     cfg, events, model_state=model.state_dict(), optimizer_state=done[0][4],
                     epoch=epoch, step=step, extra={WORKER_OPTIMIZERS: [d[4] for d in done]},
+                    answers_request=asked,
                 )  # fmt: skip
-                # It answers a request worker 0 had no step left for.
-                checkpoint_request_take()
-                wanted.clear()
         if start_epoch > cfg.epochs:
             test_loss, test_accuracy = evaluate(model, data, rt, cfg.test_batch_size)
         finished_emit(
@@ -232,6 +233,17 @@ def workers_optimizer_states(
             "starts from it."
         )
     return [state["optimizer"]] * nproc
+
+
+def _start_with_requests_blocked(process: Any) -> None:
+    """Start a worker with SIGUSR1 blocked, as it starts (the mask survives exec, a handler
+    does not): one sent to every process of the run before the worker ignores it would kill
+    it. The parent's own request, if one came meanwhile, is delivered when it unblocks."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR1})
+    try:
+        process.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
 
 
 def _dataset_owned(cfg: TrainConfig, path: Path) -> tuple[Dataset, Segment | None]:
@@ -349,6 +361,7 @@ def worker_main(
     # parent takes checkpoint requests too: one sent to the group must not kill a worker.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGUSR1})
     torch.set_num_threads(args.threads)
     cfg = args.cfg
     try:

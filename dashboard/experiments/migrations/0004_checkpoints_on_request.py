@@ -17,6 +17,17 @@ def duplicate_steps_remove(apps, schema_editor):
         seen.add(key)
 
 
+def duplicate_epochs_remove(apps, schema_editor):
+    """Back to rows unique by epoch: an epoch's newest checkpoint (by step) stays."""
+    checkpoint = apps.get_model("experiments", "Checkpoint")
+    seen = set()
+    for row in checkpoint.objects.order_by("-step", "-id").values("id", "experiment_id", "epoch"):
+        key = (row["experiment_id"], row["epoch"])
+        if key in seen:
+            checkpoint.objects.filter(id=row["id"]).delete()
+        seen.add(key)
+
+
 class Migration(migrations.Migration):
 
     dependencies = [
@@ -58,7 +69,7 @@ class Migration(migrations.Migration):
             name='step',
             field=models.PositiveIntegerField(default=0, help_text='global optimizer steps taken'),
         ),
-        migrations.RunPython(duplicate_steps_remove, migrations.RunPython.noop),
+        migrations.RunPython(duplicate_steps_remove, duplicate_epochs_remove),
         migrations.AddConstraint(
             model_name='checkpoint',
             constraint=models.UniqueConstraint(fields=('experiment', 'step'), name='unique_checkpoint_step'),
