@@ -201,7 +201,7 @@ def epoch_run(
             if rt.is_main:
                 checkpoint_request_take()
                 trained = (done_before + i + 1) * cfg.batch_size * rt.world_size
-                checkpoint_requested_write(
+                checkpoint_write(
                     cfg, events, model_state=plan.model.state_dict(),
                     optimizer_state=optimizer_state, epoch=epoch, step=step,
                     images_into_epoch=trained,
@@ -374,8 +374,11 @@ def checkpoint_write(
     step: int,
     extra: dict[str, Any] | None = None,
     answers_request: bool = False,
+    images_into_epoch: int | None = None,
 ) -> Path:
-    """The end-of-epoch checkpoint, then the retention of ``--keep-checkpoints``."""
+    """Write a checkpoint, report it, then apply the retention of its kind: the epoch's own
+    (``--keep-checkpoints``), or, with ``images_into_epoch``, one written mid-epoch because
+    someone asked (``--keep-requested-checkpoints``)."""
     assert cfg.checkpoint_dir is not None
     directory = Path(cfg.checkpoint_dir)
     path = checkpoint.save(
@@ -385,49 +388,25 @@ def checkpoint_write(
         epoch=epoch,
         step=step,
         config=cfg.to_dict(),
+        images_into_epoch=images_into_epoch,
         extra=extra,
     )
+    requested = images_into_epoch is not None
     events.emit(
         "checkpoint",
         epoch=epoch,
         step=step,
         path=str(path),
-        requested=False,
-        answers_request=answers_request,
+        requested=requested,
+        answers_request=answers_request or requested,
     )
-    for old in checkpoint.retention_apply(directory, cfg.keep_checkpoints):
-        log.info("deleted %s (--keep-checkpoints %d)", old, cfg.keep_checkpoints)
-    return path
-
-
-def checkpoint_requested_write(
-    cfg: TrainConfig,
-    events: EventWriter,
-    *,
-    model_state: dict[str, Any],
-    optimizer_state: dict[str, Any] | None,
-    epoch: int,
-    step: int,
-    images_into_epoch: int,
-) -> Path:
-    """A checkpoint someone asked for (SIGUSR1), mid-epoch; the last
-    ``--keep-requested-checkpoints`` of them are kept, apart from the epochs' files."""
-    assert cfg.checkpoint_dir is not None
-    path = checkpoint.save(
-        Path(cfg.checkpoint_dir),
-        model_state=model_state,
-        optimizer_state=optimizer_state,
-        epoch=epoch,
-        step=step,
-        config=cfg.to_dict(),
-        images_into_epoch=images_into_epoch,
+    kind, keep, flag = (
+        ("step", cfg.keep_requested_checkpoints, "--keep-requested-checkpoints")
+        if requested
+        else ("epoch", cfg.keep_checkpoints, "--keep-checkpoints")
     )
-    events.emit(
-        "checkpoint", epoch=epoch, step=step, path=str(path), requested=True, answers_request=True
-    )
-    kept = cfg.keep_requested_checkpoints
-    for old in checkpoint.retention_apply(Path(cfg.checkpoint_dir), kept, kind="step"):
-        log.info("deleted %s (--keep-requested-checkpoints %d)", old, kept)
+    for old in checkpoint.retention_apply(directory, keep, kind=kind):
+        log.info("deleted %s (%s %d)", old, flag, keep)
     return path
 
 

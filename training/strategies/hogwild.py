@@ -268,7 +268,7 @@ def _epoch_collect(
 ) -> list[tuple[Any, ...]]:
     """Relay the workers' step reports as step events, and requested checkpoints, until every
     worker has finished ``epoch``; returns their epoch_done messages in rank order."""
-    from training.engine import checkpoint_request_refuse, checkpoint_requested_write
+    from training.engine import checkpoint_request_refuse, checkpoint_write
 
     nproc = len(workers)
     pending: dict[int, dict[int, list[float]]] = {}
@@ -286,7 +286,7 @@ def _epoch_collect(
             # Worker 0's model and optimizer at its step `local`; the other workers are a few
             # steps either side, as anything read from a Hogwild model is.
             _, _, local, model_state, optimizer_state = message
-            checkpoint_requested_write(
+            checkpoint_write(
                 cfg, events, model_state=model_state, optimizer_state=optimizer_state,
                 epoch=epoch, step=step + local,
                 images_into_epoch=(skip + local) * cfg.batch_size * nproc,
