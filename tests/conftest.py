@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from tests.stack import IN_CI, Stack, stack_running, wait_for
@@ -67,6 +69,33 @@ def experiment_factory() -> Any:
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """One data folder per test session, so the MNIST sample is written once."""
     return tmp_path_factory.mktemp("data")
+
+
+@pytest.fixture(scope="session")
+def sample_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The training tests' own data folder, one per session for every training test module
+    (the sample is written once): ``data_dir`` may hold a full MNIST that another test
+    downloaded, which would change every figure there."""
+    path = tmp_path_factory.getbasetemp() / "training-data"
+    path.mkdir(exist_ok=True)
+    return path
+
+
+@pytest.fixture
+def no_processes_left() -> Iterator[None]:
+    """Fail a test that leaves a child process behind (ranks, workers, launchers). Children
+    that were there before (a test stack's servers) are not the test's."""
+    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    yield
+
+    def new_children() -> list[psutil.Process]:
+        return [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+
+    # A child reaped by communicate() can linger for a moment as it is torn down.
+    deadline = time.monotonic() + 5
+    while new_children() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert new_children() == []
 
 
 @pytest.fixture(scope="session")

@@ -8,32 +8,22 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import need
-from tests.test_training import ROOT, child_pids, children_gone, training_data_dir
+from tests.test_training import ROOT
 from training.data import DEBIAN_FASHION_DIR
 
 RATIO = re.compile(r"^(engine|memory|parity) ratio: \d+\.\d{3}$")
 
 
-@pytest.fixture(scope="session")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return training_data_dir(tmp_path_factory)
+pytestmark = pytest.mark.usefixtures("no_processes_left")
 
 
-@pytest.fixture(autouse=True)
-def _no_processes_left() -> Iterator[None]:
-    before = child_pids()
-    yield
-    children_gone(before)
-
-
-def bench(data_dir: Path, *args: str) -> list[str]:
-    env = dict(os.environ, TRAINYARD_NO_DOWNLOAD="1", TRAINYARD_DATA_DIR=str(data_dir))
+def bench(sample_data: Path, *args: str) -> list[str]:
+    env = dict(os.environ, TRAINYARD_NO_DOWNLOAD="1", TRAINYARD_DATA_DIR=str(sample_data))
     proc = subprocess.run(
         [sys.executable, "-m", "training.bench", *args],
         cwd=ROOT,
@@ -46,8 +36,8 @@ def bench(data_dir: Path, *args: str) -> list[str]:
     return proc.stdout.strip().splitlines()
 
 
-def test_engine_bench_prints_its_ratio(data_dir: Path) -> None:
-    lines = bench(data_dir, "engine", "--dataset", "mnist", "--steps", "2", "--rounds", "1")
+def test_engine_bench_prints_its_ratio(sample_data: Path) -> None:
+    lines = bench(sample_data, "engine", "--dataset", "mnist", "--steps", "2", "--rounds", "1")
     assert RATIO.match(lines[-1]) and lines[-1].startswith("engine ratio: ")
     table = "\n".join(lines)
     for loop in ("ours", "dataloader", "compute"):
@@ -55,16 +45,23 @@ def test_engine_bench_prints_its_ratio(data_dir: Path) -> None:
     assert "ours / dataloader loop:" in table
 
 
-def test_memory_bench_prints_its_ratio(data_dir: Path) -> None:
+def test_memory_bench_prints_its_ratio(sample_data: Path) -> None:
     need(DEBIAN_FASHION_DIR.is_dir(), "Debian's dataset-fashion-mnist is not installed")
-    lines = bench(data_dir, "memory", "--strategies", "ddp", "--steps", "1")
+    lines = bench(sample_data, "memory", "--strategies", "ddp", "--steps", "1")
     assert RATIO.match(lines[-1]) and lines[-1].startswith("memory ratio: ")
     assert any(line.startswith("ddp x2 / single: data footprint ratio") for line in lines)
 
 
-def test_parity_bench_prints_its_table_and_ratio(data_dir: Path) -> None:
+def test_parity_bench_prints_its_table_and_ratio(sample_data: Path) -> None:
     lines = bench(
-        data_dir, "parity", "--seeds", "1", "--steps-per-epoch", "3", "--strategies", "single,ddp"
+        sample_data,
+        "parity",
+        "--seeds",
+        "1",
+        "--steps-per-epoch",
+        "3",
+        "--strategies",
+        "single,ddp",
     )
     assert RATIO.match(lines[-1]) and lines[-1].startswith("parity ratio: ")
     table = "\n".join(lines)

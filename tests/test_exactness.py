@@ -18,7 +18,6 @@ operations in the same order (resume, Hogwild with one worker) must agree to 1e-
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,11 +27,8 @@ from tests.conftest import need
 from tests.test_training import (
     Result,
     assert_well_formed,
-    child_pids,
-    children_gone,
     run_cli,
     run_cli_asking_checkpoint,
-    training_data_dir,
 )
 from training import cli
 from training.batching import epoch_order, global_batches, rank_batches, steps_per_epoch
@@ -54,16 +50,7 @@ COMMON = (
 )
 
 
-@pytest.fixture(scope="session")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return training_data_dir(tmp_path_factory)
-
-
-@pytest.fixture(autouse=True)
-def _no_processes_left() -> Iterator[None]:
-    before = child_pids()
-    yield
-    children_gone(before)
+pytestmark = pytest.mark.usefixtures("no_processes_left")
 
 
 def _params(path: Path) -> dict[str, torch.Tensor]:
@@ -79,16 +66,16 @@ def assert_same_parameters(a: Path, b: Path, rtol: float) -> None:
         assert diff <= rtol, f"{name}: relative difference {diff:.2e} > {rtol:.0e}"
 
 
-def _run(data_dir: Path, out: Path, run_id: str, *args: str) -> Result:
-    result = run_cli(data_dir, *COMMON, "--checkpoint-dir", str(out), "--run-id", run_id, *args)
+def _run(sample_data: Path, out: Path, run_id: str, *args: str) -> Result:
+    result = run_cli(sample_data, *COMMON, "--checkpoint-dir", str(out), "--run-id", run_id, *args)
     assert_well_formed(result, run_id)
     return result
 
 
 @pytest.fixture(scope="module")
-def reference_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Result:
+def reference_run(sample_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Result:
     out = tmp_path_factory.mktemp("single-64")
-    result = _run(data_dir, out, "ref", "--strategy", "single", "--batch-size", "64")
+    result = _run(sample_data, out, "ref", "--strategy", "single", "--batch-size", "64")
     assert result.started["global_batch_size"] == 64
     assert [c["epoch"] for c in result.of_type("checkpoint")] == [1, 2]
     return result
@@ -101,9 +88,10 @@ def reference(reference_run: Result) -> Path:
 
 
 @pytest.fixture(scope="module")
-def ddp_run(data_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def ddp_run(sample_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     out = tmp_path_factory.mktemp("ddp-2x32")
-    result = _run(data_dir, out, "ddp", "--strategy", "ddp", "--nproc", "2", "--batch-size", "32")
+    ddp = ("--strategy", "ddp", "--nproc", "2", "--batch-size", "32")
+    result = _run(sample_data, out, "ddp", *ddp)
     assert (result.started["world_size"], result.started["global_batch_size"]) == (2, 64)
     return out
 
@@ -148,10 +136,10 @@ def test_ddp_two_ranks_of_32_equal_one_process_of_64(reference: Path, ddp_run: P
 
 
 def test_hogwild_with_one_worker_equals_single(
-    data_dir: Path, reference: Path, tmp_path: Path
+    sample_data: Path, reference: Path, tmp_path: Path
 ) -> None:
     result = _run(
-        data_dir,
+        sample_data,
         tmp_path,
         "hw1",
         "--strategy",
@@ -179,13 +167,13 @@ def test_hogwild_with_one_worker_equals_single(
 
 
 def test_single_resumed_equals_uninterrupted(
-    data_dir: Path, reference: Path, reference_run: Result, tmp_path: Path
+    sample_data: Path, reference: Path, reference_run: Result, tmp_path: Path
 ) -> None:
     state = torch.load(reference / "epoch-1.pt", weights_only=True)
     assert {"model", "optimizer", "epoch", "step", "rng", "config"} <= state.keys()
     assert (state["epoch"], state["step"], state["config"]["batch_size"]) == (1, STEPS, 64)
     resumed = run_cli(
-        data_dir,
+        sample_data,
         *COMMON,
         "--batch-size",
         "64",
@@ -207,9 +195,9 @@ def test_single_resumed_equals_uninterrupted(
     assert resumed.finished["test_loss"] == pytest.approx(expected["test_loss"], rel=1e-5)
 
 
-def test_ddp_resumed_equals_uninterrupted(data_dir: Path, ddp_run: Path, tmp_path: Path) -> None:
+def test_ddp_resumed_equals_uninterrupted(sample_data: Path, ddp_run: Path, tmp_path: Path) -> None:
     resumed = run_cli(
-        data_dir,
+        sample_data,
         *COMMON,
         "--strategy",
         "ddp",
@@ -254,10 +242,10 @@ def _requested_checkpoint(result: Result, zero_partitions: int = 0) -> Path:
 
 
 def _resume_from_requested(
-    data_dir: Path, checkpoint: Path, out: Path, run_id: str, *args: str
+    sample_data: Path, checkpoint: Path, out: Path, run_id: str, *args: str
 ) -> Result:
     step = int(checkpoint.stem.split("-")[1])
-    resumed = _run(data_dir, out, run_id, "--resume", str(checkpoint), *args)
+    resumed = _run(sample_data, out, run_id, "--resume", str(checkpoint), *args)
     assert resumed.started["start_epoch"] == 1
     assert any(f"from its batch {step + 1}" in n for n in resumed.started["notes"])
     steps = [s["step"] for s in resumed.of_type("step")]
@@ -267,11 +255,11 @@ def _resume_from_requested(
 
 
 def test_single_checkpoint_on_request_resumes_exactly(
-    data_dir: Path, reference: Path, reference_run: Result, tmp_path: Path
+    sample_data: Path, reference: Path, reference_run: Result, tmp_path: Path
 ) -> None:
     asked = tmp_path / "asked"
     result = run_cli_asking_checkpoint(
-        data_dir, *COMMON, "--batch-size", "64", "--checkpoint-dir", str(asked),
+        sample_data, *COMMON, "--batch-size", "64", "--checkpoint-dir", str(asked),
         "--keep-checkpoints", "1", "--run-id", "ask1",
     )  # fmt: skip
     assert_well_formed(result, "ask1")
@@ -281,57 +269,57 @@ def test_single_checkpoint_on_request_resumes_exactly(
     assert sorted(p.name for p in asked.iterdir()) == ["epoch-2.pt", requested.name]
 
     resumed = _resume_from_requested(
-        data_dir, requested, tmp_path / "resumed", "ask1r", "--batch-size", "64"
+        sample_data, requested, tmp_path / "resumed", "ask1r", "--batch-size", "64"
     )
     assert_same_parameters(tmp_path / "resumed" / "epoch-2.pt", reference / "epoch-2.pt", 1e-6)
     assert resumed.finished["test_accuracy"] == reference_run.finished["test_accuracy"]
 
 
 def test_ddp_checkpoint_on_request_resumes_exactly(
-    data_dir: Path, ddp_run: Path, tmp_path: Path
+    sample_data: Path, ddp_run: Path, tmp_path: Path
 ) -> None:
     ddp = ("--strategy", "ddp", "--nproc", "2", "--batch-size", "32")
     # Sent to torchrun and both ranks, as a batch scheduler would: rank 0 answers, none dies.
     result = run_cli_asking_checkpoint(
-        data_dir, *COMMON, *ddp, "--checkpoint-dir", str(tmp_path / "asked"), "--run-id", "ask2",
+        sample_data, *COMMON, *ddp, "--checkpoint-dir", str(tmp_path / "asked"), "--run-id", "ask2",
         everyone=True,
     )  # fmt: skip
     assert_well_formed(result, "ask2")
     # Rank 0 takes requests: the first rank, not the torchrun launcher.
     assert result.started["requests_pid"] == result.started["pids"][0] != result.pid
     requested = _requested_checkpoint(result)
-    _resume_from_requested(data_dir, requested, tmp_path / "resumed", "ask2r", *ddp)
+    _resume_from_requested(sample_data, requested, tmp_path / "resumed", "ask2r", *ddp)
     assert_same_parameters(tmp_path / "resumed" / "epoch-2.pt", ddp_run / "epoch-2.pt", 1e-6)
 
 
 def test_hogwild_checkpoint_on_request_resumes_exactly(
-    data_dir: Path, reference: Path, tmp_path: Path
+    sample_data: Path, reference: Path, tmp_path: Path
 ) -> None:
     hogwild = ("--strategy", "hogwild", "--nproc", "1", "--batch-size", "64")
     result = run_cli_asking_checkpoint(
-        data_dir, *COMMON, *hogwild, "--checkpoint-dir", str(tmp_path / "asked"),
+        sample_data, *COMMON, *hogwild, "--checkpoint-dir", str(tmp_path / "asked"),
         "--run-id", "ask3", everyone=True,
     )  # fmt: skip
     assert_well_formed(result, "ask3")
     # The parent takes requests; worker 0 sends it its model and optimizer at a step boundary.
     assert result.started["requests_pid"] == result.pid not in result.started["pids"]
     requested = _requested_checkpoint(result)
-    _resume_from_requested(data_dir, requested, tmp_path / "resumed", "ask3r", *hogwild)
+    _resume_from_requested(sample_data, requested, tmp_path / "resumed", "ask3r", *hogwild)
     assert_same_parameters(tmp_path / "resumed" / "epoch-2.pt", reference / "epoch-2.pt", 1e-6)
 
 
-def test_deepspeed_resumes_zero_optimizer_state_exactly(data_dir: Path, tmp_path: Path) -> None:
+def test_deepspeed_resumes_zero_optimizer_state_exactly(sample_data: Path, tmp_path: Path) -> None:
     """ZeRO partitions the optimizer state over the ranks: a checkpoint gathers every rank's
     partition, and a resumed run gives each rank its own back (momentum included)."""
     need(cli.deepspeed_available(), "deepspeed is not installed (pip install -e '.[deepspeed]')")
     zero = ("--strategy", "deepspeed", "--nproc", "2", "--batch-size", "32")
     asked = tmp_path / "asked"
     result = run_cli_asking_checkpoint(
-        data_dir, *COMMON, *zero, "--checkpoint-dir", str(asked), "--run-id", "ask4", timeout=400
+        sample_data, *COMMON, *zero, "--checkpoint-dir", str(asked), "--run-id", "ask4", timeout=400
     )
     assert_well_formed(result, "ask4")
     requested = _requested_checkpoint(result, zero_partitions=2)
-    resumed = _resume_from_requested(data_dir, requested, tmp_path / "resumed", "ask4r", *zero)
+    resumed = _resume_from_requested(sample_data, requested, tmp_path / "resumed", "ask4r", *zero)
     notes = resumed.started["notes"]
     assert any("ZeRO's optimizer state resumed: 2 partitions" in n for n in notes), notes
     assert_same_parameters(tmp_path / "resumed" / "epoch-2.pt", asked / "epoch-2.pt", 1e-6)
@@ -340,7 +328,7 @@ def test_deepspeed_resumes_zero_optimizer_state_exactly(data_dir: Path, tmp_path
 # --- requests at the edges, in this process (the flag set by a real SIGUSR1 to ourselves) ----
 
 
-def _train_here(data_dir: Path, *args: str, ask: bool = False) -> Result:
+def _train_here(sample_data: Path, *args: str, ask: bool = False) -> Result:
     import io
     import json
     import os
@@ -351,7 +339,7 @@ def _train_here(data_dir: Path, *args: str, ask: bool = False) -> Result:
     from training.protocol import EventWriter
     from training.run_requests import checkpoint_request_take, requests_install
 
-    cfg = parse_args(["--data-dir", str(data_dir), "--run-id", "here", *COMMON[:6], *args])
+    cfg = parse_args(["--data-dir", str(sample_data), "--run-id", "here", *COMMON[:6], *args])
     previous = signal.getsignal(signal.SIGUSR1)
     requests_install()
     buffer = io.StringIO()
@@ -376,10 +364,10 @@ def offline(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.mark.usefixtures("offline")
 def test_a_request_at_an_epochs_last_step_is_answered_by_the_epochs_checkpoint(
-    data_dir: Path, tmp_path: Path
+    sample_data: Path, tmp_path: Path
 ) -> None:
     result = _train_here(
-        data_dir, "--dry-run", "--epochs", "2", "--checkpoint-dir", str(tmp_path), ask=True
+        sample_data, "--dry-run", "--epochs", "2", "--checkpoint-dir", str(tmp_path), ask=True
     )
     answers = [
         (c["epoch"], c["requested"], c["answers_request"]) for c in result.of_type("checkpoint")
@@ -390,10 +378,10 @@ def test_a_request_at_an_epochs_last_step_is_answered_by_the_epochs_checkpoint(
 
 @pytest.mark.usefixtures("offline")
 def test_resume_with_another_global_batch_says_what_is_trained_again(
-    data_dir: Path, tmp_path: Path
+    sample_data: Path, tmp_path: Path
 ) -> None:
     first = _train_here(
-        data_dir, "--batch-size", "64", "--epochs", "2", "--steps-per-epoch", "4",
+        sample_data, "--batch-size", "64", "--epochs", "2", "--steps-per-epoch", "4",
         "--checkpoint-dir", str(tmp_path), ask=True,
     )  # fmt: skip
     [asked] = [c for c in first.of_type("checkpoint") if c["requested"]]
@@ -401,7 +389,7 @@ def test_resume_with_another_global_batch_says_what_is_trained_again(
 
     # 64 images trained; batches of 48: one batch skipped, 16 images trained again.
     again = _train_here(
-        data_dir, "--batch-size", "48", "--epochs", "2", "--steps-per-epoch", "4",
+        sample_data, "--batch-size", "48", "--epochs", "2", "--steps-per-epoch", "4",
         "--resume", asked["path"],
     )  # fmt: skip
     notes = again.started["notes"]
@@ -412,7 +400,7 @@ def test_resume_with_another_global_batch_says_what_is_trained_again(
 
     # The epoch limited to 1 step: the checkpoint covers it, training goes on with epoch 2.
     short = _train_here(
-        data_dir, "--batch-size", "64", "--epochs", "2", "--steps-per-epoch", "1",
+        sample_data, "--batch-size", "64", "--epochs", "2", "--steps-per-epoch", "1",
         "--resume", asked["path"],
     )  # fmt: skip
     assert short.started["start_epoch"] == 2 and short.finished["steps"] == 2

