@@ -331,6 +331,33 @@ def test_retention_rule(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-10.pt", "notes.txt", "step-300.pt"]
 
 
+WRITE_PAST_A_FILE_SIZE_LIMIT = """
+import resource, signal, sys
+from pathlib import Path
+import torch
+from training import checkpoint
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write past the limit fails with EFBIG instead
+resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+try:
+    checkpoint.save(Path(sys.argv[1]), model_state={"w": torch.zeros(2**18)}, optimizer_state=None,
+                    epoch=3, step=30, config={})
+except checkpoint.CheckpointWriteError as exc:
+    print(exc)
+"""
+
+
+def test_a_checkpoint_that_cannot_be_written_says_where_and_leaves_no_file(tmp_path: Path) -> None:
+    # A real failed write (the kernel refuses past RLIMIT_FSIZE, as a full disk refuses): torch
+    # itself only says "iostream error", which is what a full disk once showed in CI.
+    out = subprocess.run(
+        [sys.executable, "-c", WRITE_PAST_A_FILE_SIZE_LIMIT, str(tmp_path)],
+        capture_output=True, text=True, cwd=ROOT, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    assert f"could not write the checkpoint {tmp_path / 'epoch-3.pt'}" in out
+    assert "MiB free there" in out
+    assert list(tmp_path.iterdir()) == []  # neither the checkpoint nor its temporary file
+
+
 def test_failure_emits_failed_and_exits_1(sample_data: Path, tmp_path: Path) -> None:
     bogus = tmp_path / "bogus.pt"
     bogus.write_text("not a checkpoint")

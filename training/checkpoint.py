@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,10 @@ if TYPE_CHECKING:
 
 FORMAT = "trainyard-checkpoint"
 VERSION = 1
+
+
+class CheckpointWriteError(RuntimeError):
+    """A checkpoint could not be written (a full disk, a file size limit, a read-only folder)."""
 
 
 def save(
@@ -64,10 +69,23 @@ def save(
     try:
         torch.save(state, tmp)
         os.replace(tmp, path)
+    except (OSError, RuntimeError) as exc:
+        Path(tmp).unlink(missing_ok=True)
+        raise CheckpointWriteError(_write_failure(path, exc)) from exc
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     return path
+
+
+def _write_failure(path: Path, exc: BaseException) -> str:
+    # torch.save reports a full disk as "basic_ios::clear: iostream error" or "unexpected pos":
+    # the free space is what tells the user what happened.
+    try:
+        free = f"{shutil.disk_usage(path.parent).free / 2**20:,.0f} MiB free there"
+    except OSError:
+        free = "free space unknown"
+    return f"could not write the checkpoint {path} ({free}): {exc}"
 
 
 def load(path: Path) -> dict[str, Any]:
