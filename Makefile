@@ -35,9 +35,9 @@ test: setup
 	$(MAKE) --no-print-directory lint
 
 lint:
-	$(VENV)/bin/ruff check .
-	$(VENV)/bin/ruff format --check .
-	$(VENV)/bin/mypy training dashboard
+	$(VENV)/bin/ruff check . .ci/gpu-check
+	$(VENV)/bin/ruff format --check . .ci/gpu-check
+	$(VENV)/bin/mypy training dashboard .ci/gpu-check
 
 clean:
 	rm -rf $(VENV) node_modules var staticfiles
