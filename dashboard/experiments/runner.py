@@ -213,6 +213,12 @@ def experiment_settle(*, experiment: Experiment, sink: EventSink, outcome: Outco
         # A request the training never got to: nothing is left to answer it.
         checkpoint_requested_at=None,
         checkpoint_requested_by=None,
+        # A Stop that came after the training finished stopped nothing.
+        **(
+            {"cancel_requested_at": None, "cancelled_by": None}
+            if outcome.status == Status.SUCCEEDED
+            else {}
+        ),
     )
     final_type = "finished" if outcome.status == Status.SUCCEEDED else "failed"
     fields: dict[str, Any] = {"type": final_type, "status": outcome.status}
@@ -431,11 +437,17 @@ class RunSupervisor:
         ).update(checkpoint_requested_at=None, checkpoint_requested_by=None)
         self.sink.add_output(reason, level="warning")
 
+    def _training_finished(self) -> bool:
+        return (self.final_event or {}).get("type") == "finished"
+
     def _stop(self, process: subprocess.Popen[str], *, by: str) -> None:
         self.stopped_by = by
-        self.sink.add_output(
-            f"Stop requested by {self.stopped_by}; ending every process", level="info"
-        )
+        if self._training_finished():
+            # The ranks are only tearing down (seconds for torchrun): ending them loses nothing.
+            message = f"Stop requested by {by} after the training had finished; its results stand"
+        else:
+            message = f"Stop requested by {by}; ending every process"
+        self.sink.add_output(message, level="info")
         self.sink.flush()
         killed = process_tree_stop(
             root_pid=process.pid,
@@ -446,15 +458,17 @@ class RunSupervisor:
             self.sink.add_output(f"killed after the grace period: {killed}", level="warning")
 
     def _outcome(self, returncode: int) -> Outcome:
-        if self.stopped_by is not None:
-            return Outcome(Status.CANCELLED, error=f"Stopped by {self.stopped_by}.")
         final = self.final_event or {}
-        if returncode == 0 and final.get("type") == "finished":
+        # A finished event comes after the last evaluation and checkpoint: a Stop (or any end)
+        # after it only cut the teardown short, and must not throw the results away.
+        if final.get("type") == "finished" and (returncode == 0 or self.stopped_by is not None):
             return Outcome(
                 Status.SUCCEEDED,
                 test_loss=final.get("test_loss"),
                 test_accuracy=final.get("test_accuracy"),
             )
+        if self.stopped_by is not None:
+            return Outcome(Status.CANCELLED, error=f"Stopped by {self.stopped_by}.")
         if final.get("type") == "failed":
             return Outcome(Status.FAILED, error=str(final.get("error") or "training failed"))
         tail = "\n".join(self.stderr_tail)

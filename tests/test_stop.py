@@ -1,0 +1,81 @@
+"""Stop, as the supervisor carries it out, against a real process tree.
+
+The whole path (API → worker → every rank gone) is in tests/test_integration.py; here, the
+moments a Stop can arrive in and what each must leave on the row.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from dashboard.experiments.models import Experiment, LogLine, Status
+from dashboard.experiments.runner import RunSupervisor, experiment_settle
+from dashboard.experiments.services import experiment_stop
+from dashboard.experiments.sink import EventSink
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def tearing_down() -> Iterator[subprocess.Popen[str]]:
+    """A launcher still tearing down (torchrun takes seconds after the last event)."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True, text=True
+    )
+    yield process
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+def event_line(seq: int, type_: str, **fields: Any) -> str:
+    return json.dumps({"v": 1, "run": "", "seq": seq, "type": type_, "time": 1.0, **fields})
+
+
+def supervisor_of(run: Experiment) -> RunSupervisor:
+    return RunSupervisor(experiment=run, sink=EventSink(run))
+
+
+def test_a_stop_after_the_training_finished_keeps_its_results(
+    user_factory: Any, experiment_factory: Any, tearing_down: subprocess.Popen[str]
+) -> None:
+    alice = user_factory()
+    run = experiment_factory(owner=alice, status=Status.RUNNING, attempt=1)
+    supervisor = supervisor_of(run)
+    supervisor._take("stdout", event_line(1, "finished", test_loss=0.21, test_accuracy=0.93))
+    assert experiment_stop(experiment=run, by=alice)
+
+    supervisor._check_requests(tearing_down)
+    outcome = supervisor._outcome(tearing_down.wait(timeout=10))
+    experiment_settle(experiment=run, sink=supervisor.sink, outcome=outcome)
+
+    run.refresh_from_db()
+    assert (run.status, run.test_accuracy, run.test_loss) == (Status.SUCCEEDED, 0.93, 0.21)
+    assert run.cancelled_by is None and run.cancel_requested_at is None and run.error == ""
+    messages = list(LogLine.objects.filter(experiment=run).values_list("message", flat=True))
+    assert any("after the training had finished; its results stand" in m for m in messages)
+
+
+def test_a_stop_during_training_cancels(
+    user_factory: Any, experiment_factory: Any, tearing_down: subprocess.Popen[str]
+) -> None:
+    alice = user_factory()
+    run = experiment_factory(owner=alice, status=Status.RUNNING, attempt=1)
+    supervisor = supervisor_of(run)
+    supervisor._take("stdout", event_line(1, "epoch", epoch=1, step=10, test_accuracy=0.5))
+    assert experiment_stop(experiment=run, by=alice)
+
+    supervisor._check_requests(tearing_down)
+    outcome = supervisor._outcome(tearing_down.wait(timeout=10))
+    experiment_settle(experiment=run, sink=supervisor.sink, outcome=outcome)
+
+    run.refresh_from_db()
+    assert run.status == Status.CANCELLED and run.error == f"Stopped by {alice.username}."
+    assert run.cancelled_by == alice and run.test_accuracy is None
+    assert tearing_down.poll() is not None
