@@ -26,4 +26,14 @@ urlpatterns = [
         experiment_api.experiment_checkpoint_view,
         name="api-experiment-checkpoint",
     ),
+    path(
+        "experiments/<int:pk>/checkpoints/",
+        experiment_api.experiment_checkpoints,
+        name="api-experiment-checkpoints",
+    ),
+    path(
+        "experiments/<int:pk>/checkpoints/<int:step>/",
+        experiment_api.experiment_checkpoint_file,
+        name="api-experiment-checkpoint-file",
+    ),
 ]

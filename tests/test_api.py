@@ -68,6 +68,17 @@ def test_bad_input_is_refused_with_the_field(
     assert not Experiment.objects.exists() and not launched
 
 
+@pytest.mark.parametrize(
+    ("payload", "message"),
+    [({"lr": "abc"}, "must be a number"), ({"epochs": 2.5}, "must be an integer")],
+)
+def test_a_value_of_the_wrong_type_is_named_by_its_type(
+    alice_client: Client, payload: dict[str, Any], message: str
+) -> None:
+    response = post(alice_client, "/api/experiments/", payload)
+    assert response.json()["errors"][next(iter(payload))] == [message]
+
+
 def test_too_many_processes_says_what_is_available(alice_client: Client) -> None:
     response = post(alice_client, "/api/experiments/", {"strategy": "ddp", "processes": 64})
     message = response.json()["errors"]["processes"][0]
@@ -91,6 +102,13 @@ def test_session_post_needs_csrf(user_factory: Any) -> None:
     client.force_login(user_factory())
     response = post(client, "/api/experiments/", {})
     assert response.status_code == 403 and "CSRF" in response.json()["error"]
+
+
+def test_token_keys_never_read_as_a_command_line_option() -> None:
+    from dashboard.accounts.models import new_token_key
+
+    keys = {new_token_key() for _ in range(2000)}
+    assert len(keys) == 2000 and all(k.startswith("ty_") and len(k) <= 64 for k in keys)
 
 
 def test_token_auth_needs_no_csrf(user_factory: Any, launched: list[int]) -> None:

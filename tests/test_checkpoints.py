@@ -9,6 +9,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
+from dashboard.accounts.models import ApiToken
 from dashboard.experiments.models import Checkpoint, Experiment
 from dashboard.experiments.sink import EventSink
 
@@ -112,6 +113,7 @@ def test_owner_downloads_a_checkpoint(
     assert response.status_code == 200
     assert b"".join(response.streaming_content) == b"weights of epoch 2"
     assert f'filename="trainyard-{experiment.pk}-epoch-2.pt"' in response["Content-Disposition"]
+    assert response["Content-Type"] == "application/octet-stream"
     # Staff too.
     staff = logged_in(user_factory(staff=True))
     assert staff.get(url(experiment, 10)).status_code == 200
@@ -175,6 +177,34 @@ def test_a_file_on_another_machine_says_where_it_is(
     assert "on gpu-node-7, not on this web server" in html
     assert "2.0 MiB" in html
     assert f'href="{url(experiment, 63)}"' not in html
+
+
+def test_scripts_list_and_download_checkpoints_with_a_token(
+    runs_dir: Path, user_factory: Any, experiment_factory: Any
+) -> None:
+    owner = user_factory()
+    experiment = experiment_factory(owner=owner, worker="gpu-node-7", status="succeeded")
+    here = checkpoint_write(runs_dir, experiment, 1)
+    Checkpoint.objects.create(experiment=experiment, epoch=1, step=63, path=str(here), size=18)
+    elsewhere = f"/srv/trainyard/runs/{experiment.pk}/checkpoints/epoch-2.pt"
+    Checkpoint.objects.create(experiment=experiment, epoch=2, step=126, path=elsewhere)
+    bearer = {"HTTP_AUTHORIZATION": f"Bearer {ApiToken.objects.create(user=owner).key}"}
+    client = Client()
+
+    listed = client.get(f"/api/experiments/{experiment.pk}/checkpoints/", **bearer).json()
+    assert [(c["epoch"], c["step"]) for c in listed["checkpoints"]] == [(1, 63), (2, 126)]
+    first, second = (c["api_url"] for c in listed["checkpoints"])
+    response = client.get(first, **bearer)
+    assert response.status_code == 200 and b"".join(response.streaming_content) == here.read_bytes()
+    assert response["Content-Type"] == "application/octet-stream"
+    missing = client.get(second, **bearer)
+    assert missing.status_code == 404 and "is on gpu-node-7" in missing.json()["error"]
+    no_step = client.get(f"/api/experiments/{experiment.pk}/checkpoints/5/", **bearer)
+    assert no_step.status_code == 404 and "no checkpoint at step 5" in no_step.json()["error"]
+    # Nobody else's token, and no token at all, gets anything.
+    stranger = {"HTTP_AUTHORIZATION": f"Bearer {ApiToken.objects.create(user=user_factory()).key}"}
+    assert client.get(first, **stranger).status_code == 404
+    assert client.get(first).status_code == 401
 
 
 def test_run_page_lists_downloadable_checkpoints(

@@ -331,6 +331,34 @@ def test_retention_rule(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["epoch-10.pt", "notes.txt", "step-300.pt"]
 
 
+class FolderAtEachEvent(io.StringIO):
+    """An event stream that notes which checkpoint files exist as each event is written."""
+
+    def __init__(self, folder: Path) -> None:
+        super().__init__()
+        self.folder = folder
+        self.seen: list[list[str]] = []
+
+    def write(self, text: str) -> int:
+        self.seen.append(sorted(p.name for p in self.folder.iterdir()))
+        return super().write(text)
+
+
+def test_a_checkpoint_event_comes_after_its_retention(tmp_path: Path) -> None:
+    # The dashboard lists what a checkpoint event leaves on disk; a file deleted after the event
+    # stayed listed (with a misleading "not on this web server") until the next one.
+    from training.config import parse_args
+    from training.engine import checkpoint_write
+
+    cfg = parse_args(["--checkpoint-dir", str(tmp_path), "--keep-checkpoints", "1"])
+    stream = FolderAtEachEvent(tmp_path)
+    events = EventWriter("ret", stream=stream)
+    for epoch in (1, 2):
+        checkpoint_write(cfg, events, model_state={"w": torch.zeros(3)}, optimizer_state=None,
+                         epoch=epoch, step=10 * epoch)  # fmt: skip
+    assert stream.seen == [["epoch-1.pt"], ["epoch-2.pt"]]
+
+
 WRITE_PAST_A_FILE_SIZE_LIMIT = """
 import resource, signal, sys
 from pathlib import Path

@@ -376,7 +376,7 @@ def checkpoint_write(
     answers_request: bool = False,
     images_into_epoch: int | None = None,
 ) -> Path:
-    """Write a checkpoint, report it, then apply the retention of its kind: the epoch's own
+    """Write a checkpoint, apply the retention of its kind, then report it: the epoch's own
     (``--keep-checkpoints``), or, with ``images_into_epoch``, one written mid-epoch because
     someone asked (``--keep-requested-checkpoints``)."""
     assert cfg.checkpoint_dir is not None
@@ -392,6 +392,14 @@ def checkpoint_write(
         extra=extra,
     )
     requested = images_into_epoch is not None
+    kind, keep, flag = (
+        ("step", cfg.keep_requested_checkpoints, "--keep-requested-checkpoints")
+        if requested
+        else ("epoch", cfg.keep_checkpoints, "--keep-checkpoints")
+    )
+    # Before the event: whoever reads it can then list exactly the files that are left.
+    for old in checkpoint.retention_apply(directory, keep, kind=kind):
+        log.info("deleted %s (%s %d)", old, flag, keep)
     events.emit(
         "checkpoint",
         epoch=epoch,
@@ -400,13 +408,6 @@ def checkpoint_write(
         requested=requested,
         answers_request=answers_request or requested,
     )
-    kind, keep, flag = (
-        ("step", cfg.keep_requested_checkpoints, "--keep-requested-checkpoints")
-        if requested
-        else ("epoch", cfg.keep_checkpoints, "--keep-checkpoints")
-    )
-    for old in checkpoint.retention_apply(directory, keep, kind=kind):
-        log.info("deleted %s (%s %d)", old, flag, keep)
     return path
 
 

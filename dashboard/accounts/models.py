@@ -9,7 +9,9 @@ from django.db import models
 
 
 def new_token_key() -> str:
-    return secrets.token_urlsafe(32)
+    # The prefix: a bare urlsafe key starts with "-" one time in 64, and then reads as an option
+    # to whatever command it is passed to.
+    return "ty_" + secrets.token_urlsafe(32)
 
 
 class ApiToken(models.Model):

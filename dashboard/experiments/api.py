@@ -4,9 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.http import HttpRequest, JsonResponse
+from django.http import HttpRequest, HttpResponse, JsonResponse
 
 from dashboard.api import ApiError, api_view, json_body
+from dashboard.experiments.checkpoints import (
+    checkpoint_file_resolve,
+    checkpoint_file_response,
+    checkpoint_where_text,
+)
 from dashboard.experiments.forms import FIELDS, MAX_GPU_IDS, ExperimentForm
 from dashboard.experiments.limits import LaunchLimited
 from dashboard.experiments.models import Experiment
@@ -52,7 +57,7 @@ def launch_payload_check(payload: dict[str, Any]) -> dict[str, list[str]]:
             continue
         value = payload[key]
         if isinstance(value, bool) or not isinstance(value, allowed):
-            errors[key] = [f"must be {TYPE_NAMES[allowed[0]]}"]
+            errors[key] = [f"must be {TYPE_NAMES[allowed[-1]]}"]  # (int, float): a number
     gpus = payload.get("gpus")
     if isinstance(gpus, list) and any(isinstance(g, bool) or not isinstance(g, int) for g in gpus):
         errors["gpus"] = ["must be a list of integer GPU ids"]
@@ -158,3 +163,30 @@ def experiment_checkpoint_view(request: HttpRequest, pk: int) -> JsonResponse:
         raise ApiError(409, refused)
     experiment.refresh_from_db()
     return JsonResponse(experiment_as_dict(experiment), status=202)
+
+
+def _controllable(request: HttpRequest, pk: int, doing: str) -> Experiment:
+    experiment = _visible(request, pk)
+    if not experiment_can_control(experiment=experiment, user=request.user):
+        raise ApiError(403, f"only the owner or staff may {doing} this run")
+    return experiment
+
+
+@api_view(("GET",))
+def experiment_checkpoints(request: HttpRequest, pk: int) -> JsonResponse:
+    """The run's checkpoints still on disk somewhere, oldest first; ``api_url`` downloads one."""
+    experiment = _controllable(request, pk, "list the checkpoints of")
+    rows = [c.as_dict() for c in experiment.checkpoints.all()]
+    return JsonResponse({"id": pk, "checkpoints": rows})
+
+
+@api_view(("GET",))
+def experiment_checkpoint_file(request: HttpRequest, pk: int, step: int) -> HttpResponse:
+    experiment = _controllable(request, pk, "download the checkpoints of")
+    checkpoint = experiment.checkpoints.filter(step=step).first()
+    if checkpoint is None:
+        raise ApiError(404, f"run {pk} has no checkpoint at step {step}")
+    path = checkpoint_file_resolve(checkpoint=checkpoint)
+    if path is None:
+        raise ApiError(404, checkpoint_where_text(checkpoint=checkpoint, experiment=experiment))
+    return checkpoint_file_response(checkpoint=checkpoint, path=path)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.http import FileResponse
 
 from dashboard.experiments.models import Checkpoint, Experiment
 
@@ -47,3 +48,13 @@ def checkpoint_as_dict(*, checkpoint: Checkpoint, experiment: Experiment) -> dic
     here = checkpoint_file_resolve(checkpoint=checkpoint) is not None
     where = "" if here else checkpoint_where_text(checkpoint=checkpoint, experiment=experiment)
     return {**checkpoint.as_dict(), "here": here, "where": where}
+
+
+def checkpoint_file_response(*, checkpoint: Checkpoint, path: Path) -> FileResponse:
+    # A torch file is opaque bytes; guessing from ".pt" gives a SNES page table's MIME type.
+    return FileResponse(
+        path.open("rb"),
+        as_attachment=True,
+        filename=f"trainyard-{checkpoint.experiment_id}-{path.name}",
+        content_type="application/octet-stream",
+    )

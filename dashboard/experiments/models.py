@@ -243,4 +243,7 @@ class Checkpoint(models.Model):
             "worker": self.worker,
             "created": self.created.isoformat() if self.created else None,
             "url": self.get_absolute_url(),
+            "api_url": reverse(
+                "api-experiment-checkpoint-file", args=[self.experiment_id, self.step]
+            ),
         }

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.http import FileResponse, Http404, HttpRequest, HttpResponse, HttpResponseNotFound
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotFound
 from django.shortcuts import get_object_or_404, redirect, render
 
-from dashboard.experiments.checkpoints import checkpoint_file_resolve, checkpoint_where_text
+from dashboard.experiments.checkpoints import (
+    checkpoint_file_resolve,
+    checkpoint_file_response,
+    checkpoint_where_text,
+)
 from dashboard.experiments.forms import FIELDS, STRATEGY_HELP, ExperimentForm
 from dashboard.experiments.limits import LaunchLimited
 from dashboard.experiments.models import PROCESS_STRATEGIES, Experiment, Status, Strategy
@@ -207,9 +211,7 @@ def experiment_checkpoint_download(request: HttpRequest, pk: int, step: int) -> 
             checkpoint_where_text(checkpoint=checkpoint, experiment=experiment),
             content_type="text/plain; charset=utf-8",
         )
-    return FileResponse(
-        path.open("rb"), as_attachment=True, filename=f"trainyard-{experiment.pk}-{path.name}"
-    )
+    return checkpoint_file_response(checkpoint=checkpoint, path=path)
 
 
 def experiment_compare(request: HttpRequest) -> HttpResponse:
