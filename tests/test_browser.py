@@ -36,6 +36,9 @@ STATUS_IS = """() => document.getElementById('status-badge').textContent.trim().
 CHART_POINTS = """() => Object.values(Chart.instances).map(
     c => c.data.datasets.reduce((n, d) => n + d.data.length, 0))"""
 
+TRAIN_POINT_RADII = """() => Chart.getChart('chart-train').getDatasetMeta(0).data.map(
+    p => p.options.radius)"""
+
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
@@ -91,6 +94,12 @@ def test_start_ddp_and_watch_it_live(page: Any, stack: Stack) -> None:
     screenshot(page, "live-chart.png")
     page.wait_for_function(STATUS_IS % "succeeded", timeout=180_000)
     points_live = page.evaluate(CHART_POINTS)
+    # Filled in live, also where the page was opened before the run started.
+    assert page.locator("#info-worker").inner_text() == "test-worker"
+    assert "—" not in page.locator("#stat-duration").inner_text()
+    assert "—" not in page.locator("#info-started").inner_text()
+    # A short curve is drawn with dots (a point alone would otherwise draw nothing).
+    assert page.evaluate(TRAIN_POINT_RADII) and set(page.evaluate(TRAIN_POINT_RADII)) == {3}
     page.reload()
     page.wait_for_function(f"() => ({CHART_POINTS})().some(n => n > 0)", timeout=30_000)
     assert page.evaluate(CHART_POINTS) == points_live  # a reload draws the same curve

@@ -368,3 +368,11 @@ def test_detail_embeds_the_stored_curve(client: Any, alice: Any) -> None:
 def test_chart_js_is_installed() -> None:
     # node_modules/chart.js/dist is served as static/vendor/chart.js/: `npm ci` must have run.
     assert finders.find("vendor/chart.js/chart.umd.min.js"), "run `npm ci` in the repository root"
+
+
+def test_a_stopped_run_is_told_plainly_a_failed_one_in_red(client: Any, alice: Any) -> None:
+    stopped = make_experiment(alice, status=Status.CANCELLED, error="Stopped by alice.")
+    failed = make_experiment(alice, status=Status.FAILED, error="CUDA out of memory")
+    client.force_login(alice)
+    assert 'class="alert warning" id="error-box"' in client.get(detail_url(stopped)).content.decode()
+    assert 'class="alert error" id="error-box"' in client.get(detail_url(failed)).content.decode()

@@ -72,10 +72,16 @@ def test_a_stop_during_training_cancels(
     assert experiment_stop(experiment=run, by=alice)
 
     supervisor._check_requests(tearing_down)
+    # What the training says as the SIGTERM of the Stop ends it.
+    supervisor._take("stdout", event_line(2, "failed", error="stopped by SIGTERM",
+                                          traceback="Traceback (most recent call last): ..."))  # fmt: skip
     outcome = supervisor._outcome(tearing_down.wait(timeout=10))
     experiment_settle(experiment=run, sink=supervisor.sink, outcome=outcome)
 
     run.refresh_from_db()
     assert run.status == Status.CANCELLED and run.error == f"Stopped by {alice.username}."
+    logs = list(LogLine.objects.filter(experiment=run).values_list("level", "message"))
+    assert ("info", f"training stopped, as {alice.username} asked") in logs
+    assert not [m for level, m in logs if level == "error" or "Traceback" in m], logs
     assert run.cancelled_by == alice and run.test_accuracy is None
     assert tearing_down.poll() is not None

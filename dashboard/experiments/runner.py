@@ -8,8 +8,10 @@ daemonic and may not have multiprocessing children). It speaks the protocol of
 from __future__ import annotations
 
 import logging
+import math
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -155,6 +157,8 @@ def experiment_run(*, experiment_id: int, worker: str) -> str | None:
             "type": "status",
             "status": Status.RUNNING,
             "worker": worker,
+            # The page opened while queued has neither: its Started and Duration need them.
+            "started_at": experiment.started_at.isoformat() if experiment.started_at else None,
             "attempt": experiment.attempt,
             "resumed": experiment.attempt > 1,
         }
@@ -281,6 +285,7 @@ class RunSupervisor:
         self.checkpoint_signalled: datetime | None = None
         self.final_event: dict[str, Any] | None = None
         self.stopped_by: str | None = None
+        self.echoes = StderrEchoes()
 
     def run(self) -> Outcome | None:
         process = self._start()
@@ -297,6 +302,7 @@ class RunSupervisor:
                 self._take(source, line)
             now = time.monotonic()
             if now >= next_flush:
+                self._stderr_release(self.echoes.release(now))
                 self.sink.flush()
                 next_flush = now + FLUSH_SECONDS
             if now >= next_stop_check and self.stopped_by is None:
@@ -308,6 +314,7 @@ class RunSupervisor:
         returncode = process.wait()
         if self.taken_over:
             return None
+        self._stderr_release(self.echoes.release(math.inf))
         self.sink.flush()
         return self._outcome(returncode)
 
@@ -350,10 +357,12 @@ class RunSupervisor:
         if event is None:
             if source == "stderr":
                 self.stderr_tail.append(line.rstrip())
-            # After a Stop, the launcher's signal tracebacks are expected noise, not news.
-            if line.strip() and self.stopped_by is None:
+                self.echoes.hold(line, now=time.monotonic())
+            elif line.strip() and self.stopped_by is None:
                 self.sink.add_output(line, level=source)
             return
+        if event["type"] == "log":
+            self.echoes.heard(str(event.get("message", "")))
         if event["v"] > PROTOCOL_VERSION:
             self.sink.add_output(f"unknown protocol version {event['v']}: {line}", level="error")
             return
@@ -364,12 +373,25 @@ class RunSupervisor:
             self._checkpoint_request_answered()
         if event["type"] in {"finished", "failed"}:
             self.final_event = event
-            if event.get("traceback"):
+            # Ended by the Stop it was asked for: no failure to report, nor its traceback.
+            stopped = event["type"] == "failed" and self.stopped_by is not None
+            if event.get("traceback") and not stopped:
                 self.sink.add_output(str(event["traceback"]), level="error")
             # The final status is the dashboard's to say, once the process has exited.
-            level = "info" if event["type"] == "finished" else "error"
-            event = {"type": "log", "level": level, "message": _final_message(event)}
+            level = "error" if event["type"] == "failed" and not stopped else "info"
+            message = (
+                f"training stopped, as {self.stopped_by} asked"
+                if stopped
+                else _final_message(event)
+            )
+            event = {"type": "log", "level": level, "message": message}
         self.sink.add(event)
+
+    def _stderr_release(self, lines: list[str]) -> None:
+        # After a Stop, the launcher's signal tracebacks are expected noise, not news.
+        for line in lines:
+            if line.strip() and self.stopped_by is None:
+                self.sink.add_output(line, level="stderr")
 
     def _check_requests(self, process: subprocess.Popen[str]) -> None:
         """What the run's row asks of this run: a stop, a checkpoint (one query for both)."""
@@ -480,6 +502,44 @@ class RunSupervisor:
             )
             return Outcome(Status.FAILED, error=f"{reason}\n{tail}")
         return Outcome(Status.FAILED, error=f"training exited with code {returncode}\n{tail}")
+
+
+class StderrEchoes:
+    """Rank 0 writes each of its log messages twice: to stderr for a person at a shell, and as a
+    ``log`` event. The run's log keeps the event; the stderr copy is dropped.
+
+    The two come through separate pipes in either order, so a stderr line in the training's
+    log format is held for up to ``HOLD_SECONDS``: dropped if the event with its message comes,
+    else shown after all (a message only stderr has, or another rank's). Lines behind a held
+    one wait with it, so that stderr keeps its order."""
+
+    HOLD_SECONDS = 1.0
+    # training/cli.py's log format: "<date> <time> trainyard[rank N] LEVEL message".
+    FORMAT = re.compile(r"^\S+ \S+ trainyard\[rank \d+\] [A-Z]+ (?P<message>.*)$")
+
+    def __init__(self) -> None:
+        self.held: deque[tuple[float, str | None, str]] = deque()  # (since, message, line)
+        self.events: deque[str] = deque(maxlen=200)  # recent log events' messages
+
+    def hold(self, line: str, *, now: float) -> None:
+        match = self.FORMAT.match(line.rstrip("\n"))
+        message = match["message"].strip() if match else None
+        if message is not None and message in self.events:
+            return  # the echo of an event already stored
+        self.held.append((now, message, line))
+
+    def heard(self, message: str) -> None:
+        message = message.strip()
+        self.events.append(message)
+        self.held = deque(h for h in self.held if h[1] != message)
+
+    def release(self, now: float) -> list[str]:
+        """The lines to show now, in stderr's order: from the front, those not waiting for an
+        echo, or waiting longer than ``HOLD_SECONDS``."""
+        shown = []
+        while self.held and (self.held[0][1] is None or now - self.held[0][0] >= self.HOLD_SECONDS):
+            shown.append(self.held.popleft()[2])
+        return shown
 
 
 def _final_message(event: dict[str, Any]) -> str:

@@ -51,7 +51,9 @@
 
   const isNum = (v) => typeof v === "number" && isFinite(v);
   const formatPercent = (f) => (isNum(f) ? (f * 100).toFixed(2) + "%" : "—");
-  const formatLoss = (v) => (isNum(v) ? v.toFixed(4) : "—");
+  // A diverging run reaches losses like 1.6e11: fixed notation would overflow its box.
+  const formatLoss = (v) =>
+    !isNum(v) ? "—" : Math.abs(v) >= 1e5 ? v.toExponential(3) : v.toFixed(4);
 
   const dateFormat = new Intl.DateTimeFormat(undefined, {
     year: "numeric", month: "short", day: "numeric",
@@ -97,12 +99,14 @@
           borderWidth: 2,
           pointRadius: points ? 3 : 0,
           pointHoverRadius: 4,
+          clip: false, // the last point sits on the right edge (x max = total steps)
           tension: 0,
           spanGaps: true,
         }],
       },
       options: {
         animation: false,
+        layout: { padding: { right: 6 } },
         parsing: false,
         normalized: true,
         responsive: true,
@@ -168,12 +172,20 @@
       chartsDirty = false;
       const total = state.experiment.total_steps;
       // Dots while a curve is short, or a few points would draw nothing visible.
-      if (charts.train) charts.train.data.datasets[0].pointRadius = series.train.length < 40 ? 3 : 0;
+      let radiusChanged = false;
+      if (charts.train) {
+        const radius = series.train.length < 40 ? 3 : 0;
+        const dataset = charts.train.data.datasets[0];
+        radiusChanged = dataset.pointRadius !== radius;
+        dataset.pointRadius = radius;
+      }
       for (const key of Object.keys(charts)) {
         const chart = charts[key];
         if (!chart) continue;
         chart.options.scales.x.max = isNum(total) && total > 0 ? total : undefined;
-        chart.update("none");
+        // update("none") skips the points' style: a new radius would not show, and one point
+        // alone would draw nothing at all.
+        chart.update(key === "train" && radiusChanged ? undefined : "none");
       }
       markEmpty();
     });
@@ -291,6 +303,9 @@
     const show = Boolean(error) && status !== "succeeded";
     box.hidden = !show;
     if (show) {
+      // A Stop is the user's own doing: told plainly, not in a failure's red.
+      box.classList.toggle("error", status !== "cancelled");
+      box.classList.toggle("warning", status === "cancelled");
       setText($("error-title"), status === "cancelled" ? "Stopped" : "The run failed");
       setText($("error-text"), error);
     }
@@ -384,6 +399,8 @@
       case "epoch":
         // The epoch's mean train loss would draw a second, coarser curve: not charted.
         addPoint({ step: msg.step, test_loss: msg.test_loss, test_accuracy: msg.test_accuracy });
+        // The epoch's mean, as a reloaded page shows it (its last stored point's).
+        if (isNum(msg.images_per_second)) state.ips = msg.images_per_second;
         Object.assign(e, {
           epoch: msg.epoch, step: msg.step, test_loss: msg.test_loss, test_accuracy: msg.test_accuracy,
         });
@@ -410,6 +427,8 @@
             msg.experiment || {},
             msg.status ? { status: msg.status } : {},
             "reason" in msg ? { waiting_reason: msg.reason } : {},
+            msg.worker ? { worker: msg.worker } : {},
+            msg.started_at ? { started_at: msg.started_at } : {},
           ),
         );
         break;
