@@ -374,5 +374,6 @@ def test_a_stopped_run_is_told_plainly_a_failed_one_in_red(client: Any, alice: A
     stopped = make_experiment(alice, status=Status.CANCELLED, error="Stopped by alice.")
     failed = make_experiment(alice, status=Status.FAILED, error="CUDA out of memory")
     client.force_login(alice)
-    assert 'class="alert warning" id="error-box"' in client.get(detail_url(stopped)).content.decode()
+    stopped_page = client.get(detail_url(stopped)).content.decode()
+    assert 'class="alert warning" id="error-box"' in stopped_page
     assert 'class="alert error" id="error-box"' in client.get(detail_url(failed)).content.decode()

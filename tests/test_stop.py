@@ -73,8 +73,8 @@ def test_a_stop_during_training_cancels(
 
     supervisor._check_requests(tearing_down)
     # What the training says as the SIGTERM of the Stop ends it.
-    supervisor._take("stdout", event_line(2, "failed", error="stopped by SIGTERM",
-                                          traceback="Traceback (most recent call last): ..."))  # fmt: skip
+    traceback = "Traceback (most recent call last): ..."
+    supervisor._take("stdout", event_line(2, "failed", error="by SIGTERM", traceback=traceback))
     outcome = supervisor._outcome(tearing_down.wait(timeout=10))
     experiment_settle(experiment=run, sink=supervisor.sink, outcome=outcome)
 
