@@ -62,3 +62,14 @@ def test_stop_and_clone_actions(
     clone = Experiment.objects.exclude(pk=run.pk).get()
     assert clone.cloned_from == run and clone.epochs == 3 and clone.status == "queued"
     assert queued == [clone.pk]
+
+
+def test_launches_go_through_the_form_and_records_stay_as_run(
+    admin_client_: Client, user_factory: Any, experiment_factory: Any
+) -> None:
+    # Adding here would skip the launch's validation and never reach a worker.
+    assert admin_client_.get("/admin/experiments/experiment/add/").status_code == 403
+    run = experiment_factory(owner=user_factory(), status="succeeded", lr=0.001)
+    page = admin_client_.get(f"/admin/experiments/experiment/{run.pk}/change/").content.decode()
+    assert 'name="name"' in page  # a rename is harmless
+    assert 'name="lr"' not in page and 'name="strategy"' not in page and "0.001" in page

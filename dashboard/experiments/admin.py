@@ -6,6 +6,7 @@ from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
+from dashboard.experiments.forms import FIELDS
 from dashboard.experiments.limits import LaunchLimited
 from dashboard.experiments.models import Checkpoint, Experiment, LogLine, MetricPoint
 from dashboard.experiments.services import (
@@ -84,7 +85,13 @@ class ExperimentAdmin(admin.ModelAdmin):
         "checkpoint_requested_by",
         "launcher_pid",
         "cloned_from",
+        # What the run was launched with is its record; the New run page and the API validate
+        # a launch (devices, limits) and hand it to a worker, which the admin's form would not.
+        *(name for name in FIELDS if name != "name"),
     )
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
 
     @admin.display(description="test accuracy", ordering="test_accuracy")
     def accuracy(self, obj: Experiment) -> str:
