@@ -471,3 +471,12 @@ def test_a_diverged_loss_is_written_as_null() -> None:
     buffer = io.StringIO()
     EventWriter("r", stream=buffer).emit("step", epoch=1, step=1, train_loss=loss)
     assert json.loads(buffer.getvalue())["train_loss"] is None
+
+
+def test_one_process_strategies_record_one_process() -> None:
+    from training.config import parse_args
+
+    for strategy in ("single", "dp", "model-parallel"):
+        assert parse_args(["--strategy", strategy]).nproc == 1
+    assert parse_args(["--strategy", "ddp"]).nproc == 2
+    assert parse_args(["--strategy", "hogwild", "--nproc", "3"]).nproc == 3

@@ -217,7 +217,7 @@ def parse_args(argv: Sequence[str], parser: argparse.ArgumentParser | None = Non
         )
     return TrainConfig(
         strategy=ns.strategy,
-        nproc=ns.nproc if ns.nproc is not None else (len(ns.gpus) or 2),
+        nproc=ns.nproc if ns.nproc is not None else _default_nproc(ns.strategy, ns.gpus),
         gpus=ns.gpus,
         dataset=ns.dataset,
         data_dir=str(Path(ns.data_dir).expanduser().resolve()),
@@ -239,3 +239,10 @@ def parse_args(argv: Sequence[str], parser: argparse.ArgumentParser | None = Non
         keep_requested_checkpoints=ns.keep_requested_checkpoints,
         steps_per_epoch=ns.steps_per_epoch,
     )
+
+
+def _default_nproc(strategy: str, gpus: Sequence[int]) -> int:
+    # One process for the one-process strategies, so a checkpoint's config says what ran.
+    if strategy not in MULTIPROCESS_STRATEGIES:
+        return 1
+    return len(gpus) or 2
