@@ -274,6 +274,10 @@
   function onRunStatus(status) {
     if (typeof status !== "string") return;
     checkpoint.status = status;
+    if (status !== "running" && status !== "queued") {
+      // Rendered while the run was live: "no tensors … yet" is final now.
+      setText($("tensors-empty"), "The run has reported no tensors in shared memory.");
+    }
     if (status !== "running" && status !== "queued" && checkpoint.pending) {
       // The run ended first; its last epoch's checkpoint, if any, is in the list.
       checkpoint.pending = false;
