@@ -99,6 +99,13 @@ def _visible(request: HttpRequest, pk: int) -> Experiment:
     return experiment
 
 
+def _controllable(request: HttpRequest, pk: int, doing: str) -> Experiment:
+    experiment = _visible(request, pk)
+    if not experiment_can_control(experiment=experiment, user=request.user):
+        raise ApiError(403, f"only the owner or staff may {doing} this run")
+    return experiment
+
+
 @api_view(("GET", "POST"))
 def experiments(request: HttpRequest) -> JsonResponse:
     if request.method == "GET":
@@ -141,9 +148,7 @@ def experiment_metrics(request: HttpRequest, pk: int) -> JsonResponse:
 
 @api_view(("POST",))
 def experiment_stop_view(request: HttpRequest, pk: int) -> JsonResponse:
-    experiment = _visible(request, pk)
-    if not experiment_can_control(experiment=experiment, user=request.user):
-        raise ApiError(403, "only the owner or staff may stop this run")
+    experiment = _controllable(request, pk, "stop")
     if not experiment.is_active:
         raise ApiError(409, f"the run is already {experiment.status}")
     experiment_stop(experiment=experiment, by=request.user)
@@ -155,21 +160,12 @@ def experiment_stop_view(request: HttpRequest, pk: int) -> JsonResponse:
 def experiment_checkpoint_view(request: HttpRequest, pk: int) -> JsonResponse:
     """Ask a running run to write a checkpoint after its current step (202); it is reported by
     a `checkpoint` event and listed with the run's checkpoints."""
-    experiment = _visible(request, pk)
-    if not experiment_can_control(experiment=experiment, user=request.user):
-        raise ApiError(403, "only the owner or staff may checkpoint this run")
+    experiment = _controllable(request, pk, "checkpoint")
     refused = experiment_checkpoint_request(experiment=experiment, by=request.user)
     if refused:
         raise ApiError(409, refused)
     experiment.refresh_from_db()
     return JsonResponse(experiment_as_dict(experiment), status=202)
-
-
-def _controllable(request: HttpRequest, pk: int, doing: str) -> Experiment:
-    experiment = _visible(request, pk)
-    if not experiment_can_control(experiment=experiment, user=request.user):
-        raise ApiError(403, f"only the owner or staff may {doing} this run")
-    return experiment
 
 
 @api_view(("GET",))
