@@ -38,6 +38,7 @@ lint:
 	$(VENV)/bin/ruff check . .ci/gpu-check
 	$(VENV)/bin/ruff format --check . .ci/gpu-check
 	$(VENV)/bin/mypy training dashboard .ci/gpu-check
+	$(VENV)/bin/lint-imports --no-cache
 
 clean:
 	rm -rf $(VENV) node_modules var staticfiles
