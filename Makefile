@@ -22,7 +22,9 @@ node_modules/.installed: package.json package-lock.json
 setup: $(VENV)/.installed node_modules/.installed
 	$(PY) manage.py migrate --noinput -v 0
 
-run: setup
+run:
+	@.ci/system-packages run
+	@$(MAKE) --no-print-directory setup
 	@$(PY) manage.py ensure_admin
 	@echo "Trainyard: http://127.0.0.1:$(PORT)/  (Ctrl-C stops everything)"
 	WEB_PORT=$(PORT) $(VENV)/bin/honcho -f Procfile start
@@ -30,8 +32,11 @@ run: setup
 worker: setup
 	$(VENV)/bin/celery -A dashboard worker --loglevel INFO
 
-test: setup
-	$(VENV)/bin/pytest
+# Tests that need a missing tool fail instead of skipping (tests/conftest.py's need()).
+test:
+	@.ci/system-packages test
+	@$(MAKE) --no-print-directory setup
+	TRAINYARD_TESTS_NEED_ALL=1 $(VENV)/bin/pytest
 	$(MAKE) --no-print-directory lint
 
 lint:

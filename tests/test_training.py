@@ -26,6 +26,7 @@ import psutil
 import pytest
 import torch
 
+from tests.conftest import need
 from training import data as training_data
 from training.protocol import EVENT_TYPES, PROTOCOL_VERSION, EventWriter
 from training.shared_data import segments_of
@@ -207,14 +208,14 @@ def test_sample_split_is_stratified_and_read_by_torchvision(
     assert not np.all(np.diff(dataset.train.labels.numpy()) >= 0)
 
 
-@pytest.mark.skipif(
-    not all(
-        (training_data.DEBIAN_FASHION_DIR / f"{f}.gz").is_file()
-        for f in training_data.IDX_FILES.values()
-    ),
-    reason="Debian's dataset-fashion-mnist package is not installed",
-)
 def test_fashion_mnist_from_debian_files(tmp_path: Path) -> None:
+    need(
+        all(
+            (training_data.DEBIAN_FASHION_DIR / f"{f}.gz").is_file()
+            for f in training_data.IDX_FILES.values()
+        ),
+        "Debian's dataset-fashion-mnist package is not installed",
+    )
     dataset = training_data.load_dataset("fashion-mnist", tmp_path)
     assert (len(dataset.train), len(dataset.test)) == (60_000, 10_000)
     assert "Debian" in dataset.source
