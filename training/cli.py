@@ -15,14 +15,13 @@ from typing import IO, NoReturn
 
 from training.config import (
     DEEPSPEED_REQUIREMENT,
-    MULTIPROCESS_STRATEGIES,
-    TORCHRUN_STRATEGIES,
     TrainConfig,
     build_parser,
     parse_args,
     under_torchrun,
 )
 from training.protocol import EventWriter
+from training.registry import RULE_MIN_GPUS, TORCHRUN_STRATEGIES, strategy_get, strategy_refusals
 
 log = logging.getLogger("training")
 
@@ -88,7 +87,12 @@ def main(argv: Sequence[str] | None = None, *, events_stream: IO[str] | None = N
 
 
 def _validate(cfg: TrainConfig, parser: argparse.ArgumentParser) -> TrainConfig:
-    """Refusals that depend on the machine; each ends in parser.error (exit status 2)."""
+    """Refusals before training starts; each ends in parser.error (exit status 2).
+
+    The strategy's own rules come from the registry (the dashboard refuses the same), the
+    machine's from torch. A GPU minimum waits for the machine's count: "this machine has one
+    GPU" is the more useful answer.
+    """
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if cfg.strategy not in TORCHRUN_STRATEGIES and world > 1:
         parser.error(
@@ -96,23 +100,10 @@ def _validate(cfg: TrainConfig, parser: argparse.ArgumentParser) -> TrainConfig:
             f"{world} (WORLD_SIZE={world}); use --strategy "
             f"{' or '.join(TORCHRUN_STRATEGIES)}"
         )
-    if cfg.strategy in TORCHRUN_STRATEGIES and cfg.gpus and cfg.nproc != len(cfg.gpus):
-        parser.error(
-            f"argument --nproc: {cfg.strategy} runs one process per GPU, so --nproc must equal "
-            f"the number of --gpus (got --nproc {cfg.nproc} and {len(cfg.gpus)} GPU(s): "
-            f"{','.join(map(str, cfg.gpus))})"
-        )
-    if cfg.strategy == "hogwild" and cfg.gpus:
-        parser.error(
-            "argument --gpus: hogwild keeps the model in shared host memory and trains on the "
-            "CPU; leave out --gpus (for GPUs use --strategy "
-            f"{', '.join(s for s in MULTIPROCESS_STRATEGIES if s != 'hogwild')}, dp or single)"
-        )
-    if cfg.strategy == "model-parallel" and len(cfg.gpus) > 2:
-        parser.error(
-            f"argument --gpus: model-parallel splits the model in two stages, one per device; "
-            f"give at most two GPUs (got {len(cfg.gpus)}: {','.join(map(str, cfg.gpus))})"
-        )
+    refusals = strategy_refusals(cfg.strategy, processes=cfg.nproc, gpus=cfg.gpus)
+    for refusal in refusals:
+        if refusal.rule != RULE_MIN_GPUS:
+            parser.error(refusal.cli_message)
     if cfg.strategy == "deepspeed" and not deepspeed_available():
         parser.error(
             "--strategy deepspeed needs the optional DeepSpeed package, which is not installed "
@@ -120,16 +111,29 @@ def _validate(cfg: TrainConfig, parser: argparse.ArgumentParser) -> TrainConfig:
             f"'{DEEPSPEED_REQUIREMENT}' (the 'deepspeed' extra of this package)"
         )
     # Under torchrun the launcher has checked the ids and renumbered them already.
-    needs_count = cfg.gpus or cfg.strategy in ("dp", "dp-primitives")
-    if under_torchrun() or not needs_count:
+    min_gpus = strategy_get(cfg.strategy).min_gpus
+    if under_torchrun() or not (cfg.gpus or min_gpus or cfg.strategy == "dp"):
         return cfg
     import torch
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if cfg.strategy == "dp-primitives" and count < 2:
+    _validate_gpu_count(cfg, parser, count=count, min_gpus=min_gpus)
+    for refusal in refusals:  # what is left: the GPU minimum, on a machine that has enough
+        example = ",".join(map(str, range(min(count, 2))))
         parser.error(
-            "--strategy dp-primitives needs 2 or more GPUs (it scatters each batch over them); "
-            f"this machine has {count} GPU(s)"
+            f"{refusal.cli_message} (this machine has {count} GPUs, e.g. --gpus {example})"
+        )
+    return cfg
+
+
+def _validate_gpu_count(
+    cfg: TrainConfig, parser: argparse.ArgumentParser, *, count: int, min_gpus: int
+) -> None:
+    """Refusals that depend on how many GPUs this machine has (``count``)."""
+    if count < min_gpus:
+        parser.error(
+            f"--strategy {cfg.strategy} needs {min_gpus} or more GPUs; this machine has "
+            f"{count} GPU(s)"
             + ("" if count else ", CUDA is not available")
             + "; on the CPU use --strategy single, ddp or hogwild"
         )
@@ -144,18 +148,13 @@ def _validate(cfg: TrainConfig, parser: argparse.ArgumentParser) -> TrainConfig:
             f"argument --gpus: no GPU {','.join(map(str, missing))} here; this machine has "
             f"{count} GPU(s), ids 0 to {count - 1}"
         )
+    # DataParallel without GPUs is a silent pass-through: on a machine with GPUs, a mistake.
     if cfg.strategy == "dp" and not cfg.gpus and count > 0:
         parser.error(
             f"--strategy dp needs --gpus on this machine ({count} GPU(s), e.g. --gpus "
             f"{','.join(map(str, range(min(count, 2))))}); to train on the CPU use --strategy "
             "single"
         )
-    if cfg.strategy == "dp-primitives" and len(cfg.gpus) < 2:
-        parser.error(
-            f"--strategy dp-primitives needs --gpus with two or more ids (this machine has "
-            f"{count} GPUs, e.g. --gpus {','.join(map(str, range(min(count, 2))))})"
-        )
-    return cfg
 
 
 def deepspeed_available() -> bool:

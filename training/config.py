@@ -9,34 +9,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-STRATEGIES = (
-    "single",
-    "dp",
-    "ddp",
-    "dp-primitives",
-    "model-parallel",
-    "hogwild",
-    "deepspeed",
-)
-# One line each, for --help and for whoever offers the choice (the dashboard's form).
-STRATEGY_SUMMARIES = {
-    "single": "One process on one device: the baseline every other strategy is compared with.",
-    "dp": "nn.DataParallel: one process splits each batch over --gpus, gradients summed on the "
-    "first (without GPUs a pass-through).",
-    "ddp": "DistributedDataParallel: --nproc processes under torchrun, gradients all-reduced "
-    "every step (NCCL on GPUs, Gloo on the CPU).",
-    "dp-primitives": "DataParallel written out with replicate, scatter, parallel_apply and "
-    "gather; needs 2 or more GPUs.",
-    "model-parallel": "The model split in two stages (convolutions, classifier) on two devices, "
-    "activations moved between them.",
-    "hogwild": "--nproc processes update one model in shared memory, asynchronously and "
-    "without locks, each on its own shard of the data.",
-    "deepspeed": "DeepSpeed ZeRO stage 1 or 2 (--zero-stage) under torchrun: optimizer state "
-    "(and gradients) partitioned over ranks.",
-}
-# Strategies whose ranks torchrun starts (the CLI execs it), and those that take --nproc.
-TORCHRUN_STRATEGIES = ("ddp", "deepspeed")
-MULTIPROCESS_STRATEGIES = ("ddp", "deepspeed", "hogwild")
+from training.registry import MULTIPROCESS_STRATEGIES, REGISTRY, STRATEGY_NAMES
+
 ZERO_STAGES = (1, 2)
 DEEPSPEED_REQUIREMENT = "deepspeed==0.19.8"
 DATASETS = ("mnist", "fashion-mnist")
@@ -133,11 +107,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m training",
         description="Train a small CNN on MNIST or Fashion-MNIST with one of several parallel "
         "strategies. Events go to stdout as JSON lines, logs to stderr.",
-        epilog="strategies:\n"
-        + "\n".join(f"  {name:15} {text}" for name, text in STRATEGY_SUMMARIES.items()),
+        epilog="strategies:\n" + "\n".join(f"  {spec.name:15} {spec.summary}" for spec in REGISTRY),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--strategy", choices=STRATEGIES, default="single")
+    p.add_argument("--strategy", choices=STRATEGY_NAMES, default="single")
     p.add_argument(
         "--nproc",
         type=_int_in(1, 256),

@@ -10,6 +10,7 @@ This module imports nothing heavy (no torch): the web process reads it at start-
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 
@@ -27,6 +28,8 @@ class StrategySpec:
     min_gpus: int = 0  # fewer GPUs than this cannot run it
     max_gpus: int | None = None  # more GPUs than this make no sense for it (None: no bound)
     nodes: bool = False  # can span several machines (torchrun's rendezvous)
+    cpu_reason: str = ""  # with cpu_only: why, said when GPUs are refused ("it ...")
+    max_gpus_reason: str = ""  # with max_gpus: why, said when more GPUs are refused
 
 
 REGISTRY: tuple[StrategySpec, ...] = (
@@ -38,6 +41,7 @@ REGISTRY: tuple[StrategySpec, ...] = (
         help="One process on one device: a GPU when you pick one, else the CPU.",
         module="single",
         max_gpus=1,
+        max_gpus_reason="a single-device run uses one GPU",
     ),
     StrategySpec(
         name="dp",
@@ -83,6 +87,8 @@ REGISTRY: tuple[StrategySpec, ...] = (
         "the CPU), activations passed between them: for models too big for one device.",
         module="model_parallel",
         max_gpus=2,
+        max_gpus_reason="model parallel splits the model into 2 stages: give 0, 1 or 2 GPU ids "
+        "(none: both stages on the CPU; one: a stage on it and the other on the CPU)",
     ),
     StrategySpec(
         name="hogwild",
@@ -95,6 +101,8 @@ REGISTRY: tuple[StrategySpec, ...] = (
         module="hogwild",
         processes=True,
         cpu_only=True,
+        cpu_reason="keeps the model in shared host memory, which its processes update "
+        "without locks",
     ),
     StrategySpec(
         name="deepspeed",
@@ -125,3 +133,105 @@ def strategy_get(name: str) -> StrategySpec:
         raise ValueError(
             f"unknown strategy {name!r}: use one of {', '.join(STRATEGY_NAMES)}"
         ) from None
+
+
+# --- the rules a request must keep whatever the machine: the CLI and the dashboard both ask ---
+
+RULE_PER_GPU = "per_gpu"  # torchrun strategies with GPUs: one process per GPU
+RULE_CPU_ONLY = "cpu_only"  # no GPU ids at all
+RULE_MAX_GPUS = "max_gpus"
+RULE_MIN_GPUS = "min_gpus"  # callers that know the machine say more (which one has enough)
+NUMBER_WORDS = ("no", "one", "two", "three", "four")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """One rule of a strategy that a request breaks, said to both audiences."""
+
+    rule: str  # one of the RULE_* names
+    field: str  # where the fix is: "processes" (--nproc) or "gpus" (--gpus)
+    message: str  # in the dashboard's words: the launch form and the API
+    cli_message: str  # in the command line's words, its flags
+
+
+def plural(count: int, word: str, words: str | None = None) -> str:
+    return f"{count} {word if count == 1 else (words or word + 's')}"
+
+
+def gpu_ids_text(ids: Sequence[int]) -> str:
+    """ "no GPU", "GPU 0", "GPUs 0, 1"."""
+    if not ids:
+        return "no GPU"
+    return f"GPU{'s' if len(ids) > 1 else ''} {', '.join(str(i) for i in ids)}"
+
+
+def _number_word(count: int) -> str:
+    return NUMBER_WORDS[count] if 0 <= count < len(NUMBER_WORDS) else str(count)
+
+
+def strategy_refusals(name: str, *, processes: int, gpus: Sequence[int]) -> list[Refusal]:
+    """What ``name`` refuses in this request on any machine; empty when it may run.
+
+    ``gpus`` empty means the CPU. The machine's own limits (cores, which GPUs exist) are the
+    caller's to check: the CLI asks torch, the dashboard its workers' reports.
+    """
+    spec = strategy_get(name)
+    refusals: list[Refusal] = []
+    if spec.torchrun and gpus and processes != len(gpus):
+        refusals.append(_refusal_per_gpu(spec, processes=processes, gpus=gpus))
+    if spec.cpu_only and gpus:
+        refusals.append(_refusal_cpu_only(spec, gpus=gpus))
+    if spec.max_gpus is not None and len(gpus) > spec.max_gpus:
+        refusals.append(_refusal_max_gpus(spec, spec.max_gpus, gpus=gpus))
+    if len(gpus) < spec.min_gpus:
+        refusals.append(_refusal_min_gpus(spec, gpus=gpus))
+    return refusals
+
+
+def _ids(gpus: Sequence[int]) -> str:
+    return ",".join(str(i) for i in gpus)
+
+
+def _refusal_per_gpu(spec: StrategySpec, *, processes: int, gpus: Sequence[int]) -> Refusal:
+    return Refusal(
+        RULE_PER_GPU,
+        "processes",
+        f"{spec.short} runs one process per GPU: {plural(processes, 'process', 'processes')} "
+        f"for {plural(len(gpus), 'GPU')} ({gpu_ids_text(gpus)})",
+        f"argument --nproc: {spec.name} runs one process per GPU, so --nproc must equal the "
+        f"number of --gpus (got --nproc {processes} and {len(gpus)} GPU(s): {_ids(gpus)})",
+    )
+
+
+def _refusal_cpu_only(spec: StrategySpec, *, gpus: Sequence[int]) -> Refusal:
+    reason = spec.cpu_reason or "needs no GPU"
+    alternatives = ", ".join(s.name for s in REGISTRY if not s.cpu_only)
+    return Refusal(
+        RULE_CPU_ONLY,
+        "gpus",
+        f"{spec.short} trains on the CPU: it {reason}; leave the GPU ids empty "
+        f"(got {gpu_ids_text(gpus)})",
+        f"argument --gpus: {spec.name} {reason}, and trains on the CPU; leave out --gpus "
+        f"(for GPUs use --strategy {alternatives})",
+    )
+
+
+def _refusal_max_gpus(spec: StrategySpec, most: int, *, gpus: Sequence[int]) -> Refusal:
+    reason = spec.max_gpus_reason or f"{spec.label} uses at most {plural(most, 'GPU')}"
+    most_text = f"{_number_word(most)} GPU{'' if most == 1 else 's'}"
+    return Refusal(
+        RULE_MAX_GPUS,
+        "gpus",
+        f"{reason}, not {len(gpus)} ({gpu_ids_text(gpus)})",
+        f"argument --gpus: {reason}; give at most {most_text} (got {len(gpus)}: {_ids(gpus)})",
+    )
+
+
+def _refusal_min_gpus(spec: StrategySpec, *, gpus: Sequence[int]) -> Refusal:
+    asked = f"got {gpu_ids_text(gpus)}" if gpus else "no GPU ids were given"
+    return Refusal(
+        RULE_MIN_GPUS,
+        "gpus",
+        f"{spec.label} need at least {spec.min_gpus} GPUs on one machine ({asked})",
+        f"--strategy {spec.name} needs --gpus with {_number_word(spec.min_gpus)} or more ids",
+    )

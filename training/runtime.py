@@ -12,7 +12,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from training.config import TORCHRUN_STRATEGIES, TrainConfig
+from training.config import TrainConfig
+from training.registry import TORCHRUN_STRATEGIES
 
 log = logging.getLogger(__name__)
 

@@ -29,8 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from training.cli import deepspeed_available
-from training.config import DATASETS, MULTIPROCESS_STRATEGIES, STRATEGIES
+from training.config import DATASETS
 from training.protocol import parse_event
+from training.registry import MULTIPROCESS_STRATEGIES, STRATEGY_NAMES
 
 DEFAULT_STRATEGIES = (
     "single",
@@ -93,7 +94,7 @@ def main(argv: list[str]) -> int:
     except ValueError:
         parser.error(f"argument --seeds: expected integers like 1,2,3, got {args.seeds!r}")
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    unknown = [s for s in strategies if s not in STRATEGIES]
+    unknown = [s for s in strategies if s not in STRATEGY_NAMES]
     if unknown:
         parser.error(f"argument --strategies: unknown {','.join(unknown)}")
     if not seeds:
