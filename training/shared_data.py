@@ -35,7 +35,7 @@ import shutil
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, cast
+from typing import cast
 
 import torch
 
@@ -48,6 +48,7 @@ from training.data import (
     idx_read_into,
     load_dataset,
 )
+from training.protocol import SharedTensor
 from training.runtime import Runtime, all_gather
 
 log = logging.getLogger(__name__)
@@ -175,19 +176,19 @@ def segment_owned(path: Path) -> Iterator[Path]:
 
 def shared_tensors_report(
     data: Dataset, shared_everywhere: Sequence[bool] | None = None
-) -> list[dict[str, Any]]:
+) -> list[SharedTensor]:
     """``started.shared_tensors`` entries for the dataset: is_shared is true only when every
     process reported its copy shared (``shared_everywhere``, one flag per tensor)."""
     tensors = dataset_tensors(data)
     flags = list(shared_everywhere) if shared_everywhere is not None else None
-    out = []
+    out: list[SharedTensor] = []
     for i, (name, t) in enumerate(tensors.items()):
         shared = t.is_shared() if flags is None else flags[i]
         out.append(tensor_entry(name, t, shared))
     return out
 
 
-def tensor_entry(name: str, t: torch.Tensor, shared: bool) -> dict[str, Any]:
+def tensor_entry(name: str, t: torch.Tensor, shared: bool) -> SharedTensor:
     return {
         "name": name,
         "dtype": str(t.dtype).removeprefix("torch."),
@@ -258,9 +259,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def dataset_for_ranks(
-    name: str, data_dir: Path, rt: Runtime
-) -> tuple[Dataset, list[dict[str, Any]]]:
+def dataset_for_ranks(name: str, data_dir: Path, rt: Runtime) -> tuple[Dataset, list[SharedTensor]]:
     """The dataset for a torchrun rank: one shared copy per machine, or a private one per rank
     when /dev/shm cannot hold it (logged). Returns it with ``started.shared_tensors``.
 
