@@ -19,8 +19,9 @@ from django.test import Client
 from dashboard.accounts.models import ApiToken
 from dashboard.experiments.models import Experiment, Status
 from dashboard.experiments.processes import process_in_tree_signal
-from dashboard.experiments.runner import Outcome, experiment_settle
+from dashboard.experiments.runner import experiment_settle
 from dashboard.experiments.sink import EventSink
+from dashboard.experiments.transitions import Outcome
 from tests.stack import wait_for
 
 pytestmark = pytest.mark.django_db

@@ -1,4 +1,5 @@
-"""Allocation, the reaper, resume and orphans, as plain functions over the database."""
+"""Allocation, the reaper, resume and orphans, as plain functions over the database (and the
+beat task that sends what the reaper queued)."""
 
 from __future__ import annotations
 
@@ -15,14 +16,11 @@ import pytest
 from django.utils import timezone
 
 from dashboard.experiments.allocation import Machine, allocation_refusal
+from dashboard.experiments.attempts import experiment_resume_prepare
 from dashboard.experiments.models import Checkpoint, Experiment, MetricPoint
 from dashboard.experiments.runner import experiment_claim
-from dashboard.experiments.survival import (
-    experiment_resume_prepare,
-    experiments_reap_lost,
-    experiments_redispatch_queued,
-    training_orphans_end,
-)
+from dashboard.experiments.survival import Reaped, experiments_reap_lost, training_orphans_end
+from dashboard.experiments.tasks import reap_lost_runs
 
 pytestmark = pytest.mark.django_db
 
@@ -85,9 +83,8 @@ def _stale(experiment: Experiment, seconds: float) -> None:
 
 
 def test_silent_run_is_lost_then_queued_again(
-    alice: Any, experiment_factory: Any, launched: list[int], settings: Any,
-    django_capture_on_commit_callbacks: Any,
-) -> None:  # fmt: skip
+    alice: Any, experiment_factory: Any, launched: list[int], settings: Any
+) -> None:
     settings.TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS = 30
     run = experiment_factory(
         owner=alice, status="running", attempt=1, worker="w1",
@@ -96,13 +93,22 @@ def test_silent_run_is_lost_then_queued_again(
     fresh = experiment_factory(owner=alice, status="running", attempt=1, worker="w1")
     _stale(run, 31)
     _stale(fresh, 5)
-    with django_capture_on_commit_callbacks(execute=True):
-        assert experiments_reap_lost() == [run.pk]
+    assert reap_lost_runs() == {"lost": [run.pk], "requeued": [run.pk], "redispatched": []}
     run.refresh_from_db()
     assert run.status == "queued" and launched == [run.pk]
     assert run.checkpoint_requested_at is None
     assert run.attempts[0]["outcome"] == "lost" and "no heartbeat from worker w1" in run.error
     assert "queued to resume" in run.waiting_reason
+
+
+def test_the_reaper_returns_what_it_queued_and_sends_nothing(
+    alice: Any, experiment_factory: Any, launched: list[int], settings: Any
+) -> None:
+    settings.TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS = 30
+    run = experiment_factory(owner=alice, status="running", attempt=1, worker="w1")
+    _stale(run, 31)
+    assert experiments_reap_lost() == Reaped(lost=[run.pk], requeued=[run.pk])
+    assert not launched  # the beat task sends it
 
 
 def test_a_run_lost_too_often_fails_with_its_history(
@@ -112,7 +118,7 @@ def test_a_run_lost_too_often_fails_with_its_history(
     history = [{"attempt": 1, "worker": "w1", "outcome": "lost", "reason": "no heartbeat"}]
     run = experiment_factory(owner=alice, status="running", attempt=2, attempts=history)
     _stale(run, 3600)
-    experiments_reap_lost()
+    assert reap_lost_runs() == {"lost": [run.pk], "requeued": [], "redispatched": []}
     run.refresh_from_db()
     assert run.status == "failed" and not launched
     assert run.error.startswith("gave up after 2 attempts") and "attempt 1 on w1" in run.error
@@ -176,8 +182,9 @@ def test_queued_runs_are_sent_again_when_their_message_may_be_lost(
     old = experiment_factory(owner=alice)
     Experiment.objects.filter(pk=old.pk).update(created_at=timezone.now() - timedelta(minutes=5))
     experiment_factory(owner=alice)  # just created: its message is on its way
-    assert experiments_redispatch_queued() == [old.pk] and launched == [old.pk]
-    assert experiments_redispatch_queued() == []  # and not again at once
+    assert reap_lost_runs()["redispatched"] == [old.pk] and launched == [old.pk]
+    assert reap_lost_runs()["redispatched"] == []  # and not again at once
+    assert launched == [old.pk]
 
 
 @pytest.mark.django_db(transaction=False)

@@ -21,20 +21,21 @@ from collections import deque
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F
 from django.utils import timezone
 
 from dashboard.devices.models import WorkerMachine
+from dashboard.experiments import transitions
 from dashboard.experiments.allocation import (
     Machine,
     allocation_refusal,
     machine_local,
     run_cpu_threads,
 )
+from dashboard.experiments.attempts import attempts_with_current, experiment_resume_prepare
 from dashboard.experiments.models import (
     PROCESS_STRATEGIES,
     Experiment,
@@ -48,11 +49,8 @@ from dashboard.experiments.processes import (
     process_tree_stop,
 )
 from dashboard.experiments.sink import EventSink
-from dashboard.experiments.survival import (
-    attempt_record,
-    experiment_resume_prepare,
-    supervisor_started,
-)
+from dashboard.experiments.survival import supervisor_started
+from dashboard.experiments.transitions import Outcome
 from training.protocol import PROTOCOL_VERSION, parse_event
 
 log = logging.getLogger(__name__)
@@ -60,7 +58,6 @@ log = logging.getLogger(__name__)
 FLUSH_SECONDS = 0.5
 STOP_POLL_SECONDS = 0.5
 STDERR_TAIL_LINES = 30
-WAITING = "waiting"
 
 
 def training_command(*, experiment: Experiment) -> list[str]:
@@ -120,16 +117,9 @@ def experiment_claim(*, experiment_id: int, machine: Machine) -> Claim:
         busy = list(Experiment.objects.filter(status=Status.RUNNING, worker=machine.name))
         reason = allocation_refusal(experiment=experiment, machine=machine, busy=busy)
         if reason is None:
-            claimed = Experiment.objects.filter(pk=experiment_id, status=Status.QUEUED).update(
-                status=Status.RUNNING,
-                started_at=experiment.started_at or now,
-                worker=machine.name,
-                attempt=F("attempt") + 1,
-                heartbeat_at=now,
-                waiting_reason="",
-                error="",
+            return Claim(
+                transitions.experiment_start(experiment=experiment, worker=machine.name, now=now)
             )
-            return Claim(claimed == 1)
         Experiment.objects.filter(pk=experiment_id, status=Status.QUEUED).update(
             waiting_reason=reason[:300], heartbeat_at=now
         )
@@ -141,14 +131,29 @@ def experiment_claim(*, experiment_id: int, machine: Machine) -> Claim:
     return Claim(False, reason)
 
 
-def experiment_run(*, experiment_id: int, worker: str) -> str | None:
-    """Run a queued experiment to its end; returns the final status, WAITING, or None."""
+@dataclass(frozen=True)
+class RunResult:
+    """What one delivery of a run's task came to.
+
+    finished: this worker ran an attempt to its end, which left the run `status`.
+    waiting: the run stays queued, its devices busy (`reason`); the task asks again later.
+    skipped: nothing for this worker to do (`reason`): the run was not queued any more, or the
+    reaper gave this attempt up while it ran and the run has moved on without it.
+    """
+
+    kind: Literal["finished", "waiting", "skipped"]
+    status: str | None = None
+    reason: str = ""
+
+
+def experiment_run(*, experiment_id: int, worker: str) -> RunResult:
+    """Run a queued experiment to its end, if this worker can start it now."""
     claim = experiment_claim(experiment_id=experiment_id, machine=machine_local(worker=worker))
     if claim.waiting_reason:
-        return WAITING
+        return RunResult("waiting", reason=claim.waiting_reason)
     if not claim.claimed:
         log.info("experiment %s was not queued any more; not starting it", experiment_id)
-        return None
+        return RunResult("skipped", reason="not queued any more")
     experiment = Experiment.objects.get(pk=experiment_id)
     resume = experiment_resume_prepare(experiment=experiment)
     sink = EventSink(experiment)
@@ -174,56 +179,24 @@ def experiment_run(*, experiment_id: int, worker: str) -> str | None:
         log.warning(
             "experiment %s was taken from this worker; left to its new owner", experiment_id
         )
-        return None
-    return experiment_settle(experiment=experiment, sink=sink, outcome=outcome)
-
-
-class Outcome:
-    def __init__(
-        self,
-        status: str,
-        *,
-        error: str = "",
-        test_loss: float | None = None,
-        test_accuracy: float | None = None,
-    ):
-        self.status = status
-        self.error = error
-        self.test_loss = test_loss
-        self.test_accuracy = test_accuracy
+        return RunResult("skipped", reason="taken over after this worker looked lost")
+    status = experiment_settle(experiment=experiment, sink=sink, outcome=outcome)
+    return RunResult("finished", status=status)
 
 
 def experiment_settle(*, experiment: Experiment, sink: EventSink, outcome: Outcome) -> str:
     finished_at = timezone.now()
-    history = [
-        *experiment.attempts,
-        attempt_record(
-            experiment=experiment,
-            outcome=outcome.status,
-            reason=outcome.error,
-            ended_at=finished_at,
-        ),
-    ]
-    Experiment.objects.filter(
-        pk=experiment.pk, status=Status.RUNNING, attempt=experiment.attempt
-    ).update(
-        status=outcome.status,
-        attempts=history,
-        finished_at=finished_at,
-        error=outcome.error,
-        test_loss=outcome.test_loss,
-        test_accuracy=outcome.test_accuracy,
-        launcher_pid=None,
-        # A request the training never got to: nothing is left to answer it.
-        checkpoint_requested_at=None,
-        checkpoint_requested_by=None,
-        # A Stop that came after the training finished stopped nothing.
-        **(
-            {"cancel_requested_at": None, "cancelled_by": None}
-            if outcome.status == Status.SUCCEEDED
-            else {}
-        ),
+    history = attempts_with_current(
+        experiment=experiment, outcome=outcome.status, reason=outcome.error, ended_at=finished_at
     )
+    settled = transitions.experiment_finish(
+        experiment=experiment, outcome=outcome, history=history, finished_at=finished_at
+    )
+    if not settled:
+        # The reaper gave this attempt up in the moment it ended; the run is the next one's.
+        log.warning(
+            "experiment %s moved on before attempt %s settled", experiment.pk, experiment.attempt
+        )
     final_type = "finished" if outcome.status == Status.SUCCEEDED else "failed"
     fields: dict[str, Any] = {"type": final_type, "status": outcome.status}
     if final_type == "finished":

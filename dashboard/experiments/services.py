@@ -11,9 +11,12 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from dashboard.experiments import transitions
+from dashboard.experiments.checkpoints import checkpoint_as_dict
 from dashboard.experiments.forms import FIELDS
 from dashboard.experiments.limits import launch_slot_claim
 from dashboard.experiments.models import Experiment, Status
+from dashboard.experiments.tasks import run_experiment
 
 User = AbstractBaseUser | AnonymousUser
 
@@ -31,8 +34,6 @@ def experiment_can_control(*, experiment: Experiment, user: Any) -> bool:
 
 def experiment_launch(*, owner: Any, fields: dict[str, Any]) -> Experiment:
     """Store a validated launch request and queue it once the row is committed."""
-    from dashboard.experiments.tasks import run_experiment
-
     with transaction.atomic():
         # Raises LaunchLimited over the owner's limits (concurrent runs, launches a minute).
         launch_slot_claim(owner=owner)
@@ -44,14 +45,9 @@ def experiment_launch(*, owner: Any, fields: dict[str, Any]) -> Experiment:
 def experiment_stop(*, experiment: Experiment, by: Any) -> bool:
     """Ask a run to stop. A queued run is cancelled at once; a running one by its supervisor."""
     now = timezone.now()
-    cancelled_queued = Experiment.objects.filter(pk=experiment.pk, status=Status.QUEUED).update(
-        status=Status.CANCELLED,
-        cancel_requested_at=now,
-        cancelled_by=by,
-        finished_at=now,
-        error=f"Stopped by {by} before it started.",
-    )
-    if cancelled_queued:
+    if transitions.experiment_cancel_queued(
+        experiment_id=experiment.pk, by=by, error=f"Stopped by {by} before it started.", now=now
+    ):
         return True
     requested = Experiment.objects.filter(
         pk=experiment.pk, status=Status.RUNNING, cancel_requested_at__isnull=True
@@ -101,8 +97,6 @@ def experiment_run_facts(experiment: Experiment) -> dict[str, Any]:
 
 def experiment_snapshot_build(*, experiment: Experiment, log_lines: int) -> dict[str, Any]:
     """What a page needs to draw a run from scratch: the WebSocket's first message."""
-    from dashboard.experiments.checkpoints import checkpoint_as_dict
-
     logs = [line.as_dict() for line in experiment.logs.order_by("-seq", "-id")[:log_lines]]
     logs.reverse()
     return {

@@ -1,26 +1,26 @@
-"""Runs that outlive their workers: heartbeats, the reaper, resume from checkpoints, orphans.
+"""Runs that outlive their workers: the reaper, lost task messages, orphaned training processes.
 
 Delivery is early-acknowledged (CELERY_TASK_ACKS_LATE=False): a broker never redelivers a
 long run by itself (Redis' visibility timeout would start a second copy after an hour). Instead
 the supervising task writes a heartbeat, and the reaper (Celery beat) marks a run whose heartbeat
-stopped as `lost` and queues it again, to resume from its last checkpoint.
+stopped as `lost` and queues it again, to resume from its last checkpoint (attempts.py chooses
+it). The reaper returns what it queued and the beat task sends it: nothing here imports a task.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from pathlib import Path
-from typing import Any
 
 import psutil
 from django.conf import settings
-from django.db import transaction
 from django.utils import timezone
 
-from dashboard.experiments.checkpoints import checkpoint_file_resolve
-from dashboard.experiments.models import Checkpoint, Experiment, MetricPoint, Status
+from dashboard.experiments import transitions
+from dashboard.experiments.attempts import attempts_summary, attempts_with_current
+from dashboard.experiments.models import Experiment, Status
 from dashboard.experiments.processes import process_tree_stop
 from dashboard.experiments.sink import EventSink
 
@@ -31,145 +31,80 @@ def supervisor_started() -> float:
     return psutil.Process(os.getpid()).create_time()
 
 
-def attempt_record(
-    *, experiment: Experiment, outcome: str, reason: str, ended_at: datetime
-) -> dict[str, Any]:
-    return {
-        "attempt": experiment.attempt,
-        "worker": experiment.worker,
-        "ended_at": ended_at.isoformat(),
-        "outcome": outcome,
-        "reason": reason[:500],
-    }
+@dataclass(frozen=True)
+class Reaped:
+    """What the reaper found: runs gone silent, and those of them queued to resume, which the
+    caller (the beat task) sends to a worker."""
+
+    lost: list[int]
+    requeued: list[int]
 
 
-def checkpoint_latest(*, experiment_id: int) -> Checkpoint | None:
-    """The newest checkpoint the run reported whose file this worker can read: end of epoch or
-    requested mid-epoch, the training resumes either exactly."""
-    for checkpoint in Checkpoint.objects.filter(experiment_id=experiment_id).order_by("-step"):
-        # Only from inside the run's own folder, as for downloads.
-        if checkpoint_file_resolve(checkpoint=checkpoint) is not None:
-            return checkpoint
-    return None
-
-
-def experiment_resume_prepare(*, experiment: Experiment) -> Path | None:
-    """On a later attempt: the checkpoint to resume from, with the points after it removed.
-
-    The resumed training replays every step after the checkpoint; its points replace the old
-    ones instead of being added twice.
-    """
-    if experiment.attempt <= 1:
-        return None
-    latest = checkpoint_latest(experiment_id=experiment.pk)
-    kept_steps = latest.step if latest else 0
-    # An epoch's test point carries the epoch's last step: kept when the checkpoint is at or
-    # after the epoch's end, replaced when it was taken mid-epoch.
-    removed, _ = MetricPoint.objects.filter(experiment=experiment, step__gt=kept_steps).delete()
-    log.info(
-        "experiment %s attempt %s: resuming after step %s (%s points replaced)",
-        experiment.pk,
-        experiment.attempt,
-        kept_steps,
-        removed,
-    )
-    return Path(latest.path) if latest else None
-
-
-def experiments_reap_lost(*, now: datetime | None = None) -> list[int]:
+def experiments_reap_lost(*, now: datetime | None = None) -> Reaped:
     """Mark runs whose heartbeat stopped as lost; queue them again while attempts remain."""
     now = now or timezone.now()
     bound = timedelta(seconds=settings.TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS)
-    reaped = []
+    lost, requeued = [], []
     stale = Experiment.objects.filter(status=Status.RUNNING, heartbeat_at__lt=now - bound)
     for experiment in stale:
-        if experiment_mark_lost(experiment=experiment, now=now):
-            reaped.append(experiment.pk)
-    return reaped
+        left_as = experiment_mark_lost(experiment=experiment, now=now)
+        if left_as is not None:
+            lost.append(experiment.pk)
+        if left_as == Status.QUEUED:
+            requeued.append(experiment.pk)
+    return Reaped(lost=lost, requeued=requeued)
 
 
-def experiment_mark_lost(*, experiment: Experiment, now: datetime) -> bool:
+def experiment_mark_lost(*, experiment: Experiment, now: datetime) -> str | None:
+    """Lose one silent run, then queue it again or give it up. Returns the status it was left
+    in, or None when it was not silent any more (another reaper, a late heartbeat)."""
     assert experiment.heartbeat_at is not None
     silent = (now - experiment.heartbeat_at).total_seconds()
     reason = f"no heartbeat from worker {experiment.worker} for {silent:.0f} s"
-    history = [*experiment.attempts, attempt_record(
+    history = attempts_with_current(
         experiment=experiment, outcome=Status.LOST, reason=reason, ended_at=now
-    )]  # fmt: skip
-    retry = experiment.attempt < settings.TRAINYARD_MAX_ATTEMPTS
-    with transaction.atomic():
-        marked = Experiment.objects.filter(
-            pk=experiment.pk, status=Status.RUNNING, heartbeat_at=experiment.heartbeat_at
-        ).update(
-            status=Status.LOST,
-            error=reason,
-            attempts=history,
-            launcher_pid=None,
-            # Asked of the attempt that was lost; the next one starts from the newest checkpoint.
-            checkpoint_requested_at=None,
-            checkpoint_requested_by=None,
-        )
-        if not marked:
-            return False
+    )
+    if not transitions.experiment_lose(experiment=experiment, reason=reason, history=history):
+        return None
     log.warning("experiment %s lost: %s", experiment.pk, reason)
     experiment.refresh_from_db()
     sink = EventSink(experiment)
     sink.add({"type": "status", "status": Status.LOST, "reason": reason})
     sink.flush()
-    if retry:
-        experiment_requeue(experiment=experiment, sink=sink, reason=reason)
+    if experiment.attempt < settings.TRAINYARD_MAX_ATTEMPTS:
+        waiting = f"attempt {experiment.attempt} lost ({reason}); queued to resume"
+        if transitions.experiment_requeue(
+            experiment_id=experiment.pk, waiting_reason=waiting, now=timezone.now()
+        ):
+            sink.add({"type": "status", "status": Status.QUEUED, "reason": waiting})
+            sink.flush()
+            return Status.QUEUED
     else:
-        experiment_fail_lost(experiment=experiment, sink=sink, history=history)
-    return True
-
-
-def experiment_requeue(*, experiment: Experiment, sink: EventSink, reason: str) -> None:
-    from dashboard.experiments.tasks import run_experiment
-
-    waiting = f"attempt {experiment.attempt} lost ({reason}); queued to resume"
-    with transaction.atomic():
-        queued = Experiment.objects.filter(pk=experiment.pk, status=Status.LOST).update(
-            status=Status.QUEUED, waiting_reason=waiting[:300], heartbeat_at=timezone.now()
-        )
-        if queued:
-            transaction.on_commit(lambda: run_experiment.delay(experiment.pk))
-    if queued:
-        sink.add({"type": "status", "status": Status.QUEUED, "reason": waiting})
-        sink.flush()
-
-
-def experiment_fail_lost(
-    *, experiment: Experiment, sink: EventSink, history: list[dict[str, Any]]
-) -> None:
-    lines = [f"attempt {a['attempt']} on {a['worker']}: {a['outcome']}, {a['reason']}"
-             for a in history]  # fmt: skip
-    error = f"gave up after {len(history)} attempts:\n" + "\n".join(lines)
-    failed = Experiment.objects.filter(pk=experiment.pk, status=Status.LOST).update(
-        status=Status.FAILED, error=error, finished_at=timezone.now()
-    )
-    if failed:
-        sink.add({"type": "failed", "status": Status.FAILED, "error": error})
-        sink.flush()
+        error = attempts_summary(history)
+        if transitions.experiment_give_up(experiment_id=experiment.pk, error=error, now=now):
+            sink.add({"type": "failed", "status": Status.FAILED, "error": error})
+            sink.flush()
+            return Status.FAILED
+    return Status.LOST
 
 
 def experiments_redispatch_queued(*, now: datetime | None = None) -> list[int]:
-    """Send queued runs again whose task message may have been lost (a Redis restart without
-    persistence). A duplicate is harmless: only one claim of a queued run can succeed."""
-    from dashboard.experiments.tasks import run_experiment
-
+    """Queued runs whose task message may have been lost (a Redis restart without persistence):
+    the caller sends them again. A duplicate is harmless: only one claim of a queued run can
+    succeed. Each is marked sent here, so the next round leaves it alone for a while."""
     now = now or timezone.now()
     bound = now - timedelta(seconds=settings.TRAINYARD_REDISPATCH_SECONDS)
     stale = Experiment.objects.filter(status=Status.QUEUED, heartbeat_at__lt=bound)
     stale = stale | Experiment.objects.filter(
         status=Status.QUEUED, heartbeat_at=None, created_at__lt=bound
     )
-    sent = []
+    resend = []
     for experiment in stale:
         if Experiment.objects.filter(pk=experiment.pk, status=Status.QUEUED).update(
             heartbeat_at=now
         ):
-            run_experiment.delay(experiment.pk)
-            sent.append(experiment.pk)
-    return sent
+            resend.append(experiment.pk)
+    return resend
 
 
 def training_orphans_end() -> list[int]:

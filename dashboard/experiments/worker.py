@@ -12,24 +12,23 @@ from typing import Any
 
 from celery.signals import worker_ready, worker_shutting_down
 
+from dashboard.devices.facts import machine_name
+from dashboard.experiments.runner import experiments_stop_for_worker_shutdown
+from dashboard.experiments.survival import training_orphans_end
+
 log = logging.getLogger(__name__)
 
 
 @worker_shutting_down.connect(dispatch_uid="trainyard-experiments-shutting-down")
 def worker_shutting_down_stop_runs(sender: Any = None, **kwargs: Any) -> None:
-    from dashboard.experiments.runner import experiments_stop_for_worker_shutdown
-    from dashboard.experiments.tasks import worker_name
-
     try:
-        experiments_stop_for_worker_shutdown(worker=worker_name())
+        experiments_stop_for_worker_shutdown(worker=machine_name())
     except Exception:
         log.exception("could not end the runs of this worker")
 
 
 @worker_ready.connect(dispatch_uid="trainyard-experiments-worker-ready")
 def worker_ready_end_orphans(sender: Any = None, **kwargs: Any) -> None:
-    from dashboard.experiments.survival import training_orphans_end
-
     try:
         ended = training_orphans_end()
     except Exception:

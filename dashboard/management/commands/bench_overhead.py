@@ -281,15 +281,15 @@ class Command(BaseCommand):
         drain.ready.wait(10)
         started = time.monotonic()
         try:
-            status = experiment_run(experiment_id=experiment.pk, worker=worker)
+            result = experiment_run(experiment_id=experiment.pk, worker=worker)
         finally:
             drain.done.set()
             drain.join(5)
         wall = time.monotonic() - started
         experiment.refresh_from_db()
-        if status != Status.SUCCEEDED:
-            reason = experiment.error or getattr(experiment, "waiting_reason", "") or status
-            raise CommandError(f"the dashboard run ended {status}: {reason}")
+        if result.status != Status.SUCCEEDED:
+            reason = experiment.error or result.reason or result.kind
+            raise CommandError(f"the dashboard run ended {result.status or result.kind}: {reason}")
         points = MetricPoint.objects.filter(experiment=experiment)
         events = [
             {

@@ -1,0 +1,154 @@
+"""Every change of a run's status, and nothing else: read or add a transition here.
+
+    queued ──start──▶ running ──finish──▶ succeeded | failed | cancelled
+      │                 │
+      │ cancel_queued   │ lose (the reaper: no heartbeat)
+      ▼                 ▼
+    cancelled          lost ──requeue──▶ queued   (attempts left: resumes from a checkpoint)
+                        │
+                        └───give_up───▶ failed   (attempts used up)
+
+Who moves a run: the worker's supervisor (runner.py) starts and finishes it, the reaper
+(survival.py) loses, requeues and gives up on it, a Stop (services.py) cancels a queued one. A
+running run is cancelled by its supervisor, which ends the training and finishes the run with
+the outcome `cancelled`.
+
+Each transition is one conditional UPDATE: the row changes only while it is still in the status
+the transition starts from (and, where it matters, on the same attempt or heartbeat), and the
+function returns whether it did. False means another process got there first (a second worker
+claimed the run, the reaper took a silent attempt away, a Stop cancelled a queued run): the
+caller leaves the run alone. One UPDATE ... WHERE status = ... is atomic on every database, with
+no lock held between a read and a write.
+
+Other fields (heartbeats, the waiting reason, stop and checkpoint requests) are written where
+they are asked for; they never move a run between statuses.
+"""
+
+from __future__ import annotations
+
+from dataclasses import KW_ONLY, dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db.models import F
+
+from dashboard.experiments.models import Experiment, Status
+
+# The diagram above as data: from each status, the statuses a run may move to.
+NEXT: dict[str, frozenset[str]] = {
+    Status.QUEUED: frozenset({Status.RUNNING, Status.CANCELLED}),
+    Status.RUNNING: frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.LOST}),
+    Status.LOST: frozenset({Status.QUEUED, Status.FAILED}),
+    Status.SUCCEEDED: frozenset(),
+    Status.FAILED: frozenset(),
+    Status.CANCELLED: frozenset(),
+}
+# The ends of an attempt its supervisor saw through.
+FINISHED = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED})
+# What an attempt leaves behind when it ends, however it ends: no launcher to signal, and no
+# checkpoint request (one the training never got to has nothing left to answer it; a next
+# attempt starts from the newest checkpoint).
+ATTEMPT_ENDED: dict[str, Any] = {
+    "launcher_pid": None,
+    "checkpoint_requested_at": None,
+    "checkpoint_requested_by": None,
+}
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How an attempt ended, as its supervisor saw it: the final status and what goes with it."""
+
+    status: str
+    _: KW_ONLY
+    error: str = ""
+    test_loss: float | None = None
+    test_accuracy: float | None = None
+
+
+def _move(
+    experiment_id: int,
+    source: str,
+    target: str,
+    *,
+    where: dict[str, Any] | None = None,
+    **fields: Any,
+) -> bool:
+    if target not in NEXT[source]:
+        raise ValueError(f"a run cannot go from {source} to {target}")
+    moved = Experiment.objects.filter(pk=experiment_id, status=source, **(where or {})).update(
+        status=target, **fields
+    )
+    return moved == 1
+
+
+def experiment_start(*, experiment: Experiment, worker: str, now: datetime) -> bool:
+    """queued -> running on `worker`: the claim of one attempt (counted here)."""
+    return _move(
+        experiment.pk,
+        Status.QUEUED,
+        Status.RUNNING,
+        started_at=experiment.started_at or now,
+        worker=worker,
+        attempt=F("attempt") + 1,
+        heartbeat_at=now,
+        waiting_reason="",
+        error="",
+    )
+
+
+def experiment_finish(
+    *,
+    experiment: Experiment,
+    outcome: Outcome,
+    history: list[dict[str, Any]],
+    finished_at: datetime,
+) -> bool:
+    """running -> succeeded / failed / cancelled, for the attempt that ran: its supervisor's
+    word. A later attempt (the reaper gave this one up) is not touched."""
+    if outcome.status not in FINISHED:
+        raise ValueError(f"an attempt does not finish as {outcome.status}")
+    # A Stop that came after the training finished stopped nothing.
+    unstopped = {"cancel_requested_at": None, "cancelled_by": None}
+    return _move(
+        experiment.pk,
+        Status.RUNNING,
+        outcome.status,
+        where={"attempt": experiment.attempt},
+        attempts=history,
+        finished_at=finished_at,
+        error=outcome.error,
+        test_loss=outcome.test_loss,
+        test_accuracy=outcome.test_accuracy,
+        **ATTEMPT_ENDED,
+        **(unstopped if outcome.status == Status.SUCCEEDED else {}),
+    )
+
+
+def experiment_lose(*, experiment: Experiment, reason: str, history: list[dict[str, Any]]) -> bool:
+    """running -> lost, when the heartbeat the reaper read is still the last one."""
+    where = {"heartbeat_at": experiment.heartbeat_at}
+    fields: dict[str, Any] = {"error": reason, "attempts": history, **ATTEMPT_ENDED}
+    return _move(experiment.pk, Status.RUNNING, Status.LOST, where=where, **fields)
+
+
+def experiment_requeue(*, experiment_id: int, waiting_reason: str, now: datetime) -> bool:
+    """lost -> queued, for another attempt; the caller sends it to a worker."""
+    fields: dict[str, Any] = {"waiting_reason": waiting_reason[:300], "heartbeat_at": now}
+    return _move(experiment_id, Status.LOST, Status.QUEUED, **fields)
+
+
+def experiment_give_up(*, experiment_id: int, error: str, now: datetime) -> bool:
+    """lost -> failed, its attempts used up."""
+    return _move(experiment_id, Status.LOST, Status.FAILED, error=error, finished_at=now)
+
+
+def experiment_cancel_queued(*, experiment_id: int, by: Any, error: str, now: datetime) -> bool:
+    """queued -> cancelled, by a Stop that came before any worker started the run."""
+    fields: dict[str, Any] = {
+        "cancel_requested_at": now,
+        "cancelled_by": by,
+        "finished_at": now,
+        "error": error,
+    }
+    return _move(experiment_id, Status.QUEUED, Status.CANCELLED, **fields)

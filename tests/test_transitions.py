@@ -1,0 +1,59 @@
+"""Status changes: only along the diagram's edges, and only from the status they start from."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from dashboard.experiments import transitions
+from dashboard.experiments.models import Experiment, Status
+from dashboard.experiments.transitions import NEXT, Outcome
+
+pytestmark = pytest.mark.django_db
+
+
+def test_every_status_is_in_the_diagram() -> None:
+    assert set(NEXT) == set(Status)
+    # And every one is reached from another (queued again from lost): none is left dangling.
+    assert set().union(*NEXT.values()) == set(Status)
+
+
+def test_a_start_counts_the_attempt_once(user_factory: Any, experiment_factory: Any) -> None:
+    run = experiment_factory(owner=user_factory())
+    now = timezone.now()
+    assert transitions.experiment_start(experiment=run, worker="w1", now=now)
+    # Another worker with the same message: the run is running already.
+    assert not transitions.experiment_start(experiment=run, worker="w2", now=now)
+    run.refresh_from_db()
+    assert (run.status, run.worker, run.attempt, run.started_at) == ("running", "w1", 1, now)
+
+
+def test_an_earlier_attempt_cannot_finish_a_later_one(
+    user_factory: Any, experiment_factory: Any
+) -> None:
+    run = experiment_factory(owner=user_factory(), status=Status.RUNNING, attempt=1)
+    Experiment.objects.filter(pk=run.pk).update(attempt=2)  # the reaper requeued, 2 started
+    done = transitions.experiment_finish(
+        experiment=run, outcome=Outcome(Status.SUCCEEDED), history=[], finished_at=timezone.now()
+    )
+    run.refresh_from_db()
+    assert not done and run.status == Status.RUNNING and run.finished_at is None
+
+
+def test_no_transition_off_the_diagram(user_factory: Any, experiment_factory: Any) -> None:
+    run = experiment_factory(owner=user_factory(), status=Status.RUNNING, attempt=1)
+    with pytest.raises(ValueError, match="does not finish as lost"):
+        transitions.experiment_finish(
+            experiment=run, outcome=Outcome(Status.LOST), history=[], finished_at=timezone.now()
+        )
+    # A cancelled queued run is not queued any more: a late start changes nothing.
+    queued = experiment_factory(owner=run.owner)
+    now = timezone.now()
+    assert transitions.experiment_cancel_queued(
+        experiment_id=queued.pk, by=run.owner, error="stopped", now=now
+    )
+    assert not transitions.experiment_start(experiment=queued, worker="w1", now=now)
+    queued.refresh_from_db()
+    assert queued.status == Status.CANCELLED and queued.attempt == 0
