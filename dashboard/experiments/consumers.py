@@ -2,7 +2,8 @@
 
 On connect it sends a snapshot of what the database holds (the run's points and last logs), then
 every later event in `seq` order. Clients drop what they already have (seq <= snapshot's) and
-reconnect on a gap, so nothing is lost when the channel layer drops or the socket breaks.
+reconnect on a gap, so nothing is lost when the channel layer drops or the socket breaks. Every
+message it sends is typed and described in `messages.py`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
+from dashboard.experiments.messages import ErrorMessage, GroupEvents, SnapshotMessage
 from dashboard.experiments.models import Experiment
 from dashboard.experiments.services import experiment_snapshot_build, experiments_visible_to
 from dashboard.experiments.sink import experiment_group
@@ -48,7 +50,7 @@ def experiment_visible(*, pk: int, user: Any) -> bool:
 
 
 @database_sync_to_async
-def experiment_snapshot(*, pk: int) -> dict[str, Any]:
+def experiment_snapshot(*, pk: int) -> SnapshotMessage:
     experiment = Experiment.objects.select_related("owner", "cancelled_by").get(pk=pk)
     return experiment_snapshot_build(experiment=experiment, log_lines=SNAPSHOT_LOG_LINES)
 
@@ -82,8 +84,9 @@ class ExperimentConsumer(AsyncJsonWebsocketConsumer):
         if frame_size(text_data=text_data, bytes_data=bytes_data) > MAX_CLIENT_FRAME_BYTES:
             await self.close(code=CLOSE_TOO_BIG)
             return
-        await self.send_json({"type": "error", "error": "this channel accepts no messages"})
+        refusal: ErrorMessage = {"type": "error", "error": "this channel accepts no messages"}
+        await self.send_json(refusal)
 
-    async def run_events(self, message: dict[str, Any]) -> None:
+    async def run_events(self, message: GroupEvents) -> None:
         for event in message["events"]:
             await self.send_json(event)

@@ -11,17 +11,17 @@ import logging
 import math
 import os
 import queue
-import re
 import signal
 import subprocess
 import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import IO, Any, ClassVar, Literal
 
 from django.conf import settings
 from django.db import transaction
@@ -36,6 +36,7 @@ from dashboard.experiments.allocation import (
     run_cpu_threads,
 )
 from dashboard.experiments.attempts import attempts_with_current, experiment_resume_prepare
+from dashboard.experiments.messages import LogBody, RunFailedBody, RunFinishedBody
 from dashboard.experiments.models import (
     PROCESS_STRATEGIES,
     Experiment,
@@ -51,7 +52,17 @@ from dashboard.experiments.processes import (
 from dashboard.experiments.sink import EventSink
 from dashboard.experiments.survival import supervisor_started
 from dashboard.experiments.transitions import Outcome
-from training.protocol import PROTOCOL_VERSION, parse_event
+from training.protocol import (
+    CheckpointEvent,
+    Event,
+    FailedEvent,
+    FinishedEvent,
+    LogEvent,
+    ProtocolVersionError,
+    StartedEvent,
+    log_line_message,
+    parse_event,
+)
 
 log = logging.getLogger(__name__)
 
@@ -197,15 +208,21 @@ def experiment_settle(*, experiment: Experiment, sink: EventSink, outcome: Outco
         log.warning(
             "experiment %s moved on before attempt %s settled", experiment.pk, experiment.attempt
         )
-    final_type = "finished" if outcome.status == Status.SUCCEEDED else "failed"
-    fields: dict[str, Any] = {"type": final_type, "status": outcome.status}
-    if final_type == "finished":
-        fields.update(test_loss=outcome.test_loss, test_accuracy=outcome.test_accuracy)
-    else:
-        fields.update(error=outcome.error)
-    sink.add(fields)
+    sink.add(run_end_body(outcome))
     sink.flush()
     return outcome.status
+
+
+def run_end_body(outcome: Outcome) -> RunFinishedBody | RunFailedBody:
+    """The page's finished or failed message: the final status is the dashboard's to say."""
+    if outcome.status == Status.SUCCEEDED:
+        return {
+            "type": "finished",
+            "status": outcome.status,
+            "test_loss": outcome.test_loss,
+            "test_accuracy": outcome.test_accuracy,
+        }
+    return {"type": "failed", "status": outcome.status, "error": outcome.error}
 
 
 def _pump(stream: IO[str], source: str, lines: queue.Queue[tuple[str, str | None]]) -> None:
@@ -253,7 +270,7 @@ class RunSupervisor:
         self.lines: queue.Queue[tuple[str, str | None]] = queue.Queue()
         self.stderr_tail: deque[str] = deque(maxlen=STDERR_TAIL_LINES)
         self.rank_pids: list[int] = []
-        self.started_event: dict[str, Any] | None = None
+        self.started_event: StartedEvent | None = None
         # The request passed on to the training and not yet answered by a checkpoint event.
         self.checkpoint_signalled: datetime | None = None
         self.final_event: dict[str, Any] | None = None
@@ -326,39 +343,58 @@ class RunSupervisor:
         return process
 
     def _take(self, source: str, line: str) -> None:
-        event = parse_event(line) if source == "stdout" else None
+        if source == "stderr":
+            self.stderr_tail.append(line.rstrip())
+            self.echoes.hold(line, now=time.monotonic())
+            return
+        try:
+            event = parse_event(line)
+        except ProtocolVersionError as exc:
+            self.sink.add_output(f"{exc}: {line}", level="error")
+            return
         if event is None:
-            if source == "stderr":
-                self.stderr_tail.append(line.rstrip())
-                self.echoes.hold(line, now=time.monotonic())
-            elif line.strip() and self.stopped_by is None:
+            if line.strip() and self.stopped_by is None:
                 self.sink.add_output(line, level=source)
             return
-        if event["type"] == "log":
-            self.echoes.heard(str(event.get("message", "")))
-        if event["v"] > PROTOCOL_VERSION:
-            self.sink.add_output(f"unknown protocol version {event['v']}: {line}", level="error")
-            return
-        if event["type"] == "started":
-            self.rank_pids = [int(p) for p in event.get("pids") or [] if isinstance(p, int)]
-            self.started_event = event
-        if event["type"] == "checkpoint" and event.get("answers_request") is True:
+        take = self.TAKE.get(event["type"])
+        self.sink.add(take(self, event) if take is not None else event)
+
+    def _started_take(self, event: StartedEvent) -> StartedEvent:
+        self.rank_pids = [int(p) for p in event.get("pids") or [] if isinstance(p, int)]
+        self.started_event = event
+        return event
+
+    def _log_take(self, event: LogEvent) -> LogEvent:
+        self.echoes.heard(str(event.get("message", "")))
+        return event
+
+    def _checkpoint_take(self, event: CheckpointEvent) -> CheckpointEvent:
+        if event.get("answers_request") is True:
             self._checkpoint_request_answered()
-        if event["type"] in {"finished", "failed"}:
-            self.final_event = event
-            # Ended by the Stop it was asked for: no failure to report, nor its traceback.
-            stopped = event["type"] == "failed" and self.stopped_by is not None
-            if event.get("traceback") and not stopped:
-                self.sink.add_output(str(event["traceback"]), level="error")
-            # The final status is the dashboard's to say, once the process has exited.
-            level = "error" if event["type"] == "failed" and not stopped else "info"
-            message = (
-                f"training stopped, as {self.stopped_by} asked"
-                if stopped
-                else _final_message(event)
-            )
-            event = {"type": "log", "level": level, "message": message}
-        self.sink.add(event)
+        return event
+
+    def _final_take(self, event: FinishedEvent | FailedEvent) -> LogBody:
+        self.final_event = dict(event)  # read with .get: its fields are the training's word
+        # Ended by the Stop it was asked for: no failure to report, nor its traceback.
+        stopped = event["type"] == "failed" and self.stopped_by is not None
+        if event["type"] == "failed" and event.get("traceback") and not stopped:
+            self.sink.add_output(str(event["traceback"]), level="error")
+        # The final status is the dashboard's to say, once the process has exited.
+        level = "error" if event["type"] == "failed" and not stopped else "info"
+        message = (
+            f"training stopped, as {self.stopped_by} asked" if stopped else _final_message(event)
+        )
+        return {"type": "log", "level": level, "message": message}
+
+    # What the supervisor does with each type of event before the sink gets it (a type not here
+    # goes to the sink as it came); returns what the sink gets.
+    TAKE: ClassVar[dict[str, Callable[[RunSupervisor, Any], Event | LogBody]]] = {
+        "started": _started_take,
+        "log": _log_take,
+        "checkpoint": _checkpoint_take,
+        "finished": _final_take,
+        "failed": _final_take,
+    }
 
     def _stderr_release(self, lines: list[str]) -> None:
         # After a Stop, the launcher's signal tracebacks are expected noise, not news.
@@ -481,22 +517,19 @@ class StderrEchoes:
     """Rank 0 writes each of its log messages twice: to stderr for a person at a shell, and as a
     ``log`` event. The run's log keeps the event; the stderr copy is dropped.
 
-    The two come through separate pipes in either order, so a stderr line in the training's
-    log format is held for up to ``HOLD_SECONDS``: dropped if the event with its message comes,
-    else shown after all (a message only stderr has, or another rank's). Lines behind a held
-    one wait with it, so that stderr keeps its order."""
+    The two come through separate pipes in either order, so one of the training's log lines
+    (marked as ``training/protocol.py`` documents) is held for up to ``HOLD_SECONDS``: dropped if
+    the event with its message comes, else shown after all (a message only stderr has, or
+    another rank's). Lines behind a held one wait with it, so that stderr keeps its order."""
 
     HOLD_SECONDS = 1.0
-    # training/cli.py's log format: "<date> <time> trainyard[rank N] LEVEL message".
-    FORMAT = re.compile(r"^\S+ \S+ trainyard\[rank \d+\] [A-Z]+ (?P<message>.*)$")
 
     def __init__(self) -> None:
         self.held: deque[tuple[float, str | None, str]] = deque()  # (since, message, line)
         self.events: deque[str] = deque(maxlen=200)  # recent log events' messages
 
     def hold(self, line: str, *, now: float) -> None:
-        match = self.FORMAT.match(line.rstrip("\n"))
-        message = match["message"].strip() if match else None
+        message = log_line_message(line)
         if message is not None and message in self.events:
             return  # the echo of an event already stored
         self.held.append((now, message, line))
@@ -515,7 +548,7 @@ class StderrEchoes:
         return shown
 
 
-def _final_message(event: dict[str, Any]) -> str:
+def _final_message(event: FinishedEvent | FailedEvent) -> str:
     if event["type"] == "finished":
         accuracy = event.get("test_accuracy")
         shown = f"{accuracy:.2%}" if isinstance(accuracy, float) else "n/a"

@@ -15,6 +15,7 @@ from dashboard.experiments import transitions
 from dashboard.experiments.checkpoints import checkpoint_as_dict
 from dashboard.experiments.forms import FIELDS
 from dashboard.experiments.limits import launch_slot_claim
+from dashboard.experiments.messages import SnapshotMessage
 from dashboard.experiments.models import Experiment, Status
 from dashboard.experiments.tasks import run_experiment
 
@@ -95,7 +96,7 @@ def experiment_run_facts(experiment: Experiment) -> dict[str, Any]:
     }
 
 
-def experiment_snapshot_build(*, experiment: Experiment, log_lines: int) -> dict[str, Any]:
+def experiment_snapshot_build(*, experiment: Experiment, log_lines: int) -> SnapshotMessage:
     """What a page needs to draw a run from scratch: the WebSocket's first message."""
     logs = [line.as_dict() for line in experiment.logs.order_by("-seq", "-id")[:log_lines]]
     logs.reverse()
@@ -146,5 +147,6 @@ def experiment_as_dict(experiment: Experiment) -> dict[str, Any]:
         cancelled_by=experiment.cancelled_by.get_username() if experiment.cancelled_by else None,
         duration=experiment.duration_seconds,
         url=experiment.get_absolute_url(),
+        devices_label=experiment.devices_label(),
     )
     return data

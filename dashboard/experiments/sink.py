@@ -2,7 +2,9 @@
 
 Events are numbered by the dashboard (`seq`, per experiment, no gaps), stored in one transaction
 per flush, and sent as one channel message per flush: channels-redis drops messages past its
-capacity without a word, so a fast run must not send one message per event.
+capacity without a word, so a fast run must not send one message per event. What it takes (a
+training event, or a body of the dashboard's own) and what the page receives are typed in
+`messages.py`.
 """
 
 from __future__ import annotations
@@ -10,17 +12,27 @@ from __future__ import annotations
 import logging
 import math
 import os
-from typing import Any
+from collections.abc import Callable
+from typing import Any, ClassVar, cast
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
+from dashboard.experiments.messages import (
+    GROUP_MESSAGE_TYPE,
+    Body,
+    GroupEvents,
+    LogBody,
+    Message,
+    RankRow,
+    RankStats,
+)
 from dashboard.experiments.models import Checkpoint, Experiment, LogLine, MetricPoint
+from training.protocol import Event
 
 log = logging.getLogger(__name__)
 
-GROUP_MESSAGE_TYPE = "run.events"
 POINT_FIELDS = ("step", "epoch", "train_loss", "test_loss", "test_accuracy", "images_per_second")
 MAX_LOG_CHARS = 4000
 RANK_FIELDS = ("images_per_second", "data_seconds", "compute_seconds", "rss_bytes")
@@ -39,7 +51,7 @@ def _number(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def rank_stats_from_event(message: dict[str, Any]) -> dict[str, Any] | None:
+def rank_stats_from_event(message: dict[str, Any]) -> RankStats | None:
     """The per-rank figures of a step or epoch event (protocol 1.1), or None when it has none.
 
     Events from one-process strategies may carry rank 0's figures only (data_seconds, ...)
@@ -50,14 +62,15 @@ def rank_stats_from_event(message: dict[str, Any]) -> dict[str, Any] | None:
         if all(_number(message.get(name)) is None for name in RANK_FIELDS[1:]):
             return None
         ranks = [{"rank": 0, **{name: message.get(name) for name in RANK_FIELDS}}]
-    rows = []
+    rows: list[RankRow] = []
     for index, rank in enumerate(ranks[:MAX_RANKS]):
         if not isinstance(rank, dict):
             continue
         number = rank.get("rank")
         if not isinstance(number, int) or isinstance(number, bool):
             number = index
-        rows.append({"rank": number, **{name: _number(rank.get(name)) for name in RANK_FIELDS}})
+        figures = {name: _number(rank.get(name)) for name in RANK_FIELDS}
+        rows.append(cast(RankRow, {"rank": number, **figures}))
     if not rows:
         return None
     return {
@@ -102,36 +115,43 @@ class EventSink:
         self.pruned: set[int] = set()
         self.channel_layer = get_channel_layer()
 
-    def add(self, event: dict[str, Any]) -> dict[str, Any]:
+    def add(self, event: Event | Body) -> Message:
         """Number an event, queue its rows and its message; returns the message."""
         self.seq += 1
-        message = {**event, "seq": self.seq}
-        message.pop("v", None)
-        message.pop("run", None)
-        kind = message["type"]
-        if kind in {"step", "epoch"}:
-            self._add_point(message)
-        elif kind == "log":
-            self._add_log(message, level=str(message.get("level", "info")))
-        elif kind == "started":
-            self.updates.update(
-                run_info={k: v for k, v in message.items() if k not in {"seq", "type"}},
-                notes=list(message.get("notes") or []),
-                total_steps=message.get("total_steps"),
-            )
-            for note in message.get("notes") or []:
-                self._add_log({"seq": self.seq, "time": message.get("time"), "message": note})
-        elif kind == "checkpoint":
-            self._add_checkpoint(message)
-            self._add_log({**message, "message": checkpoint_saved_text(message)})
-        elif kind == "failed" and message.get("traceback"):
-            self._add_log({**message, "message": message["traceback"]}, level="error")
+        # A report is trusted to be small, not to be well-formed: the handlers read it as a dict.
+        message: dict[str, Any] = {**event, "seq": self.seq}
+        for envelope in ("v", "minor", "run"):  # the training's, not the page's
+            message.pop(envelope, None)
+        store = self.STORE.get(message["type"])
+        if store is not None:
+            store(self, message)
         self.messages.append(message)
-        return message
+        return cast(Message, message)
 
     def add_output(self, line: str, *, level: str) -> None:
         """A line of plain output (stderr, or stdout that is not an event)."""
-        self.add({"type": "log", "level": level, "message": line.rstrip()[:MAX_LOG_CHARS]})
+        body: LogBody = {"type": "log", "level": level, "message": line.rstrip()[:MAX_LOG_CHARS]}
+        self.add(body)
+
+    def _started_store(self, message: dict[str, Any]) -> None:
+        self.updates.update(
+            run_info={k: v for k, v in message.items() if k not in {"seq", "type"}},
+            notes=list(message.get("notes") or []),
+            total_steps=message.get("total_steps"),
+        )
+        for note in message.get("notes") or []:
+            self._add_log({"seq": self.seq, "time": message.get("time"), "message": note})
+
+    def _log_store(self, message: dict[str, Any]) -> None:
+        self._add_log(message, level=str(message.get("level", "info")))
+
+    def _checkpoint_store(self, message: dict[str, Any]) -> None:
+        self._add_checkpoint(message)
+        self._add_log({**message, "message": checkpoint_saved_text(message)})
+
+    def _failed_store(self, message: dict[str, Any]) -> None:
+        if message.get("traceback"):
+            self._add_log({**message, "message": message["traceback"]}, level="error")
 
     def _add_point(self, message: dict[str, Any]) -> None:
         values = {name: _number(message.get(name)) for name in POINT_FIELDS}
@@ -233,10 +253,24 @@ class EventSink:
     def _send(self, messages: list[dict[str, Any]]) -> None:
         if self.channel_layer is None:
             return
+        group_message: GroupEvents = {
+            "type": GROUP_MESSAGE_TYPE,
+            "events": cast(list[Message], messages),
+        }
         try:
             async_to_sync(self.channel_layer.group_send)(
-                experiment_group(self.experiment.pk),
-                {"type": GROUP_MESSAGE_TYPE, "events": messages},
+                experiment_group(self.experiment.pk), group_message
             )
         except Exception:  # the browser backfills from the database on reconnect
             log.warning("channel layer unreachable; %d events only stored", len(messages))
+
+    # What each type stores besides its message (one entry per type; a type not here, such as
+    # status or finished, is only sent).
+    STORE: ClassVar[dict[str, Callable[[EventSink, dict[str, Any]], None]]] = {
+        "started": _started_store,
+        "step": _add_point,
+        "epoch": _add_point,
+        "log": _log_store,
+        "checkpoint": _checkpoint_store,
+        "failed": _failed_store,
+    }

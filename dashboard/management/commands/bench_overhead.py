@@ -329,8 +329,8 @@ class Command(BaseCommand):
                 start_new_session=True,
             )
         wall = time.monotonic() - started
-        events = [
-            event
+        events: list[dict[str, Any]] = [
+            dict(event)
             for line in (out_dir / "stdout").read_text().splitlines()
             if (event := parse_event(line)) is not None
         ]

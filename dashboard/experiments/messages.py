@@ -1,0 +1,197 @@
+"""The messages a run's page receives: the contract between the dashboard and the browser.
+
+They come over the run's WebSocket, /ws/experiments/<id>/ (``consumers.py``); the page also
+embeds a first ``snapshot`` (``views.experiment_detail``, with ``scaling``), so that it draws at
+once. ``static/js/experiment_detail.js`` owns the socket and hands every message to
+``static/js/experiment_run.js``; each keeps one handler per type and ignores types it does not
+know.
+
+On every connect the first message is a ``snapshot``; then come the messages of the run's
+``EventSink`` (``sink.py``), in ``seq`` order. ``seq`` is the dashboard's own numbering: per run,
+1, 2, 3, ... with no gaps, stored as ``Experiment.last_seq``. The sink renumbers the training's
+events (whose own ``seq`` counts per attempt) and numbers its own messages among them. A client
+drops a message whose ``seq`` is not above the last it has, and reconnects (a fresh snapshot) on
+a gap: channels-redis drops messages past its capacity without a word.
+
+    snapshot    everything needed to draw the run from scratch; its seq is the last stored
+    status      the run's status changed (queued and why it waits, running on a worker, lost)
+    started     the training's events (``training/protocol.py``), as the training wrote them less
+    step        the envelope's v, minor and run; seq is the sink's
+    epoch
+    checkpoint  the training's checkpoint event, plus where to download it (url, size) and the
+                steps whose files the training's retention has deleted (pruned)
+    log         a line of the run's log: the training's log events, its plain output (stderr, and
+                stdout lines that are no events), the dashboard's own words (a Stop, a request,
+                the training's end, which the page shows as a line: the status is the dashboard's)
+    finished    the dashboard's: the run succeeded, with its final test loss and accuracy
+    failed      the dashboard's: the run failed, was stopped or was lost; error says why
+    error       the consumer's answer to anything a client sends (the channel is one-way); no seq
+
+Between the sink (in a Celery worker) and the consumer (in the ASGI server) the channel layer
+carries one ``GroupEvents`` message per flush, holding the numbered messages.
+
+A field is added on the page side first (ignored until sent), then sent; a field is removed the
+other way round.
+"""
+
+# No ``from __future__ import annotations``: on Python 3.11 it hides ``NotRequired`` from
+# ``TypedDict``'s ``__required_keys__`` (see training/protocol.py).
+
+from typing import Any, Final, Literal, NotRequired, TypedDict
+
+from training.protocol import (
+    CheckpointFields,
+    EpochFields,
+    LogFields,
+    StartedFields,
+    StepFields,
+)
+
+# The channel layer's message type: the consumer's ``run_events`` handler takes it.
+GROUP_MESSAGE_TYPE: Final = "run.events"
+
+
+class Numbered(TypedDict):
+    seq: int  # the sink's number for the message (see above)
+
+
+# ---- what the dashboard says itself: the body a service hands EventSink.add, then the message
+
+
+class StatusBody(TypedDict):
+    type: Literal["status"]
+    status: str  # a Status value
+    reason: NotRequired[str]  # queued: why it waits; lost: why it was given up
+    worker: NotRequired[str]  # running: the worker that took it
+    # Running: for a page opened while queued, whose Started and Duration need it.
+    started_at: NotRequired[str | None]  # ISO 8601
+    attempt: NotRequired[int]  # running: 1, 2, ... (a lost run is started again)
+    # Running again after a loss: the page reloads, the new attempt replaces points after its
+    # checkpoint.
+    resumed: NotRequired[bool]
+
+
+class RunFinishedBody(TypedDict):
+    type: Literal["finished"]
+    status: str  # "succeeded"
+    test_loss: float | None
+    test_accuracy: float | None
+
+
+class RunFailedBody(TypedDict):
+    type: Literal["failed"]
+    status: str  # "failed" or "cancelled"
+    error: str
+    traceback: NotRequired[str]  # also stored as an error line of the log
+
+
+class LogBody(LogFields):
+    type: Literal["log"]
+    time: NotRequired[float]  # the training's (seconds since it started); none for plain output
+
+
+class StatusMessage(StatusBody, Numbered):
+    pass
+
+
+class RunFinishedMessage(RunFinishedBody, Numbered):
+    pass
+
+
+class RunFailedMessage(RunFailedBody, Numbered):
+    pass
+
+
+class LogMessage(LogBody, Numbered):
+    pass
+
+
+# ---- the training's events, relayed ------------------------------------------------------------
+
+
+class StartedMessage(StartedFields, Numbered):
+    type: Literal["started"]
+    time: float
+
+
+class StepMessage(StepFields, Numbered):
+    type: Literal["step"]
+    time: float
+
+
+class EpochMessage(EpochFields, Numbered):
+    type: Literal["epoch"]
+    time: float
+
+
+class CheckpointMessage(CheckpointFields, Numbered):
+    type: Literal["checkpoint"]
+    time: float
+    size: int | None  # bytes, as the worker saw the file; None when it could not
+    url: str  # the page's download link
+    pruned: list[int]  # steps of older checkpoints whose files are gone
+
+
+# ---- per-rank figures, as stored and as the snapshot sends them -------------------------------
+
+
+class RankRow(TypedDict):
+    rank: int
+    images_per_second: float | None
+    data_seconds: float | None
+    compute_seconds: float | None
+    rss_bytes: float | None
+
+
+class RankStats(TypedDict):
+    """The last step or epoch event's per-rank figures (``Experiment.rank_stats``)."""
+
+    type: str  # "step" or "epoch"
+    step: int | None
+    epoch: int | None
+    time: float | None
+    ranks: list[RankRow]
+
+
+# ---- the first message, and the consumer's own ------------------------------------------------
+
+
+class SnapshotMessage(TypedDict):
+    type: Literal["snapshot"]
+    seq: int  # the last message stored: later ones follow it
+    experiment: dict[str, Any]  # services.experiment_as_dict: the run's row, as the API gives it
+    points: list[dict[str, Any]]  # MetricPoint.as_dict: every stored point, in seq order
+    logs: list[dict[str, Any]]  # LogLine.as_dict (seq, time, level, message): the last lines
+    run: dict[str, Any]  # services.experiment_run_facts: shared tensors, stages, world size
+    rank_stats: dict[str, Any]  # a RankStats (below), or {} before the first step event
+    checkpoints: list[dict[str, Any]]  # checkpoints.checkpoint_as_dict, in step order
+    scaling: NotRequired[dict[str, Any]]  # embedded in the page only: scaling.py's facts
+
+
+class ErrorMessage(TypedDict):
+    type: Literal["error"]
+    error: str
+
+
+class GroupEvents(TypedDict):
+    """The channel layer's message from a sink's flush to every consumer of the run."""
+
+    type: Literal["run.events"]
+    events: list["Message"]
+
+
+# What EventSink.add takes: a training event (training/protocol.py) or the dashboard's own body.
+Body = StatusBody | RunFinishedBody | RunFailedBody | LogBody
+
+Message = (
+    SnapshotMessage
+    | StatusMessage
+    | StartedMessage
+    | StepMessage
+    | EpochMessage
+    | CheckpointMessage
+    | LogMessage
+    | RunFinishedMessage
+    | RunFailedMessage
+    | ErrorMessage
+)
