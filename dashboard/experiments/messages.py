@@ -18,8 +18,9 @@ a gap: channels-redis drops messages past its capacity without a word.
     started     the training's events (``training/protocol.py``), as the training wrote them less
     step        the envelope's v, minor and run; seq is the sink's
     epoch
-    checkpoint  the training's checkpoint event, plus where to download it (url, size) and the
-                steps whose files the training's retention has deleted (pruned)
+    checkpoint  the training's checkpoint event, plus where to download it (url, size), the
+                steps whose files the training's retention has deleted (pruned) and the run
+                log's line for it (log_text)
     log         a line of the run's log: the training's log events, its plain output (stderr, and
                 stdout lines that are no events), the dashboard's own words (a Stop, a request,
                 the training's end, which the page shows as a line: the status is the dashboard's)
@@ -130,6 +131,7 @@ class CheckpointMessage(CheckpointFields, Numbered):
     size: int | None  # bytes, as the worker saw the file; None when it could not
     url: str  # the page's download link
     pruned: list[int]  # steps of older checkpoints whose files are gone
+    log_text: str  # the run log's line for it, as stored
 
 
 # ---- per-rank figures, as stored and as the snapshot sends them -------------------------------

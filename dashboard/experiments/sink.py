@@ -147,7 +147,9 @@ class EventSink:
 
     def _checkpoint_store(self, message: dict[str, Any]) -> None:
         self._add_checkpoint(message)
-        self._add_log({**message, "message": checkpoint_saved_text(message)})
+        # The page appends the same line live: the words are written here only.
+        message["log_text"] = checkpoint_saved_text(message)
+        self._add_log({**message, "message": message["log_text"]})
 
     def _failed_store(self, message: dict[str, Any]) -> None:
         if message.get("traceback"):

@@ -371,87 +371,96 @@
     resetLogs(msg.logs);
   }
 
+  // One handler per message type (dashboard/experiments/messages.py says what each carries).
+
+  function onStarted(msg) {
+    const e = state.experiment;
+    applyExperiment({
+      status: ACTIVE.has(e.status) ? "running" : e.status,
+      total_steps: msg.total_steps,
+      epochs: isNum(msg.epochs) ? msg.epochs : e.epochs,
+      notes: msg.notes || [],
+      dataset_source: msg.dataset_source,
+    });
+    if (Array.isArray(msg.devices) && msg.devices.length) setText($("info-device"), msg.devices.join(", "));
+    else if (msg.device) setText($("info-device"), msg.device);
+    if (isNum(msg.world_size)) setText($("info-world-size"), msg.world_size);
+    for (const note of msg.notes || []) appendLog({ time: msg.time, level: "info", message: note });
+  }
+
+  function onStep(msg) {
+    addPoint({ step: msg.step, train_loss: msg.train_loss, test_loss: null });
+    if (isNum(msg.images_per_second)) state.ips = msg.images_per_second;
+    Object.assign(state.experiment, { epoch: msg.epoch, step: msg.step });
+    renderProgress();
+    chartsChanged();
+  }
+
+  function onEpoch(msg) {
+    // The epoch's mean train loss would draw a second, coarser curve: not charted.
+    addPoint({ step: msg.step, test_loss: msg.test_loss, test_accuracy: msg.test_accuracy });
+    // The epoch's mean, as a reloaded page shows it (its last stored point's).
+    if (isNum(msg.images_per_second)) state.ips = msg.images_per_second;
+    Object.assign(state.experiment, {
+      epoch: msg.epoch, step: msg.step, test_loss: msg.test_loss, test_accuracy: msg.test_accuracy,
+    });
+    renderProgress();
+    chartsChanged();
+  }
+
+  function onCheckpoint(msg) {
+    // The stored log line's words, which the sink sends along.
+    appendLog({ time: msg.time, level: "info", message: msg.log_text });
+  }
+
+  function onStatus(msg) {
+    applyExperiment(
+      Object.assign(
+        {},
+        msg.status ? { status: msg.status } : {},
+        "reason" in msg ? { waiting_reason: msg.reason } : {},
+        msg.worker ? { worker: msg.worker } : {},
+        msg.started_at ? { started_at: msg.started_at } : {},
+      ),
+    );
+  }
+
+  function onFinished(msg) {
+    applyExperiment({
+      status: msg.status || "succeeded",
+      test_loss: msg.test_loss,
+      test_accuracy: msg.test_accuracy,
+      finished_at: state.experiment.finished_at || new Date().toISOString(),
+    });
+  }
+
+  function onFailed(msg) {
+    const e = state.experiment;
+    if (msg.traceback) appendLog({ time: msg.time, level: "error", message: msg.traceback });
+    applyExperiment({
+      status: msg.status || "failed",
+      error: msg.error || e.error,
+      finished_at: e.finished_at || new Date().toISOString(),
+    });
+  }
+
+  // No prototype: a type named like an Object method finds no handler.
+  const HANDLERS = Object.assign(Object.create(null), {
+    started: onStarted,
+    step: onStep,
+    epoch: onEpoch,
+    log: appendLog,
+    checkpoint: onCheckpoint,
+    status: onStatus,
+    finished: onFinished,
+    failed: onFailed,
+  });
+  // Unknown types are ignored, as the protocol asks.
+  const ignore = () => {};
+
   function handleEvent(msg) {
     announce(msg);
-    const e = state.experiment;
-    switch (msg.type) {
-      case "started": {
-        applyExperiment({
-          status: ACTIVE.has(e.status) ? "running" : e.status,
-          total_steps: msg.total_steps,
-          epochs: isNum(msg.epochs) ? msg.epochs : e.epochs,
-          notes: msg.notes || [],
-          dataset_source: msg.dataset_source,
-        });
-        if (Array.isArray(msg.devices) && msg.devices.length) setText($("info-device"), msg.devices.join(", "));
-        else if (msg.device) setText($("info-device"), msg.device);
-        if (isNum(msg.world_size)) setText($("info-world-size"), msg.world_size);
-        for (const note of msg.notes || []) appendLog({ time: msg.time, level: "info", message: note });
-        break;
-      }
-      case "step":
-        addPoint({ step: msg.step, train_loss: msg.train_loss, test_loss: null });
-        if (isNum(msg.images_per_second)) state.ips = msg.images_per_second;
-        Object.assign(e, { epoch: msg.epoch, step: msg.step });
-        renderProgress();
-        chartsChanged();
-        break;
-      case "epoch":
-        // The epoch's mean train loss would draw a second, coarser curve: not charted.
-        addPoint({ step: msg.step, test_loss: msg.test_loss, test_accuracy: msg.test_accuracy });
-        // The epoch's mean, as a reloaded page shows it (its last stored point's).
-        if (isNum(msg.images_per_second)) state.ips = msg.images_per_second;
-        Object.assign(e, {
-          epoch: msg.epoch, step: msg.step, test_loss: msg.test_loss, test_accuracy: msg.test_accuracy,
-        });
-        renderProgress();
-        chartsChanged();
-        break;
-      case "log":
-        appendLog(msg);
-        break;
-      case "checkpoint":
-        // The same words as the stored log line (dashboard/experiments/sink.py).
-        appendLog({
-          time: msg.time,
-          level: "info",
-          message: msg.requested === true
-            ? "checkpoint saved on request at step " + msg.step + " (epoch " + msg.epoch + ")"
-            : "checkpoint of epoch " + msg.epoch + " saved",
-        });
-        break;
-      case "status":
-        applyExperiment(
-          Object.assign(
-            {},
-            msg.experiment || {},
-            msg.status ? { status: msg.status } : {},
-            "reason" in msg ? { waiting_reason: msg.reason } : {},
-            msg.worker ? { worker: msg.worker } : {},
-            msg.started_at ? { started_at: msg.started_at } : {},
-          ),
-        );
-        break;
-      case "finished":
-        applyExperiment({
-          status: msg.status || "succeeded",
-          test_loss: msg.test_loss,
-          test_accuracy: msg.test_accuracy,
-          finished_at: e.finished_at || new Date().toISOString(),
-        });
-        break;
-      case "failed":
-        if (msg.traceback) appendLog({ time: msg.time, level: "error", message: msg.traceback });
-        applyExperiment({
-          status: msg.status || "failed",
-          error: msg.error || e.error,
-          finished_at: e.finished_at || new Date().toISOString(),
-        });
-        break;
-      default:
-        // Unknown types are ignored, as the protocol asks.
-        break;
-    }
+    (HANDLERS[msg.type] || ignore)(msg);
   }
 
   // ---- connection ----------------------------------------------------------------------------

@@ -322,46 +322,52 @@
     }
   }
 
-  function onEvent(msg) {
-    switch (msg.type) {
-      case "started":
-        renderTensors(msg.shared_tensors);
-        renderStages(msg.stages);
-        if (scaling.info) {
-          // Only process strategies count processes; the others count devices (scaling.py).
-          if (isNum(msg.world_size) && PROCESS_STRATEGIES.has(scaling.info.strategy)) {
-            scaling.info.world_size = msg.world_size;
-          }
-          if (isNum(msg.global_batch_size)) scaling.info.global_batch = msg.global_batch_size;
-        }
-        renderScaling();
-        break;
-      case "step":
-      case "epoch": {
-        addThroughput(msg.type, msg.images_per_second);
-        renderScaling();
-        const stats = rankStatsOf(msg);
-        if (stats) renderRanks(stats);
-        break;
+  function onStarted(msg) {
+    renderTensors(msg.shared_tensors);
+    renderStages(msg.stages);
+    if (scaling.info) {
+      // Only process strategies count processes; the others count devices (scaling.py).
+      if (isNum(msg.world_size) && PROCESS_STRATEGIES.has(scaling.info.strategy)) {
+        scaling.info.world_size = msg.world_size;
       }
-      case "checkpoint":
-        addCheckpoint(msg);
-        onCheckpointWritten(msg);
-        break;
-      case "status":
-      case "finished":
-      case "failed":
-        onRunStatus(msg.status);
-        break;
-      default:
-        break;
+      if (isNum(msg.global_batch_size)) scaling.info.global_batch = msg.global_batch_size;
     }
+    renderScaling();
   }
+
+  function onProgress(msg) {
+    addThroughput(msg.type, msg.images_per_second);
+    renderScaling();
+    const stats = rankStatsOf(msg);
+    if (stats) renderRanks(stats);
+  }
+
+  function onCheckpoint(msg) {
+    addCheckpoint(msg);
+    onCheckpointWritten(msg);
+  }
+
+  // The run's status changed, or it ended.
+  const onStatus = (msg) => onRunStatus(msg.status);
+
+  // One handler per message type (dashboard/experiments/messages.py says what each carries);
+  // no prototype, so that a type named like an Object method finds no handler.
+  const HANDLERS = Object.assign(Object.create(null), {
+    snapshot: onSnapshot,
+    started: onStarted,
+    step: onProgress,
+    epoch: onProgress,
+    checkpoint: onCheckpoint,
+    status: onStatus,
+    finished: onStatus,
+    failed: onStatus,
+  });
+  // Unknown types are ignored, as the protocol asks.
+  const ignore = () => {};
 
   root.addEventListener("run:message", function (event) {
     const msg = event.detail;
     if (!msg || typeof msg !== "object") return;
-    if (msg.type === "snapshot") onSnapshot(msg);
-    else onEvent(msg);
+    (HANDLERS[msg.type] || ignore)(msg);
   });
 })();
