@@ -33,7 +33,9 @@ _nvml_initialised = False
 
 
 def machine_name() -> str:
-    """The name this worker reports under; several test workers on one host need their own."""
+    """The name this worker reports its machine under and claims runs under (the run's
+    `worker`): one name for both, so the allocation finds its runs on the machine it reported.
+    Several test workers on one host need their own (TRAINYARD_WORKER_NAME)."""
     return os.environ.get("TRAINYARD_WORKER_NAME") or socket.gethostname()
 
 
