@@ -215,7 +215,7 @@ class CheckpointFields(TypedDict):
 
 class FinishedFields(TypedDict):
     test_loss: float | None
-    test_accuracy: float | None  # the last evaluation's
+    test_accuracy: float  # the last evaluation's
     epochs: int
     epochs_run: int  # epochs trained by this process, fewer than epochs after --resume
     steps: int
