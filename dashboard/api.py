@@ -12,10 +12,9 @@ from django.contrib.auth.decorators import login_not_required
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
-from django.utils import timezone
 from django.views.decorators.csrf import csrf_exempt
 
-from dashboard.accounts.models import ApiToken
+from dashboard.accounts.services import token_authenticate
 
 # The same figure as settings.DATA_UPLOAD_MAX_MEMORY_SIZE (tests/test_fuzz.py checks), so that
 # Django's own check and this one refuse the same bodies.
@@ -62,10 +61,10 @@ def _authenticate_token(request: HttpRequest) -> bool:
     scheme, _, key = header.partition(" ")
     if scheme.lower() not in {"bearer", "token"} or not key.strip():
         return False
-    token = ApiToken.objects.select_related("user").filter(key=key.strip()).first()
-    if token is None or not token.user.is_active:
-        raise ApiError(401, "invalid API token")
-    ApiToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
+    token = token_authenticate(key=key)
+    if token is None:
+        # Unknown, revoked, or its user deactivated: one answer, so a caller learns nothing.
+        raise ApiError(401, "invalid or revoked API token")
     request.user = token.user
     return True
 

@@ -39,6 +39,7 @@ INSTALLED_APPS = [
     "dashboard.accounts",
     "dashboard.experiments",
     "dashboard.devices",
+    "dashboard.notifications",
 ]
 
 MIDDLEWARE = [
@@ -166,6 +167,23 @@ TRAINYARD_REAPER_SECONDS = env_float("TRAINYARD_REAPER_SECONDS", 10.0)
 TRAINYARD_REDISPATCH_SECONDS = env_int("TRAINYARD_REDISPATCH_SECONDS", 60)
 # How long a run that waits for devices sleeps before it asks again.
 TRAINYARD_WAIT_RETRY_SECONDS = env_float("TRAINYARD_WAIT_RETRY_SECONDS", 3.0)
+
+# Notifications when a run ends (each user opts in on the Notifications page). Mail goes to the
+# console unless EMAIL_BACKEND says otherwise, e.g. django.core.mail.backends.smtp.EmailBackend
+# with EMAIL_HOST, EMAIL_PORT, EMAIL_HOST_USER, EMAIL_HOST_PASSWORD and EMAIL_USE_TLS.
+EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.console.EmailBackend")
+EMAIL_HOST = env_str("EMAIL_HOST", "localhost")
+EMAIL_PORT = env_int("EMAIL_PORT", 25)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER", "")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD", "")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "trainyard@localhost")
+# The address people reach the dashboard at, for the link in a notification.
+TRAINYARD_PUBLIC_URL = env_str("TRAINYARD_PUBLIC_URL", "http://127.0.0.1:8000")
+# A webhook or mail that fails is tried again after base, 2 x base, 4 x base ... seconds.
+TRAINYARD_NOTIFY_MAX_RETRIES = env_int("TRAINYARD_NOTIFY_MAX_RETRIES", 5)
+TRAINYARD_NOTIFY_BACKOFF_SECONDS = env_float("TRAINYARD_NOTIFY_BACKOFF_SECONDS", 10.0)
 
 CELERY_BEAT_SCHEDULE = {
     "reap-lost-runs": {

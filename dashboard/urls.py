@@ -2,6 +2,8 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
+from dashboard.accounts import urls as accounts_urls
+
 # Of django.contrib.auth.urls only what a signed-in dashboard needs: the password reset views
 # answer anonymous visitors and send mail, and Trainyard configures no mail (staff reset
 # passwords in the admin).
@@ -19,6 +21,9 @@ account_urlpatterns = [
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/", include(account_urlpatterns)),
+    path("accounts/", include(accounts_urls.urlpatterns)),
+    path("notifications/", include("dashboard.notifications.urls")),
+    path("api/tokens/", include(accounts_urls.api_urlpatterns)),
     path("api/", include("dashboard.api_urls")),
     path("devices/", include("dashboard.devices.urls")),
     path("", include("dashboard.experiments.urls")),

@@ -348,8 +348,8 @@ class FolderAtEachEvent(io.StringIO):
 def test_a_checkpoint_event_comes_after_its_retention(tmp_path: Path) -> None:
     # The dashboard lists what a checkpoint event leaves on disk; a file deleted after the event
     # stayed listed (with a misleading "not on this web server") until the next one.
+    from training.checkpoint import checkpoint_write
     from training.config import parse_args
-    from training.engine import checkpoint_write
 
     cfg = parse_args(["--checkpoint-dir", str(tmp_path), "--keep-checkpoints", "1"])
     stream = FolderAtEachEvent(tmp_path)

@@ -4,14 +4,21 @@ Rank 0 writes ``epoch-N.pt`` at the end of each epoch and, on request, ``step-N.
 step boundary (``training.run_requests``). A mid-epoch checkpoint
 records how many images of its epoch were trained, so a resumed run skips exactly those in the
 epoch's seeded order and ends where an uninterrupted run would.
+
+Writing (``checkpoint_write``: save, retention, the ``checkpoint`` event) and resuming
+(``resume_apply``: optimizer and RNG states, where training continues) sit side by side here,
+used alike by the shared loop (``training.engine``) and by Hogwild's parent.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 import shutil
 import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +26,9 @@ import torch
 
 if TYPE_CHECKING:
     from training.config import TrainConfig
+    from training.protocol import EventWriter
+
+log = logging.getLogger(__name__)
 
 FORMAT = "trainyard-checkpoint"
 VERSION = 1
@@ -149,3 +159,163 @@ def restore_rng(state: dict[str, Any]) -> None:
     cuda_states = rng.get("cuda") or []
     if cuda_states and torch.cuda.is_available() and len(cuda_states) == torch.cuda.device_count():
         torch.cuda.set_rng_state_all(cuda_states)
+
+
+def checkpoint_write(
+    cfg: TrainConfig,
+    events: EventWriter,
+    *,
+    model_state: dict[str, Any],
+    optimizer_state: dict[str, Any] | None,
+    epoch: int,
+    step: int,
+    extra: dict[str, Any] | None = None,
+    answers_request: bool = False,
+    images_into_epoch: int | None = None,
+) -> Path:
+    """Write a checkpoint, apply the retention of its kind, then report it: the epoch's own
+    (``--keep-checkpoints``), or, with ``images_into_epoch``, one written mid-epoch because
+    someone asked (``--keep-requested-checkpoints``)."""
+    assert cfg.checkpoint_dir is not None
+    directory = Path(cfg.checkpoint_dir)
+    path = save(
+        directory,
+        model_state=model_state,
+        optimizer_state=optimizer_state,
+        epoch=epoch,
+        step=step,
+        config=cfg.to_dict(),
+        images_into_epoch=images_into_epoch,
+        extra=extra,
+    )
+    requested = images_into_epoch is not None
+    kind, keep, flag = (
+        ("step", cfg.keep_requested_checkpoints, "--keep-requested-checkpoints")
+        if requested
+        else ("epoch", cfg.keep_checkpoints, "--keep-checkpoints")
+    )
+    # Before the event: whoever reads it can then list exactly the files that are left.
+    for old in retention_apply(directory, keep, kind=kind):
+        log.info("deleted %s (%s %d)", old, flag, keep)
+    events.emit(
+        "checkpoint",
+        epoch=epoch,
+        step=step,
+        path=str(path),
+        requested=requested,
+        answers_request=answers_request or requested,
+    )
+    return path
+
+
+def checkpoint_request_refuse(events: EventWriter, *, step: int) -> None:
+    events.log(
+        f"A checkpoint was requested at step {step}, but this run writes none: start it with "
+        "--checkpoint-dir.",
+        "warning",
+    )
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    start_epoch: int = 1  # the first epoch to train
+    step: int = 0  # global optimizer steps already taken
+    skip_batches: int = 0  # batches of start_epoch already trained (a mid-epoch checkpoint)
+
+
+@dataclass(frozen=True)
+class Resumed:
+    """What ``resume_apply`` found: where training continues, and what to tell the user."""
+
+    point: ResumePoint
+    notes: tuple[str, ...]
+
+
+def resume_apply(
+    cfg: TrainConfig,
+    state: dict[str, Any],
+    *,
+    optimizer: torch.optim.Optimizer | None,
+    takes_optimizer: bool = True,
+    restore: Callable[[dict[str, Any]], str] | None = None,
+    global_batch: int,
+    per_epoch: int,
+) -> Resumed:
+    """Load the optimizer state and RNG states of a checkpoint whose model is already loaded;
+    returns where training continues and the notes that say what was resumed.
+
+    ``optimizer`` None with ``takes_optimizer``: the caller hands the state on itself (Hogwild's
+    workers); ``restore``: the strategy takes it its own way (ZeRO, partitioned);
+    ``takes_optimizer`` False: it cannot take a plain optimizer's state.
+    """
+    note = _optimizer_resume(
+        cfg, state, optimizer, takes_optimizer=takes_optimizer, restore=restore
+    )
+    restore_rng(state)
+    point, notes = _resume_point(cfg, state, global_batch=global_batch, per_epoch=per_epoch)
+    return Resumed(point, (*([note] if note else []), *notes))
+
+
+def _optimizer_resume(
+    cfg: TrainConfig,
+    state: dict[str, Any],
+    optimizer: torch.optim.Optimizer | None,
+    *,
+    takes_optimizer: bool,
+    restore: Callable[[dict[str, Any]], str] | None,
+) -> str | None:
+    """Hand the checkpoint's optimizer state to whoever takes it; returns a note, if any."""
+    saved_optimizer = state.get("optimizer")
+    if saved_optimizer is None:
+        return "The checkpoint holds no optimizer state; the optimizer starts afresh."
+    if restore is not None:
+        return restore(saved_optimizer)
+    if not takes_optimizer or not holds_torch_optimizer(state):
+        return (
+            "This strategy does not take the checkpoint's optimizer state; the optimizer "
+            "starts afresh."
+        )
+    if optimizer is not None:
+        optimizer_state_load(optimizer, saved_optimizer, lr=cfg.lr)
+    return None
+
+
+def optimizer_state_load(
+    optimizer: torch.optim.Optimizer, saved: dict[str, Any], *, lr: float
+) -> None:
+    """Load a saved torch optimizer state, keeping this run's learning rate."""
+    optimizer.load_state_dict(saved)
+    # The saved learning rate would silently override --lr.
+    for group in optimizer.param_groups:
+        group["lr"] = lr
+
+
+def _resume_point(
+    cfg: TrainConfig, state: dict[str, Any], *, global_batch: int, per_epoch: int
+) -> tuple[ResumePoint, list[str]]:
+    """Where training continues after ``state``, and the notes that say so."""
+    notes = []
+    epoch, step = int(state["epoch"]), int(state["step"])
+    point = ResumePoint(epoch + 1, step)
+    trained = state.get("images_into_epoch")
+    if trained is not None:
+        # The epoch's image order is seeded, so skipping the images trained is exact when the
+        # global batch is the one the checkpoint was written with.
+        skip, rest = divmod(int(trained), global_batch)
+        if skip < per_epoch:
+            point = ResumePoint(epoch, step, skip)
+        if rest:
+            notes.append(
+                f"The checkpoint was written {trained} images into epoch {epoch}, not a whole "
+                f"number of this run's global batches of {global_batch}: {rest} of them are "
+                "trained again."
+            )
+    where = f"epoch {epoch}, step {step}" + (
+        f" ({trained} images into the epoch)" if trained is not None else ""
+    )
+    notes.append(
+        f"Resumed from {cfg.resume} at {where}; training continues with epoch "
+        f"{point.start_epoch}"
+        + (f" from its batch {point.skip_batches + 1}." if point.skip_batches else ".")
+    )
+    return point, notes

@@ -9,6 +9,9 @@ import time
 
 import psutil
 
+# One home for the prctl, in training/ (the dashboard may import training; never the reverse).
+from training.processes import parent_death_signal_set as parent_death_signal_set
+
 log = logging.getLogger(__name__)
 
 
@@ -72,22 +75,6 @@ def _is_zombie(pid: int) -> bool:
         return psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
-
-
-def parent_death_signal_set() -> None:
-    """In a child before exec: SIGTERM it when the process that started it dies.
-
-    A Celery pool child killed outright (SIGKILL, OOM) would otherwise leave its training running
-    with nobody reading its events. Linux only; elsewhere a no-op.
-    """
-    try:
-        import ctypes
-
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    except OSError:
-        return
-    pr_set_pdeathsig = 1
-    libc.prctl(pr_set_pdeathsig, signal.SIGTERM)
 
 
 def process_in_tree_signal(*, root_pid: int, pid: int, signum: int) -> bool:

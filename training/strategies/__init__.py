@@ -1,35 +1,48 @@
-"""One module per strategy; each builds a ``Plan``: what the shared training loop calls.
+"""One module per strategy, found through the registry (``training.registry``).
 
-``hogwild`` is the exception: its processes run the loop themselves (``hogwild.train``).
+A strategy module exposes either ``plan_build``, which places and wraps the model and returns a
+``Plan`` that the shared loop (``training.engine``) drives, or ``train``, for a strategy that
+runs its own processes and loop (``hogwild``). ``own_trainer`` tells the engine which.
 """
 
 from __future__ import annotations
 
 import importlib
+from collections.abc import Callable
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 from torch import nn
 
 from training.config import TrainConfig
+from training.registry import strategy_get
 from training.runtime import Runtime
 from training.strategies.common import Plan
 
-_MODULES = {
-    "single": "single",
-    "dp": "dp",
-    "ddp": "ddp",
-    "dp-primitives": "dp_primitives",
-    "model-parallel": "model_parallel",
-    "deepspeed": "deepspeed_zero",
-}
+if TYPE_CHECKING:
+    from training.protocol import EventWriter
+
+Trainer = Callable[[TrainConfig, Runtime, "EventWriter"], None]
+
+
+def strategy_module(name: str) -> ModuleType:
+    """``training.strategies.<module>`` of the strategy called ``name``."""
+    return importlib.import_module(f"{__name__}.{strategy_get(name).module}")
+
+
+def own_trainer(cfg: TrainConfig) -> Trainer | None:
+    """The strategy's own ``train`` where it runs its own loop; None where it builds a plan."""
+    trainer: Trainer | None = getattr(strategy_module(cfg.strategy), "train", None)
+    return trainer
 
 
 def plan_build(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> Plan:
     """Place ``model`` (a bare SimpleCNN, weights already loaded) and wrap it for ``cfg``."""
-    if cfg.strategy not in _MODULES:
+    module = strategy_module(cfg.strategy)
+    if not hasattr(module, "plan_build"):
         raise ValueError(f"no training plan for strategy {cfg.strategy!r}")
-    module = importlib.import_module(f"training.strategies.{_MODULES[cfg.strategy]}")
     plan: Plan = module.plan_build(cfg, rt, model)
     return plan
 
 
-__all__ = ["Plan", "plan_build"]
+__all__ = ["Plan", "Trainer", "own_trainer", "plan_build", "strategy_module"]

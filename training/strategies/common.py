@@ -11,8 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from training.config import TrainConfig
-
-StepFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+from training.loop import StepFn
 
 
 @dataclass

@@ -7,11 +7,13 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.core.management.base import BaseCommand, CommandError
 
-from dashboard.accounts.models import ApiToken
+from dashboard.accounts.services import token_create
 
 
 class Command(BaseCommand):
-    help = "Create an API token for USERNAME and print it."
+    help = (
+        "Create an API token for USERNAME and print its key (shown this once: only a hash is kept)."
+    )
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("username")
@@ -21,5 +23,5 @@ class Command(BaseCommand):
         user = get_user_model().objects.filter(username=username).first()
         if user is None:
             raise CommandError(f"no user named {username!r}")
-        token = ApiToken.objects.create(user=user, name=name)
-        self.stdout.write(token.key)
+        _, key = token_create(user=user, name=name)
+        self.stdout.write(key)

@@ -1,0 +1,50 @@
+"""Tokens: make one (its key returned once), find the one a request presents, revoke one."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from dashboard.accounts.models import ApiToken, token_key_hash
+
+# A bearer key is "ty_" and 43 URL-safe characters; anything much longer is not one of ours and
+# is not worth hashing.
+MAX_KEY_CHARS = 200
+
+
+def token_create(*, user: Any, name: str = "") -> tuple[ApiToken, str]:
+    """A new token and its key: the only time the key exists outside the client."""
+    token = ApiToken.objects.create(user=user, name=name[:100])
+    assert token.key is not None  # set by save() for a new token
+    return token, token.key
+
+
+def token_authenticate(*, key: str) -> ApiToken | None:
+    """The live token of an active user with this key, its use recorded; None otherwise."""
+    key = key.strip()
+    if not key or len(key) > MAX_KEY_CHARS:
+        return None
+    token = (
+        ApiToken.objects.select_related("user")
+        .filter(key_hash=token_key_hash(key), revoked_at__isnull=True)
+        .first()
+    )
+    if token is None or not token.user.is_active:
+        return None
+    # One UPDATE, not save(): concurrent requests with one token must not race on other fields.
+    ApiToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
+    return token
+
+
+def token_revoke(*, token: ApiToken, by: Any) -> bool:
+    """Revoke now: the next request with the key gets a 401. False if it was already revoked."""
+    revoked = ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
+        revoked_at=timezone.now(), revoked_by=by
+    )
+    return revoked == 1
+
+
+def tokens_of(user: Any) -> QuerySet[ApiToken]:
+    return ApiToken.objects.filter(user=user, revoked_at__isnull=True)

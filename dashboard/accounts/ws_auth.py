@@ -1,0 +1,48 @@
+"""Token login for WebSockets: `Authorization: Bearer <key>` on the handshake.
+
+Scripts (the `trainyard` command) have no session cookie. A browser cannot set this header on a
+WebSocket, so a page of another site can never use it: the cookie-based check stays as it is,
+and the origin check in front of it still applies. Keys never go in the URL (where proxies log
+them).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from channels.db import database_sync_to_async
+from django.contrib.auth.models import AnonymousUser
+
+from dashboard.accounts.services import token_authenticate
+
+
+def bearer_key(headers: list[tuple[bytes, bytes]]) -> str | None:
+    """The key of an `Authorization: Bearer` (or `Token`) header; None when there is none."""
+    for name, value in headers:
+        if name.lower() != b"authorization":
+            continue
+        scheme, _, key = value.decode("latin-1").partition(" ")
+        if scheme.lower() in {"bearer", "token"}:
+            return key.strip()
+    return None
+
+
+@database_sync_to_async
+def user_of_key(key: str) -> Any:
+    token = token_authenticate(key=key)
+    return token.user if token is not None else AnonymousUser()
+
+
+class TokenAuthMiddleware:
+    """Sets scope["user"] from a bearer token when the handshake carries one. Put it inside
+    AuthMiddlewareStack, so that it overrides the session's user; a wrong or revoked key makes
+    the user anonymous (the consumer then closes with 4401), never the session's."""
+
+    def __init__(self, inner: Any):
+        self.inner = inner
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
+        key = bearer_key(scope.get("headers", []))
+        if key is not None:
+            scope = {**scope, "user": await user_of_key(key)}
+        return await self.inner(scope, receive, send)

@@ -1,0 +1,38 @@
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+
+from dashboard.notifications.models import NotificationSettings
+
+
+class NotificationSettingsForm(forms.ModelForm):
+    webhook_url = forms.URLField(
+        label="URL",
+        required=False,
+        max_length=500,
+        assume_scheme="https",
+        help_text="Receives a signed JSON POST when a run ends.",
+        widget=forms.URLInput(attrs={"placeholder": "https://example.com/hooks/runs"}),
+    )
+
+    class Meta:
+        model = NotificationSettings
+        fields = ("email_enabled", "email", "webhook_enabled", "webhook_url")
+
+    def clean_webhook_url(self) -> str:
+        url: str = self.cleaned_data.get("webhook_url", "")
+        # URLField also takes ftp://; a webhook is an HTTP POST.
+        if url and not url.lower().startswith(("http://", "https://")):
+            raise forms.ValidationError("a webhook URL starts with http:// or https://")
+        return url
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        if data.get("webhook_enabled") and not data.get("webhook_url"):
+            self.add_error("webhook_url", "give the URL to call, or turn the webhook off")
+        user_email = getattr(self.instance.user, "email", "")
+        if data.get("email_enabled") and not (data.get("email") or user_email):
+            self.add_error("email", "your account has no address: give one here")
+        return data

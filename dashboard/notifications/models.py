@@ -1,0 +1,80 @@
+"""Who wants to hear when their runs end, and how (email, webhook); each message sent."""
+
+from __future__ import annotations
+
+import secrets
+
+from django.conf import settings
+from django.db import models
+
+
+def new_webhook_secret() -> str:
+    return secrets.token_urlsafe(32)
+
+
+class NotificationSettings(models.Model):
+    """One per user, made on first visit of the settings page; both channels off until chosen."""
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="notification_settings"
+    )
+    email_enabled = models.BooleanField("email me when a run ends", default=False)
+    email = models.EmailField(blank=True, help_text="Empty: your account's address.")
+    webhook_enabled = models.BooleanField("call a webhook when a run ends", default=False)
+    webhook_url = models.URLField(blank=True, max_length=500)
+    # Kept in the clear: signing needs the secret itself, and the receiver holds a copy anyway.
+    webhook_secret = models.CharField(max_length=64, default=new_webhook_secret)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        verbose_name = "notification settings"
+        verbose_name_plural = "notification settings"
+
+    def __str__(self) -> str:
+        return f"notifications of {self.user}"
+
+    @property
+    def email_address(self) -> str:
+        return self.email or getattr(self.user, "email", "") or ""
+
+
+class Channel(models.TextChoices):
+    EMAIL = "email"
+    WEBHOOK = "webhook"
+
+
+class DeliveryState(models.TextChoices):
+    PENDING = "pending"
+    SENT = "sent"
+    FAILED = "failed"
+
+
+class Delivery(models.Model):
+    """One message about one run's end on one channel. Unique per run and channel, so a task
+    that runs twice sends once."""
+
+    experiment = models.ForeignKey(
+        "experiments.Experiment", on_delete=models.CASCADE, related_name="+"
+    )
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
+    channel = models.CharField(max_length=16, choices=Channel.choices)
+    target = models.CharField(max_length=500, help_text="the address or URL it went to")
+    state = models.CharField(
+        max_length=16, choices=DeliveryState.choices, default=DeliveryState.PENDING
+    )
+    attempts = models.PositiveSmallIntegerField(default=0)
+    last_error = models.TextField(blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    sent_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name_plural = "deliveries"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["experiment", "channel"], name="one_delivery_per_run_and_channel"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.channel} for run {self.experiment_id}: {self.state}"

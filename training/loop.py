@@ -1,0 +1,74 @@
+"""The pieces of the training loop every strategy runs: timed optimizer steps and evaluation.
+
+The shared loop (``training.engine``) and Hogwild's processes (``training.strategies.hogwild``)
+both import these; neither imports the other.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from training.data import Dataset, Split, to_batch
+from training.meter import StepTiming, finite
+from training.runtime import Runtime, all_reduce_sum
+
+# One optimizer step on a batch (images, labels); returns the loss, not yet read. Each strategy
+# makes its own (training.strategies.common.step_default for most).
+StepFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Tested = tuple[float | None, float]  # what evaluation finds: (test loss, test accuracy)
+
+
+def steps_run(
+    step: StepFn,
+    data: Dataset,
+    batches: Sequence[torch.Tensor],
+    input_device: torch.device,
+    label_device: torch.device | None = None,
+) -> Iterator[StepTiming]:
+    """One optimizer step per batch of indices into ``data.train``, timed: the loop every
+    strategy runs (Hogwild's workers too), public so that tests drive it as the engine does."""
+    clock = time.perf_counter
+    for idx in batches:
+        t0 = clock()
+        x, y = to_batch(data.train, idx, input_device, data.mean, data.std, label_device)
+        t1 = clock()
+        loss = step(x, y)
+        t2 = clock()
+        yield StepTiming(loss, len(idx), t1 - t0, t2 - t1)
+
+
+@torch.no_grad()
+def evaluate(
+    net: nn.Module,
+    data: Dataset,
+    rt: Runtime,
+    batch_size: int,
+    input_device: torch.device | None = None,
+    label_device: torch.device | None = None,
+) -> Tested:
+    """Test loss (mean per image) and accuracy over the whole test split.
+
+    Each rank takes every world_size-th image, with no padding, and the sums are reduced, so
+    the figures are exact for any number of ranks.
+    """
+    input_device = rt.device if input_device is None else input_device
+    label_device = input_device if label_device is None else label_device
+    net.eval()
+    test: Split = data.test
+    mine = torch.arange(rt.rank, len(test), rt.world_size)
+    loss_sum = torch.zeros((), dtype=torch.float64, device=label_device)
+    correct = torch.zeros((), dtype=torch.int64, device=label_device)
+    for idx in mine.split(batch_size):
+        x, y = to_batch(test, idx, input_device, data.mean, data.std, label_device)
+        logits = net(x)
+        loss_sum += F.cross_entropy(logits, y, reduction="sum").to(torch.float64)
+        correct += (logits.argmax(dim=1) == y).sum()
+    total_loss, total_correct, total = all_reduce_sum(
+        rt, [float(loss_sum.item()), float(correct.item()), float(len(mine))]
+    )
+    return finite(total_loss / total), round(total_correct / total, 6)

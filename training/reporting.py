@@ -1,0 +1,98 @@
+"""The events and log lines every strategy writes the same way: ``started``'s common fields,
+``epoch``, ``finished``, and log messages that go to both stderr and the event stream.
+
+Used by the shared loop (``training.engine``) and by Hogwild's parent alike.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any
+
+import torch
+
+from training.config import TrainConfig
+from training.data import Dataset
+from training.protocol import EventWriter
+from training.runtime import Runtime
+
+log = logging.getLogger(__name__)
+
+
+def started_fields(
+    cfg: TrainConfig, rt: Runtime, data: Dataset, per_epoch: int, start_epoch: int, world: int = 0
+) -> dict[str, Any]:
+    """The ``started`` fields every strategy fills the same way."""
+    world = world or rt.world_size
+    return {
+        "strategy": cfg.strategy,
+        "world_size": world,
+        "device": rt.device_label,
+        "dataset": cfg.dataset,
+        "dataset_source": data.source,
+        "train_size": len(data.train),
+        "test_size": len(data.test),
+        "epochs": cfg.epochs,
+        "start_epoch": start_epoch,
+        "batch_size": cfg.batch_size,
+        "global_batch_size": cfg.batch_size * world,
+        "steps_per_epoch": per_epoch,
+        "total_steps": per_epoch * cfg.epochs,
+        "optimizer": cfg.optimizer,
+        "lr": cfg.lr,
+        "seed": cfg.seed,
+        "dry_run": cfg.dry_run,
+        "torch_version": torch.__version__,
+    }
+
+
+def epoch_emit(
+    events: EventWriter,
+    rt: Runtime,
+    *,
+    epoch: int,
+    step: int,
+    test_loss: float | None,
+    test_accuracy: float,
+    report: dict[str, Any],
+) -> None:
+    """The ``epoch`` event, and its line in the log (rank 0)."""
+    events.emit(
+        "epoch", epoch=epoch, step=step, test_loss=test_loss, test_accuracy=test_accuracy, **report
+    )
+    if rt.is_main:
+        log.info("epoch %d: test loss %s, accuracy %.4f", epoch, test_loss, test_accuracy)
+
+
+def finished_emit(
+    events: EventWriter,
+    cfg: TrainConfig,
+    test_loss: float | None,
+    test_accuracy: float,
+    *,
+    start_epoch: int,
+    step: int,
+    t_start: float,
+) -> None:
+    events.emit(
+        "finished",
+        test_loss=test_loss,
+        test_accuracy=test_accuracy,
+        epochs=cfg.epochs,
+        epochs_run=max(0, cfg.epochs - start_epoch + 1),
+        steps=step,
+        duration=round(time.monotonic() - t_start, 3),
+    )
+
+
+def log_to(events: EventWriter, rt: Runtime, message: str, level: str = "info") -> None:
+    """``message`` on stderr (rank 0) and as a ``log`` event."""
+    if rt.is_main:
+        log.log(logging.WARNING if level == "warning" else logging.INFO, "%s", message)
+    events.log(message, level)
+
+
+def data_source_log(events: EventWriter, rt: Runtime, data: Dataset) -> None:
+    """Where the images came from; a warning when they are a substitute for the full set."""
+    log_to(events, rt, f"Data: {data.source}.", "warning" if data.substitute else "info")
