@@ -62,7 +62,7 @@ def receiver() -> Iterator[Receiver]:
     server.server_close()
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def eager(settings: Any) -> Iterator[None]:
     """Tasks run in this process as they are queued; retries run at once (no countdown)."""
     conf = celery_app.conf
@@ -96,18 +96,24 @@ def opt_in(user: Any, **fields: Any) -> NotificationSettings:
     return prefs
 
 
-def announce(run: Any, capture: Any) -> None:
-    with capture(execute=True):
-        notifications_queue(experiment_id=run.pk)
+@pytest.fixture
+def announce(django_capture_on_commit_callbacks: Any) -> Any:
+    """Call the hook as a status transition would, inside a transaction that then commits."""
+
+    def call(run: Any) -> None:
+        with django_capture_on_commit_callbacks(execute=True):
+            notifications_queue(experiment_id=run.pk)
+
+    return call
 
 
 def test_email_says_how_the_run_ended_its_accuracy_and_a_link(
-    eager: None, user_factory: Any, experiment_factory: Any, django_capture_on_commit_callbacks: Any
+    user_factory: Any, experiment_factory: Any, announce: Any
 ) -> None:
     alice = user_factory(email="alice@example.com")
     opt_in(alice, email_enabled=True)
     run = finished_run(experiment_factory, alice)
-    announce(run, django_capture_on_commit_callbacks)
+    announce(run)
     (message,) = mail.outbox
     assert message.to == ["alice@example.com"]
     assert "succeeded" in message.subject and "97.3%" in message.subject
@@ -116,12 +122,12 @@ def test_email_says_how_the_run_ended_its_accuracy_and_a_link(
     delivery = Delivery.objects.get()
     assert delivery.state == DeliveryState.SENT and delivery.attempts == 1
     # Once per run: a second call (a twin task) sends nothing more.
-    announce(run, django_capture_on_commit_callbacks)
+    announce(run)
     assert len(mail.outbox) == 1
 
 
 def test_failed_and_cancelled_runs_say_why(
-    eager: None, user_factory: Any, experiment_factory: Any, django_capture_on_commit_callbacks: Any
+    user_factory: Any, experiment_factory: Any, announce: Any
 ) -> None:
     alice = user_factory()
     opt_in(alice, email_enabled=True, email="ops@example.com")
@@ -131,8 +137,8 @@ def test_failed_and_cancelled_runs_say_why(
     stopped = finished_run(
         experiment_factory, alice, status=Status.CANCELLED, error="stopped by alice"
     )
-    announce(failed, django_capture_on_commit_callbacks)
-    announce(stopped, django_capture_on_commit_callbacks)
+    announce(failed)
+    announce(stopped)
     first, second = mail.outbox
     assert "failed" in first.subject and "Why: CUDA OOM" in first.body
     assert "did not reach an evaluation" in first.body
@@ -140,34 +146,29 @@ def test_failed_and_cancelled_runs_say_why(
 
 
 def test_nothing_without_opt_in_or_before_the_end(
-    eager: None,
     user_factory: Any,
     experiment_factory: Any,
     receiver: Receiver,
-    django_capture_on_commit_callbacks: Any,
+    announce: Any,
 ) -> None:
     alice, bob = user_factory(email="a@example.com"), user_factory(email="b@example.com")
     opt_in(bob, email_enabled=True, webhook_enabled=True, webhook_url=receiver.url)
-    announce(finished_run(experiment_factory, alice), django_capture_on_commit_callbacks)
-    announce(
-        finished_run(experiment_factory, bob, status=Status.RUNNING),
-        django_capture_on_commit_callbacks,
-    )
+    announce(finished_run(experiment_factory, alice))
+    announce(finished_run(experiment_factory, bob, status=Status.RUNNING))
     assert mail.outbox == [] and receiver.got == [] and not Delivery.objects.exists()
 
 
 def test_webhook_is_signed_and_retried_after_a_500(
-    eager: None,
     user_factory: Any,
     experiment_factory: Any,
     receiver: Receiver,
-    django_capture_on_commit_callbacks: Any,
+    announce: Any,
 ) -> None:
     receiver.answers = [500, 200]
     alice = user_factory()
     prefs = opt_in(alice, webhook_enabled=True, webhook_url=receiver.url)
     run = finished_run(experiment_factory, alice)
-    announce(run, django_capture_on_commit_callbacks)
+    announce(run)
     assert len(receiver.got) == 2
     (headers, body), (headers_again, body_again) = receiver.got
     assert (
@@ -187,24 +188,23 @@ def test_webhook_is_signed_and_retried_after_a_500(
 
 
 def test_webhook_gives_up_after_its_retries_and_on_a_4xx(
-    eager: None,
     settings: Any,
     user_factory: Any,
     experiment_factory: Any,
     receiver: Receiver,
-    django_capture_on_commit_callbacks: Any,
+    announce: Any,
 ) -> None:
     settings.TRAINYARD_NOTIFY_MAX_RETRIES = 2
     receiver.answers = [503]
     alice = user_factory()
     opt_in(alice, webhook_enabled=True, webhook_url=receiver.url)
-    announce(finished_run(experiment_factory, alice), django_capture_on_commit_callbacks)
+    announce(finished_run(experiment_factory, alice))
     assert len(receiver.got) == 3  # the first try and two retries
     delivery = Delivery.objects.get()
     assert delivery.state == DeliveryState.FAILED and "HTTP 503" in delivery.last_error
 
     receiver.answers, receiver.got = [404], []
-    announce(finished_run(experiment_factory, alice), django_capture_on_commit_callbacks)
+    announce(finished_run(experiment_factory, alice))
     assert len(receiver.got) == 1  # a 404 will not change by itself: no retry
 
 
