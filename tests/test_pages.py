@@ -10,9 +10,9 @@ from django.contrib.staticfiles import finders
 from django.urls import reverse
 from django.utils.html import escape
 
-from dashboard.experiments.forms import STRATEGY_HELP
 from dashboard.experiments.models import Experiment, LogLine, MetricPoint, Status
 from tests.factories import form_data
+from training.registry import REGISTRY
 
 VALID = form_data()
 
@@ -143,9 +143,9 @@ def test_form_renders_every_strategy_help_line(client: Any, alice: Any) -> None:
     response = client.get(reverse("experiment-new"))
     assert response.status_code == 200
     html = response.content.decode()
-    for value, help_line in STRATEGY_HELP.items():
-        assert escape(help_line) in html
-        assert f'data-strategy="{value}"' in html
+    for spec in REGISTRY:
+        assert escape(spec.help) in html
+        assert f'data-strategy="{spec.name}"' in html
     for field in VALID:
         assert f'name="{field}"' in html
 

@@ -10,11 +10,12 @@ from django.test import Client
 from django.urls import reverse
 
 from dashboard.devices.capacity import capacity_check
-from dashboard.experiments.forms import STRATEGY_HELP, ExperimentForm
+from dashboard.experiments.forms import ExperimentForm
 from dashboard.experiments.models import Experiment, Strategy
 from dashboard.experiments.runner import training_command
 from tests.factories import form_data
 from tests.test_devices import machine_make
+from training.registry import REGISTRY
 
 pytestmark = pytest.mark.django_db
 
@@ -37,8 +38,9 @@ def api_post(client: Client, body: dict[str, Any]) -> Any:
 
 def test_every_strategy_is_a_choice_with_one_help_line() -> None:
     assert set(Strategy.values) == {"single", "dp", "ddp", *NEW_STRATEGIES}
-    assert set(STRATEGY_HELP) == set(Strategy.values)
-    for line in STRATEGY_HELP.values():
+    help_lines = {spec.name: spec.help for spec in REGISTRY}
+    assert set(help_lines) == set(Strategy.values)
+    for line in help_lines.values():
         assert "\n" not in line and 40 < len(line) < 240
 
 

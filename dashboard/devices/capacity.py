@@ -2,30 +2,22 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from django.conf import settings
 
 from dashboard.devices.models import WorkerMachine
-from dashboard.experiments.models import PROCESS_STRATEGIES
+from training.registry import (
+    RULE_MIN_GPUS,
+    STRATEGIES,
+    STRATEGY_NAMES,
+    StrategySpec,
+    gpu_ids_text,
+    plural,
+    strategy_refusals,
+)
 
-STRATEGIES = ("single", "dp", "ddp", "dp-primitives", "model-parallel", "hogwild", "deepspeed")
-STRATEGY_LABELS = {
-    "single": "single",
-    "dp": "DataParallel",
-    "ddp": "DDP",
-    "dp-primitives": "DataParallel primitives",
-    "model-parallel": "model parallel",
-    "hogwild": "Hogwild",
-    "deepspeed": "DeepSpeed",
-}
-# With GPUs these run one process per GPU.
-PROCESS_PER_GPU_STRATEGIES = ("ddp", "deepspeed")
-# The model is cut in two: the convolutions and the classifier.
-MODEL_PARALLEL_STAGES = 2
-DP_PRIMITIVES_MIN_GPUS = 2
 SOURCE_WORKERS = "workers"
 SOURCE_WEB = "web"
 
@@ -92,19 +84,8 @@ def capacity_summary() -> Capacity:
     )
 
 
-def _plural(count: int, word: str, words: str | None = None) -> str:
-    return f"{count} {word if count == 1 else (words or word + 's')}"
-
-
 def _processes(count: int) -> str:
-    return _plural(count, "process", "processes")
-
-
-def gpu_ids_text(ids: Iterable[int]) -> str:
-    ids = list(ids)
-    if not ids:
-        return "no GPU"
-    return f"GPU{'s' if len(ids) > 1 else ''} {', '.join(str(i) for i in ids)}"
+    return plural(count, "process", "processes")
 
 
 def machine_gpus_text(machine: MachineCapacity) -> str:
@@ -118,63 +99,28 @@ def _largest_text(capacity: Capacity, machine: MachineCapacity) -> str:
 
 
 def capacity_check_cpu(*, capacity: Capacity, strategy: str, processes: int) -> list[str]:
-    if strategy not in PROCESS_STRATEGIES:
+    if not STRATEGIES[strategy].processes:
         return []  # the one-process strategies on CPU; any machine will do
     largest = max(capacity.machines, key=lambda m: (m.cpu_count, m.hostname))
     if processes <= largest.cpu_count:
         return []
     return [
-        f"{STRATEGY_LABELS[strategy]} asks for {_processes(processes)} but "
-        f"{_largest_text(capacity, largest)} has {_plural(largest.cpu_count, 'CPU core')} and "
+        f"{STRATEGIES[strategy].short} asks for {_processes(processes)} but "
+        f"{_largest_text(capacity, largest)} has {plural(largest.cpu_count, 'CPU core')} and "
         f"{gpu_ids_text(largest.gpu_ids)}"
     ]
 
 
-def capacity_check_dp_primitives(*, capacity: Capacity, gpus: list[int]) -> list[str]:
-    """replicate/scatter/gather need two GPUs or more on one machine; say which machine has."""
-    if len(gpus) >= DP_PRIMITIVES_MIN_GPUS:
-        return []
+def capacity_check_min_gpus(*, capacity: Capacity, spec: StrategySpec, refused: str) -> list[str]:
+    """A strategy that needs several GPUs on one machine (``refused`` says so): say which has."""
+    enough = [m for m in capacity.machines if len(m.gpu_ids) >= spec.min_gpus]
+    if enough:
+        return [f"{refused}: {'; '.join(machine_gpus_text(m) for m in enough)}"]
     most = max(capacity.machines, key=lambda m: (len(m.gpu_ids), m.hostname))
-    asked = f"got {gpu_ids_text(gpus)}" if gpus else "no GPU ids were given"
-    if len(most.gpu_ids) >= DP_PRIMITIVES_MIN_GPUS:
-        where = "; ".join(
-            machine_gpus_text(m)
-            for m in capacity.machines
-            if len(m.gpu_ids) >= DP_PRIMITIVES_MIN_GPUS
-        )
-        return [
-            f"DataParallel primitives need at least {DP_PRIMITIVES_MIN_GPUS} GPUs on one "
-            f"machine ({asked}): {where}"
-        ]
     return [
-        f"DataParallel primitives need at least {DP_PRIMITIVES_MIN_GPUS} GPUs on one machine "
-        f"({asked}), but {_largest_text(capacity, most)} has {gpu_ids_text(most.gpu_ids)}; "
+        f"{refused}, but {_largest_text(capacity, most)} has {gpu_ids_text(most.gpu_ids)}; "
         "pick another strategy"
     ]
-
-
-def capacity_check_combination(*, strategy: str, processes: int, gpus: list[int]) -> list[str]:
-    """Rules of each strategy that need no machine: how many GPUs and processes go together."""
-    label = STRATEGY_LABELS[strategy]
-    if strategy == "single" and len(gpus) > 1:
-        return [f"a single-device run uses one GPU, not {len(gpus)} ({gpu_ids_text(gpus)})"]
-    if strategy in PROCESS_PER_GPU_STRATEGIES and gpus and processes != len(gpus):
-        return [
-            f"{label} runs one process per GPU: {_processes(processes)} "
-            f"for {_plural(len(gpus), 'GPU')} ({gpu_ids_text(gpus)})"
-        ]
-    if strategy == "model-parallel" and len(gpus) > MODEL_PARALLEL_STAGES:
-        return [
-            f"model parallel splits the model into {MODEL_PARALLEL_STAGES} stages: give 0, 1 or "
-            f"{MODEL_PARALLEL_STAGES} GPU ids (none: both stages on the CPU; one: a stage on "
-            f"it and the other on the CPU), not {len(gpus)} ({gpu_ids_text(gpus)})"
-        ]
-    if strategy == "hogwild" and gpus:
-        return [
-            "Hogwild trains on the CPU: its processes share one model in CPU shared memory; "
-            f"leave the GPU ids empty (got {gpu_ids_text(gpus)})"
-        ]
-    return []
 
 
 def capacity_check_gpu_ids(*, capacity: Capacity, gpus: list[int]) -> list[str]:
@@ -201,7 +147,8 @@ def capacity_check(*, strategy: str, processes: int, gpus: list[int]) -> list[st
     """Human messages saying why a run cannot fit; empty when it can. gpus empty means CPU."""
     strategy = str(strategy)
     if strategy not in STRATEGIES:
-        return [f"unknown strategy {strategy!r}: use one of {', '.join(STRATEGIES)}"]
+        return [f"unknown strategy {strategy!r}: use one of {', '.join(STRATEGY_NAMES)}"]
+    spec = STRATEGIES[strategy]
     errors: list[str] = []
     if processes < 1:
         errors.append(f"processes must be at least 1, not {processes}")
@@ -214,13 +161,17 @@ def capacity_check(*, strategy: str, processes: int, gpus: list[int]) -> list[st
     if errors:
         return errors
 
-    errors += capacity_check_combination(strategy=strategy, processes=processes, gpus=gpus)
-    if strategy == "hogwild" and gpus:
+    # The strategy's own rules (training/registry.py: the CLI keeps the same); its GPU minimum
+    # is said with the machines that have enough.
+    refusals = strategy_refusals(strategy, processes=processes, gpus=gpus)
+    errors += [r.message for r in refusals if r.rule != RULE_MIN_GPUS]
+    if spec.cpu_only and gpus:
         return errors  # nothing on any machine would make it fit
 
     capacity = capacity_summary()
-    if strategy == "dp-primitives" and len(gpus) < DP_PRIMITIVES_MIN_GPUS:
-        errors += capacity_check_dp_primitives(capacity=capacity, gpus=gpus)
+    too_few = [r.message for r in refusals if r.rule == RULE_MIN_GPUS]
+    if too_few:
+        errors += capacity_check_min_gpus(capacity=capacity, spec=spec, refused=too_few[0])
     elif gpus:
         errors += capacity_check_gpu_ids(capacity=capacity, gpus=gpus)
     else:

@@ -7,35 +7,8 @@ from typing import Any
 from django import forms
 from django.core import validators
 
-from dashboard.experiments.models import PROCESS_STRATEGIES, Experiment, Strategy, ZeroStage
-
-STRATEGY_HELP: dict[str, str] = {
-    "single": "One process on one device: a GPU when you pick one, else the CPU.",
-    "dp": (
-        "DataParallel: one process splits each batch across the chosen GPUs and gathers the "
-        "results on the first; without GPUs it runs as a plain single CPU process."
-    ),
-    "ddp": (
-        "DistributedDataParallel: one process per rank (torchrun), each on its own shard of the "
-        "data, gradients averaged by all-reduce (NCCL on GPUs, Gloo on CPU)."
-    ),
-    "dp-primitives": (
-        "DataParallel built by hand from replicate, scatter, parallel_apply and gather: shows "
-        "what nn.DataParallel does each step; needs 2 or more GPUs on one machine."
-    ),
-    "model-parallel": (
-        "The model cut in two stages on different devices (0, 1 or 2 GPUs, the rest on the "
-        "CPU), activations passed between them: for models too big for one device."
-    ),
-    "hogwild": (
-        "Hogwild: CPU processes train one model held in shared memory, each on its own shard, "
-        "updating it without locks; cheap parallelism on many cores."
-    ),
-    "deepspeed": (
-        "DeepSpeed ZeRO under torchrun: like DDP, but optimizer state (stage 1) and gradients "
-        "(stage 2) are split across ranks to save memory; Gloo on CPU, NCCL on GPUs."
-    ),
-}
+from dashboard.experiments.models import Experiment, Strategy, ZeroStage
+from training.registry import RULE_PER_GPU, strategy_get, strategy_refusals
 
 LIMITS = {
     "epochs": (1, 1000),
@@ -143,6 +116,7 @@ class ExperimentForm(forms.ModelForm):
         strategy, gpus = data.get("strategy"), data.get("gpus", [])
         if strategy is None or self.errors:
             return data
+        spec = strategy_get(strategy)
         # Fields a strategy does not read are normalised, not refused: the form keeps them
         # (dimmed or hidden) while the user switches strategies.
         data["zero_stage"] = (
@@ -150,23 +124,19 @@ class ExperimentForm(forms.ModelForm):
             if strategy == Strategy.DEEPSPEED
             else None
         )
-        if strategy not in PROCESS_STRATEGIES:
+        if not spec.processes:
             data["processes"] = 1
         elif data.get("processes") is None:
             data["processes"] = len(gpus) if gpus else DEFAULT_CPU_PROCESSES
-        elif gpus and strategy != Strategy.HOGWILD and data["processes"] != len(gpus):
-            label = Strategy(strategy).label
-            self.add_error(
-                "processes",
-                f"with GPUs, {label} runs one process per GPU: {len(gpus)} for {gpus}",
-            )
-            return data
+        # Processes that do not match the GPUs are refused on the processes field, where the fix is.
+        for refusal in strategy_refusals(strategy, processes=data["processes"], gpus=gpus):
+            if refusal.rule == RULE_PER_GPU:
+                self.add_error("processes", refusal.message)
+                return data
         # A strategy that cannot run without GPUs is refused on the GPU field, where the fix is.
-        needs_gpus = gpus or strategy == Strategy.DP_PRIMITIVES
-        for message in capacity_check(
-            strategy=strategy, processes=data.get("processes", 1), gpus=gpus
-        ):
+        needs_gpus = gpus or spec.min_gpus
+        for message in capacity_check(strategy=strategy, processes=data["processes"], gpus=gpus):
             self.add_error("gpus" if needs_gpus else "processes", message)
         if not data.get("name"):
-            data["name"] = f"{Strategy(strategy).label} on {data.get('dataset', 'mnist')}"
+            data["name"] = f"{spec.label} on {data.get('dataset', 'mnist')}"
         return data

@@ -6,6 +6,8 @@ from django.conf import settings
 from django.db import models
 from django.urls import reverse
 
+from training.registry import MULTIPROCESS_STRATEGIES, REGISTRY
+
 
 class Status(models.TextChoices):
     QUEUED = "queued"
@@ -24,18 +26,16 @@ class Dataset(models.TextChoices):
     FASHION_MNIST = "fashion-mnist", "Fashion-MNIST"
 
 
-class Strategy(models.TextChoices):
-    SINGLE = "single", "Single device"
-    DP = "dp", "DataParallel"
-    DDP = "ddp", "DistributedDataParallel"
-    DP_PRIMITIVES = "dp-primitives", "DataParallel primitives"
-    MODEL_PARALLEL = "model-parallel", "Model parallel"
-    HOGWILD = "hogwild", "Hogwild"
-    DEEPSPEED = "deepspeed", "DeepSpeed ZeRO"
-
+# One member per entry of training/registry.py (DDP = "ddp", "DistributedDataParallel"; ...).
+# Migrations record the choices: a new entry there wants `manage.py makemigrations` (state only,
+# no change to the table).
+Strategy = models.TextChoices(
+    "Strategy",
+    [(spec.name.upper().replace("-", "_"), (spec.name, spec.label)) for spec in REGISTRY],
+)
 
 # Strategies that start several processes and take `processes` (the others run one process).
-PROCESS_STRATEGIES = (Strategy.DDP, Strategy.HOGWILD, Strategy.DEEPSPEED)
+PROCESS_STRATEGIES = MULTIPROCESS_STRATEGIES
 
 
 class ZeroStage(models.IntegerChoices):

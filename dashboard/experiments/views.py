@@ -16,7 +16,7 @@ from dashboard.experiments.checkpoints import (
     checkpoint_file_response,
     checkpoint_where_text,
 )
-from dashboard.experiments.forms import FIELDS, STRATEGY_HELP, ExperimentForm
+from dashboard.experiments.forms import FIELDS, ExperimentForm
 from dashboard.experiments.limits import LaunchLimited
 from dashboard.experiments.models import PROCESS_STRATEGIES, Experiment, Status, Strategy
 from dashboard.experiments.run_facts import checkpoint_rows, rank_rows, run_facts_rows
@@ -34,6 +34,7 @@ from dashboard.experiments.services import (
     experiment_snapshot_build,
     experiments_visible_to,
 )
+from training.registry import REGISTRY, STRATEGIES
 
 # The detail page embeds the stored curve so that it draws before the socket opens; the log box
 # shows only the tail.
@@ -42,16 +43,12 @@ DETAIL_LOG_LINES = 200
 LIST_LIMIT = 500
 # What a launch post carries besides the form's own fields.
 FORM_POST_EXTRA_KEYS = frozenset({"csrfmiddlewaretoken", "clone"})
-# The list's strategy column is narrow: short names, the full one as a tooltip.
-STRATEGY_SHORT = {
-    Strategy.SINGLE: "Single",
-    Strategy.DP: "DP",
-    Strategy.DDP: "DDP",
-    Strategy.DP_PRIMITIVES: "DP prim.",
-    Strategy.MODEL_PARALLEL: "MP",
-    Strategy.HOGWILD: "Hogwild",
-    Strategy.DEEPSPEED: "DeepSpeed",
-}
+
+
+def strategy_short(name: str) -> str:
+    """The name in the list's narrow column (the full one is its tooltip)."""
+    spec = STRATEGIES.get(name)
+    return spec.short if spec else name
 
 
 def format_duration(seconds: float | None) -> str:
@@ -83,7 +80,7 @@ def progress_percent(experiment: Experiment) -> float:
 def _row(experiment: Experiment) -> dict[str, Any]:
     return {
         "experiment": experiment,
-        "strategy_short": STRATEGY_SHORT.get(experiment.strategy, experiment.strategy),
+        "strategy_short": strategy_short(experiment.strategy),
         "progress": progress_percent(experiment),
         "accuracy": format_percent(experiment.test_accuracy),
         "duration": format_duration(experiment.duration_seconds),
@@ -96,10 +93,6 @@ def experiment_list(request: HttpRequest) -> HttpResponse:
         "rows": [_row(e) for e in experiments[:LIST_LIMIT]],
         "truncated": len(experiments) > LIST_LIMIT,
         "limit": LIST_LIMIT,
-        "strategy_labels": {
-            value: {"short": STRATEGY_SHORT.get(value, value), "label": label}
-            for value, label in Strategy.choices
-        },
         "show_owner": request.user.is_staff,
     }
     return render(request, "experiments/list.html", context)
@@ -156,11 +149,7 @@ def experiment_new(request: HttpRequest) -> HttpResponse:
     context = {
         "form": form,
         "source": source,
-        "strategy_help": [
-            {"value": value, "label": label, "help": STRATEGY_HELP.get(value, "")}
-            for value, label in Strategy.choices
-        ],
-        "ddp_value": str(Strategy.DDP),
+        "strategy_help": REGISTRY,
         "process_strategies": " ".join(str(value) for value in PROCESS_STRATEGIES),
         "deepspeed_value": str(Strategy.DEEPSPEED),
     }

@@ -10,30 +10,7 @@
   const pollMs = (Number(root.dataset.pollSeconds) || 5) * 1000;
   const SHM_LOW_BYTES = 1024 ** 3;
 
-  function el(tag, attrs, children) {
-    const node = document.createElement(tag);
-    for (const [key, value] of Object.entries(attrs || {})) {
-      if (key === "class") node.className = value;
-      else node.setAttribute(key, value);
-    }
-    for (const child of [].concat(children ?? [])) {
-      if (child === null || child === undefined || child === false) continue;
-      node.append(child instanceof Node ? child : String(child));
-    }
-    return node;
-  }
-
-  function bytesText(value) {
-    if (value === null || value === undefined) return "?";
-    let amount = Number(value);
-    const units = ["B", "KiB", "MiB", "GiB", "TiB"];
-    for (const unit of units) {
-      if (Math.abs(amount) < 1024 || unit === "TiB") {
-        return unit === "B" ? `${amount.toFixed(0)} ${unit}` : `${amount.toFixed(1)} ${unit}`;
-      }
-      amount /= 1024;
-    }
-  }
+  const { el, bytesText } = window.Trainyard;
 
   function yesNo(value) {
     return value ? "yes" : "no";

@@ -6,15 +6,11 @@
   const root = document.getElementById("experiment-detail");
   if (!root) return;
 
-  const FINAL = new Set(["succeeded", "failed", "cancelled"]);
-  const ACTIVE = new Set(["queued", "running"]);
-  const STATUS_LABELS = {
-    queued: "Queued",
-    running: "Running",
-    succeeded: "Succeeded",
-    failed: "Failed",
-    cancelled: "Cancelled",
-  };
+  const { isNum, setText, formatDuration, formatPercent, csrfToken, statusLabel, facts } =
+    window.Trainyard;
+  // From the model's statuses (sent in the page): a lost run is neither, it may be queued again.
+  const FINAL = new Set(facts.final_statuses);
+  const ACTIVE = new Set(facts.active_statuses);
   const MAX_LOG_LINES = 500;
   const BACKOFF_MIN_MS = 1000;
   const BACKOFF_MAX_MS = 30000;
@@ -37,20 +33,6 @@
 
   // ---- formatting --------------------------------------------------------------------------
 
-  function formatDuration(seconds) {
-    if (seconds === null || seconds === undefined || isNaN(seconds)) return "—";
-    const total = Math.max(0, Math.floor(seconds));
-    const h = Math.floor(total / 3600);
-    const m = Math.floor((total % 3600) / 60);
-    const s = total % 60;
-    const pad = (n) => String(n).padStart(2, "0");
-    if (h) return h + "h " + pad(m) + "m";
-    if (m) return m + "m " + pad(s) + "s";
-    return s + "s";
-  }
-
-  const isNum = (v) => typeof v === "number" && isFinite(v);
-  const formatPercent = (f) => (isNum(f) ? (f * 100).toFixed(2) + "%" : "—");
   // A diverging run reaches losses like 1.6e11: fixed notation would overflow its box.
   const formatLoss = (v) =>
     !isNum(v) ? "—" : Math.abs(v) >= 1e5 ? v.toExponential(3) : v.toFixed(4);
@@ -72,10 +54,6 @@
     el.setAttribute("datetime", iso);
     setText(el, dateFormat.format(date));
     el.title = date.toString();
-  }
-
-  function setText(el, text) {
-    if (el && el.textContent !== String(text)) el.textContent = String(text);
   }
 
   // ---- charts --------------------------------------------------------------------------------
@@ -261,7 +239,7 @@
 
   function renderStatus(status) {
     const badge = $("status-badge");
-    setText(badge, STATUS_LABELS[status] || status);
+    setText(badge, statusLabel(status));
     badge.className = "badge status-" + status;
     const fill = $("progress-bar").firstElementChild;
     fill.className = "status-" + status;
@@ -611,13 +589,6 @@
   document.addEventListener("visibilitychange", retrySoon);
 
   // ---- stop ----------------------------------------------------------------------------------
-
-  function csrfToken() {
-    const match = document.cookie.match(/(?:^|;\s*)csrftoken=([^;]+)/);
-    if (match) return decodeURIComponent(match[1]);
-    const input = document.querySelector('input[name="csrfmiddlewaretoken"]');
-    return input ? input.value : "";
-  }
 
   function markStopping() {
     stopping = true;

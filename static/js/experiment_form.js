@@ -10,9 +10,10 @@
   const helpList = document.getElementById("strategy-help");
   const processesField = form.querySelector(".ddp-only");
   const zeroStageField = form.querySelector(".deepspeed-only");
-  const processStrategies = new Set(
-    (form.dataset.processStrategies || form.dataset.ddpValue || "ddp").split(" ")
-  );
+  // Attributes through getAttribute: `form.dataset` is the form's "dataset" field, not its data-*.
+  // The strategies that take a process count (training/registry.py), written by the server.
+  const processStrategies = new Set((form.getAttribute("data-process-strategies") || "").split(" "));
+  const deepspeedValue = form.getAttribute("data-deepspeed-value");
   if (!strategy) return;
 
   function sync() {
@@ -38,7 +39,7 @@
   function syncZeroStage() {
     if (!zeroStageField) return;
     // Hidden, not dimmed: no other strategy has anything like it.
-    zeroStageField.hidden = strategy.value !== (form.dataset.deepspeedValue || "deepspeed");
+    zeroStageField.hidden = strategy.value !== deepspeedValue;
   }
 
   strategy.addEventListener("change", syncZeroStage);

@@ -16,37 +16,12 @@
   const liveNote = document.getElementById("list-live-status");
   const template = document.getElementById("experiment-row-template");
   const compareForm = document.getElementById("compare-form");
-  const labelsEl = document.getElementById("strategy-labels");
-  const strategyLabels = labelsEl ? JSON.parse(labelsEl.textContent) : {};
-
-  const STATUS_LABELS = {
-    queued: "Queued",
-    running: "Running",
-    succeeded: "Succeeded",
-    failed: "Failed",
-    cancelled: "Cancelled",
-  };
+  const { setText, formatDuration, formatPercent, statusLabel, strategy } = window.Trainyard;
 
   let timer = null;
   let inFlight = null;
   let failures = 0;
   let stopped = false;
-
-  function formatDuration(seconds) {
-    if (seconds === null || seconds === undefined) return "—";
-    const total = Math.max(0, Math.floor(seconds));
-    const h = Math.floor(total / 3600);
-    const m = Math.floor((total % 3600) / 60);
-    const s = total % 60;
-    const pad = (n) => String(n).padStart(2, "0");
-    if (h) return h + "h " + pad(m) + "m";
-    if (m) return m + "m " + pad(s) + "s";
-    return s + "s";
-  }
-
-  function formatPercent(fraction) {
-    return fraction === null || fraction === undefined ? "—" : (fraction * 100).toFixed(2) + "%";
-  }
 
   // "Dec 2, 11:51" this year, "Dec 2, 2025, 11:51" before.
   const thisYear = new Date().getFullYear();
@@ -67,25 +42,10 @@
     el.title = date.toString();
   }
 
-  // Strategies that start several processes (Experiment.devices_label says the same).
-  const PROCESS_STRATEGIES = new Set(["ddp", "hogwild", "deepspeed"]);
-
-  function devicesLabel(e) {
-    if (e.gpus && e.gpus.length) return "GPU " + e.gpus.join(",");
-    if (PROCESS_STRATEGIES.has(e.strategy)) {
-      return e.processes + " CPU process" + (e.processes === 1 ? "" : "es");
-    }
-    return "CPU";
-  }
-
   function progressOf(e) {
     if (e.status === "succeeded") return 100;
     if (!e.total_steps) return 0;
     return Math.min(100, Math.round((1000 * e.step) / e.total_steps) / 10);
-  }
-
-  function setText(el, text) {
-    if (el && el.textContent !== text) el.textContent = text;
   }
 
   function field(row, name) {
@@ -102,13 +62,14 @@
     const badge = field(row, "status");
     const badgeClass = "badge status-" + e.status;
     if (badge.className !== badgeClass) badge.className = badgeClass;
-    setText(badge, STATUS_LABELS[e.status] || e.status);
+    setText(badge, statusLabel(e.status));
 
-    const strategy = strategyLabels[e.strategy] || { short: e.strategy, label: e.strategy };
+    const facts = strategy(e.strategy);
     const abbr = field(row, "strategy");
-    setText(abbr, strategy.short);
-    if (abbr.title !== strategy.label) abbr.title = strategy.label;
-    setText(field(row, "devices"), devicesLabel(e));
+    setText(abbr, facts.short);
+    if (abbr.title !== facts.label) abbr.title = facts.label;
+    // Written by the server (Experiment.devices_label), as in the rows it rendered.
+    setText(field(row, "devices"), e.devices_label || "");
 
     const pct = progressOf(e);
     const bar = field(row, "progress");

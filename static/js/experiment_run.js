@@ -8,43 +8,13 @@
   const root = document.getElementById("experiment-detail");
   if (!root) return;
   const $ = (id) => document.getElementById(id);
-  const isNum = (v) => typeof v === "number" && isFinite(v);
-  const PROCESS_STRATEGIES = new Set(["ddp", "hogwild", "deepspeed"]);
+  const { isNum, setText, bytesText, csrfToken, el, strategy } = window.Trainyard;
 
   // ---- formatting (the same text as dashboard/experiments/views.py and scaling.py) ---------
 
-  function bytesText(value) {
-    if (!isNum(value)) return "?";
-    let amount = value;
-    for (const unit of ["B", "KiB", "MiB", "GiB", "TiB"]) {
-      if (Math.abs(amount) < 1024 || unit === "TiB") {
-        return unit === "B" ? amount.toFixed(0) + " B" : amount.toFixed(1) + " " + unit;
-      }
-      amount /= 1024;
-    }
-    return "?";
-  }
   const whole = (v) => Math.round(v).toLocaleString("en-US");
   const throughputText = (v) => (isNum(v) ? whole(v) + " img/s" : "—");
   const secondsText = (v) => (isNum(v) ? v.toFixed(2) + " s" : "—");
-
-  function el(tag, attrs, children) {
-    const node = document.createElement(tag);
-    for (const [key, value] of Object.entries(attrs || {})) {
-      if (key === "class") node.className = value;
-      else if (key === "style") node.style.cssText = value;
-      else node.setAttribute(key, value);
-    }
-    for (const child of [].concat(children ?? [])) {
-      if (child === null || child === undefined || child === false) continue;
-      node.append(child instanceof Node ? child : String(child));
-    }
-    return node;
-  }
-
-  function setText(node, text) {
-    if (node && node.textContent !== String(text)) node.textContent = String(text);
-  }
 
   function show(tableId, emptyId, any) {
     $(tableId).hidden = !any;
@@ -244,13 +214,6 @@
     checkpointButton.textContent = checkpoint.pending ? "Checkpoint requested…" : "Checkpoint now";
   }
 
-  function csrfToken() {
-    const match = document.cookie.match(/(?:^|;\s*)csrftoken=([^;]+)/);
-    if (match) return decodeURIComponent(match[1]);
-    const input = document.querySelector('input[name="csrfmiddlewaretoken"]');
-    return input ? input.value : "";
-  }
-
   async function checkpointRequest() {
     checkpoint.pending = true;
     renderCheckpointButton();
@@ -327,7 +290,7 @@
     renderStages(msg.stages);
     if (scaling.info) {
       // Only process strategies count processes; the others count devices (scaling.py).
-      if (isNum(msg.world_size) && PROCESS_STRATEGIES.has(scaling.info.strategy)) {
+      if (isNum(msg.world_size) && strategy(scaling.info.strategy).processes) {
         scaling.info.world_size = msg.world_size;
       }
       if (isNum(msg.global_batch_size)) scaling.info.global_batch = msg.global_batch_size;

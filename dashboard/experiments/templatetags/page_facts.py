@@ -1,0 +1,48 @@
+"""``{% page_facts %}``: the facts every page script reads, sent once in the page as JSON.
+
+The strategies come from training/registry.py, the status labels from the model's choices and
+which statuses are final from transitions.py, so static/js keeps no copy of any of them
+(static/js/common.js reads them as ``Trainyard.facts``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import template
+from django.utils.html import json_script
+from django.utils.safestring import SafeString
+
+from dashboard.experiments.models import ACTIVE_STATUSES, Status
+from dashboard.experiments.transitions import NEXT
+from training.registry import REGISTRY
+
+register = template.Library()
+
+PAGE_FACTS_ID = "page-facts"
+
+
+def page_facts_build() -> dict[str, Any]:
+    return {
+        "strategies": {
+            spec.name: {
+                "label": spec.label,
+                "short": spec.short,
+                "processes": spec.processes,
+                "torchrun": spec.torchrun,
+                "cpu_only": spec.cpu_only,
+                "min_gpus": spec.min_gpus,
+                "max_gpus": spec.max_gpus,
+            }
+            for spec in REGISTRY
+        },
+        "statuses": dict(Status.choices),
+        "active_statuses": [str(status) for status in ACTIVE_STATUSES],
+        # Statuses no transition leaves: the page stops listening there.
+        "final_statuses": [str(status) for status, after in NEXT.items() if not after],
+    }
+
+
+@register.simple_tag
+def page_facts() -> SafeString:
+    return json_script(page_facts_build(), PAGE_FACTS_ID)
