@@ -1,0 +1,164 @@
+"""The `trainyard` command: its config and parsing here, then end to end against the real stack
+(login, launch --watch to the end with a progress bar, stop, logs, metrics CSV, exit codes)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+import stat
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.stack import ROOT, Stack, wait_for
+from trainyard_client import cli
+from trainyard_client.commands import gpus_parse
+from trainyard_client.config import ConfigError, config_save, profile_resolve
+from trainyard_client.watch import Resync, Watch, message_take
+
+TRAINYARD = Path(sys.executable).parent / "trainyard"
+
+
+@pytest.fixture
+def config_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path))
+    for name in ("TRAINYARD_URL", "TRAINYARD_TOKEN", "TRAINYARD_CONFIG"):
+        monkeypatch.delenv(name, raising=False)
+    return tmp_path
+
+
+def test_config_is_private_and_flags_beat_env_beat_file(
+    config_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = config_save(url="http://saved:1", token="ty_saved")
+    assert path == config_home / "trainyard" / "config.json"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert profile_resolve(url=None, token=None).url == "http://saved:1"
+    monkeypatch.setenv("TRAINYARD_URL", "http://env:2/")
+    monkeypatch.setenv("TRAINYARD_TOKEN", "ty_env")
+    assert profile_resolve(url=None, token=None) == profile_resolve(url="http://env:2", token=None)
+    assert profile_resolve(url=None, token=None).token == "ty_env"
+    assert profile_resolve(url="http://flag:3", token="ty_flag").url == "http://flag:3"
+    path.unlink()
+    monkeypatch.delenv("TRAINYARD_TOKEN")
+    with pytest.raises(ConfigError, match="no token"):
+        profile_resolve(url=None, token=None)
+
+
+def test_without_a_server_it_says_how_to_log_in(
+    config_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["list"]) == 2
+    assert "trainyard login URL" in capsys.readouterr().err
+
+
+def test_gpu_ids_and_watch_sequence() -> None:
+    assert gpus_parse("0, 1") == [0, 1] and gpus_parse("") == [] and gpus_parse("x") == ["x"]
+    watch = Watch(pk=1, stream=io.StringIO(), seq=5)
+    message_take(watch, {"type": "status", "status": "running", "seq": 4})  # old: dropped
+    message_take(watch, {"type": "status", "status": "running", "seq": 6})
+    assert watch.seq == 6 and watch.status == "running"
+    with pytest.raises(Resync):
+        message_take(watch, {"type": "step", "seq": 9, "step": 3})
+
+
+# --- end to end, against Redis, daphne and a Celery worker --------------------------------------
+
+
+def trainyard(
+    stack: Stack, *args: str, home: Path, env: dict[str, str] | None = None, stdin: str = ""
+) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(  # noqa: S603
+        [str(TRAINYARD), *args],
+        cwd=ROOT,
+        env={**os.environ, "XDG_CONFIG_HOME": str(home), **(env or {})},
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+    )
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(400)
+def test_login_launch_watch_logs_and_metrics(stack: Stack, tmp_path: Path) -> None:
+    login = trainyard(
+        stack,
+        "login",
+        stack.base_url,
+        "--username",
+        "alice",
+        "--password-stdin",
+        home=tmp_path,
+        stdin=stack.passwords["alice"] + "\n",
+    )
+    assert login.returncode == 0, login.stderr
+    config = tmp_path / "trainyard" / "config.json"
+    assert stat.S_IMODE(config.stat().st_mode) == 0o600
+
+    run = trainyard(
+        stack, "launch", "--strategy", "ddp", "--nproc", "2", "--epochs", "1", "--watch",
+        home=tmp_path,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr + stack.diagnostics()
+    # tqdm's bar, with the epoch, the loss and the accuracy after the epoch's evaluation.
+    assert "100%|" in run.stderr and "epoch 1/1" in run.stderr, run.stderr
+    assert "loss=" in run.stderr and "acc=" in run.stderr, run.stderr
+    assert "succeeded, test accuracy" in run.stdout
+    pk = int(run.stderr.split("run #", 1)[1].split(" ", 1)[0])
+
+    listed = trainyard(stack, "list", home=tmp_path)
+    assert listed.returncode == 0 and f"{pk:>6}  succeeded" in listed.stdout, listed.stdout
+    metrics = trainyard(stack, "metrics", str(pk), "--format", "csv", home=tmp_path)
+    rows = list(csv.DictReader(io.StringIO(metrics.stdout)))
+    assert metrics.returncode == 0 and rows, metrics.stderr
+    assert {"step", "epoch", "train_loss", "test_accuracy"} <= set(rows[0])
+    assert any(row["test_accuracy"] for row in rows) and float(rows[-1]["step"]) > 0
+    logs = trainyard(stack, "logs", str(pk), "--rank", "0", "--follow", home=tmp_path)
+    assert logs.returncode == 0 and logs.stdout.strip(), logs.stderr
+    again = trainyard(stack, "watch", str(pk), home=tmp_path)
+    assert again.returncode == 0 and "succeeded" in again.stdout
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(300)
+def test_a_stopped_run_exits_non_zero_and_bad_input_says_why(stack: Stack, tmp_path: Path) -> None:
+    key = stack.manage("create_token", "alice").strip()
+    flags = ["--url", stack.base_url, "--token", key]
+    launched = trainyard(
+        stack, *flags, "launch", "--strategy", "ddp", "--epochs", "20", home=tmp_path
+    )
+    assert launched.returncode == 0, launched.stderr
+    pk = int(launched.stdout)
+    env = {**os.environ, "XDG_CONFIG_HOME": str(tmp_path)}
+    env.update(TRAINYARD_URL=stack.base_url, TRAINYARD_TOKEN=key)
+    watcher = subprocess.Popen(  # noqa: S603
+        [str(TRAINYARD), "watch", str(pk)], env=env, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        wait_for(
+            lambda: stack.experiment_row(pk)["status"] == "running",
+            timeout=120,
+            what="the run to start",
+        )
+        time.sleep(1)
+        stopped = trainyard(stack, "stop", str(pk), home=tmp_path, env=env)
+        assert stopped.returncode == 0, stopped.stderr
+        _, err = watcher.communicate(timeout=60)
+    finally:
+        watcher.kill()
+    assert watcher.returncode == 3, err
+    assert f"run #{pk} cancelled" in err and "alice" in err
+
+    bad = trainyard(stack, "launch", "--epochs", "0", "--nproc", "2", home=tmp_path, env=env)
+    assert bad.returncode == 2
+    assert "invalid experiment" in bad.stderr
+    assert "epochs: Ensure this value is greater than or equal to 1." in bad.stderr
+    wrong = trainyard(stack, "list", home=tmp_path, env={**env, "TRAINYARD_TOKEN": "ty_nope"})
+    assert wrong.returncode == 5 and "invalid or revoked API token" in wrong.stderr

@@ -1,0 +1,113 @@
+"""The command line of `trainyard` (a console script of the trainyard package)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+
+from trainyard_client import commands
+from trainyard_client.api import ApiError
+from trainyard_client.config import ConfigError
+
+EPILOG = """\
+exit codes: 0 the run succeeded (or the command did what it asked), 1 the run failed,
+2 bad input, 3 the run was cancelled, 4 it was lost, 5 the server refused or is unreachable.
+The server and token come from --url/--token, else TRAINYARD_URL/TRAINYARD_TOKEN, else the
+file `trainyard login` writes."""
+
+
+def _connection_flags(parser: argparse.ArgumentParser, *, default: object) -> None:
+    # On the main parser and on each subcommand, so that `trainyard --url U list` and
+    # `trainyard list --url U` both work (SUPPRESS keeps a subcommand from erasing the first).
+    parser.add_argument("--url", default=default, help="the server, e.g. http://127.0.0.1:8000")
+    parser.add_argument("--token", default=default, help="an API token (see the Tokens page)")
+
+
+def _launch_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
+    launch = sub.add_parser("launch", help="launch a run (the New run form's fields)")
+    launch.add_argument("--name")
+    launch.add_argument("--dataset", help="mnist or fashion-mnist")
+    launch.add_argument("--strategy", help="single, dp, ddp, dp-primitives, model-parallel, ...")
+    launch.add_argument(
+        "--nproc", "--processes", dest="nproc", type=int, help="processes (ddp, hogwild, ...)"
+    )
+    launch.add_argument("--gpus", help="GPU ids such as 0,1; none for the CPU")
+    launch.add_argument("--epochs", type=int)
+    launch.add_argument("--batch-size", type=int)
+    launch.add_argument("--lr", type=float)
+    launch.add_argument("--optimizer", help="adam or sgd")
+    launch.add_argument("--seed", type=int)
+    launch.add_argument("--zero-stage", type=int, help="DeepSpeed's ZeRO stage, 1 or 2")
+    launch.add_argument("--watch", action="store_true", help="follow it to the end")
+    launch.add_argument("--logs", action="store_true", help="with --watch: print its log too")
+    launch.set_defaults(handler=commands.cmd_launch)
+    return launch
+
+
+def _run_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser]:
+    watch = sub.add_parser("watch", help="follow a run live until it ends")
+    watch.add_argument("id", type=int)
+    watch.add_argument("--logs", action="store_true", help="print its log lines too")
+    watch.set_defaults(handler=commands.cmd_watch)
+    stop = sub.add_parser("stop", help="stop a run")
+    stop.add_argument("id", type=int)
+    stop.set_defaults(handler=commands.cmd_stop)
+    logs = sub.add_parser("logs", help="a run's log lines")
+    logs.add_argument("id", type=int)
+    logs.add_argument("--follow", "-f", action="store_true", help="keep printing until it ends")
+    logs.add_argument("--rank", type=int, help="one rank's lines")
+    logs.set_defaults(handler=commands.cmd_logs)
+    metrics = sub.add_parser("metrics", help="a run's metric points")
+    metrics.add_argument("id", type=int)
+    metrics.add_argument("--format", choices=("csv", "json"), default="csv")
+    metrics.set_defaults(handler=commands.cmd_metrics)
+    listing = sub.add_parser("list", help="your runs, newest first")
+    listing.add_argument("--format", choices=("table", "json"), default="table")
+    listing.set_defaults(handler=commands.cmd_list)
+    return [watch, stop, logs, metrics, listing]
+
+
+def parser_build() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="trainyard",
+        description="Launch, watch and stop Trainyard training runs.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    _connection_flags(parser, default=None)
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    login = sub.add_parser("login", help="save a server URL and a token for later commands")
+    login.add_argument("server", metavar="URL")
+    login.add_argument(
+        "--token",
+        default=argparse.SUPPRESS,
+        help="use this token instead of asking for a username and password",
+    )
+    login.add_argument("--username")
+    login.add_argument("--password-stdin", action="store_true", help="read the password from stdin")
+    login.add_argument("--name", default="trainyard CLI", help="the new token's name")
+    login.set_defaults(handler=commands.cmd_login)
+    for command in (_launch_parser(sub), *_run_parsers(sub)):
+        _connection_flags(command, default=argparse.SUPPRESS)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser_build().parse_args(argv)
+    try:
+        code: int = args.handler(args)
+    except ConfigError as exc:
+        return commands.fail(str(exc), commands.EXIT_USAGE)
+    except ApiError as exc:
+        bad_input = exc.status in {400, 413}
+        return commands.fail(
+            "\n".join(exc.lines()), commands.EXIT_USAGE if bad_input else commands.EXIT_ERROR
+        )
+    except KeyboardInterrupt:
+        return commands.fail("interrupted", commands.EXIT_INTERRUPTED)
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
