@@ -108,6 +108,35 @@ def test_sink_keeps_the_started_event_with_its_tensors(
     assert snapshot["rank_stats"] == {} and snapshot["checkpoints"] == []
 
 
+def test_messages_carry_the_texts_the_page_shows(
+    user_factory: Any, experiment_factory: Any
+) -> None:
+    """The page's script places these as they are: the texts are written once, here."""
+    experiment = experiment_factory(owner=user_factory(), status="running")
+    sink = EventSink(experiment)
+    started = sink.add({"type": "started", "shared_tensors": TENSORS, "stages": STAGES})
+    step = sink.add({"type": "step", "epoch": 1, "step": 20, "time": 2.0, "ranks": RANKS})
+    bare = sink.add({"type": "step", "epoch": 1, "step": 30, "time": 3.0})
+    sink.flush()
+    shared = "3.0 MiB in shared memory: one copy, shared by every process."
+    assert started["texts"]["shared_total_text"] == shared
+    assert started["texts"]["shared_tensors"][0]["shape_text"] == "4000 × 28 × 28"
+    [rank0, rank1] = step["texts"]["ranks"]
+    assert rank0["split_text"] == "25% waiting for data, 75% computing"
+    assert (rank1["ips_text"], rank1["data_text"], rank1["rss_text"]) == (
+        "398",
+        "0.50 s",
+        "310.0 MiB",
+    )
+    assert "texts" not in bare  # no figures: the panel keeps the last ones
+    experiment.refresh_from_db()
+    snapshot = experiment_snapshot_build(experiment=experiment, log_lines=10)
+    assert snapshot["texts"]["shared_total_text"] == shared
+    assert [r["split_text"] for r in snapshot["texts"]["ranks"]] == [
+        r["split_text"] for r in step["texts"]["ranks"]
+    ]
+
+
 def test_run_page_shows_tensors_stages_and_ranks(
     user_factory: Any, experiment_factory: Any
 ) -> None:

@@ -12,20 +12,9 @@ from django.utils import timezone
 from dashboard.api import api_view
 from dashboard.devices.facts import SHM_LOW_BYTES
 from dashboard.devices.models import WorkerMachine
+from dashboard.texts import bytes_text
 
 POLL_SECONDS = 5
-
-
-def bytes_text(value: int | float | None) -> str:
-    """Binary units, the way /dev/shm and GPU memory are sized."""
-    if value is None:
-        return "?"
-    amount = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(amount) < 1024 or unit == "TiB":
-            return f"{amount:.0f} {unit}" if unit == "B" else f"{amount:.1f} {unit}"
-        amount /= 1024
-    raise AssertionError("unreachable")
 
 
 def machine_age_seconds(machine: WorkerMachine) -> int:

@@ -110,19 +110,29 @@ class LogMessage(LogBody, Numbered):
 # ---- the training's events, relayed ------------------------------------------------------------
 
 
+# ``texts``: the message's figures as the page shows them (run_facts.py writes them, the page
+# only places them): started {shared_tensors: rows with shape_text and bytes_text,
+# shared_total_text}; step and epoch {ranks: rows with ips_text, data_text, compute_text,
+# rss_text, split_text, data_percent, compute_percent}, when the event has per-rank figures;
+# checkpoint {size_text, kind_text}; the snapshot all of these, its checkpoints as rows.
+
+
 class StartedMessage(StartedFields, Numbered):
     type: Literal["started"]
     time: float
+    texts: dict[str, Any]
 
 
 class StepMessage(StepFields, Numbered):
     type: Literal["step"]
     time: float
+    texts: NotRequired[dict[str, Any]]
 
 
 class EpochMessage(EpochFields, Numbered):
     type: Literal["epoch"]
     time: float
+    texts: NotRequired[dict[str, Any]]
 
 
 class CheckpointMessage(CheckpointFields, Numbered):
@@ -132,6 +142,7 @@ class CheckpointMessage(CheckpointFields, Numbered):
     url: str  # the page's download link
     pruned: list[int]  # steps of older checkpoints whose files are gone
     log_text: str  # the run log's line for it, as stored
+    texts: dict[str, str]
 
 
 # ---- per-rank figures, as stored and as the snapshot sends them -------------------------------
@@ -168,6 +179,7 @@ class SnapshotMessage(TypedDict):
     rank_stats: dict[str, Any]  # a RankStats (below), or {} before the first step event
     checkpoints: list[dict[str, Any]]  # checkpoints.checkpoint_as_dict, in step order
     scaling: NotRequired[dict[str, Any]]  # embedded in the page only: scaling.py's facts
+    texts: dict[str, Any]  # run_facts.snapshot_texts: the panels' rows, formatted
 
 
 class ErrorMessage(TypedDict):

@@ -1,13 +1,17 @@
 """The run page's fact panels as text: per-rank figures, shared tensors, checkpoints.
 
-static/js/experiment_run.js renders the same from live events; keep the two in step.
+Written here only: the page renders them on the server (templates/experiments/_run_facts.html),
+and the messages that keep it live carry the same texts (``texts``: the snapshot, built in
+services.py, and the sink's step, epoch, started and checkpoint messages), so that
+static/js/experiment_run.js only places them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
-from dashboard.devices.views import bytes_text
+from dashboard.texts import bytes_text
 
 
 def split_text(data_share: float) -> str:
@@ -18,7 +22,7 @@ def _seconds_text(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f} s"
 
 
-def rank_rows(stats: dict[str, Any]) -> list[dict[str, Any]]:
+def rank_rows(stats: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Per-rank figures with the share of time spent waiting for data, for the stacked bar."""
     rows = []
     for rank in stats.get("ranks") or []:
@@ -41,31 +45,59 @@ def rank_rows(stats: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def run_facts_rows(facts: dict[str, Any]) -> dict[str, Any]:
-    """Shared tensors with their sizes as text, and the total of those really shared."""
-    tensors = []
-    for tensor in facts["shared_tensors"]:
+def tensor_rows(tensors: Any) -> list[dict[str, Any]]:
+    """Shared tensors with their shape and size as text (what the run reported, checked)."""
+    rows = []
+    for tensor in tensors if isinstance(tensors, list) else []:
+        if not isinstance(tensor, dict):
+            continue
         shape = tensor.get("shape")
-        tensors.append(
+        rows.append(
             {
                 **tensor,
                 "shape_text": " × ".join(str(n) for n in shape) if isinstance(shape, list) else "",
                 "bytes_text": bytes_text(tensor.get("bytes")),
             }
         )
+    return rows
+
+
+def shared_total_text(tensors: list[dict[str, Any]]) -> str:
+    """The total of the tensors really shared: one copy, whatever the number of processes."""
     shared = sum(
         t["bytes"] for t in tensors if t.get("is_shared") and isinstance(t.get("bytes"), int)
     )
+    return f"{bytes_text(shared)} in shared memory: one copy, shared by every process."
+
+
+def checkpoint_texts(checkpoint: dict[str, Any]) -> dict[str, str]:
+    size = checkpoint.get("size")
     return {
-        **facts,
-        "shared_tensors": tensors,
-        "shared_total_text": (
-            f"{bytes_text(shared)} in shared memory: one copy, shared by every process."
+        "size_text": bytes_text(size) if isinstance(size, int) else "?",
+        "kind_text": (
+            "on request, mid-epoch" if checkpoint.get("requested") is True else "end of epoch"
         ),
     }
 
 
 def checkpoint_rows(checkpoints: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [
-        {**c, "size_text": "?" if c["size"] is None else bytes_text(c["size"])} for c in checkpoints
-    ]
+    return [{**c, **checkpoint_texts(c)} for c in checkpoints]
+
+
+def snapshot_texts(
+    *, run: Mapping[str, Any], rank_stats: Mapping[str, Any], checkpoints: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The snapshot's ``texts``: its panels' rows, formatted (keyed as the live messages')."""
+    tensors = tensor_rows(run.get("shared_tensors"))
+    return {
+        "ranks": rank_rows(rank_stats),
+        "shared_tensors": tensors,
+        "shared_total_text": shared_total_text(tensors),
+        "checkpoints": checkpoint_rows(checkpoints),
+    }
+
+
+def started_texts(message: dict[str, Any]) -> dict[str, Any]:
+    """A ``started`` message's ``texts``: its shared tensors, formatted."""
+    tensors = tensor_rows(message.get("shared_tensors"))
+    return {"shared_tensors": tensors, "shared_total_text": shared_total_text(tensors)}

@@ -17,6 +17,7 @@ from dashboard.experiments.forms import FIELDS
 from dashboard.experiments.limits import launch_slot_claim
 from dashboard.experiments.messages import SnapshotMessage
 from dashboard.experiments.models import Experiment, Status
+from dashboard.experiments.run_facts import snapshot_texts
 from dashboard.experiments.tasks import run_experiment
 
 User = AbstractBaseUser | AnonymousUser
@@ -100,18 +101,21 @@ def experiment_snapshot_build(*, experiment: Experiment, log_lines: int) -> Snap
     """What a page needs to draw a run from scratch: the WebSocket's first message."""
     logs = [line.as_dict() for line in experiment.logs.order_by("-seq", "-id")[:log_lines]]
     logs.reverse()
+    run, rank_stats = experiment_run_facts(experiment), experiment.rank_stats or {}
+    checkpoints = [
+        checkpoint_as_dict(checkpoint=c, experiment=experiment)
+        for c in experiment.checkpoints.all()
+    ]
     return {
         "type": "snapshot",
         "seq": experiment.last_seq,
         "experiment": experiment_as_dict(experiment),
         "points": [p.as_dict() for p in experiment.points.all()],
         "logs": logs,
-        "run": experiment_run_facts(experiment),
-        "rank_stats": experiment.rank_stats or {},
-        "checkpoints": [
-            checkpoint_as_dict(checkpoint=c, experiment=experiment)
-            for c in experiment.checkpoints.all()
-        ],
+        "run": run,
+        "rank_stats": rank_stats,
+        "checkpoints": checkpoints,
+        "texts": snapshot_texts(run=run, rank_stats=rank_stats, checkpoints=checkpoints),
     }
 
 

@@ -29,6 +29,7 @@ from dashboard.experiments.messages import (
     RankStats,
 )
 from dashboard.experiments.models import Checkpoint, Experiment, LogLine, MetricPoint
+from dashboard.experiments.run_facts import checkpoint_texts, rank_rows, started_texts
 from training.protocol import Event
 
 log = logging.getLogger(__name__)
@@ -141,6 +142,7 @@ class EventSink:
         )
         for note in message.get("notes") or []:
             self._add_log({"seq": self.seq, "time": message.get("time"), "message": note})
+        message["texts"] = started_texts(message)
 
     def _log_store(self, message: dict[str, Any]) -> None:
         self._add_log(message, level=str(message.get("level", "info")))
@@ -150,6 +152,7 @@ class EventSink:
         # The page appends the same line live: the words are written here only.
         message["log_text"] = checkpoint_saved_text(message)
         self._add_log({**message, "message": message["log_text"]})
+        message["texts"] = checkpoint_texts(message)
 
     def _failed_store(self, message: dict[str, Any]) -> None:
         if message.get("traceback"):
@@ -176,6 +179,7 @@ class EventSink:
         stats = rank_stats_from_event(message)
         if stats is not None:
             self.updates["rank_stats"] = stats
+            message["texts"] = {"ranks": rank_rows(stats)}  # the page places them as they are
 
     def _add_checkpoint(self, message: dict[str, Any]) -> None:
         epoch, step, path = message.get("epoch"), message.get("step"), message.get("path")

@@ -19,7 +19,6 @@ from dashboard.experiments.checkpoints import (
 from dashboard.experiments.forms import FIELDS, ExperimentForm
 from dashboard.experiments.limits import LaunchLimited
 from dashboard.experiments.models import PROCESS_STRATEGIES, Experiment, Status, Strategy
-from dashboard.experiments.run_facts import checkpoint_rows, rank_rows, run_facts_rows
 from dashboard.experiments.scaling import (
     BASELINE_RULE,
     NO_BASELINE,
@@ -170,9 +169,10 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "experiment": experiment,
         "initial": initial,
         "logs": initial["logs"],
-        "facts": run_facts_rows(initial["run"]),
-        "rank_rows": rank_rows(initial["rank_stats"]),
-        "checkpoints": checkpoint_rows(initial["checkpoints"]),
+        # The snapshot's texts (run_facts.py), which the page's script places the same way.
+        "facts": {**initial["run"], **initial["texts"]},
+        "rank_rows": initial["texts"]["ranks"],
+        "checkpoints": initial["texts"]["checkpoints"],
         "scaling": scaling,
         "scaling_note": baseline_batch_note(scaling),
         "baseline_rule": BASELINE_RULE,

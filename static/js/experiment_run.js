@@ -8,13 +8,12 @@
   const root = document.getElementById("experiment-detail");
   if (!root) return;
   const $ = (id) => document.getElementById(id);
-  const { isNum, setText, bytesText, csrfToken, el, strategy } = window.Trainyard;
+  const { isNum, setText, csrfToken, el, strategy } = window.Trainyard;
 
-  // ---- formatting (the same text as dashboard/experiments/views.py and scaling.py) ---------
+  // ---- scaling's figures change with every step: formatted here as scaling.py does -----------
 
   const whole = (v) => Math.round(v).toLocaleString("en-US");
   const throughputText = (v) => (isNum(v) ? whole(v) + " img/s" : "—");
-  const secondsText = (v) => (isNum(v) ? v.toFixed(2) + " s" : "—");
 
   function show(tableId, emptyId, any) {
     $(tableId).hidden = !any;
@@ -60,77 +59,49 @@
 
   // ---- ranks ---------------------------------------------------------------------------------
 
+  // Rows as dashboard/experiments/run_facts.py wrote them (a message's `texts.ranks`).
   function rankRow(rank) {
-    const data = isNum(rank.data_seconds) ? rank.data_seconds : 0;
-    const compute = isNum(rank.compute_seconds) ? rank.compute_seconds : 0;
-    const total = data + compute;
-    const dataShare = total ? (100 * data) / total : 0;
-    const label = total
-      ? Math.round(dataShare) + "% waiting for data, " + Math.round(100 - dataShare) + "% computing"
-      : "no timing reported";
+    const label = rank.split_text || "";
     const bar = el("div", { class: "split-bar", role: "img", "aria-label": label, title: label }, [
-      el("span", { class: "data", style: "width: " + (total ? dataShare.toFixed(1) : 0) + "%" }),
-      el("span", { class: "compute", style: "width: " + (total ? (100 - dataShare).toFixed(1) : 0) + "%" }),
+      el("span", { class: "data", style: "width: " + (rank.data_percent || 0) + "%" }),
+      el("span", { class: "compute", style: "width: " + (rank.compute_percent || 0) + "%" }),
     ]);
     return el("tr", {}, [
       el("td", {}, String(rank.rank)),
-      el("td", { class: "num" }, isNum(rank.images_per_second) ? whole(rank.images_per_second) : "—"),
+      el("td", { class: "num" }, rank.ips_text ?? "—"),
       el("td", { class: "col-split" }, bar),
-      el("td", { class: "num" }, secondsText(rank.data_seconds)),
-      el("td", { class: "num" }, secondsText(rank.compute_seconds)),
-      el("td", { class: "num" }, isNum(rank.rss_bytes) ? bytesText(rank.rss_bytes) : "—"),
+      el("td", { class: "num" }, rank.data_text ?? "—"),
+      el("td", { class: "num" }, rank.compute_text ?? "—"),
+      el("td", { class: "num" }, rank.rss_text ?? "—"),
     ]);
   }
 
-  // The sink's shape ({step, ranks: [...]}) from an event as it arrives: ranks[], or rank 0's
-  // own fields when a one-process strategy sends no list.
-  function rankStatsOf(msg) {
-    let ranks = Array.isArray(msg.ranks) ? msg.ranks : null;
-    if (!ranks && (isNum(msg.data_seconds) || isNum(msg.compute_seconds) || isNum(msg.rss_bytes))) {
-      ranks = [{
-        rank: 0,
-        images_per_second: msg.images_per_second,
-        data_seconds: msg.data_seconds,
-        compute_seconds: msg.compute_seconds,
-        rss_bytes: msg.rss_bytes,
-      }];
-    }
-    if (!ranks) return null;
-    return {
-      step: msg.step,
-      ranks: ranks
-        .filter((r) => r && typeof r === "object")
-        .map((r, i) => Object.assign({}, r, { rank: Number.isInteger(r.rank) ? r.rank : i })),
-    };
-  }
-
-  function renderRanks(stats) {
-    const ranks = stats && Array.isArray(stats.ranks) ? stats.ranks : [];
-    $("ranks-body").replaceChildren(...ranks.map(rankRow));
-    show("ranks-table", "ranks-empty", ranks.length > 0);
-    setText($("ranks-when"), stats && isNum(stats.step) ? "at step " + stats.step : "");
+  function renderRanks(rows, step) {
+    rows = Array.isArray(rows) ? rows.filter((r) => r && typeof r === "object") : [];
+    $("ranks-body").replaceChildren(...rows.map(rankRow));
+    show("ranks-table", "ranks-empty", rows.length > 0);
+    setText($("ranks-when"), isNum(step) && rows.length ? "at step " + step : "");
   }
 
   // ---- shared tensors and stages ------------------------------------------------------------
 
-  function renderTensors(tensors) {
-    tensors = Array.isArray(tensors) ? tensors.filter((t) => t && typeof t === "object") : [];
+  // `texts` of a started message or the snapshot: {shared_tensors: rows, shared_total_text}.
+  function renderTensors(texts) {
+    const rows = texts && Array.isArray(texts.shared_tensors) ? texts.shared_tensors : [];
+    const tensors = rows.filter((t) => t && typeof t === "object");
     $("tensors-body").replaceChildren(...tensors.map((t) => el("tr", {}, [
       el("td", {}, t.name ?? ""),
       el("td", {}, t.dtype ?? ""),
-      el("td", {}, Array.isArray(t.shape) ? t.shape.join(" × ") : ""),
-      el("td", { class: "num", title: String(t.bytes ?? "") + " bytes" }, bytesText(t.bytes)),
+      el("td", {}, t.shape_text ?? ""),
+      el("td", { class: "num", title: String(t.bytes ?? "") + " bytes" }, t.bytes_text ?? "?"),
       el("td", {}, t.is_shared
         ? el("span", { class: "badge online" }, "shared")
         : el("span", { class: "badge warning" }, "not shared")),
     ])));
     show("tensors-table", "tensors-empty", tensors.length > 0);
-    const shared = tensors
-      .filter((t) => t.is_shared && isNum(t.bytes))
-      .reduce((sum, t) => sum + t.bytes, 0);
     const total = $("tensors-total");
     total.hidden = tensors.length === 0;
-    setText(total, bytesText(shared) + " in shared memory: one copy, shared by every process.");
+    setText(total, (texts && texts.shared_total_text) || "");
   }
 
   function renderStages(stages) {
@@ -159,8 +130,8 @@
     return el("tr", { "data-step": String(c.step) }, [
       el("td", {}, String(c.epoch)),
       el("td", { class: "num" }, isNum(c.step) ? String(c.step) : "—"),
-      el("td", {}, c.requested === true ? "on request, mid-epoch" : "end of epoch"),
-      el("td", { class: "num" }, isNum(c.size) ? bytesText(c.size) : "?"),
+      el("td", {}, c.kind_text ?? ""),
+      el("td", { class: "num" }, c.size_text ?? "?"),
       el("td", {}, file),
     ]);
   }
@@ -174,7 +145,7 @@
   function addCheckpoint(msg) {
     if (!isNum(msg.step) || typeof msg.url !== "string" || !msg.url.startsWith("/")) return;
     const body = $("checkpoints-body");
-    const row = checkpointRow(msg);
+    const row = checkpointRow(Object.assign({}, msg, msg.texts));
     const old = body.querySelector('tr[data-step="' + msg.step + '"]');
     if (old) old.replaceWith(row);
     else {
@@ -271,11 +242,11 @@
       addThroughput(p.test_accuracy === null || p.test_accuracy === undefined ? "step" : "epoch", p.images_per_second);
     }
     renderScaling();
-    const run = msg.run || {};
-    renderTensors(run.shared_tensors);
-    renderStages(run.stages);
-    renderRanks(msg.rank_stats);
-    renderCheckpoints(msg.checkpoints);
+    const texts = msg.texts || {};
+    renderTensors(texts);
+    renderStages((msg.run || {}).stages);
+    renderRanks(texts.ranks, (msg.rank_stats || {}).step);
+    renderCheckpoints(texts.checkpoints);
     if (msg.experiment) {
       // The row keeps a request until the training's checkpoint answers it.
       const was = checkpoint.pending;
@@ -286,7 +257,7 @@
   }
 
   function onStarted(msg) {
-    renderTensors(msg.shared_tensors);
+    renderTensors(msg.texts);
     renderStages(msg.stages);
     if (scaling.info) {
       // Only process strategies count processes; the others count devices (scaling.py).
@@ -301,8 +272,7 @@
   function onProgress(msg) {
     addThroughput(msg.type, msg.images_per_second);
     renderScaling();
-    const stats = rankStatsOf(msg);
-    if (stats) renderRanks(stats);
+    if (msg.texts && msg.texts.ranks) renderRanks(msg.texts.ranks, msg.step);
   }
 
   function onCheckpoint(msg) {

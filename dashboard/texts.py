@@ -1,0 +1,15 @@
+"""Numbers as people read them, for every page and message: written once, on the server."""
+
+from __future__ import annotations
+
+
+def bytes_text(value: int | float | None) -> str:
+    """Binary units, the way /dev/shm and GPU memory are sized."""
+    if value is None:
+        return "?"
+    amount = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(amount) < 1024 or unit == "TiB":
+            return f"{amount:.0f} {unit}" if unit == "B" else f"{amount:.1f} {unit}"
+        amount /= 1024
+    raise AssertionError("unreachable")
