@@ -48,6 +48,17 @@ class Optimizer(models.TextChoices):
     SGD = "sgd", "SGD"
 
 
+def _who_asked() -> models.ForeignKey:
+    """Who asked for something on a run (a Stop, a checkpoint); emptied if the user is deleted."""
+    return models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.SET_NULL,
+        null=True,
+        blank=True,
+        related_name="+",
+    )
+
+
 class Experiment(models.Model):
     name = models.CharField(max_length=200)
     owner = models.ForeignKey(
@@ -94,22 +105,10 @@ class Experiment(models.Model):
     rank_stats = models.JSONField(default=dict, blank=True, help_text="latest per-rank figures")
 
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
-    cancelled_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL,
-        on_delete=models.SET_NULL,
-        null=True,
-        blank=True,
-        related_name="+",
-    )
+    cancelled_by = _who_asked()
     # A checkpoint asked for and not yet passed on to the training (the supervisor clears it).
     checkpoint_requested_at = models.DateTimeField(null=True, blank=True)
-    checkpoint_requested_by = models.ForeignKey(
-        settings.AUTH_USER_MODEL,
-        on_delete=models.SET_NULL,
-        null=True,
-        blank=True,
-        related_name="+",
-    )
+    checkpoint_requested_by = _who_asked()
     launcher_pid = models.IntegerField(null=True, blank=True)
     heartbeat_at = models.DateTimeField(
         null=True, blank=True, help_text="last sign of life from the supervising task"

@@ -33,12 +33,21 @@ from dashboard.experiments.models import (
     Strategy,
 )
 from dashboard.experiments.services import experiments_visible_to
+from training.registry import REGISTRY
 
 # The compare page is one table: a handful of runs, not a report.
 COMPARE_MAX_RUNS = 20
 # Candidates looked at for a baseline before giving up: the newest ones only.
 BASELINE_CANDIDATES = 10
 NO_BASELINE = "no single baseline"
+# experiment_world_size below, in words; the strategies' names from the registry.
+WORLD_SIZE_RULE = (
+    "Efficiency: speedup ÷ world size, where world size counts processes ("
+    + ", ".join(spec.short for spec in REGISTRY if spec.processes)
+    + ") or GPUs ("
+    + ", ".join(spec.label for spec in REGISTRY if not spec.processes and spec.name != "single")
+    + "; 1 on the CPU)."
+)
 BASELINE_RULE = (
     "Baseline: the newest succeeded single-device run you can see with the same dataset, "
     "epochs, batch size per process and optimizer, on the same machine and the same kind of "

@@ -22,6 +22,7 @@ from dashboard.experiments.models import PROCESS_STRATEGIES, Experiment, Status,
 from dashboard.experiments.scaling import (
     BASELINE_RULE,
     NO_BASELINE,
+    WORLD_SIZE_RULE,
     baseline_batch_note,
     compare_ids_parse,
     comparison_build,
@@ -215,5 +216,6 @@ def experiment_compare(request: HttpRequest) -> HttpResponse:
         "ids": ids,
         "baseline_rule": BASELINE_RULE,
         "no_baseline": NO_BASELINE,
+        "world_size_rule": WORLD_SIZE_RULE,
     }
     return render(request, "experiments/compare.html", context)

@@ -40,6 +40,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from dashboard.management.commands.serve_redis import redis_binary, redis_listening
+from training.registry import strategy_get
 
 CHILD_ENV = "TRAINYARD_BENCH_OVERHEAD_CHILD"
 MODES = ("dashboard", "plain")
@@ -218,7 +219,7 @@ class Command(BaseCommand):
         worker = machine_name()
         self.stdout.write(
             f"bench_overhead: {options['strategy']}"
-            + (f" x{options['processes']}" if options["strategy"] in {"ddp", "hogwild"} else "")
+            + (f" x{options['processes']}" if strategy_get(options["strategy"]).processes else "")
             + f", {options['dataset']}, {options['epochs']} epoch(s), batch {options['batch_size']}"
             + (", dry run" if options["dry_run"] else "")
             + f"; A = dashboard supervisor (DB + channel layer at {settings.REDIS_URL}), "
@@ -256,14 +257,14 @@ class Command(BaseCommand):
         runner.training_command = dry
 
     def _experiment_make(self, *, user: Any, worker: str, options: dict[str, Any]) -> Any:
-        from dashboard.experiments.models import PROCESS_STRATEGIES, Experiment, ZeroStage
+        from dashboard.experiments.models import Experiment, ZeroStage
 
         strategy = options["strategy"]
         return Experiment.objects.create(
             owner=user,
             name="bench_overhead",
             strategy=strategy,
-            processes=options["processes"] if strategy in PROCESS_STRATEGIES else 1,
+            processes=options["processes"] if strategy_get(strategy).processes else 1,
             zero_stage=ZeroStage.ONE if strategy == "deepspeed" else None,
             dataset=options["dataset"],
             epochs=options["epochs"],
