@@ -377,3 +377,59 @@ def test_a_stopped_run_is_told_plainly_a_failed_one_in_red(client: Any, alice: A
     stopped_page = client.get(detail_url(stopped)).content.decode()
     assert 'class="alert warning" id="error-box"' in stopped_page
     assert 'class="alert error" id="error-box"' in client.get(detail_url(failed)).content.decode()
+
+
+def _embedded(html: str, element_id: str) -> Any:
+    opening = f'id="{element_id}" type="application/json">'
+    start = html.index(opening) + len(opening)
+    return json.loads(html[start : html.index("</script>", start)])
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("page", ["list", "new", "detail", "compare", "devices"])
+def test_every_page_gets_the_strategies_and_every_status_label(
+    client: Any, alice: Any, page: str
+) -> None:
+    experiment = make_experiment(alice, status=Status.LOST)
+    urls = {
+        "list": reverse("experiment-list"),
+        "new": reverse("experiment-new"),
+        "detail": detail_url(experiment),
+        "compare": reverse("experiment-compare") + f"?ids={experiment.pk}",
+        "devices": reverse("device-list"),
+    }
+    client.force_login(alice)
+    facts = _embedded(client.get(urls[page]).content.decode(), "page-facts")
+    assert facts["statuses"] == dict(Status.choices)
+    assert facts["statuses"]["lost"] == "Lost"
+    assert facts["final_statuses"] == ["succeeded", "failed", "cancelled"]
+    assert list(facts["strategies"]) == [spec.name for spec in REGISTRY]
+    assert facts["strategies"]["hogwild"]["processes"] is True
+    assert facts["strategies"]["dp"]["short"] == "DP"
+
+
+def test_page_scripts_keep_no_copy_of_the_server_facts() -> None:
+    """Strategy lists, status labels and shared helpers live in one place (common.js, fed by
+    the page's JSON); a page script that grows its own copy again fails here."""
+    copies = (
+        "PROCESS_STRATEGIES",
+        "STATUS_LABELS",
+        '"Succeeded"',
+        "function formatDuration",
+        "function setText",
+        "function csrfToken",
+        "function bytesText",
+        "function el(",
+    )
+    for name in (
+        "experiment_list.js",
+        "experiment_detail.js",
+        "experiment_run.js",
+        "experiment_form.js",
+        "devices.js",
+    ):
+        path = finders.find(f"js/{name}")
+        assert path, name
+        with open(path, encoding="utf-8") as script:
+            text = script.read()
+        assert [c for c in copies if c in text] == [], name
