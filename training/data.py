@@ -41,6 +41,7 @@ import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 from urllib.parse import urlsplit
 
 import numpy as np
@@ -392,32 +393,29 @@ def _sizes(raw: Path) -> str:
 
 
 def _atomic_write(path: Path, data: bytes) -> None:
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    # mkstemp makes the file private; a dataset is shared with other users' runs.
-    os.fchmod(fd, 0o644)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+    with _atomic_file(path) as f:
+        f.write(data)
 
 
 def _atomic_gunzip(src: Path, dest: Path) -> None:
     if dest.is_file():
         return
-    fd, tmp = tempfile.mkstemp(dir=dest.parent, prefix=f".{dest.name}.")
+    with _atomic_file(dest) as out, gzip.open(src, "rb") as inp:
+        shutil.copyfileobj(inp, out, 1 << 20)
+
+
+@contextlib.contextmanager
+def _atomic_file(path: Path) -> Iterator[IO[bytes]]:
+    """A file to write ``path``'s content into: it becomes ``path`` whole, or not at all."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    # mkstemp makes the file private; a dataset is shared with other users' runs.
     os.fchmod(fd, 0o644)
     try:
-        with os.fdopen(fd, "wb") as out, gzip.open(src, "rb") as inp:
-            shutil.copyfileobj(inp, out, 1 << 20)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(tmp, dest)
+        with os.fdopen(fd, "wb") as f:
+            yield f
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)

@@ -3,7 +3,7 @@
 Three loops train the same model (SimpleCNN, same initial weights, Adam), with the same batch
 size, thread count and number of steps, in one process:
 
-ours        the engine's own loop (``training.engine.steps_run`` with the strategies' step and
+ours        the engine's own loop (``training.loop.steps_run`` with the strategies' step and
             the engine's per-step accounting): uint8 tensors resident in memory, batches taken
             by indexing and normalised on the fly.
 dataloader  a pytorch/examples-style loop: ``torchvision.datasets.MNIST`` (or FashionMNIST),
@@ -45,7 +45,7 @@ from training.data import (
     load_dataset,
     to_batch,
 )
-from training.engine import steps_run
+from training.loop import StepFn, steps_run
 from training.meter import Window
 from training.model import SimpleCNN
 from training.strategies.common import step_default
@@ -123,7 +123,6 @@ def main(argv: Sequence[str]) -> int:
     return 0
 
 
-StepFn = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 Loop = Callable[[StepFn, int], int]  # (step, steps) -> images trained on
 
 
@@ -162,21 +161,7 @@ def _dataloader(
         persistent_workers=args.workers > 0,
         generator=torch.Generator().manual_seed(args.seed),
     )
-    stream = _forever(loader)
-
-    def run(step: StepFn, steps: int) -> int:
-        images = 0
-        last = None
-        for x, y in itertools.islice(stream, steps):
-            x = x.to(device, non_blocking=True)
-            y = y.to(device, non_blocking=True)
-            last = step(x, y)
-            images += len(y)
-        if last is not None:
-            last.item()
-        return images
-
-    return run
+    return _batches_loop(_forever(loader), device)
 
 
 def _compute(data: Dataset, batch_size: int, seed: int, device: torch.device) -> Loop:
@@ -185,12 +170,22 @@ def _compute(data: Dataset, batch_size: int, seed: int, device: torch.device) ->
         to_batch(data.train, idx, device, data.mean, data.std)
         for idx in rank_batches(len(data.train), batch_size, 1, 0, seed, 1)[:64]
     ]
-    stream = itertools.cycle(ready)
+    return _batches_loop(itertools.cycle(ready), None)
+
+
+def _batches_loop(
+    stream: Iterator[tuple[torch.Tensor, torch.Tensor]], device: torch.device | None
+) -> Loop:
+    """Steps on the (images, labels) batches of ``stream``, moved to ``device`` first (None:
+    they are there already, and the loop does nothing but compute)."""
 
     def run(step: StepFn, steps: int) -> int:
         images = 0
         last = None
         for x, y in itertools.islice(stream, steps):
+            if device is not None:
+                x = x.to(device, non_blocking=True)
+                y = y.to(device, non_blocking=True)
             last = step(x, y)
             images += len(y)
         if last is not None:

@@ -42,7 +42,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -52,6 +51,7 @@ from typing import IO
 
 import psutil
 
+from training.bench.launch import training_command, training_env
 from training.data import DEBIAN_FASHION_DIR, dataset_files, mnist_full_found
 
 LARGE, SMALL = "fashion-mnist", "mnist"
@@ -176,30 +176,13 @@ def report_print(
 def run_measured(
     strategy: str, dataset: str, data_dir: Path, args: argparse.Namespace
 ) -> Measurement:
-    cmd = [
-        sys.executable,
-        "-m",
-        "training",
-        "--strategy",
-        strategy,
-        "--dataset",
-        dataset,
-        "--data-dir",
-        str(data_dir),
-        "--epochs",
-        "1",
-        "--steps-per-epoch",
-        str(args.steps),
-        "--log-interval",
-        "1",
-        "--test-batch-size",
-        str(TEST_BATCH),
-    ]
+    flags = ["--dataset", dataset, "--data-dir", str(data_dir), "--epochs", "1"]
+    flags += ["--steps-per-epoch", str(args.steps), "--log-interval", "1"]
+    flags += ["--test-batch-size", str(TEST_BATCH)]
     if strategy != "single":
-        cmd += ["--nproc", str(args.nproc)]
-    env = dict(os.environ, TRAINYARD_NO_DOWNLOAD="1", **MALLOC_FIXED)
-    root = Path(__file__).resolve().parents[2]
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH", "")) if p)
+        flags += ["--nproc", str(args.nproc)]
+    cmd = training_command(strategy, flags)
+    env = training_env(**MALLOC_FIXED)
     m = Measurement()
     events: list[dict[str, object]] = []
     with tempfile.TemporaryFile("w+") as err:

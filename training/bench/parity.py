@@ -28,6 +28,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from training.bench.launch import training_command, training_env
 from training.cli import deepspeed_available
 from training.config import DATASETS
 from training.protocol import parse_event
@@ -87,6 +88,28 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str]) -> int:
+    args, seeds, strategies = _args_parse(argv)
+    gpus = _gpu_count()
+    rows = [_row_run(strategy, seeds, args, gpus) for strategy in strategies]
+    print(
+        f"parity benchmark: {args.dataset}, {args.epochs} epoch(s)"
+        + (f" of {args.steps_per_epoch} step(s)" if args.steps_per_epoch else "")
+        + f", global batch {args.global_batch}, seeds {','.join(map(str, seeds))}; "
+        "test accuracy of each run's finished event"
+    )
+    single = rows[0]
+    base = None if single.problem else single.mean
+    _table_print(rows, seeds, base)
+    if base is None:
+        print("parity ratio: n/a (single failed)")
+        return 1
+    ratio = min(row.mean / base for row in rows if not row.problem)
+    print(f"parity ratio: {ratio:.3f}")
+    return 0
+
+
+def _args_parse(argv: list[str]) -> tuple[argparse.Namespace, list[int], list[str]]:
+    """The options, the seeds and the strategies (single first); exits on a bad one."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
@@ -101,31 +124,25 @@ def main(argv: list[str]) -> int:
         parser.error("argument --seeds: give at least one seed")
     if args.global_batch % args.nproc:
         parser.error(f"--global-batch {args.global_batch} does not split over --nproc {args.nproc}")
-    strategies = ["single", *(s for s in strategies if s != "single")]
-    gpus = _gpu_count()
+    return args, seeds, ["single", *(s for s in strategies if s != "single")]
 
-    rows = []
-    for strategy in strategies:
-        row, extra = _plan(strategy, args, gpus)
-        rows.append(row)
-        if row.problem:
-            continue
-        for seed in seeds:
-            print(f"parity: {strategy} seed {seed} ...", file=sys.stderr, flush=True)
-            accuracy, error = run_one(strategy, seed, row.batch, extra, args)
-            if accuracy is None:
-                row.problem = f"failed: {error}"
-                break
-            row.accuracies.append(accuracy)
 
-    print(
-        f"parity benchmark: {args.dataset}, {args.epochs} epoch(s)"
-        + (f" of {args.steps_per_epoch} step(s)" if args.steps_per_epoch else "")
-        + f", global batch {args.global_batch}, seeds {','.join(map(str, seeds))}; "
-        "test accuracy of each run's finished event"
-    )
-    single = rows[0]
-    base = None if single.problem else single.mean
+def _row_run(strategy: str, seeds: list[int], args: argparse.Namespace, gpus: int) -> Row:
+    """``strategy``'s row: one run per seed, until one fails (or skipped, with why)."""
+    row, extra = _plan(strategy, args, gpus)
+    if row.problem:
+        return row
+    for seed in seeds:
+        print(f"parity: {strategy} seed {seed} ...", file=sys.stderr, flush=True)
+        accuracy, error = run_one(strategy, seed, row.batch, extra, args)
+        if accuracy is None:
+            row.problem = f"failed: {error}"
+            break
+        row.accuracies.append(accuracy)
+    return row
+
+
+def _table_print(rows: list[Row], seeds: list[int], base: float | None) -> None:
     seed_cols = " ".join(f"{'seed ' + str(s):>8}" for s in seeds)
     print(
         f"{'strategy':<15} {'batch/proc':>10} {'procs':>5} {seed_cols} {'mean':>8} "
@@ -139,12 +156,6 @@ def main(argv: list[str]) -> int:
         accs = " ".join(f"{a:8.4f}" for a in row.accuracies)
         diff = f"{row.mean - base:+9.4f}" if base is not None else f"{'n/a':>9}"
         print(f"{head} {accs} {row.mean:8.4f} {row.spread:8.4f} {diff}")
-    if base is None:
-        print("parity ratio: n/a (single failed)")
-        return 1
-    ratio = min(row.mean / base for row in rows if not row.problem)
-    print(f"parity ratio: {ratio:.3f}")
-    return 0
 
 
 def _plan(strategy: str, args: argparse.Namespace, gpus: int) -> tuple[Row, list[str]]:
@@ -170,31 +181,14 @@ def run_one(
     strategy: str, seed: int, batch: int, extra: list[str], args: argparse.Namespace
 ) -> tuple[float | None, str]:
     """(test accuracy, "") for a finished run, else (None, the first line of its error)."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "training",
-        "--strategy",
-        strategy,
-        *extra,
-        "--dataset",
-        args.dataset,
-        "--data-dir",
-        str(args.data_dir.expanduser().resolve()),
-        "--batch-size",
-        str(batch),
-        "--epochs",
-        str(args.epochs),
-        "--seed",
-        str(seed),
-        "--run-id",
-        "parity",
-    ]
+    flags = [*extra, "--dataset", args.dataset]
+    flags += ["--data-dir", str(args.data_dir.expanduser().resolve())]
+    flags += ["--batch-size", str(batch), "--epochs", str(args.epochs), "--seed", str(seed)]
+    flags += ["--run-id", "parity"]
     if args.steps_per_epoch:
-        cmd += ["--steps-per-epoch", str(args.steps_per_epoch)]
-    env = dict(os.environ, TRAINYARD_NO_DOWNLOAD="1")
-    root = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+        flags += ["--steps-per-epoch", str(args.steps_per_epoch)]
+    cmd = training_command(strategy, flags)
+    env = training_env()
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     events = [e for e in map(parse_event, proc.stdout.splitlines()) if e is not None]
     finished = [e for e in events if e["type"] == "finished"]

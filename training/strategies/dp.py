@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import nn
 
@@ -17,30 +19,17 @@ DP_WITHOUT_GPUS = (
 
 def plan_build(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> Plan:
     model.to(rt.device)
+    extra: dict[str, Any]
     if cfg.gpus:
         net = nn.DataParallel(model, device_ids=list(cfg.gpus), output_device=cfg.gpus[0])
         notes = []
         if len(cfg.gpus) == 1:
             notes.append("DataParallel over one GPU gives no parallelism; list more with --gpus.")
-        return plan_simple(
-            cfg,
-            model,
-            net,
-            rt.device,
-            eval_net=net,
-            notes=notes,
-            devices=[f"cuda:{g}" for g in cfg.gpus],
-        )
-    if torch.cuda.is_available():
+        extra = {"notes": notes, "devices": [f"cuda:{g}" for g in cfg.gpus]}
+    elif torch.cuda.is_available():
         raise RuntimeError("--strategy dp on a machine with GPUs needs --gpus")
-    # Without a GPU, DataParallel keeps device_ids empty and just calls the module.
-    net = nn.DataParallel(model)
-    return plan_simple(
-        cfg,
-        model,
-        net,
-        rt.device,
-        eval_net=net,
-        notes=[DP_WITHOUT_GPUS],
-        warnings=[DP_WITHOUT_GPUS],
-    )
+    else:
+        # Without a GPU, DataParallel keeps device_ids empty and just calls the module.
+        net = nn.DataParallel(model)
+        extra = {"notes": [DP_WITHOUT_GPUS], "warnings": [DP_WITHOUT_GPUS]}
+    return plan_simple(cfg, model, net, rt.device, eval_net=net, **extra)

@@ -38,17 +38,10 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
-from training import checkpoint
+from training import checkpoint, reporting
 from training.allocator import allocator_tune
 from training.batching import rank_batches, steps_per_epoch
-from training.checkpoint import (
-    Resumed,
-    ResumePoint,
-    checkpoint_request_refuse,
-    checkpoint_write,
-    optimizer_state_load,
-    resume_apply,
-)
+from training.checkpoint import Resumed, ResumePoint
 from training.config import TrainConfig
 from training.data import Dataset, load_dataset
 from training.loop import StepFn, Tested, evaluate, steps_run
@@ -56,13 +49,6 @@ from training.meter import Window, report_from_rows
 from training.model import SimpleCNN
 from training.processes import parent_death_signal_set
 from training.protocol import EventWriter, SharedTensor
-from training.reporting import (
-    data_source_log,
-    epoch_emit,
-    finished_emit,
-    log_to,
-    started_fields,
-)
 from training.run_requests import checkpoint_request_take
 from training.runtime import Runtime
 from training.shared_data import (
@@ -199,7 +185,7 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
             step, tested = _epoch_train(cfg, rt, events, workers, model, data, work, per_epoch)
         if start > cfg.epochs:
             tested = evaluate(model, data, rt, cfg.test_batch_size)
-        finished_emit(events, cfg, *tested, start_epoch=start, step=step, t_start=t_start)
+        reporting.finished_emit(events, cfg, *tested, start_epoch=start, step=step, t_start=t_start)
         # After the event: the results are in; the workers' exit (seconds of interpreter
         # teardown) is no part of the training time.
         workers.join()
@@ -234,7 +220,7 @@ def _resume(
     if state is None:
         return Resumed(ResumePoint(), ()), [None] * cfg.nproc
     # The workers build their optimizers; each loads the checkpoint's state.
-    resumed = resume_apply(
+    resumed = checkpoint.resume_apply(
         cfg, state, optimizer=None, global_batch=cfg.batch_size * cfg.nproc, per_epoch=per_epoch
     )
     optimizer_states, notes = workers_optimizer_states(state, cfg.nproc)
@@ -284,7 +270,7 @@ def _started_emit(
 ) -> None:
     events.emit(
         "started",
-        **started_fields(cfg, rt, data, per_epoch, start_epoch, world=cfg.nproc),
+        **reporting.started_fields(cfg, rt, data, per_epoch, start_epoch, world=cfg.nproc),
         devices=["cpu"] * cfg.nproc,
         pids=[m.pid for m in ready],
         launcher_pid=os.getpid(),
@@ -292,9 +278,9 @@ def _started_emit(
         notes=notes,
         shared_tensors=_shared_tensors(model, data, ready),
     )
-    data_source_log(events, rt, data)
+    reporting.data_source_log(events, rt, data)
     if start_epoch > cfg.epochs:
-        log_to(events, rt, f"The checkpoint already covers {cfg.epochs} epoch(s).")
+        reporting.log_to(events, rt, f"The checkpoint already covers {cfg.epochs} epoch(s).")
 
 
 def _shared_tensors(model: nn.Module, data: Dataset, ready: list[Ready]) -> list[SharedTensor]:
@@ -326,7 +312,7 @@ def _epoch_train(
     done = _epoch_collect(cfg, events, workers, work)
     step = work.step_base + per_epoch - work.skip
     test_loss, test_accuracy = evaluate(model, data, rt, cfg.test_batch_size)
-    epoch_emit(
+    reporting.epoch_emit(
         events, rt, epoch=work.epoch, step=step, test_loss=test_loss,
         test_accuracy=test_accuracy, report=report_from_rows([d.row for d in done]),
     )  # fmt: skip
@@ -335,7 +321,7 @@ def _epoch_train(
         # It answers a request worker 0 had no step left for.
         asked = checkpoint_request_take() or workers.wanted.is_set()
         workers.wanted.clear()
-        checkpoint_write(
+        checkpoint.checkpoint_write(
             cfg, events, model_state=model.state_dict(), optimizer_state=done[0].optimizer_state,
             epoch=work.epoch, step=step,
             extra={WORKER_OPTIMIZERS: [d.optimizer_state for d in done]}, answers_request=asked,
@@ -359,11 +345,11 @@ def _epoch_collect(
             if cfg.checkpoint_dir:
                 workers.wanted.set()
             else:
-                checkpoint_request_refuse(events, step=work.step_base)
+                checkpoint.checkpoint_request_refuse(events, step=work.step_base)
         if isinstance(message, CheckpointCopy):
             # Worker 0's model and optimizer at its step `local`; the other workers are a few
             # steps either side, as anything read from a Hogwild model is.
-            checkpoint_write(
+            checkpoint.checkpoint_write(
                 cfg, events, model_state=message.model_state,
                 optimizer_state=message.optimizer_state, epoch=work.epoch,
                 step=work.step_base + message.local,
@@ -523,7 +509,7 @@ def worker_main(
         )
         optimizer = optimizer_make(cfg, model)
         if args.optimizer_state is not None:
-            optimizer_state_load(optimizer, args.optimizer_state, lr=cfg.lr)
+            checkpoint.optimizer_state_load(optimizer, args.optimizer_state, lr=cfg.lr)
         params_shared = [p.is_shared() for p in model.parameters()]
         results.put(Ready(args.rank, os.getpid(), shared_flags(data), params_shared))
         step_fn = step_default(model, optimizer)
