@@ -113,11 +113,22 @@ def cmd_launch(args: argparse.Namespace) -> int:
         print(run["id"])
         return EXIT_OK
     print(f"run #{run['id']} launched: {api.url}{run['url']}", file=sys.stderr)
-    return run_ended(run_follow(api, run["id"], show_logs=args.logs))
+    return watch_to_end(api, run["id"], show_logs=args.logs)
 
 
 def cmd_watch(args: argparse.Namespace) -> int:
-    return run_ended(run_follow(api_of(args), args.id, show_logs=args.logs))
+    return watch_to_end(api_of(args), args.id, show_logs=args.logs)
+
+
+def watch_to_end(api: Api, pk: int, *, show_logs: bool) -> int:
+    try:
+        return run_ended(run_follow(api, pk, show_logs=show_logs))
+    except KeyboardInterrupt:
+        # Ctrl-C ends the watching, not the run: say so, since both are plausible readings.
+        return fail(
+            f"stopped watching; run #{pk} goes on (`trainyard stop {pk}` stops it)",
+            EXIT_INTERRUPTED,
+        )
 
 
 def cmd_list(args: argparse.Namespace) -> int:

@@ -14,12 +14,25 @@ class NotificationSettingsForm(forms.ModelForm):
         max_length=500,
         assume_scheme="https",
         help_text="Receives a signed JSON POST when a run ends.",
-        widget=forms.URLInput(attrs={"placeholder": "https://example.com/hooks/runs"}),
+        # A text input with the URL keyboard: the stylesheet styles text inputs.
+        widget=forms.TextInput(
+            attrs={
+                "placeholder": "https://example.com/hooks/runs",
+                "inputmode": "url",
+                "autocomplete": "url",
+            }
+        ),
     )
 
     class Meta:
         model = NotificationSettings
         fields = ("email_enabled", "email", "webhook_enabled", "webhook_url")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        user_email = getattr(self.instance.user, "email", "")
+        if user_email:
+            self.fields["email"].widget.attrs["placeholder"] = user_email
 
     def clean_webhook_url(self) -> str:
         url: str = self.cleaned_data.get("webhook_url", "")
