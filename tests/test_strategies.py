@@ -15,7 +15,8 @@ from dashboard.experiments.models import Experiment, Strategy
 from dashboard.experiments.runner import training_command
 from tests.factories import form_data
 from tests.test_devices import machine_make
-from training.registry import REGISTRY
+from training import cli
+from training.registry import REGISTRY, RULE_MIN_GPUS, strategy_refusals
 
 pytestmark = pytest.mark.django_db
 
@@ -146,6 +147,41 @@ def test_hogwild_refuses_gpus_and_deepspeed_wants_one_process_per_gpu() -> None:
     assert capacity_check(strategy="deepspeed", processes=2, gpus=[0, 2]) == [
         "GPU 2 does not exist: gpu-node-1 has GPUs 0, 1"
     ]
+
+
+# --- one rule, two audiences: the CLI and the dashboard read training/registry.py ----------
+
+
+@pytest.mark.parametrize(
+    ("strategy", "processes", "gpus"),
+    [
+        ("ddp", 4, [0, 1]),
+        ("deepspeed", 3, [0, 1]),
+        ("hogwild", 2, [0]),
+        ("single", 1, [0, 1]),
+        ("model-parallel", 1, [0, 1, 2]),
+    ],
+)
+def test_cli_and_dashboard_refuse_the_same_combinations(
+    capsys: pytest.CaptureFixture[str], strategy: str, processes: int, gpus: list[int]
+) -> None:
+    machine_make(hostname="gpu-node-1", gpu_ids=(0, 1, 2))
+    [refusal] = strategy_refusals(strategy, processes=processes, gpus=gpus)
+    assert capacity_check(strategy=strategy, processes=processes, gpus=gpus) == [refusal.message]
+    ids = ",".join(str(i) for i in gpus)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--strategy", strategy, "--nproc", str(processes), "--gpus", ids])
+    assert exc.value.code == 2
+    assert refusal.cli_message in capsys.readouterr().err
+
+
+def test_a_gpu_minimum_is_said_with_the_machines_that_have_enough() -> None:
+    [refusal] = strategy_refusals("dp-primitives", processes=1, gpus=[1])
+    assert refusal.rule == RULE_MIN_GPUS
+    machine_make(hostname="gpu-node-1", gpu_ids=(0, 1, 2))
+    [message] = capacity_check(strategy="dp-primitives", processes=1, gpus=[1])
+    assert message == f"{refusal.message}: gpu-node-1 has GPUs 0, 1, 2"
+    assert strategy_refusals("dp-primitives", processes=1, gpus=[0, 1]) == []
 
 
 # --- the API ----------------------------------------------------------------------------------
