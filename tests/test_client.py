@@ -16,7 +16,7 @@ import pytest
 
 from tests.stack import ROOT, Stack, wait_for
 from trainyard_client import cli
-from trainyard_client.commands import gpus_parse
+from trainyard_client.commands import gpus_parse, run_ended
 from trainyard_client.config import ConfigError, config_save, profile_resolve
 from trainyard_client.watch import Resync, Watch, message_take
 
@@ -64,6 +64,21 @@ def test_gpu_ids_and_watch_sequence() -> None:
     assert watch.seq == 6 and watch.status == "running"
     with pytest.raises(Resync):
         message_take(watch, {"type": "step", "seq": 9, "step": 3})
+
+
+@pytest.mark.parametrize(
+    ("status", "code"), [("succeeded", 0), ("failed", 1), ("cancelled", 3), ("lost", 4)]
+)
+def test_exit_codes_follow_how_the_run_ended(
+    status: str, code: int, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = {"id": 7, "status": status, "test_accuracy": 0.5, "error": "why it ended"}
+    assert run_ended(run) == code
+    out, err = capsys.readouterr()
+    if code == 0:
+        assert "run #7 succeeded, test accuracy 50.00%" in out and err == ""
+    else:
+        assert f"run #7 {status}" in err and "why it ended" in err and out == ""
 
 
 # --- end to end, against Redis, daphne and a Celery worker --------------------------------------
