@@ -146,6 +146,8 @@ def test_form_renders_every_strategy_help_line(client: Any, alice: Any) -> None:
     for spec in REGISTRY:
         assert escape(spec.help) in html
         assert f'data-strategy="{spec.name}"' in html
+    # The help lines that name the strategies with processes name them from the registry.
+    assert "Processes of DDP, Hogwild and DeepSpeed (the others run one)" in html
     for field in VALID:
         assert f'name="{field}"' in html
 

@@ -34,6 +34,7 @@ from dashboard.experiments.services import (
     experiment_snapshot_build,
     experiments_visible_to,
 )
+from dashboard.texts import words_joined
 from training.registry import REGISTRY, STRATEGIES
 
 # The detail page embeds the stored curve so that it draws before the socket opens; the log box
@@ -119,6 +120,17 @@ def form_unknown_keys(*, data: Any, form: ExperimentForm) -> str:
     return ", ".join(name[:40] for name in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
 
 
+def _form_help() -> dict[str, str]:
+    """Help lines that name the strategies with processes ("DDP, Hogwild and DeepSpeed")."""
+    names = words_joined([STRATEGIES[name].short for name in PROCESS_STRATEGIES])
+    return {
+        "processes_help": f"Processes of {names} (the others run one); leave empty for one per "
+        "GPU, or 2 on the CPU.",
+        "batch_size_help": f"Per process: {names} processes each take a batch this size; "
+        "DataParallel splits it across its GPUs.",
+    }
+
+
 def experiment_new(request: HttpRequest) -> HttpResponse:
     source: Experiment | None = None
     clone_id = request.POST.get("clone") if request.method == "POST" else request.GET.get("clone")
@@ -151,6 +163,7 @@ def experiment_new(request: HttpRequest) -> HttpResponse:
         "source": source,
         "strategy_help": REGISTRY,
         "process_strategies": " ".join(str(value) for value in PROCESS_STRATEGIES),
+        **_form_help(),
         "deepspeed_value": str(Strategy.DEEPSPEED),
     }
     response = render(request, "experiments/form.html", context, status=status)

@@ -40,7 +40,7 @@ from django.core.management import call_command
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from dashboard.management.commands.serve_redis import redis_binary, redis_listening
-from training.registry import strategy_get
+from training.registry import MULTIPROCESS_STRATEGIES, strategy_get
 
 CHILD_ENV = "TRAINYARD_BENCH_OVERHEAD_CHILD"
 MODES = ("dashboard", "plain")
@@ -136,7 +136,9 @@ class Command(BaseCommand):
         from dashboard.experiments.models import Dataset, Strategy
 
         parser.add_argument("--strategy", choices=Strategy.values, default="ddp")
-        parser.add_argument("--processes", type=int, default=2, help="for ddp, hogwild, deepspeed")
+        parser.add_argument(
+            "--processes", type=int, default=2, help=f"for {', '.join(MULTIPROCESS_STRATEGIES)}"
+        )
         parser.add_argument("--dataset", choices=Dataset.values, default="mnist")
         parser.add_argument("--epochs", type=int, default=1)
         parser.add_argument("--batch-size", type=int, default=64)
