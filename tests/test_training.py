@@ -286,8 +286,9 @@ def test_ddp_two_cpu_ranks(sample_data: Path) -> None:
     assert len({r["rss_bytes"] for r in last["ranks"]}) == 2
 
 
-def test_ddp_sigterm_stops_every_rank(sample_data: Path) -> None:
-    proc = _start(sample_data, "--strategy", "ddp", "--nproc", "2", "--dry-run", "--epochs", "1000")
+def sigterm_at_first_step(proc: subprocess.Popen[str]) -> tuple[list[int], list[dict[str, Any]]]:
+    """SIGTERM the run once it has taken a step; returns its pids (from started) and its
+    failed events."""
     try:
         assert proc.stdout is not None
         pids: list[int] = []
@@ -303,8 +304,13 @@ def test_ddp_sigterm_stops_every_rank(sample_data: Path) -> None:
     except BaseException:
         _kill_tree(proc)
         raise
+    return pids, [json.loads(line) for line in rest.splitlines() if '"failed"' in line]
+
+
+def test_ddp_sigterm_stops_every_rank(sample_data: Path) -> None:
+    proc = _start(sample_data, "--strategy", "ddp", "--nproc", "2", "--dry-run", "--epochs", "1000")
+    pids, failed = sigterm_at_first_step(proc)
     assert proc.returncode != 0
-    failed = [json.loads(line) for line in rest.splitlines() if '"failed"' in line]
     assert failed and "SIGTERM" in failed[0]["error"]
     assert not [pid for pid in pids if psutil.pid_exists(pid)]
 

@@ -4,9 +4,7 @@ refuses; the shared copy of the dataset. (tests/test_strategies.py is the dashbo
 
 from __future__ import annotations
 
-import json
 import os
-import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,12 +16,12 @@ import torch
 from tests.conftest import need
 from tests.test_training import (
     GPU_COUNT,
-    _kill_tree,
     _start,
     assert_well_formed,
     needs_cuda,
     run_cli,
     run_cli_asking_checkpoint,
+    sigterm_at_first_step,
 )
 from training import cli
 from training.shared_data import (
@@ -120,23 +118,8 @@ def test_hogwild_sigterm_stops_every_worker(sample_data: Path) -> None:
     proc = _start(
         sample_data, "--strategy", "hogwild", "--nproc", "2", "--dry-run", "--epochs", "1000"
     )
-    try:
-        assert proc.stdout is not None
-        pids: list[int] = []
-        for line in proc.stdout:
-            event = json.loads(line)
-            if event["type"] == "started":
-                pids = event["pids"]
-            if event["type"] == "step":
-                break
-        assert pids, "no started event"
-        proc.send_signal(signal.SIGTERM)
-        rest, _ = proc.communicate(timeout=60)
-    except BaseException:
-        _kill_tree(proc)
-        raise
+    pids, failed = sigterm_at_first_step(proc)
     assert proc.returncode == 143
-    failed = [json.loads(line) for line in rest.splitlines() if '"failed"' in line]
     assert failed and "SIGTERM" in failed[0]["error"]
     assert not [pid for pid in pids if psutil.pid_exists(pid)]
     assert segments_of(proc.pid) == []
