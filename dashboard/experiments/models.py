@@ -27,12 +27,17 @@ class Dataset(models.TextChoices):
 
 
 # One member per entry of training/registry.py (DDP = "ddp", "DistributedDataParallel"; ...).
-# Migrations record the choices: a new entry there wants `manage.py makemigrations` (state only,
-# no change to the table).
 Strategy = models.TextChoices(
     "Strategy",
     [(spec.name.upper().replace("-", "_"), (spec.name, spec.label)) for spec in REGISTRY],
 )
+
+
+def strategy_choices() -> list[tuple[str, str]]:
+    """The field's choices, given as this function: migrations record a reference to it, not
+    the list, so a strategy added to the registry needs no migration."""
+    return Strategy.choices
+
 
 # Strategies that start several processes and take `processes` (the others run one process).
 PROCESS_STRATEGIES = MULTIPROCESS_STRATEGIES
@@ -65,7 +70,7 @@ class Experiment(models.Model):
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="experiments"
     )
     dataset = models.CharField(max_length=32, choices=Dataset.choices, default=Dataset.MNIST)
-    strategy = models.CharField(max_length=32, choices=Strategy.choices, default=Strategy.DDP)
+    strategy = models.CharField(max_length=32, choices=strategy_choices, default=Strategy.DDP)
     processes = models.PositiveSmallIntegerField(
         default=2, help_text="processes of DDP, Hogwild and DeepSpeed; 1 for the others"
     )
