@@ -2,8 +2,13 @@
 
 Adding a strategy is one ``StrategySpec`` here plus its module in ``training/strategies/``
 (exposing ``plan_build`` for the shared loop, or ``train`` for one that runs its own
-processes, as Hogwild does). The dashboard's model choices, form help, list labels and the
-page's JSON are derived from this table; nothing else keeps a copy.
+processes, as Hogwild does). The CLI's choices and --help, the dashboard's model choices (a
+callable: no migration), form help, list labels, capacity checks and the page's JSON
+(``{% page_facts %}``) are derived from this table; nothing else keeps a copy.
+
+The rules a request must keep on any machine (one process per GPU under torchrun, CPU only, at
+most / at least so many GPUs) are ``strategy_refusals``: the CLI and the dashboard both ask it,
+each in its own words (flags or fields), so they refuse the same combinations.
 
 This module imports nothing heavy (no torch): the web process reads it at start-up.
 """

@@ -53,7 +53,7 @@ def strategy_short(name: str) -> str:
 
 
 def format_duration(seconds: float | None) -> str:
-    """12s, 3m 05s, 1h 02m: the same text as formatDuration() in the page scripts."""
+    """12s, 3m 05s, 1h 02m: formatDuration() in static/js/common.js ticks it on live."""
     if seconds is None:
         return "—"
     total = max(0, int(seconds))
