@@ -10,19 +10,16 @@ from __future__ import annotations
 import importlib
 from collections.abc import Callable
 from types import ModuleType
-from typing import TYPE_CHECKING
 
 from torch import nn
 
 from training.config import TrainConfig
+from training.protocol import EventWriter
 from training.registry import strategy_get
 from training.runtime import Runtime
 from training.strategies.common import Plan
 
-if TYPE_CHECKING:
-    from training.protocol import EventWriter
-
-Trainer = Callable[[TrainConfig, Runtime, "EventWriter"], None]
+Trainer = Callable[[TrainConfig, Runtime, EventWriter], None]  # a strategy's own ``train``
 
 
 def strategy_module(name: str) -> ModuleType:
