@@ -270,3 +270,20 @@ def test_training_command_per_strategy(
     if fields.get("gpus"):
         assert flags["--gpus"] == ",".join(str(g) for g in fields["gpus"])
     assert flags["--checkpoint-dir"].endswith(f"{experiment.pk}/checkpoints")
+
+
+def test_cli_says_a_gpu_minimum_with_this_machines_gpus(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import torch
+
+    # As on a machine with two GPUs: the CLI asks torch for the count, and nothing runs.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    with pytest.raises(SystemExit) as exc:
+        cli.main(["--strategy", "dp-primitives", "--gpus", "1"])
+    assert exc.value.code == 2
+    assert (
+        "--strategy dp-primitives needs --gpus with two or more ids (this machine has 2 GPUs, "
+        "e.g. --gpus 0,1)"
+    ) in capsys.readouterr().err

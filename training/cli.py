@@ -102,8 +102,9 @@ def _validate(cfg: TrainConfig, parser: argparse.ArgumentParser) -> TrainConfig:
             f"{' or '.join(TORCHRUN_STRATEGIES)}"
         )
     refusals = strategy_refusals(cfg.strategy, processes=cfg.nproc, gpus=cfg.gpus)
+    too_few = [r for r in refusals if r.rule == RULE_MIN_GPUS]
     for refusal in refusals:
-        if refusal.rule != RULE_MIN_GPUS:
+        if refusal not in too_few:
             parser.error(refusal.cli_message)
     if cfg.strategy == "deepspeed" and not deepspeed_available():
         parser.error(
@@ -119,10 +120,10 @@ def _validate(cfg: TrainConfig, parser: argparse.ArgumentParser) -> TrainConfig:
 
     count = torch.cuda.device_count() if torch.cuda.is_available() else 0
     _validate_gpu_count(cfg, parser, count=count, min_gpus=min_gpus)
-    for refusal in refusals:  # what is left: the GPU minimum, on a machine that has enough
+    if too_few:  # on a machine that has enough GPUs
         example = ",".join(map(str, range(min(count, 2))))
         parser.error(
-            f"{refusal.cli_message} (this machine has {count} GPUs, e.g. --gpus {example})"
+            f"{too_few[0].cli_message} (this machine has {count} GPUs, e.g. --gpus {example})"
         )
     return cfg
 
