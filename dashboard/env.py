@@ -1,6 +1,9 @@
 """Typed readers for settings that come from the environment, each with an embedded default."""
 
 import os
+from typing import TypeVar
+
+N = TypeVar("N", int, float)
 
 
 def env_str(name: str, default: str) -> str:
@@ -19,24 +22,22 @@ def env_bool(name: str, default: bool) -> bool:
     raise ValueError(f"{name}={raw!r} is not a boolean (use 1/0, true/false, yes/no, on/off)")
 
 
-def env_int(name: str, default: int) -> int:
+def _env_number(name: str, default: N, kind: type[N], what: str) -> N:
     raw = os.environ.get(name)
     if raw is None or raw == "":
         return default
     try:
-        return int(raw)
+        return kind(raw)
     except ValueError:
-        raise ValueError(f"{name}={raw!r} is not an integer") from None
+        raise ValueError(f"{name}={raw!r} is not {what}") from None
+
+
+def env_int(name: str, default: int) -> int:
+    return _env_number(name, default, int, "an integer")
 
 
 def env_float(name: str, default: float) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw == "":
-        return default
-    try:
-        return float(raw)
-    except ValueError:
-        raise ValueError(f"{name}={raw!r} is not a number") from None
+    return _env_number(name, default, float, "a number")
 
 
 def env_list(name: str, default: list[str]) -> list[str]:
