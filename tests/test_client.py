@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from dashboard.client import cli
+from dashboard.client.commands import gpus_parse, run_ended
+from dashboard.client.config import ConfigError, config_save, profile_resolve
+from dashboard.client.watch import Resync, Watch, message_take
 from tests.stack import ROOT, Stack, wait_for
-from trainyard_client import cli
-from trainyard_client.commands import gpus_parse, run_ended
-from trainyard_client.config import ConfigError, config_save, profile_resolve
-from trainyard_client.watch import Resync, Watch, message_take
 
 TRAINYARD = Path(sys.executable).parent / "trainyard"
 

@@ -251,10 +251,6 @@ def test_settings_page(user_factory: Any) -> None:
 
 @pytest.mark.integration
 @pytest.mark.timeout(300)
-@pytest.mark.xfail(
-    reason="until notifications_queue is called from the run's final status transitions",
-    strict=False,
-)
 def test_a_real_run_ends_with_an_email_and_a_signed_webhook(stack: Any, receiver: Receiver) -> None:
     from tests.stack import wait_for
 

@@ -57,3 +57,8 @@ def test_no_transition_off_the_diagram(user_factory: Any, experiment_factory: An
     assert not transitions.experiment_start(experiment=queued, worker="w1", now=now)
     queued.refresh_from_db()
     assert queued.status == Status.CANCELLED and queued.attempt == 0
+
+
+def test_the_ends_of_a_run_are_the_statuses_nothing_follows() -> None:
+    # Each of these is announced once to the owner (notifications); lost resumes or fails.
+    assert {Status.SUCCEEDED, Status.FAILED, Status.CANCELLED} == transitions.ENDS

@@ -1,5 +1,5 @@
 import sys
 
-from trainyard_client.cli import main
+from dashboard.client.cli import main
 
 sys.exit(main())

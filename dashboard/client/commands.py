@@ -14,9 +14,9 @@ import json
 import sys
 from typing import Any
 
-from trainyard_client.api import Api, token_create
-from trainyard_client.config import config_save, profile_resolve, url_normalize
-from trainyard_client.watch import run_follow
+from dashboard.client.api import Api, token_create
+from dashboard.client.config import config_save, profile_resolve, url_normalize
+from dashboard.client.watch import run_follow
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED, EXIT_LOST, EXIT_ERROR = 0, 1, 2, 3, 4, 5
 EXIT_INTERRUPTED = 130

@@ -33,6 +33,7 @@ from typing import Any
 from django.db.models import F
 
 from dashboard.experiments.models import Experiment, Status
+from dashboard.notifications.services import notifications_queue
 
 # The diagram above as data: from each status, the statuses a run may move to.
 NEXT: dict[str, frozenset[str]] = {
@@ -45,6 +46,8 @@ NEXT: dict[str, frozenset[str]] = {
 }
 # The ends of an attempt its supervisor saw through.
 FINISHED = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED})
+# The ends of a run: nothing moves it on from these (lost is not one: it resumes or fails).
+ENDS = frozenset(status for status, onwards in NEXT.items() if not onwards)
 # What an attempt leaves behind when it ends, however it ends: no launcher to signal, and no
 # checkpoint request (one the training never got to has nothing left to answer it; a next
 # attempt starts from the newest checkpoint).
@@ -79,6 +82,10 @@ def _move(
     moved = Experiment.objects.filter(pk=experiment_id, status=source, **(where or {})).update(
         status=target, **fields
     )
+    if moved == 1 and target in ENDS:
+        # Every way a run ends passes here, so its owner hears of each end exactly once; the
+        # delivery is queued on commit and never holds up the settle.
+        notifications_queue(experiment_id=experiment_id)
     return moved == 1
 
 
