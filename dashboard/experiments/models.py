@@ -125,8 +125,21 @@ class Experiment(models.Model):
         "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="clones"
     )
 
+    # What its owner says of it: labels to filter the list by, and a free text.
+    tags = models.JSONField(default=list, blank=True, help_text="labels, e.g. baseline")
+    note = models.TextField(blank=True)
+    # Brought in from a TensorBoard log or a CSV (POST /api/experiments/import/): its series
+    # are real, but no worker trained it here.
+    imported = models.BooleanField(default=False)
+
     class Meta:
         ordering = ["-created_at", "-id"]
+        indexes = [
+            # The list pages through runs newest first (keyset on created_at, id), everyone's
+            # for staff and one owner's for the others.
+            models.Index(fields=["-created_at", "-id"], name="experiment_newest"),
+            models.Index(fields=["owner", "-created_at", "-id"], name="experiment_owner_newest"),
+        ]
 
     def __str__(self) -> str:
         return f"#{self.pk} {self.name}"
@@ -194,15 +207,37 @@ class MetricPoint(models.Model):
         }
 
 
+class SeriesPoint(models.Model):
+    """One value of one named series of a run, the narrow shape MLflow and Aim store: `key` is
+    e.g. train_loss, test_accuracy, lr, rank/1/images_per_second or machine/host-a/cpu_percent;
+    `step` the run's global optimizer step when it was taken, `time` seconds since the run
+    started. The index serves "one key of one run, by step", which every chart asks."""
+
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="series")
+    key = models.CharField(max_length=200)
+    step = models.PositiveIntegerField()
+    time = models.FloatField()
+    value = models.FloatField(null=True, blank=True, help_text="null where it was not finite")
+
+    class Meta:
+        indexes = [models.Index(fields=["experiment", "key", "step"], name="series_run_key_step")]
+
+    def __str__(self) -> str:
+        return f"{self.key} at step {self.step} of #{self.experiment_id}"
+
+
 class LogLine(models.Model):
     experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="logs")
     seq = models.IntegerField()
     time = models.FloatField(default=0)
     level = models.CharField(max_length=16, default="info")
     message = models.TextField()
+    # The rank that wrote it (its stderr), or None for the run's own events and the dashboard's.
+    rank = models.PositiveIntegerField(null=True, blank=True)
 
     class Meta:
         ordering = ["seq", "id"]
+        indexes = [models.Index(fields=["experiment", "rank", "seq"], name="log_run_rank_seq")]
 
     def __str__(self) -> str:
         return self.message[:80]
