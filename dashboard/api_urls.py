@@ -4,7 +4,7 @@ from django.urls import path
 
 from dashboard.devices import views as device_views
 from dashboard.experiments import api as experiment_api
-from dashboard.experiments import api_compare
+from dashboard.experiments import api_compare, api_exports
 
 urlpatterns = [
     path("devices/", device_views.api_devices, name="api-devices"),
@@ -36,4 +36,10 @@ urlpatterns = [
         experiment_api.experiment_checkpoint_file,
         name="api-experiment-checkpoint-file",
     ),
+    path(
+        "experiments/<int:pk>/export/",
+        api_exports.experiment_export,
+        name="api-experiment-export",
+    ),
+    path("experiments/import/", api_exports.experiment_import_view, name="api-experiments-import"),
 ]

@@ -1,0 +1,109 @@
+"""GET /api/experiments/<id>/export/?format=csv|json|tensorboard and POST
+/api/experiments/import/: a run's series out as files, and files in as a run.
+
+The work is in exports.py and imports.py; here are the HTTP answers. Exports are sent as they
+are read (CSV, JSON) or from a temporary file (the TensorBoard zip), never built in memory.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from django.core.files.uploadhandler import FileUploadHandler
+from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+
+from dashboard.api import ApiError, View, api_view
+from dashboard.experiments.exports import (
+    export_csv_chunks,
+    export_filename,
+    export_json_chunks,
+    export_tensorboard_zip,
+)
+from dashboard.experiments.imports import ImportRefused, experiment_import, import_max_bytes
+from dashboard.experiments.services import experiment_as_dict, experiments_visible_to
+
+EXPORT_FORMATS = ("csv", "json", "tensorboard")
+
+
+@api_view(("GET",))
+def experiment_export(request: HttpRequest, pk: int) -> HttpResponse:
+    # Visible = the owner's or, for staff, anyone's; another user's run is a 404 as elsewhere.
+    experiment = experiments_visible_to(request.user).filter(pk=pk).first()
+    if experiment is None:
+        raise ApiError(404, f"no experiment {pk}")
+    kind = request.GET.get("format", "csv")
+    if kind not in EXPORT_FORMATS:
+        message = f"format must be one of {', '.join(EXPORT_FORMATS)}"
+        raise ApiError(400, message, {"format": [message]})
+    if kind == "tensorboard":
+        return FileResponse(
+            export_tensorboard_zip(experiment=experiment),
+            as_attachment=True,
+            filename=export_filename(experiment=experiment, suffix="-tensorboard.zip"),
+            content_type="application/zip",
+        )
+    chunks = (export_csv_chunks if kind == "csv" else export_json_chunks)(experiment=experiment)
+    content_type = "text/csv; charset=utf-8" if kind == "csv" else "application/json"
+    response = StreamingHttpResponse(chunks, content_type=content_type)
+    filename = export_filename(experiment=experiment, suffix=f".{kind}")
+    response["Content-Disposition"] = f'attachment; filename="{filename}"'
+    return response
+
+
+class UploadCap(FileUploadHandler):
+    """Refuses an upload over the import limit before it is read: by its Content-Length, and
+    by the bytes that really arrive where there is none."""
+
+    def __init__(self, request: HttpRequest | None = None):
+        super().__init__(request)
+        self.limit = import_max_bytes()
+        self.received = 0
+
+    def _refuse(self) -> ApiError:
+        return ApiError(413, f"the upload is over the import limit of {self.limit} bytes")
+
+    def handle_raw_input(
+        self,
+        input_data: Any,
+        META: dict[str, Any],  # noqa: N803 (Django's name)
+        content_length: int,
+        boundary: bytes,
+        encoding: str | None = None,
+    ) -> None:
+        if content_length > self.limit:
+            raise self._refuse()
+
+    def receive_data_chunk(self, raw_data: bytes, start: int) -> bytes:
+        self.received += len(raw_data)
+        if self.received > self.limit:
+            raise self._refuse()
+        return raw_data
+
+    def file_complete(self, file_size: int) -> None:
+        return None
+
+
+def upload_capped(view: View) -> View:
+    """Put UploadCap first, before api_view's CSRF check can read (and so parse) the body."""
+
+    @functools.wraps(view)
+    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        request.upload_handlers.insert(0, UploadCap(request))
+        return view(request, *args, **kwargs)
+
+    return wrapper
+
+
+@upload_capped
+@api_view(("POST",))
+def experiment_import_view(request: HttpRequest) -> JsonResponse:
+    upload = request.FILES.get("file")
+    if upload is None:
+        raise ApiError(400, "send the file as the multipart field `file`", {"file": ["required"]})
+    name = request.POST.get("name", "")
+    try:
+        experiment = experiment_import(owner=request.user, upload=upload, name=name)
+    except ImportRefused as refused:
+        raise ApiError(refused.status, refused.message) from None
+    return JsonResponse(experiment_as_dict(experiment), status=201)

@@ -1,0 +1,118 @@
+"""A run's series as files to take away: CSV, JSON, and TensorBoard event files in a zip.
+
+Every raw point of every series goes out (the charts' buckets are for drawing, not for keeping).
+Points are read from the database in chunks, so a 100,000-point run costs the memory of one
+chunk: CSV and JSON are streamed as they are read, the TensorBoard files are written into a
+temporary folder and zipped into an anonymous temporary file that is gone once it is sent.
+
+The CSV is "long": one row per point, `key,step,time,value` (time in seconds since the run
+started; an empty value where it was not finite). Series are taken at different steps (a test
+point per epoch, a machine sample every few seconds), so a wide table would be mostly empty
+cells; a spreadsheet's pivot table turns the long one into columns. POST
+/api/experiments/import/ reads this file back as well as the wide `step,<series>...` form.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import json
+import math
+import re
+import tempfile
+import zipfile
+from collections.abc import Iterator
+from datetime import datetime
+from pathlib import Path
+from typing import IO
+
+from dashboard.experiments.models import Experiment, SeriesPoint
+
+CSV_HEADER = ("key", "step", "time", "value")
+# Rows fetched from the database at a time, and characters gathered before a chunk is sent.
+READ_CHUNK_ROWS = 2000
+SEND_CHUNK_CHARS = 64 * 1024
+
+Point = tuple[str, int, float, float | None]
+
+
+def export_points(*, experiment: Experiment) -> Iterator[Point]:
+    """(key, step, time, value) of every point, by key then step, a chunk in memory at once."""
+    rows = (
+        SeriesPoint.objects.filter(experiment=experiment)
+        .order_by("key", "step", "id")
+        .values_list("key", "step", "time", "value")
+    )
+    return rows.iterator(chunk_size=READ_CHUNK_ROWS)
+
+
+def export_filename(*, experiment: Experiment, suffix: str) -> str:
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "-", experiment.name).strip("-.")[:60] or "run"
+    return f"trainyard-{experiment.pk}-{slug}{suffix}"
+
+
+def export_csv_chunks(*, experiment: Experiment) -> Iterator[str]:
+    buffer = io.StringIO()
+    # csv writes floats with repr(): the shortest text that reads back as the same number.
+    writer = csv.writer(buffer, lineterminator="\n")
+    writer.writerow(CSV_HEADER)
+    for point in export_points(experiment=experiment):
+        writer.writerow(point)
+        if buffer.tell() >= SEND_CHUNK_CHARS:
+            yield buffer.getvalue()
+            buffer.seek(0)
+            buffer.truncate()
+    yield buffer.getvalue()
+
+
+def _started(experiment: Experiment) -> datetime:
+    # A run that never started has no start; its creation is the nearest instant.
+    return experiment.started_at or experiment.created_at
+
+
+def export_json_chunks(*, experiment: Experiment) -> Iterator[str]:
+    """`{"id", "name", "started_at", "series": {key: [[step, time, value], ...]}}`: the shape of
+    the metrics API's `?raw=1`, every point, written one series at a time."""
+    started = _started(experiment).isoformat()
+    head = {"id": experiment.pk, "name": experiment.name, "started_at": started}
+    yield json.dumps(head)[:-1] + ', "series": {'
+    by_key = itertools.groupby(export_points(experiment=experiment), key=lambda p: p[0])
+    for index, (key, points) in enumerate(by_key):
+        yield ("" if index == 0 else ", ") + json.dumps(key) + ": ["
+        separator = ""
+        while chunk := list(itertools.islice(points, READ_CHUNK_ROWS)):
+            yield separator + ", ".join(json.dumps([s, t, v]) for _, s, t, v in chunk)
+            separator = ", "
+        yield "]"
+    yield "}}\n"
+
+
+def export_tensorboard_zip(*, experiment: Experiment) -> IO[bytes]:
+    """A zip of one TensorBoard log folder named after the run: every series a scalar tag, the
+    step as the step, started_at + time as the wall time. Unzip and `tensorboard --logdir .`.
+
+    TensorBoard keeps scalars as 32-bit floats; a value that was not finite (stored as null)
+    is written as NaN so that every point is there. Returns an open anonymous temporary file,
+    at its start, which its reader closes (and so removes)."""
+    # Imported here: TensorBoard and torch load in a second or two, which only exports need.
+    from torch.utils.tensorboard import SummaryWriter
+
+    started = _started(experiment).timestamp()
+    folder = export_filename(experiment=experiment, suffix="")
+    with tempfile.TemporaryDirectory(prefix="trainyard-export-") as tmp:
+        writer = SummaryWriter(log_dir=str(Path(tmp) / folder), max_queue=1000, flush_secs=3600)
+        try:
+            for key, step, time, value in export_points(experiment=experiment):
+                scalar = math.nan if value is None else value
+                writer.add_scalar(key, scalar, global_step=step, walltime=started + time)
+        finally:
+            writer.close()
+        # Not a `with`: the caller sends it and closes it, which removes it.
+        archive = tempfile.TemporaryFile(prefix="trainyard-export-", suffix=".zip")  # noqa: SIM115
+        with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_DEFLATED) as zipped:
+            for path in sorted(Path(tmp).rglob("*")):
+                if path.is_file():
+                    zipped.write(path, arcname=path.relative_to(tmp).as_posix())
+    archive.seek(0)
+    return archive

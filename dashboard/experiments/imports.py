@@ -1,0 +1,381 @@
+"""Runs brought in from elsewhere: a TensorBoard log or a CSV becomes a finished run.
+
+As Aim's `aim convert tensorboard` and `wandb sync` do, so that people can overlay the curves of
+their own scripts on the dashboard's runs. The upload is one of:
+
+- one TensorBoard event file (`events.out.tfevents...`), read with TensorBoard's own
+  EventAccumulator; scalars written the old way (`simple_value`) and the new way (a tensor with
+  the scalars plugin, as TF2 and `add_scalar(new_style=True)` write) are both read;
+- a zip or a tar (gzip, bzip2, xz) of a log folder; where event files sit in several folders,
+  each folder's tags get its path below the common one as a prefix (`run2/train_loss`);
+- a CSV whose first column is `step` and whose other columns are series (an empty cell: no
+  point); a column named `time` gives the row's seconds since the start. The long
+  `key,step,time,value` CSV of the export is read too.
+
+Every scalar tag becomes a series under its own name, so `train_loss` or `test_accuracy` land
+on the run page's charts. TensorBoard's wall times become `time` relative to the first one.
+Nothing is stored unless the whole file reads: one transaction, after the file is read.
+Limits (bytes of the upload, bytes unpacked from an archive, points) come from the environment.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import itertools
+import math
+import os
+import tarfile
+import tempfile
+import zipfile
+import zlib
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path, PurePosixPath
+from typing import IO, Any
+
+from django.core.files.uploadedfile import UploadedFile
+from django.db import transaction
+from django.utils import timezone
+
+from dashboard.env import env_int
+from dashboard.experiments.models import Experiment, SeriesPoint, Status, Strategy
+
+MAX_KEY_CHARS = SeriesPoint._meta.get_field("key").max_length or 200
+MAX_NAME_CHARS = Experiment._meta.get_field("name").max_length or 200
+MAX_STEP = 2**31 - 1  # PositiveIntegerField's bound on PostgreSQL
+MAX_MEMBERS = 10_000
+WRITE_BATCH = 5000
+COPY_CHUNK = 1024 * 1024
+LONG_CSV_HEADER = ["key", "step", "time", "value"]
+# EventAccumulator keeps a random sample of 10,000 scalars a tag unless told 0 (= all).
+SIZE_GUIDANCE = {"scalars": 0, "tensors": 0, "images": 1, "audio": 1, "histograms": 1}
+
+
+class ImportRefused(Exception):
+    """The file cannot be imported: 400 (unreadable) or 413 (too big), with the reason."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def import_max_bytes() -> int:
+    return env_int("TRAINYARD_IMPORT_MAX_BYTES", 50 * 1024 * 1024)
+
+
+def import_max_unpacked_bytes() -> int:
+    return env_int("TRAINYARD_IMPORT_MAX_UNPACKED_BYTES", 200 * 1024 * 1024)
+
+
+def import_max_points() -> int:
+    return env_int("TRAINYARD_IMPORT_MAX_POINTS", 2_000_000)
+
+
+@dataclass
+class ImportedSeries:
+    """What a file held: per key, (step, seconds since the start, value) in file order; `start`
+    is the first wall time where the file had wall times."""
+
+    points: dict[str, list[tuple[int, float, float | None]]] = field(default_factory=dict)
+    start: float | None = None
+    count: int = 0
+
+    def add(self, key: str, step: int, time: float, value: float | None) -> None:
+        if not key or len(key) > MAX_KEY_CHARS:
+            raise ImportRefused(400, f"series name {key[:80]!r} is empty or over 200 characters")
+        if not 0 <= step <= MAX_STEP:
+            raise ImportRefused(400, f"series {key!r}: step {step} is not in 0..{MAX_STEP}")
+        self.count += 1
+        if self.count > import_max_points():
+            raise ImportRefused(413, f"the file holds over {import_max_points()} points")
+        finite = value is not None and math.isfinite(value)
+        self.points.setdefault(key, []).append((step, time, value if finite else None))
+
+
+def _number(text: str, where: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        raise ImportRefused(400, f"{where}: {text[:40]!r} is not a number") from None
+    return value if math.isfinite(value) else None
+
+
+def _step(text: str, where: str) -> int:
+    value = _number(text, where)
+    if value is None or value != int(value):
+        raise ImportRefused(400, f"{where}: step {text[:40]!r} is not a whole number")
+    return int(value)
+
+
+def _cells_check(row: list[str], expected: int, line: int) -> None:
+    if len(row) != expected:
+        raise ImportRefused(400, f"CSV line {line}: {len(row)} cells, the header has {expected}")
+
+
+def csv_read(*, text: str) -> ImportedSeries:
+    rows = csv.reader(io.StringIO(text))
+    header = [cell.strip() for cell in next(rows, [])]
+    if header == LONG_CSV_HEADER:
+        return _csv_long_read(rows)
+    if not header or header[0].lower() != "step":
+        raise ImportRefused(400, "a CSV's first column must be `step` (or key,step,time,value)")
+    names = header[1:]
+    if not names or any(not n for n in names) or len(set(names)) != len(names):
+        raise ImportRefused(400, "the CSV's columns after `step` need distinct, non-empty names")
+    time_at = names.index("time") + 1 if "time" in names else None
+    found = ImportedSeries()
+    for line, row in enumerate(rows, start=2):
+        if not any(cell.strip() for cell in row):
+            continue
+        _cells_check(row, len(header), line)
+        step = _step(row[0], f"CSV line {line}")
+        time = _number(row[time_at], f"CSV line {line}, time") if time_at else 0.0
+        for column, cell in enumerate(row[1:], start=1):
+            if column != time_at and cell.strip():
+                value = _number(cell, f"CSV line {line}, column {header[column]}")
+                found.add(header[column], step, time or 0.0, value)
+    return found
+
+
+def _csv_long_read(rows: Iterator[list[str]]) -> ImportedSeries:
+    found = ImportedSeries()
+    for line, row in enumerate(rows, start=2):
+        if not row:
+            continue
+        _cells_check(row, len(LONG_CSV_HEADER), line)
+        where = f"CSV line {line}"
+        value = _number(row[3], where) if row[3].strip() else None
+        found.add(row[0], _step(row[1], where), _number(row[2], where) or 0.0, value)
+    return found
+
+
+def _tensor_scalar(event: Any) -> float:
+    from tensorboard.util import tensor_util
+
+    array = tensor_util.make_ndarray(event.tensor_proto)
+    return float(array.reshape(-1)[0])
+
+
+def _folder_scalars(folder: Path) -> dict[str, list[tuple[int, float, float]]]:
+    """(step, wall time, value) per scalar tag of the event files in one folder."""
+    # Imported here: TensorBoard loads in a second, which only imports need.
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    accumulator = EventAccumulator(str(folder), size_guidance=SIZE_GUIDANCE)
+    try:
+        accumulator.Reload()
+    except Exception as exc:  # its readers raise their own kinds (DataLossError, protobuf's)
+        raise ImportRefused(400, f"not a readable TensorBoard event file: {exc}"[:300]) from None
+    tags = accumulator.Tags()
+    found = {
+        tag: [(e.step, e.wall_time, e.value) for e in accumulator.Scalars(tag)]
+        for tag in tags["scalars"]
+    }
+    for tag in tags.get("tensors", []):
+        if accumulator.SummaryMetadata(tag).plugin_data.plugin_name == "scalars":
+            events = accumulator.Tensors(tag)
+            found[tag] = [(e.step, e.wall_time, _tensor_scalar(e)) for e in events]
+    return found
+
+
+def tensorboard_read(*, files: Iterable[Path]) -> ImportedSeries:
+    folders = sorted({path.parent for path in files})
+    if not folders:
+        raise ImportRefused(400, "no TensorBoard event file (events.out.tfevents...) found")
+    # One folder: tags as they are. Several (one per run or per add_scalars group): each
+    # folder's tags prefixed by its path below their common folder.
+    common = Path(os.path.commonpath(folders))
+    by_tag: dict[str, list[tuple[int, float, float]]] = {}
+    for folder in folders:
+        prefix = folder.relative_to(common).as_posix() if len(folders) > 1 else "."
+        for tag, events in _folder_scalars(folder).items():
+            if events:
+                by_tag[tag if prefix == "." else f"{prefix}/{tag}"] = events
+    if not by_tag:
+        raise ImportRefused(400, "the TensorBoard log holds no scalar series")
+    start = min(wall for events in by_tag.values() for _, wall, _ in events)
+    found = ImportedSeries(start=start)
+    for tag, events in by_tag.items():
+        for step, wall, value in events:
+            found.add(tag, step, wall - start, value)
+    return found
+
+
+def _member_path(name: str) -> PurePosixPath:
+    """An archive member's path, refused where it would land outside the folder (zip slip)."""
+    path = PurePosixPath(name.replace("\\", "/"))
+    if path.is_absolute() or ".." in path.parts or (path.parts and ":" in path.parts[0]):
+        raise ImportRefused(400, f"archive member {name[:120]!r} points outside its folder")
+    return path
+
+
+def _copy_capped(source: IO[bytes], target: Path, budget: int, name: str) -> int:
+    """Copy at most `budget` bytes, counting what really comes out (headers can lie)."""
+    copied = 0
+    with target.open("wb") as out:
+        while chunk := source.read(COPY_CHUNK):
+            copied += len(chunk)
+            if copied > budget:
+                raise ImportRefused(
+                    413,
+                    f"the archive unpacks to over {import_max_unpacked_bytes()} bytes "
+                    f"(at member {name[:120]!r})",
+                )
+            out.write(chunk)
+    return copied
+
+
+@dataclass
+class _Unpacker:
+    """Checks every member of an archive and unpacks its event files under `root`."""
+
+    root: Path
+    left: int = field(default_factory=import_max_unpacked_bytes)
+    members: int = 0
+    files: list[Path] = field(default_factory=list)
+
+    def member(self, name: str, size: int, *, is_file: bool, is_link: bool) -> Path | None:
+        """Where to unpack the member, or None to skip it."""
+        self.members += 1
+        if self.members > MAX_MEMBERS:
+            raise ImportRefused(400, f"the archive holds over {MAX_MEMBERS} members")
+        path = _member_path(name)
+        if is_link:
+            raise ImportRefused(400, f"archive member {name[:120]!r} is a link")
+        if size > self.left:
+            raise ImportRefused(
+                413,
+                f"archive member {name[:120]!r} unpacks to {size} bytes, over the "
+                f"{import_max_unpacked_bytes()} bytes an import may unpack",
+            )
+        if not is_file or "tfevents" not in path.name:
+            return None
+        target = self.root.joinpath(*path.parts)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        return target
+
+    def copy(self, source: IO[bytes], target: Path, name: str) -> None:
+        self.left -= _copy_capped(source, target, self.left, name)
+        self.files.append(target)
+
+
+def zip_unpack(*, source: IO[bytes], root: Path) -> list[Path]:
+    unpacker = _Unpacker(root)
+    try:
+        with zipfile.ZipFile(source) as archive:
+            for info in archive.infolist():
+                is_link = (info.external_attr >> 16) & 0o170000 == 0o120000
+                target = unpacker.member(
+                    info.filename, info.file_size, is_file=not info.is_dir(), is_link=is_link
+                )
+                if target is not None:
+                    with archive.open(info) as member:
+                        unpacker.copy(member, target, info.filename)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, RuntimeError, EOFError, OSError) as exc:
+        # RuntimeError: an encrypted member; OSError and EOFError: a truncated or corrupt one.
+        raise ImportRefused(400, f"not a readable zip: {exc}"[:300]) from None
+    return unpacker.files
+
+
+def tar_unpack(*, source: IO[bytes], root: Path) -> list[Path]:
+    unpacker = _Unpacker(root)
+    try:
+        with tarfile.open(fileobj=source, mode="r:*") as archive:
+            for info in archive:
+                is_link = info.issym() or info.islnk()
+                if not (info.isfile() or info.isdir() or is_link):
+                    raise ImportRefused(400, f"archive member {info.name[:120]!r} is a device")
+                target = unpacker.member(
+                    info.name, info.size, is_file=info.isfile(), is_link=is_link
+                )
+                member = archive.extractfile(info) if target is not None else None
+                if target is not None and member is not None:
+                    unpacker.copy(member, target, info.name)
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
+        raise ImportRefused(400, f"not a readable tar archive: {exc}"[:300]) from None
+    return unpacker.files
+
+
+def _kind(head: bytes, filename: str) -> str:
+    if head.startswith(b"PK"):
+        return "zip"
+    tar_magic = (b"\x1f\x8b", b"BZh", b"\xfd7zXZ")
+    if head.startswith(tar_magic) or head[257:262] == b"ustar":
+        return "tar"
+    text = head.lstrip(b"\xef\xbb\xbf").lower()
+    if filename.lower().endswith(".csv") or text.startswith((b"step", b"key,")):
+        return "csv"
+    return "tensorboard"
+
+
+def import_read(*, upload: UploadedFile, folder: Path) -> tuple[ImportedSeries, str]:
+    """The series in an uploaded file and what kind of file it was; `folder` is scratch room."""
+    saved = folder / "upload" / "events.out.tfevents.upload"
+    saved.parent.mkdir()
+    with saved.open("wb") as out:
+        for chunk in upload.chunks():
+            out.write(chunk)
+    with saved.open("rb") as source:
+        kind = _kind(source.read(512), upload.name or "")
+        source.seek(0)
+        if kind == "zip":
+            return tensorboard_read(files=zip_unpack(source=source, root=folder / "log")), kind
+        if kind == "tar":
+            return tensorboard_read(files=tar_unpack(source=source, root=folder / "log")), kind
+    if kind == "csv":
+        try:
+            text = saved.read_text(encoding="utf-8-sig")
+        except UnicodeDecodeError:
+            raise ImportRefused(400, "the CSV is not UTF-8 text") from None
+        return csv_read(text=text), kind
+    return tensorboard_read(files=[saved]), "TensorBoard event file"
+
+
+def _last(found: ImportedSeries, key: str) -> float | None:
+    values = [value for _, _, value in found.points.get(key, []) if value is not None]
+    return values[-1] if values else None
+
+
+def _point_rows(experiment: Experiment, found: ImportedSeries) -> Iterator[SeriesPoint]:
+    for key, points in found.points.items():
+        for step, time, value in points:
+            yield SeriesPoint(experiment=experiment, key=key, step=step, time=time, value=value)
+
+
+def experiment_import(*, owner: Any, upload: UploadedFile, name: str = "") -> Experiment:
+    """A finished run of `owner` holding every series of the upload, or ImportRefused (and
+    nothing stored)."""
+    if upload.size is not None and upload.size > import_max_bytes():
+        raise ImportRefused(413, f"the file is {upload.size} bytes, over {import_max_bytes()}")
+    with tempfile.TemporaryDirectory(prefix="trainyard-import-") as scratch:
+        found, kind = import_read(upload=upload, folder=Path(scratch))
+    if not found.count:
+        raise ImportRefused(400, "the file holds no points")
+    filename = PurePosixPath(upload.name or "upload").name
+    started = datetime.fromtimestamp(found.start, tz=UTC) if found.start else timezone.now()
+    last_time = max(time for points in found.points.values() for _, time, _ in points)
+    with transaction.atomic():
+        experiment = Experiment.objects.create(
+            owner=owner,
+            name=(name.strip() or filename.split(".")[0] or "imported run")[:MAX_NAME_CHARS],
+            strategy=Strategy.SINGLE,
+            processes=1,
+            status=Status.SUCCEEDED,
+            started_at=started,
+            finished_at=started + timedelta(seconds=max(0.0, last_time)),
+            step=max(step for points in found.points.values() for step, _, _ in points),
+            test_loss=_last(found, "test_loss"),
+            test_accuracy=_last(found, "test_accuracy"),
+            imported=True,
+            notes=[
+                f"Imported from {filename[:120]} ({kind}): {len(found.points)} series, "
+                f"{found.count} points. No worker trained it here."
+            ],
+        )
+        rows = _point_rows(experiment, found)
+        while batch := list(itertools.islice(rows, WRITE_BATCH)):
+            SeriesPoint.objects.bulk_create(batch)
+    return experiment

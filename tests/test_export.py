@@ -1,0 +1,165 @@
+"""GET /api/experiments/<id>/export/: every stored point read back from the CSV (csv module),
+the JSON, and the TensorBoard zip (TensorBoard's own EventAccumulator); who may export."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import math
+import struct
+import zipfile
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.test import Client
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from dashboard.accounts.models import ApiToken
+from dashboard.experiments.models import Experiment, SeriesPoint
+
+pytestmark = pytest.mark.django_db
+
+STARTED = datetime(2026, 12, 1, 10, 30, 0, 250000, tzinfo=UTC)
+Stored = dict[str, list[tuple[int, float, float | None]]]
+
+
+def float32(value: float) -> float:
+    """What TensorBoard keeps of a value: scalars are 32-bit floats in its event files."""
+    return struct.unpack("f", struct.pack("f", value))[0]
+
+
+def stored_series(experiment: Experiment) -> Stored:
+    found: Stored = {}
+    for point in SeriesPoint.objects.filter(experiment=experiment).order_by("key", "step", "id"):
+        found.setdefault(point.key, []).append((point.step, point.time, point.value))
+    return found
+
+
+@pytest.fixture
+def alice(user_factory: Any) -> Any:
+    return user_factory(username="alice")
+
+
+@pytest.fixture
+def run(alice: Any, experiment_factory: Any) -> Experiment:
+    """A finished run with a long series, a sparse one, a per-rank one and a value that was not
+    finite (stored as null); values like 0.1 that no binary float holds exactly."""
+    experiment = experiment_factory(
+        owner=alice, name="ddp / 2 ranks", status="succeeded", started_at=STARTED
+    )
+    points = [
+        SeriesPoint(
+            experiment=experiment, key="train_loss", step=s, time=s * 0.37, value=1 / (s + 1)
+        )
+        for s in range(2500)
+    ]
+    points += [
+        SeriesPoint(experiment=experiment, key="test_accuracy", step=s, time=s * 0.4, value=v)
+        for s, v in [(800, 0.1), (1600, 0.9123456789), (2499, 0.97)]
+    ]
+    points += [
+        SeriesPoint(experiment=experiment, key="rank/1/images_per_second", step=s, time=s, value=v)
+        for s, v in [(0, None), (1, 1234.5), (2, 1e-7)]
+    ]
+    SeriesPoint.objects.bulk_create(points)
+    return experiment
+
+
+def login(user: Any) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def export(client: Client, experiment: Experiment, kind: str, **headers: str) -> Any:
+    return client.get(f"/api/experiments/{experiment.pk}/export/?format={kind}", **headers)
+
+
+def body(response: Any) -> bytes:
+    return b"".join(response.streaming_content)
+
+
+def test_csv_holds_every_point_as_stored(alice: Any, run: Experiment) -> None:
+    response = export(login(alice), run, "csv")
+    assert response.status_code == 200 and response["Content-Type"].startswith("text/csv")
+    assert response.streaming, "sent as it is read, not built in memory"
+    assert 'filename="trainyard-' in response["Content-Disposition"]
+    rows = list(csv.DictReader(io.StringIO(body(response).decode())))
+    assert list(rows[0]) == ["key", "step", "time", "value"]
+    read: Stored = {}
+    for row in rows:
+        value = float(row["value"]) if row["value"] else None
+        read.setdefault(row["key"], []).append((int(row["step"]), float(row["time"]), value))
+    assert read == stored_series(run)
+    assert len(rows) == 2506
+
+
+def test_json_holds_every_point_as_stored(alice: Any, run: Experiment) -> None:
+    response = export(login(alice), run, "json")
+    assert response.status_code == 200 and response["Content-Type"] == "application/json"
+    data = json.loads(body(response))
+    assert data["id"] == run.pk and data["name"] == "ddp / 2 ranks"
+    assert datetime.fromisoformat(data["started_at"]) == STARTED
+    read = {key: [tuple(p) for p in points] for key, points in data["series"].items()}
+    assert read == stored_series(run)
+
+
+def test_json_of_a_run_without_points_is_valid(alice: Any, experiment_factory: Any) -> None:
+    empty = experiment_factory(owner=alice)
+    assert json.loads(body(export(login(alice), empty, "json")))["series"] == {}
+
+
+def tensorboard_read(folder: Path) -> dict[str, list[Any]]:
+    accumulator = EventAccumulator(str(folder), size_guidance={"scalars": 0})
+    accumulator.Reload()
+    return {tag: accumulator.Scalars(tag) for tag in accumulator.Tags()["scalars"]}
+
+
+def test_tensorboard_zip_reads_back_in_tensorboard(
+    alice: Any, run: Experiment, tmp_path: Path
+) -> None:
+    response = export(login(alice), run, "tensorboard")
+    assert response.status_code == 200 and response["Content-Type"] == "application/zip"
+    with zipfile.ZipFile(io.BytesIO(body(response))) as archive:
+        names = archive.namelist()
+        archive.extractall(tmp_path)
+    # One log folder named after the run, with its event file: `tensorboard --logdir .` there.
+    assert len(names) == 1 and names[0].startswith(f"trainyard-{run.pk}-ddp-2-ranks/")
+    assert "tfevents" in names[0]
+    scalars = tensorboard_read(tmp_path / names[0].split("/")[0])
+    stored = stored_series(run)
+    assert sorted(scalars) == sorted(stored)
+    for key, points in stored.items():
+        events = scalars[key]
+        assert [e.step for e in events] == [step for step, _, _ in points]
+        for event, (_, time, value) in zip(events, points, strict=True):
+            assert event.wall_time == pytest.approx(STARTED.timestamp() + time, abs=1e-6)
+            if value is None:
+                assert math.isnan(event.value), "a value that was not finite is NaN there"
+            else:
+                assert event.value == float32(value)
+
+
+def test_unknown_format_is_refused(alice: Any, run: Experiment) -> None:
+    response = export(login(alice), run, "xlsx")
+    assert response.status_code == 400 and "csv, json, tensorboard" in response.json()["error"]
+
+
+@pytest.mark.parametrize("kind", ["csv", "json", "tensorboard"])
+def test_another_users_run_is_never_exported(user_factory: Any, run: Experiment, kind: str) -> None:
+    response = export(login(user_factory(username="bob")), run, kind)
+    assert response.status_code == 404 and response.json() == {"error": f"no experiment {run.pk}"}
+    assert export(Client(), run, kind).status_code == 401
+
+
+def test_staff_and_the_owners_token_export(alice: Any, user_factory: Any, run: Experiment) -> None:
+    assert export(login(user_factory(staff=True)), run, "csv").status_code == 200
+    token = ApiToken.objects.create(user=alice)
+    response = export(Client(), run, "json", HTTP_AUTHORIZATION=f"Bearer {token.key}")
+    assert response.status_code == 200 and json.loads(body(response))["id"] == run.pk
+    bob_token = ApiToken.objects.create(user=user_factory(username="bob"))
+    response = export(Client(), run, "json", HTTP_AUTHORIZATION=f"Bearer {bob_token.key}")
+    assert response.status_code == 404
