@@ -17,6 +17,11 @@ urlpatterns = [
         name="api-experiment-metrics",
     ),
     path(
+        "experiments/<int:pk>/logs/",
+        experiment_api.experiment_logs,
+        name="api-experiment-logs",
+    ),
+    path(
         "experiments/<int:pk>/stop/",
         experiment_api.experiment_stop_view,
         name="api-experiment-stop",

@@ -1,5 +1,5 @@
 """The run's log: rank 0's messages once, though the training writes them to stderr and as
-events; every other stderr line kept, in order."""
+events; every other stderr line kept, in order, each training line with its rank and level."""
 
 from __future__ import annotations
 
@@ -33,14 +33,44 @@ def test_an_echo_is_dropped_whichever_pipe_comes_first() -> None:
 
 def test_lines_without_an_event_are_shown_in_their_order() -> None:
     echoes = StderrEchoes()
-    rank1 = "[trainyard] 2026-12-02 17:33:42,100 rank 1 WARNING | only rank 1 says this\n"
-    echoes.hold(rank1, now=0.0)
+    rank0 = "[trainyard] 2026-12-02 17:33:42,100 rank 0 WARNING | only stderr says this\n"
+    echoes.hold(rank0, now=0.0)
     echoes.hold("Traceback (most recent call last):\n", now=0.1)
     # The traceback waits behind the held line: stderr's order is kept.
     assert echoes.release(0.5) == []
-    assert echoes.release(1.0) == [rank1, "Traceback (most recent call last):\n"]
+    assert echoes.release(1.0) == [rank0, "Traceback (most recent call last):\n"]
     echoes.hold("plain output\n", now=2.0)
     assert echoes.release(2.0) == ["plain output\n"]  # nothing to wait for
+
+
+def test_another_ranks_line_is_never_taken_for_an_echo() -> None:
+    echoes = StderrEchoes()
+    echoes.heard(WARNING)
+    rank1 = STDERR.replace("rank 0 ", "rank 1 ")
+    echoes.hold(rank1, now=0.0)  # the same words as rank 0's event: rank 1's own line
+    assert echoes.release(0.0) == [rank1]  # no event can answer it: shown at once
+
+
+@pytest.mark.django_db
+def test_every_ranks_lines_are_kept_with_their_rank_and_level(
+    user_factory: Any, experiment_factory: Any
+) -> None:
+    run = experiment_factory(owner=user_factory(), status=Status.RUNNING, attempt=1)
+    supervisor = RunSupervisor(experiment=run, sink=EventSink(run))
+    supervisor._take("stdout", log_event(1, WARNING))
+    supervisor._take("stderr", STDERR)  # rank 0's echo of the event
+    supervisor._take("stderr", STDERR.replace("rank 0 WARNING", "rank 1 WARNING"))
+    supervisor._take("stderr", "[trainyard] 2026-12-02 17:33:43,000 rank 1 ERROR | rank 1 broke\n")
+    supervisor._take("stderr", "Traceback (most recent call last):\n")
+    supervisor._stderr_release(supervisor.echoes.release(float("inf")))
+    supervisor.sink.flush()
+    rows = list(LogLine.objects.filter(experiment=run).values_list("rank", "level", "message"))
+    assert rows == [
+        (0, "warning", WARNING),
+        (1, "warning", WARNING),
+        (1, "error", "rank 1 broke"),
+        (None, "stderr", "Traceback (most recent call last):"),
+    ]
 
 
 @pytest.mark.django_db

@@ -1,10 +1,10 @@
-"""The event protocol between a training run and whoever watches it (version 1.3).
+"""The event protocol between a training run and whoever watches it (version 1.4).
 
 A run writes one JSON object per line on standard output; rank 0 alone writes them. Every object
 has the envelope (``Envelope`` below)
 
     v      protocol major version (int, 1)
-    minor  protocol minor version (int, 3); absent before 1.3, so a 1.0 to 1.2 writer is "1.x"
+    minor  protocol minor version (int, 4); absent before 1.3, so a 1.0 to 1.2 writer is "1.x"
     run    the run id given with --run-id ("" when none was given)
     seq    sequence number, 1, 2, 3, ... in the order written, with no gaps
     type   one of the types below
@@ -43,6 +43,11 @@ Added in 1.3 (additive):
                 that ``v`` is an int it knows) reads 1.3 events unchanged.
     stderr      the log line marker below
 
+Added in 1.4 (additive):
+
+    step        lr: the learning rate the optimizer stepped with (its first parameter group's),
+                so that a schedule's curve is kept beside the loss
+
 Readers must ignore fields they do not know and treat a line that is not a JSON object as plain log
 output. They accept every 1.x (``minor`` absent or any number); a reader that sees a higher major
 version than it knows should stop reading events (``parse_event`` raises ``ProtocolVersionError``).
@@ -51,24 +56,27 @@ Standard error is for people: tracebacks, torchrun's and the libraries' own outp
 training's log lines. A watcher that shows stderr next to the events needs to tell the training's
 log lines apart, because rank 0 also sends each of its log messages as a ``log`` event. Every
 training log line therefore starts with the marker ``LOG_LINE_MARKER`` ("[trainyard] ") and its
-message follows the first ``LOG_LINE_SEPARATOR`` (" | "); what lies between (time, rank, level) is
-for people and may change:
+message follows the first ``LOG_LINE_SEPARATOR`` (" | "). What lies between is for people, except
+that it ends with ``rank <N> <LEVEL>``: under torchrun every rank's stderr reaches the launcher's,
+and a watcher keeps each line with the rank and level that wrote it:
 
     [trainyard] 2026-12-02 17:33:42,033 rank 0 WARNING | Data: MNIST sample: 5,000 real digits ...
 
-``log_line_format`` is the ``logging`` format that writes it, ``log_line_message`` reads it back.
+``log_line_format`` is the ``logging`` format that writes it, ``log_line_read`` reads it back.
 """
 
 # No ``from __future__ import annotations`` here: on Python 3.11 it hides ``NotRequired`` from
 # ``TypedDict``'s ``__required_keys__``, which readers and tests use to know what a type requires.
 
 import json
+import re
 import sys
 import time
+from dataclasses import dataclass
 from typing import IO, Any, Final, Literal, NotRequired, TypedDict, Unpack, cast, get_args, overload
 
 PROTOCOL_VERSION: Final = 1  # the major version, "v" on the wire
-PROTOCOL_MINOR: Final = 3  # the minor version, "minor" on the wire (since 1.3)
+PROTOCOL_MINOR: Final = 4  # the minor version, "minor" on the wire (since 1.3)
 
 EventType = Literal["started", "step", "epoch", "log", "checkpoint", "finished", "failed"]
 EVENT_TYPES: Final = frozenset(get_args(EventType))
@@ -178,6 +186,7 @@ class StepFields(TypedDict):
     compute_seconds: NotRequired[float]
     rss_bytes: NotRequired[int]
     ranks: NotRequired[list[RankReport]]  # 1.1: every rank or Hogwild process
+    lr: NotRequired[float]  # 1.4: the optimizer's (first parameter group's) learning rate
 
 
 class EpochFields(TypedDict):
@@ -363,9 +372,34 @@ def log_line_format(*, rank: int) -> str:
     return f"{LOG_LINE_MARKER}%(asctime)s rank {rank} %(levelname)s{LOG_LINE_SEPARATOR}%(message)s"
 
 
-def log_line_message(line: str) -> str | None:
-    """The message of one of the training's stderr log lines, or None for any other line."""
+# The end of a marked line's head: "... rank 1 WARNING".
+_LOG_LINE_RANK_LEVEL: Final = re.compile(r"\brank (\d{1,6}) ([A-Za-z]+)$")
+
+
+@dataclass(frozen=True)
+class LogLineRead:
+    """One of the training's stderr log lines, read back."""
+
+    message: str
+    rank: int | None  # None where the head does not say (a format older than this reader's)
+    level: str | None  # lower case: "warning", "error", ...
+
+
+def log_line_read(line: str) -> LogLineRead | None:
+    """The message, rank and level of one of the training's stderr log lines, or None for any
+    other line."""
     if not line.startswith(LOG_LINE_MARKER):
         return None
-    _, separator, message = line.rstrip("\n").partition(LOG_LINE_SEPARATOR)
-    return message.strip() if separator else None
+    head, separator, message = line.rstrip("\n").partition(LOG_LINE_SEPARATOR)
+    if not separator:
+        return None
+    found = _LOG_LINE_RANK_LEVEL.search(head.rstrip())
+    if found is None:
+        return LogLineRead(message=message.strip(), rank=None, level=None)
+    return LogLineRead(message=message.strip(), rank=int(found[1]), level=found[2].lower())
+
+
+def log_line_message(line: str) -> str | None:
+    """The message of one of the training's stderr log lines, or None for any other line."""
+    read = log_line_read(line)
+    return read.message if read is not None else None

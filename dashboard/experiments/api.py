@@ -2,19 +2,45 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from typing import Any
+from urllib.parse import urlencode
 
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import (
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotModified,
+    JsonResponse,
+    StreamingHttpResponse,
+)
 
 from dashboard.api import ApiError, api_view, json_body
+from dashboard.experiments.api_metrics import metrics_response
 from dashboard.experiments.checkpoints import (
     checkpoint_file_resolve,
     checkpoint_file_response,
     checkpoint_where_text,
 )
 from dashboard.experiments.forms import FIELDS, MAX_GPU_IDS, ExperimentForm
+from dashboard.experiments.labels import experiment_labels_update, labels_check
 from dashboard.experiments.limits import LaunchLimited
-from dashboard.experiments.models import Experiment
+from dashboard.experiments.logs import (
+    LEVEL_SEVERITY,
+    LOG_PAGE_DEFAULT,
+    LOG_PAGE_MAX,
+    LogFilter,
+    log_lines_page,
+    log_ranks,
+    log_text_lines,
+)
+from dashboard.experiments.models import ACTIVE_STATUSES, Experiment
+from dashboard.experiments.run_list import (
+    ListQueryError,
+    list_query_params,
+    list_query_parse,
+    runs_page,
+)
 from dashboard.experiments.services import (
     experiment_as_dict,
     experiment_can_control,
@@ -41,7 +67,6 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
 # Fields where null means "the default for the strategy".
 NULLABLE_FIELDS = frozenset({"processes", "zero_stage"})
 TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", list: "a list"}
-MAX_LIST_PAGE = 500
 # Bounds checked before the form sees a value (see launch_payload_bounds_check).
 MAX_JSON_INT = 2**63 - 1
 MAX_STRING_CHARS = 200
@@ -106,11 +131,46 @@ def _controllable(request: HttpRequest, pk: int, doing: str) -> Experiment:
     return experiment
 
 
+def _query_url(request: HttpRequest, params: dict[str, str]) -> str:
+    return request.build_absolute_uri(f"{request.path}?{urlencode(params)}")
+
+
+def _list_etag(body: dict[str, Any]) -> str:
+    """The list's version, left unchanged by what only the clock moves (an active run's
+    duration; the page ticks it on), so that an idle list answers 304."""
+    rows = [
+        {**row, "duration": None} if row["status"] in ACTIVE_STATUSES else row
+        for row in body["experiments"]
+    ]
+    digest = hashlib.sha256(json.dumps({**body, "experiments": rows}).encode()).hexdigest()
+    return f'"{digest[:32]}"'
+
+
+def experiments_list_response(request: HttpRequest) -> HttpResponse:
+    """A page of runs: ``count`` over every page, ``next`` (URL or null), and conditional GETs:
+    a poll that sends the ETag it has costs a bodiless 304 when nothing changed."""
+    try:
+        query = list_query_parse(request.GET)
+    except ListQueryError as exc:
+        raise ApiError(400, str(exc)) from None
+    page = runs_page(visible=experiments_visible_to(request.user), query=query)
+    params = list_query_params(query)
+    body: dict[str, Any] = {
+        "count": page.count,
+        "next": _query_url(request, {**params, "page": page.next}) if page.next else None,
+        "experiments": [experiment_as_dict(e) for e in page.rows],
+    }
+    etag = _list_etag(body)
+    headers = {"ETag": etag, "Cache-Control": "private, no-cache", "Vary": "Cookie, Authorization"}
+    if etag in request.headers.get("If-None-Match", ""):
+        return HttpResponseNotModified(headers=headers)
+    return JsonResponse(body, headers=headers)
+
+
 @api_view(("GET", "POST"))
-def experiments(request: HttpRequest) -> JsonResponse:
+def experiments(request: HttpRequest) -> HttpResponse:
     if request.method == "GET":
-        rows = experiments_visible_to(request.user).select_related("cancelled_by")[:MAX_LIST_PAGE]
-        return JsonResponse({"experiments": [experiment_as_dict(e) for e in rows]})
+        return experiments_list_response(request)
     payload = json_body(request)
     errors = launch_payload_check(payload)
     if errors:
@@ -135,15 +195,71 @@ def launch_limited_error(refused: LaunchLimited) -> ApiError:
     )
 
 
-@api_view(("GET",))
+@api_view(("GET", "PATCH"))
 def experiment_detail(request: HttpRequest, pk: int) -> JsonResponse:
-    return JsonResponse(experiment_as_dict(_visible(request, pk)))
+    """The run; PATCH with ``tags`` and/or ``note`` (owner or staff) relabels it."""
+    if request.method == "GET":
+        return JsonResponse(experiment_as_dict(_visible(request, pk)))
+    experiment = _controllable(request, pk, "change the tags and note of")
+    fields, errors = labels_check(json_body(request))
+    if errors:
+        raise ApiError(400, "invalid tags or note", errors)
+    experiment_labels_update(experiment=experiment, fields=fields)
+    return JsonResponse(experiment_as_dict(experiment))
+
+
+def log_filter_parse(params: Any) -> LogFilter:
+    rank, level = params.get("rank", ""), params.get("level", "").strip().lower()
+    if rank and not (rank.isdigit() and len(rank) < 7):
+        raise ApiError(400, "rank must be a whole number from 0")
+    if level and level not in LEVEL_SEVERITY:
+        raise ApiError(400, f"level must be one of {', '.join(LEVEL_SEVERITY)}")
+    return LogFilter(rank=int(rank) if rank else None, level=level or None)
+
+
+def _whole_number(params: Any, name: str, default: int | None, most: int) -> int | None:
+    value = params.get(name, "")
+    if not value:
+        return default
+    if not (value.isdigit() and int(value) <= most):
+        raise ApiError(400, f"{name} must be a whole number from 0 to {most}")
+    return int(value)
+
+
+@api_view(("GET",))
+def experiment_logs(request: HttpRequest, pk: int) -> HttpResponse:
+    """The run's log lines, oldest first, a page at a time (``after=<seq>``, ``limit``), by
+    ``rank`` and ``level`` (that level or worse); ``format=text`` downloads them all."""
+    experiment = _visible(request, pk)
+    where = log_filter_parse(request.GET)
+    if request.GET.get("format") == "text":
+        response = StreamingHttpResponse(
+            log_text_lines(experiment=experiment, where=where),
+            content_type="text/plain; charset=utf-8",
+        )
+        response["Content-Disposition"] = f'attachment; filename="run-{pk}-log.txt"'
+        return response
+    after = _whole_number(request.GET, "after", None, MAX_JSON_INT)
+    limit = _whole_number(request.GET, "limit", LOG_PAGE_DEFAULT, LOG_PAGE_MAX) or 1
+    page = log_lines_page(experiment=experiment, where=where, after=after, limit=limit)
+    following = None
+    if page.more:
+        params = {k: v for k, v in request.GET.items() if k in {"rank", "level", "limit"}}
+        following = _query_url(request, {**params, "after": str(page.lines[-1].seq)})
+    return JsonResponse(
+        {
+            "id": pk,
+            "lines": [line.as_dict() for line in page.lines],
+            "next": following,
+            "ranks": log_ranks(experiment=experiment),
+        }
+    )
 
 
 @api_view(("GET",))
 def experiment_metrics(request: HttpRequest, pk: int) -> JsonResponse:
-    experiment = _visible(request, pk)
-    return JsonResponse({"id": pk, "points": [p.as_dict() for p in experiment.points.all()]})
+    """The run's series, bucketed by default (``?raw=1`` pages raw points): api_metrics.py."""
+    return metrics_response(request=request, experiment=_visible(request, pk))
 
 
 @api_view(("POST",))

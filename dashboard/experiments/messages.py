@@ -21,6 +21,10 @@ a gap: channels-redis drops messages past its capacity without a word.
     checkpoint  the training's checkpoint event, plus where to download it (url, size), the
                 steps whose files the training's retention has deleted (pruned) and the run
                 log's line for it (log_text)
+    series      the dashboard's: points of series that no step or epoch event carries (the
+                supervisor's samples of the worker's CPU and GPUs, keys as in series.py),
+                ``points: {key: [[step, time, value], ...]}``; the page appends each point to
+                its series as a one-point bucket, as it does with step and epoch figures
     log         a line of the run's log: the training's log events, its plain output (stderr, and
                 stdout lines that are no events), the dashboard's own words (a Stop, a request,
                 the training's end, which the page shows as a line: the status is the dashboard's)
@@ -86,9 +90,15 @@ class RunFailedBody(TypedDict):
     traceback: NotRequired[str]  # also stored as an error line of the log
 
 
+class SeriesBody(TypedDict):
+    type: Literal["series"]
+    points: dict[str, list[list[Any]]]  # key -> [[step, time, value], ...]
+
+
 class LogBody(LogFields):
     type: Literal["log"]
     time: NotRequired[float]  # the training's (seconds since it started); none for plain output
+    rank: NotRequired[int]  # the rank that wrote it (its stderr, or rank 0's event); none else
 
 
 class StatusMessage(StatusBody, Numbered):
@@ -104,6 +114,10 @@ class RunFailedMessage(RunFailedBody, Numbered):
 
 
 class LogMessage(LogBody, Numbered):
+    pass
+
+
+class SeriesMessage(SeriesBody, Numbered):
     pass
 
 
@@ -173,7 +187,9 @@ class SnapshotMessage(TypedDict):
     type: Literal["snapshot"]
     seq: int  # the last message stored: later ones follow it
     experiment: dict[str, Any]  # services.experiment_as_dict: the run's row, as the API gives it
-    points: list[dict[str, Any]]  # MetricPoint.as_dict: every stored point, in seq order
+    # series.series_buckets (default budget): every series of the run, bucketed by step, at
+    # most ~1000 buckets each whatever the run's length: {key: {count, buckets}}.
+    series: dict[str, Any]
     logs: list[dict[str, Any]]  # LogLine.as_dict (seq, time, level, message): the last lines
     run: dict[str, Any]  # services.experiment_run_facts: shared tensors, stages, world size
     rank_stats: dict[str, Any]  # a RankStats (below), or {} before the first step event
@@ -195,7 +211,7 @@ class GroupEvents(TypedDict):
 
 
 # What EventSink.add takes: a training event (training/protocol.py) or the dashboard's own body.
-Body = StatusBody | RunFinishedBody | RunFailedBody | LogBody
+Body = StatusBody | RunFinishedBody | RunFailedBody | LogBody | SeriesBody
 
 Message = (
     SnapshotMessage
@@ -205,6 +221,7 @@ Message = (
     | EpochMessage
     | CheckpointMessage
     | LogMessage
+    | SeriesMessage
     | RunFinishedMessage
     | RunFailedMessage
     | ErrorMessage

@@ -1,4 +1,4 @@
-"""Experiments, their metric points and their log lines."""
+"""Experiments, their series (named scalars by step) and their log lines."""
 
 from __future__ import annotations
 
@@ -174,39 +174,6 @@ class Experiment(models.Model):
         return "CPU"
 
 
-class MetricPoint(models.Model):
-    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="points")
-    seq = models.IntegerField()
-    step = models.PositiveIntegerField()
-    epoch = models.PositiveIntegerField()
-    train_loss = models.FloatField(null=True, blank=True)
-    test_loss = models.FloatField(null=True, blank=True)
-    test_accuracy = models.FloatField(null=True, blank=True)
-    images_per_second = models.FloatField(null=True, blank=True)
-    time = models.FloatField(help_text="seconds since the run started")
-
-    class Meta:
-        ordering = ["seq"]
-        constraints = [
-            models.UniqueConstraint(fields=["experiment", "seq"], name="unique_point_seq")
-        ]
-
-    def __str__(self) -> str:
-        return f"step {self.step} of #{self.experiment_id}"
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "seq": self.seq,
-            "step": self.step,
-            "epoch": self.epoch,
-            "train_loss": self.train_loss,
-            "test_loss": self.test_loss,
-            "test_accuracy": self.test_accuracy,
-            "images_per_second": self.images_per_second,
-            "time": self.time,
-        }
-
-
 class SeriesPoint(models.Model):
     """One value of one named series of a run, the narrow shape MLflow and Aim store: `key` is
     e.g. train_loss, test_accuracy, lr, rank/1/images_per_second or machine/host-a/cpu_percent;
@@ -243,7 +210,13 @@ class LogLine(models.Model):
         return self.message[:80]
 
     def as_dict(self) -> dict[str, object]:
-        return {"seq": self.seq, "time": self.time, "level": self.level, "message": self.message}
+        return {
+            "seq": self.seq,
+            "time": self.time,
+            "level": self.level,
+            "message": self.message,
+            "rank": self.rank,
+        }
 
 
 class Checkpoint(models.Model):

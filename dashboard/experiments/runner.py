@@ -21,13 +21,15 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import IO, Any, ClassVar, Literal
+from typing import IO, Any, ClassVar, Literal, cast
 
 from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from dashboard.devices.facts import machine_samples_collect
 from dashboard.devices.models import WorkerMachine
+from dashboard.env import env_float
 from dashboard.experiments import transitions
 from dashboard.experiments.allocation import (
     Machine,
@@ -60,13 +62,14 @@ from training.protocol import (
     LogEvent,
     ProtocolVersionError,
     StartedEvent,
-    log_line_message,
+    log_line_read,
     parse_event,
 )
 
 log = logging.getLogger(__name__)
 
-FLUSH_SECONDS = 0.5
+# The longest the loop waits for a line before it looks at stops, beats and samples.
+POLL_SECONDS = 0.1
 STOP_POLL_SECONDS = 0.5
 STDERR_TAIL_LINES = 30
 
@@ -231,6 +234,11 @@ def _pump(stream: IO[str], source: str, lines: queue.Queue[tuple[str, str | None
     lines.put((source, None))
 
 
+def sample_interval() -> float:
+    """Seconds between samples of the worker's CPU and GPUs while a run is on it."""
+    return max(0.2, env_float("TRAINYARD_SAMPLE_SECONDS", 2.0))
+
+
 def heartbeat_interval() -> float:
     return max(0.5, min(5.0, settings.TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS / 6))
 
@@ -280,21 +288,23 @@ class RunSupervisor:
     def run(self) -> Outcome | None:
         process = self._start()
         open_streams = 2
-        next_flush = next_stop_check = next_beat = time.monotonic()
+        started = next_stop_check = next_beat = time.monotonic()
+        machine_samples_collect(worker=self.experiment.worker)  # primes psutil's CPU percent
+        next_sample = started + sample_interval()
         while open_streams:
-            try:
-                source, line = self.lines.get(timeout=0.1)
-            except queue.Empty:
-                source, line = "", ""
+            source, line = self._next_line()
             if line is None:
                 open_streams -= 1
             elif line:
                 self._take(source, line)
             now = time.monotonic()
-            if now >= next_flush:
-                self._stderr_release(self.echoes.release(now))
-                self.sink.flush()
-                next_flush = now + FLUSH_SECONDS
+            self._stderr_release(self.echoes.release(now))
+            if now >= next_sample:
+                samples = machine_samples_collect(worker=self.experiment.worker)
+                self.sink.add_series(samples, time_=round(now - started, 3))
+                next_sample = now + sample_interval()
+            if self.sink.due_in(now) == 0:
+                self.sink.flush()  # at once when sparse, coalesced under load (see sink.py)
             if now >= next_stop_check and self.stopped_by is None:
                 self._check_requests(process)
                 next_stop_check = now + STOP_POLL_SECONDS
@@ -307,6 +317,15 @@ class RunSupervisor:
         self._stderr_release(self.echoes.release(math.inf))
         self.sink.flush()
         return self._outcome(returncode)
+
+    def _next_line(self) -> tuple[str, str | None]:
+        """The next line of the training's output, ("", "") when none came before the sink's
+        next send is due (or POLL_SECONDS)."""
+        due = self.sink.due_in(time.monotonic())
+        try:
+            return self.lines.get(timeout=POLL_SECONDS if due is None else min(POLL_SECONDS, due))
+        except queue.Empty:
+            return "", ""
 
     def _heartbeat(self, process: subprocess.Popen[str]) -> None:
         alive = Experiment.objects.filter(
@@ -366,7 +385,9 @@ class RunSupervisor:
 
     def _log_take(self, event: LogEvent) -> LogEvent:
         self.echoes.heard(str(event.get("message", "")))
-        return event
+        # Rank 0 alone writes events: its log messages are kept as rank 0's (their stderr copy
+        # is dropped as an echo), so that filtering the log by rank 0 finds them.
+        return cast(LogEvent, {**event, "rank": 0})
 
     def _checkpoint_take(self, event: CheckpointEvent) -> CheckpointEvent:
         if event.get("answers_request") is True:
@@ -399,8 +420,15 @@ class RunSupervisor:
     def _stderr_release(self, lines: list[str]) -> None:
         # After a Stop, the launcher's signal tracebacks are expected noise, not news.
         for line in lines:
-            if line.strip() and self.stopped_by is None:
+            if not line.strip() or self.stopped_by is not None:
+                continue
+            # A training log line is kept as its message, with the rank and level that wrote it
+            # (the run page filters by them); any other line as it came.
+            read = log_line_read(line)
+            if read is None:
                 self.sink.add_output(line, level="stderr")
+            else:
+                self.sink.add_output(read.message, level=read.level or "stderr", rank=read.rank)
 
     def _check_requests(self, process: subprocess.Popen[str]) -> None:
         """What the run's row asks of this run: a stop, a checkpoint (one query for both)."""
@@ -520,24 +548,32 @@ class StderrEchoes:
     The two come through separate pipes in either order, so one of the training's log lines
     (marked as ``training/protocol.py`` documents) is held for up to ``HOLD_SECONDS``: dropped if
     the event with its message comes, else shown after all (a message only stderr has, or
-    another rank's). Lines behind a held one wait with it, so that stderr keeps its order."""
+    another rank's). Lines behind a held one wait with it, so that stderr keeps its order.
+
+    Only rank 0's lines can be echoes: every rank logs the same warnings (each loads the data),
+    and rank 1's copy of a message rank 0 sent as an event is rank 1's own line, kept."""
 
     HOLD_SECONDS = 1.0
 
     def __init__(self) -> None:
-        self.held: deque[tuple[float, str | None, str]] = deque()  # (since, message, line)
+        # (since, the message an event would carry if the line may be its echo, line)
+        self.held: deque[tuple[float, str | None, str]] = deque()
         self.events: deque[str] = deque(maxlen=200)  # recent log events' messages
 
     def hold(self, line: str, *, now: float) -> None:
-        message = log_line_message(line)
-        if message is not None and message in self.events:
+        read = log_line_read(line)
+        if read is None:
+            self.held.append((now, None, line))
+            return
+        echo = read.message if read.rank in (0, None) else None
+        if echo is not None and echo in self.events:
             return  # the echo of an event already stored
-        self.held.append((now, message, line))
+        self.held.append((now, echo, line))
 
     def heard(self, message: str) -> None:
         message = message.strip()
         self.events.append(message)
-        self.held = deque(h for h in self.held if h[1] != message)
+        self.held = deque(h for h in self.held if h[1] is None or h[1] != message)
 
     def release(self, now: float) -> list[str]:
         """The lines to show now, in stderr's order: from the front, those not waiting for an

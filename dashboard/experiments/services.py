@@ -18,6 +18,7 @@ from dashboard.experiments.limits import launch_slot_claim
 from dashboard.experiments.messages import SnapshotMessage
 from dashboard.experiments.models import Experiment, Status
 from dashboard.experiments.run_facts import snapshot_texts
+from dashboard.experiments.series import series_buckets
 from dashboard.experiments.tasks import run_experiment
 
 User = AbstractBaseUser | AnonymousUser
@@ -98,7 +99,8 @@ def experiment_run_facts(experiment: Experiment) -> dict[str, Any]:
 
 
 def experiment_snapshot_build(*, experiment: Experiment, log_lines: int) -> SnapshotMessage:
-    """What a page needs to draw a run from scratch: the WebSocket's first message."""
+    """What a page needs to draw a run from scratch: the WebSocket's first message. Its size
+    is bounded whatever the run's length: series come bucketed, logs as the last lines."""
     logs = [line.as_dict() for line in experiment.logs.order_by("-seq", "-id")[:log_lines]]
     logs.reverse()
     run, rank_stats = experiment_run_facts(experiment), experiment.rank_stats or {}
@@ -110,7 +112,7 @@ def experiment_snapshot_build(*, experiment: Experiment, log_lines: int) -> Snap
         "type": "snapshot",
         "seq": experiment.last_seq,
         "experiment": experiment_as_dict(experiment),
-        "points": [p.as_dict() for p in experiment.points.all()],
+        "series": dict(series_buckets(experiment=experiment)),
         "logs": logs,
         "run": run,
         "rank_stats": rank_stats,
@@ -152,5 +154,7 @@ def experiment_as_dict(experiment: Experiment) -> dict[str, Any]:
         duration=experiment.duration_seconds,
         url=experiment.get_absolute_url(),
         devices_label=experiment.devices_label(),
+        tags=experiment.tags,
+        note=experiment.note,
     )
     return data

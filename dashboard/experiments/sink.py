@@ -2,9 +2,18 @@
 
 Events are numbered by the dashboard (`seq`, per experiment, no gaps), stored in one transaction
 per flush, and sent as one channel message per flush: channels-redis drops messages past its
-capacity without a word, so a fast run must not send one message per event. What it takes (a
-training event, or a body of the dashboard's own) and what the page receives are typed in
-`messages.py`.
+capacity without a word, so a fast run must not send one message per event. The supervisor
+flushes as soon as `due_in` says so: at once when events are sparse (a point leaves the moment it
+comes), at most once per `SEND_GAP_SECONDS` under load (a burst is coalesced into one message and
+one transaction). What it takes (a training event, or a body of the dashboard's own) and what the
+page receives are typed in `messages.py`.
+
+Every figure of a step or epoch event is stored as a series (`SeriesPoint`, keys as listed in
+`series.py`'s contract): the step's train_loss, images_per_second, lr and rank 0's data/compute
+seconds and rss; each rank's figures from `ranks` as rank/<r>/...; the epoch's test_loss and
+test_accuracy, and its mean images/s as epoch/images_per_second (a coarser figure over a whole
+epoch: scaling.py reads it only for a run with no step event). The supervisor's machine samples
+come through `add_series`.
 """
 
 from __future__ import annotations
@@ -12,7 +21,8 @@ from __future__ import annotations
 import logging
 import math
 import os
-from collections.abc import Callable
+import time
+from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, cast
 
 from asgiref.sync import async_to_sync
@@ -27,19 +37,40 @@ from dashboard.experiments.messages import (
     Message,
     RankRow,
     RankStats,
+    SeriesBody,
 )
-from dashboard.experiments.models import Checkpoint, Experiment, LogLine, MetricPoint
+from dashboard.experiments.models import Checkpoint, Experiment, LogLine, SeriesPoint
 from dashboard.experiments.run_facts import checkpoint_texts, rank_rows, started_texts
 from training.protocol import Event
 
 log = logging.getLogger(__name__)
 
-POINT_FIELDS = ("step", "epoch", "train_loss", "test_loss", "test_accuracy", "images_per_second")
+# Event field -> series key, by event type (rank 0's figures are the run's own series).
+STEP_SERIES = {
+    name: name
+    for name in (
+        "train_loss",
+        "images_per_second",
+        "lr",
+        "data_seconds",
+        "compute_seconds",
+        "rss_bytes",
+    )
+}
+EPOCH_SERIES = {
+    "test_loss": "test_loss",
+    "test_accuracy": "test_accuracy",
+    "images_per_second": "epoch/images_per_second",
+}
+# Under load, one channel message (and one transaction) per this many seconds at most: well
+# inside channels-redis' capacity of 100 messages per channel, whatever the training writes.
+SEND_GAP_SECONDS = 0.05
 MAX_LOG_CHARS = 4000
 RANK_FIELDS = ("images_per_second", "data_seconds", "compute_seconds", "rss_bytes")
 # A report is trusted to be small, not to be well-formed: bound what one event can store.
 MAX_RANKS = 1024
 MAX_PATH_CHARS = 4096
+MAX_KEY_CHARS = 200  # SeriesPoint.key
 
 
 def experiment_group(experiment_id: int) -> str:
@@ -83,6 +114,18 @@ def rank_stats_from_event(message: dict[str, Any]) -> RankStats | None:
     }
 
 
+def _rank_series(ranks: Any) -> dict[str, float | None]:
+    """rank/<r>/<figure> for each rank's figures of a step event (protocol 1.1 `ranks`)."""
+    if not isinstance(ranks, list):
+        return {}
+    values: dict[str, float | None] = {}
+    for row in ranks[:MAX_RANKS]:
+        number = row.get("rank") if isinstance(row, dict) else None
+        if _count(number):
+            values.update({f"rank/{number}/{name}": _number(row.get(name)) for name in RANK_FIELDS})
+    return values
+
+
 def file_size(path: str) -> int | None:
     # Read here, by the worker: the file is on this machine, maybe not on the web server's.
     try:
@@ -108,13 +151,22 @@ class EventSink:
     def __init__(self, experiment: Experiment):
         self.experiment = experiment
         self.seq = experiment.last_seq
-        self.points: list[MetricPoint] = []
+        self.points: list[SeriesPoint] = []
         self.logs: list[LogLine] = []
         self.messages: list[dict[str, Any]] = []
         self.updates: dict[str, Any] = {}
         self.checkpoints: list[Checkpoint] = []
         self.pruned: set[int] = set()
         self.channel_layer = get_channel_layer()
+        self.step = experiment.step  # the run's latest step: where a machine sample is placed
+        self.sent_at = -math.inf  # time.monotonic() of the last flush
+
+    def due_in(self, now: float) -> float | None:
+        """Seconds until `flush` should run (0: now), or None with nothing to send. A message
+        leaves at once unless one left less than SEND_GAP_SECONDS ago."""
+        if not self.messages:
+            return None
+        return max(0.0, self.sent_at + SEND_GAP_SECONDS - now)
 
     def add(self, event: Event | Body) -> Message:
         """Number an event, queue its rows and its message; returns the message."""
@@ -129,9 +181,12 @@ class EventSink:
         self.messages.append(message)
         return cast(Message, message)
 
-    def add_output(self, line: str, *, level: str) -> None:
-        """A line of plain output (stderr, or stdout that is not an event)."""
+    def add_output(self, line: str, *, level: str, rank: int | None = None) -> None:
+        """A line of plain output (stderr, or stdout that is not an event); ``rank`` where a
+        training log line said which rank wrote it."""
         body: LogBody = {"type": "log", "level": level, "message": line.rstrip()[:MAX_LOG_CHARS]}
+        if rank is not None:
+            body["rank"] = rank
         self.add(body)
 
     def _started_store(self, message: dict[str, Any]) -> None:
@@ -159,27 +214,37 @@ class EventSink:
             self._add_log({**message, "message": message["traceback"]}, level="error")
 
     def _add_point(self, message: dict[str, Any]) -> None:
-        values = {name: _number(message.get(name)) for name in POINT_FIELDS}
-        if message["type"] == "epoch":
-            values["train_loss"] = None  # the epoch mean would draw a second, coarser curve
-        else:
-            values["test_loss"] = values["test_accuracy"] = None
-        step, epoch = int(values.pop("step") or 0), int(values.pop("epoch") or 0)
-        self.points.append(
-            MetricPoint(
-                experiment_id=self.experiment.pk,
-                seq=self.seq,
-                step=step,
-                epoch=epoch,
-                time=_number(message.get("time")) or 0.0,
-                **values,
-            )
-        )
-        self.updates.update(step=step, epoch=epoch)
+        reported, epoch = message.get("step"), message.get("epoch")
+        step = cast(int, reported) if _count(reported) else self.step
+        time_ = _number(message.get("time")) or 0.0
+        fields = STEP_SERIES if message["type"] == "step" else EPOCH_SERIES
+        values = {
+            key: _number(message.get(name)) for name, key in fields.items() if name in message
+        }
+        if message["type"] == "step":
+            values.update(_rank_series(message.get("ranks")))
+        self._add_values(values, step=step, time_=time_)
+        self.step = step
+        self.updates.update(step=step, epoch=epoch if _count(epoch) else 0)
         stats = rank_stats_from_event(message)
         if stats is not None:
             self.updates["rank_stats"] = stats
             message["texts"] = {"ranks": rank_rows(stats)}  # the page places them as they are
+
+    def _add_values(self, values: dict[str, float | None], *, step: int, time_: float) -> None:
+        self.points.extend(
+            SeriesPoint(experiment_id=self.experiment.pk, key=key, step=step, time=time_, value=v)
+            for key, v in values.items()
+        )
+
+    def add_series(self, values: Mapping[str, float | None], *, time_: float) -> None:
+        """Samples taken beside the training (machine and GPU load), placed at the run's latest
+        step; sent as one `series` message."""
+        values = {key[:MAX_KEY_CHARS]: _number(v) for key, v in values.items()}
+        self._add_values(values, step=self.step, time_=time_)
+        points = {key: [[self.step, time_, v]] for key, v in values.items()}
+        body: SeriesBody = {"type": "series", "points": points}
+        self.add(body)
 
     def _add_checkpoint(self, message: dict[str, Any]) -> None:
         epoch, step, path = message.get("epoch"), message.get("step"), message.get("path")
@@ -226,6 +291,7 @@ class EventSink:
                 time=_number(message.get("time")) or 0.0,
                 level=level[:16],
                 message=str(message.get("message", ""))[:MAX_LOG_CHARS],
+                rank=rank if _count(rank := message.get("rank")) else None,
             )
         )
 
@@ -234,7 +300,7 @@ class EventSink:
         if not self.messages:
             return
         with transaction.atomic():
-            MetricPoint.objects.bulk_create(self.points)
+            SeriesPoint.objects.bulk_create(self.points)
             LogLine.objects.bulk_create(self.logs)
             if self.pruned:
                 Checkpoint.objects.filter(
@@ -255,6 +321,7 @@ class EventSink:
         self.points, self.logs, self.updates, self.checkpoints = [], [], {}, []
         self.pruned = set()
         self._send(messages)
+        self.sent_at = time.monotonic()
 
     def _send(self, messages: list[dict[str, Any]]) -> None:
         if self.channel_layer is None:
