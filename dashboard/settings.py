@@ -124,16 +124,18 @@ STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
 STATICFILES_DIRS = [
     BASE_DIR / "static",
-    ("vendor/chart.js", BASE_DIR / "node_modules" / "chart.js" / "dist"),
+    # uPlot's own dist files, as `npm ci` installs them from package-lock.json (no build step).
+    ("vendor/uplot", BASE_DIR / "node_modules" / "uplot" / "dist"),
 ]
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
 
 # Bad input: bodies over 64 KiB are refused (413 from the JSON API, the same figure as
-# dashboard.api.MAX_BODY_BYTES), and so are WebSocket frames and messages over 64 KiB under
+# dashboard.api.MAX_BODY_BYTES), and so are WebSocket frames over 64 KiB under
 # `manage.py runserver` (the Procfile passes the same to daphne; the consumer closes at 4 KiB).
+# The message limit also bounds what daphne sends, so it holds a long run's snapshot (Procfile).
 DATA_UPLOAD_MAX_MEMORY_SIZE = 64 * 1024
-DAPHNE_WEBSOCKET_MAX_MESSAGE_SIZE = 64 * 1024
+DAPHNE_WEBSOCKET_MAX_MESSAGE_SIZE = 16 * 1024 * 1024
 DAPHNE_WEBSOCKET_MAX_FRAME_SIZE = 64 * 1024
 
 # Per-user limits on launches (0 turns one off): runs queued or running at once, and launches

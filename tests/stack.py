@@ -10,7 +10,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,32 +21,10 @@ from typing import Any
 
 import requests
 
+from dashboard.serving import daphne_command, free_port, port_open, redis_command, wait_for
+
 ROOT = Path(__file__).resolve().parent.parent
 IN_CI = os.environ.get("CI", "").lower() in {"1", "true", "yes"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def wait_for(predicate: Any, *, timeout: float, what: str, interval: float = 0.1) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout} s waiting for {what}")
-
-
-def port_open(port: int) -> bool:
-    try:
-        with socket.create_connection(("127.0.0.1", port), timeout=0.5):
-            return True
-    except OSError:
-        return False
 
 
 @dataclass
@@ -175,12 +152,9 @@ class Stack:
 
 
 def redis_start(*, logs: Path, port: int | None = None) -> tuple[Service, str]:
-    from dashboard.management.commands.serve_redis import redis_binary
-
     port = port or free_port()
-    command = [redis_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", ""]
     service = service_start(
-        name="redis", command=command + ["--appendonly", "no"], env=dict(os.environ), logs=logs
+        name="redis", command=redis_command(port=port), env=dict(os.environ), logs=logs
     )
     wait_for(lambda: port_open(port), timeout=15, what="redis")
     return service, f"redis://127.0.0.1:{port}/0"
@@ -225,8 +199,8 @@ def stack_running(*, home: Path, data_dir: Path) -> Iterator[Stack]:
     stack.services["redis"] = redis
     try:
         stack.manage("migrate", "--noinput", "-v", "0")
-        web = [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(web_port),
-               "dashboard.asgi:application"]  # fmt: skip
+        # The Procfile's daphne flags: tests meet the limits a user's server has.
+        web = daphne_command(port=web_port)
         stack.services["web"] = service_start(name="web", command=web, env=env, logs=logs)
         stack.services["worker"] = worker_start(stack)
         beat = [sys.executable, "-m", "celery", "-A", "dashboard", "beat", "--loglevel", "INFO",

@@ -6,7 +6,6 @@ Screenshots land in test-artifacts/ for a person to look at.
 
 from __future__ import annotations
 
-import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,22 +13,13 @@ from typing import Any
 
 import pytest
 
+from dashboard.serving import CHROMIUM, CHROMIUM_ARGS
 from tests.conftest import need
 from tests.stack import ROOT, Stack
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(400)]
 
-CHROMIUM = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = ROOT / "test-artifacts"
-CHROMIUM_ARGS = [
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 
 STATUS_IS = """() => document.getElementById('status-badge').textContent.trim().toLowerCase()
     === '%s'"""

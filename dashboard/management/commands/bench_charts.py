@@ -1,0 +1,347 @@
+"""How fast a long run's page draws, and how the run list holds 10,000 runs.
+
+`python manage.py bench_charts` makes, in a throwaway database (a temporary TRAINYARD_HOME and
+DATABASE_URL: the user's var/ is never touched), two finished runs of 10,000 and 100,000 steps
+(train loss and images/s at every step, test loss and accuracy ten times) with one train-loss
+point of SPIKE_VALUE hidden among them, and 10,000 runs for the list. It starts daphne with the
+Procfile's flags and a throwaway Redis (dashboard/serving.py), loads each run page in headless
+Chromium (Playwright, /usr/bin/chromium) and prints, per run:
+
+- time from navigation to `data-charts-ready="true"` on <main> (every chart drew its snapshot);
+- bytes of the page and of the WebSocket snapshot (goal: independent of the point count past the
+  bucket budget, so the 100k / 10k ratio near 1);
+- whether the spike is drawn: the largest train-loss value the page's charts hold (asked from the
+  page when its charts expose their data, else read from the snapshot's buckets) >= the spike;
+
+then the list page's and `GET /api/experiments/`'s server time with 10,000 runs (median of a few
+requests on localhost) and their bytes. Goals are printed beside the figures. `--dry-run` takes
+tiny sizes through the same code path.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from django.conf import settings
+from django.core.management import call_command
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from dashboard.serving import CHROMIUM, CHROMIUM_ARGS, servers_running, session_cookie
+
+CHILD_ENV = "TRAINYARD_BENCH_CHARTS_CHILD"
+SPIKE_VALUE = 1000.0  # a train loss ~2,000 times the curve's: one point, where a mean hides it
+SIZES = (10_000, 100_000)
+DRY_SIZES = (200, 2_000)
+LIST_RUNS, DRY_LIST_RUNS = 10_000, 50
+REQUESTS = 5  # per list measurement; the median is printed
+READY_TIMEOUT_S = 60
+GOAL_READY_S, GOAL_LIST_MS = 1.0, 300.0
+
+# Set before any page script runs: the moment <main> says every chart drew, on the page's clock
+# (performance.now() counts from navigation start).
+READY_PROBE = """
+window.__benchReadyAt = null;
+new MutationObserver((_, observer) => {
+  const main = document.querySelector("main");
+  if (main && main.dataset.chartsReady === "true" && window.__benchReadyAt === null) {
+    window.__benchReadyAt = performance.now();
+    observer.disconnect();
+  }
+}).observe(document, { attributes: true, subtree: true, attributeFilter: ["data-charts-ready"] });
+"""
+# The largest train-loss value the page's charts hold, where the chart component exposes its
+# data (`TrainyardCharts.dataMax(key)`); null where it does not.
+PAGE_MAX = """() => {
+  const charts = window.TrainyardCharts;
+  return charts && typeof charts.dataMax === "function" ? charts.dataMax("train_loss") : null;
+}"""
+
+
+def run_with_points_create(
+    *, owner: Any, name: str, steps: int, keys: tuple[str, ...], spike_step: int | None = None
+) -> Any:
+    """A finished run of `steps` steps with a point per step of each of `keys` (train_loss at
+    SPIKE_VALUE at `spike_step`), and test loss and accuracy ten times over the run. Shared with
+    tests/test_snapshot_size.py (a 5-epoch Fashion-MNIST run's length)."""
+    from django.apps import apps
+    from django.utils import timezone
+
+    from dashboard.experiments.models import Experiment, SeriesPoint, Status
+
+    epochs = 10
+    experiment = Experiment.objects.create(
+        owner=owner,
+        name=name,
+        strategy="single",
+        processes=1,
+        dataset="fashion-mnist",
+        epochs=epochs,
+        status=Status.SUCCEEDED,
+        started_at=timezone.now(),
+        finished_at=timezone.now(),
+        epoch=epochs,
+        step=steps,
+        total_steps=steps,
+        last_seq=steps + epochs,
+        test_loss=0.3,
+        test_accuracy=0.9,
+        worker="bench",
+    )
+    rows = list(_series_rows(steps=steps, keys=keys, spike_step=spike_step, epochs=epochs))
+    SeriesPoint.objects.bulk_create(
+        [SeriesPoint(experiment=experiment, key=k, step=s, time=t, value=v) for k, s, t, v in rows],
+        batch_size=5000,
+    )
+    try:  # the table the snapshot read before the series store (migration 0007 drops it)
+        metric_point = apps.get_model("experiments", "MetricPoint")
+    except LookupError:
+        return experiment
+    values = {(k, s): v for k, s, _, v in rows}
+    metric_point.objects.bulk_create(
+        [
+            metric_point(
+                experiment=experiment,
+                seq=step,
+                step=step,
+                epoch=step * epochs // steps,
+                time=step * 0.05,
+                train_loss=values.get(("train_loss", step)),
+                images_per_second=values.get(("images_per_second", step)),
+                test_loss=values.get(("test_loss", step)),
+                test_accuracy=values.get(("test_accuracy", step)),
+            )
+            for step in range(1, steps + 1)
+        ],
+        batch_size=5000,
+    )
+    return experiment
+
+
+def _series_rows(
+    *, steps: int, keys: tuple[str, ...], spike_step: int | None, epochs: int
+) -> Iterator[tuple[str, int, float, float]]:
+    """(key, step, time, value): a loss that falls with noise, steady figures for the rest."""
+    for step in range(1, steps + 1):
+        when = step * 0.05
+        for key in keys:
+            if key == "train_loss":
+                noise = 0.05 * ((step * 7919) % 13) / 13
+                value = SPIKE_VALUE if step == spike_step else 2.3 / (1 + step / 500) + noise
+            else:
+                value = 1000.0 + step % 17
+            yield key, step, when, value
+        if step % max(1, steps // epochs) == 0:
+            yield "test_loss", step, when, 2.0 / (1 + step / 500)
+            yield "test_accuracy", step, when, min(0.99, 0.5 + step / (2 * steps))
+
+
+@dataclass(frozen=True)
+class PageFigures:
+    steps: int
+    ready_s: float | None
+    page_bytes: int
+    snapshot_bytes: int | None
+    data_max: float | None
+    data_max_from: str
+
+
+def snapshot_train_loss_max(snapshot: dict[str, Any]) -> float | None:
+    """The largest train loss a snapshot carries: its buckets' max (or, before the series
+    store, its raw points)."""
+    if "series" in snapshot:
+        buckets = snapshot["series"].get("train_loss", {}).get("buckets", [])
+        values = [b[5] for b in buckets if b[5] is not None]
+    else:
+        values = [p["train_loss"] for p in snapshot.get("points", []) if p.get("train_loss")]
+    return max(values, default=None)
+
+
+class Command(BaseCommand):
+    help = (
+        "Load 10,000- and 100,000-point run pages in Chromium (time to charts drawn, page and "
+        "snapshot bytes, spike drawn) and time the run list with 10,000 runs; goals beside."
+    )
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--dry-run", action="store_true", help="tiny sizes through the same path: checks it"
+        )
+        parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if options["child"] or os.environ.get(CHILD_ENV):
+            self._bench(dry_run=options["dry_run"])
+            return
+        # Settings are read once per process: the throwaway database needs a process of its own.
+        with tempfile.TemporaryDirectory(prefix="trainyard-bench-charts-") as tmp:
+            env = {
+                **os.environ,
+                CHILD_ENV: "1",
+                "TRAINYARD_HOME": tmp,
+                "DATABASE_URL": f"sqlite:///{Path(tmp) / 'bench.sqlite3'}",
+                "TRAINYARD_DATA_DIR": str(settings.TRAINYARD_DATA_DIR),
+                "DJANGO_ALLOW_ASYNC_UNSAFE": "true",  # Playwright's sync API in a command
+            }
+            argv = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "bench_charts"]
+            self.stdout.flush()
+            result = subprocess.run(  # noqa: S603 - this command, again
+                [*argv, "--child", *(["--dry-run"] if options["dry_run"] else [])],
+                env=env,
+                check=False,
+            )
+            if result.returncode:
+                raise CommandError(f"the benchmark failed (exit {result.returncode})")
+
+    def _bench(self, *, dry_run: bool) -> None:
+        from django.contrib.auth import get_user_model
+
+        call_command("migrate", verbosity=0, interactive=False)
+        owner = get_user_model().objects.create_user(username="bench-charts")
+        sizes = DRY_SIZES if dry_run else SIZES
+        runs = [
+            run_with_points_create(
+                owner=owner,
+                name=f"{steps:,} points",
+                steps=steps,
+                keys=("train_loss", "images_per_second"),
+                spike_step=steps * 6137 // 10_000,
+            )
+            for steps in sizes
+        ]
+        list_runs = DRY_LIST_RUNS if dry_run else LIST_RUNS
+        self._list_runs_create(owner=owner, count=list_runs - len(runs))
+        self.stdout.write(
+            f"bench_charts: {', '.join(f'{s:,}' for s in sizes)}-point runs (a {SPIKE_VALUE:g} "
+            f"train-loss spike in each), {list_runs:,} runs in the list"
+            + (", dry run" if dry_run else "")
+            + f"; daphne with the Procfile's flags, Chromium at {CHROMIUM}"
+        )
+        with servers_running(home=Path(settings.VAR_DIR)) as base_url:
+            cookie = session_cookie(owner)
+            pages = [self._page_measure(base_url, cookie, run) for run in runs]
+            for figures in pages:
+                self._page_print(figures)
+            self._pages_summary(pages)
+            self._list_print(base_url, cookie, list_runs)
+
+    @staticmethod
+    def _list_runs_create(*, owner: Any, count: int) -> None:
+        from dashboard.experiments.models import Experiment, Status
+
+        statuses = [Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.SUCCEEDED]
+        Experiment.objects.bulk_create(
+            [
+                Experiment(owner=owner, name=f"list run {i}", status=statuses[i % 4], epochs=1)
+                for i in range(count)
+            ],
+            batch_size=2000,
+        )
+
+    def _page_measure(self, base_url: str, cookie: str, run: Any) -> PageFigures:
+        from playwright.sync_api import sync_playwright
+
+        frames: list[str | bytes] = []
+        with sync_playwright() as playwright:
+            browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+            try:
+                context = browser.new_context(viewport={"width": 1366, "height": 900})
+                context.add_cookies(
+                    [{"name": settings.SESSION_COOKIE_NAME, "value": cookie, "url": base_url}]
+                )
+                context.add_init_script(READY_PROBE)
+                page = context.new_page()
+                page.on(
+                    "websocket",
+                    lambda ws: ws.on("framereceived", lambda payload: frames.append(payload)),
+                )
+                response = page.goto(f"{base_url}{run.get_absolute_url()}")
+                if response is None or not response.ok:
+                    raise CommandError(f"the run page answered {response and response.status}")
+                page_bytes = len(response.body())
+                ready_s = self._ready_wait(page)
+                page.wait_for_timeout(500)  # the socket's snapshot, where it lags the charts
+                page_max = page.evaluate(PAGE_MAX)
+            finally:
+                browser.close()
+        snapshot = _first_snapshot(frames)
+        snapshot_bytes = None if snapshot is None else len(snapshot[0])
+        data_max: float | None = None if page_max is None else float(page_max)
+        source = "the page's charts"
+        if data_max is None:
+            data_max = None if snapshot is None else snapshot_train_loss_max(snapshot[1])
+            source = "the snapshot's buckets"
+        return PageFigures(run.step, ready_s, page_bytes, snapshot_bytes, data_max, source)
+
+    @staticmethod
+    def _ready_wait(page: Any) -> float | None:
+        try:
+            page.wait_for_function(
+                "() => window.__benchReadyAt !== null", timeout=READY_TIMEOUT_S * 1000
+            )
+        except Exception:  # Playwright's TimeoutError: the page never said its charts drew
+            return None
+        return float(page.evaluate("() => window.__benchReadyAt")) / 1000
+
+    def _page_print(self, f: PageFigures) -> None:
+        ready = "not set" if f.ready_s is None else f"{f.ready_s:.3f}"
+        spike = "no data" if f.data_max is None else ("yes" if f.data_max >= SPIKE_VALUE else "no")
+        snapshot = "none received" if f.snapshot_bytes is None else f"{f.snapshot_bytes}"
+        self.stdout.write(f"run page, {f.steps} points:")
+        self.stdout.write(f"  charts ready s: {ready}  (goal <= {GOAL_READY_S:g} s at 100,000)")
+        self.stdout.write(f"  page bytes: {f.page_bytes}")
+        self.stdout.write(f"  snapshot bytes: {snapshot}")
+        self.stdout.write(
+            f"  spike drawn: {spike} (train-loss max {f.data_max} from {f.data_max_from}; "
+            f"spike {SPIKE_VALUE:g})"
+        )
+
+    def _pages_summary(self, pages: list[PageFigures]) -> None:
+        small, large = pages[0], pages[-1]
+        points = large.steps / small.steps
+        self.stdout.write(
+            f"page bytes ratio: {large.page_bytes / small.page_bytes:.2f} for {points:g}x the "
+            "points (goal: about 1, independent of the point count)"
+        )
+        if small.snapshot_bytes and large.snapshot_bytes:
+            self.stdout.write(
+                f"snapshot bytes ratio: {large.snapshot_bytes / small.snapshot_bytes:.2f} for "
+                f"{points:g}x the points (goal: about 1 past the bucket budget)"
+            )
+
+    def _list_print(self, base_url: str, cookie: str, runs: int) -> None:
+        import requests
+
+        session = requests.Session()
+        session.cookies.set(settings.SESSION_COOKIE_NAME, cookie)
+        for name, path in (("list page", "/"), ("list API", "/api/experiments/")):
+            times, size = [], 0
+            for _ in range(REQUESTS):
+                started = time.perf_counter()
+                response = session.get(base_url + path, timeout=60)
+                times.append((time.perf_counter() - started) * 1000)
+                response.raise_for_status()
+                size = len(response.content)
+            self.stdout.write(
+                f"{name} ms: {statistics.median(times):.1f}  ({runs:,} runs, GET {path}, median "
+                f"of {REQUESTS} on localhost, {size} bytes; goal <= {GOAL_LIST_MS:g} ms)"
+            )
+
+
+def _first_snapshot(frames: list[str | bytes]) -> tuple[bytes, dict[str, Any]] | None:
+    for frame in frames:
+        raw = frame.encode() if isinstance(frame, str) else frame
+        message = json.loads(raw)
+        if message.get("type") == "snapshot":
+            return raw, message
+    return None
