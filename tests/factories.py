@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import struct
 from typing import Any
+
+from django.test import Client
 
 
 def form_data(**fields: Any) -> dict[str, str]:
@@ -22,3 +25,14 @@ def form_data(**fields: Any) -> dict[str, str]:
     }
     data.update({key: str(value) for key, value in fields.items()})
     return data
+
+
+def logged_in(user: Any) -> Client:
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def float32(value: float) -> float:
+    """What TensorBoard keeps of a value: its event files hold scalars as 32-bit floats."""
+    return float(struct.unpack("f", struct.pack("f", value))[0])

@@ -7,7 +7,6 @@ import csv
 import io
 import json
 import math
-import struct
 import zipfile
 from datetime import UTC, datetime
 from pathlib import Path
@@ -19,16 +18,12 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 
 from dashboard.accounts.models import ApiToken
 from dashboard.experiments.models import Experiment, SeriesPoint
+from tests.factories import float32, logged_in
 
 pytestmark = pytest.mark.django_db
 
 STARTED = datetime(2026, 12, 1, 10, 30, 0, 250000, tzinfo=UTC)
 Stored = dict[str, list[tuple[int, float, float | None]]]
-
-
-def float32(value: float) -> float:
-    """What TensorBoard keeps of a value: scalars are 32-bit floats in its event files."""
-    return struct.unpack("f", struct.pack("f", value))[0]
 
 
 def stored_series(experiment: Experiment) -> Stored:
@@ -68,12 +63,6 @@ def run(alice: Any, experiment_factory: Any) -> Experiment:
     return experiment
 
 
-def login(user: Any) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
-
-
 def export(client: Client, experiment: Experiment, kind: str, **headers: str) -> Any:
     return client.get(f"/api/experiments/{experiment.pk}/export/?format={kind}", **headers)
 
@@ -83,7 +72,7 @@ def body(response: Any) -> bytes:
 
 
 def test_csv_holds_every_point_as_stored(alice: Any, run: Experiment) -> None:
-    response = export(login(alice), run, "csv")
+    response = export(logged_in(alice), run, "csv")
     assert response.status_code == 200 and response["Content-Type"].startswith("text/csv")
     assert response.streaming, "sent as it is read, not built in memory"
     assert 'filename="trainyard-' in response["Content-Disposition"]
@@ -98,7 +87,7 @@ def test_csv_holds_every_point_as_stored(alice: Any, run: Experiment) -> None:
 
 
 def test_json_holds_every_point_as_stored(alice: Any, run: Experiment) -> None:
-    response = export(login(alice), run, "json")
+    response = export(logged_in(alice), run, "json")
     assert response.status_code == 200 and response["Content-Type"] == "application/json"
     data = json.loads(body(response))
     assert data["id"] == run.pk and data["name"] == "ddp / 2 ranks"
@@ -109,7 +98,7 @@ def test_json_holds_every_point_as_stored(alice: Any, run: Experiment) -> None:
 
 def test_json_of_a_run_without_points_is_valid(alice: Any, experiment_factory: Any) -> None:
     empty = experiment_factory(owner=alice)
-    assert json.loads(body(export(login(alice), empty, "json")))["series"] == {}
+    assert json.loads(body(export(logged_in(alice), empty, "json")))["series"] == {}
 
 
 def tensorboard_read(folder: Path) -> dict[str, list[Any]]:
@@ -121,7 +110,7 @@ def tensorboard_read(folder: Path) -> dict[str, list[Any]]:
 def test_tensorboard_zip_reads_back_in_tensorboard(
     alice: Any, run: Experiment, tmp_path: Path
 ) -> None:
-    response = export(login(alice), run, "tensorboard")
+    response = export(logged_in(alice), run, "tensorboard")
     assert response.status_code == 200 and response["Content-Type"] == "application/zip"
     with zipfile.ZipFile(io.BytesIO(body(response))) as archive:
         names = archive.namelist()
@@ -144,19 +133,19 @@ def test_tensorboard_zip_reads_back_in_tensorboard(
 
 
 def test_unknown_format_is_refused(alice: Any, run: Experiment) -> None:
-    response = export(login(alice), run, "xlsx")
+    response = export(logged_in(alice), run, "xlsx")
     assert response.status_code == 400 and "csv, json, tensorboard" in response.json()["error"]
 
 
 @pytest.mark.parametrize("kind", ["csv", "json", "tensorboard"])
 def test_another_users_run_is_never_exported(user_factory: Any, run: Experiment, kind: str) -> None:
-    response = export(login(user_factory(username="bob")), run, kind)
+    response = export(logged_in(user_factory(username="bob")), run, kind)
     assert response.status_code == 404 and response.json() == {"error": f"no experiment {run.pk}"}
     assert export(Client(), run, kind).status_code == 401
 
 
 def test_staff_and_the_owners_token_export(alice: Any, user_factory: Any, run: Experiment) -> None:
-    assert export(login(user_factory(staff=True)), run, "csv").status_code == 200
+    assert export(logged_in(user_factory(staff=True)), run, "csv").status_code == 200
     token = ApiToken.objects.create(user=alice)
     response = export(Client(), run, "json", HTTP_AUTHORIZATION=f"Bearer {token.key}")
     assert response.status_code == 200 and json.loads(body(response))["id"] == run.pk

@@ -156,5 +156,7 @@ def experiment_as_dict(experiment: Experiment) -> dict[str, Any]:
         devices_label=experiment.devices_label(),
         tags=experiment.tags,
         note=experiment.note,
+        # Brought in by POST /api/experiments/import/: no worker trained it here.
+        imported=experiment.imported,
     )
     return data
