@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from dashboard.experiments.models import Experiment, LogLine, MetricPoint
+from dashboard.experiments.models import Experiment, LogLine, SeriesPoint
 
 pytestmark = pytest.mark.django_db
 
@@ -37,11 +37,12 @@ def test_change_page_shows_points_and_logs_read_only(
     admin_client_: Client, user_factory: Any, experiment_factory: Any
 ) -> None:
     run = experiment_factory(owner=user_factory())
-    MetricPoint.objects.create(experiment=run, seq=1, step=10, epoch=1, train_loss=0.4321, time=1)
+    SeriesPoint.objects.create(experiment=run, key="train_loss", step=10, time=1, value=0.4321)
     LogLine.objects.create(experiment=run, seq=2, message="hello from rank 0")
     page = admin_client_.get(f"/admin/experiments/experiment/{run.pk}/change/").content.decode()
     assert "0.4321" in page and "hello from rank 0" in page
-    assert 'name="points-0-train_loss"' not in page  # shown, not editable
+    assert "train_loss: 1 points" in page  # a line a series, not an inline of every point
+    assert 'name="series-0-value"' not in page  # shown, not editable
 
 
 def test_stop_and_clone_actions(

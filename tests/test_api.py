@@ -145,23 +145,22 @@ def test_stop_of_a_running_run_is_a_request(user_factory: Any, experiment_factor
 
 
 def test_metrics_endpoint(user_factory: Any, experiment_factory: Any) -> None:
-    from dashboard.experiments.models import MetricPoint
+    from dashboard.experiments.models import SeriesPoint
 
     alice = user_factory()
-    run = experiment_factory(owner=alice)
-    MetricPoint.objects.create(experiment=run, seq=3, step=10, epoch=1, train_loss=0.5, time=1.0)
+    run = experiment_factory(owner=alice, run_info={"global_batch_size": 128})
+    SeriesPoint.objects.create(experiment=run, key="train_loss", step=10, time=1.0, value=0.5)
     client = Client()
     client.force_login(alice)
-    points = client.get(f"/api/experiments/{run.pk}/metrics/").json()["points"]
-    assert points == [
-        {
-            "seq": 3,
-            "step": 10,
-            "epoch": 1,
-            "train_loss": 0.5,
-            "test_loss": None,
-            "test_accuracy": None,
-            "images_per_second": None,
-            "time": 1.0,
-        }
-    ]
+    body = client.get(f"/api/experiments/{run.pk}/metrics/").json()
+    assert body == {
+        "id": run.pk,
+        "budget": 1000,
+        "step_range": None,
+        "global_batch_size": 128,
+        "series": {
+            "train_loss": {"count": 1, "buckets": [[10, 10, 1.0, 1.0, 0.5, 0.5, 0.5, 0.5, 1]]}
+        },
+    }
+    raw = client.get(f"/api/experiments/{run.pk}/metrics/?raw=1").json()
+    assert raw == {"id": run.pk, "series": {"train_loss": [[10, 1.0, 0.5]]}, "next": None}

@@ -10,7 +10,7 @@ from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser
 
-from dashboard.experiments.models import MetricPoint
+from dashboard.experiments.models import SeriesPoint
 from dashboard.experiments.sink import EventSink, experiment_group
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -34,15 +34,15 @@ def communicator(pk: int, user: Any, *, origin: tuple[bytes, bytes] = ORIGIN) ->
 async def test_snapshot_then_live_events_in_order(user_factory: Any, experiment_factory: Any):
     owner = await sync_to_async(user_factory)()
     run = await sync_to_async(experiment_factory)(owner=owner, status="running", last_seq=1)
-    await sync_to_async(MetricPoint.objects.create)(
-        experiment=run, seq=1, step=1, epoch=1, train_loss=2.0, time=0.5
+    await sync_to_async(SeriesPoint.objects.create)(
+        experiment=run, key="train_loss", step=1, time=0.5, value=2.0
     )
     comm = communicator(run.pk, owner)
     connected, _ = await comm.connect()
     assert connected
     snapshot = await comm.receive_json_from()
     assert snapshot["type"] == "snapshot" and snapshot["experiment"]["id"] == run.pk
-    assert [p["train_loss"] for p in snapshot["points"]] == [2.0]
+    assert [b[7] for b in snapshot["series"]["train_loss"]["buckets"]] == [2.0]
 
     sink = await sync_to_async(EventSink)(run)
     sink.add({"type": "step", "epoch": 1, "step": 10, "train_loss": 1.5, "time": 1.0})
@@ -66,7 +66,7 @@ async def test_one_group_message_per_flush(user_factory: Any, experiment_factory
     await sync_to_async(sink.flush)()
     message = await layer.receive(channel)
     assert len(message["events"]) == 300
-    count = await sync_to_async(MetricPoint.objects.filter(experiment=run).count)()
+    count = await sync_to_async(SeriesPoint.objects.filter(experiment=run).count)()
     assert count == 300
 
 

@@ -23,7 +23,7 @@ from dashboard.api import MAX_BODY_BYTES, json_constant_refuse, json_float_parse
 from dashboard.experiments.api import FIELD_TYPES, NULLABLE_FIELDS
 from dashboard.experiments.consumers import MAX_CLIENT_FRAME_BYTES, frame_size
 from dashboard.experiments.forms import LIMITS, LR_MAX, MAX_GPU_IDS, ExperimentForm
-from dashboard.experiments.models import Experiment, LogLine, MetricPoint
+from dashboard.experiments.models import Experiment, LogLine, SeriesPoint
 from tests.factories import form_data
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -433,7 +433,7 @@ def test_socket_refuses_1000_junk_frames(
     assert stats["sent"] >= SOCKET_FRAMES and stats["accepted"] == 0
     run.refresh_from_db()
     assert run.status == "queued" and Experiment.objects.count() == 1
-    assert not MetricPoint.objects.exists() and not LogLine.objects.exists()
+    assert not SeriesPoint.objects.exists() and not LogLine.objects.exists()
 
 
 # --- fixed cases: each was a 500 or a silent acceptance before ---------------------------------

@@ -63,11 +63,19 @@ def test_ddp_run_streams_live_and_succeeds(stack: Stack) -> None:
     assert detail["status"] == "succeeded"
     assert detail["worker"] == "test-worker"
     assert detail["test_accuracy"] > 0.8, detail
-    points = alice.get(f"{stack.base_url}/api/experiments/{run['id']}/metrics/", timeout=10)
-    rows = points.json()["points"]
-    assert any(p["train_loss"] is not None for p in rows)
-    evaluations = [p for p in rows if p["test_accuracy"] is not None]
-    assert len(evaluations) == 1 and evaluations[0]["test_accuracy"] == detail["test_accuracy"]
+    metrics = alice.get(f"{stack.base_url}/api/experiments/{run['id']}/metrics/", timeout=10)
+    series = metrics.json()["series"]
+    assert any(b[7] is not None for b in series["train_loss"]["buckets"])
+    evaluations = series["test_accuracy"]["buckets"]
+    assert len(evaluations) == 1 and evaluations[0][7] == detail["test_accuracy"]
+    # Every series a DDP run reports: the learning rate, rank 0's figures, each rank's, and the
+    # worker's CPU as the supervisor sampled it (also sent live as `series` messages).
+    for figure in ("images_per_second", "data_seconds", "compute_seconds", "rss_bytes"):
+        assert {f"rank/0/{figure}", f"rank/1/{figure}", figure} <= series.keys(), series.keys()
+    assert series["lr"]["buckets"][0][7] == run["lr"]
+    assert series["machine/test-worker/cpu_percent"]["count"] >= 1
+    samples = [m for m in live if m["type"] == "series"]
+    assert samples and "machine/test-worker/cpu_percent" in samples[0]["points"]
 
 
 def test_stopping_a_ddp_run_ends_every_process(stack: Stack) -> None:

@@ -10,7 +10,7 @@ from django.contrib.staticfiles import finders
 from django.urls import reverse
 from django.utils.html import escape
 
-from dashboard.experiments.models import Experiment, LogLine, MetricPoint, Status
+from dashboard.experiments.models import Experiment, LogLine, SeriesPoint, Status
 from tests.factories import form_data
 from training.registry import REGISTRY
 
@@ -343,11 +343,12 @@ def test_stop_button_only_for_active_runs(
 @pytest.mark.django_db
 def test_detail_embeds_the_stored_curve(client: Any, alice: Any) -> None:
     experiment = make_experiment(alice, status=Status.RUNNING, last_seq=3, total_steps=100)
-    MetricPoint.objects.create(
-        experiment=experiment, seq=1, step=10, epoch=1, train_loss=2.1, time=1.0
-    )
-    MetricPoint.objects.create(
-        experiment=experiment, seq=2, step=50, epoch=1, test_loss=0.4, test_accuracy=0.9, time=5
+    SeriesPoint.objects.bulk_create(
+        [
+            SeriesPoint(experiment=experiment, key="train_loss", step=10, time=1.0, value=2.1),
+            SeriesPoint(experiment=experiment, key="test_loss", step=50, time=5, value=0.4),
+            SeriesPoint(experiment=experiment, key="test_accuracy", step=50, time=5, value=0.9),
+        ]
     )
     LogLine.objects.create(experiment=experiment, seq=3, message="epoch 1 <done>")
     client.force_login(alice)
@@ -355,7 +356,8 @@ def test_detail_embeds_the_stored_curve(client: Any, alice: Any) -> None:
     initial = response.context["initial"]
     assert initial["type"] == "snapshot"
     assert initial["seq"] == 3
-    assert [p["step"] for p in initial["points"]] == [10, 50]
+    steps = {key: [b[0] for b in s["buckets"]] for key, s in initial["series"].items()}
+    assert steps == {"train_loss": [10], "test_loss": [50], "test_accuracy": [50]}
     html = response.content.decode()
     assert 'id="experiment-initial"' in html
     assert "epoch 1 &lt;done&gt;" in html

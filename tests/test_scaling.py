@@ -10,7 +10,7 @@ from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
 
-from dashboard.experiments.models import Experiment, MetricPoint
+from dashboard.experiments.models import Experiment, SeriesPoint
 
 pytestmark = pytest.mark.django_db
 
@@ -31,24 +31,14 @@ def run_make(owner: Any, *, ips: list[float], age: int = 0, **fields: Any) -> Ex
     values.update(fields)
     experiment = Experiment.objects.create(owner=owner, **values)
     for seq, value in enumerate(ips, start=1):
-        MetricPoint.objects.create(
-            experiment=experiment,
-            seq=seq,
-            step=10 * seq,
-            epoch=1,
-            images_per_second=value,
-            time=seq,
+        SeriesPoint.objects.create(
+            experiment=experiment, key="images_per_second", step=10 * seq, time=seq, value=value
         )
-    MetricPoint.objects.create(
-        experiment=experiment,
-        seq=len(ips) + 1,
-        step=10 * len(ips),
-        epoch=1,
-        test_loss=0.2,
-        test_accuracy=0.95,
-        images_per_second=99_999,
-        time=99,
-    )
+    # The epoch's own figures, as the sink stores them.
+    last = 10 * len(ips)
+    for key, value in (("test_loss", 0.2), ("test_accuracy", 0.95),
+                       ("epoch/images_per_second", 99_999)):  # fmt: skip
+        SeriesPoint.objects.create(experiment=experiment, key=key, step=last, time=99, value=value)
     return experiment
 
 

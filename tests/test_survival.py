@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from dashboard.experiments.allocation import Machine, allocation_refusal
 from dashboard.experiments.attempts import experiment_resume_prepare
-from dashboard.experiments.models import Checkpoint, Experiment, MetricPoint
+from dashboard.experiments.models import Checkpoint, Experiment, SeriesPoint
 from dashboard.experiments.runner import experiment_claim
 from dashboard.experiments.survival import Reaped, experiments_reap_lost, training_orphans_end
 from dashboard.experiments.tasks import reap_lost_runs
@@ -142,9 +142,9 @@ def test_resume_replaces_the_points_after_the_checkpoint(
         _checkpoint(run, folder, f"epoch-{epoch}.pt", epoch, epoch * 20)
     # Two points an epoch: a step point, and the epoch's point at its last step.
     for seq, (epoch, step) in enumerate([(1, 10), (1, 20), (2, 30), (2, 40), (3, 50)], start=1):
-        MetricPoint.objects.create(experiment=run, seq=seq, step=step, epoch=epoch, time=seq)
+        SeriesPoint.objects.create(experiment=run, key=f"e{epoch}", step=step, time=seq, value=1)
     assert experiment_resume_prepare(experiment=run) == folder / "epoch-2.pt"
-    assert sorted(run.points.values_list("step", flat=True)) == [10, 20, 30, 40]
+    assert sorted(run.series.values_list("step", flat=True)) == [10, 20, 30, 40]
 
 
 def test_resume_takes_the_newest_checkpoint_even_a_requested_one(
@@ -159,10 +159,10 @@ def test_resume_takes_the_newest_checkpoint_even_a_requested_one(
     # Reported but gone from this machine: not a starting point.
     Checkpoint.objects.create(experiment=run, epoch=2, step=38, path=str(folder / "gone.pt"))
     for seq, (epoch, step) in enumerate([(1, 20), (2, 30), (2, 36), (2, 40)], start=1):
-        MetricPoint.objects.create(experiment=run, seq=seq, step=step, epoch=epoch, time=seq)
+        SeriesPoint.objects.create(experiment=run, key=f"e{epoch}", step=step, time=seq, value=1)
     assert experiment_resume_prepare(experiment=run) == asked
     # Epoch 2's own point (step 40) came after the checkpoint: replayed, so removed.
-    assert sorted(run.points.values_list("step", flat=True)) == [20, 30]
+    assert sorted(run.series.values_list("step", flat=True)) == [20, 30]
 
 
 def test_resume_without_checkpoint_starts_over(
@@ -170,9 +170,9 @@ def test_resume_without_checkpoint_starts_over(
 ) -> None:
     settings.TRAINYARD_RUNS_DIR = tmp_path
     run = experiment_factory(owner=alice, status="running", attempt=2)
-    MetricPoint.objects.create(experiment=run, seq=1, step=10, epoch=1, time=1)
+    SeriesPoint.objects.create(experiment=run, key="train_loss", step=10, time=1, value=1)
     assert experiment_resume_prepare(experiment=run) is None
-    assert not run.points.exists()
+    assert not run.series.exists()
 
 
 def test_queued_runs_are_sent_again_when_their_message_may_be_lost(

@@ -28,23 +28,24 @@ def row(stack: Stack, pk: int) -> dict[str, Any]:
     return {"status": status, "attempt": attempt, "attempts": json.loads(attempts), "error": error}
 
 
-def points(stack: Stack, pk: int) -> list[tuple[int, int, float | None]]:
+def points(stack: Stack, pk: int) -> list[tuple[str, int]]:
+    """(key, step) of the stored train loss and test accuracy points, in the order stored."""
     return [
-        (step, epoch, accuracy)
-        for step, epoch, accuracy in stack.query(
-            "SELECT step, epoch, test_accuracy FROM experiments_metricpoint"
-            " WHERE experiment_id = ? ORDER BY seq",
+        (key, step)
+        for key, step in stack.query(
+            "SELECT key, step FROM experiments_seriespoint WHERE experiment_id = ?"
+            " AND key IN ('train_loss', 'test_accuracy') ORDER BY id",
             pk,
         )
     ]
 
 
-def assert_history_whole(history: list[tuple[int, int, float | None]], *, epochs: int) -> None:
+def assert_history_whole(history: list[tuple[str, int]], *, epochs: int) -> None:
     """Steps rise without repeats, and there is one evaluation per epoch."""
-    train_steps = [step for step, _, accuracy in history if accuracy is None]
+    train_steps = [step for key, step in history if key == "train_loss"]
     assert train_steps == sorted(set(train_steps)), f"repeated or unordered steps: {train_steps}"
-    evaluations = [epoch for _, epoch, accuracy in history if accuracy is not None]
-    assert evaluations == list(range(1, epochs + 1))
+    evaluations = [step for key, step in history if key == "test_accuracy"]
+    assert len(evaluations) == epochs and evaluations == sorted(set(evaluations)), evaluations
 
 
 def test_a_killed_worker_is_noticed_and_the_run_resumes(stack: Stack) -> None:
@@ -89,7 +90,7 @@ def test_a_killed_worker_is_noticed_and_the_run_resumes(stack: Stack) -> None:
 def test_redis_restart_loses_no_point_and_the_socket_backfills(stack: Stack) -> None:
     alice = stack.login("alice")
     pk = launch(alice, stack, name="through an outage", strategy="ddp", processes=2, epochs=2)
-    seen: dict[int, dict[str, Any]] = {}
+    seen: set[tuple[str, int]] = set()  # (key, step) of the points the client has
     reconnects, restarted, final = 0, False, None
     deadline = time.monotonic() + 300
     while final is None and time.monotonic() < deadline:
@@ -102,12 +103,19 @@ def test_redis_restart_loses_no_point_and_the_socket_backfills(stack: Stack) -> 
                 while final is None:
                     message = json.loads(ws.recv(timeout=60))
                     if message["type"] == "snapshot":
-                        seen.update({p["seq"]: p for p in message["points"]})
-                    elif message["type"] in {"step", "epoch"}:
-                        seen[message["seq"]] = message
+                        # A short run's series come one bucket per point.
+                        seen.update(
+                            (key, bucket[0])
+                            for key in ("train_loss", "test_accuracy")
+                            for bucket in message["series"].get(key, {}).get("buckets", [])
+                        )
+                    elif message["type"] == "step":
+                        seen.add(("train_loss", message["step"]))
+                    elif message["type"] == "epoch":
+                        seen.add(("test_accuracy", message["step"]))
                     elif message["type"] in {"finished", "failed"}:
                         final = message
-                    if not restarted and any(m.get("step") for m in seen.values()):
+                    if not restarted and seen:
                         restarted = True
                         stack.redis_restart(down_seconds=4)
         except (ConnectionClosed, OSError, TimeoutError):
@@ -119,7 +127,7 @@ def test_redis_restart_loses_no_point_and_the_socket_backfills(stack: Stack) -> 
     print(f"points stored {len(stored)}, seen by the socket client {len(seen)}, "
           f"reconnects {reconnects}")  # fmt: skip
     assert reconnects >= 1
-    assert len(seen) == len(stored), "the client's curve has a hole"
+    assert seen == set(stored), "the client's curve has a hole"
 
 
 def test_runs_started_together_never_share_the_cores(stack: Stack) -> None:

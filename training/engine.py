@@ -186,7 +186,9 @@ def epoch_run(
         # Step 1 too (as pytorch/examples logs batch 0): the first point shows without waiting.
         if step % cfg.log_interval == 0 or step == 1 or last:
             # Every rank takes this branch at the same step: the all-gather inside matches up.
-            events.emit("step", epoch=epoch, step=step, **window_report(rt, interval))
+            report = window_report(rt, interval)
+            lr = float(plan.optimizer.param_groups[0]["lr"])
+            events.emit("step", epoch=epoch, step=step, lr=lr, **report)
             interval = Window(plan.output_device)
         # Rank 0 writes: its replica is every rank's. At the epoch's last step the request
         # waits for the epoch's own checkpoint, a few seconds later.

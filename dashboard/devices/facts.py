@@ -107,6 +107,28 @@ def gpu_facts_collect() -> dict[str, Any]:
     }
 
 
+def machine_samples_collect(*, worker: str) -> dict[str, float]:
+    """This machine's load now, as series values (keys of the series contract): CPU percent
+    since the previous call (psutil's first call says 0: call once to prime it), and through
+    NVML each GPU's utilisation (percent) and memory in use (bytes). A machine without NVML
+    gives its CPU alone. No CUDA call: this runs in the supervising worker."""
+    samples = {f"machine/{worker}/cpu_percent": float(psutil.cpu_percent(interval=None))}
+    try:
+        nvml_ensure()
+        count = pynvml.nvmlDeviceGetCount()
+    except pynvml.NVMLError:
+        return samples
+    for index in range(count):
+        handle = _nvml_read(pynvml.nvmlDeviceGetHandleByIndex, index)
+        memory = _nvml_read(pynvml.nvmlDeviceGetMemoryInfo, handle) if handle else None
+        utilization = _nvml_read(pynvml.nvmlDeviceGetUtilizationRates, handle) if handle else None
+        if utilization is not None:
+            samples[f"gpu/{worker}/{index}/utilization"] = float(utilization.gpu)
+        if memory is not None:
+            samples[f"gpu/{worker}/{index}/memory_bytes"] = float(memory.used)
+    return samples
+
+
 def shm_usage_collect() -> dict[str, Any]:
     try:
         usage = shutil.disk_usage(SHM_PATH)

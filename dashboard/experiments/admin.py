@@ -5,10 +5,12 @@ from typing import Any
 from django.contrib import admin, messages
 from django.db.models import QuerySet
 from django.http import HttpRequest
+from django.utils.html import format_html_join
 
 from dashboard.experiments.forms import FIELDS
 from dashboard.experiments.limits import LaunchLimited
-from dashboard.experiments.models import Checkpoint, Experiment, LogLine, MetricPoint
+from dashboard.experiments.models import Checkpoint, Experiment, LogLine
+from dashboard.experiments.series import series_buckets
 from dashboard.experiments.services import (
     experiment_checkpoint_request,
     experiment_clone,
@@ -26,21 +28,6 @@ class ReadOnlyInline(admin.TabularInline):
 
     def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
-
-
-class MetricPointInline(ReadOnlyInline):
-    model = MetricPoint
-    fields = (
-        "seq",
-        "epoch",
-        "step",
-        "train_loss",
-        "test_loss",
-        "test_accuracy",
-        "images_per_second",
-        "time",
-    )
-    readonly_fields = fields
 
 
 class LogLineInline(ReadOnlyInline):
@@ -62,8 +49,9 @@ class ExperimentAdmin(admin.ModelAdmin):
     search_fields = ("name",)
     date_hierarchy = "created_at"
     actions = ("stop_runs", "checkpoint_runs", "clone_and_relaunch")
-    inlines = (MetricPointInline, LogLineInline, CheckpointInline)
+    inlines = (LogLineInline, CheckpointInline)
     readonly_fields = (
+        "series_summary",
         "status",
         "created_at",
         "started_at",
@@ -96,6 +84,18 @@ class ExperimentAdmin(admin.ModelAdmin):
     @admin.display(description="test accuracy", ordering="test_accuracy")
     def accuracy(self, obj: Experiment) -> str:
         return "–" if obj.test_accuracy is None else f"{obj.test_accuracy:.2%}"
+
+    @admin.display(description="series")
+    def series_summary(self, obj: Experiment) -> str:
+        """One line a series (its points, range and last value): a long run has 100,000s of
+        points, too many for an inline; the run page and the API draw and page them."""
+        rows = series_buckets(experiment=obj, budget=1).items()
+        return format_html_join(
+            "\n",
+            "<div>{}: {} points, min {}, max {}, last {}</div>",
+            ((key, s["count"], s["buckets"][0][4], s["buckets"][0][5], s["buckets"][0][7])
+             for key, s in rows),
+        )  # fmt: skip
 
     @admin.display(description="duration")
     def duration(self, obj: Experiment) -> str:

@@ -13,7 +13,8 @@ from pathlib import Path
 from typing import Any
 
 from dashboard.experiments.checkpoints import checkpoint_file_resolve
-from dashboard.experiments.models import Checkpoint, Experiment, MetricPoint
+from dashboard.experiments.models import Checkpoint, Experiment
+from dashboard.experiments.series import series_delete_after
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +68,7 @@ def experiment_resume_prepare(*, experiment: Experiment) -> Path | None:
     kept_steps = latest.step if latest else 0
     # An epoch's test point carries the epoch's last step: kept when the checkpoint is at or
     # after the epoch's end, replaced when it was taken mid-epoch.
-    removed, _ = MetricPoint.objects.filter(experiment=experiment, step__gt=kept_steps).delete()
+    removed = series_delete_after(experiment=experiment, step=kept_steps)
     log.info(
         "experiment %s attempt %s: resuming after step %s (%s points replaced)",
         experiment.pk,

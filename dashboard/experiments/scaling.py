@@ -23,15 +23,13 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Avg
-
 from dashboard.experiments.models import (
     PROCESS_STRATEGIES,
     Experiment,
-    MetricPoint,
     Status,
     Strategy,
 )
+from dashboard.experiments.series import series_mean
 from dashboard.experiments.services import experiments_visible_to
 from training.registry import REGISTRY
 
@@ -55,27 +53,13 @@ BASELINE_RULE = (
 )
 
 
-def _mean_ips(ids: Iterable[int], *, step_events: bool) -> dict[int, float]:
-    # Step points carry no test accuracy; epoch points always do (a fraction, never null).
-    rows = (
-        MetricPoint.objects.filter(
-            experiment_id__in=list(ids),
-            images_per_second__isnull=False,
-            test_accuracy__isnull=step_events,
-        )
-        .values("experiment_id")
-        .annotate(mean=Avg("images_per_second"))
-    )
-    return {row["experiment_id"]: float(row["mean"]) for row in rows}
-
-
 def throughputs_read(*, experiment_ids: Iterable[int]) -> dict[int, float]:
     """Mean images/s of each run's step events (epoch events where it has none)."""
     ids = set(experiment_ids)
-    found = _mean_ips(ids, step_events=True)
+    found = series_mean(experiment_ids=list(ids), key="images_per_second")
     missing = ids - found.keys()
-    if missing:
-        found.update(_mean_ips(missing, step_events=False))
+    if missing:  # the epochs' means are their own series (sink.EPOCH_SERIES)
+        found.update(series_mean(experiment_ids=list(missing), key="epoch/images_per_second"))
     return found
 
 
@@ -271,3 +255,31 @@ def comparison_build(*, user: Any, ids: list[int]) -> dict[str, Any]:
         "missing": [pk for pk in ids if pk not in found],
         "batch_warning": batch_warning_text(rows),
     }
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def scaling_chart_build(rows: Sequence[ScalingRow]) -> dict[str, Any]:
+    """The compare page's chart of speedup and efficiency against world size: one line per
+    strategy, its value at a world size the mean over the compared runs with a speedup."""
+    measured = [row for row in rows if row.speedup is not None]
+    sizes = sorted({row.world_size for row in measured})
+    lines = []
+    for strategy in dict.fromkeys(row.experiment.strategy for row in measured):
+        speedups = [
+            _mean(
+                [
+                    float(row.speedup or 0)
+                    for row in measured
+                    if row.experiment.strategy == strategy and row.world_size == size
+                ]
+            )
+            for size in sizes
+        ]
+        efficiency = [
+            None if s is None else s / size for s, size in zip(speedups, sizes, strict=True)
+        ]
+        lines.append({"strategy": strategy, "speedup": speedups, "efficiency": efficiency})
+    return {"world_sizes": sizes, "lines": lines}

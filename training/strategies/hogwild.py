@@ -358,7 +358,10 @@ def _epoch_collect(
         elif isinstance(message, StepReport):
             for local, rows in steps.add(message):
                 report = report_from_rows(rows)
-                events.emit("step", epoch=work.epoch, step=work.step_base + local, **report)
+                # Every worker's optimizer keeps the configured rate (no schedule).
+                events.emit(
+                    "step", epoch=work.epoch, step=work.step_base + local, lr=cfg.lr, **report
+                )
         elif isinstance(message, EpochDone):
             done[message.rank] = message
         else:

@@ -275,7 +275,7 @@ class Command(BaseCommand):
         )
 
     def _run_dashboard(self, number: int, experiment: Any, worker: str) -> Measurement:
-        from dashboard.experiments.models import MetricPoint, Status
+        from dashboard.experiments.models import SeriesPoint, Status
         from dashboard.experiments.runner import experiment_run
         from dashboard.experiments.sink import experiment_group
 
@@ -293,14 +293,10 @@ class Command(BaseCommand):
         if result.status != Status.SUCCEEDED:
             reason = experiment.error or result.reason or result.kind
             raise CommandError(f"the dashboard run ended {result.status or result.kind}: {reason}")
-        points = MetricPoint.objects.filter(experiment=experiment)
-        events = [
-            {
-                "type": "step" if p.test_accuracy is None else "epoch",
-                "images_per_second": p.images_per_second,
-            }
-            for p in points
-        ]
+        # The step events' images/s and the epochs' (their own series): what was stored.
+        keys = {"images_per_second": "step", "epoch/images_per_second": "epoch"}
+        points = SeriesPoint.objects.filter(experiment=experiment, key__in=keys).order_by("id")
+        events = [{"type": keys[p.key], "images_per_second": p.value} for p in points]
         return self._measurement(number, "dashboard", events, wall, drain.messages)
 
     def _run_plain(self, number: int, experiment: Any, options: dict[str, Any]) -> Measurement:

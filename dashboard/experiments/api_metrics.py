@@ -1,0 +1,91 @@
+"""GET /api/experiments/<id>/metrics/: a run's series, bucketed (the default) or raw.
+
+Bucketed: `{"id", "budget", "step_range", "global_batch_size", "series": {key: {"count",
+"buckets"}}}` with at most `?buckets=N` (1..2000, 1000 by default) buckets a series, over the
+whole run or over `?from=<step>&to=<step>` (a zoom: finer buckets of that range). Raw (`?raw=1`):
+`{"id", "series": {key: [[step, time, value], ...]}, "next": url or null}`, a page of about
+`?limit=` rows (10,000 by default) after `?after=<step>`. `?keys=a,b` picks series in both.
+The bucket's fields are series.py's.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlencode
+
+from django.http import HttpRequest, JsonResponse
+
+from dashboard.api import ApiError
+from dashboard.experiments.models import Experiment
+from dashboard.experiments.series import (
+    DEFAULT_BUDGET,
+    MAX_BUDGET,
+    RAW_PAGE_ROWS,
+    series_buckets,
+    series_raw,
+)
+
+MAX_STEP = 2**31 - 1
+
+
+def _int(request: HttpRequest, name: str, *, default: int | None, lo: int, hi: int) -> int | None:
+    raw = request.GET.get(name, "")
+    if raw == "":
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = lo - 1
+    if not lo <= value <= hi:
+        raise ApiError(400, f"{name} must be a whole number from {lo} to {hi}", {name: [raw]})
+    return value
+
+
+def _keys(request: HttpRequest) -> list[str] | None:
+    raw = request.GET.get("keys", "")
+    keys = [key.strip() for key in raw.split(",") if key.strip()]
+    return keys or None
+
+
+def _global_batch_size(experiment: Experiment) -> int | None:
+    value = (experiment.run_info or {}).get("global_batch_size")
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def metrics_response(*, request: HttpRequest, experiment: Experiment) -> JsonResponse:
+    if request.GET.get("raw") in {"1", "true"}:
+        return _raw_response(request=request, experiment=experiment)
+    budget = _int(request, "buckets", default=DEFAULT_BUDGET, lo=1, hi=MAX_BUDGET)
+    lo = _int(request, "from", default=None, lo=0, hi=MAX_STEP)
+    hi = _int(request, "to", default=None, lo=0, hi=MAX_STEP)
+    step_range = None
+    if lo is not None or hi is not None:
+        step_range = (lo or 0, MAX_STEP if hi is None else hi)
+        if step_range[0] > step_range[1]:
+            raise ApiError(400, "from must not be above to", {"from": [str(lo)], "to": [str(hi)]})
+    series = series_buckets(
+        experiment=experiment, keys=_keys(request), budget=budget or DEFAULT_BUDGET,
+        step_range=step_range,
+    )  # fmt: skip
+    body: dict[str, Any] = {
+        "id": experiment.pk,
+        "budget": budget,
+        "step_range": list(step_range) if step_range else None,
+        "global_batch_size": _global_batch_size(experiment),
+        "series": series,
+    }
+    return JsonResponse(body)
+
+
+def _raw_response(*, request: HttpRequest, experiment: Experiment) -> JsonResponse:
+    after = _int(request, "after", default=None, lo=-1, hi=MAX_STEP)
+    limit = _int(request, "limit", default=RAW_PAGE_ROWS, lo=1, hi=RAW_PAGE_ROWS * 10)
+    page = series_raw(
+        experiment=experiment, keys=_keys(request), after_step=after, limit=limit or RAW_PAGE_ROWS
+    )
+    following = None
+    if page.next_after is not None:
+        query = {key: value for key, value in request.GET.items() if key != "after"}
+        query["after"] = str(page.next_after)
+        following = request.build_absolute_uri(f"{request.path}?{urlencode(query)}")
+    return JsonResponse({"id": experiment.pk, "series": page.series, "next": following})
