@@ -20,3 +20,17 @@ def words_joined(words: list[str]) -> str:
     if len(words) < 2:
         return "".join(words)
     return f"{', '.join(words[:-1])} and {words[-1]}"
+
+
+def format_duration(seconds: float | None) -> str:
+    """12s, 3m 05s, 1h 02m: formatDuration() in static/js/common.js ticks it on live."""
+    if seconds is None:
+        return "—"
+    total = max(0, int(seconds))
+    hours, rest = divmod(total, 3600)
+    minutes, secs = divmod(rest, 60)
+    if hours:
+        return f"{hours}h {minutes:02d}m"
+    if minutes:
+        return f"{minutes}m {secs:02d}s"
+    return f"{secs}s"

@@ -34,7 +34,7 @@ from dashboard.experiments.services import (
     experiment_snapshot_build,
     experiments_visible_to,
 )
-from dashboard.texts import words_joined
+from dashboard.texts import format_duration, words_joined
 from training.registry import REGISTRY, STRATEGIES
 
 # The detail page embeds the stored curve so that it draws before the socket opens; the log box
@@ -50,20 +50,6 @@ def strategy_short(name: str) -> str:
     """The name in the list's narrow column (the full one is its tooltip)."""
     spec = STRATEGIES.get(name)
     return spec.short if spec else name
-
-
-def format_duration(seconds: float | None) -> str:
-    """12s, 3m 05s, 1h 02m: formatDuration() in static/js/common.js ticks it on live."""
-    if seconds is None:
-        return "—"
-    total = max(0, int(seconds))
-    hours, rest = divmod(total, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h {minutes:02d}m"
-    if minutes:
-        return f"{minutes}m {secs:02d}s"
-    return f"{secs}s"
 
 
 def format_percent(fraction: float | None) -> str:
