@@ -13,11 +13,13 @@ import shlex
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 PROCFILE = ROOT / "Procfile"
@@ -115,10 +117,12 @@ def process_running(
 
 @contextmanager
 def servers_running(*, home: Path) -> Iterator[str]:
-    """A throwaway Redis and daphne (the Procfile's flags) on free ports, with this process'
-    environment (its database, so its settings); yields the base URL."""
-    redis_port, web_port = free_port(), free_port()
-    env = {**os.environ, "REDIS_URL": f"redis://127.0.0.1:{redis_port}/0"}
+    """Redis on REDIS_URL's port (a throwaway_rerun's own) and daphne (the Procfile's flags) on a
+    free port, with this process' environment (its database, so its settings); yields the base
+    URL."""
+    from django.conf import settings
+
+    redis_port, web_port = int(urlsplit(settings.REDIS_URL).port or 6379), free_port()
     servers = (
         ("redis", redis_command(port=redis_port), redis_port),
         ("daphne", daphne_command(port=web_port), web_port),
@@ -126,8 +130,31 @@ def servers_running(*, home: Path) -> Iterator[str]:
     with ExitStack() as stack:
         for name, command, port in servers:
             log = home / f"{name}.log"
+            env = dict(os.environ)
             stack.enter_context(process_running(command, env=env, log=log, port=port, what=name))
         yield f"http://127.0.0.1:{web_port}"
+
+
+def throwaway_rerun(*, argv: list[str], marker: str) -> int:
+    """Run `manage.py <argv>` again in a throwaway home: a temporary TRAINYARD_HOME, SQLite
+    database, runs folder and Redis port (settings are read once per process, so the benchmark
+    needs a process of its own; the user's var/ and Redis are never touched). `marker` is set in
+    its environment so the command knows it is the child. Returns its exit status."""
+    from django.conf import settings
+
+    with tempfile.TemporaryDirectory(prefix="trainyard-bench-") as tmp:
+        env = {
+            **os.environ,
+            marker: "1",
+            "TRAINYARD_HOME": tmp,
+            "DATABASE_URL": f"sqlite:///{Path(tmp) / 'bench.sqlite3'}",
+            "TRAINYARD_RUNS_DIR": str(Path(tmp) / "runs"),
+            "TRAINYARD_DATA_DIR": str(settings.TRAINYARD_DATA_DIR),
+            "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0",
+            "DJANGO_ALLOW_ASYNC_UNSAFE": "true",  # Playwright's sync API in a command
+        }
+        command = [sys.executable, str(ROOT / "manage.py"), *argv]
+        return subprocess.run(command, env=env, cwd=ROOT, check=False).returncode  # noqa: S603
 
 
 def session_cookie(user: Any) -> str:

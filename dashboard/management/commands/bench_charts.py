@@ -20,13 +20,8 @@ tiny sizes through the same code path.
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,12 +29,16 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.core.management import call_command
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import CommandError
 
-from dashboard.serving import CHROMIUM, CHROMIUM_ARGS, servers_running, session_cookie
+from dashboard.management.throwaway import ThrowawayBenchCommand
+from dashboard.serving import (
+    CHROMIUM,
+    CHROMIUM_ARGS,
+    servers_running,
+    session_cookie,
+)
 
-CHILD_ENV = "TRAINYARD_BENCH_CHARTS_CHILD"
 SPIKE_VALUE = 1000.0  # a train loss ~2,000 times the curve's: one point, where a mean hides it
 SIZES = (10_000, 100_000)
 DRY_SIZES = (200, 2_000)
@@ -167,47 +166,16 @@ def snapshot_train_loss_max(snapshot: dict[str, Any]) -> float | None:
     return max(values, default=None)
 
 
-class Command(BaseCommand):
+class Command(ThrowawayBenchCommand):
     help = (
         "Load 10,000- and 100,000-point run pages in Chromium (time to charts drawn, page and "
         "snapshot bytes, spike drawn) and time the run list with 10,000 runs; goals beside."
     )
 
-    def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument(
-            "--dry-run", action="store_true", help="tiny sizes through the same path: checks it"
-        )
-        parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    bench_name = "bench_charts"
+    dry_run_help = "tiny sizes through the same path: checks it"
 
-    def handle(self, *args: Any, **options: Any) -> None:
-        if options["child"] or os.environ.get(CHILD_ENV):
-            self._bench(dry_run=options["dry_run"])
-            return
-        # Settings are read once per process: the throwaway database needs a process of its own.
-        with tempfile.TemporaryDirectory(prefix="trainyard-bench-charts-") as tmp:
-            env = {
-                **os.environ,
-                CHILD_ENV: "1",
-                "TRAINYARD_HOME": tmp,
-                "DATABASE_URL": f"sqlite:///{Path(tmp) / 'bench.sqlite3'}",
-                "TRAINYARD_DATA_DIR": str(settings.TRAINYARD_DATA_DIR),
-                "DJANGO_ALLOW_ASYNC_UNSAFE": "true",  # Playwright's sync API in a command
-            }
-            argv = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), "bench_charts"]
-            self.stdout.flush()
-            result = subprocess.run(  # noqa: S603 - this command, again
-                [*argv, "--child", *(["--dry-run"] if options["dry_run"] else [])],
-                env=env,
-                check=False,
-            )
-            if result.returncode:
-                raise CommandError(f"the benchmark failed (exit {result.returncode})")
-
-    def _bench(self, *, dry_run: bool) -> None:
-        from django.contrib.auth import get_user_model
-
-        call_command("migrate", verbosity=0, interactive=False)
-        owner = get_user_model().objects.create_user(username="bench-charts")
+    def bench(self, *, owner: Any, dry_run: bool) -> None:
         sizes = DRY_SIZES if dry_run else SIZES
         runs = [
             run_with_points_create(
