@@ -152,3 +152,12 @@ def test_staff_and_the_owners_token_export(alice: Any, user_factory: Any, run: E
     bob_token = ApiToken.objects.create(user=user_factory(username="bob"))
     response = export(Client(), run, "json", HTTP_AUTHORIZATION=f"Bearer {bob_token.key}")
     assert response.status_code == 404
+
+
+def test_the_run_and_compare_pages_link_every_format(alice: Any, run: Experiment) -> None:
+    client = logged_in(alice)
+    page = client.get(f"/experiments/{run.pk}/").content.decode()
+    compare = client.get(f"/experiments/compare/?ids={run.pk}").content.decode()
+    for kind in ("csv", "json", "tensorboard"):
+        link = f'href="/api/experiments/{run.pk}/export/?format={kind}" download'
+        assert link in page and link in compare

@@ -293,6 +293,8 @@ def test_an_imported_run_shows_wherever_runs_do(client: Client, tmp_path: Path) 
     detail = client.get(f"/experiments/{run_id}/")
     assert detail.status_code == 200 and b"from my laptop" in detail.content
     assert b"Imported from events.out.tfevents.9" in detail.content
+    # Its figures came from elsewhere: no Run again (it would launch defaults, not the script).
+    assert b'id="imported-badge"' in detail.content and b'id="clone-link"' not in detail.content
     assert b"from my laptop" in client.get("/").content
     compare = client.get(f"/experiments/compare/?ids={run_id}")
     assert compare.status_code == 200 and b"from my laptop" in compare.content
