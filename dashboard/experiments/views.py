@@ -6,10 +6,13 @@ The pages render their initial state on the server; the scripts in static/js kee
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
+from urllib.parse import urlencode
 
 from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotFound
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse
 
 from dashboard.experiments.checkpoints import (
     checkpoint_file_resolve,
@@ -18,14 +21,24 @@ from dashboard.experiments.checkpoints import (
 )
 from dashboard.experiments.forms import FIELDS, ExperimentForm
 from dashboard.experiments.limits import LaunchLimited
-from dashboard.experiments.models import PROCESS_STRATEGIES, Experiment, Status, Strategy
+from dashboard.experiments.models import PROCESS_STRATEGIES, Dataset, Experiment, Status, Strategy
+from dashboard.experiments.run_list import (
+    SORT_FIELDS,
+    ListQuery,
+    ListQueryError,
+    list_query_params,
+    list_query_parse,
+    runs_page,
+)
 from dashboard.experiments.scaling import (
     BASELINE_RULE,
     NO_BASELINE,
     WORLD_SIZE_RULE,
+    ScalingRow,
     baseline_batch_note,
     compare_ids_parse,
     comparison_build,
+    scaling_chart_build,
     scaling_rows_build,
 )
 from dashboard.experiments.services import (
@@ -40,8 +53,8 @@ from training.registry import REGISTRY, STRATEGIES
 # The detail page embeds the stored curve so that it draws before the socket opens; the log box
 # shows only the tail.
 DETAIL_LOG_LINES = 200
-# The list shows as many runs as one page of the JSON API that keeps it live.
-LIST_LIMIT = 500
+# Rows of the list page's first page; "More runs" loads the next ones (keyset, run_list.py).
+LIST_LIMIT = 50
 # What a launch post carries besides the form's own fields.
 FORM_POST_EXTRA_KEYS = frozenset({"csrfmiddlewaretoken", "clone"})
 
@@ -74,12 +87,43 @@ def _row(experiment: Experiment) -> dict[str, Any]:
     }
 
 
+def _sort_links(query: ListQuery) -> dict[str, dict[str, str]]:
+    """Per sortable column: the link that sorts by it (again: the other way) and its state."""
+    links = {}
+    for name in SORT_FIELDS:
+        current = query.sort.lstrip("-") == name
+        # Names read A to Z first; dates, accuracy and durations biggest first.
+        first = name if name in {"name", "status"} else f"-{name}"
+        sort = (name if query.descending else f"-{name}") if current else first
+        params = {**list_query_params(replace(query, sort=sort)), "sort": sort}
+        state = ("descending" if query.descending else "ascending") if current else "none"
+        links[name] = {"url": "?" + urlencode(params), "aria": state}
+    return links
+
+
 def experiment_list(request: HttpRequest) -> HttpResponse:
-    experiments = list(experiments_visible_to(request.user)[: LIST_LIMIT + 1])
+    """One page of runs (the list's filters and sort in the query string, as the JSON API
+    takes them); the page's script loads the next ones and keeps these live."""
+    error = ""
+    try:
+        query = replace(list_query_parse(request.GET), limit=LIST_LIMIT)
+    except ListQueryError as exc:
+        query, error = ListQuery(limit=LIST_LIMIT), str(exc)
+    page = runs_page(visible=experiments_visible_to(request.user), query=query)
+    api_params = list_query_params(query)
     context = {
-        "rows": [_row(e) for e in experiments[:LIST_LIMIT]],
-        "truncated": len(experiments) > LIST_LIMIT,
-        "limit": LIST_LIMIT,
+        "rows": [_row(e) for e in page.rows],
+        "count": page.count,
+        "next_url": page.next
+        and f"{reverse('api-experiments')}?" + urlencode({**api_params, "page": page.next}),
+        "poll_query": urlencode(api_params),
+        "query": query,
+        "filtered": any(k != "limit" for k in api_params) and not error,
+        "error": error,
+        "sorts": _sort_links(query),
+        "statuses": Status.choices,
+        "strategies": Strategy.choices,
+        "datasets": Dataset.choices,
         "show_owner": request.user.is_staff,
     }
     return render(request, "experiments/list.html", context)
@@ -203,6 +247,22 @@ def experiment_checkpoint_download(request: HttpRequest, pk: int, step: int) -> 
     return checkpoint_file_response(checkpoint=checkpoint, path=path)
 
 
+def _compare_run(row: ScalingRow) -> dict[str, Any]:
+    """One run of the compare page's charts: where its series and live events come from, and
+    what turns its steps into images seen and wall time."""
+    e = row.experiment
+    return {
+        "id": e.pk,
+        "label": f"#{e.pk} {strategy_short(e.strategy)} {e.name}",
+        "status": e.status,
+        "active": e.is_active,
+        "metrics_url": reverse("api-experiment-metrics", args=[e.pk]),
+        "ws_path": f"/ws/experiments/{e.pk}/",
+        "global_batch": row.global_batch,
+        "started_at": e.started_at.isoformat() if e.started_at else None,
+    }
+
+
 def experiment_compare(request: HttpRequest) -> HttpResponse:
     try:
         ids = compare_ids_parse(request.GET.getlist("ids"))
@@ -210,8 +270,13 @@ def experiment_compare(request: HttpRequest) -> HttpResponse:
         return render(
             request, "experiments/compare.html", {"error": str(exc), "rows": []}, status=400
         )
+    comparison = comparison_build(user=request.user, ids=ids)
     context = {
-        **comparison_build(user=request.user, ids=ids),
+        **comparison,
+        "charts": {
+            "runs": [_compare_run(row) for row in comparison["rows"]],
+            "scaling": scaling_chart_build(comparison["rows"]),
+        },
         "ids": ids,
         "baseline_rule": BASELINE_RULE,
         "no_baseline": NO_BASELINE,

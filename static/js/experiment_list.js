@@ -1,5 +1,8 @@
-// Keeps the experiment table live: polls the JSON API every 2 s while the tab is visible,
-// updates rows in place and adds rows for runs launched elsewhere.
+// Keeps the experiment table live: polls the JSON API every 2 s while the tab is visible, with
+// the list's filters and sort and as many rows as are shown, sending the ETag of the last answer
+// so that an unchanged list costs a bodiless 304. Updates rows in place, adds rows for runs
+// launched elsewhere, drops rows that left the filter; "More runs" follows the API's `next`;
+// Import posts a file to the import API.
 (function () {
   "use strict";
 
@@ -8,7 +11,11 @@
 
   const POLL_MS = 2000;
   const MAX_BACKOFF_MS = 30000;
+  const MAX_POLL_ROWS = 500; // the API's largest page
   const apiUrl = root.dataset.apiUrl;
+  const pollQuery = root.dataset.pollQuery || "";
+  const moreButton = document.getElementById("list-more");
+  const countEl = document.getElementById("list-count");
   const showOwner = root.dataset.showOwner === "1";
   const tbody = document.getElementById("experiment-rows");
   const tableCard = document.getElementById("experiment-table-card");
@@ -16,12 +23,14 @@
   const liveNote = document.getElementById("list-live-status");
   const template = document.getElementById("experiment-row-template");
   const compareForm = document.getElementById("compare-form");
-  const { setText, formatDuration, formatPercent, statusLabel, strategy } = window.Trainyard;
+  const { setText, formatDuration, formatPercent, statusLabel, strategy, el, csrfToken } =
+    window.Trainyard;
 
   let timer = null;
   let inFlight = null;
   let failures = 0;
   let stopped = false;
+  let etag = null;
 
   // "Dec 2, 11:51" this year, "Dec 2, 2025, 11:51" before.
   const thisYear = new Date().getFullYear();
@@ -52,7 +61,20 @@
     return row.querySelector('[data-field="' + name + '"]');
   }
 
+  function tagsOf(row, e) {
+    const box = field(row, "tags");
+    const tags = Array.isArray(e.tags) ? e.tags : [];
+    if (box.dataset.tags === JSON.stringify(tags)) return;
+    box.dataset.tags = JSON.stringify(tags);
+    box.replaceChildren(
+      ...tags.map((tag) => el("a", { class: "tag", href: "?tag=" + encodeURIComponent(tag) }, tag)),
+    );
+  }
+
   function updateRow(row, e) {
+    row.dataset.status = e.status;
+    row.dataset.started = e.started_at || "";
+    tagsOf(row, e);
     const link = field(row, "name");
     setText(link, e.name);
     if (e.url && link.getAttribute("href") !== e.url) link.setAttribute("href", e.url);
@@ -97,29 +119,48 @@
     compare.setAttribute("aria-label", "Compare #" + e.id);
     row.classList.add("row-new");
     updateRow(row, e);
-    // Newest first: ids grow with creation, so insert before the first older row.
-    let before = null;
-    for (const other of tbody.rows) {
-      if (Number(other.dataset.id) < e.id) {
-        before = other;
-        break;
-      }
-    }
-    tbody.insertBefore(row, before);
     return row;
   }
 
-  function apply(experiments) {
+  function rowsById() {
     const rows = new Map();
     for (const row of tbody.rows) rows.set(row.dataset.id, row);
-    for (const e of experiments) {
+    return rows;
+  }
+
+  // The poll's answer holds every shown row in the list's order (its limit is the number
+  // shown): rows keep their nodes (and ticks), move where the sort puts them, new runs come
+  // in, runs that left the filter go.
+  function apply(body, covered) {
+    const rows = rowsById();
+    let before = tbody.firstElementChild;
+    for (const e of Array.isArray(body.experiments) ? body.experiments : []) {
+      let row = rows.get(String(e.id));
+      rows.delete(String(e.id));
+      if (row) updateRow(row, e);
+      else row = newRow(e);
+      if (row !== before) tbody.insertBefore(row, before);
+      before = row.nextElementSibling;
+    }
+    if (covered) for (const row of rows.values()) row.remove();
+    showCount(body.count);
+  }
+
+  function append(body) {
+    const rows = rowsById();
+    for (const e of Array.isArray(body.experiments) ? body.experiments : []) {
       const row = rows.get(String(e.id));
       if (row) updateRow(row, e);
-      else newRow(e);
+      else tbody.append(newRow(e));
     }
+    showCount(body.count);
+  }
+
+  function showCount(count) {
+    if (typeof count === "number") setText(countEl, count + (count === 1 ? " run" : " runs"));
     const any = tbody.rows.length > 0;
     tableCard.hidden = !any;
-    emptyState.hidden = any;
+    emptyState.hidden = any || root.dataset.filtered === "1";
     if (compareForm) compareForm.hidden = !any;
   }
 
@@ -141,10 +182,15 @@
     const controller = new AbortController();
     inFlight = controller;
     const timeout = setTimeout(() => controller.abort(), 10000);
+    const shown = tbody.rows.length;
+    const limit = Math.min(MAX_POLL_ROWS, Math.max(shown, 50));
+    const query = (pollQuery ? pollQuery + "&" : "") + "limit=" + limit;
     try {
-      const response = await fetch(apiUrl, {
+      const headers = { Accept: "application/json" };
+      if (etag) headers["If-None-Match"] = etag;
+      const response = await fetch(apiUrl + "?" + query, {
         credentials: "same-origin",
-        headers: { Accept: "application/json" },
+        headers,
         cache: "no-store",
         signal: controller.signal,
       });
@@ -153,9 +199,12 @@
         note(null, 'Your session has ended. <a href="/accounts/login/?next=/">Log in again</a> to keep this list live.');
         return;
       }
-      if (!response.ok) throw new Error("HTTP " + response.status);
-      const body = await response.json();
-      apply(Array.isArray(body.experiments) ? body.experiments : []);
+      if (response.status !== 304) {
+        if (!response.ok) throw new Error("HTTP " + response.status);
+        const body = await response.json();
+        etag = response.headers.get("ETag");
+        apply(body, shown <= limit);
+      }
       failures = 0;
       note("");
     } catch (err) {
@@ -177,6 +226,71 @@
     }
   });
 
+  // An active run's duration is left out of the list's ETag: it ticks here instead.
+  function tick() {
+    const now = Date.now();
+    for (const row of tbody.rows) {
+      if (row.dataset.status !== "running" || !row.dataset.started) continue;
+      const started = Date.parse(row.dataset.started);
+      if (!isNaN(started)) setText(field(row, "duration"), formatDuration((now - started) / 1000));
+    }
+  }
+
+  async function more() {
+    const url = moreButton.dataset.nextUrl;
+    if (!url) return;
+    moreButton.disabled = true;
+    try {
+      const response = await fetch(url, { credentials: "same-origin", cache: "no-store" });
+      if (!response.ok) throw new Error("HTTP " + response.status);
+      const body = await response.json();
+      append(body);
+      moreButton.dataset.nextUrl = body.next || "";
+      moreButton.hidden = !body.next;
+    } catch (err) {
+      note("Could not load more runs (" + err.message + ").");
+    } finally {
+      moreButton.disabled = false;
+    }
+  }
+
+  // Import: the file goes to the import API as it is; its answer says what went wrong.
+  const importForm = document.getElementById("import-form");
+  const importFile = document.getElementById("import-file");
+  const importError = document.getElementById("import-error");
+
+  async function importPost() {
+    if (!importFile.files.length) return;
+    const data = new FormData();
+    data.append("file", importFile.files[0]);
+    importError.hidden = true;
+    note("Importing " + importFile.files[0].name + "…");
+    try {
+      const response = await fetch(importForm.action, {
+        method: "POST",
+        credentials: "same-origin",
+        headers: { "X-CSRFToken": csrfToken(), Accept: "application/json" },
+        body: data,
+      });
+      const body = await response.json().catch(() => ({}));
+      if (response.status === 201 && body.url) {
+        window.location.assign(body.url);
+        return;
+      }
+      setText(importError, "Import refused: " + (body.error || "HTTP " + response.status));
+      importError.hidden = false;
+      note("");
+    } catch (err) {
+      setText(importError, "Import failed: " + err.message);
+      importError.hidden = false;
+    } finally {
+      importFile.value = "";
+    }
+  }
+
+  if (importFile) importFile.addEventListener("change", importPost);
+  if (moreButton) moreButton.addEventListener("click", more);
   for (const el of root.querySelectorAll("time[datetime]")) localizeTime(el);
+  setInterval(tick, 1000);
   schedule(POLL_MS);
 })();

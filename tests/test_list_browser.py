@@ -1,0 +1,136 @@
+"""The run list and the run page's log panel in real Chromium, against Django's live server
+(no socket needed: the list polls, the log panel reads the logs API): more runs by keyset,
+filters, sorting, an idle poll answered 304, rank 1's lines filtered, tags and note saved."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from dashboard.experiments.models import Experiment, LogLine, Status
+from dashboard.serving import CHROMIUM, CHROMIUM_ARGS
+from tests.conftest import need
+from tests.stack import ROOT
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+ARTIFACTS = ROOT / "test-artifacts"
+
+
+@pytest.fixture
+def page(live_server: Any, user_factory: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    need(Path(CHROMIUM).exists() or shutil.which("chromium") is not None, "no Chromium")
+    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API
+    from playwright.sync_api import sync_playwright
+
+    alice = user_factory(username="alice")
+    client = Client()
+    client.force_login(alice)
+    session = client.cookies["sessionid"].value
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": 1366, "height": 900})
+        context.add_cookies([{"name": "sessionid", "value": session, "url": live_server.url}])
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.alice = alice
+        yield page
+        browser.close()
+    assert not errors, f"script errors in the page: {errors}"
+
+
+def screenshot(page: Any, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / name), full_page=True)
+
+
+def test_the_list_pages_filters_sorts_and_polls_for_free(
+    page: Any, live_server: Any, experiment_factory: Any
+) -> None:
+    for i in range(60):
+        experiment_factory(
+            owner=page.alice,
+            name=f"sweep {i:02d}",
+            status=Status.SUCCEEDED if i % 2 else Status.FAILED,
+            test_accuracy=0.9 + i / 1000,
+            tags=["baseline"] if i % 10 == 0 else [],
+        )
+    responses: list[int] = []
+    page.on(
+        "response", lambda r: responses.append(r.status) if "/api/experiments/?" in r.url else None
+    )
+    page.goto(f"{live_server.url}/")
+    rows = page.locator("#experiment-rows tr")
+    assert rows.count() == 50 and page.locator("#list-count").inner_text() == "60 runs"
+    page.get_by_role("button", name="More runs").click()
+    page.wait_for_function("() => document.querySelectorAll('#experiment-rows tr').length === 60")
+    assert page.locator("#list-more").is_hidden()
+    # Two polls of an unchanged list: the second is a bodiless 304.
+    page.wait_for_function("() => true", timeout=100)
+    page.wait_for_timeout(4500)
+    assert 304 in responses, responses
+    ids = [int(i) for i in rows.evaluate_all("rows => rows.map(r => r.dataset.id)")]
+    assert len(set(ids)) == 60
+    screenshot(page, "list-more.png")
+
+    page.get_by_label("Tag").fill("baseline")
+    page.get_by_role("button", name="Filter").click()
+    page.wait_for_url("**tag=baseline**")
+    assert rows.count() == 6 and page.locator("#list-count").inner_text() == "6 runs"
+    page.get_by_role("link", name="Test accuracy").click()
+    page.wait_for_url("**sort=-accuracy**")
+    names = rows.locator('[data-field="name"]').all_inner_texts()
+    assert names == [f"sweep {i:02d}" for i in (50, 40, 30, 20, 10, 0)]
+    assert page.locator("tr.row-new").count() == 0
+    screenshot(page, "list-filtered.png")
+
+
+def test_the_log_panel_filters_rank_1_and_the_labels_save(
+    page: Any, live_server: Any, experiment_factory: Any
+) -> None:
+    run: Experiment = experiment_factory(owner=page.alice, name="ddp two ranks")
+    lines = []
+    for seq in range(1, 1201):
+        rank = seq % 2
+        level = "warning" if seq % 100 == 0 else "info"
+        lines.append(
+            LogLine(
+                experiment=run, seq=seq, time=seq / 10, rank=rank, level=level,
+                message=f"line {seq} of rank {rank}",
+            )  # fmt: skip
+        )
+    LogLine.objects.bulk_create(lines)
+    page.goto(f"{live_server.url}/experiments/{run.pk}/")
+    page.wait_for_function("() => document.querySelectorAll('#log-rank option').length === 3")
+    page.select_option("#log-rank", "1")
+    pages = page.locator("#log-pages li")
+    page.wait_for_function("() => document.querySelectorAll('#log-pages li').length === 500")
+    assert set(pages.locator(".log-rank").all_inner_texts()) == {"r1"}
+    assert pages.first.locator(".log-msg").inner_text() == "line 1 of rank 1"
+    page.get_by_role("button", name="More lines").click()
+    page.wait_for_function("() => document.querySelectorAll('#log-pages li').length === 600")
+    assert page.locator("#log-more").is_hidden()
+    href = page.locator("#log-download").get_attribute("href")
+    assert "rank=1" in href and "format=text" in href
+    page.select_option("#log-level", "warning")
+    page.wait_for_function("() => document.querySelectorAll('#log-pages li').length === 0")
+    page.select_option("#log-rank", "0")
+    page.wait_for_function("() => document.querySelectorAll('#log-pages li').length === 12")
+
+    page.fill("#labels-tags", " baseline, ddp , baseline")
+    page.fill("#labels-note", "lr 1e-3, two ranks")
+    page.get_by_role("button", name="Save").click()
+    page.wait_for_function("() => document.getElementById('labels-status').textContent === 'Saved.'")
+    assert page.input_value("#labels-tags") == "baseline, ddp"
+    run.refresh_from_db()
+    assert run.tags == ["baseline", "ddp"] and run.note == "lr 1e-3, two ranks"
+    page.locator("#run-logs").scroll_into_view_if_needed()
+    screenshot(page, "run-log-rank0-warnings.png")
+    assert os.path.exists(ARTIFACTS / "run-log-rank0-warnings.png")
