@@ -306,7 +306,8 @@ def test_detail_shows_notes_params_and_live_hooks(client: Any, alice: Any) -> No
     assert f'data-experiment-id="{experiment.pk}"' in html
     assert f'data-ws-path="/ws/experiments/{experiment.pk}/"' in html
     assert f'href="{reverse("experiment-new")}?clone={experiment.pk}"' in html
-    assert "vendor/chart.js/chart.umd.min.js" in html
+    assert "vendor/uplot/uPlot.iife.min.js" in html and "js/charts.js" in html
+    assert f'data-metrics-url="/api/experiments/{experiment.pk}/metrics/"' in html
 
 
 @pytest.mark.django_db
@@ -359,19 +360,20 @@ def test_detail_embeds_the_stored_curve(client: Any, alice: Any) -> None:
     steps = {key: [b[0] for b in s["buckets"]] for key, s in initial["series"].items()}
     assert steps == {"train_loss": [10], "test_loss": [50], "test_accuracy": [50]}
     html = response.content.decode()
-    assert 'id="experiment-initial"' in html
+    assert 'id="experiment-snapshot"' in html
     assert "epoch 1 &lt;done&gt;" in html
-    start = html.index('id="experiment-initial" type="application/json">') + len(
-        'id="experiment-initial" type="application/json">'
+    start = html.index('id="experiment-snapshot" type="application/json">') + len(
+        'id="experiment-snapshot" type="application/json">'
     )
     embedded = json.loads(html[start : html.index("</script>", start)])
     assert embedded["experiment"]["id"] == experiment.pk
     assert embedded["logs"][0]["message"] == "epoch 1 <done>"
 
 
-def test_chart_js_is_installed() -> None:
-    # node_modules/chart.js/dist is served as static/vendor/chart.js/: `npm ci` must have run.
-    assert finders.find("vendor/chart.js/chart.umd.min.js"), "run `npm ci` in the repository root"
+def test_uplot_is_installed() -> None:
+    # node_modules/uplot/dist is served as static/vendor/uplot/: `npm ci` must have run.
+    assert finders.find("vendor/uplot/uPlot.iife.min.js"), "run `npm ci` in the repository root"
+    assert finders.find("vendor/uplot/uPlot.min.css")
 
 
 def test_a_stopped_run_is_told_plainly_a_failed_one_in_red(client: Any, alice: Any) -> None:

@@ -56,135 +56,65 @@
     el.title = date.toString();
   }
 
-  // ---- charts --------------------------------------------------------------------------------
+  // ---- charts (static/js/charts.js draws them) -----------------------------------------------
 
-  const css = getComputedStyle(document.documentElement);
-  const cssVar = (name, fallback) => css.getPropertyValue(name).trim() || fallback;
-  const charts = {};
-  const series = { train: [], test: [], acc: [] };
-  let chartsDirty = false;
+  const Charts = window.TrainyardCharts;
+  const metricsUrl = root.dataset.metricsUrl;
+  // What turns steps and times into the other x axes; every line of the page shares it.
+  const runCtx = { globalBatch: null, startedAt: null };
+  let chartSet = null;
 
-  function makeChart(id, data, { color, yTitle, yMin, yMax, points }) {
-    const canvas = $(id);
-    if (!canvas || typeof Chart === "undefined") return null;
-    return new Chart(canvas, {
-      type: "line",
-      data: {
-        datasets: [{
-          data: data,
-          borderColor: color,
-          backgroundColor: color,
-          borderWidth: 2,
-          pointRadius: points ? 3 : 0,
-          pointHoverRadius: 4,
-          clip: false, // the last point sits on the right edge (x max = total steps)
-          tension: 0,
-          spanGaps: true,
-        }],
-      },
-      options: {
-        animation: false,
-        layout: { padding: { right: 6 } },
-        parsing: false,
-        normalized: true,
-        responsive: true,
-        maintainAspectRatio: false,
-        interaction: { mode: "nearest", axis: "x", intersect: false },
-        plugins: {
-          legend: { display: false },
-          tooltip: {
-            callbacks: {
-              title: (items) => (items.length ? "step " + items[0].parsed.x : ""),
-              label: (item) => yTitle + ": " + (yTitle === "%" ? item.parsed.y.toFixed(2) + "%" : item.parsed.y.toFixed(4)),
-            },
-          },
-        },
-        scales: {
-          x: {
-            type: "linear",
-            min: 0,
-            title: { display: true, text: "step" },
-            ticks: { maxTicksLimit: 6, precision: 0 },
-            grid: { color: cssVar("--grid", "rgba(0,0,0,.06)") },
-          },
-          y: {
-            min: yMin,
-            max: yMax,
-            title: { display: true, text: yTitle },
-            ticks: { maxTicksLimit: 6 },
-            grid: { color: cssVar("--grid", "rgba(0,0,0,.06)") },
-          },
-        },
-      },
-    });
+  // A drag-zoom asks the metrics API for finer buckets of the line's step range.
+  async function fetchRange(line, from, to) {
+    const key = line.meta.key;
+    const url = metricsUrl + "?keys=" + encodeURIComponent(key) + "&from=" + from + "&to=" + to;
+    try {
+      const response = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
+      if (!response.ok) return null;
+      return ((await response.json()).series || {})[key] || null;
+    } catch (err) {
+      return null; // the coarser buckets stay drawn
+    }
   }
 
   function initCharts() {
-    if (typeof Chart === "undefined") return;
-    Chart.defaults.color = cssVar("--muted", "#6b7280");
-    Chart.defaults.borderColor = cssVar("--border", "#e5e7eb");
-    Chart.defaults.font.family = cssVar("--font", "system-ui, sans-serif");
-    charts.train = makeChart("chart-train", series.train, {
-      color: cssVar("--chart-train", "#4f46e5"), yTitle: "loss", yMin: 0,
-    });
-    charts.test = makeChart("chart-test", series.test, {
-      color: cssVar("--chart-test", "#db2777"), yTitle: "loss", yMin: 0, points: true,
-    });
-    charts.acc = makeChart("chart-acc", series.acc, {
-      color: cssVar("--chart-acc", "#059669"), yTitle: "%", yMax: 100, points: true,
-    });
+    const box = $("charts");
+    if (!box || !window.TrainyardCharts) return;
+    chartSet = new Charts.ChartSet(box, { fetchRange });
+    Charts.xSelectBind($("chart-x"), chartSet);
   }
 
-  function markEmpty() {
-    for (const key of ["train", "test", "acc"]) {
-      const empty = document.querySelector('[data-empty-for="chart-' + key + '"]');
-      if (empty) empty.hidden = series[key].length > 0;
+  function runContext(run, experiment) {
+    if (run && isNum(run.global_batch_size)) runCtx.globalBatch = run.global_batch_size;
+    if (experiment && experiment.started_at) runCtx.startedAt = Date.parse(experiment.started_at) / 1000;
+  }
+
+  // The chart and line of a series key, made on first sight (machine and GPU series).
+  function lineOf(key) {
+    const found = chartSet && Charts.specOf(key);
+    if (!found) return null;
+    return { chart: found.spec, name: found.line, opts: { color: Charts.specColor(found.spec), ctx: runCtx, meta: { key } } };
+  }
+
+  function resetSeries(all) {
+    if (!chartSet) return;
+    for (const [key, series] of Object.entries(all || {})) {
+      const at = lineOf(key);
+      if (at) chartSet.chart(at.chart).setLine(at.name, Object.assign({ series }, at.opts));
+    }
+    chartSet.redrawAll();
+  }
+
+  function appendSeries(points) {
+    for (const [key, list] of Object.entries(points || {})) {
+      const at = lineOf(key);
+      if (at && Array.isArray(list)) chartSet.chart(at.chart).append(at.name, list, at.opts);
     }
   }
 
-  // One redraw per animation frame however many events arrived.
-  function chartsChanged() {
-    if (chartsDirty) return;
-    chartsDirty = true;
-    requestAnimationFrame(function () {
-      chartsDirty = false;
-      const total = state.experiment.total_steps;
-      // Dots while a curve is short, or a few points would draw nothing visible.
-      let radiusChanged = false;
-      if (charts.train) {
-        const radius = series.train.length < 40 ? 3 : 0;
-        const dataset = charts.train.data.datasets[0];
-        radiusChanged = dataset.pointRadius !== radius;
-        dataset.pointRadius = radius;
-      }
-      for (const key of Object.keys(charts)) {
-        const chart = charts[key];
-        if (!chart) continue;
-        chart.options.scales.x.max = isNum(total) && total > 0 ? total : undefined;
-        // update("none") skips the points' style: a new radius would not show, and one point
-        // alone would draw nothing at all.
-        chart.update(key === "train" && radiusChanged ? undefined : "none");
-      }
-      markEmpty();
-    });
-  }
-
-  function addPoint(p) {
-    if (p.test_loss === null || p.test_loss === undefined) {
-      if (isNum(p.train_loss)) series.train.push({ x: p.step, y: p.train_loss });
-    } else {
-      series.test.push({ x: p.step, y: p.test_loss });
-      if (isNum(p.test_accuracy)) series.acc.push({ x: p.step, y: p.test_accuracy * 100 });
-    }
-  }
-
-  function resetSeries(points) {
-    // The arrays are the charts' own data arrays: empty them in place.
-    series.train.length = 0;
-    series.test.length = 0;
-    series.acc.length = 0;
-    for (const p of points || []) addPoint(p);
-    chartsChanged();
+  // Benchmarks and browser tests wait on this: every chart has drawn the snapshot.
+  function markChartsReady() {
+    requestAnimationFrame(() => document.querySelector("main").setAttribute("data-charts-ready", "true"));
   }
 
   // ---- log -----------------------------------------------------------------------------------
@@ -323,7 +253,10 @@
     if ("finished_at" in e) setTime($("info-finished"), x.finished_at);
     if (x.stop_requested && stopButton && !stopping) markStopping();
     renderDuration();
-    chartsChanged();
+    if (e.started_at && !isNum(runCtx.startedAt)) {
+      runContext(null, e);
+      if (chartSet && chartSet.xMode === "wall") chartSet.redrawAll();
+    }
   }
 
   // ---- events --------------------------------------------------------------------------------
@@ -336,17 +269,15 @@
   function handleSnapshot(msg) {
     announce(msg);
     state.lastSeq = isNum(msg.seq) ? msg.seq : 0;
-    state.ips = null;
-    const points = msg.points || [];
-    for (let i = points.length - 1; i >= 0; i--) {
-      if (isNum(points[i].images_per_second)) {
-        state.ips = points[i].images_per_second;
-        break;
-      }
-    }
+    const series = msg.series || {};
+    const ips = (series.images_per_second || { buckets: [] }).buckets;
+    // A bucket's last value (index 7 of the series contract).
+    state.ips = ips.length ? ips[ips.length - 1][7] : null;
+    runContext(msg.run, msg.experiment);
     applyExperiment(msg.experiment);
-    resetSeries(points);
+    resetSeries(series);
     resetLogs(msg.logs);
+    markChartsReady();
   }
 
   // One handler per message type (dashboard/experiments/messages.py says what each carries).
@@ -363,28 +294,32 @@
     if (Array.isArray(msg.devices) && msg.devices.length) setText($("info-device"), msg.devices.join(", "));
     else if (msg.device) setText($("info-device"), msg.device);
     if (isNum(msg.world_size)) setText($("info-world-size"), msg.world_size);
+    if (isNum(msg.global_batch_size) && msg.global_batch_size !== runCtx.globalBatch) {
+      runContext(msg, null);
+      if (chartSet && chartSet.xMode === "images") chartSet.redrawAll();
+    }
     for (const note of msg.notes || []) appendLog({ time: msg.time, level: "info", message: note });
   }
 
   function onStep(msg) {
-    addPoint({ step: msg.step, train_loss: msg.train_loss, test_loss: null });
+    appendSeries(Charts.messagePoints(msg));
     if (isNum(msg.images_per_second)) state.ips = msg.images_per_second;
     Object.assign(state.experiment, { epoch: msg.epoch, step: msg.step });
     renderProgress();
-    chartsChanged();
   }
 
   function onEpoch(msg) {
-    // The epoch's mean train loss would draw a second, coarser curve: not charted.
-    addPoint({ step: msg.step, test_loss: msg.test_loss, test_accuracy: msg.test_accuracy });
+    appendSeries(Charts.messagePoints(msg));
     // The epoch's mean, as a reloaded page shows it (its last stored point's).
     if (isNum(msg.images_per_second)) state.ips = msg.images_per_second;
     Object.assign(state.experiment, {
       epoch: msg.epoch, step: msg.step, test_loss: msg.test_loss, test_accuracy: msg.test_accuracy,
     });
     renderProgress();
-    chartsChanged();
   }
+
+  // Series the step and epoch events do not carry (machine and GPU samples).
+  const onSeries = (msg) => appendSeries(Charts.messagePoints(msg));
 
   function onCheckpoint(msg) {
     // The stored log line's words, which the sink sends along.
@@ -432,6 +367,7 @@
     status: onStatus,
     finished: onFinished,
     failed: onFailed,
+    series: onSeries,
   });
   // Unknown types are ignored, as the protocol asks.
   const ignore = () => {};
@@ -648,7 +584,7 @@
   // ---- start ---------------------------------------------------------------------------------
 
   initCharts();
-  const initialEl = $("experiment-initial");
+  const initialEl = $("experiment-snapshot");
   if (initialEl) handleSnapshot(JSON.parse(initialEl.textContent));
   for (const el of document.querySelectorAll("time[datetime]")) setTime(el, el.getAttribute("datetime"));
   setInterval(function () {

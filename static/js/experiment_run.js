@@ -237,9 +237,14 @@
   function onSnapshot(msg) {
     if (msg.scaling) scaling.info = msg.scaling;
     scaling.stepSum = scaling.stepCount = scaling.epochSum = scaling.epochCount = 0;
-    for (const p of msg.points || []) {
-      // Step points carry no test accuracy; epoch points always do.
-      addThroughput(p.test_accuracy === null || p.test_accuracy === undefined ? "step" : "epoch", p.images_per_second);
+    // The images/s series holds the step events' figures: its buckets' means weighted by count.
+    const ips = (msg.series || {}).images_per_second;
+    for (const b of ips ? ips.buckets : []) {
+      // [step_first, step_last, time_first, time_last, min, max, mean, last, n]
+      if (isNum(b[6]) && b[8] > 0) {
+        scaling.stepSum += b[6] * b[8];
+        scaling.stepCount += b[8];
+      }
     }
     renderScaling();
     const texts = msg.texts || {};

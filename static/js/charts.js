@@ -1,0 +1,566 @@
+// The one chart component of every page (the run page, the compare page): uPlot (npm `uplot`,
+// served from node_modules) drawing a run's bucketed series as the server sends them
+// (dashboard/experiments/series.py: [step_first, step_last, time_first, time_last, min, max,
+// mean, last, n]). Each line is a min/max band with its mean on top, so that one spike among
+// 100,000 points still shows however many points a bucket holds; live points append as
+// one-point buckets. Why uPlot: Chart.js re-walks its datasets on every update (a 100,000-point
+// run took 11-18 s to draw); uPlot draws typed arrays in one pass.
+window.TrainyardCharts = (function () {
+  "use strict";
+
+  const { isNum, el, bytesText } = window.Trainyard;
+
+  // Bucket fields, by index (the series contract).
+  const SF = 0, SL = 1, TF = 2, TL = 3, MIN = 4, MAX = 5, MEAN = 6, N = 8;
+  // Past this many buckets a live line merges neighbours pairwise: a run followed for hours
+  // stays as light as the snapshot (min/max/mean stay exact, only the resolution halves).
+  const LIVE_BUCKET_LIMIT = 2000;
+
+  // The x axes of every chart (the shared contract): images seen and wall time are what make
+  // runs with different global batches comparable.
+  const X_MODES = [
+    { id: "step", label: "Step" },
+    { id: "images", label: "Images seen" },
+    { id: "time", label: "Time since start" },
+    { id: "wall", label: "Wall time" },
+  ];
+
+  // Which series a chart draws, by key. `line` names one line of a chart with several (per rank,
+  // per machine, per GPU); `log` offers the log scale; `factor` turns fractions into percent.
+  const SPECS = [
+    { id: "train_loss", title: "Training loss", match: /^train_loss$/, log: true, color: "--chart-train" },
+    { id: "test_loss", title: "Test loss", match: /^test_loss$/, log: true, color: "--chart-test" },
+    { id: "test_accuracy", title: "Test accuracy", match: /^test_accuracy$/, unit: "%", factor: 100, color: "--chart-acc" },
+    { id: "images_per_second", title: "Images/s", match: /^images_per_second$/ },
+    { id: "lr", title: "Learning rate", match: /^lr$/, log: true },
+    { id: "rank_ips", title: "Images/s per rank", match: /^rank\/(\d+)\/images_per_second$/, line: (m) => "rank " + m[1] },
+    { id: "cpu", title: "Machine CPU", match: /^machine\/(.+)\/cpu_percent$/, unit: "%", line: (m) => m[1] },
+    { id: "gpu_util", title: "GPU utilisation", match: /^gpu\/(.+)\/(\d+)\/utilization$/, unit: "%", line: (m) => m[1] + " GPU " + m[2] },
+    { id: "gpu_memory", title: "GPU memory", match: /^gpu\/(.+)\/(\d+)\/memory_bytes$/, unit: "bytes", line: (m) => m[1] + " GPU " + m[2] },
+  ];
+
+  const css = getComputedStyle(document.documentElement);
+  const cssVar = (name, fallback) => css.getPropertyValue(name).trim() || fallback;
+
+  // Colours for lines that are not the page's single run (ranks, compared runs).
+  const PALETTE = ["#4f46e5", "#db2777", "#059669", "#d97706", "#0891b2", "#7c3aed", "#dc2626", "#65a30d", "#475569", "#c026d3"];
+
+  /** The chart and line a series key belongs to on a run page: {spec, line} or null. */
+  function specOf(key) {
+    for (const spec of SPECS) {
+      const m = spec.match.exec(key);
+      if (m) return { spec, line: spec.line ? spec.line(m) : spec.title };
+    }
+    return null;
+  }
+
+  /** A single-line chart's colour from the stylesheet; undefined picks from the palette. */
+  const specColor = (spec) => (spec.color ? cssVar(spec.color, undefined) : undefined);
+
+  /** The spec of a chart of one key (the compare page): ours where we know it, else generic. */
+  function keySpec(key) {
+    const found = specOf(key);
+    if (found && !found.spec.line) return found.spec;
+    const title = found ? found.spec.title + " · " + found.line : key;
+    return { id: key, title, unit: found ? found.spec.unit : undefined, log: /loss/.test(key) };
+  }
+
+  // ---- live messages -> points ---------------------------------------------------------------
+
+  const put = (out, key, step, time, value) => {
+    if (!isNum(value)) return;
+    (out[key] = out[key] || []).push([step, time, value]);
+  };
+
+  /** The series points a live message carries: {key: [[step, time, value], ...]}. Step events
+   * carry the run's and each rank's figures; epoch events the test figures (their means of
+   * train loss and images/s would draw a second, coarser curve); `series` messages the rest. */
+  function messagePoints(msg) {
+    const out = {};
+    if (!msg || !isNum(msg.step)) return msg && msg.type === "series" ? msg.points || {} : out;
+    const t = isNum(msg.time) ? msg.time : null;
+    if (msg.type === "step") {
+      for (const key of ["train_loss", "images_per_second", "data_seconds", "compute_seconds", "rss_bytes"]) {
+        put(out, key, msg.step, t, msg[key]);
+      }
+      for (const r of Array.isArray(msg.ranks) ? msg.ranks : []) {
+        if (!r || !isNum(r.rank)) continue;
+        for (const key of ["images_per_second", "data_seconds", "compute_seconds", "rss_bytes"]) {
+          put(out, "rank/" + r.rank + "/" + key, msg.step, t, r[key]);
+        }
+      }
+    } else if (msg.type === "epoch") {
+      put(out, "test_loss", msg.step, t, msg.test_loss);
+      put(out, "test_accuracy", msg.step, t, msg.test_accuracy);
+    }
+    return out;
+  }
+
+  // ---- values ----------------------------------------------------------------------------------
+
+  /** TensorBoard's debiased exponential moving average: the EMA starts at 0, so its first values
+   * lean toward 0 by weight^n; dividing by 1 - weight^n takes that bias out. */
+  function smooth(values, weight) {
+    const out = new Array(values.length);
+    let last = 0;
+    let n = 0;
+    for (let i = 0; i < values.length; i++) {
+      const v = values[i];
+      if (!isNum(v)) {
+        out[i] = v;
+        continue;
+      }
+      last = last * weight + (1 - weight) * v;
+      n += 1;
+      out[i] = weight === 1 ? last : last / (1 - Math.pow(weight, n));
+    }
+    return out;
+  }
+
+  /** Buckets merged pairwise (a live line past LIVE_BUCKET_LIMIT). */
+  function halve(buckets) {
+    const out = [];
+    for (let i = 0; i < buckets.length; i += 2) {
+      const a = buckets[i], b = buckets[i + 1];
+      if (!b) { out.push(a); continue; }
+      const na = a[N] || 0, nb = b[N] || 0;
+      const pick = (f, x, y) => (x === null ? y : y === null ? x : f(x, y));
+      const mean = na + nb ? ((a[MEAN] || 0) * na + (b[MEAN] || 0) * nb) / (na + nb) : null;
+      out.push([a[SF], b[SL], a[TF], b[TL], pick(Math.min, a[MIN], b[MIN]), pick(Math.max, a[MAX], b[MAX]),
+        mean, b[7] === null ? a[7] : b[7], na + nb]);
+    }
+    return out;
+  }
+
+  const XS = {
+    step: (b) => b[SL],
+    images: (b, ctx) => (isNum(ctx.globalBatch) ? b[SL] * ctx.globalBatch : null),
+    time: (b) => b[TL],
+    wall: (b, ctx) => (isNum(ctx.startedAt) && isNum(b[TL]) ? ctx.startedAt + b[TL] : null),
+  };
+
+  function numberText(v, unit) {
+    if (!isNum(v)) return "—";
+    if (unit === "bytes") return bytesText(v);
+    const a = Math.abs(v);
+    const text = a !== 0 && (a >= 1e5 || a < 1e-3) ? v.toExponential(3) : v.toPrecision(4).replace(/\.?0+$/, "");
+    return unit === "%" ? text + "%" : text;
+  }
+
+  const wallFormat = new Intl.DateTimeFormat(undefined, { hour: "2-digit", minute: "2-digit", second: "2-digit" });
+
+  function xText(mode, x) {
+    if (!isNum(x)) return "—";
+    if (mode === "wall") return wallFormat.format(new Date(x * 1000));
+    if (mode === "time") return x >= 120 ? (x / 60).toFixed(1) + " min" : x.toFixed(1) + " s";
+    if (mode === "images") return Math.round(x).toLocaleString("en-US") + " images";
+    return "step " + Math.round(x);
+  }
+
+  function alpha(color, a) {
+    const m = /^#([0-9a-f]{6})$/i.exec(color.trim());
+    if (!m) return color;
+    const n = parseInt(m[1], 16);
+    return "rgba(" + (n >> 16) + "," + ((n >> 8) & 255) + "," + (n & 255) + "," + a + ")";
+  }
+
+  // ---- one chart ------------------------------------------------------------------------------
+
+  class SeriesChart {
+    /** card: the chart's <section> (made here when not on the page); options: {spec, xMode,
+     * fetchRange(line, fromStep, toStep) -> Promise<{count, buckets}|null>} for zoom. */
+    constructor(card, { spec, xMode, fetchRange }) {
+      this.spec = spec;
+      this.card = card;
+      this.xMode = xMode || "step";
+      this.fetchRange = fetchRange || null;
+      this.lines = new Map(); // name -> {name, color, buckets, count, ctx, zoom}
+      this.smoothing = 0;
+      this.log = false;
+      this.zoomed = false;
+      this.u = null;
+      this.pending = false;
+      this.buildControls();
+    }
+
+    buildControls() {
+      const card = this.card;
+      const id = "chart-" + this.spec.id.replace(/[^a-z0-9_-]/gi, "-");
+      this.box = card.querySelector(".chart-box") || card.appendChild(el("div", { class: "chart-box" }));
+      this.box.id = id;
+      this.empty = card.querySelector(".chart-empty");
+      this.slider = el("input", { type: "range", min: "0", max: "0.99", step: "0.01", value: "0", "aria-label": this.spec.title + ": smoothing" });
+      this.sliderText = el("span", { class: "chart-smooth-value" }, "0");
+      this.logBox = el("input", { type: "checkbox", "aria-label": this.spec.title + ": log scale" });
+      this.reset = el("button", { type: "button", class: "button small chart-reset", hidden: "" }, "Reset zoom");
+      this.note = el("p", { class: "chart-note muted small" });
+      this.hover = el("div", { class: "chart-hover small", "aria-live": "off" });
+      const controls = el("div", { class: "chart-controls small" }, [
+        el("label", { title: "TensorBoard's debiased exponential moving average; the raw curve stays faint behind" }, ["Smoothing ", this.slider, " ", this.sliderText]),
+        this.spec.log ? el("label", {}, [this.logBox, " log"]) : null,
+        this.reset,
+      ]);
+      let head = card.querySelector(".chart-head");
+      if (!head) {
+        head = el("div", { class: "chart-head" });
+        card.prepend(head);
+      }
+      head.append(controls);
+      this.box.after(this.hover, this.note);
+      this.slider.addEventListener("input", () => {
+        this.smoothing = Number(this.slider.value);
+        this.sliderText.textContent = this.slider.value;
+        this.rebuild();
+      });
+      this.logBox.addEventListener("change", () => {
+        this.log = this.logBox.checked;
+        this.rebuild();
+      });
+      this.reset.addEventListener("click", () => this.zoomReset());
+      new ResizeObserver(() => {
+        if (this.u) this.u.setSize(this.size());
+      }).observe(this.box);
+    }
+
+    size() {
+      return { width: Math.max(200, this.box.clientWidth), height: Math.max(120, this.box.clientHeight - 4) };
+    }
+
+    /** Replace a line's buckets (a snapshot, or the metrics API). `meta` is the page's (which
+     * series key and run the line draws), handed back to fetchRange. */
+    setLine(name, { series, color, ctx, meta }) {
+      const old = this.lines.get(name);
+      this.lines.set(name, {
+        name,
+        meta: meta || (old && old.meta) || {},
+        color: color || (old && old.color) || PALETTE[this.lines.size % PALETTE.length],
+        buckets: (series && series.buckets) || [],
+        count: (series && series.count) || 0,
+        ctx: ctx || (old && old.ctx) || {},
+        // A snapshot on reconnect while zoomed in keeps the finer buckets on screen.
+        zoom: this.zoomed && old ? old.zoom : null,
+      });
+    }
+
+    setContext(name, ctx) {
+      const line = this.lines.get(name);
+      if (line) Object.assign(line.ctx, ctx);
+    }
+
+    /** Live points [[step, time, value], ...] as one-point buckets at the end of a line. */
+    append(name, points, { color, ctx, meta } = {}) {
+      if (!this.lines.has(name)) this.setLine(name, { series: null, color, ctx, meta });
+      const line = this.lines.get(name);
+      for (const [step, time, v] of points) {
+        const last = line.buckets[line.buckets.length - 1];
+        if (last && step <= last[SL]) continue; // already in the snapshot
+        line.buckets.push([step, step, time, time, v, v, v, v, 1]);
+        line.count += 1;
+      }
+      while (line.buckets.length > LIVE_BUCKET_LIMIT) line.buckets = halve(line.buckets);
+      this.schedule();
+    }
+
+    setXMode(mode) {
+      this.xMode = mode;
+      for (const line of this.lines.values()) line.zoom = null;
+      this.zoomed = false;
+      this.reset.hidden = true;
+      this.rebuild();
+    }
+
+    schedule() {
+      if (this.pending) return;
+      this.pending = true;
+      requestAnimationFrame(() => {
+        this.pending = false;
+        this.redraw();
+      });
+    }
+
+    /** The arrays drawn: x, then per line [min, max, mean, smoothed], joined on x. */
+    tables() {
+      const f = this.spec.factor || 1;
+      const keep = this.log ? (v) => (isNum(v) && v > 0 ? v * f : null) : (v) => (isNum(v) ? v * f : null);
+      const tables = [];
+      for (const line of this.lines.values()) {
+        const toX = XS[this.xMode];
+        const xs = [], mins = [], maxs = [], means = [];
+        for (const b of line.zoom || line.buckets) {
+          const x = toX(b, line.ctx);
+          if (!isNum(x) || (xs.length && x <= xs[xs.length - 1])) continue;
+          xs.push(x);
+          mins.push(keep(b[MIN]));
+          maxs.push(keep(b[MAX]));
+          means.push(keep(b[MEAN]));
+        }
+        tables.push([xs, mins, maxs, means, this.smoothing > 0 ? smooth(means, this.smoothing) : means.map(() => null)]);
+      }
+      return tables;
+    }
+
+    data() {
+      const tables = this.tables();
+      if (tables.length === 1) return tables[0];
+      if (!tables.length) return [[]];
+      return uPlot.join(tables);
+    }
+
+    options() {
+      const series = [{ label: "x" }];
+      const bands = [];
+      const smoothing = this.smoothing > 0;
+      for (const line of this.lines.values()) {
+        const base = series.length;
+        const faint = alpha(line.color, 0.35);
+        const common = { spanGaps: true, points: { show: false } };
+        series.push(Object.assign({ label: line.name + " min", stroke: faint, width: 1 }, common));
+        series.push(Object.assign({ label: line.name + " max", stroke: faint, width: 1 }, common));
+        // uPlot's own rule dots the mean while its points are sparse: one point alone shows.
+        series.push({ label: line.name, stroke: smoothing ? alpha(line.color, 0.4) : line.color, width: smoothing ? 1 : 1.5, spanGaps: true });
+        series.push(Object.assign({ label: line.name + " smoothed", stroke: line.color, width: 2, show: smoothing }, common));
+        bands.push({ series: [base + 1, base], fill: alpha(line.color, 0.15) });
+      }
+      const axis = { stroke: cssVar("--muted", "#6b7280"), grid: { stroke: cssVar("--grid", "rgba(0,0,0,.06)"), width: 1 }, ticks: { width: 1, stroke: cssVar("--grid", "rgba(0,0,0,.06)") } };
+      const unit = this.spec.unit;
+      return Object.assign(this.size(), {
+        series,
+        bands,
+        legend: { show: false },
+        // The scale is set here (onSelect), after reading the selection in the old one.
+        cursor: { drag: { x: true, y: false, setScale: false }, points: { show: false } },
+        scales: { x: { time: this.xMode === "wall" }, y: { distr: this.log ? 3 : 1 } },
+        axes: [
+          Object.assign({}, axis, this.xMode === "wall" ? {} : { values: (u, ticks) => ticks.map((t) => (Math.abs(t) >= 1e4 ? (t / 1000).toFixed(0) + "k" : String(+t.toPrecision(6)))) }),
+          Object.assign({}, axis, { size: 60, values: (u, ticks) => ticks.map((t) => numberText(t, unit)) }),
+        ],
+        hooks: {
+          setSelect: [(u) => this.onSelect(u)],
+          setCursor: [(u) => this.onCursor(u)],
+        },
+      });
+    }
+
+    /** Draw from scratch: the series' styles depend on smoothing and the scale on the toggle. */
+    rebuild() {
+      if (this.u) {
+        this.u.destroy();
+        this.u = null;
+      }
+      this.redraw();
+    }
+
+    redraw() {
+      const any = [...this.lines.values()].some((l) => l.buckets.length);
+      if (this.empty) this.empty.hidden = any;
+      this.renderLegend();
+      this.renderNote();
+      if (!any || typeof uPlot === "undefined") return;
+      if (this.u && this.u.series.length === 1 + 4 * this.lines.size) {
+        this.u.setData(this.data(), !this.zoomed);
+        return;
+      }
+      if (this.u) this.u.destroy();
+      this.u = new uPlot(this.options(), this.data(), this.box);
+      this.u.over.addEventListener("dblclick", () => this.zoomReset());
+      if (this.zoomed && this.zoomRange) this.u.setScale("x", this.zoomRange);
+    }
+
+    renderNote() {
+      const bucketed = [...this.lines.values()].some((l) => l.count > (l.zoom || l.buckets).length);
+      let text = "";
+      if (bucketed) text = "Each bucket drawn as its min–max band and its mean";
+      if (this.smoothing > 0) {
+        text = bucketed
+          ? "Smoothing the bucket means (the server groups many points per bucket), not the raw points"
+          : "Smoothing the raw points";
+      }
+      this.note.textContent = text ? text + "." : "";
+    }
+
+    renderLegend() {
+      if (this.lines.size < 2) return;
+      if (!this.legend) {
+        this.legend = el("ul", { class: "chart-legend small" });
+        this.box.before(this.legend);
+      }
+      if (this.legend.children.length === this.lines.size) return;
+      this.legend.replaceChildren(...[...this.lines.values()].map((l) => el("li", {}, [
+        el("span", { class: "swatch", style: "background:" + l.color }), l.name,
+      ])));
+    }
+
+    onCursor(u) {
+      const i = u.cursor.idx;
+      if (i === null || i === undefined) {
+        this.hover.textContent = "";
+        return;
+      }
+      const unit = this.spec.unit;
+      const parts = [xText(this.xMode, u.data[0][i])];
+      let s = 1;
+      for (const line of this.lines.values()) {
+        const mean = u.data[s + 2][i], min = u.data[s][i], max = u.data[s + 1][i], sm = u.data[s + 3][i];
+        s += 4;
+        if (!isNum(mean)) continue;
+        let text = (this.lines.size > 1 ? line.name + ": " : "") + numberText(mean, unit);
+        if (isNum(min) && isNum(max) && min !== max) text += " (" + numberText(min, unit) + "–" + numberText(max, unit) + ")";
+        if (isNum(sm)) text += ", smoothed " + numberText(sm, unit);
+        parts.push(text);
+      }
+      this.hover.textContent = parts.join(" · ");
+    }
+
+    /** A drag zoomed the x scale: ask the server for finer buckets of each line's step range. */
+    onSelect(u) {
+      if (u.select.width < 5) return;
+      const lo = u.posToVal(u.select.left, "x");
+      const hi = u.posToVal(u.select.left + u.select.width, "x");
+      u.setSelect({ left: 0, top: 0, width: 0, height: 0 }, false);
+      u.setScale("x", { min: lo, max: hi });
+      this.zoomTo(lo, hi);
+    }
+
+    async zoomTo(lo, hi) {
+      this.zoomed = true;
+      this.zoomRange = { min: lo, max: hi };
+      this.reset.hidden = false;
+      if (!this.fetchRange) return;
+      const toX = XS[this.xMode];
+      const asked = [...this.lines.values()].map(async (line) => {
+        let from = null, to = null;
+        for (const b of line.buckets) {
+          const x = toX(b, line.ctx);
+          if (!isNum(x)) continue;
+          if (x < lo) from = b[SF];
+          else if (from === null) from = b[SF];
+          if (x <= hi || to === null) to = b[SL];
+          if (x > hi) break;
+        }
+        if (from === null) return;
+        const finer = await this.fetchRange(line, from, to);
+        if (finer && this.zoomed) line.zoom = finer.buckets;
+      });
+      await Promise.all(asked);
+      if (!this.zoomed) return;
+      this.redraw();
+      if (this.u) this.u.setScale("x", this.zoomRange);
+    }
+
+    zoomReset() {
+      for (const line of this.lines.values()) line.zoom = null;
+      this.zoomed = false;
+      this.reset.hidden = true;
+      if (this.u) this.u.setData(this.data(), true);
+      this.renderNote();
+    }
+
+    /** What is drawn, for tests and benchmarks: x and per line its four arrays. */
+    drawn() {
+      if (!this.u) return null;
+      const out = { x: Array.from(this.u.data[0]), xMode: this.xMode, log: this.u.scales.y.distr === 3, lines: {} };
+      let s = 1;
+      for (const name of this.lines.keys()) {
+        const [min, max, mean, smoothed] = [0, 1, 2, 3].map((k) => Array.from(this.u.data[s + k]));
+        const dotted = this.u.series[s + 2].points.show(this.u, s + 2);
+        out.lines[name] = { min, max, mean, smoothed, dotted };
+        s += 4;
+      }
+      return out;
+    }
+  }
+
+  // ---- a page of charts -------------------------------------------------------------------------
+
+  /** A chart card like templates/experiments/_chart_card.html's, for charts the server did not
+   * render (series that appear later, the compare page's). */
+  function cardMake(container, spec) {
+    const card = el("section", { class: "card chart-card", "data-chart": spec.id }, [
+      el("div", { class: "chart-head" }, el("h2", {}, spec.title)),
+      el("div", { class: "chart-box" }),
+    ]);
+    container.append(card);
+    return card;
+  }
+
+  /** The charts of one container, made on demand by id. */
+  class ChartSet {
+    constructor(container, { xMode, fetchRange } = {}) {
+      this.container = container;
+      this.xMode = xMode || "step";
+      this.fetchRange = fetchRange;
+      this.charts = new Map();
+      for (const card of container.querySelectorAll("[data-chart]")) {
+        const spec = SPECS.find((s) => s.id === card.dataset.chart);
+        if (spec) this.chart(spec);
+      }
+    }
+
+    chart(spec) {
+      let chart = this.charts.get(spec.id);
+      if (!chart) {
+        const card = this.container.querySelector('[data-chart="' + spec.id + '"]') || cardMake(this.container, spec);
+        chart = new SeriesChart(card, { spec, xMode: this.xMode, fetchRange: this.fetchRange });
+        this.charts.set(spec.id, chart);
+        registry.set(spec.id, chart);
+      }
+      return chart;
+    }
+
+    setXMode(mode) {
+      this.xMode = mode;
+      for (const chart of this.charts.values()) chart.setXMode(mode);
+    }
+
+    redrawAll() {
+      for (const chart of this.charts.values()) chart.rebuild();
+    }
+  }
+
+  /** Fill an x-axis <select> with the modes and follow it. */
+  function xSelectBind(select, set) {
+    select.replaceChildren(...X_MODES.map((m) => el("option", { value: m.id }, m.label)));
+    select.value = set.xMode;
+    select.addEventListener("change", () => set.setXMode(select.value));
+  }
+
+  /** The compare page's speedup and efficiency against world size (scaling.scaling_chart_build):
+   * per strategy its speedup (left axis, solid) and efficiency (right axis, dotted), and the
+   * ideal speedup = world size; uPlot's legend gives the values under the cursor. */
+  function scalingChart(box, data, labelOf) {
+    if (!box || !data || !data.world_sizes.length || typeof uPlot === "undefined") return null;
+    const empty = box.querySelector(".chart-empty");
+    if (empty) empty.hidden = true;
+    const muted = cssVar("--muted", "#6b7280");
+    const series = [
+      { label: "world size" },
+      { label: "ideal", stroke: muted, dash: [5, 5], width: 1, scale: "speedup", value: (u, v) => numberText(v) + "×" },
+    ];
+    const rows = [data.world_sizes, data.world_sizes.slice()];
+    data.lines.forEach((line, i) => {
+      const color = PALETTE[i % PALETTE.length];
+      const name = labelOf(line.strategy);
+      series.push({ label: name + " speedup", stroke: color, width: 2, scale: "speedup", points: { show: true, size: 8 }, spanGaps: true, value: (u, v) => numberText(v) + "×" });
+      series.push({ label: name + " efficiency", stroke: alpha(color, 0.7), dash: [2, 3], width: 2, scale: "eff", points: { show: true, size: 6 }, spanGaps: true, value: (u, v) => numberText(v, "%") });
+      rows.push(line.speedup, line.efficiency.map((v) => (isNum(v) ? v * 100 : null)));
+    });
+    const grid = { stroke: cssVar("--grid", "rgba(0,0,0,.06)"), width: 1 };
+    const opts = {
+      width: Math.max(200, box.clientWidth),
+      height: Math.max(160, box.clientHeight - 40),
+      series,
+      scales: { x: { time: false }, eff: { range: [0, 110] } },
+      axes: [
+        { stroke: muted, grid, label: "world size", values: (u, ticks) => ticks.map((t) => (Number.isInteger(t) ? String(t) : "")) },
+        { scale: "speedup", stroke: muted, grid, label: "speedup ×" },
+        { scale: "eff", side: 1, stroke: muted, grid: { show: false }, label: "efficiency %" },
+      ],
+    };
+    return new uPlot(opts, rows, box);
+  }
+
+  // Every chart on the page by id: tests and bench_charts read what is drawn through it.
+  const registry = new Map();
+
+  return { SPECS, X_MODES, PALETTE, specOf, specColor, keySpec, messagePoints, smooth, numberText, SeriesChart, ChartSet, xSelectBind, scalingChart, instances: registry };
+})();

@@ -1,0 +1,109 @@
+// The compare page (templates/experiments/compare.html): every series of the compared runs
+// overlaid, one colour per run, drawn by static/js/charts.js; runs still training follow their
+// WebSocket (/ws/experiments/<id>/: a snapshot, then step, epoch and series events); beside it
+// speedup and efficiency against world size. The server listed only runs the viewer may see.
+(function () {
+  "use strict";
+
+  const dataEl = document.getElementById("compare-charts");
+  if (!dataEl) return;
+  const { isNum, strategy } = window.Trainyard;
+  const Charts = window.TrainyardCharts;
+  const { runs, scaling } = JSON.parse(dataEl.textContent);
+  const box = document.getElementById("charts");
+  const RECONNECT_MS = 3000;
+
+  async function getJson(url) {
+    const response = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
+    if (!response.ok) throw new Error("the server answered " + response.status);
+    return response.json();
+  }
+
+  // A drag-zoom asks the line's run for finer buckets of its step range.
+  async function fetchRange(line, from, to) {
+    const { key, run } = line.meta;
+    try {
+      const body = await getJson(run.metrics_url + "?keys=" + encodeURIComponent(key) + "&from=" + from + "&to=" + to);
+      return (body.series || {})[key] || null;
+    } catch (err) {
+      return null;
+    }
+  }
+
+  const set = new Charts.ChartSet(box, { xMode: "images", fetchRange });
+  Charts.xSelectBind(document.getElementById("chart-x"), set);
+
+  runs.forEach((run, i) => {
+    run.color = Charts.PALETTE[i % Charts.PALETTE.length];
+    run.ctx = { globalBatch: run.global_batch, startedAt: run.started_at ? Date.parse(run.started_at) / 1000 : null };
+  });
+
+  // Our charts first in their order, then other series (imported runs' tags) by name.
+  function keyOrder(a, b) {
+    const rank = (k) => {
+      const found = Charts.specOf(k);
+      return found ? Charts.SPECS.indexOf(found.spec) : Charts.SPECS.length;
+    };
+    return rank(a) - rank(b) || a.localeCompare(b);
+  }
+
+  function lineOpts(run, key) {
+    return { color: run.color, ctx: run.ctx, meta: { key, run } };
+  }
+
+  function setRunSeries(run, series) {
+    for (const [key, s] of Object.entries(series || {})) {
+      set.chart(Charts.keySpec(key)).setLine(run.label, Object.assign({ series: s }, lineOpts(run, key)));
+    }
+  }
+
+  function follow(run) {
+    if (!run.active || typeof WebSocket === "undefined") return;
+    const scheme = location.protocol === "https:" ? "wss://" : "ws://";
+    const ws = new WebSocket(scheme + location.host + run.ws_path);
+    let lastSeq = 0;
+    ws.onmessage = (event) => {
+      let msg;
+      try { msg = JSON.parse(event.data); } catch (err) { return; }
+      if (!msg || typeof msg !== "object") return;
+      if (msg.type === "snapshot") {
+        lastSeq = isNum(msg.seq) ? msg.seq : 0;
+        setRunSeries(run, msg.series);
+        for (const chart of set.charts.values()) chart.schedule();
+        run.active = !msg.experiment || msg.experiment.status === "queued" || msg.experiment.status === "running";
+      } else {
+        if (!isNum(msg.seq) || msg.seq <= lastSeq) return;
+        // A lost message: the next snapshot (on reconnect) has it.
+        if (msg.seq > lastSeq + 1) return ws.close(4000, "gap");
+        lastSeq = msg.seq;
+        if (msg.type === "started" && isNum(msg.global_batch_size)) run.ctx.globalBatch = msg.global_batch_size;
+        for (const [key, points] of Object.entries(Charts.messagePoints(msg))) {
+          set.chart(Charts.keySpec(key)).append(run.label, points, lineOpts(run, key));
+        }
+        if (msg.type === "finished" || msg.type === "failed") run.active = false;
+      }
+      if (!run.active) ws.close(1000, "final");
+    };
+    ws.onclose = (event) => {
+      if (run.active && event.code !== 4401 && event.code !== 4403) setTimeout(() => follow(run), RECONNECT_MS);
+    };
+  }
+
+  async function load() {
+    const answers = await Promise.all(runs.map((run) => getJson(run.metrics_url).catch(() => null)));
+    const keys = new Set();
+    for (const body of answers) Object.keys((body && body.series) || {}).forEach((k) => keys.add(k));
+    document.getElementById("charts-loading").remove();
+    // Charts made in key order, so that the page reads the same for every set of runs.
+    for (const key of [...keys].sort(keyOrder)) set.chart(Charts.keySpec(key));
+    answers.forEach((body, i) => {
+      if (body) setRunSeries(runs[i], body.series);
+    });
+    set.redrawAll();
+    requestAnimationFrame(() => document.querySelector("main").setAttribute("data-charts-ready", "true"));
+    runs.forEach(follow);
+  }
+
+  Charts.scalingChart(document.getElementById("scaling-chart"), scaling, (name) => strategy(name).short);
+  load();
+})();

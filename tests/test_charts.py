@@ -1,0 +1,158 @@
+"""The run page's charts in a real Chromium (static/js/charts.js, uPlot): a spike among 100,000
+points is drawn, smoothing changes the drawn curve and not the data, the log toggle, the x-axis
+switch, and a drag-zoom that asks the metrics API for finer buckets.
+
+Runs are made directly in the stack's database (tests/chart_runs.py). Screenshots land in
+test-artifacts/ for a person to look at; the timings printed are figures, not assertions.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+
+from tests.chart_runs import SPIKE_VALUE
+from tests.stack import Stack
+from tests.test_browser import browser, log_in, page, screenshot  # noqa: F401 (fixtures)
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(400)]
+
+READY = "main[data-charts-ready='true']"
+TRAIN = "train_loss"
+LINE = "Training loss"
+
+DRAWN = "(id) => TrainyardCharts.instances.get(id).drawn()"
+# The spike's column in the canvas against one in the middle of the plot, at 80% of the spike's
+# height: a pixel of the line's colour (indigo: far more blue than red) there, or not.
+SPIKE_PIXELS = """(id) => {
+  const chart = TrainyardCharts.instances.get(id), u = chart.u, d = chart.drawn();
+  const line = Object.values(d.lines)[0];
+  let i = 0;
+  for (let k = 0; k < line.max.length; k++) if (line.max[k] > line.max[i]) i = k;
+  const y = Math.round(u.valToPos(line.max[i] * 0.8, "y", true));
+  const colored = (x) => {
+    const img = u.ctx.getImageData(x - 2, y - 2, 5, 5).data;
+    for (let k = 0; k < img.length; k += 4) {
+      if (img[k + 3] > 0 && img[k + 2] - img[k] > 60) return true;
+    }
+    return false;
+  };
+  return {
+    max: line.max[i],
+    atSpike: colored(Math.round(u.valToPos(d.x[i], "x", true))),
+    elsewhere: colored(Math.round(u.bbox.left + u.bbox.width * 0.5)),
+  };
+}"""
+
+
+@pytest.fixture
+def tab(request: pytest.FixtureRequest) -> Any:
+    """test_browser's page fixture (its name taken here would shadow the import)."""
+    return request.getfixturevalue("page")
+
+
+def run_make(stack: Stack, *, owner: str, name: str, points: int, **extra: Any) -> int:
+    args = ", ".join(
+        f"{k}={v!r}" for k, v in {"owner": owner, "name": name, "points": points, **extra}.items()
+    )
+    out = stack.manage(
+        "shell", "-c", f"from tests.chart_runs import chart_run_make; print(chart_run_make({args}))"
+    )
+    return int(out.strip().splitlines()[-1])
+
+
+def open_run(tab: Any, stack: Stack, pk: int) -> float:
+    """Seconds from navigation to every chart drawn."""
+    started = time.perf_counter()
+    tab.goto(f"{stack.base_url}/experiments/{pk}/")
+    tab.wait_for_selector(READY, timeout=60_000)
+    seconds = time.perf_counter() - started
+    # A finished run's page still takes one snapshot over the socket, then closes it.
+    tab.wait_for_selector("#conn[data-state='closed']", timeout=30_000)
+    return seconds
+
+
+@pytest.fixture(scope="module")
+def big_run(stack: Stack) -> int:
+    return run_make(stack, owner="alice", name="chart 100k", points=100_000, spike_step=61_234)
+
+
+def test_a_spike_among_100k_points_is_drawn(tab: Any, stack: Stack, big_run: int) -> None:
+    log_in(tab, stack, "alice")
+    small = run_make(stack, owner="alice", name="chart 10k", points=10_000, spike_step=4_321)
+    for pk, points in ((small, 10_000), (big_run, 100_000)):
+        seconds = open_run(tab, stack, pk)
+        print(f"{points} points: navigation to data-charts-ready {seconds:.2f} s")  # noqa: T201
+        drawn = tab.evaluate(DRAWN, TRAIN)
+        assert 100 < len(drawn["x"]) <= 2000  # buckets, not points
+        pixels = tab.evaluate(SPIKE_PIXELS, TRAIN)
+        assert pixels["max"] == SPIKE_VALUE
+        assert pixels["atSpike"] and not pixels["elsewhere"], pixels
+    assert "min–max band" in tab.locator("[data-chart='train_loss'] .chart-note").inner_text()
+    screenshot(tab, "charts-100k-spike.png")
+
+
+def test_smoothing_changes_the_drawn_curve_not_the_data(
+    tab: Any, stack: Stack, big_run: int
+) -> None:
+    log_in(tab, stack, "alice")
+    open_run(tab, stack, big_run)
+    data = """(id) => JSON.stringify(
+        [...TrainyardCharts.instances.get(id).lines.values()].map(l => l.buckets))"""
+    before, stored = tab.evaluate(DRAWN, TRAIN), tab.evaluate(data, TRAIN)
+    assert all(v is None for v in before["lines"][LINE]["smoothed"])
+    tab.get_by_label("Training loss: smoothing").fill("0.9")
+    after = tab.evaluate(DRAWN, TRAIN)
+    smoothed, mean = after["lines"][LINE]["smoothed"], after["lines"][LINE]["mean"]
+    assert mean == before["lines"][LINE]["mean"] and tab.evaluate(data, TRAIN) == stored
+    spike = after["lines"][LINE]["max"].index(SPIKE_VALUE)
+    assert smoothed != mean and smoothed[spike] < mean[spike]  # the spike's bucket averaged down
+    # Debiased: the first smoothed value is the first value itself, not 10% of it.
+    assert smoothed[0] == pytest.approx(mean[0])
+    note = tab.locator("[data-chart='train_loss'] .chart-note").inner_text()
+    assert "bucket means" in note
+    screenshot(tab, "charts-smoothed.png")
+
+
+def test_log_scale_and_x_axis_switch(tab: Any, stack: Stack, big_run: int) -> None:
+    log_in(tab, stack, "alice")
+    open_run(tab, stack, big_run)
+    steps = tab.evaluate(DRAWN, TRAIN)["x"]
+    tab.get_by_label("Training loss: log scale").check()
+    assert tab.evaluate(DRAWN, TRAIN)["log"] is True
+    tab.get_by_label("X axis").select_option("images")
+    assert tab.evaluate(DRAWN, TRAIN)["x"] == [s * 64 for s in steps]  # global batch 64
+    tab.get_by_label("X axis").select_option("time")
+    assert tab.evaluate(DRAWN, TRAIN)["x"] == pytest.approx([s * 0.01 for s in steps])
+    tab.get_by_label("X axis").select_option("wall")
+    wall = tab.evaluate(DRAWN, TRAIN)["x"]
+    assert wall[-1] - wall[0] == pytest.approx((steps[-1] - steps[0]) * 0.01) and wall[0] > 1.7e9
+    assert tab.evaluate(DRAWN, TRAIN)["log"] is True  # the toggle outlives the switch
+    screenshot(tab, "charts-log-wall.png")
+
+
+def test_drag_zoom_asks_for_finer_buckets(tab: Any, stack: Stack, big_run: int) -> None:
+    log_in(tab, stack, "alice")
+    open_run(tab, stack, big_run)
+    full = tab.evaluate(DRAWN, TRAIN)["x"]
+    over = tab.locator("[data-chart='train_loss'] .u-over").bounding_box()
+    y = over["y"] + over["height"] / 2
+    with tab.expect_response(lambda r: "/metrics/" in r.url and "from=" in r.url) as answer:
+        tab.mouse.move(over["x"] + over["width"] * 0.30, y)
+        tab.mouse.down()
+        tab.mouse.move(over["x"] + over["width"] * 0.40, y, steps=5)
+        tab.mouse.up()
+    assert "keys=train_loss" in answer.value.url and answer.value.status == 200
+    tab.wait_for_function(
+        "() => TrainyardCharts.instances.get('train_loss').lines.get('Training loss').zoom"
+    )
+    tab.wait_for_timeout(100)
+    zoomed = tab.evaluate(DRAWN, TRAIN)["x"]
+    # About a tenth of the run, in about as many buckets as the whole: ~10x finer.
+    assert zoomed[0] > 25_000 and zoomed[-1] < 45_000 and len(zoomed) > 400
+    assert (zoomed[-1] - zoomed[0]) / len(zoomed) < (full[-1] - full[0]) / len(full) / 5
+    screenshot(tab, "charts-zoomed.png")
+    tab.locator("[data-chart='train_loss']").get_by_role("button", name="Reset zoom").click()
+    assert tab.evaluate(DRAWN, TRAIN)["x"] == full
