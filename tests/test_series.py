@@ -39,7 +39,7 @@ def spiky_points(experiment_id: int, n: int, *, spike: int = SPIKE_STEP) -> list
 
 
 # A script for a database of another engine: the same calls, the answers printed as JSON.
-BUCKETS_SCRIPT = f"""
+BUCKETS_SCRIPT = """
 import json
 from django.contrib.auth.models import User
 from dashboard.experiments.models import Experiment, SeriesPoint
@@ -50,7 +50,7 @@ run = Experiment.objects.create(owner=owner, name="pg")
 SeriesPoint.objects.bulk_create(spiky_points(run.pk, 100_000), batch_size=5000)
 whole = series_buckets(experiment=run)["train_loss"]
 zoom = series_buckets(experiment=run, step_range=(40_000, 45_000))["train_loss"]
-print(json.dumps({{"whole": whole, "zoom": zoom}}))
+print(json.dumps({"whole": whole, "zoom": zoom}))
 """
 
 
