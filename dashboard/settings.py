@@ -186,11 +186,21 @@ TRAINYARD_PUBLIC_URL = env_str("TRAINYARD_PUBLIC_URL", "http://127.0.0.1:8000")
 # A webhook or mail that fails is tried again after base, 2 x base, 4 x base ... seconds.
 TRAINYARD_NOTIFY_MAX_RETRIES = env_int("TRAINYARD_NOTIFY_MAX_RETRIES", 5)
 TRAINYARD_NOTIFY_BACKOFF_SECONDS = env_float("TRAINYARD_NOTIFY_BACKOFF_SECONDS", 10.0)
+# A delivery still pending (or sending) this long after its last try lost its retry with a
+# restarted worker: the sweep queues it again. Longer than the longest backoff (160 s by default).
+TRAINYARD_NOTIFY_STALE_SECONDS = env_int("TRAINYARD_NOTIFY_STALE_SECONDS", 600)
+# Webhooks to private, loopback and link-local addresses are refused (SSRF) unless this is on.
+TRAINYARD_WEBHOOK_ALLOW_PRIVATE = env_bool("TRAINYARD_WEBHOOK_ALLOW_PRIVATE", False)
 
 CELERY_BEAT_SCHEDULE = {
     "reap-lost-runs": {
         "task": "experiments.reap_lost_runs",
         "schedule": TRAINYARD_REAPER_SECONDS,
+    },
+    # Announcements lost with a broker or a worker (see notifications.tasks) go out again.
+    "sweep-notifications": {
+        "task": "notifications.notifications_sweep",
+        "schedule": 60.0,
     },
 }
 

@@ -192,6 +192,8 @@ def stack_running(*, home: Path, data_dir: Path) -> Iterator[Stack]:
         # The suite launches more runs per user than a person would; limits have tests of their own.
         "TRAINYARD_MAX_ACTIVE_RUNS_PER_USER": "0",
         "TRAINYARD_LAUNCH_RATE_PER_MINUTE": "0",
+        # The tests' webhook receivers listen on 127.0.0.1, which webhooks otherwise refuse.
+        "TRAINYARD_WEBHOOK_ALLOW_PRIVATE": "1",
         "PYTHONUNBUFFERED": "1",
         "DEBUG": "1",
     }

@@ -1,5 +1,6 @@
 """Notifications when a run ends: opt-in per user, email through Django's mail, a webhook signed
-with HMAC-SHA256 and retried with backoff by a Celery task, never blocking the run's settle."""
+with HMAC-SHA256 and retried with backoff by a Celery task, never blocking the run's settle; a
+sweep for what was lost, and no webhooks to internal addresses."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import hashlib
 import hmac
 import json
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -14,12 +16,15 @@ from typing import Any
 
 import pytest
 from django.core import mail
+from django.core.mail import BadHeaderError
 from django.test import Client
 from django.utils import timezone
 
 from dashboard import celery_app
+from dashboard.experiments import transitions
 from dashboard.experiments.models import Status
-from dashboard.notifications import services
+from dashboard.notifications import delivery as delivery_module
+from dashboard.notifications import services, tasks, webhooks
 from dashboard.notifications.delivery import SIGNATURE_HEADER
 from dashboard.notifications.models import Delivery, DeliveryState, NotificationSettings
 from dashboard.notifications.services import notifications_queue
@@ -71,8 +76,19 @@ def eager(settings: Any) -> Iterator[None]:
     conf.task_always_eager, conf.task_eager_propagates = True, False
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
     settings.TRAINYARD_PUBLIC_URL = "https://trainyard.example"
+    # The receiver listens on 127.0.0.1; tests of the refusal turn this off again.
+    settings.TRAINYARD_WEBHOOK_ALLOW_PRIVATE = True
     yield
     conf.task_always_eager, conf.task_eager_propagates = before
+
+
+def signature_valid(*, secret: str, header: str, body: bytes, tolerance: float = 300) -> bool:
+    """What a receiver does (README, "Webhooks"): the HMAC of `<t>.<body>`, and a recent t."""
+    fields = dict(part.split("=", 1) for part in header.split(","))
+    signed = fields["t"].encode() + b"." + body
+    expected = hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()
+    fresh = abs(time.time() - int(fields["t"])) <= tolerance
+    return fresh and hmac.compare_digest(fields["sha256"], expected)
 
 
 def finished_run(experiment_factory: Any, owner: Any, **fields: Any) -> Any:
@@ -175,8 +191,14 @@ def test_webhook_is_signed_and_retried_after_a_500(
         body == body_again
         and headers["X-Trainyard-Delivery"] == headers_again["X-Trainyard-Delivery"]
     )
-    expected = hmac.new(prefs.webhook_secret.encode(), body, hashlib.sha256).hexdigest()
-    assert hmac.compare_digest(headers[SIGNATURE_HEADER], f"sha256={expected}")
+    header = headers[SIGNATURE_HEADER]
+    assert signature_valid(secret=prefs.webhook_secret, header=header, body=body)
+    # The time is signed: a captured message is refused later, or with another time.
+    assert not signature_valid(secret="wrong", header=header, body=body)
+    assert not signature_valid(secret=prefs.webhook_secret, header=header, body=body, tolerance=-1)
+    stamp = int(header.split(",")[0].removeprefix("t="))
+    moved = header.replace(f"t={stamp}", f"t={stamp + 1}")
+    assert not signature_valid(secret=prefs.webhook_secret, header=moved, body=body)
     payload = json.loads(body)
     assert payload["event"] == "run.ended"
     assert payload["experiment"]["status"] == "succeeded"
@@ -201,7 +223,8 @@ def test_webhook_gives_up_after_its_retries_and_on_a_4xx(
     announce(finished_run(experiment_factory, alice))
     assert len(receiver.got) == 3  # the first try and two retries
     delivery = Delivery.objects.get()
-    assert delivery.state == DeliveryState.FAILED and "HTTP 503" in delivery.last_error
+    # Only the status: the reply's body ("try later") is never kept or shown.
+    assert delivery.state == DeliveryState.FAILED and delivery.last_error == "HTTP 503"
 
     receiver.answers, receiver.got = [404], []
     announce(finished_run(experiment_factory, alice))
@@ -224,7 +247,9 @@ def test_queueing_never_raises_into_the_run(
     assert len(callbacks) == 1  # queued on commit, and its failure only logged
 
 
-def test_settings_page(user_factory: Any) -> None:
+def test_settings_page(user_factory: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    # hooks.example is made to resolve to a public address (no DNS in the tests).
+    monkeypatch.setattr(webhooks, "host_addresses", lambda host, port: ["93.184.215.14"])
     alice = user_factory()
     client = Client()
     client.force_login(alice)
@@ -244,6 +269,181 @@ def test_settings_page(user_factory: Any) -> None:
     client.post("/notifications/secret/")
     prefs.refresh_from_db()
     assert prefs.webhook_secret != secret
+
+
+def test_a_transition_into_an_end_announces_through_the_signal(
+    user_factory: Any, experiment_factory: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    alice = user_factory(email="alice@example.com")
+    opt_in(alice, email_enabled=True)
+    run = finished_run(experiment_factory, alice, status=Status.LOST, finished_at=None)
+    with django_capture_on_commit_callbacks(execute=True):
+        moved = transitions.experiment_give_up(
+            experiment_id=run.pk, error="attempts used up", now=timezone.now()
+        )
+    assert moved and len(mail.outbox) == 1 and "failed" in mail.outbox[0].subject
+
+
+def test_a_name_with_a_newline_still_gets_its_email(
+    user_factory: Any, experiment_factory: Any, announce: Any
+) -> None:
+    alice = user_factory(email="alice@example.com")
+    opt_in(alice, email_enabled=True)
+    run = finished_run(experiment_factory, alice)
+    run.name = "ddp\r\non  mnist"
+    run.save()
+    announce(run)
+    (message,) = mail.outbox
+    assert "“ddp on mnist”" in message.subject
+
+
+def test_a_bad_header_is_not_retried(
+    monkeypatch: pytest.MonkeyPatch, user_factory: Any, experiment_factory: Any, announce: Any
+) -> None:
+    calls = []
+
+    def refuse(*args: Any, **kwargs: Any) -> None:
+        calls.append(args)
+        raise BadHeaderError("Header values can't contain newlines")
+
+    monkeypatch.setattr(delivery_module, "send_mail", refuse)
+    alice = user_factory(email="alice@example.com")
+    opt_in(alice, email_enabled=True)
+    announce(finished_run(experiment_factory, alice))
+    delivery = Delivery.objects.get()
+    assert len(calls) == 1 and delivery.attempts == 1
+    assert delivery.state == DeliveryState.FAILED and "BadHeaderError" in delivery.last_error
+
+
+# --- no webhooks to internal addresses -----------------------------------------------------------
+
+
+def test_the_form_refuses_an_internal_address_and_says_why(
+    settings: Any, monkeypatch: pytest.MonkeyPatch, user_factory: Any
+) -> None:
+    settings.TRAINYARD_WEBHOOK_ALLOW_PRIVATE = False
+    resolved = {
+        "metadata.example": ["169.254.169.254"],
+        "mixed.example": ["93.184.215.14", "10.1.2.3"],
+    }
+    real = webhooks.host_addresses  # address literals resolve to themselves, without DNS
+    monkeypatch.setattr(
+        webhooks, "host_addresses", lambda host, port: resolved.get(host) or real(host, port)
+    )
+    client = Client()
+    client.force_login(user_factory())
+    for url, why in [
+        ("http://127.0.0.1:8000/admin/", "127.0.0.1 is not a public internet address"),
+        ("http://[::1]/hook", "::1 is not a public internet address"),
+        ("https://metadata.example/", "resolves to 169.254.169.254, which is not a public"),
+        ("https://mixed.example/", "resolves to 10.1.2.3, which is not a public"),
+    ]:
+        page = client.post("/notifications/", {"webhook_enabled": "on", "webhook_url": url})
+        assert page.status_code == 200 and why in page.content.decode(), url
+    assert not NotificationSettings.objects.filter(webhook_enabled=True).exists()
+
+
+def test_a_name_that_resolves_inside_at_send_time_is_not_called(
+    settings: Any,
+    monkeypatch: pytest.MonkeyPatch,
+    user_factory: Any,
+    experiment_factory: Any,
+    receiver: Receiver,
+    announce: Any,
+) -> None:
+    """Saved while public, resolved to 127.0.0.1 when called (DNS rebinding): refused, for good."""
+    settings.TRAINYARD_WEBHOOK_ALLOW_PRIVATE = False
+    monkeypatch.setattr(webhooks, "host_addresses", lambda host, port: ["127.0.0.1"])
+    alice = user_factory()
+    port = receiver.url.split(":")[2].split("/")[0]
+    opt_in(alice, webhook_enabled=True, webhook_url=f"http://rebind.example:{port}/hook")
+    announce(finished_run(experiment_factory, alice))
+    delivery = Delivery.objects.get()
+    assert receiver.got == [] and delivery.state == DeliveryState.FAILED
+    assert "rebind.example resolves to 127.0.0.1" in delivery.last_error
+
+
+def test_the_call_goes_to_the_address_checked_with_the_name_as_host(
+    monkeypatch: pytest.MonkeyPatch,
+    user_factory: Any,
+    experiment_factory: Any,
+    receiver: Receiver,
+    announce: Any,
+) -> None:
+    asked = []
+
+    def resolve(host: str, port: int) -> list[str]:
+        asked.append(host)
+        return ["127.0.0.1"]
+
+    monkeypatch.setattr(webhooks, "host_addresses", resolve)
+    alice = user_factory()
+    port = receiver.url.split(":")[2].split("/")[0]
+    opt_in(alice, webhook_enabled=True, webhook_url=f"http://hooks.example:{port}/hook?x=1")
+    announce(finished_run(experiment_factory, alice))
+    ((headers, _),) = receiver.got
+    assert asked == ["hooks.example"] and headers["Host"] == f"hooks.example:{port}"
+    assert Delivery.objects.get().state == DeliveryState.SENT
+
+
+# --- the sweep: announcements and retries lost with a broker or a worker ------------------------
+
+
+def test_the_sweep_announces_a_run_whose_announcement_was_lost(
+    user_factory: Any, experiment_factory: Any
+) -> None:
+    alice, bob = user_factory(email="a@example.com"), user_factory(email="b@example.com")
+    opt_in(alice, email_enabled=True)
+    ago = timezone.now() - timezone.timedelta(minutes=5)
+    lost = finished_run(experiment_factory, alice, finished_at=ago)
+    finished_run(experiment_factory, bob, finished_at=ago)  # bob never opted in
+    finished_run(experiment_factory, alice, status=Status.RUNNING, finished_at=None)
+    finished_run(experiment_factory, alice, finished_at=timezone.now() - timezone.timedelta(days=2))
+    finished_run(experiment_factory, alice)  # just ended: its own task goes first
+    tasks.notifications_sweep()
+    (message,) = mail.outbox
+    assert f"run #{lost.pk} " in message.subject
+    tasks.notifications_sweep()  # announced now: not again
+    assert len(mail.outbox) == 1
+
+
+def test_the_sweep_sends_a_delivery_whose_retry_was_lost(
+    user_factory: Any, experiment_factory: Any
+) -> None:
+    alice = user_factory(email="a@example.com")
+    run = finished_run(experiment_factory, alice)
+    long_ago = timezone.now() - timezone.timedelta(hours=1)
+    fields = {"experiment": run, "user": alice, "target": "a@example.com"}
+    stale = Delivery.objects.create(channel="email", attempts=1, claimed_at=long_ago, **fields)
+    waiting = Delivery.objects.create(
+        channel="webhook", attempts=1, claimed_at=timezone.now(), **fields
+    )
+    tasks.notifications_sweep()
+    stale.refresh_from_db()
+    waiting.refresh_from_db()
+    assert len(mail.outbox) == 1 and stale.state == DeliveryState.SENT and stale.attempts == 2
+    # A retry still waiting out its backoff is left to it.
+    assert waiting.state == DeliveryState.PENDING and waiting.attempts == 1
+
+
+def test_two_copies_of_a_delivery_task_send_once(
+    monkeypatch: pytest.MonkeyPatch, user_factory: Any, experiment_factory: Any
+) -> None:
+    alice = user_factory(email="a@example.com")
+    run = finished_run(experiment_factory, alice)
+    row = Delivery.objects.create(experiment=run, user=alice, channel="email", target="a@x.example")
+    inner = delivery_module._email_send
+
+    def send_while_a_twin_tries(delivery: Any) -> Any:
+        # The twin arrives while this one is sending: the row is claimed, so it backs off.
+        assert delivery_module.delivery_attempt(delivery_id=delivery.pk).attempts == 0
+        return inner(delivery)
+
+    monkeypatch.setattr(delivery_module, "_email_send", send_while_a_twin_tries)
+    tasks.delivery_send(row.pk)
+    tasks.delivery_send(row.pk)  # a copy after it was sent: nothing
+    row.refresh_from_db()
+    assert len(mail.outbox) == 1 and row.state == DeliveryState.SENT and row.attempts == 1
 
 
 # --- end to end: a real run on the stack announces its end ------------------------------------
@@ -281,8 +481,7 @@ def test_a_real_run_ends_with_an_email_and_a_signed_webhook(stack: Any, receiver
     )
     wait_for(lambda: len(receiver.got) >= 2, timeout=60, what="the webhook and its retry")
     headers, body = receiver.got[-1]
-    expected = hmac.new(secret.encode(), body, hashlib.sha256).hexdigest()
-    assert headers[SIGNATURE_HEADER] == f"sha256={expected}"
+    assert signature_valid(secret=secret, header=headers[SIGNATURE_HEADER], body=body)
     payload = json.loads(body)["experiment"]
     assert payload["id"] == pk and payload["status"] == "succeeded"
     assert payload["test_accuracy"] > 0.5

@@ -33,7 +33,7 @@ from typing import Any
 from django.db.models import F
 
 from dashboard.experiments.models import Experiment, Status
-from dashboard.notifications.services import notifications_queue
+from dashboard.experiments.signals import run_ended
 
 # The diagram above as data: from each status, the statuses a run may move to.
 NEXT: dict[str, frozenset[str]] = {
@@ -83,9 +83,10 @@ def _move(
         status=target, **fields
     )
     if moved == 1 and target in ENDS:
-        # Every way a run ends passes here, so its owner hears of each end exactly once; the
-        # delivery is queued on commit and never holds up the settle.
-        notifications_queue(experiment_id=experiment_id)
+        # Every way a run ends passes here, so a receiver hears of each end exactly once. A
+        # receiver that raises is skipped (send_robust logs it on django.dispatch): the run
+        # settles regardless.
+        run_ended.send_robust(sender=Experiment, experiment_id=experiment_id)
     return moved == 1
 
 

@@ -5,3 +5,10 @@ class NotificationsConfig(AppConfig):
     name = "dashboard.notifications"
     label = "notifications"
     verbose_name = "Notifications"
+
+    def ready(self) -> None:
+        # Here, not in experiments: the experiments app sends run_ended and never imports us.
+        from dashboard.experiments.signals import run_ended
+        from dashboard.notifications.services import run_ended_receive
+
+        run_ended.connect(run_ended_receive, dispatch_uid="notifications.run_ended")

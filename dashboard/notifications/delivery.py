@@ -1,9 +1,14 @@
 """What the notification tasks do: decide who hears of a run's end, write the message, send it.
 
-Webhooks are POSTed as JSON with `X-Trainyard-Signature: sha256=<hex>`, the HMAC-SHA256 of the
-exact body under the user's secret, so the receiver can check that the message came from here
-(compare with hmac.compare_digest). `X-Trainyard-Delivery` is the same on every retry of one
-message, for receivers that must not act twice.
+Webhooks are POSTed as JSON with `X-Trainyard-Signature: t=<unix time>,sha256=<hex>`, the
+HMAC-SHA256 under the user's secret of `<unix time>.` followed by the exact body. The receiver
+checks the HMAC (hmac.compare_digest) and that the time is recent (minutes), so a message
+captured on the way cannot be replayed later. `X-Trainyard-Delivery` is the same on every retry
+of one message, for receivers that must not act twice. Webhook targets are checked in
+webhooks.py (no internal addresses).
+
+Each try claims its row first (pending -> sending, one conditional update), so two copies of a
+delivery_send task never both send.
 """
 
 from __future__ import annotations
@@ -15,20 +20,23 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-import requests
+import urllib3
 from django.conf import settings
-from django.core.mail import send_mail
+from django.core.mail import BadHeaderError, send_mail
 from django.db import IntegrityError
-from django.db.models import F
+from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
-from dashboard.experiments.models import Experiment, Status
+from dashboard.experiments.models import Experiment
+from dashboard.experiments.transitions import ENDS
 from dashboard.notifications.models import (
     Channel,
     Delivery,
     DeliveryState,
     NotificationSettings,
 )
+from dashboard.notifications.webhooks import WebhookRefused, webhook_post
+from dashboard.texts import format_duration
 
 logger = logging.getLogger(__name__)
 
@@ -36,9 +44,11 @@ SIGNATURE_HEADER = "X-Trainyard-Signature"
 DELIVERY_HEADER = "X-Trainyard-Delivery"
 EVENT = "run.ended"
 WEBHOOK_TIMEOUT_SECONDS = 10
-# How much of a failing answer is kept to show on the settings page.
+# How much of an exception's words is kept to show on the settings page.
 ERROR_CHARS = 300
-ENDINGS = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.LOST})
+# The sweep looks this far back for runs nobody was told about.
+UNANNOUNCED_WITHIN = timezone.timedelta(days=1)
+UNANNOUNCED_GRACE = timezone.timedelta(minutes=1)
 
 
 @dataclass(frozen=True)
@@ -48,21 +58,19 @@ class Attempt:
     sent: bool
     retry: bool = False
     error: str = ""
+    # Tries of this delivery so far, this one included; 0 when it was not ours to try (sent,
+    # given up, or claimed by another task).
+    attempts: int = 0
 
 
-def webhook_signature(*, secret: str, body: bytes) -> str:
-    return "sha256=" + hmac.new(secret.encode("utf-8"), body, hashlib.sha256).hexdigest()
+def webhook_signature(*, secret: str, body: bytes, timestamp: int) -> str:
+    signed = f"{timestamp}.".encode() + body
+    digest = hmac.new(secret.encode("utf-8"), signed, hashlib.sha256).hexdigest()
+    return f"t={timestamp},sha256={digest}"
 
 
 def run_link(experiment: Experiment) -> str:
     return settings.TRAINYARD_PUBLIC_URL.rstrip("/") + experiment.get_absolute_url()
-
-
-def _duration_text(seconds: float | None) -> str:
-    if seconds is None:
-        return "never started"
-    minutes, secs = divmod(round(seconds), 60)
-    return f"{minutes} min {secs} s" if minutes else f"{secs} s"
 
 
 def run_end_subject(experiment: Experiment) -> str:
@@ -71,7 +79,9 @@ def run_end_subject(experiment: Experiment) -> str:
         if experiment.test_accuracy is not None
         else ""
     )
-    return f"Trainyard: run #{experiment.pk} “{experiment.name}” {experiment.status}{accuracy}"
+    subject = f"Trainyard: run #{experiment.pk} “{experiment.name}” {experiment.status}{accuracy}"
+    # A header is one line: a name with a newline would make Django refuse the mail for good.
+    return " ".join(subject.split())
 
 
 def run_end_text(experiment: Experiment) -> str:
@@ -86,11 +96,13 @@ def run_end_text(experiment: Experiment) -> str:
         lines.append("Test accuracy: none (the run did not reach an evaluation)")
     if experiment.error:
         lines.append(f"Why: {experiment.error[:1000]}")
+    seconds = experiment.duration_seconds
+    took = "never started" if seconds is None else f"took {format_duration(seconds)}"
     lines.append(
         f"{experiment.get_strategy_display()}, {experiment.devices_label()}, "
         f"{experiment.epochs} epoch(s) of {experiment.get_dataset_display()}"
         f"{' on ' + experiment.worker if experiment.worker else ''}; "
-        f"{_duration_text(experiment.duration_seconds)}."
+        f"{took}."
     )
     lines.append(run_link(experiment))
     return "\n".join(lines)
@@ -133,7 +145,7 @@ def run_end_deliveries_create(*, experiment_id: int) -> list[int]:
     """The deliveries to send for a run that ended, by id; none for a run still going, an
     owner who opted out, or a run already announced."""
     experiment = Experiment.objects.select_related("owner").filter(pk=experiment_id).first()
-    if experiment is None or experiment.status not in ENDINGS:
+    if experiment is None or experiment.status not in ENDS:
         return []
     prefs = NotificationSettings.objects.filter(user=experiment.owner).first()
     if prefs is None:
@@ -153,11 +165,25 @@ def run_end_deliveries_create(*, experiment_id: int) -> list[int]:
     return created
 
 
+def _claim(delivery_id: int) -> bool:
+    """pending -> sending for this task alone; also a row left sending by a worker that died
+    mid-try, once it is stale. False: sent, given up, or another task has it."""
+    now = timezone.now()
+    stale = now - timezone.timedelta(seconds=settings.TRAINYARD_NOTIFY_STALE_SECONDS)
+    claimable = Q(state=DeliveryState.PENDING) | Q(
+        state=DeliveryState.SENDING, claimed_at__lt=stale
+    )
+    claimed = Delivery.objects.filter(claimable, pk=delivery_id).update(
+        state=DeliveryState.SENDING, claimed_at=now, attempts=F("attempts") + 1
+    )
+    return claimed == 1
+
+
 def delivery_attempt(*, delivery_id: int) -> Attempt:
-    """Try to send one delivery once and record the try."""
+    """Claim one delivery, try to send it once, record the try."""
+    if not _claim(delivery_id):
+        return Attempt(sent=False)
     delivery = Delivery.objects.select_related("experiment__owner", "user").get(pk=delivery_id)
-    if delivery.state == DeliveryState.SENT:
-        return Attempt(sent=True)
     try:
         if delivery.channel == Channel.EMAIL:
             attempt = _email_send(delivery)
@@ -166,29 +192,34 @@ def delivery_attempt(*, delivery_id: int) -> Attempt:
     except Exception as exc:  # noqa: BLE001 - a bug or an SMTP failure: record it, maybe retry
         logger.exception("notification %s failed", delivery.pk)
         attempt = Attempt(sent=False, retry=True, error=f"{type(exc).__name__}: {exc}")
-    Delivery.objects.filter(pk=delivery.pk).update(
-        attempts=F("attempts") + 1,
+    Delivery.objects.filter(pk=delivery.pk, state=DeliveryState.SENDING).update(
         last_error=attempt.error[:ERROR_CHARS],
-        state=DeliveryState.SENT if attempt.sent else delivery.state,
+        state=DeliveryState.SENT if attempt.sent else DeliveryState.PENDING,
         sent_at=timezone.now() if attempt.sent else None,
     )
-    return attempt
+    return Attempt(
+        sent=attempt.sent, retry=attempt.retry, error=attempt.error, attempts=delivery.attempts
+    )
 
 
 def delivery_give_up(*, delivery_id: int) -> None:
-    Delivery.objects.filter(pk=delivery_id).exclude(state=DeliveryState.SENT).update(
+    Delivery.objects.filter(pk=delivery_id, state=DeliveryState.PENDING).update(
         state=DeliveryState.FAILED
     )
 
 
 def _email_send(delivery: Delivery) -> Attempt:
     experiment = delivery.experiment
-    send_mail(
-        run_end_subject(experiment),
-        run_end_text(experiment),
-        None,  # DEFAULT_FROM_EMAIL
-        [delivery.target],
-    )
+    try:
+        send_mail(
+            run_end_subject(experiment),
+            run_end_text(experiment),
+            None,  # DEFAULT_FROM_EMAIL
+            [delivery.target],
+        )
+    except BadHeaderError as exc:
+        # The same message would be refused the same way on every retry.
+        return Attempt(sent=False, retry=False, error=f"BadHeaderError: {exc}")
     return Attempt(sent=True)
 
 
@@ -196,24 +227,55 @@ def _webhook_post(delivery: Delivery) -> Attempt:
     prefs = NotificationSettings.objects.get(user=delivery.user)
     payload = run_end_payload(experiment=delivery.experiment, delivery=delivery)
     body = json.dumps(payload, separators=(",", ":"), sort_keys=True).encode("utf-8")
+    signature = webhook_signature(
+        secret=prefs.webhook_secret, body=body, timestamp=int(timezone.now().timestamp())
+    )
     headers = {
         "Content-Type": "application/json",
         "User-Agent": "Trainyard-Webhook/1",
-        SIGNATURE_HEADER: webhook_signature(secret=prefs.webhook_secret, body=body),
+        SIGNATURE_HEADER: signature,
         DELIVERY_HEADER: str(delivery.pk),
     }
     try:
-        response = requests.post(
-            delivery.target,
-            data=body,
-            headers=headers,
-            timeout=WEBHOOK_TIMEOUT_SECONDS,
-            allow_redirects=False,
+        status = webhook_post(
+            delivery.target, body=body, headers=headers, timeout=WEBHOOK_TIMEOUT_SECONDS
         )
-    except requests.RequestException as exc:
-        return Attempt(sent=False, retry=True, error=f"{type(exc).__name__}: {exc}")
-    if 200 <= response.status_code < 300:
+    except WebhookRefused as exc:
+        return Attempt(sent=False, retry=False, error=f"refused: {exc}")
+    except urllib3.exceptions.HTTPError as exc:
+        return Attempt(sent=False, retry=True, error=f"no answer: {type(exc).__name__}: {exc}")
+    if 200 <= status < 300:
         return Attempt(sent=True)
     # A server error or a rate limit may pass; any other answer will not change by itself.
-    retry = response.status_code >= 500 or response.status_code in {408, 429}
-    return Attempt(sent=False, retry=retry, error=f"HTTP {response.status_code}: {response.text}")
+    # Only the status is kept: the reply's body could be an internal page's.
+    retry = status >= 500 or status in {408, 429}
+    return Attempt(sent=False, retry=retry, error=f"HTTP {status}")
+
+
+def runs_unannounced() -> list[int]:
+    """Runs that ended in the last day, more than a minute ago, whose owner opted in, and that
+    have no delivery yet: their run_end_notify was lost (broker down at the end, a worker that
+    died holding it)."""
+    now = timezone.now()
+    opted_in = Q(owner__notification_settings__email_enabled=True) | Q(
+        owner__notification_settings__webhook_enabled=True
+    )
+    announced = Delivery.objects.filter(experiment=OuterRef("pk"))
+    runs = Experiment.objects.filter(
+        opted_in,
+        status__in=ENDS,
+        # A minute's grace: the on-commit task of a run that just ended goes first.
+        finished_at__range=(now - UNANNOUNCED_WITHIN, now - UNANNOUNCED_GRACE),
+    ).exclude(Exists(announced))
+    return list(runs.values_list("pk", flat=True))
+
+
+def deliveries_stale() -> list[int]:
+    """Deliveries not sent whose last try (or creation) is older than
+    TRAINYARD_NOTIFY_STALE_SECONDS: the task that should retry them is gone."""
+    stale = timezone.now() - timezone.timedelta(seconds=settings.TRAINYARD_NOTIFY_STALE_SECONDS)
+    untried_since = Q(claimed_at__lt=stale) | Q(claimed_at__isnull=True, created_at__lt=stale)
+    rows = Delivery.objects.filter(
+        untried_since, state__in=[DeliveryState.PENDING, DeliveryState.SENDING]
+    )
+    return list(rows.values_list("pk", flat=True))

@@ -5,6 +5,7 @@ from typing import Any
 from django import forms
 
 from dashboard.notifications.models import NotificationSettings
+from dashboard.notifications.webhooks import WebhookRefused, webhook_target
 
 
 class NotificationSettingsForm(forms.ModelForm):
@@ -13,7 +14,7 @@ class NotificationSettingsForm(forms.ModelForm):
         required=False,
         max_length=500,
         assume_scheme="https",
-        help_text="Receives a signed JSON POST when a run ends.",
+        help_text="Receives a signed JSON POST when a run ends; a public address only.",
         # A text input with the URL keyboard: the stylesheet styles text inputs.
         widget=forms.TextInput(
             attrs={
@@ -39,6 +40,12 @@ class NotificationSettingsForm(forms.ModelForm):
         # URLField also takes ftp://; a webhook is an HTTP POST.
         if url and not url.lower().startswith(("http://", "https://")):
             raise forms.ValidationError("a webhook URL starts with http:// or https://")
+        if url:
+            # Checked again at each call (the name may resolve elsewhere by then).
+            try:
+                webhook_target(url)
+            except WebhookRefused as exc:
+                raise forms.ValidationError(str(exc)) from None
         return url
 
     def clean(self) -> dict[str, Any]:

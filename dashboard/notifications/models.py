@@ -45,6 +45,9 @@ class Channel(models.TextChoices):
 
 class DeliveryState(models.TextChoices):
     PENDING = "pending"
+    # Claimed by one delivery_send task (pending -> sending is a conditional update), so two
+    # copies of the task never both send; back to pending when a try failed and may be retried.
+    SENDING = "sending"
     SENT = "sent"
     FAILED = "failed"
 
@@ -63,6 +66,9 @@ class Delivery(models.Model):
         max_length=16, choices=DeliveryState.choices, default=DeliveryState.PENDING
     )
     attempts = models.PositiveSmallIntegerField(default=0)
+    # When the last try began: a row pending (or sending) long after it was lost with its task.
+    claimed_at = models.DateTimeField(null=True, blank=True)
+    # Why the last try failed: an HTTP status code or an exception, never a reply's body.
     last_error = models.TextField(blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
     sent_at = models.DateTimeField(null=True, blank=True)

@@ -1,8 +1,9 @@
-"""The run-end hook: call notifications_queue when a run reaches its end."""
+"""The run-end hook: run_ended (sent by experiments.transitions) queues the announcement."""
 
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 from django.db import transaction
 
@@ -14,7 +15,8 @@ logger = logging.getLogger(__name__)
 def _run_end_notify_send(experiment_id: int) -> None:
     try:
         # retry=False: with the broker down, fail at once (and log) rather than hold up the
-        # supervisor that is settling the run.
+        # supervisor that is settling the run. The sweep (tasks.notifications_sweep) queues it
+        # again within a minute.
         run_end_notify.apply_async(args=[experiment_id], retry=False)
     except Exception:
         logger.exception("could not queue the end notification of run %s", experiment_id)
@@ -30,3 +32,8 @@ def notifications_queue(*, experiment_id: int) -> None:
         transaction.on_commit(lambda: _run_end_notify_send(experiment_id))
     except Exception:
         logger.exception("could not schedule the end notification of run %s", experiment_id)
+
+
+def run_ended_receive(sender: Any, *, experiment_id: int, **kwargs: Any) -> None:
+    """The receiver of experiments.signals.run_ended, connected in NotificationsConfig.ready."""
+    notifications_queue(experiment_id=experiment_id)

@@ -1,0 +1,13 @@
+"""Signals the experiments app sends, for apps above it to listen to without being imported.
+
+`run_ended(sender=Experiment, experiment_id=...)`: a run reached one of transitions.ENDS, sent
+once per run by the transition that moved it there, inside the caller's transaction (a
+receiver that queues work defers it with transaction.on_commit). The notifications app
+connects to it in its AppConfig.ready(), so experiments never imports notifications.
+"""
+
+from __future__ import annotations
+
+from django.dispatch import Signal
+
+run_ended = Signal()
