@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import urlsplit
 
 import requests
 
@@ -74,7 +75,17 @@ class Api:
         return dict(self.request("POST", f"/api/experiments/{pk}/stop/"))
 
     def metrics(self, pk: int) -> list[dict[str, Any]]:
-        return list(self.request("GET", f"/api/experiments/{pk}/metrics/")["points"])
+        """Every raw point of the run (the API pages them): one row a step, a column a series."""
+        rows: dict[int, dict[str, Any]] = {}
+        path: str | None = f"/api/experiments/{pk}/metrics/?raw=1"
+        while path:
+            page = self.request("GET", path)
+            for key, points in page["series"].items():
+                for step, time, value in points:
+                    rows.setdefault(step, {"step": step, "time": time})[key] = value
+            following = urlsplit(page["next"]) if page["next"] else None
+            path = f"{following.path}?{following.query}" if following else None
+        return [rows[step] for step in sorted(rows)]
 
 
 def token_create(*, url: str, username: str, password: str, name: str) -> str:
