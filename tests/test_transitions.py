@@ -9,6 +9,7 @@ from django.utils import timezone
 
 from dashboard.experiments import transitions
 from dashboard.experiments.models import Experiment, Status
+from dashboard.experiments.signals import run_ended
 from dashboard.experiments.transitions import NEXT, Outcome
 
 pytestmark = pytest.mark.django_db
@@ -62,3 +63,33 @@ def test_no_transition_off_the_diagram(user_factory: Any, experiment_factory: An
 def test_the_ends_of_a_run_are_the_statuses_nothing_follows() -> None:
     # Each of these is announced once to the owner (notifications); lost resumes or fails.
     assert {Status.SUCCEEDED, Status.FAILED, Status.CANCELLED} == transitions.ENDS
+
+
+def test_run_ended_is_sent_once_per_end_and_a_failing_receiver_changes_nothing(
+    user_factory: Any, experiment_factory: Any
+) -> None:
+    heard: list[int] = []
+
+    def listen(sender: Any, *, experiment_id: int, **kwargs: Any) -> None:
+        heard.append(experiment_id)
+
+    def broken(sender: Any, **kwargs: Any) -> None:
+        raise RuntimeError("a receiver's bug")
+
+    run = experiment_factory(owner=user_factory())
+    now = timezone.now()
+    run_ended.connect(listen, dispatch_uid="test-listen")
+    run_ended.connect(broken, dispatch_uid="test-broken")
+    try:
+        assert transitions.experiment_start(experiment=run, worker="w1", now=now)
+        run.refresh_from_db()
+        history: list[dict[str, Any]] = []
+        assert transitions.experiment_lose(experiment=run, reason="silent", history=history)
+        assert heard == []  # lost is not an end: it resumes or fails
+        assert transitions.experiment_give_up(experiment_id=run.pk, error="used up", now=now)
+        assert not transitions.experiment_give_up(experiment_id=run.pk, error="twice", now=now)
+    finally:
+        run_ended.disconnect(dispatch_uid="test-listen")
+        run_ended.disconnect(dispatch_uid="test-broken")
+    run.refresh_from_db()
+    assert heard == [run.pk] and run.status == Status.FAILED
