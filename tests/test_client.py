@@ -11,13 +11,23 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from dashboard.client import cli
+from dashboard.client import cli, commands
+from dashboard.client import watch as watch_module
+from dashboard.client.api import ApiError
 from dashboard.client.commands import gpus_parse, run_ended
-from dashboard.client.config import ConfigError, config_save, profile_resolve
-from dashboard.client.watch import Resync, Watch, message_take
+from dashboard.client.config import ConfigError, Profile, config_save, profile_resolve
+from dashboard.client.watch import (
+    MAX_RECONNECTS,
+    Resync,
+    Watch,
+    message_take,
+    run_follow,
+    snapshot_take,
+)
 from tests.stack import ROOT, Stack, wait_for
 
 TRAINYARD = Path(sys.executable).parent / "trainyard"
@@ -49,6 +59,71 @@ def test_config_is_private_and_flags_beat_env_beat_file(
         profile_resolve(url=None, token=None)
 
 
+def test_the_saved_token_goes_to_the_saved_server_only(
+    config_home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    config_save(url="https://trainyard.example", token="ty_saved")
+    assert profile_resolve(url="https://trainyard.example/", token=None).token == "ty_saved"
+    for url in ("https://evil.example", "http://trainyard.example"):
+        with pytest.raises(ConfigError, match="give --token or TRAINYARD_TOKEN"):
+            profile_resolve(url=url, token=None)
+    monkeypatch.setenv("TRAINYARD_URL", "https://other.example")
+    assert cli.main(["list"]) == 2
+    assert "saved token is for https://trainyard.example" in capsys.readouterr().err
+    monkeypatch.setenv("TRAINYARD_TOKEN", "ty_other")
+    assert profile_resolve(url=None, token=None) == Profile("https://other.example", "ty_other")
+
+
+def test_login_reads_the_token_from_stdin(
+    config_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    checked = []
+
+    class FakeApi:
+        def __init__(self, *, url: str, token: str) -> None:
+            checked.append((url, token))
+
+        def experiments(self) -> list[Any]:
+            return []
+
+    monkeypatch.setattr(commands, "Api", FakeApi)
+    monkeypatch.setattr(sys, "stdin", io.StringIO("ty_piped\n"))
+    assert cli.main(["login", "https://trainyard.example", "--token-stdin"]) == 0
+    assert checked == [("https://trainyard.example", "ty_piped")]
+    assert profile_resolve(url=None, token=None).token == "ty_piped"
+
+
+class FakeRunApi:
+    def experiment(self, pk: int) -> dict[str, Any]:
+        return {"id": pk, "status": "succeeded"}
+
+
+def test_watch_gives_up_only_on_failures_in_a_row(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long run's socket breaks now and then after working a while: that never adds up to
+    giving up; connections that never get a snapshot do, after MAX_RECONNECTS."""
+    sessions = []
+    monkeypatch.setattr(watch_module.time, "sleep", lambda seconds: None)
+
+    def working_then_broken(api: Any, watch: Watch, **kwargs: Any) -> bool:
+        sessions.append(1)
+        if len(sessions) > 3 * MAX_RECONNECTS:
+            return True
+        snapshot_take(watch, {"seq": 0, "experiment": {"status": "running"}})
+        raise OSError("connection reset")
+
+    monkeypatch.setattr(watch_module, "_session", working_then_broken)
+    api: Any = FakeRunApi()
+    assert run_follow(api, 3, stream=io.StringIO())["status"] == "succeeded"
+    assert len(sessions) == 3 * MAX_RECONNECTS + 1
+
+    def refused(api: Any, watch: Watch, **kwargs: Any) -> bool:
+        raise OSError("connection refused")
+
+    monkeypatch.setattr(watch_module, "_session", refused)
+    with pytest.raises(ApiError, match="lost the connection"):
+        run_follow(api, 3, stream=io.StringIO())
+
+
 def test_without_a_server_it_says_how_to_log_in(
     config_home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -66,9 +141,7 @@ def test_gpu_ids_and_watch_sequence() -> None:
         message_take(watch, {"type": "step", "seq": 9, "step": 3})
 
 
-@pytest.mark.parametrize(
-    ("status", "code"), [("succeeded", 0), ("failed", 1), ("cancelled", 3), ("lost", 4)]
-)
+@pytest.mark.parametrize(("status", "code"), [("succeeded", 0), ("failed", 1), ("cancelled", 3)])
 def test_exit_codes_follow_how_the_run_ended(
     status: str, code: int, capsys: pytest.CaptureFixture[str]
 ) -> None:

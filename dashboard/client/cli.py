@@ -12,9 +12,9 @@ from dashboard.client.config import ConfigError
 
 EPILOG = """\
 exit codes: 0 the run succeeded (or the command did what it asked), 1 the run failed,
-2 bad input, 3 the run was cancelled, 4 it was lost, 5 the server refused or is unreachable.
+2 bad input, 3 the run was cancelled, 5 the server refused or is unreachable.
 The server and token come from --url/--token, else TRAINYARD_URL/TRAINYARD_TOKEN, else the
-file `trainyard login` writes."""
+file `trainyard login` writes (its token is sent to its own server only)."""
 
 
 def _connection_flags(parser: argparse.ArgumentParser, *, default: object) -> None:
@@ -82,7 +82,13 @@ def parser_build() -> argparse.ArgumentParser:
     login.add_argument(
         "--token",
         default=argparse.SUPPRESS,
-        help="use this token instead of asking for a username and password",
+        help="use this token instead of asking for a username and password "
+        "(it then stays in your shell history: prefer --token-stdin)",
+    )
+    login.add_argument(
+        "--token-stdin",
+        action="store_true",
+        help="read the token from stdin (paste it, or pipe it)",
     )
     login.add_argument("--username")
     login.add_argument("--password-stdin", action="store_true", help="read the password from stdin")

@@ -2,7 +2,8 @@
 
 Exit codes a script can rely on: 0 when the run succeeded (or the command did what it was asked),
 1 the run failed, 2 bad input (the server's validation messages on stderr), 3 the run was
-cancelled, 4 the run was lost, 5 the server refused or could not be reached, 130 interrupted.
+cancelled, 5 the server refused or could not be reached, 130 interrupted. (No code for `lost`:
+a lost run is never where a watch ends; it resumes, or fails.)
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from dashboard.client.api import Api, token_create
 from dashboard.client.config import config_save, profile_resolve, url_normalize
 from dashboard.client.watch import run_follow
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED, EXIT_LOST, EXIT_ERROR = 0, 1, 2, 3, 4, 5
+# 4 was `lost`, which never ends a run: left unused so that 5 keeps its meaning for scripts.
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED, EXIT_ERROR = 0, 1, 2, 3, 5
 EXIT_INTERRUPTED = 130
 EXIT_BY_STATUS = {
     "succeeded": EXIT_OK,
     "failed": EXIT_FAILED,
     "cancelled": EXIT_CANCELLED,
-    "lost": EXIT_LOST,
 }
 METRIC_COLUMNS = (
     "step",
@@ -82,9 +83,17 @@ def run_ended(run: dict[str, Any]) -> int:
     return EXIT_BY_STATUS.get(status, EXIT_FAILED)
 
 
+def _token_read() -> str:
+    # From stdin, the key stays out of the shell's history and the process list; typed or
+    # pasted at a terminal, it is not echoed either.
+    if sys.stdin.isatty():
+        return getpass.getpass("Token: ").strip()
+    return sys.stdin.readline().strip()
+
+
 def cmd_login(args: argparse.Namespace) -> int:
     url = url_normalize(args.server)
-    token = args.token
+    token = _token_read() if args.token_stdin else args.token
     if not token:
         username = args.username or input("Username: ")
         if args.password_stdin:

@@ -1,5 +1,6 @@
 """Where the server and the token come from: flags, then TRAINYARD_URL / TRAINYARD_TOKEN, then
-the file `trainyard login` writes (~/.config/trainyard/config.json, mode 0600)."""
+the file `trainyard login` writes (~/.config/trainyard/config.json, mode 0600). The saved token
+goes only to the saved server; another URL needs its own --token or TRAINYARD_TOKEN."""
 
 from __future__ import annotations
 
@@ -61,12 +62,31 @@ def url_normalize(url: str) -> str:
     return url
 
 
+def _saved_token(url: str, saved: dict[str, str]) -> str:
+    """The saved token, only for the server it was saved with: sent to any other URL (a typo,
+    a TRAINYARD_URL left over, a URL someone suggested) it would hand that server the key."""
+    if not saved.get("token"):
+        raise ConfigError("no token: run `trainyard login URL`, or give --token or TRAINYARD_TOKEN")
+    saved_url = saved.get("url", "")
+    try:
+        same = url_normalize(saved_url) == url
+    except ConfigError:
+        same = False
+    if not same:
+        raise ConfigError(
+            f"no token for {url}: the saved token is for {saved_url or 'another server'} and is "
+            f"sent there only; give --token or TRAINYARD_TOKEN, or run `trainyard login {url}`"
+        )
+    return saved["token"]
+
+
 def profile_resolve(*, url: str | None, token: str | None) -> Profile:
+    url = url or os.environ.get("TRAINYARD_URL")
+    token = token or os.environ.get("TRAINYARD_TOKEN")
     saved = config_load() if not (url and token) else {}
-    url = url or os.environ.get("TRAINYARD_URL") or saved.get("url")
-    token = token or os.environ.get("TRAINYARD_TOKEN") or saved.get("token")
+    url = url or saved.get("url")
     if not url:
         raise ConfigError("no server: run `trainyard login URL`, or give --url or TRAINYARD_URL")
-    if not token:
-        raise ConfigError("no token: run `trainyard login URL`, or give --token or TRAINYARD_TOKEN")
-    return Profile(url=url_normalize(url), token=token.strip())
+    url = url_normalize(url)
+    token = token or _saved_token(url, saved)
+    return Profile(url=url, token=token.strip())

@@ -45,6 +45,8 @@ class Watch:
     epochs: int = 0
     bar: Any = None
     postfix: dict[str, str] = field(default_factory=dict)
+    # Snapshots and messages taken: a connection that got any was working before it broke.
+    taken: int = 0
 
     def say(self, text: str) -> None:
         if self.bar is not None:
@@ -93,6 +95,7 @@ def _loss_text(value: Any) -> str | None:
 
 def snapshot_take(watch: Watch, message: dict[str, Any]) -> None:
     experiment = message.get("experiment") or {}
+    watch.taken += 1
     watch.seq = int(message.get("seq") or 0)
     watch.status = str(experiment.get("status") or "")
     watch.epochs = int(experiment.get("epochs") or 0)
@@ -107,6 +110,57 @@ def snapshot_take(watch: Watch, message: dict[str, Any]) -> None:
         watch.progress(epoch=experiment.get("epoch"), step=experiment.get("step"))
 
 
+def _started(watch: Watch, message: dict[str, Any]) -> None:
+    watch.epochs = int(message.get("epochs") or watch.epochs)
+    watch.bar_open(total=message.get("total_steps"), step=0)
+    watch.bar_total(message.get("total_steps"))
+
+
+def _status(watch: Watch, message: dict[str, Any]) -> None:
+    watch.status = str(message.get("status") or watch.status)
+    reason = f": {message['reason']}" if message.get("reason") else ""
+    watch.say(f"run #{watch.pk} {watch.status}{reason}")
+
+
+def _step(watch: Watch, message: dict[str, Any]) -> None:
+    watch.bar_open(total=None, step=0)
+    if (loss := _loss_text(message.get("train_loss"))) is not None:
+        watch.postfix["loss"] = loss
+    watch.progress(epoch=message.get("epoch"), step=message.get("step"))
+
+
+def _epoch(watch: Watch, message: dict[str, Any]) -> None:
+    accuracy = message.get("test_accuracy")
+    if isinstance(accuracy, int | float):
+        watch.postfix["acc"] = f"{accuracy:.1%}"
+    watch.progress(epoch=message.get("epoch"), step=message.get("step"))
+
+
+def _log(watch: Watch, message: dict[str, Any]) -> None:
+    if watch.show_logs or watch.only_logs:
+        watch.say(str(message.get("message", "")))
+
+
+def _finished(watch: Watch, message: dict[str, Any]) -> None:
+    watch.status = str(message.get("status") or "succeeded")
+
+
+def _failed(watch: Watch, message: dict[str, Any]) -> None:
+    watch.status = str(message.get("status") or "failed")
+
+
+# One handler per message type, as the consumer sends them; other types are ignored.
+HANDLERS = {
+    "started": _started,
+    "status": _status,
+    "step": _step,
+    "epoch": _epoch,
+    "log": _log,
+    "finished": _finished,
+    "failed": _failed,
+}
+
+
 def message_take(watch: Watch, message: dict[str, Any]) -> None:
     """One live message; raises Resync on a gap."""
     seq = message.get("seq")
@@ -115,31 +169,10 @@ def message_take(watch: Watch, message: dict[str, Any]) -> None:
     if seq != watch.seq + 1:
         raise Resync(f"missed messages {watch.seq + 1}..{seq - 1}")
     watch.seq = seq
-    kind = message.get("type")
-    if kind == "started":
-        watch.epochs = int(message.get("epochs") or watch.epochs)
-        watch.bar_open(total=message.get("total_steps"), step=0)
-        watch.bar_total(message.get("total_steps"))
-    elif kind == "status":
-        watch.status = str(message.get("status") or watch.status)
-        reason = f": {message['reason']}" if message.get("reason") else ""
-        watch.say(f"run #{watch.pk} {watch.status}{reason}")
-    elif kind == "step":
-        watch.bar_open(total=None, step=0)
-        if (loss := _loss_text(message.get("train_loss"))) is not None:
-            watch.postfix["loss"] = loss
-        watch.progress(epoch=message.get("epoch"), step=message.get("step"))
-    elif kind == "epoch":
-        accuracy = message.get("test_accuracy")
-        if isinstance(accuracy, int | float):
-            watch.postfix["acc"] = f"{accuracy:.1%}"
-        watch.progress(epoch=message.get("epoch"), step=message.get("step"))
-    elif kind == "log" and (watch.show_logs or watch.only_logs):
-        watch.say(str(message.get("message", "")))
-    elif kind in {"finished", "failed"}:
-        watch.status = str(
-            message.get("status") or ("succeeded" if kind == "finished" else "failed")
-        )
+    watch.taken += 1
+    handler = HANDLERS.get(str(message.get("type")))
+    if handler is not None:
+        handler(watch, message)
 
 
 def socket_url(api: Api, pk: int, *, query: str = "") -> str:
@@ -199,13 +232,16 @@ def run_follow(
     failures = 0
     try:
         while True:
+            taken = watch.taken
             try:
                 if _session(api, watch, query=query, follow=follow):
                     break
             except InvalidStatus as exc:
                 raise ApiError(exc.response.status_code, socket_refusal(exc)) from None
             except (Resync, ConnectionClosed, WebSocketException, OSError) as exc:
-                failures += 1
+                # Only failures in a row count: a run of days sees many sockets that worked for
+                # a while (a proxy's idle limit, a server restart) and must not give up on them.
+                failures = 1 if watch.taken > taken else failures + 1
                 if failures > MAX_RECONNECTS:
                     raise ApiError(0, f"lost the connection to run #{pk}: {exc}") from None
                 time.sleep(min(0.5 * failures, 5))
