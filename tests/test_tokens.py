@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import io
 import re
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -18,7 +19,7 @@ from django.test import Client
 from django.utils import timezone
 
 from dashboard.accounts.models import ApiToken
-from dashboard.accounts.services import token_create
+from dashboard.accounts.services import token_authenticate, token_create
 
 pytestmark = pytest.mark.django_db
 KEY = re.compile(r"ty_[A-Za-z0-9_-]{43}")
@@ -54,6 +55,27 @@ def test_page_makes_a_token_shown_once_that_works(user_factory: Any) -> None:
     token.refresh_from_db()
     assert token.last_used_at is not None
     assert "ago" in client.get("/accounts/tokens/").content.decode()
+
+
+def test_the_page_never_puts_the_key_on_a_command_line(user_factory: Any) -> None:
+    page = logged_in(user_factory()).post("/accounts/tokens/", {"name": "ci"}).content.decode()
+    (key,) = set(KEY.findall(page))
+    assert page.count(key) == 1  # shown once, to copy; the command reads it from stdin
+    assert "--token-stdin" in page and "--token " not in page
+
+
+def test_last_used_is_written_at_most_once_a_minute(user_factory: Any) -> None:
+    token, key = token_create(user=user_factory())
+    recent = timezone.now() - timedelta(seconds=30)
+    ApiToken.objects.filter(pk=token.pk).update(last_used_at=recent)
+    assert token_authenticate(key=key) is not None
+    token.refresh_from_db()
+    assert token.last_used_at == recent  # used within the minute: not written again
+    old = timezone.now() - timedelta(seconds=61)
+    ApiToken.objects.filter(pk=token.pk).update(last_used_at=old)
+    assert token_authenticate(key=key) is not None
+    token.refresh_from_db()
+    assert token.last_used_at is not None and token.last_used_at > recent
 
 
 def test_revoked_token_gets_401_at_once(user_factory: Any) -> None:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
-from django.db.models import QuerySet
+from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from dashboard.accounts.models import ApiToken, token_key_hash
@@ -12,6 +13,8 @@ from dashboard.accounts.models import ApiToken, token_key_hash
 # A bearer key is "ty_" and 43 URL-safe characters; anything much longer is not one of ours and
 # is not worth hashing.
 MAX_KEY_CHARS = 200
+# How exact "last used" on the Tokens page is: the page says "5 minutes ago", not seconds.
+LAST_USED_EVERY = timedelta(seconds=60)
 
 
 def token_create(*, user: Any, name: str = "") -> tuple[ApiToken, str]:
@@ -33,8 +36,11 @@ def token_authenticate(*, key: str) -> ApiToken | None:
     )
     if token is None or not token.user.is_active:
         return None
-    # One UPDATE, not save(): concurrent requests with one token must not race on other fields.
-    ApiToken.objects.filter(pk=token.pk).update(last_used_at=timezone.now())
+    # At most one write a minute per token: a script polling the API must not write on each
+    # request. One conditional UPDATE, not save(): concurrent requests do not race on fields.
+    now = timezone.now()
+    stale = Q(last_used_at__isnull=True) | Q(last_used_at__lt=now - LAST_USED_EVERY)
+    ApiToken.objects.filter(stale, pk=token.pk).update(last_used_at=now)
     return token
 
 
