@@ -7,6 +7,7 @@ from typing import Any
 from django import forms
 from django.core import validators
 
+from dashboard.devices.capacity import capacity_check
 from dashboard.experiments.models import Experiment, Strategy, ZeroStage
 from training.registry import RULE_PER_GPU, strategy_get, strategy_refusals
 
@@ -110,8 +111,6 @@ class ExperimentForm(forms.ModelForm):
         return lr
 
     def clean(self) -> dict[str, Any]:
-        from dashboard.devices.capacity import capacity_check
-
         data = super().clean() or {}
         strategy, gpus = data.get("strategy"), data.get("gpus", [])
         if strategy is None or self.errors:

@@ -14,7 +14,7 @@ from django.utils.html import json_script
 from django.utils.safestring import SafeString
 
 from dashboard.experiments.models import ACTIVE_STATUSES, Status
-from dashboard.experiments.transitions import NEXT
+from dashboard.experiments.transitions import ENDS
 from training.registry import REGISTRY
 
 register = template.Library()
@@ -39,7 +39,7 @@ def page_facts_build() -> dict[str, Any]:
         "statuses": dict(Status.choices),
         "active_statuses": [str(status) for status in ACTIVE_STATUSES],
         # Statuses no transition leaves: the page stops listening there.
-        "final_statuses": [str(status) for status, after in NEXT.items() if not after],
+        "final_statuses": [str(status) for status in Status if status in ENDS],
     }
 
 
