@@ -158,7 +158,14 @@ def test_other_users_get_404_and_staff_what_the_owner_gets(
 
 @pytest.mark.django_db
 @pytest.mark.parametrize(
-    "path", ["/experiments/{pk}/", "/api/experiments/{pk}/", "/api/experiments/{pk}/metrics/"]
+    "path",
+    [
+        "/experiments/{pk}/",
+        "/api/experiments/{pk}/",
+        "/api/experiments/{pk}/metrics/",
+        "/api/experiments/{pk}/logs/",
+        "/api/experiments/{pk}/logs/?rank=1&format=text",
+    ],
 )
 def test_run_pages_for_owner_stranger_and_staff(
     user_factory: Any, experiment_factory: Any, path: str
@@ -185,6 +192,30 @@ def test_lists_show_own_runs_and_staff_all(user_factory: Any, experiment_factory
     assert "alice-run" in page and "bob-run" not in page
     # A clone is a read of the source: a stranger's run cannot be copied.
     assert client_for(alice).get(f"/experiments/new/?clone={theirs.pk}").status_code == 404
+
+
+@pytest.mark.django_db
+def test_only_owner_and_staff_change_tags_and_note(
+    user_factory: Any, experiment_factory: Any
+) -> None:
+    owner, stranger, staff = user_factory(), user_factory(), user_factory(staff=True)
+    run = experiment_factory(owner=owner)
+
+    def patch(user: Any, note: str) -> int:
+        body = json.dumps({"note": note})
+        url = f"/api/experiments/{run.pk}/"
+        return client_for(user).patch(url, body, content_type="application/json").status_code
+
+    assert patch(stranger, "theirs") == 404
+    assert patch(owner, "mine") == 200 and patch(staff, "staff's") == 200
+    run.refresh_from_db()
+    assert run.note == "staff's"
+    tokenless = client_for(owner, csrf=True)
+    body = json.dumps({"note": "forged"})
+    response = tokenless.patch(f"/api/experiments/{run.pk}/", body, content_type="application/json")
+    assert response.status_code == 403
+    run.refresh_from_db()
+    assert run.note == "staff's"
 
 
 @pytest.mark.django_db

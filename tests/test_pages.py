@@ -122,6 +122,29 @@ def test_list_empty_state_links_to_the_form(client: Any, alice: Any) -> None:
 
 
 @pytest.mark.django_db
+def test_list_filters_sorts_and_pages_on_the_server(client: Any, alice: Any) -> None:
+    for i in range(55):
+        make_experiment(alice, name=f"sweep {i:02d}", tags=["baseline"] if i == 7 else [])
+    client.force_login(alice)
+    html = client.get(reverse("experiment-list")).content.decode()
+    assert html.count('data-field="compare"') == 50 + 1  # the first page, and the row template
+    assert "55 runs" in html and 'id="list-more" data-next-url="/api/experiments/?' in html
+    assert '<a class="sort-link" href="?sort=name">Name</a>' in html
+    assert 'aria-sort="descending"><a class="sort-link" href="?sort=created"' in html
+    tagged = client.get(reverse("experiment-list") + "?tag=baseline").content.decode()
+    assert "sweep 07" in tagged and "sweep 08" not in tagged and "1 run<" in tagged
+    assert 'data-poll-query="tag=baseline"' in tagged and 'class="tag"' in tagged
+    by_name = client.get(reverse("experiment-list") + "?sort=name&q=sweep 0").content.decode()
+    assert by_name.index("sweep 00") < by_name.index("sweep 09")
+    assert 'href="?q=sweep+0&amp;sort=-name"' in by_name  # the same column again: reversed
+    none = client.get(reverse("experiment-list") + "?q=nothing-like-it").content.decode()
+    assert "No run matches these filters." in none and "No experiments yet" in none
+    refused = client.get(reverse("experiment-list") + "?status=sleeping")
+    assert refused.status_code == 200 and "status must be one of" in refused.content.decode()
+    assert f'action="{reverse("api-experiments-import")}"' in html
+
+
+@pytest.mark.django_db
 def test_list_row_shows_status_progress_and_devices(client: Any, alice: Any) -> None:
     make_experiment(
         alice, name="halfway", status=Status.RUNNING, step=50, total_steps=200, gpus=[0, 1]

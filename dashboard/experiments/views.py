@@ -87,6 +87,13 @@ def _row(experiment: Experiment) -> dict[str, Any]:
     }
 
 
+def _filter_params(query: ListQuery) -> dict[str, str]:
+    """The page's filters and sort as GET parameters (the page size is the page's own)."""
+    params = list_query_params(query)
+    params.pop("limit", None)
+    return params
+
+
 def _sort_links(query: ListQuery) -> dict[str, dict[str, str]]:
     """Per sortable column: the link that sorts by it (again: the other way) and its state."""
     links = {}
@@ -95,7 +102,7 @@ def _sort_links(query: ListQuery) -> dict[str, dict[str, str]]:
         # Names read A to Z first; dates, accuracy and durations biggest first.
         first = name if name in {"name", "status"} else f"-{name}"
         sort = (name if query.descending else f"-{name}") if current else first
-        params = {**list_query_params(replace(query, sort=sort)), "sort": sort}
+        params = {**_filter_params(query), "sort": sort}
         state = ("descending" if query.descending else "ascending") if current else "none"
         links[name] = {"url": "?" + urlencode(params), "aria": state}
     return links
@@ -110,15 +117,15 @@ def experiment_list(request: HttpRequest) -> HttpResponse:
     except ListQueryError as exc:
         query, error = ListQuery(limit=LIST_LIMIT), str(exc)
     page = runs_page(visible=experiments_visible_to(request.user), query=query)
-    api_params = list_query_params(query)
+    params = _filter_params(query)
+    following = {**list_query_params(query), "page": page.next}
     context = {
         "rows": [_row(e) for e in page.rows],
         "count": page.count,
-        "next_url": page.next
-        and f"{reverse('api-experiments')}?" + urlencode({**api_params, "page": page.next}),
-        "poll_query": urlencode(api_params),
+        "next_url": page.next and f"{reverse('api-experiments')}?{urlencode(following)}",
+        "poll_query": urlencode(params),
         "query": query,
-        "filtered": any(k != "limit" for k in api_params) and not error,
+        "filtered": any(name != "sort" for name in params) and not error,
         "error": error,
         "sorts": _sort_links(query),
         "statuses": Status.choices,
