@@ -145,6 +145,14 @@ def test_a_csv_time_column_gives_the_time_and_non_finite_values_are_null(
     assert series_of(response.json()["id"]) == {"train_loss": [(5, 1.5, None), (6, 2.5, 0.25)]}
 
 
+def test_the_csv_tensorboards_page_downloads_for_one_chart(client: Client) -> None:
+    content = b"Wall time,Step,Value\n1790000000.5,0,2.5\n1790000002.0,10,1.25\n"
+    response = upload(client, "run-mine-tag-train_loss.csv", content)
+    assert response.status_code == 201, response.content
+    assert series_of(response.json()["id"]) == {"train_loss": [(0, 0.0, 2.5), (10, 1.5, 1.25)]}
+    assert response.json()["started_at"].startswith("2026-09-21T")
+
+
 def test_export_then_import_gives_the_same_series(
     client: Client, django_user_model: Any, experiment_factory: Any
 ) -> None:

@@ -10,7 +10,8 @@ their own scripts on the dashboard's runs. The upload is one of:
   each folder's tags get its path below the common one as a prefix (`run2/train_loss`);
 - a CSV whose first column is `step` and whose other columns are series (an empty cell: no
   point); a column named `time` gives the row's seconds since the start. The long
-  `key,step,time,value` CSV of the export is read too.
+  `key,step,time,value` CSV of the export is read too, and so is the `Wall time,Step,Value` CSV
+  that TensorBoard's own page downloads for one chart (`run-<run>-tag-<tag>.csv`).
 
 Every scalar tag becomes a series under its own name, so `train_loss` or `test_accuracy` land
 on the run page's charts. TensorBoard's wall times become `time` relative to the first one.
@@ -49,6 +50,7 @@ MAX_MEMBERS = 10_000
 WRITE_BATCH = 5000
 COPY_CHUNK = 1024 * 1024
 LONG_CSV_HEADER = ["key", "step", "time", "value"]
+TENSORBOARD_CSV_HEADER = ["wall time", "step", "value"]
 # EventAccumulator keeps a random sample of 10,000 scalars a tag unless told 0 (= all).
 SIZE_GUIDANCE = {"scalars": 0, "tensors": 0, "images": 1, "audio": 1, "histograms": 1}
 
@@ -115,11 +117,13 @@ def _cells_check(row: list[str], expected: int, line: int) -> None:
         raise ImportRefused(400, f"CSV line {line}: {len(row)} cells, the header has {expected}")
 
 
-def csv_read(*, text: str) -> ImportedSeries:
+def csv_read(*, text: str, filename: str = "") -> ImportedSeries:
     rows = csv.reader(io.StringIO(text))
     header = [cell.strip() for cell in next(rows, [])]
     if header == LONG_CSV_HEADER:
         return _csv_long_read(rows)
+    if [cell.lower() for cell in header] == TENSORBOARD_CSV_HEADER:
+        return _csv_tensorboard_read(rows, filename)
     if not header or header[0].lower() != "step":
         raise ImportRefused(400, "a CSV's first column must be `step` (or key,step,time,value)")
     names = header[1:]
@@ -149,6 +153,26 @@ def _csv_long_read(rows: Iterator[list[str]]) -> ImportedSeries:
         where = f"CSV line {line}"
         value = _number(row[3], where) if row[3].strip() else None
         found.add(row[0], _step(row[1], where), _number(row[2], where) or 0.0, value)
+    return found
+
+
+def _csv_tensorboard_read(rows: Iterator[list[str]], filename: str) -> ImportedSeries:
+    """TensorBoard's own "download CSV" of one chart (`Wall time,Step,Value`), which it names
+    run-<run>-tag-<tag>.csv: the tag after "-tag-" names the series; wall times become `time`
+    relative to the first."""
+    stem = PurePosixPath(filename).stem
+    key = stem.rpartition("-tag-")[2] or "value"
+    points: list[tuple[int, float, float | None]] = []
+    for line, row in enumerate(rows, start=2):
+        if row:
+            _cells_check(row, len(TENSORBOARD_CSV_HEADER), line)
+            where = f"CSV line {line}"
+            wall = _number(row[0], where) or 0.0
+            points.append((_step(row[1], where), wall, _number(row[2], where)))
+    start = min((wall for _, wall, _ in points), default=None)
+    found = ImportedSeries(start=start)
+    for step, wall, value in points:
+        found.add(key, step, wall - (start or 0.0), value)
     return found
 
 
@@ -306,7 +330,7 @@ def _kind(head: bytes, filename: str) -> str:
     if head.startswith(tar_magic) or head[257:262] == b"ustar":
         return "tar"
     text = head.lstrip(b"\xef\xbb\xbf").lower()
-    if filename.lower().endswith(".csv") or text.startswith((b"step", b"key,")):
+    if filename.lower().endswith(".csv") or text.startswith((b"step", b"key,", b"wall time,")):
         return "csv"
     return "tensorboard"
 
@@ -330,7 +354,7 @@ def import_read(*, upload: UploadedFile, folder: Path) -> tuple[ImportedSeries, 
             text = saved.read_text(encoding="utf-8-sig")
         except UnicodeDecodeError:
             raise ImportRefused(400, "the CSV is not UTF-8 text") from None
-        return csv_read(text=text), kind
+        return csv_read(text=text, filename=upload.name or ""), kind
     return tensorboard_read(files=[saved]), "TensorBoard event file"
 
 
