@@ -21,7 +21,13 @@ from training.config import (
     under_torchrun,
 )
 from training.protocol import EventWriter, log_line_format
-from training.registry import RULE_MIN_GPUS, TORCHRUN_STRATEGIES, strategy_get, strategy_refusals
+from training.registry import (
+    REGISTRY,
+    RULE_MIN_GPUS,
+    TORCHRUN_STRATEGIES,
+    strategy_get,
+    strategy_refusals,
+)
 
 log = logging.getLogger("training")
 
@@ -128,6 +134,15 @@ def _validate(cfg: TrainConfig, parser: argparse.ArgumentParser) -> TrainConfig:
     return cfg
 
 
+# What a machine without (enough) GPUs can run instead, from the registry.
+CPU_STRATEGIES = tuple(spec.name for spec in REGISTRY if not spec.min_gpus)
+
+
+def _names_or(names: Sequence[str]) -> str:
+    """ "a", "a or b", "a, b or c"."""
+    return f"{', '.join(names[:-1])} or {names[-1]}" if len(names) > 1 else "".join(names)
+
+
 def _validate_gpu_count(
     cfg: TrainConfig, parser: argparse.ArgumentParser, *, count: int, min_gpus: int
 ) -> None:
@@ -137,7 +152,7 @@ def _validate_gpu_count(
             f"--strategy {cfg.strategy} needs {min_gpus} or more GPUs; this machine has "
             f"{count} GPU(s)"
             + ("" if count else ", CUDA is not available")
-            + "; on the CPU use --strategy single, ddp or hogwild"
+            + f"; on the CPU use --strategy {_names_or(CPU_STRATEGIES)}"
         )
     if cfg.gpus and count == 0:
         parser.error(

@@ -115,7 +115,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--nproc",
         type=_int_in(1, 256),
         default=None,
-        help="processes for ddp, deepspeed and hogwild (default: one per --gpus, else 2)",
+        help=f"processes for {', '.join(MULTIPROCESS_STRATEGIES)} "
+        "(default: one per --gpus, else 2)",
     )
     p.add_argument(
         "--gpus",

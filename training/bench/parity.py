@@ -34,15 +34,8 @@ from training.config import DATASETS
 from training.protocol import parse_event
 from training.registry import MULTIPROCESS_STRATEGIES, STRATEGY_NAMES
 
-DEFAULT_STRATEGIES = (
-    "single",
-    "dp",
-    "ddp",
-    "hogwild",
-    "model-parallel",
-    "deepspeed",
-    "dp-primitives",
-)
+# Every strategy the registry has (single first: the others are compared with it).
+DEFAULT_STRATEGIES = STRATEGY_NAMES
 
 
 @dataclass
@@ -75,7 +68,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--steps-per-epoch", type=int, default=None, help="passed on (for quick smoke runs)"
     )
     p.add_argument("--dataset", choices=DATASETS, default="mnist")
-    p.add_argument("--nproc", type=int, default=2, help="processes for ddp, hogwild, deepspeed")
+    p.add_argument(
+        "--nproc", type=int, default=2, help=f"processes for {', '.join(MULTIPROCESS_STRATEGIES)}"
+    )
     p.add_argument(
         "--strategies",
         default=",".join(DEFAULT_STRATEGIES),
