@@ -46,9 +46,11 @@ def test_bench_charts_dry_run_prints_its_figures(tmp_path: Path) -> None:
     for steps in ("200", "2000"):
         section = out.split(f"run page, {steps} points:")[1]
         assert re.search(rf"charts ready s: {NUMBER}\s", section), out
+        assert re.search(rf"first byte s: {NUMBER}\s", section), out
         assert re.search(rf"page bytes: {NUMBER}\n", section), out
         # The snapshot came whole over the socket (daphne's limits are the Procfile's).
-        assert re.search(rf"snapshot bytes: {NUMBER}\n", section), out
+        assert re.search(rf"embedded snapshot bytes: {NUMBER}\n", section), out
+        assert re.search(rf"socket snapshot bytes: {NUMBER}\n", section), out
         assert re.search(r"spike drawn: yes ", section), out
     assert re.search(rf"^page bytes ratio: {NUMBER} ", out, re.M), out
     assert re.search(rf"^list page ms: {NUMBER} ", out, re.M), out

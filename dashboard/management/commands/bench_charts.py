@@ -45,6 +45,7 @@ DRY_SIZES = (200, 2_000)
 LIST_RUNS, DRY_LIST_RUNS = 10_000, 50
 REQUESTS = 5  # per list measurement; the median is printed
 READY_TIMEOUT_S = 60
+SNAPSHOT_WAIT_S = 30
 GOAL_READY_S, GOAL_LIST_MS = 1.0, 300.0
 
 # Set before any page script runs: the moment <main> says every chart drew, on the page's clock
@@ -59,11 +60,23 @@ new MutationObserver((_, observer) => {
   }
 }).observe(document, { attributes: true, subtree: true, attributeFilter: ["data-charts-ready"] });
 """
-# The largest train-loss value the page's charts hold, where the chart component exposes its
-# data (`TrainyardCharts.dataMax(key)`); null where it does not.
+FIRST_BYTE = """() => performance.getEntriesByType("navigation")[0].responseStart"""
+EMBEDDED_BYTES = """() => {
+  const script = document.getElementById("experiment-snapshot");
+  return script ? new TextEncoder().encode(script.textContent).length : null;
+}"""
+# The largest value the page's train-loss chart hands uPlot (every line of it: the min/max band
+# and the mean), where the chart component exposes its charts (static/js/charts.js: instances, by
+# chart id, each with its uPlot as `u`); null where it does not.
 PAGE_MAX = """() => {
   const charts = window.TrainyardCharts;
-  return charts && typeof charts.dataMax === "function" ? charts.dataMax("train_loss") : null;
+  const chart = charts && charts.instances && charts.instances.get("train_loss");
+  if (!chart || !chart.u) return null;
+  let max = null;
+  for (const values of chart.u.data.slice(1)) {
+    for (const v of values) if (Number.isFinite(v) && (max === null || v > max)) max = v;
+  }
+  return max;
 }"""
 
 
@@ -149,8 +162,10 @@ def _series_rows(
 class PageFigures:
     steps: int
     ready_s: float | None
+    first_byte_s: float  # the page's server time (and the way there), within ready_s
     page_bytes: int
-    snapshot_bytes: int | None
+    embedded_bytes: int | None  # the snapshot inside the page (json_script)
+    snapshot_bytes: int | None  # the socket's first message
     data_max: float | None
     data_max_from: str
 
@@ -238,8 +253,10 @@ class Command(ThrowawayBenchCommand):
                     raise CommandError(f"the run page answered {response and response.status}")
                 page_bytes = len(response.body())
                 ready_s = self._ready_wait(page)
-                page.wait_for_timeout(500)  # the socket's snapshot, where it lags the charts
+                embedded_bytes = page.evaluate(EMBEDDED_BYTES)
+                first_byte_s = float(page.evaluate(FIRST_BYTE)) / 1000
                 page_max = page.evaluate(PAGE_MAX)
+                self._snapshot_wait(page, frames)
             finally:
                 browser.close()
         snapshot = _first_snapshot(frames)
@@ -249,7 +266,18 @@ class Command(ThrowawayBenchCommand):
         if data_max is None:
             data_max = None if snapshot is None else snapshot_train_loss_max(snapshot[1])
             source = "the snapshot's buckets"
-        return PageFigures(run.step, ready_s, page_bytes, snapshot_bytes, data_max, source)
+        return PageFigures(
+            run.step, ready_s, first_byte_s, page_bytes, embedded_bytes, snapshot_bytes,
+            data_max, source,
+        )  # fmt: skip
+
+    @staticmethod
+    def _snapshot_wait(page: Any, frames: list[str | bytes]) -> None:
+        """Until the socket's snapshot arrived (it may follow the charts drawn from the embedded
+        one), or SNAPSHOT_WAIT_S."""
+        deadline = time.monotonic() + SNAPSHOT_WAIT_S
+        while _first_snapshot(frames) is None and time.monotonic() < deadline:
+            page.wait_for_timeout(100)
 
     @staticmethod
     def _ready_wait(page: Any) -> float | None:
@@ -267,8 +295,10 @@ class Command(ThrowawayBenchCommand):
         snapshot = "none received" if f.snapshot_bytes is None else f"{f.snapshot_bytes}"
         self.stdout.write(f"run page, {f.steps} points:")
         self.stdout.write(f"  charts ready s: {ready}  (goal <= {GOAL_READY_S:g} s at 100,000)")
+        self.stdout.write(f"  first byte s: {f.first_byte_s:.3f}  (of which the server's page)")
         self.stdout.write(f"  page bytes: {f.page_bytes}")
-        self.stdout.write(f"  snapshot bytes: {snapshot}")
+        self.stdout.write(f"  embedded snapshot bytes: {f.embedded_bytes}")
+        self.stdout.write(f"  socket snapshot bytes: {snapshot}")
         self.stdout.write(
             f"  spike drawn: {spike} (train-loss max {f.data_max} from {f.data_max_from}; "
             f"spike {SPIKE_VALUE:g})"
@@ -283,8 +313,8 @@ class Command(ThrowawayBenchCommand):
         )
         if small.snapshot_bytes and large.snapshot_bytes:
             self.stdout.write(
-                f"snapshot bytes ratio: {large.snapshot_bytes / small.snapshot_bytes:.2f} for "
-                f"{points:g}x the points (goal: about 1 past the bucket budget)"
+                f"socket snapshot bytes ratio: {large.snapshot_bytes / small.snapshot_bytes:.2f} "
+                f"for {points:g}x the points (goal: about 1 past the bucket budget)"
             )
 
     def _list_print(self, base_url: str, cookie: str, runs: int) -> None:
