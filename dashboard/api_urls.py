@@ -47,4 +47,9 @@ urlpatterns = [
         name="api-experiment-export",
     ),
     path("experiments/import/", api_exports.experiment_import_view, name="api-experiments-import"),
+    path(
+        "experiments/compare/export/",
+        api_exports.experiments_compare_export,
+        name="api-experiments-compare-export",
+    ),
 ]

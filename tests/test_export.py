@@ -161,3 +161,28 @@ def test_the_run_and_compare_pages_link_every_format(alice: Any, run: Experiment
     for kind in ("csv", "json", "tensorboard"):
         link = f'href="/api/experiments/{run.pk}/export/?format={kind}" download'
         assert link in page and link in compare
+
+
+def test_compared_runs_as_one_tensorboard_log(
+    alice: Any, user_factory: Any, experiment_factory: Any, run: Experiment, tmp_path: Path
+) -> None:
+    other = experiment_factory(owner=alice, name="single", started_at=STARTED)
+    SeriesPoint.objects.create(experiment=other, key="train_loss", step=3, time=1.5, value=0.25)
+    bobs = experiment_factory(owner=user_factory(username="bob"), name="bob's")
+    SeriesPoint.objects.create(experiment=bobs, key="train_loss", step=1, time=1, value=9)
+    client = logged_in(alice)
+    url = f"/api/experiments/compare/export/?ids={run.pk},{other.pk},{bobs.pk}"
+    response = client.get(url)
+    assert response.status_code == 200 and response["Content-Type"] == "application/zip"
+    with zipfile.ZipFile(io.BytesIO(body(response))) as archive:
+        archive.extractall(tmp_path)
+    # A folder per run of the caller's (bob's is left out): TensorBoard overlays them.
+    folders = sorted(p.name for p in tmp_path.iterdir())
+    assert folders == [f"trainyard-{run.pk}-ddp-2-ranks", f"trainyard-{other.pk}-single"]
+    single = tensorboard_read(tmp_path / folders[1])
+    assert [(e.step, e.value) for e in single["train_loss"]] == [(3, 0.25)]
+    assert len(tensorboard_read(tmp_path / folders[0])["train_loss"]) == 2500
+    page = client.get(f"/experiments/compare/?ids={run.pk},{other.pk}").content.decode()
+    assert f'href="/api/experiments/compare/export/?ids={run.pk},{other.pk}" download' in page
+    assert client.get(f"/api/experiments/compare/export/?ids={bobs.pk}").status_code == 404
+    assert client.get("/api/experiments/compare/export/?ids=x").status_code == 400

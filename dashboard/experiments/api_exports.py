@@ -8,7 +8,7 @@ are read (CSV, JSON) or from a temporary file (the TensorBoard zip), never built
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import IO, Any
 
 from django.core.files.uploadhandler import FileUploadHandler
 from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
@@ -21,6 +21,7 @@ from dashboard.experiments.exports import (
     export_tensorboard_zip,
 )
 from dashboard.experiments.imports import ImportRefused, experiment_import, import_max_bytes
+from dashboard.experiments.scaling import compare_ids_parse
 from dashboard.experiments.services import experiment_as_dict, experiments_visible_to
 
 EXPORT_FORMATS = ("csv", "json", "tensorboard")
@@ -37,18 +38,36 @@ def experiment_export(request: HttpRequest, pk: int) -> HttpResponse:
         message = f"format must be one of {', '.join(EXPORT_FORMATS)}"
         raise ApiError(400, message, {"format": [message]})
     if kind == "tensorboard":
-        return FileResponse(
-            export_tensorboard_zip(experiment=experiment),
-            as_attachment=True,
-            filename=export_filename(experiment=experiment, suffix="-tensorboard.zip"),
-            content_type="application/zip",
-        )
+        name = export_filename(experiment=experiment, suffix="-tensorboard.zip")
+        return _zip_response(export_tensorboard_zip(experiments=[experiment]), name)
     chunks = (export_csv_chunks if kind == "csv" else export_json_chunks)(experiment=experiment)
     content_type = "text/csv; charset=utf-8" if kind == "csv" else "application/json"
     response = StreamingHttpResponse(chunks, content_type=content_type)
     filename = export_filename(experiment=experiment, suffix=f".{kind}")
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
     return response
+
+
+def _zip_response(archive: IO[bytes], filename: str) -> FileResponse:
+    return FileResponse(
+        archive, as_attachment=True, filename=filename, content_type="application/zip"
+    )
+
+
+@api_view(("GET",))
+def experiments_compare_export(request: HttpRequest) -> HttpResponse:
+    """GET /api/experiments/compare/export/?ids=1,2,3: the compared runs as one TensorBoard
+    log (a folder per run), which TensorBoard overlays; runs that are not the caller's (or do
+    not exist) are left out, as on the compare page."""
+    try:
+        ids = compare_ids_parse(request.GET.getlist("ids"))
+    except ValueError as exc:
+        raise ApiError(400, str(exc), {"ids": [str(exc)]}) from None
+    runs = list(experiments_visible_to(request.user).filter(pk__in=ids).order_by("pk"))
+    if not runs:
+        raise ApiError(404, "none of these runs is yours; give them as ?ids=1,2,3")
+    name = f"trainyard-compare-{'-'.join(str(run.pk) for run in runs)}-tensorboard.zip"
+    return _zip_response(export_tensorboard_zip(experiments=runs), name)
 
 
 class UploadCap(FileUploadHandler):

@@ -22,7 +22,7 @@ import math
 import re
 import tempfile
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import IO
@@ -88,26 +88,32 @@ def export_json_chunks(*, experiment: Experiment) -> Iterator[str]:
     yield "}}\n"
 
 
-def export_tensorboard_zip(*, experiment: Experiment) -> IO[bytes]:
-    """A zip of one TensorBoard log folder named after the run: every series a scalar tag, the
-    step as the step, started_at + time as the wall time. Unzip and `tensorboard --logdir .`.
-
-    TensorBoard keeps scalars as 32-bit floats; a value that was not finite (stored as null)
-    is written as NaN so that every point is there. Returns an open anonymous temporary file,
-    at its start, which its reader closes (and so removes)."""
+def _tensorboard_write(*, experiment: Experiment, folder: Path) -> None:
     # Imported here: TensorBoard and torch load in a second or two, which only exports need.
     from torch.utils.tensorboard import SummaryWriter
 
     started = _started(experiment).timestamp()
-    folder = export_filename(experiment=experiment, suffix="")
+    writer = SummaryWriter(log_dir=str(folder), max_queue=1000, flush_secs=3600)
+    try:
+        for key, step, time, value in export_points(experiment=experiment):
+            scalar = math.nan if value is None else value
+            writer.add_scalar(key, scalar, global_step=step, walltime=started + time)
+    finally:
+        writer.close()
+
+
+def export_tensorboard_zip(*, experiments: Sequence[Experiment]) -> IO[bytes]:
+    """A zip of TensorBoard log folders, one per run and named after it: every series a scalar
+    tag, the step as the step, started_at + time as the wall time. Unzip and `tensorboard
+    --logdir .`: with several runs, TensorBoard overlays them.
+
+    TensorBoard keeps scalars as 32-bit floats; a value that was not finite (stored as null)
+    is written as NaN so that every point is there. Returns an open anonymous temporary file,
+    at its start, which its reader closes (and so removes)."""
     with tempfile.TemporaryDirectory(prefix="trainyard-export-") as tmp:
-        writer = SummaryWriter(log_dir=str(Path(tmp) / folder), max_queue=1000, flush_secs=3600)
-        try:
-            for key, step, time, value in export_points(experiment=experiment):
-                scalar = math.nan if value is None else value
-                writer.add_scalar(key, scalar, global_step=step, walltime=started + time)
-        finally:
-            writer.close()
+        for experiment in experiments:
+            folder = Path(tmp) / export_filename(experiment=experiment, suffix="")
+            _tensorboard_write(experiment=experiment, folder=folder)
         # Not a `with`: the caller sends it and closes it, which removes it.
         archive = tempfile.TemporaryFile(prefix="trainyard-export-", suffix=".zip")  # noqa: SIM115
         with zipfile.ZipFile(archive, "w", compression=zipfile.ZIP_DEFLATED) as zipped:
