@@ -15,6 +15,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+import urllib3
 from django.core import mail
 from django.core.mail import BadHeaderError
 from django.test import Client
@@ -384,6 +385,70 @@ def test_the_call_goes_to_the_address_checked_with_the_name_as_host(
     ((headers, _),) = receiver.got
     assert asked == ["hooks.example"] and headers["Host"] == f"hooks.example:{port}"
     assert Delivery.objects.get().state == DeliveryState.SENT
+
+
+@pytest.fixture
+def tls_receiver(tmp_path: Any, receiver: Receiver) -> Iterator[tuple[int, str]]:
+    """The receiver's handler behind TLS with a certificate for hooks.test from a test CA: the
+    port and the CA's file."""
+    import ssl
+    import subprocess
+
+    def openssl(*args: str) -> None:
+        subprocess.run(["openssl", *args], cwd=tmp_path, check=True, capture_output=True)  # noqa: S603, S607
+
+    openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", "ca.key", "-out", "ca.pem",
+            "-days", "1", "-subj", "/CN=test CA")  # fmt: skip
+    openssl("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "host.key", "-out", "host.csr",
+            "-subj", "/CN=hooks.test")  # fmt: skip
+    (tmp_path / "san.cnf").write_text("subjectAltName=DNS:hooks.test\n")
+    openssl("x509", "-req", "-in", "host.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+            "-CAcreateserial", "-out", "host.pem", "-days", "1", "-extfile", "san.cnf")  # fmt: skip
+    plain_port = int(receiver.url.split(":")[2].split("/")[0])
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.load_cert_chain(tmp_path / "host.pem", tmp_path / "host.key")
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_of(plain_port))
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1], str(tmp_path / "ca.pem")
+    server.shutdown()
+    server.server_close()
+
+
+def _handler_of(plain_port: int) -> Any:
+    """A handler that passes each POST on to the plain receiver, so its `got` sees it."""
+    import http.client
+
+    class Relay(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:  # noqa: N802 - http.server's name
+            body = self.rfile.read(int(self.headers["Content-Length"]))
+            relay = http.client.HTTPConnection("127.0.0.1", plain_port, timeout=10)
+            relay.request("POST", self.path, body=body, headers=dict(self.headers))
+            status = relay.getresponse().status
+            self.send_response(status)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    return Relay
+
+
+def test_https_webhooks_verify_the_name_of_the_url_not_the_address(
+    monkeypatch: pytest.MonkeyPatch, receiver: Receiver, tls_receiver: tuple[int, str]
+) -> None:
+    port, ca = tls_receiver
+    monkeypatch.setattr(webhooks, "host_addresses", lambda host, port: ["127.0.0.1"])
+    monkeypatch.setattr(webhooks, "DEFAULT_CA_BUNDLE_PATH", ca)
+    status = webhooks.webhook_post(
+        f"https://hooks.test:{port}/hook", body=b"{}", headers={}, timeout=10
+    )
+    assert status == 200 and receiver.got[0][0]["Host"] == f"hooks.test:{port}"
+    # The same address under a name its certificate does not have: refused by TLS.
+    with pytest.raises(urllib3.exceptions.SSLError):
+        webhooks.webhook_post(f"https://other.test:{port}/hook", body=b"{}", headers={}, timeout=10)
+    assert len(receiver.got) == 1
 
 
 # --- the sweep: announcements and retries lost with a broker or a worker ------------------------
