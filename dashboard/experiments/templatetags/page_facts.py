@@ -39,7 +39,7 @@ def page_facts_build() -> dict[str, Any]:
         "statuses": dict(Status.choices),
         "active_statuses": [str(status) for status in ACTIVE_STATUSES],
         # Statuses no transition leaves: the page stops listening there.
-        "final_statuses": [str(status) for status in Status if status in ENDS],
+        "final_statuses": [status for status in Status.values if status in ENDS],
     }
 
 
