@@ -73,7 +73,6 @@ def test_the_list_pages_filters_sorts_and_polls_for_free(
     page.wait_for_function("() => document.querySelectorAll('#experiment-rows tr').length === 60")
     assert page.locator("#list-more").is_hidden()
     # Two polls of an unchanged list: the second is a bodiless 304.
-    page.wait_for_function("() => true", timeout=100)
     page.wait_for_timeout(4500)
     assert 304 in responses, responses
     ids = [int(i) for i in rows.evaluate_all("rows => rows.map(r => r.dataset.id)")]
@@ -102,7 +101,11 @@ def test_the_log_panel_filters_rank_1_and_the_labels_save(
         level = "warning" if seq % 100 == 0 else "info"
         lines.append(
             LogLine(
-                experiment=run, seq=seq, time=seq / 10, rank=rank, level=level,
+                experiment=run,
+                seq=seq,
+                time=seq / 10,
+                rank=rank,
+                level=level,
                 message=f"line {seq} of rank {rank}",
             )  # fmt: skip
         )
@@ -127,10 +130,31 @@ def test_the_log_panel_filters_rank_1_and_the_labels_save(
     page.fill("#labels-tags", " baseline, ddp , baseline")
     page.fill("#labels-note", "lr 1e-3, two ranks")
     page.get_by_role("button", name="Save").click()
-    page.wait_for_function("() => document.getElementById('labels-status').textContent === 'Saved.'")
+    saved = "() => document.getElementById('labels-status').textContent === 'Saved.'"
+    page.wait_for_function(saved)
     assert page.input_value("#labels-tags") == "baseline, ddp"
     run.refresh_from_db()
     assert run.tags == ["baseline", "ddp"] and run.note == "lr 1e-3, two ranks"
     page.locator("#run-logs").scroll_into_view_if_needed()
     screenshot(page, "run-log-rank0-warnings.png")
     assert os.path.exists(ARTIFACTS / "run-log-rank0-warnings.png")
+
+
+def test_import_shows_the_error_the_api_answers(
+    page: Any, live_server: Any, tmp_path: Path
+) -> None:
+    bad = tmp_path / "notes.csv"
+    bad.write_text("not,a,step,column\n1,2,3,4\n")
+    page.goto(f"{live_server.url}/")
+    page.set_input_files("#import-file", str(bad))
+    error = page.locator("#import-error")
+    error.wait_for(state="visible")
+    assert error.inner_text().startswith("Import refused: ")
+    assert len(error.inner_text()) > len("Import refused: ") + 5
+    assert Experiment.objects.count() == 0
+    good = tmp_path / "mine.csv"
+    good.write_text("step,train_loss\n1,0.9\n2,0.5\n")
+    page.set_input_files("#import-file", str(good))
+    page.wait_for_url("**/experiments/*/")
+    (imported,) = Experiment.objects.all()
+    assert page.url.endswith(f"/experiments/{imported.pk}/") and imported.imported
