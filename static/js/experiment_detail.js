@@ -128,10 +128,14 @@
     time.className = "log-time";
     // Plain output lines carry no time (stored as 0).
     time.textContent = isNum(line.time) && line.time > 0 ? line.time.toFixed(1) + "s" : "";
+    // The rank whose stderr (or rank 0's event) it was; none for the dashboard's own lines.
+    const rank = document.createElement("span");
+    rank.className = "log-rank";
+    rank.textContent = isNum(line.rank) ? "r" + line.rank : "";
     const msg = document.createElement("span");
     msg.className = "log-msg";
     msg.textContent = line.message;
-    li.append(time, msg);
+    li.append(time, rank, msg);
     return li;
   }
 

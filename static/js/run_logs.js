@@ -49,7 +49,7 @@
     const level = String(line.level || "info").replace(/[^a-z]/g, "");
     return el("li", { class: "log-" + level, "data-seq": String(line.seq) }, [
       el("span", { class: "log-time" }, line.time ? Number(line.time).toFixed(1) + "s" : ""),
-      el("span", { class: "log-rank", title: "rank" }, line.rank === null ? "" : "r" + line.rank),
+      el("span", { class: "log-rank" }, line.rank === null ? "" : "r" + line.rank),
       el("span", { class: "log-msg" }, line.message),
     ]);
   }
