@@ -15,7 +15,7 @@ import pytest
 
 from tests.chart_runs import SPIKE_VALUE
 from tests.stack import Stack
-from tests.test_browser import browser, log_in, page, screenshot  # noqa: F401 (fixtures)
+from tests.test_browser import browser, log_in, page, screenshot, start_run  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(400)]
 
@@ -156,3 +156,34 @@ def test_drag_zoom_asks_for_finer_buckets(tab: Any, stack: Stack, big_run: int) 
     screenshot(tab, "charts-zoomed.png")
     tab.locator("[data-chart='train_loss']").get_by_role("button", name="Reset zoom").click()
     assert tab.evaluate(DRAWN, TRAIN)["x"] == full
+
+
+# Buckets of one compared run's train_loss line.
+RUN_BUCKETS = """() => {
+  const chart = TrainyardCharts.instances.get('train_loss');
+  const line = chart && [...chart.lines.values()].find(l => l.meta.run.id === %d);
+  return line ? line.buckets.length : 0;
+}"""
+
+
+def test_compare_overlays_runs_and_follows_the_one_training(tab: Any, stack: Stack) -> None:
+    log_in(tab, stack, "bob")
+    done = run_make(stack, owner="bob", name="finished single", points=400)
+    start_run(tab, stack, name="compare live", epochs=3)
+    live = int(tab.url.rstrip("/").rsplit("/", 1)[1])
+    tab.goto(f"{stack.base_url}/experiments/compare/?ids={done},{live}")
+    tab.wait_for_selector(READY, timeout=60_000)
+    assert tab.get_by_label("X axis").input_value() == "images"
+    assert "global batch sizes differ" in tab.locator("#chart-x-why").inner_text()
+    # The training run's points arrive over its socket, without a reload.
+    tab.wait_for_function(f"() => ({RUN_BUCKETS % live})() >= 2", timeout=120_000)
+    first = tab.evaluate(RUN_BUCKETS % live)
+    tab.wait_for_function(f"() => ({RUN_BUCKETS % live})() > {first}", timeout=120_000)
+    drawn = tab.evaluate(DRAWN, TRAIN)
+    assert len(drawn["lines"]) == 2 and drawn["xMode"] == "images"
+    legend = tab.locator("[data-chart='train_loss'] .chart-legend li")
+    assert legend.count() == 2 and "compare live" in legend.nth(1).inner_text()
+    # Every series of either run has a chart, the scaling chart beside them.
+    assert tab.locator("[data-chart='images_per_second'] canvas").count() == 1
+    assert tab.locator("#scaling-chart canvas").count() == 1
+    screenshot(tab, "compare-live.png")

@@ -33,7 +33,13 @@ window.TrainyardCharts = (function () {
     { id: "test_accuracy", title: "Test accuracy", match: /^test_accuracy$/, unit: "%", factor: 100, color: "--chart-acc" },
     { id: "images_per_second", title: "Images/s", match: /^images_per_second$/ },
     { id: "lr", title: "Learning rate", match: /^lr$/, log: true },
+    { id: "data_seconds", title: "Waiting for data (s)", match: /^data_seconds$/ },
+    { id: "compute_seconds", title: "Compute (s)", match: /^compute_seconds$/ },
+    { id: "rss_bytes", title: "Memory (RSS)", match: /^rss_bytes$/, unit: "bytes" },
     { id: "rank_ips", title: "Images/s per rank", match: /^rank\/(\d+)\/images_per_second$/, line: (m) => "rank " + m[1] },
+    { id: "rank_data", title: "Waiting for data per rank (s)", match: /^rank\/(\d+)\/data_seconds$/, line: (m) => "rank " + m[1] },
+    { id: "rank_compute", title: "Compute per rank (s)", match: /^rank\/(\d+)\/compute_seconds$/, line: (m) => "rank " + m[1] },
+    { id: "rank_rss", title: "Memory (RSS) per rank", match: /^rank\/(\d+)\/rss_bytes$/, unit: "bytes", line: (m) => "rank " + m[1] },
     { id: "cpu", title: "Machine CPU", match: /^machine\/(.+)\/cpu_percent$/, unit: "%", line: (m) => m[1] },
     { id: "gpu_util", title: "GPU utilisation", match: /^gpu\/(.+)\/(\d+)\/utilization$/, unit: "%", line: (m) => m[1] + " GPU " + m[2] },
     { id: "gpu_memory", title: "GPU memory", match: /^gpu\/(.+)\/(\d+)\/memory_bytes$/, unit: "bytes", line: (m) => m[1] + " GPU " + m[2] },
@@ -474,12 +480,12 @@ window.TrainyardCharts = (function () {
 
   /** A chart card like templates/experiments/_chart_card.html's, for charts the server did not
    * render (series that appear later, the compare page's). */
-  function cardMake(container, spec) {
+  function cardMake(container, spec, before) {
     const card = el("section", { class: "card chart-card", "data-chart": spec.id }, [
       el("div", { class: "chart-head" }, el("h2", {}, spec.title)),
       el("div", { class: "chart-box" }),
     ]);
-    container.append(card);
+    container.insertBefore(card, before || null);
     return card;
   }
 
@@ -499,7 +505,13 @@ window.TrainyardCharts = (function () {
     chart(spec) {
       let chart = this.charts.get(spec.id);
       if (!chart) {
-        const card = this.container.querySelector('[data-chart="' + spec.id + '"]') || cardMake(this.container, spec);
+        // In SPECS order whenever a series first appears (a machine's CPU after the losses).
+        const rank = (id) => { const i = SPECS.findIndex((s) => s.id === id); return i < 0 ? SPECS.length : i; };
+        let next = null;
+        for (const c of this.charts.values()) {
+          if (rank(c.spec.id) > rank(spec.id) && (!next || rank(c.spec.id) < rank(next.spec.id))) next = c;
+        }
+        const card = this.container.querySelector('[data-chart="' + spec.id + '"]') || cardMake(this.container, spec, next && next.card);
         chart = new SeriesChart(card, { spec, xMode: this.xMode, fetchRange: this.fetchRange });
         this.charts.set(spec.id, chart);
         registry.set(spec.id, chart);
@@ -547,7 +559,7 @@ window.TrainyardCharts = (function () {
     const grid = { stroke: cssVar("--grid", "rgba(0,0,0,.06)"), width: 1 };
     const opts = {
       width: Math.max(200, box.clientWidth),
-      height: Math.max(160, box.clientHeight - 40),
+      height: 220,
       series,
       scales: { x: { time: false }, eff: { range: [0, 110] } },
       axes: [
