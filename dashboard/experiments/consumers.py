@@ -1,6 +1,6 @@
 """The live channel of one experiment: /ws/experiments/<id>/.
 
-On connect it sends a snapshot of what the database holds (the run's points and last logs), then
+On connect it sends a snapshot of what the database holds (its series, bucketed, and last logs), then
 every later event in `seq` order. Clients drop what they already have (seq <= snapshot's) and
 reconnect on a gap, so nothing is lost when the channel layer drops or the socket breaks. Every
 message it sends is typed and described in `messages.py`.
