@@ -150,8 +150,13 @@
     const rows = rowsById();
     for (const e of Array.isArray(body.experiments) ? body.experiments : []) {
       const row = rows.get(String(e.id));
-      if (row) updateRow(row, e);
-      else tbody.append(newRow(e));
+      if (row) {
+        updateRow(row, e);
+      } else {
+        const older = newRow(e);
+        older.classList.remove("row-new"); // a page asked for, not a run that just came
+        tbody.append(older);
+      }
     }
     showCount(body.count);
   }
