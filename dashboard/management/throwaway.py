@@ -30,12 +30,16 @@ class ThrowawayBenchCommand(BaseCommand):
 
             call_command("migrate", verbosity=0, interactive=False)
             owner = get_user_model().objects.create_user(username=self.bench_name)
-            self.bench(owner=owner, dry_run=options["dry_run"])
+            self.bench(owner=owner, options=options)
             return
         self.stdout.flush()
-        argv = [self.bench_name, "--child", *(["--dry-run"] if options["dry_run"] else [])]
+        argv = [self.bench_name, "--child", *self.child_options(options)]
         if throwaway_rerun(argv=argv, marker=CHILD_ENV):
             raise CommandError(f"{self.bench_name} failed")
 
-    def bench(self, *, owner: Any, dry_run: bool) -> None:
+    def child_options(self, options: dict[str, Any]) -> list[str]:
+        """The user's options, as the child takes them again."""
+        return ["--dry-run"] if options["dry_run"] else []
+
+    def bench(self, *, owner: Any, options: dict[str, Any]) -> None:
         raise NotImplementedError

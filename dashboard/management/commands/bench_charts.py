@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import CommandError
+from django.core.management.base import CommandError, CommandParser
 
 from dashboard.management.throwaway import ThrowawayBenchCommand
 from dashboard.serving import (
@@ -190,7 +190,19 @@ class Command(ThrowawayBenchCommand):
     bench_name = "bench_charts"
     dry_run_help = "tiny sizes through the same path: checks it"
 
-    def bench(self, *, owner: Any, dry_run: bool) -> None:
+    def add_arguments(self, parser: CommandParser) -> None:
+        super().add_arguments(parser)
+        parser.add_argument(
+            "--screenshots", metavar="DIR", help="save each run page (1366x900) as DIR/run-N.png"
+        )
+
+    def child_options(self, options: dict[str, Any]) -> list[str]:
+        folder = options["screenshots"]
+        extra = [f"--screenshots={Path(folder).resolve()}"] if folder else []
+        return [*super().child_options(options), *extra]
+
+    def bench(self, *, owner: Any, options: dict[str, Any]) -> None:
+        dry_run = options["dry_run"]
         sizes = DRY_SIZES if dry_run else SIZES
         runs = [
             run_with_points_create(
@@ -212,7 +224,11 @@ class Command(ThrowawayBenchCommand):
         )
         with servers_running(home=Path(settings.VAR_DIR)) as base_url:
             cookie = session_cookie(owner)
-            pages = [self._page_measure(base_url, cookie, run) for run in runs]
+            # A served page is what a user meets: the first request's imports and template
+            # compiling are not the page's (the smallest run's page once, unmeasured).
+            self._get(base_url + runs[0].get_absolute_url(), cookie)
+            folder = Path(options["screenshots"]) if options["screenshots"] else None
+            pages = [self._page_measure(base_url, cookie, run, folder) for run in runs]
             for figures in pages:
                 self._page_print(figures)
             self._pages_summary(pages)
@@ -231,7 +247,9 @@ class Command(ThrowawayBenchCommand):
             batch_size=2000,
         )
 
-    def _page_measure(self, base_url: str, cookie: str, run: Any) -> PageFigures:
+    def _page_measure(
+        self, base_url: str, cookie: str, run: Any, screenshots: Path | None
+    ) -> PageFigures:
         from playwright.sync_api import sync_playwright
 
         frames: list[str | bytes] = []
@@ -257,6 +275,9 @@ class Command(ThrowawayBenchCommand):
                 first_byte_s = float(page.evaluate(FIRST_BYTE)) / 1000
                 page_max = page.evaluate(PAGE_MAX)
                 self._snapshot_wait(page, frames)
+                if screenshots is not None:
+                    screenshots.mkdir(parents=True, exist_ok=True)
+                    page.screenshot(path=str(screenshots / f"run-{run.step}.png"), full_page=True)
             finally:
                 browser.close()
         snapshot = _first_snapshot(frames)
@@ -317,19 +338,23 @@ class Command(ThrowawayBenchCommand):
                 f"for {points:g}x the points (goal: about 1 past the bucket budget)"
             )
 
-    def _list_print(self, base_url: str, cookie: str, runs: int) -> None:
+    @staticmethod
+    def _get(url: str, cookie: str) -> tuple[float, int]:
+        """GET as the logged-in user: milliseconds to the whole body, and its bytes."""
         import requests
 
-        session = requests.Session()
-        session.cookies.set(settings.SESSION_COOKIE_NAME, cookie)
+        started = time.perf_counter()
+        response = requests.get(url, cookies={settings.SESSION_COOKIE_NAME: cookie}, timeout=60)
+        elapsed = (time.perf_counter() - started) * 1000
+        response.raise_for_status()
+        return elapsed, len(response.content)
+
+    def _list_print(self, base_url: str, cookie: str, runs: int) -> None:
         for name, path in (("list page", "/"), ("list API", "/api/experiments/")):
             times, size = [], 0
             for _ in range(REQUESTS):
-                started = time.perf_counter()
-                response = session.get(base_url + path, timeout=60)
-                times.append((time.perf_counter() - started) * 1000)
-                response.raise_for_status()
-                size = len(response.content)
+                elapsed, size = self._get(base_url + path, cookie)
+                times.append(elapsed)
             self.stdout.write(
                 f"{name} ms: {statistics.median(times):.1f}  ({runs:,} runs, GET {path}, median "
                 f"of {REQUESTS} on localhost, {size} bytes; goal <= {GOAL_LIST_MS:g} ms)"

@@ -134,7 +134,8 @@ class Command(ThrowawayBenchCommand):
     bench_name = "bench_live"
     dry_run_help = f"{DRY_VIEWERS} viewers, a few events"
 
-    def bench(self, *, owner: Any, dry_run: bool) -> None:
+    def bench(self, *, owner: Any, options: dict[str, Any]) -> None:
+        dry_run = options["dry_run"]
         from dashboard.devices.facts import machine_name
         from dashboard.experiments.models import Experiment
 
