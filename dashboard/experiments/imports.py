@@ -51,6 +51,10 @@ WRITE_BATCH = 5000
 COPY_CHUNK = 1024 * 1024
 LONG_CSV_HEADER = ["key", "step", "time", "value"]
 TENSORBOARD_CSV_HEADER = ["wall time", "step", "value"]
+ACCEPTED = (
+    "send a TensorBoard event file, a zip or tar.gz of a log folder, "
+    "or a CSV whose first column is step"
+)
 # EventAccumulator keeps a random sample of 10,000 scalars a tag unless told 0 (= all).
 SIZE_GUIDANCE = {"scalars": 0, "tensors": 0, "images": 1, "audio": 1, "histograms": 1}
 
@@ -208,7 +212,7 @@ def _folder_scalars(folder: Path) -> dict[str, list[tuple[int, float, float]]]:
 def tensorboard_read(*, files: Iterable[Path]) -> ImportedSeries:
     folders = sorted({path.parent for path in files})
     if not folders:
-        raise ImportRefused(400, "no TensorBoard event file (events.out.tfevents...) found")
+        raise ImportRefused(400, f"no TensorBoard event file (events.out.tfevents...); {ACCEPTED}")
     # One folder: tags as they are. Several (one per run or per add_scalars group): each
     # folder's tags prefixed by its path below their common folder.
     common = Path(os.path.commonpath(folders))
@@ -219,7 +223,7 @@ def tensorboard_read(*, files: Iterable[Path]) -> ImportedSeries:
             if events:
                 by_tag[tag if prefix == "." else f"{prefix}/{tag}"] = events
     if not by_tag:
-        raise ImportRefused(400, "the TensorBoard log holds no scalar series")
+        raise ImportRefused(400, f"the TensorBoard log holds no scalar series; {ACCEPTED}")
     start = min(wall for events in by_tag.values() for _, wall, _ in events)
     found = ImportedSeries(start=start)
     for tag, events in by_tag.items():
