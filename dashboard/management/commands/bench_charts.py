@@ -86,7 +86,6 @@ def run_with_points_create(
     """A finished run of `steps` steps with a point per step of each of `keys` (train_loss at
     SPIKE_VALUE at `spike_step`), and test loss and accuracy ten times over the run. Shared with
     tests/test_snapshot_size.py (a 5-epoch Fashion-MNIST run's length)."""
-    from django.apps import apps
     from django.utils import timezone
 
     from dashboard.experiments.models import Experiment, SeriesPoint, Status
@@ -113,28 +112,6 @@ def run_with_points_create(
     rows = list(_series_rows(steps=steps, keys=keys, spike_step=spike_step, epochs=epochs))
     SeriesPoint.objects.bulk_create(
         [SeriesPoint(experiment=experiment, key=k, step=s, time=t, value=v) for k, s, t, v in rows],
-        batch_size=5000,
-    )
-    try:  # the table the snapshot read before the series store (migration 0007 drops it)
-        metric_point = apps.get_model("experiments", "MetricPoint")
-    except LookupError:
-        return experiment
-    values = {(k, s): v for k, s, _, v in rows}
-    metric_point.objects.bulk_create(
-        [
-            metric_point(
-                experiment=experiment,
-                seq=step,
-                step=step,
-                epoch=step * epochs // steps,
-                time=step * 0.05,
-                train_loss=values.get(("train_loss", step)),
-                images_per_second=values.get(("images_per_second", step)),
-                test_loss=values.get(("test_loss", step)),
-                test_accuracy=values.get(("test_accuracy", step)),
-            )
-            for step in range(1, steps + 1)
-        ],
         batch_size=5000,
     )
     return experiment
@@ -171,14 +148,9 @@ class PageFigures:
 
 
 def snapshot_train_loss_max(snapshot: dict[str, Any]) -> float | None:
-    """The largest train loss a snapshot carries: its buckets' max (or, before the series
-    store, its raw points)."""
-    if "series" in snapshot:
-        buckets = snapshot["series"].get("train_loss", {}).get("buckets", [])
-        values = [b[5] for b in buckets if b[5] is not None]
-    else:
-        values = [p["train_loss"] for p in snapshot.get("points", []) if p.get("train_loss")]
-    return max(values, default=None)
+    """The largest train loss a snapshot carries: its buckets' max."""
+    buckets = snapshot["series"].get("train_loss", {}).get("buckets", [])
+    return max((b[5] for b in buckets if b[5] is not None), default=None)
 
 
 class Command(ThrowawayBenchCommand):
