@@ -139,6 +139,10 @@ def test_drag_zoom_asks_for_finer_buckets(tab: Any, stack: Stack, big_run: int) 
     full = tab.evaluate(DRAWN, TRAIN)["x"]
     over = tab.locator("[data-chart='train_loss'] .u-over").bounding_box()
     y = over["y"] + over["height"] / 2
+    # Hover: the values under the cursor, the bucket's min-max beside its mean.
+    tab.mouse.move(over["x"] + over["width"] * 0.5, y)
+    hover = tab.locator("[data-chart='train_loss'] .chart-hover").inner_text()
+    assert hover.startswith("step ") and "–" in hover, hover
     with tab.expect_response(lambda r: "/metrics/" in r.url and "from=" in r.url) as answer:
         tab.mouse.move(over["x"] + over["width"] * 0.30, y)
         tab.mouse.down()
