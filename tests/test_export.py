@@ -7,13 +7,14 @@ import csv
 import io
 import json
 import math
+import warnings
 import zipfile
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.test import Client
+from django.test import AsyncClient, Client
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from dashboard.accounts.models import ApiToken
@@ -186,3 +187,19 @@ def test_compared_runs_as_one_tensorboard_log(
     assert f'href="/api/experiments/compare/export/?ids={run.pk},{other.pk}" download' in page
     assert client.get(f"/api/experiments/compare/export/?ids={bobs.pk}").status_code == 404
     assert client.get("/api/experiments/compare/export/?ids=x").status_code == 400
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_under_asgi_the_csv_is_sent_a_chunk_at_a_time(alice: Any, run: Experiment) -> None:
+    """Daphne serves through Django's ASGI handler, which reads a synchronous iterator whole
+    into memory (and warns); the export hands it an asynchronous one instead."""
+    client = AsyncClient()
+    await client.aforce_login(alice)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        response = await client.get(f"/api/experiments/{run.pk}/export/?format=csv")
+        assert response.status_code == 200 and response.is_async
+        chunks = [chunk async for chunk in response.streaming_content]
+    assert len(chunks) > 1
+    rows = list(csv.reader(io.StringIO(b"".join(chunks).decode())))
+    assert len(rows) == 1 + 2506 and rows[1] == ["rank/1/images_per_second", "0", "0.0", ""]
