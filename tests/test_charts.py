@@ -120,6 +120,11 @@ def test_log_scale_and_x_axis_switch(tab: Any, stack: Stack, big_run: int) -> No
     log_in(tab, stack, "alice")
     open_run(tab, stack, big_run)
     steps = tab.evaluate(DRAWN, TRAIN)["x"]
+    # Axis and hover numbers: whole numbers keep their zeros, long ones are shortened.
+    texts = tab.evaluate(
+        "() => [1000, 50, 0.25, 1.23456, 2e-5].map(v => TrainyardCharts.numberText(v))"
+    )
+    assert texts == ["1000", "50", "0.25", "1.235", "2.000e-5"]
     tab.get_by_label("Training loss: log scale").check()
     assert tab.evaluate(DRAWN, TRAIN)["log"] is True
     tab.get_by_label("X axis").select_option("images")

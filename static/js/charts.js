@@ -149,7 +149,7 @@ window.TrainyardCharts = (function () {
     if (!isNum(v)) return "—";
     if (unit === "bytes") return bytesText(v);
     const a = Math.abs(v);
-    const text = a !== 0 && (a >= 1e5 || a < 1e-3) ? v.toExponential(3) : v.toPrecision(4).replace(/\.?0+$/, "");
+    const text = a !== 0 && (a >= 1e5 || a < 1e-3) ? v.toExponential(3) : String(+v.toPrecision(4));
     return unit === "%" ? text + "%" : text;
   }
 
