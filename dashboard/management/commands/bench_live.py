@@ -4,7 +4,9 @@ Channels path, both under a training-like load on every core.
 `python manage.py bench_live`, in a throwaway home (database, runs folder, Redis; see
 dashboard/serving.py), starts daphne with the Procfile's flags, LOAD_PROCESSES CPU-burning
 processes (a training keeps both cores busy) and VIEWERS WebSocket viewers of one run's page
-socket (/ws/experiments/<id>/, in a process of their own). Then, at EVENTS_PER_SECOND:
+socket (/ws/experiments/<id>/, in a process of their own). Then, at --rate events a second
+(default 4: a training's step event comes every 10 steps, a few a second on this machine; a
+higher rate measures the sink's coalescing under load instead):
 
 bare     `group_send` from sync code to the run's group (what the sink does, with nothing
          before it): half of the sends before the trainer runs, half after, so a drift of the
@@ -36,14 +38,14 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.core.management.base import CommandError
+from django.core.management.base import CommandError, CommandParser
 
 from dashboard.management.throwaway import ThrowawayBenchCommand
 from dashboard.serving import servers_running, session_cookie
 
 VIEWERS, DRY_VIEWERS = 20, 2
-EVENTS, DRY_EVENTS = 200, 6  # per path
-EVENTS_PER_SECOND = 20.0
+EVENTS, DRY_EVENTS = 100, 6  # per path
+RATE = 4.0  # events a second
 LOAD_PROCESSES = 2
 GOAL_RATIO = 2.0
 
@@ -134,8 +136,19 @@ class Command(ThrowawayBenchCommand):
     bench_name = "bench_live"
     dry_run_help = f"{DRY_VIEWERS} viewers, a few events"
 
+    def add_arguments(self, parser: CommandParser) -> None:
+        super().add_arguments(parser)
+        parser.add_argument("--events", type=int, default=EVENTS, help="per path (default 100)")
+        parser.add_argument("--rate", type=float, default=RATE, help="events a second (4)")
+
+    def child_options(self, options: dict[str, Any]) -> list[str]:
+        rate = f"--rate={options['rate']}"
+        return [*super().child_options(options), f"--events={options['events']}", rate]
+
     def bench(self, *, owner: Any, options: dict[str, Any]) -> None:
-        dry_run = options["dry_run"]
+        dry_run, rate = options["dry_run"], options["rate"]
+        if options["events"] < 2 or not 0 < rate <= 1000:
+            raise CommandError("--events must be at least 2 and --rate in (0, 1000]")
         from dashboard.devices.facts import machine_name
         from dashboard.experiments.models import Experiment
 
@@ -143,10 +156,10 @@ class Command(ThrowawayBenchCommand):
         run = Experiment.objects.create(
             owner=owner, name="bench_live", strategy="single", processes=1, worker=worker
         )
-        viewers, events = (DRY_VIEWERS, DRY_EVENTS) if dry_run else (VIEWERS, EVENTS)
+        viewers, events = (DRY_VIEWERS, DRY_EVENTS) if dry_run else (VIEWERS, options["events"])
         self.stdout.write(
             f"bench_live: {viewers} viewers of one run's socket, {LOAD_PROCESSES} CPU-burning "
-            f"processes, {events} events per path at {EVENTS_PER_SECOND:g}/s"
+            f"processes, {events} events per path at {rate:g}/s"
             + (", dry run" if dry_run else "")
             + "; daphne with the Procfile's flags, a throwaway Redis"
         )
@@ -154,14 +167,14 @@ class Command(ThrowawayBenchCommand):
         with servers_running(home=home) as base_url, load_running(LOAD_PROCESSES):
             url = f"{base_url.replace('http://', 'ws://')}/ws/experiments/{run.pk}/"
             with viewers_running(url, session_cookie(owner), viewers, home) as results:
-                self._bare_send(run.pk, events // 2)
-                self._trainer_run(run.pk, worker, events)
-                self._bare_send(run.pk, events - events // 2)
+                self._bare_send(run.pk, events // 2, rate)
+                self._trainer_run(run.pk, worker, events, rate)
+                self._bare_send(run.pk, events - events // 2, rate)
                 time.sleep(2)  # the last ones in flight
         self._print(results(), viewers=viewers, events=events)
 
     @staticmethod
-    def _bare_send(pk: int, count: int) -> None:
+    def _bare_send(pk: int, count: int, rate: float) -> None:
         """The bare Channels path: group_send from sync code, as the sink sends, at the same
         rate as the trainer's events."""
         from asgiref.sync import async_to_sync
@@ -173,7 +186,7 @@ class Command(ThrowawayBenchCommand):
         layer = get_channel_layer()
         assert layer is not None
         for number in range(count):
-            time.sleep(1 / EVENTS_PER_SECOND)
+            time.sleep(1 / rate)
             event = {"type": "log", "seq": number, "message": "bare", "bench_path": "bare"}
             message = {
                 "type": GROUP_MESSAGE_TYPE,
@@ -182,13 +195,13 @@ class Command(ThrowawayBenchCommand):
             async_to_sync(layer.group_send)(experiment_group(pk), message)
 
     @staticmethod
-    def _trainer_run(pk: int, worker: str, events: int) -> None:
+    def _trainer_run(pk: int, worker: str, events: int, rate: float) -> None:
         """The dashboard's path: the supervisor runs the stamping trainer as its training."""
         from dashboard.experiments import runner
         from dashboard.experiments.models import Status
 
         def trainer(*, experiment: Any) -> list[str]:
-            return [sys.executable, "-c", TRAINER, str(events), str(1 / EVENTS_PER_SECOND)]
+            return [sys.executable, "-c", TRAINER, str(events), str(1 / rate)]
 
         runner.training_command = trainer  # this benchmark process only
         # The supervisor logs the command line it starts (the whole script): not a figure.
