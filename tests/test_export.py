@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 from django.test import AsyncClient, Client
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
 from dashboard.accounts.models import ApiToken
 from dashboard.experiments.models import Experiment, SeriesPoint
@@ -120,6 +121,9 @@ def test_tensorboard_zip_reads_back_in_tensorboard(
     assert len(names) == 1 and names[0].startswith(f"trainyard-{run.pk}-ddp-2-ranks/")
     assert "tfevents" in names[0]
     scalars = tensorboard_read(tmp_path / names[0].split("/")[0])
+    # Written by step across tags, as a training writes: no step goes back in the file.
+    steps = [e.step for e in EventFileLoader(str(tmp_path / names[0])).Load() if e.summary.value]
+    assert len(steps) == 2506 and steps == sorted(steps)
     stored = stored_series(run)
     assert sorted(scalars) == sorted(stored)
     for key, points in stored.items():

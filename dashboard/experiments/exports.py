@@ -37,11 +37,13 @@ SEND_CHUNK_CHARS = 64 * 1024
 Point = tuple[str, int, float, float | None]
 
 
-def export_points(*, experiment: Experiment) -> Iterator[Point]:
-    """(key, step, time, value) of every point, by key then step, a chunk in memory at once."""
+def export_points(*, experiment: Experiment, by_step: bool = False) -> Iterator[Point]:
+    """(key, step, time, value) of every point, by key then step (or by step, as a training
+    writes them), a chunk in memory at once."""
+    order = ("step", "key", "id") if by_step else ("key", "step", "id")
     rows = (
         SeriesPoint.objects.filter(experiment=experiment)
-        .order_by("key", "step", "id")
+        .order_by(*order)
         .values_list("key", "step", "time", "value")
     )
     return rows.iterator(chunk_size=READ_CHUNK_ROWS)
@@ -95,7 +97,9 @@ def _tensorboard_write(*, experiment: Experiment, folder: Path) -> None:
     started = _started(experiment).timestamp()
     writer = SummaryWriter(log_dir=str(folder), max_queue=1000, flush_secs=3600)
     try:
-        for key, step, time, value in export_points(experiment=experiment):
+        # By step across tags, as a training writes them: TensorBoard reports a step that goes
+        # back in one file as out of order (and older readers purge what follows it).
+        for key, step, time, value in export_points(experiment=experiment, by_step=True):
             scalar = math.nan if value is None else value
             writer.add_scalar(key, scalar, global_step=step, walltime=started + time)
     finally:
