@@ -306,3 +306,24 @@ def test_migration_0007_back_rebuilds_metric_points(
         executor = MigrationExecutor(connection)
         executor.migrate(executor.loader.graph.leaf_nodes())
     assert Experiment.objects.filter(pk=run.pk).exists()
+
+
+def test_the_snapshot_buckets_once_per_stored_state(
+    user_factory: Any, experiment_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from dashboard.experiments import series
+
+    run = experiment_factory(owner=user_factory(), last_seq=5)
+    SeriesPoint.objects.create(experiment=run, key="lr", step=1, time=0, value=0.1)
+    calls: list[int] = []
+    real = series.series_buckets
+    monkeypatch.setattr(series, "series_buckets", lambda **kw: calls.append(1) or real(**kw))
+    first = experiment_snapshot_build(experiment=run, log_lines=10)["series"]
+    again = experiment_snapshot_build(experiment=run, log_lines=10)["series"]  # the socket's
+    assert first == again and len(calls) == 1
+    sink = EventSink(run)  # a new point comes with a new seq: computed afresh
+    sink.add({"type": "step", "epoch": 1, "step": 2, "time": 1.0, "lr": 0.2})  # type: ignore[typeddict-item]
+    sink.flush()
+    run.refresh_from_db()
+    later = experiment_snapshot_build(experiment=run, log_lines=10)["series"]
+    assert len(calls) == 2 and [b[7] for b in later["lr"]["buckets"]] == [0.1, 0.2]

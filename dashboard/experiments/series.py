@@ -18,6 +18,8 @@ where it has none). A series with no more raw points than the budget gets one bu
 
 from __future__ import annotations
 
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -43,6 +45,11 @@ MAX_BUDGET = 2000
 RAW_PAGE_ROWS = 10_000
 # Rows named in one IN (...) list: far below SQLite's limit on a statement's variables.
 IN_CHUNK = 500
+# Snapshots kept by this process (a long run's is ~100 KB a series): the page embeds one and its
+# socket sends the same a moment later, and a finished run's never changes.
+SNAPSHOT_CACHE_SIZE = 8
+_snapshots: OrderedDict[tuple[Any, ...], dict[str, SeriesBuckets]] = OrderedDict()
+_snapshots_lock = threading.Lock()
 
 # [step_first, step_last, time_first, time_last, min, max, mean, last, n]
 Bucket = list[Any]
@@ -103,6 +110,24 @@ def series_buckets(
             )
             found[row["key"]] = {"count": row["n"], "buckets": buckets}
     return {key: found[key] for key in sorted(found)}
+
+
+def series_snapshot(*, experiment: Experiment) -> dict[str, SeriesBuckets]:
+    """Every series at the default budget, as the run page's snapshot carries them; computed
+    once per stored state of the run (every point stored comes with a message, so with a new
+    last seq; a resumed attempt deletes points under a new attempt number), so the page and its
+    socket share one computation. The creation time tells apart rows that reuse an id."""
+    stamp = (experiment.pk, experiment.created_at, experiment.last_seq, experiment.attempt)
+    with _snapshots_lock:
+        if stamp in _snapshots:
+            _snapshots.move_to_end(stamp)
+            return _snapshots[stamp]
+    found = series_buckets(experiment=experiment)
+    with _snapshots_lock:
+        _snapshots[stamp] = found
+        while len(_snapshots) > SNAPSHOT_CACHE_SIZE:
+            _snapshots.popitem(last=False)
+    return found
 
 
 def _one_per_point(points: QuerySet[SeriesPoint]) -> dict[str, SeriesBuckets]:

@@ -18,7 +18,7 @@ from dashboard.experiments.limits import launch_slot_claim
 from dashboard.experiments.messages import SnapshotMessage
 from dashboard.experiments.models import Experiment, Status
 from dashboard.experiments.run_facts import snapshot_texts
-from dashboard.experiments.series import series_buckets
+from dashboard.experiments.series import series_snapshot
 from dashboard.experiments.tasks import run_experiment
 
 User = AbstractBaseUser | AnonymousUser
@@ -112,7 +112,7 @@ def experiment_snapshot_build(*, experiment: Experiment, log_lines: int) -> Snap
         "type": "snapshot",
         "seq": experiment.last_seq,
         "experiment": experiment_as_dict(experiment),
-        "series": dict(series_buckets(experiment=experiment)),
+        "series": dict(series_snapshot(experiment=experiment)),
         "logs": logs,
         "run": run,
         "rank_stats": rank_stats,
