@@ -284,13 +284,14 @@ class RunSupervisor:
         self.final_event: dict[str, Any] | None = None
         self.stopped_by: str | None = None
         self.echoes = StderrEchoes()
+        self.clock_zero = time.monotonic()  # the training's time 0, as this process's clock
 
     def run(self) -> Outcome | None:
         process = self._start()
         open_streams = 2
-        started = next_stop_check = next_beat = time.monotonic()
+        self.clock_zero = next_stop_check = next_beat = time.monotonic()
         machine_samples_collect(worker=self.experiment.worker)  # primes psutil's CPU percent
-        next_sample = started + sample_interval()
+        next_sample = self.clock_zero + sample_interval()
         while open_streams:
             source, line = self._next_line()
             if line is None:
@@ -301,7 +302,7 @@ class RunSupervisor:
             self._stderr_release(self.echoes.release(now))
             if now >= next_sample:
                 samples = machine_samples_collect(worker=self.experiment.worker)
-                self.sink.add_series(samples, time_=round(now - started, 3))
+                self.sink.add_series(samples, time_=round(now - self.clock_zero, 3))
                 next_sample = now + sample_interval()
             if self.sink.due_in(now) == 0:
                 self.sink.flush()  # at once when sparse, coalesced under load (see sink.py)
@@ -381,6 +382,8 @@ class RunSupervisor:
     def _started_take(self, event: StartedEvent) -> StartedEvent:
         self.rank_pids = [int(p) for p in event.get("pids") or [] if isinstance(p, int)]
         self.started_event = event
+        # Samples share the training's clock (seconds since it started), not this process's.
+        self.clock_zero = time.monotonic() - float(event.get("time") or 0)
         return event
 
     def _log_take(self, event: LogEvent) -> LogEvent:
