@@ -52,6 +52,7 @@ def test_bench_charts_dry_run_prints_its_figures(tmp_path: Path) -> None:
         assert re.search(rf"embedded snapshot bytes: {NUMBER}\n", section), out
         assert re.search(rf"socket snapshot bytes: {NUMBER}\n", section), out
         assert re.search(r"spike drawn: yes ", section), out
+        assert re.search(rf"metrics API ms: {NUMBER}\s", section), out
     assert re.search(rf"^page bytes ratio: {NUMBER} ", out, re.M), out
     assert re.search(rf"^list page ms: {NUMBER} ", out, re.M), out
     assert re.search(rf"^list API ms: {NUMBER} ", out, re.M), out
