@@ -78,15 +78,16 @@ window.TrainyardCharts = (function () {
     (out[key] = out[key] || []).push([step, time, value]);
   };
 
-  /** The series points a live message carries: {key: [[step, time, value], ...]}. Step events
-   * carry the run's and each rank's figures; epoch events the test figures (their means of
-   * train loss and images/s would draw a second, coarser curve); `series` messages the rest. */
+  /** The series points a live message carries: {key: [[step, time, value], ...]}, under the
+   * keys the sink stores them (dashboard/experiments/sink.py: STEP_SERIES, RANK_FIELDS,
+   * EPOCH_SERIES): step events carry the run's and each rank's figures; epoch events the test
+   * figures and their own images/s; `series` messages the rest (machine and GPU samples). */
   function messagePoints(msg) {
     const out = {};
     if (!msg || !isNum(msg.step)) return msg && msg.type === "series" ? msg.points || {} : out;
     const t = isNum(msg.time) ? msg.time : null;
     if (msg.type === "step") {
-      for (const key of ["train_loss", "images_per_second", "data_seconds", "compute_seconds", "rss_bytes"]) {
+      for (const key of ["train_loss", "images_per_second", "lr", "data_seconds", "compute_seconds", "rss_bytes"]) {
         put(out, key, msg.step, t, msg[key]);
       }
       for (const r of Array.isArray(msg.ranks) ? msg.ranks : []) {
@@ -98,6 +99,7 @@ window.TrainyardCharts = (function () {
     } else if (msg.type === "epoch") {
       put(out, "test_loss", msg.step, t, msg.test_loss);
       put(out, "test_accuracy", msg.step, t, msg.test_accuracy);
+      put(out, "epoch/images_per_second", msg.step, t, msg.images_per_second);
     }
     return out;
   }
@@ -338,7 +340,8 @@ window.TrainyardCharts = (function () {
         scales: { x: { time: this.xMode === "wall" }, y: { distr: this.log ? 3 : 1 } },
         axes: [
           Object.assign({}, axis, this.xMode === "wall" ? {} : { values: (u, ticks) => ticks.map((t) => (Math.abs(t) >= 1e4 ? (t / 1000).toFixed(0) + "k" : String(+t.toPrecision(6)))) }),
-          Object.assign({}, axis, { size: 60, values: (u, ticks) => ticks.map((t) => numberText(t, unit)) }),
+          // Bytes read "928.8 MiB": wider than plain numbers.
+          Object.assign({}, axis, { size: unit === "bytes" ? 80 : 60, values: (u, ticks) => ticks.map((t) => numberText(t, unit)) }),
         ],
         hooks: {
           setSelect: [(u) => this.onSelect(u)],
