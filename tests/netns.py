@@ -113,7 +113,8 @@ def machines(count: int) -> Iterator[Network]:
     subnet = _subnet()
     network = Network(bridge=f"{tag}br", host_address=f"198.18.{subnet}.1")
     try:
-        _ip("link", "add", network.bridge, "type", "bridge")
+        # No forwarding delay: a machine whose link comes back up is reachable at once.
+        _ip("link", "add", network.bridge, "type", "bridge", "forward_delay", "0")
         _ip("addr", "add", f"{network.host_address}/24", "dev", network.bridge)
         _ip("link", "set", network.bridge, "up")
         for index in range(count):

@@ -18,6 +18,7 @@ import pytest
 
 from tests.conftest import need
 from tests.netns import machines, namespaces_unavailable
+from tests.stack import wait_for
 
 ALL_REDUCE = """
 import json, os
@@ -51,7 +52,11 @@ def test_machines_reach_each_other_and_the_host(two_machines) -> None:  # type: 
         first.link_set(up=False)
         assert not first.can_reach(two_machines.host_address, port)
         first.link_set(up=True)
-        assert first.can_reach(two_machines.host_address, port)
+        # Back up, the link needs a moment (carrier, neighbour discovery) before traffic flows.
+        wait_for(
+            lambda: first.can_reach(two_machines.host_address, port),
+            timeout=20, what="the machine reconnected",
+        )  # fmt: skip
     listener = second.popen(
         ["/usr/bin/python3", "-c",
          f"import socket; s = socket.create_server(({second.address!r}, 7777)); "
