@@ -1,7 +1,7 @@
 """The live channel of one experiment: /ws/experiments/<id>/.
 
-On connect it sends a snapshot of what the database holds (its series, bucketed, and last logs), then
-every later event in `seq` order. Clients drop what they already have (seq <= snapshot's) and
+On connect it sends a snapshot of what the database holds (its series, bucketed, and last logs),
+then every later event in `seq` order. Clients drop what they already have (seq <= snapshot's) and
 reconnect on a gap, so nothing is lost when the channel layer drops or the socket breaks. Every
 message it sends is typed and described in `messages.py`.
 """
