@@ -23,8 +23,9 @@ ARTIFACTS = ROOT / "test-artifacts"
 
 STATUS_IS = """() => document.getElementById('status-badge').textContent.trim().toLowerCase()
     === '%s'"""
-# Buckets held by the loss, accuracy and learning-rate charts (static/js/charts.js): one per point while a run
-# is shorter than the server's bucket budget, live points appended as one-point buckets.
+# Buckets held by the loss, accuracy and learning-rate charts (static/js/charts.js): one per
+# point while a run is shorter than the server's bucket budget, live points appended as one-point
+# buckets.
 CHART_POINTS = """() => ['train_loss', 'test_loss', 'test_accuracy', 'lr'].map(id =>
     [...(TrainyardCharts.instances.get(id)?.lines.values() || [])]
         .reduce((n, l) => n + l.buckets.length, 0))"""
