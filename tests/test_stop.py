@@ -6,6 +6,8 @@ moments a Stop can arrive in and what each must leave on the row.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import subprocess
 import sys
@@ -13,11 +15,14 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
 
 from dashboard.experiments.models import Experiment, LogLine, Status
 from dashboard.experiments.runner import RunSupervisor, experiment_settle
 from dashboard.experiments.services import experiment_stop
-from dashboard.experiments.sink import EventSink
+from dashboard.experiments.sink import EventSink, experiment_group
+from dashboard.experiments.transitions import Outcome
 
 pytestmark = pytest.mark.django_db
 
@@ -85,3 +90,42 @@ def test_a_stop_during_training_cancels(
     assert not [m for level, m in logs if level == "error" or "Traceback" in m], logs
     assert run.cancelled_by == alice and run.test_accuracy is None
     assert tearing_down.poll() is not None
+
+
+def _group_messages(run: Experiment, settle: Any) -> list[dict[str, Any]]:
+    """What the run's page would receive while `settle` runs (the in-memory channel layer)."""
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()
+    async_to_sync(layer.group_add)(experiment_group(run.pk), channel)
+    settle()
+
+    async def drain() -> list[dict[str, Any]]:
+        got = []
+        with contextlib.suppress(TimeoutError):
+            while True:
+                got.append(await asyncio.wait_for(layer.receive(channel), 0.3))
+        return got
+
+    return async_to_sync(drain)()
+
+
+@pytest.mark.parametrize(("status", "settles"), [(Status.RUNNING, True), (Status.LOST, False)])
+def test_an_attempt_the_reaper_gave_up_settles_nothing_and_tells_the_page_nothing(
+    user_factory: Any, experiment_factory: Any, status: str, settles: bool
+) -> None:
+    run = experiment_factory(owner=user_factory(), status=status, attempt=1)
+    outcome = Outcome(Status.SUCCEEDED, test_accuracy=0.9)
+    result: list[bool] = []
+    messages = _group_messages(
+        run,
+        lambda: result.append(
+            experiment_settle(experiment=run, sink=EventSink(run), outcome=outcome)
+        ),
+    )
+    run.refresh_from_db()
+    ends = [e for m in messages for e in m.get("events", [m]) if e.get("type") == "finished"]
+    if settles:
+        assert result == [True] and run.status == Status.SUCCEEDED and len(ends) == 1
+    else:
+        assert result == [False] and (run.status, run.test_accuracy) == (Status.LOST, None)
+        assert ends == []

@@ -49,8 +49,10 @@ Added in 1.4 (additive):
                 so that a schedule's curve is kept beside the loss
 
 Readers must ignore fields they do not know and treat a line that is not a JSON object as plain log
-output. They accept every 1.x (``minor`` absent or any number); a reader that sees a higher major
-version than it knows should stop reading events (``parse_event`` raises ``ProtocolVersionError``).
+output. They accept every 1.x (``minor`` absent or any integer; a line whose ``v``, ``seq`` or
+``minor`` is not an integer is no event); a reader that sees a higher major version than it knows
+should stop reading events (``parse_event`` raises ``ProtocolVersionError``; the runner shows such
+lines as errors and never takes them as events).
 
 Standard error is for people: tracebacks, torchrun's and the libraries' own output, and the
 training's log lines. A watcher that shows stderr next to the events needs to tell the training's

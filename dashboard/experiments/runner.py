@@ -194,11 +194,13 @@ def experiment_run(*, experiment_id: int, worker: str) -> RunResult:
             "experiment %s was taken from this worker; left to its new owner", experiment_id
         )
         return RunResult("skipped", reason="taken over after this worker looked lost")
-    status = experiment_settle(experiment=experiment, sink=sink, outcome=outcome)
-    return RunResult("finished", status=status)
+    if not experiment_settle(experiment=experiment, sink=sink, outcome=outcome):
+        return RunResult("skipped", reason="the run moved on before this attempt settled")
+    return RunResult("finished", status=outcome.status)
 
 
-def experiment_settle(*, experiment: Experiment, sink: EventSink, outcome: Outcome) -> str:
+def experiment_settle(*, experiment: Experiment, sink: EventSink, outcome: Outcome) -> bool:
+    """Store the attempt's end; False when the run had moved on (its page hears nothing)."""
     finished_at = timezone.now()
     history = attempts_with_current(
         experiment=experiment, outcome=outcome.status, reason=outcome.error, ended_at=finished_at
@@ -207,13 +209,16 @@ def experiment_settle(*, experiment: Experiment, sink: EventSink, outcome: Outco
         experiment=experiment, outcome=outcome, history=history, finished_at=finished_at
     )
     if not settled:
-        # The reaper gave this attempt up in the moment it ended; the run is the next one's.
+        # The reaper gave this attempt up in the moment it ended; the run is the next one's, so
+        # the page must not be told an end the database does not hold.
         log.warning(
             "experiment %s moved on before attempt %s settled", experiment.pk, experiment.attempt
         )
+        sink.flush()
+        return False
     sink.add(run_end_body(outcome))
     sink.flush()
-    return outcome.status
+    return True
 
 
 def run_end_body(outcome: Outcome) -> RunFinishedBody | RunFailedBody:
