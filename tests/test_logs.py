@@ -3,11 +3,13 @@ and a real two-rank DDP run whose rank 1 lines are stored with their rank."""
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.test import Client
+from asgiref.sync import sync_to_async
+from django.test import AsyncClient, Client
 
 from dashboard.experiments import runner
 from dashboard.experiments.models import Experiment, LogLine, Status
@@ -67,7 +69,10 @@ def test_filters_by_rank_and_level(user_factory: Any, experiment_factory: Any) -
         (1, "rank 1 broke"),
     ]
     assert messages("level=error") == [(1, "rank 1 broke")]
-    for bad in ("rank=-1", "rank=one", "level=loud", "after=x", "limit=0x"):
+    bad_numbers = ("rank=-1", "rank=one", "after=x", "limit=0x", "rank=1234567", "after=+1")
+    # Other scripts' digits: "²" passed str.isdigit() and then failed int() (a 500).
+    unicode_digits = ("rank=\u00b2", "after=\u00b2", "limit=\u00b2", "rank=\u0663", "limit=1_0")
+    for bad in (*bad_numbers, *unicode_digits, "level=loud"):
         assert client.get(f"/api/experiments/{run.pk}/logs/?{bad}").status_code == 400, bad
 
 
@@ -107,6 +112,25 @@ def test_downloads_as_text(user_factory: Any, experiment_factory: Any) -> None:
         "       0.4s rank  1 INFO    | dataset tensors shared in rank 1",
         "       0.6s rank  1 ERROR   | rank 1 broke",
     ]
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_under_asgi_the_text_is_sent_a_chunk_at_a_time(
+    user_factory: Any, experiment_factory: Any
+) -> None:
+    """Daphne serves through Django's ASGI handler, which reads a synchronous iterator whole
+    into memory (and warns): the download hands it an asynchronous one."""
+    alice = await sync_to_async(user_factory)()
+    run = await sync_to_async(experiment_factory)(owner=alice, name="ddp run")
+    await sync_to_async(log_lines)(run, ROWS)
+    client = AsyncClient()
+    await client.aforce_login(alice)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        response = await client.get(f"/api/experiments/{run.pk}/logs/?format=text")
+        assert response.status_code == 200 and response.is_async
+        chunks = [chunk async for chunk in response.streaming_content]
+    assert len(chunks) == 1 + len(ROWS)
 
 
 @pytest.mark.django_db

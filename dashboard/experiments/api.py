@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from typing import Any
 from urllib.parse import urlencode
 
@@ -49,6 +50,7 @@ from dashboard.experiments.services import (
     experiment_stop,
     experiments_visible_to,
 )
+from dashboard.streaming import streamed
 
 # JSON types each field accepts; booleans are never numbers here.
 FIELD_TYPES: dict[str, tuple[type, ...]] = {
@@ -69,6 +71,9 @@ NULLABLE_FIELDS = frozenset({"processes", "zero_stage"})
 TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", list: "a list"}
 # Bounds checked before the form sees a value (see launch_payload_bounds_check).
 MAX_JSON_INT = 2**63 - 1
+MAX_RANK = 999_999
+# Bounded so that int() never meets a number of thousands of digits.
+ASCII_DIGITS = re.compile(r"[0-9]{1,19}")
 MAX_STRING_CHARS = 200
 
 
@@ -209,20 +214,21 @@ def experiment_detail(request: HttpRequest, pk: int) -> JsonResponse:
 
 
 def log_filter_parse(params: Any) -> LogFilter:
-    rank, level = params.get("rank", ""), params.get("level", "").strip().lower()
-    if rank and not (rank.isdigit() and len(rank) < 7):
-        raise ApiError(400, "rank must be a whole number from 0")
+    rank = _whole_number(params, "rank", None, MAX_RANK)
+    level = params.get("level", "").strip().lower()
     if level and level not in LEVEL_SEVERITY:
         raise ApiError(400, f"level must be one of {', '.join(LEVEL_SEVERITY)}")
-    return LogFilter(rank=int(rank) if rank else None, level=level or None)
+    return LogFilter(rank=rank, level=level or None)
 
 
 def _whole_number(params: Any, name: str, default: int | None, most: int) -> int | None:
+    """ASCII digits only: str.isdigit() and int() take other scripts' digits too ("²" passed
+    isdigit() and then failed int(), a 500)."""
     value = params.get(name, "")
     if not value:
         return default
-    if not (value.isdigit() and int(value) <= most):
-        raise ApiError(400, f"{name} must be a whole number from 0 to {most}")
+    if not (ASCII_DIGITS.fullmatch(value) and int(value) <= most):
+        raise ApiError(400, f"{name} must be a whole number from 0 to {most}", {name: [value]})
     return int(value)
 
 
@@ -233,9 +239,10 @@ def experiment_logs(request: HttpRequest, pk: int) -> HttpResponse:
     experiment = _visible(request, pk)
     where = log_filter_parse(request.GET)
     if request.GET.get("format") == "text":
+        lines = log_text_lines(experiment=experiment, where=where)
+        # streamed(): a plain iterator would be read whole into memory under daphne.
         response = StreamingHttpResponse(
-            log_text_lines(experiment=experiment, where=where),
-            content_type="text/plain; charset=utf-8",
+            streamed(request, iter(lines)), content_type="text/plain; charset=utf-8"
         )
         response["Content-Disposition"] = f'attachment; filename="run-{pk}-log.txt"'
         return response

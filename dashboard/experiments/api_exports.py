@@ -8,12 +8,9 @@ are read (CSV, JSON) or from a temporary file (the TensorBoard zip), never built
 from __future__ import annotations
 
 import functools
-from collections.abc import AsyncIterator, Iterator
 from typing import IO, Any
 
-from asgiref.sync import sync_to_async
 from django.core.files.uploadhandler import FileUploadHandler
-from django.core.handlers.asgi import ASGIRequest
 from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 
 from dashboard.api import ApiError, View, api_view
@@ -26,6 +23,7 @@ from dashboard.experiments.exports import (
 from dashboard.experiments.imports import ImportRefused, experiment_import, import_max_bytes
 from dashboard.experiments.scaling import compare_ids_parse
 from dashboard.experiments.services import experiment_as_dict, experiments_visible_to
+from dashboard.streaming import streamed
 
 EXPORT_FORMATS = ("csv", "json", "tensorboard")
 
@@ -45,29 +43,10 @@ def experiment_export(request: HttpRequest, pk: int) -> HttpResponse:
         return _zip_response(export_tensorboard_zip(experiments=[experiment]), name)
     chunks = (export_csv_chunks if kind == "csv" else export_json_chunks)(experiment=experiment)
     content_type = "text/csv; charset=utf-8" if kind == "csv" else "application/json"
-    response = StreamingHttpResponse(_streamed(request, chunks), content_type=content_type)
+    response = StreamingHttpResponse(streamed(request, chunks), content_type=content_type)
     filename = export_filename(experiment=experiment, suffix=f".{kind}")
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
     return response
-
-
-def _streamed(request: HttpRequest, chunks: Iterator[str]) -> Iterator[str] | AsyncIterator[str]:
-    """Under ASGI (daphne), Django reads a synchronous iterator whole into memory before it
-    sends a byte; an asynchronous one that takes a chunk at a time (from the thread where the
-    database cursor lives) keeps the memory to one chunk there too."""
-    if not isinstance(request, ASGIRequest):
-        return chunks
-    return _chunks_async(chunks)
-
-
-def _chunk_next(chunks: Iterator[str]) -> str | None:
-    return next(chunks, None)
-
-
-async def _chunks_async(chunks: Iterator[str]) -> AsyncIterator[str]:
-    take = sync_to_async(_chunk_next)
-    while (chunk := await take(chunks)) is not None:
-        yield chunk
 
 
 def _zip_response(archive: IO[bytes], filename: str) -> FileResponse:
