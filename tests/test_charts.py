@@ -196,3 +196,25 @@ def test_compare_overlays_runs_and_follows_the_one_training(tab: Any, stack: Sta
     assert tab.locator("[data-chart='images_per_second'] canvas").count() == 1
     assert tab.locator("#scaling-chart canvas").count() == 1
     screenshot(tab, "compare-live.png")
+
+
+# Zoom inside one bucket of the middle, with fetchRange recording what it was asked for.
+ZOOM_IN_ONE_BUCKET = """async () => {
+  const chart = TrainyardCharts.instances.get('train_loss');
+  const line = chart.lines.get('Training loss');
+  const b = line.buckets[Math.floor(line.buckets.length / 2)];
+  const lo = b[0] + (b[1] - b[0]) / 4, hi = b[0] + (b[1] - b[0]) * 3 / 4;
+  const asked = [];
+  chart.fetchRange = async (l, from, to) => { asked.push([from, to]); return null; };
+  await chart.zoomTo(lo, hi);
+  return { lo, hi, asked };
+}"""
+
+
+def test_zoom_inside_one_bucket_asks_for_its_steps(tab: Any, stack: Stack, big_run: int) -> None:
+    log_in(tab, stack, "alice")
+    open_run(tab, stack, big_run)
+    got = tab.evaluate(ZOOM_IN_ONE_BUCKET)
+    assert got["hi"] - got["lo"] > 10  # buckets of ~100 steps: a selection of some width
+    ((from_, to),) = got["asked"]
+    assert from_ <= got["lo"] and to >= got["hi"], got

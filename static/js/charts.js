@@ -441,9 +441,12 @@ window.TrainyardCharts = (function () {
         for (const b of line.buckets) {
           const x = toX(b, line.ctx);
           if (!isNum(x)) continue;
+          // x is a bucket's last step (or time). From the last bucket ending before lo (the
+          // line runs to the edge) to the first ending past hi: that one holds the selection's
+          // last steps, and all of them when the selection lies inside one bucket.
           if (x < lo) from = b[SF];
           else if (from === null) from = b[SF];
-          if (x <= hi || to === null) to = b[SL];
+          to = b[SL];
           if (x > hi) break;
         }
         if (from === null) return;
