@@ -19,6 +19,7 @@ from dashboard.experiments.allocation import Machine, allocation_refusal
 from dashboard.experiments.attempts import experiment_resume_prepare
 from dashboard.experiments.models import Checkpoint, Experiment, SeriesPoint
 from dashboard.experiments.runner import experiment_claim
+from dashboard.experiments.sink import EventSink
 from dashboard.experiments.survival import Reaped, experiments_reap_lost, training_orphans_end
 from dashboard.experiments.tasks import reap_lost_runs
 
@@ -143,8 +144,17 @@ def test_resume_replaces_the_points_after_the_checkpoint(
     # Two points an epoch: a step point, and the epoch's point at its last step.
     for seq, (epoch, step) in enumerate([(1, 10), (1, 20), (2, 30), (2, 40), (3, 50)], start=1):
         SeriesPoint.objects.create(experiment=run, key=f"e{epoch}", step=step, time=seq, value=1)
+    run.step = 50
+    run.save(update_fields=["step"])
     assert experiment_resume_prepare(experiment=run) == folder / "epoch-2.pt"
     assert sorted(run.series.values_list("step", flat=True)) == [10, 20, 30, 40]
+    # A machine sample taken before the resumed training reports a step sits at the checkpoint.
+    run.refresh_from_db()
+    assert run.step == 40
+    sink = EventSink(run)
+    sink.add_series({"machine/cpu_percent": 12.0}, time_=60.0)
+    sink.flush()
+    assert run.series.get(key="machine/cpu_percent").step == 40
 
 
 def test_resume_takes_the_newest_checkpoint_even_a_requested_one(
@@ -173,6 +183,8 @@ def test_resume_without_checkpoint_starts_over(
     SeriesPoint.objects.create(experiment=run, key="train_loss", step=10, time=1, value=1)
     assert experiment_resume_prepare(experiment=run) is None
     assert not run.series.exists()
+    run.refresh_from_db()
+    assert run.step == 0
 
 
 def test_queued_runs_are_sent_again_when_their_message_may_be_lost(

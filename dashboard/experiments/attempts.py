@@ -60,7 +60,7 @@ def experiment_resume_prepare(*, experiment: Experiment) -> Path | None:
     """On a later attempt: the checkpoint to resume from, with the points after it removed.
 
     The resumed training replays every step after the checkpoint; its points replace the old
-    ones instead of being added twice.
+    ones instead of being added twice, and the run's step goes back to the checkpoint's.
     """
     if experiment.attempt <= 1:
         return None
@@ -69,6 +69,10 @@ def experiment_resume_prepare(*, experiment: Experiment) -> Path | None:
     # An epoch's test point carries the epoch's last step: kept when the checkpoint is at or
     # after the epoch's end, replaced when it was taken mid-epoch.
     removed = series_delete_after(experiment=experiment, step=kept_steps)
+    # The run is back at the checkpoint's step: machine samples taken before the training
+    # reports a step are placed there (EventSink.step), not at the old attempt's last step.
+    Experiment.objects.filter(pk=experiment.pk).update(step=kept_steps)
+    experiment.step = kept_steps
     log.info(
         "experiment %s attempt %s: resuming after step %s (%s points replaced)",
         experiment.pk,
