@@ -62,8 +62,9 @@ EPOCH_SERIES = {
     "test_accuracy": "test_accuracy",
     "images_per_second": "epoch/images_per_second",
 }
-# Under load, one channel message (and one transaction) per this many seconds at most: well
-# inside channels-redis' capacity of 100 messages per channel, whatever the training writes.
+# Under load, one channel message (and one transaction) per this many seconds at most: 20 a
+# second, whatever the training writes. channels-redis holds 1000 per channel (settings.py) and
+# drops them after 30 s, so a consumer that stops reading has at most 600 queued: within it.
 SEND_GAP_SECONDS = 0.05
 MAX_LOG_CHARS = 4000
 RANK_FIELDS = ("images_per_second", "data_seconds", "compute_seconds", "rss_bytes")
