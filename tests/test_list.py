@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from datetime import timedelta
 from typing import Any
+from urllib.parse import urlencode
 
 import pytest
 from django.test import Client
@@ -121,6 +122,12 @@ def test_search_filters_and_tags(user_factory: Any, experiment_factory: Any) -> 
     assert ids("q=baseline&strategy=ddp") == [wanted.pk]
     assert ids("tag=baseline") == [wanted.pk]
     assert len(ids("tag=fast")) == 2 and ids("tag=fas") == []
+    # Exact, as on PostgreSQL: SQLite's LIKE on the list's text ignored case.
+    assert ids("tag=Baseline") == [] and ids("tag=FAST") == []
+    assert ids(urlencode({"tag": 'baseline", "fast'})) == [] and ids("tag=%25") == []
+    accented = experiment_factory(owner=alice, name="accented", tags=["Café"])
+    assert ids(urlencode({"tag": "Café"})) == [accented.pk]
+    assert ids(urlencode({"tag": "café"})) == []
     assert len(ids("status=failed")) == 1 and len(ids("dataset=fashion-mnist")) == 1
     assert ids("status=queued&tag=baseline") == [wanted.pk]
     response = client.get("/api/experiments/?status=sleeping")

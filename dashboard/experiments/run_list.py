@@ -16,7 +16,8 @@ from datetime import datetime, timedelta
 from typing import Any, Final
 
 from django.db import connection
-from django.db.models import DurationField, ExpressionWrapper, F, Q, QuerySet
+from django.db.models import BooleanField, DurationField, ExpressionWrapper, F, Q, QuerySet
+from django.db.models.expressions import RawSQL
 
 from dashboard.experiments.models import Dataset, Experiment, Status, Strategy
 
@@ -128,11 +129,15 @@ def cursor_read(cursor: str, *, sort: str) -> tuple[Any, int]:
 
 
 def _tag_filter(tag: str) -> Q:
+    """Runs labelled exactly `tag` (case and all), the same on every database."""
     if connection.features.supports_json_field_contains:
         return Q(tags__contains=[tag])
-    # SQLite has no JSON containment: match the tag as a quoted JSON string in the list's text,
-    # written as JSONField writes it.
-    return Q(tags__icontains=json.dumps(tag))
+    # SQLite has no JSON containment, and a LIKE on the list's text ignores case (a filter by
+    # "Baseline" found "baseline" there, not on PostgreSQL): compare each element of the list,
+    # as json_each gives it, with `=`, which is exact.
+    column = f'"{Experiment._meta.db_table}"."tags"'
+    sql = f"EXISTS (SELECT 1 FROM json_each({column}) WHERE type = 'text' AND value = %s)"
+    return Q(RawSQL(sql, [tag], output_field=BooleanField()))
 
 
 def runs_filtered(*, visible: QuerySet[Experiment], query: ListQuery) -> QuerySet[Experiment]:
