@@ -218,3 +218,21 @@ def test_zoom_inside_one_bucket_asks_for_its_steps(tab: Any, stack: Stack, big_r
     assert got["hi"] - got["lo"] > 10  # buckets of ~100 steps: a selection of some width
     ((from_, to),) = got["asked"]
     assert from_ <= got["lo"] and to >= got["hi"], got
+
+
+# Live samples at the line's last step: a later time is a new sample, the same time is not.
+APPEND_AT_ONE_STEP = """() => {
+  const chart = TrainyardCharts.instances.get('train_loss');
+  const line = chart.lines.get('Training loss');
+  const last = line.buckets[line.buckets.length - 1], before = line.buckets.length;
+  const step = last[1], time = last[3];
+  chart.append('Training loss', [[step, time, 1], [step, time + 2, 1], [step, time + 4, 1]]);
+  chart.append('Training loss', [[step, time + 4, 1], [step - 1, time + 6, 1]]);
+  return line.buckets.length - before;
+}"""
+
+
+def test_live_samples_at_one_step_are_kept(tab: Any, stack: Stack) -> None:
+    log_in(tab, stack, "alice")
+    open_run(tab, stack, run_make(stack, owner="alice", name="chart one step", points=50))
+    assert tab.evaluate(APPEND_AT_ONE_STEP) == 2

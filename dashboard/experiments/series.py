@@ -14,6 +14,8 @@ The JSON form of one series (the metrics API's and the snapshot's, see messages.
 
 `n` counts the bucket's points; min, max, mean and last are over its non-null values (null
 where it has none). A series with no more raw points than the budget gets one bucket per point.
+Buckets are by step, not time: machine and GPU samples taken while one step lasts (a long
+evaluation) all fall in one bucket, however long it took.
 """
 
 from __future__ import annotations

@@ -261,7 +261,9 @@ window.TrainyardCharts = (function () {
       const line = this.lines.get(name);
       for (const [step, time, v] of points) {
         const last = line.buckets[line.buckets.length - 1];
-        if (last && step <= last[SL]) continue; // already in the snapshot
+        // Already in the snapshot: ordered by (step, time), since machine and GPU samples keep
+        // coming at one step while it lasts (an evaluation, a slow step).
+        if (last && (step < last[SL] || (step === last[SL] && !(time > last[TL])))) continue;
         line.buckets.push([step, step, time, time, v, v, v, v, 1]);
         line.count += 1;
       }
