@@ -69,7 +69,25 @@ class Migration(migrations.Migration):
 
 # The figures each stored point carried, each now a series of its own name.
 POINT_SERIES = ("train_loss", "test_loss", "test_accuracy", "images_per_second")
+# An epoch point's images/s is the epoch's mean, a series of its own as the sink now writes it
+# (a second, coarser curve among a step's figures otherwise).
+EPOCH_KEYS = {"images_per_second": "epoch/images_per_second"}
 BATCH = 5000
+
+
+def _is_epoch_point(point):
+    """The old sink wrote an epoch event's point with no train loss and its test figures, a
+    step event's with no test figures (ab88ea1's sink._add_point)."""
+    tested = point["test_loss"] is not None or point["test_accuracy"] is not None
+    return point["train_loss"] is None and tested
+
+
+def _point_series(point):
+    """The SeriesPoints of one MetricPoint, as values."""
+    keys = EPOCH_KEYS if _is_epoch_point(point) else {}
+    for name in POINT_SERIES:
+        if point[name] is not None:
+            yield keys.get(name, name), point[name]
 
 
 def points_to_series(apps, schema_editor):
@@ -78,17 +96,16 @@ def points_to_series(apps, schema_editor):
     rows = []
     fields = ("experiment_id", "step", "time", *POINT_SERIES)
     for point in MetricPoint.objects.order_by("experiment_id", "seq").values(*fields).iterator():
-        for key in POINT_SERIES:
-            if point[key] is not None:
-                rows.append(
-                    SeriesPoint(
-                        experiment_id=point["experiment_id"],
-                        key=key,
-                        step=point["step"],
-                        time=point["time"],
-                        value=point[key],
-                    )
+        for key, value in _point_series(point):
+            rows.append(
+                SeriesPoint(
+                    experiment_id=point["experiment_id"],
+                    key=key,
+                    step=point["step"],
+                    time=point["time"],
+                    value=value,
                 )
+            )
         if len(rows) >= BATCH:
             SeriesPoint.objects.bulk_create(rows)
             rows = []
