@@ -207,3 +207,30 @@ async def test_under_asgi_the_csv_is_sent_a_chunk_at_a_time(alice: Any, run: Exp
     assert len(chunks) > 1
     rows = list(csv.reader(io.StringIO(b"".join(chunks).decode())))
     assert len(rows) == 1 + 2506 and rows[1] == ["rank/1/images_per_second", "0", "0.0", ""]
+
+
+@pytest.mark.django_db
+def test_an_export_over_its_limit_is_refused_with_what_to_use(
+    alice: Any, run: Experiment, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The TensorBoard zip is written whole in the request: it is refused past its own (lower)
+    limit, pointing to the streamed CSV; CSV and JSON past theirs."""
+    client = logged_in(alice)
+    points = SeriesPoint.objects.filter(experiment=run).count()
+    url = f"/api/experiments/{run.pk}/export/?format="
+    monkeypatch.setenv("TRAINYARD_EXPORT_TENSORBOARD_MAX_POINTS", str(points - 1))
+    for refused in (url + "tensorboard", f"/api/experiments/compare/export/?ids={run.pk}"):
+        response = client.get(refused)
+        assert response.status_code == 413, refused
+        error = response.json()["error"]
+        assert f"over {points - 1} points" in error and "?format=csv" in error
+    assert client.get(url + "csv").status_code == 200
+    monkeypatch.setenv("TRAINYARD_EXPORT_TENSORBOARD_MAX_POINTS", str(points))
+    assert client.get(url + "tensorboard").status_code == 200  # at the limit: taken
+    monkeypatch.setenv("TRAINYARD_EXPORT_MAX_POINTS", str(points - 1))
+    for kind in ("csv", "json"):
+        response = client.get(url + kind)
+        assert (
+            response.status_code == 413
+            and "TRAINYARD_EXPORT_MAX_POINTS" in response.json()["error"]
+        )

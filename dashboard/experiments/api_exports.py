@@ -15,12 +15,15 @@ from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse, S
 
 from dashboard.api import ApiError, View, api_view
 from dashboard.experiments.exports import (
+    ExportRefused,
     export_csv_chunks,
     export_filename,
     export_json_chunks,
+    export_size_check,
     export_tensorboard_zip,
 )
 from dashboard.experiments.imports import ImportRefused, experiment_import, import_max_bytes
+from dashboard.experiments.models import Experiment
 from dashboard.experiments.scaling import compare_ids_parse
 from dashboard.experiments.services import experiment_as_dict, experiments_visible_to
 from dashboard.streaming import streamed
@@ -38,6 +41,7 @@ def experiment_export(request: HttpRequest, pk: int) -> HttpResponse:
     if kind not in EXPORT_FORMATS:
         message = f"format must be one of {', '.join(EXPORT_FORMATS)}"
         raise ApiError(400, message, {"format": [message]})
+    _size_check([experiment], tensorboard=kind == "tensorboard")
     if kind == "tensorboard":
         name = export_filename(experiment=experiment, suffix="-tensorboard.zip")
         return _zip_response(export_tensorboard_zip(experiments=[experiment]), name)
@@ -47,6 +51,13 @@ def experiment_export(request: HttpRequest, pk: int) -> HttpResponse:
     filename = export_filename(experiment=experiment, suffix=f".{kind}")
     response["Content-Disposition"] = f'attachment; filename="{filename}"'
     return response
+
+
+def _size_check(experiments: list[Experiment], *, tensorboard: bool) -> None:
+    try:
+        export_size_check(experiments=experiments, tensorboard=tensorboard)
+    except ExportRefused as refused:
+        raise ApiError(413, refused.message) from None
 
 
 def _zip_response(archive: IO[bytes], filename: str) -> FileResponse:
@@ -67,6 +78,7 @@ def experiments_compare_export(request: HttpRequest) -> HttpResponse:
     runs = list(experiments_visible_to(request.user).filter(pk__in=ids).order_by("pk"))
     if not runs:
         raise ApiError(404, "none of these runs is yours; give them as ?ids=1,2,3")
+    _size_check(runs, tensorboard=True)
     name = f"trainyard-compare-{'-'.join(str(run.pk) for run in runs)}-tensorboard.zip"
     return _zip_response(export_tensorboard_zip(experiments=runs), name)
 
