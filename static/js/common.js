@@ -68,11 +68,57 @@ window.Trainyard = (function () {
     return node;
   }
 
+  // One log line as the run page and the logs page show it: time, rank, message.
+  function logLine(line) {
+    const level = String(line.level || "info").replace(/[^a-z]/g, "");
+    const attrs = { class: "log-" + level };
+    if (isNum(line.seq)) attrs["data-seq"] = String(line.seq); // the logs page pages by it
+    return el("li", attrs, [
+      // Plain output lines carry no time (stored as 0).
+      el(
+        "span", { class: "log-time" },
+        isNum(line.time) && line.time > 0 ? line.time.toFixed(1) + "s" : "",
+      ),
+      // The rank whose stderr (or rank 0's event) it was; none for the dashboard's own lines.
+      el("span", { class: "log-rank" }, isNum(line.rank) ? "r" + line.rank : ""),
+      el("span", { class: "log-msg" }, line.message),
+    ]);
+  }
+
+  // A run's socket (/ws/experiments/<id>/, dashboard/experiments/consumers.py) read in order:
+  // the snapshot says where the count stands, an event already had is dropped, and a gap (a
+  // message lost between us and the run) closes the socket with 4000, so that the reconnect's
+  // snapshot brings it. Returns the handler for ws.onmessage.
+  function runSocketReader(ws, { onSnapshot, onEvent }) {
+    let lastSeq = 0;
+    return (event) => {
+      let msg;
+      try {
+        msg = JSON.parse(event.data);
+      } catch (err) {
+        return;
+      }
+      if (!msg || typeof msg !== "object") return;
+      if (msg.type === "snapshot") {
+        lastSeq = isNum(msg.seq) ? msg.seq : 0;
+        onSnapshot(msg);
+        return;
+      }
+      if (!isNum(msg.seq) || msg.seq <= lastSeq) return;
+      if (msg.seq > lastSeq + 1) {
+        ws.close(4000, "gap");
+        return;
+      }
+      lastSeq = msg.seq;
+      onEvent(msg);
+    };
+  }
+
   const statusLabel = (status) => facts.statuses[status] || status;
   const strategy = (name) => facts.strategies[name] || { label: name, short: name, processes: false };
 
   return {
-    facts, isNum, setText, formatDuration, formatPercent, bytesText, csrfToken, el,
-    statusLabel, strategy,
+    facts, isNum, setText, formatDuration, formatPercent, bytesText, csrfToken, el, logLine,
+    runSocketReader, statusLabel, strategy,
   };
 })();

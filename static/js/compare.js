@@ -7,7 +7,7 @@
 
   const dataEl = document.getElementById("compare-charts");
   if (!dataEl) return;
-  const { isNum, strategy } = window.Trainyard;
+  const { isNum, strategy, runSocketReader } = window.Trainyard;
   const Charts = window.TrainyardCharts;
   const { runs, scaling } = JSON.parse(dataEl.textContent);
   const box = document.getElementById("charts");
@@ -61,29 +61,25 @@
     if (!run.active || typeof WebSocket === "undefined") return;
     const scheme = location.protocol === "https:" ? "wss://" : "ws://";
     const ws = new WebSocket(scheme + location.host + run.ws_path);
-    let lastSeq = 0;
-    ws.onmessage = (event) => {
-      let msg;
-      try { msg = JSON.parse(event.data); } catch (err) { return; }
-      if (!msg || typeof msg !== "object") return;
-      if (msg.type === "snapshot") {
-        lastSeq = isNum(msg.seq) ? msg.seq : 0;
+    const final = () => {
+      if (!run.active) ws.close(1000, "final");
+    };
+    ws.onmessage = runSocketReader(ws, {
+      onSnapshot(msg) {
         setRunSeries(run, msg.series);
         for (const chart of set.charts.values()) chart.schedule();
         run.active = !msg.experiment || msg.experiment.status === "queued" || msg.experiment.status === "running";
-      } else {
-        if (!isNum(msg.seq) || msg.seq <= lastSeq) return;
-        // A lost message: the next snapshot (on reconnect) has it.
-        if (msg.seq > lastSeq + 1) return ws.close(4000, "gap");
-        lastSeq = msg.seq;
+        final();
+      },
+      onEvent(msg) {
         if (msg.type === "started" && isNum(msg.global_batch_size)) run.ctx.globalBatch = msg.global_batch_size;
         for (const [key, points] of Object.entries(Charts.messagePoints(msg))) {
           set.chart(Charts.keySpec(key)).append(run.label, points, lineOpts(run, key));
         }
         if (msg.type === "finished" || msg.type === "failed") run.active = false;
-      }
-      if (!run.active) ws.close(1000, "final");
-    };
+        final();
+      },
+    });
     ws.onclose = (event) => {
       if (run.active && event.code !== 4401 && event.code !== 4403) setTimeout(() => follow(run), RECONNECT_MS);
     };

@@ -6,8 +6,10 @@
   const root = document.getElementById("experiment-detail");
   if (!root) return;
 
-  const { isNum, setText, formatDuration, formatPercent, csrfToken, statusLabel, facts } =
-    window.Trainyard;
+  const {
+    isNum, setText, formatDuration, formatPercent, csrfToken, statusLabel, facts, logLine,
+    runSocketReader,
+  } = window.Trainyard;
   // From the model's statuses (sent in the page): a lost run is neither, it may be queued again.
   const FINAL = new Set(facts.final_statuses);
   const ACTIVE = new Set(facts.active_statuses);
@@ -27,7 +29,6 @@
 
   const state = {
     experiment: {},
-    lastSeq: 0,
     ips: null,
   };
 
@@ -120,24 +121,6 @@
   // ---- log -----------------------------------------------------------------------------------
 
   const logBox = $("log-box");
-
-  function logLine(line) {
-    const li = document.createElement("li");
-    li.className = "log-" + String(line.level || "info").replace(/[^a-z]/g, "");
-    const time = document.createElement("span");
-    time.className = "log-time";
-    // Plain output lines carry no time (stored as 0).
-    time.textContent = isNum(line.time) && line.time > 0 ? line.time.toFixed(1) + "s" : "";
-    // The rank whose stderr (or rank 0's event) it was; none for the dashboard's own lines.
-    const rank = document.createElement("span");
-    rank.className = "log-rank";
-    rank.textContent = isNum(line.rank) ? "r" + line.rank : "";
-    const msg = document.createElement("span");
-    msg.className = "log-msg";
-    msg.textContent = line.message;
-    li.append(time, rank, msg);
-    return li;
-  }
 
   function atBottom() {
     return logBox.scrollHeight - logBox.scrollTop - logBox.clientHeight < 24;
@@ -272,7 +255,6 @@
 
   function handleSnapshot(msg) {
     announce(msg);
-    state.lastSeq = isNum(msg.seq) ? msg.seq : 0;
     const series = msg.series || {};
     const ips = (series.images_per_second || { buckets: [] }).buckets;
     // A bucket's last value (index 7 of the series contract).
@@ -418,38 +400,27 @@
       openedAt = Date.now();
       setConn("live", "live");
     };
-    ws.onmessage = function (event) {
-      if (socket !== ws) return;
-      let msg;
-      try {
-        msg = JSON.parse(event.data);
-      } catch (err) {
-        return;
-      }
-      if (!msg || typeof msg !== "object") return;
-      if (msg.type === "snapshot") {
+    // Nothing more will come once the run is final; the server keeps the record.
+    const final = () => {
+      if (!isFinal()) return;
+      closedForGood = true;
+      ws.close(1000, "final");
+    };
+    const read = runSocketReader(ws, {
+      onSnapshot(msg) {
         handleSnapshot(msg);
-      } else {
-        if (!isNum(msg.seq) || msg.seq <= state.lastSeq) return;
-        if (msg.seq > state.lastSeq + 1) {
-          // Something was lost between us and the run: start again from a fresh snapshot.
-          ws.close(4000, "gap");
-          return;
-        }
-        state.lastSeq = msg.seq;
+        final();
+      },
+      onEvent(msg) {
         attempts = 0;
         handleEvent(msg);
-        if (msg.type === "status" && msg.resumed) {
-          // A resumed attempt replaces the points after its checkpoint: redraw from the record.
-          ws.close(4000, "resumed");
-          return;
-        }
-      }
-      if (isFinal()) {
-        // Nothing more will come; the server keeps the record.
-        closedForGood = true;
-        ws.close(1000, "final");
-      }
+        // A resumed attempt replaces the points after its checkpoint: redraw from the record.
+        if (msg.type === "status" && msg.resumed) ws.close(4000, "resumed");
+        else final();
+      },
+    });
+    ws.onmessage = function (event) {
+      if (socket === ws) read(event);
     };
     ws.onclose = function (event) {
       if (socket !== ws) return;

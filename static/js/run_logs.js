@@ -11,7 +11,7 @@
   if (!root) return;
 
   const PAGE_LINES = 500;
-  const { el, setText } = window.Trainyard;
+  const { el, setText, logLine } = window.Trainyard;
   const logsUrl = root.dataset.logsUrl;
   const liveBox = document.getElementById("log-box");
   const pagesBox = document.getElementById("log-pages");
@@ -45,15 +45,6 @@
     return logsUrl + (query ? "?" + query : "");
   }
 
-  function lineNode(line) {
-    const level = String(line.level || "info").replace(/[^a-z]/g, "");
-    return el("li", { class: "log-" + level, "data-seq": String(line.seq) }, [
-      el("span", { class: "log-time" }, line.time ? Number(line.time).toFixed(1) + "s" : ""),
-      el("span", { class: "log-rank" }, line.rank === null ? "" : "r" + line.rank),
-      el("span", { class: "log-msg" }, line.message),
-    ]);
-  }
-
   function ranksShow(ranks) {
     const have = new Set(Array.from(rankSelect.options, (o) => o.value));
     for (const rank of ranks || []) {
@@ -73,7 +64,7 @@
       ranksShow(body.ranks);
       if (!paged) return;
       const fragment = document.createDocumentFragment();
-      for (const line of body.lines) fragment.append(lineNode(line));
+      for (const line of body.lines) fragment.append(logLine(line));
       pagesBox.append(fragment);
       if (body.lines.length) lastSeq = body.lines[body.lines.length - 1].seq;
       nextUrl = body.next;
