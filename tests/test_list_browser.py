@@ -112,6 +112,16 @@ def test_the_log_panel_filters_rank_1_and_the_labels_save(
     LogLine.objects.bulk_create(lines)
     page.goto(f"{live_server.url}/experiments/{run.pk}/")
     page.wait_for_function("() => document.querySelectorAll('#log-rank option').length === 3")
+    # Both log panels draw a line with common.js: no time for plain output (0), no rank for the
+    # dashboard's own lines, rank 0 shown.
+    drawn = page.evaluate(
+        """() => [{ seq: 1, time: 0, rank: null, level: "info", message: "plain" },
+                  { seq: 2, time: 2.5, rank: 0, level: "warning", message: "w" }].map((l) => {
+          const li = Trainyard.logLine(l);
+          return [li.className, ...[...li.children].map((c) => c.textContent)];
+        })"""
+    )
+    assert drawn == [["log-info", "", "", "plain"], ["log-warning", "2.5s", "r0", "w"]]
     page.select_option("#log-rank", "1")
     pages = page.locator("#log-pages li")
     page.wait_for_function("() => document.querySelectorAll('#log-pages li').length === 500")
@@ -158,3 +168,31 @@ def test_import_shows_the_error_the_api_answers(
     page.wait_for_url("**/experiments/*/")
     (imported,) = Experiment.objects.all()
     assert page.url.endswith(f"/experiments/{imported.pk}/") and imported.imported
+
+
+def test_more_runs_stops_at_what_one_poll_refreshes(
+    page: Any, live_server: Any, experiment_factory: Any
+) -> None:
+    for i in range(520):
+        experiment_factory(owner=page.alice, name=f"many {i:03d}", status=Status.SUCCEEDED)
+    page.goto(f"{live_server.url}/")
+    rows = page.locator("#experiment-rows tr")
+    assert rows.count() == 50
+    # One page of 480 more: 530 would be shown, past the 500 one poll asks for.
+    page.evaluate(
+        """() => { const b = document.getElementById('list-more');
+                   const url = new URL(b.dataset.nextUrl, location.href);
+                   url.searchParams.set('limit', '480');
+                   b.dataset.nextUrl = url.pathname + url.search; }"""
+    )
+    page.get_by_role("button", name="More runs").click()
+    page.locator("#list-full").wait_for()
+    assert rows.count() == 500 and page.locator("#list-more").is_hidden()
+    assert "500 runs are shown" in page.locator("#list-full").inner_text()
+    # A run launched now comes in at the top; the poll still covers every shown row.
+    experiment_factory(owner=page.alice, name="newest", status=Status.RUNNING)
+    page.wait_for_function(
+        "() => document.querySelector('#experiment-rows tr [data-field=name]')"
+        ".textContent.includes('newest')"
+    )
+    assert rows.count() == 500

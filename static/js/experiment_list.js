@@ -1,7 +1,8 @@
 // Keeps the experiment table live: polls the JSON API every 2 s while the tab is visible, with
 // the list's filters and sort and as many rows as are shown, sending the ETag of the last answer
 // so that an unchanged list costs a bodiless 304. Updates rows in place, adds rows for runs
-// launched elsewhere, drops rows that left the filter; "More runs" follows the API's `next`;
+// launched elsewhere, drops rows that left the filter; "More runs" follows the API's `next`, up
+// to the rows one poll refreshes (the API's largest page);
 // Import posts a file to the import API.
 (function () {
   "use strict";
@@ -146,12 +147,17 @@
     showCount(body.count);
   }
 
+  // Rows of an older page, never past MAX_POLL_ROWS: one poll refreshes every shown row.
+  // Returns whether all of them fitted.
   function append(body) {
     const rows = rowsById();
     for (const e of Array.isArray(body.experiments) ? body.experiments : []) {
       const row = rows.get(String(e.id));
       if (row) {
         updateRow(row, e);
+      } else if (tbody.rows.length >= MAX_POLL_ROWS) {
+        showCount(body.count);
+        return false;
       } else {
         const older = newRow(e);
         older.classList.remove("row-new"); // a page asked for, not a run that just came
@@ -159,6 +165,7 @@
       }
     }
     showCount(body.count);
+    return true;
   }
 
   function showCount(count) {
@@ -249,9 +256,17 @@
       const response = await fetch(url, { credentials: "same-origin", cache: "no-store" });
       if (!response.ok) throw new Error("HTTP " + response.status);
       const body = await response.json();
-      append(body);
-      moreButton.dataset.nextUrl = body.next || "";
-      moreButton.hidden = !body.next;
+      const fitted = append(body);
+      const full = !fitted || (body.next && tbody.rows.length >= MAX_POLL_ROWS);
+      moreButton.dataset.nextUrl = (!full && body.next) || "";
+      moreButton.hidden = full || !body.next;
+      if (full) {
+        moreButton.after(
+          el("span", { class: "muted small", id: "list-full" },
+            MAX_POLL_ROWS + " runs are shown, as many as the list keeps live: " +
+            "narrow it with the filters to find the others."),
+        );
+      }
     } catch (err) {
       note("Could not load more runs (" + err.message + ").");
     } finally {
