@@ -438,8 +438,9 @@ def test_every_page_gets_the_strategies_and_every_status_label(
 
 
 def test_page_scripts_keep_no_copy_of_the_server_facts() -> None:
-    """Strategy lists, status labels and shared helpers live in one place (common.js, fed by
-    the page's JSON); a page script that grows its own copy again fails here."""
+    """Strategy lists, status labels and shared helpers (log lines, the socket's order) live in
+    one place (common.js, fed by the page's JSON); a page script that grows its own copy again
+    fails here."""
     copies = (
         "PROCESS_STRATEGIES",
         "STATUS_LABELS",
@@ -449,6 +450,10 @@ def test_page_scripts_keep_no_copy_of_the_server_facts() -> None:
         "function csrfToken",
         "function bytesText",
         "function el(",
+        # A log line and the socket's order (seq and gap) are drawn and read in common.js.
+        "function logLine",
+        "function lineNode",
+        "msg.seq",
     )
     for name in (
         "experiment_list.js",
@@ -456,6 +461,8 @@ def test_page_scripts_keep_no_copy_of_the_server_facts() -> None:
         "experiment_run.js",
         "experiment_form.js",
         "devices.js",
+        "run_logs.js",
+        "compare.js",
     ):
         path = finders.find(f"js/{name}")
         assert path, name
