@@ -309,3 +309,95 @@ def test_an_imported_run_shows_wherever_runs_do(client: Client, tmp_path: Path) 
     assert client.get(f"/api/experiments/{run_id}/metrics/").status_code == 200
     listed = client.get("/api/experiments/").json()["experiments"]
     assert [row["id"] for row in listed] == [run_id]
+
+
+def tar_gz(members: dict[str, bytes], pax: dict[str, str] | None = None) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz", format=tarfile.PAX_FORMAT) as archive:
+        for name, content in members.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.pax_headers = len(content), dict(pax or {})
+            archive.addfile(info, io.BytesIO(content))
+    return buffer.getvalue()
+
+
+def test_a_tar_gz_of_junk_members_is_refused_by_what_it_unpacks_to(
+    client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Members that are not event files are skipped, but a tar's are decompressed all the same
+    to reach the next header: each costs its bytes (a small tar.gz of zeros unpacked ~50 GB)."""
+    user_script_log(tmp_path / "run")
+    events = event_file(tmp_path / "run").read_bytes()
+    monkeypatch.setenv("TRAINYARD_IMPORT_MAX_UNPACKED_BYTES", "1000000")
+    junk = {f"logs/junk{n}.bin": b"\x00" * 600_000 for n in range(3)}
+    content = tar_gz({"logs/events.out.tfevents.1": events, **junk})
+    response = upload(client, "junk.tar.gz", content)
+    assert len(content) < 20_000 and response.status_code == 413, response.content
+    error = response.json()["error"]
+    assert "junk1.bin" in error and "over the 1000000 bytes" in error
+    assert nothing_created()
+
+
+def test_a_tar_header_that_unpacks_to_more_than_the_limit_is_refused(
+    client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tarfile reads a member's extended header whole into memory: the decompressed stream
+    itself is capped, not only the members' declared sizes."""
+    user_script_log(tmp_path / "run")
+    events = event_file(tmp_path / "run").read_bytes()
+    monkeypatch.setenv("TRAINYARD_IMPORT_MAX_UNPACKED_BYTES", "100000")
+    monkeypatch.setattr(imports, "TAR_OVERHEAD_PER_MEMBER", 0)
+    content = tar_gz({"logs/events.out.tfevents.1": events}, pax={"comment": "x" * 500_000})
+    response = upload(client, "header.tar.gz", content)
+    assert response.status_code == 413, response.content
+    assert "unpacks to over 100000 bytes" in response.json()["error"]
+    assert nothing_created()
+
+
+def test_points_are_counted_as_the_event_files_are_read(
+    client: Client, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Past the points limit in the first folder, the import stops there: the next folder is
+    never read."""
+    user_script_log(tmp_path / "logs" / "a")
+    user_script_log(tmp_path / "logs" / "b")
+    read: list[str] = []
+    folder_scalars = imports._folder_scalars
+
+    def spied(folder: Path, *args: Any) -> Any:
+        read.append(folder.name)
+        return folder_scalars(folder, *args)
+
+    monkeypatch.setattr(imports, "_folder_scalars", spied)
+    monkeypatch.setenv("TRAINYARD_IMPORT_MAX_POINTS", "5")
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+        archive.add(tmp_path / "logs", arcname="logs")
+    response = upload(client, "logs.tar.gz", buffer.getvalue())
+    assert response.status_code == 413 and "over 5 points" in response.json()["error"]
+    assert read == ["a"]
+    assert nothing_created()
+
+
+def test_only_scalars_are_kept_while_reading(tmp_path: Path) -> None:
+    """Images, histograms and non-scalar tensors (as TF2 writes images) are dropped as they are
+    read; scalars old and new style stay."""
+    import numpy as np
+    from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
+    from tensorboard.util import tensor_util
+
+    writer = SummaryWriter(log_dir=str(tmp_path))
+    writer.add_scalar("old", 1.0, 0)
+    writer.add_scalar("new", 2.0, 0, new_style=True)
+    writer.add_histogram("weights", np.arange(10.0), 0)
+    writer.add_image("picture", np.zeros((3, 4, 4)), 0)
+    metadata = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="images"))
+    tensor = tensor_util.make_tensor_proto(np.zeros((4, 4, 3), dtype=np.float32))
+    value = Summary.Value(tag="tf2_picture", metadata=metadata, tensor=tensor)
+    writer._get_file_writer().add_summary(Summary(value=[value]), 0)
+    writer.close()
+    accumulator = imports._scalar_accumulator()(str(tmp_path), imports._PointBudget())
+    tags = accumulator.Reload().Tags()
+    assert tags["scalars"] == ["old"] and tags["tensors"] == ["new"]
+    assert tags["images"] == [] and tags["histograms"] == []
+    assert imports._folder_scalars(tmp_path, imports._PointBudget()).keys() == {"old", "new"}

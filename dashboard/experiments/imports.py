@@ -21,9 +21,13 @@ Limits (bytes of the upload, bytes unpacked from an archive, points) come from t
 
 from __future__ import annotations
 
+import bz2
 import csv
+import functools
+import gzip
 import io
 import itertools
+import lzma
 import math
 import os
 import tarfile
@@ -55,8 +59,19 @@ ACCEPTED = (
     "send a TensorBoard event file, a zip or tar.gz of a log folder, "
     "or a CSV whose first column is step"
 )
-# EventAccumulator keeps a random sample of 10,000 scalars a tag unless told 0 (= all).
-SIZE_GUIDANCE = {"scalars": 0, "tensors": 0, "images": 1, "audio": 1, "histograms": 1}
+# EventAccumulator keeps a random sample of 10,000 scalars a tag unless told 0 (= all); tensors
+# reach it only where they are scalars (_scalar_accumulator), and the rest is never kept.
+SIZE_GUIDANCE = {
+    "scalars": 0,
+    "tensors": 0,
+    "images": 1,
+    "audio": 1,
+    "histograms": 1,
+    "compressedHistograms": 1,
+}
+# Tar headers, their padding and long names, beyond the members' own bytes: what the
+# decompressed stream of a tar may hold past the unpacked limit.
+TAR_OVERHEAD_PER_MEMBER = 4096
 
 
 class ImportRefused(Exception):
@@ -187,14 +202,66 @@ def _tensor_scalar(event: Any) -> float:
     return float(array.reshape(-1)[0])
 
 
-def _folder_scalars(folder: Path) -> dict[str, list[tuple[int, float, float]]]:
-    """(step, wall time, value) per scalar tag of the event files in one folder."""
-    # Imported here: TensorBoard loads in a second, which only imports need.
+Scalar = tuple[int, float, float]  # step, wall time, value
+
+
+@dataclass
+class _PointBudget:
+    """Points an import may still take, counted as the event files are read: a log of
+    millions of scalars is refused at the first point past the limit, not once it is all in
+    memory."""
+
+    left: int = field(default_factory=import_max_points)
+
+    def take(self) -> None:
+        self.left -= 1
+        if self.left < 0:
+            raise ImportRefused(413, f"the file holds over {import_max_points()} points")
+
+
+@functools.cache
+def _scalar_accumulator() -> type[Any]:
+    """EventAccumulator keeping scalars only, counted against a budget: images, audio,
+    histograms and non-scalar tensors (TF2 writes images and histograms as tensors) are
+    dropped as they are read. Made on first use: TensorBoard takes a second to import, which
+    only imports need."""
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    accumulator = EventAccumulator(str(folder), size_guidance=SIZE_GUIDANCE)
+    class ScalarAccumulator(EventAccumulator):
+        def __init__(self, path: str, budget: _PointBudget):
+            super().__init__(path, size_guidance=SIZE_GUIDANCE)
+            self.budget = budget
+
+        def _ProcessScalar(self, tag: str, wall_time: float, step: int, scalar: Any) -> None:  # noqa: N802
+            self.budget.take()
+            super()._ProcessScalar(tag, wall_time, step, scalar)
+
+        def _ProcessTensor(self, tag: str, wall_time: float, step: int, tensor: Any) -> None:  # noqa: N802
+            # The tag's metadata is stored before its first value is processed.
+            metadata = self.summary_metadata.get(tag)
+            if metadata is not None and metadata.plugin_data.plugin_name == "scalars":
+                self.budget.take()
+                super()._ProcessTensor(tag, wall_time, step, tensor)
+
+        def _ProcessHistogram(self, *args: Any) -> None:  # noqa: N802
+            return None
+
+        def _ProcessImage(self, *args: Any) -> None:  # noqa: N802
+            return None
+
+        def _ProcessAudio(self, *args: Any) -> None:  # noqa: N802
+            return None
+
+    return ScalarAccumulator
+
+
+def _folder_scalars(folder: Path, budget: _PointBudget) -> dict[str, list[Scalar]]:
+    """(step, wall time, value) per scalar tag of the event files in one folder."""
+    accumulator = _scalar_accumulator()(str(folder), budget)
     try:
         accumulator.Reload()
+    except ImportRefused:
+        raise
     except Exception as exc:  # its readers raise their own kinds (DataLossError, protobuf's)
         raise ImportRefused(400, f"not a readable TensorBoard event file: {exc}"[:300]) from None
     tags = accumulator.Tags()
@@ -203,9 +270,8 @@ def _folder_scalars(folder: Path) -> dict[str, list[tuple[int, float, float]]]:
         for tag in tags["scalars"]
     }
     for tag in tags.get("tensors", []):
-        if accumulator.SummaryMetadata(tag).plugin_data.plugin_name == "scalars":
-            events = accumulator.Tensors(tag)
-            found[tag] = [(e.step, e.wall_time, _tensor_scalar(e)) for e in events]
+        events = accumulator.Tensors(tag)
+        found[tag] = [(e.step, e.wall_time, _tensor_scalar(e)) for e in events]
     return found
 
 
@@ -216,10 +282,11 @@ def tensorboard_read(*, files: Iterable[Path]) -> ImportedSeries:
     # One folder: tags as they are. Several (one per run or per add_scalars group): each
     # folder's tags prefixed by its path below their common folder.
     common = Path(os.path.commonpath(folders))
-    by_tag: dict[str, list[tuple[int, float, float]]] = {}
+    by_tag: dict[str, list[Scalar]] = {}
+    budget = _PointBudget()
     for folder in folders:
         prefix = folder.relative_to(common).as_posix() if len(folders) > 1 else "."
-        for tag, events in _folder_scalars(folder).items():
+        for tag, events in _folder_scalars(folder, budget).items():
             if events:
                 by_tag[tag if prefix == "." else f"{prefix}/{tag}"] = events
     if not by_tag:
@@ -261,6 +328,9 @@ class _Unpacker:
     """Checks every member of an archive and unpacks its event files under `root`."""
 
     root: Path
+    # A tar's skipped member is decompressed all the same (to reach the next header), so it
+    # costs its bytes; a zip's is never read.
+    skipped_cost: bool = False
     left: int = field(default_factory=import_max_unpacked_bytes)
     members: int = 0
     files: list[Path] = field(default_factory=list)
@@ -280,6 +350,7 @@ class _Unpacker:
                 f"{import_max_unpacked_bytes()} bytes an import may unpack",
             )
         if not is_file or "tfevents" not in path.name:
+            self.left -= size if self.skipped_cost else 0
             return None
         target = self.root.joinpath(*path.parts)
         target.parent.mkdir(parents=True, exist_ok=True)
@@ -308,10 +379,71 @@ def zip_unpack(*, source: IO[bytes], root: Path) -> list[Path]:
     return unpacker.files
 
 
+class _CappedStream(io.RawIOBase):
+    """A decompressed stream that refuses to give more than `cap` bytes in all: tarfile reads
+    and skips through it, and a small tar.gz can decompress to tens of gigabytes (skipped
+    members, or a header that declares a huge size, which tarfile reads into memory)."""
+
+    def __init__(self, inner: IO[bytes] | gzip.GzipFile, cap: int):
+        super().__init__()
+        self.inner, self.cap, self.given = inner, cap, 0
+
+    def _spend(self, size: int) -> None:
+        self.given += size
+        if self.given > self.cap:
+            raise ImportRefused(
+                413, f"the archive unpacks to over {import_max_unpacked_bytes()} bytes"
+            )
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.inner.tell()
+
+    def read(self, size: int | None = -1) -> bytes:
+        # Spent before reading: a read of gigabytes is refused before it is made.
+        if size is None or size < 0:
+            size = self.cap + 1  # all of it: refused, as it would be past the cap
+        self._spend(size)
+        return self.inner.read(size)
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        if whence not in (io.SEEK_SET, io.SEEK_CUR):
+            raise OSError("a capped stream seeks from its start or where it is only")
+        here = self.inner.tell()
+        target = offset if whence == io.SEEK_SET else here + offset
+        # The decompressor reads its way there: forward from here, back from the start.
+        self._spend(target - here if target >= here else target)
+        return self.inner.seek(target)
+
+
+def _decompressed(source: IO[bytes]) -> IO[bytes] | gzip.GzipFile:
+    head = source.read(6)
+    source.seek(0)
+    if head.startswith(b"\x1f\x8b"):
+        return gzip.GzipFile(fileobj=source, mode="rb")
+    if head.startswith(b"BZh"):
+        return bz2.BZ2File(source)
+    if head.startswith(b"\xfd7zXZ"):
+        return lzma.LZMAFile(source)
+    return source
+
+
 def tar_unpack(*, source: IO[bytes], root: Path) -> list[Path]:
-    unpacker = _Unpacker(root)
+    unpacker = _Unpacker(root, skipped_cost=True)
+    cap = import_max_unpacked_bytes() + MAX_MEMBERS * TAR_OVERHEAD_PER_MEMBER
     try:
-        with tarfile.open(fileobj=source, mode="r:*") as archive:
+        stream = _CappedStream(_decompressed(source), cap)
+        with tarfile.open(fileobj=stream, mode="r:") as archive:
             for info in archive:
                 is_link = info.issym() or info.islnk()
                 if not (info.isfile() or info.isdir() or is_link):
@@ -322,7 +454,7 @@ def tar_unpack(*, source: IO[bytes], root: Path) -> list[Path]:
                 member = archive.extractfile(info) if target is not None else None
                 if target is not None and member is not None:
                     unpacker.copy(member, target, info.name)
-    except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
+    except (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError) as exc:
         raise ImportRefused(400, f"not a readable tar archive: {exc}"[:300]) from None
     return unpacker.files
 
