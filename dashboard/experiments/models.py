@@ -75,6 +75,14 @@ class Experiment(models.Model):
         default=2, help_text="processes of DDP, Hogwild and DeepSpeed; 1 for the others"
     )
     gpus = models.JSONField(default=list, blank=True, help_text="GPU ids; empty means CPU")
+    # Across machines: `processes` ranks on each of `nodes` machines (torchrun's --nnodes and
+    # --nproc-per-node). `machines` pins the run to named workers; empty leaves it to placement.
+    nodes = models.PositiveSmallIntegerField(default=1, help_text="worker machines the run spans")
+    machines = models.JSONField(
+        default=list, blank=True, help_text="worker names to run on; empty: any that are free"
+    )
+    # Where the current attempt runs: one entry per machine, {worker, address, node_rank, ranks}.
+    placement = models.JSONField(default=list, blank=True, help_text="machines and their ranks")
     epochs = models.PositiveSmallIntegerField(default=1)
     batch_size = models.PositiveIntegerField(default=64)
     lr = models.FloatField(default=1e-3)
@@ -121,6 +129,8 @@ class Experiment(models.Model):
     attempt = models.PositiveSmallIntegerField(default=0, help_text="attempts started so far")
     attempts = models.JSONField(default=list, blank=True, help_text="history of attempts")
     waiting_reason = models.CharField(max_length=300, blank=True)
+    # Claim order: higher priority first, then first in, first out (staff set it).
+    priority = models.SmallIntegerField(default=0, help_text="higher is claimed first")
     cloned_from = models.ForeignKey(
         "self", on_delete=models.SET_NULL, null=True, blank=True, related_name="clones"
     )
