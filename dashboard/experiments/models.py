@@ -129,6 +129,11 @@ class Experiment(models.Model):
     attempt = models.PositiveSmallIntegerField(default=0, help_text="attempts started so far")
     attempts = models.JSONField(default=list, blank=True, help_text="history of attempts")
     waiting_reason = models.CharField(max_length=300, blank=True)
+    # The engine ends the run after the first epoch whose test accuracy reaches this (studies'
+    # "stop at target"); empty trains every epoch.
+    target_accuracy = models.FloatField(
+        null=True, blank=True, help_text="stop after the epoch that reaches this test accuracy"
+    )
     # Claim order: higher priority first, then first in, first out (staff set it).
     priority = models.SmallIntegerField(default=0, help_text="higher is claimed first")
     cloned_from = models.ForeignKey(
