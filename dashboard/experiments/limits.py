@@ -1,5 +1,10 @@
 """Per-user launch limits: runs active at once (queued or running) and launches per minute.
 
+A single launch over the active limit is refused (429). A study's runs are one launch: they are
+queued past the active limit (`launch_slot_claim(..., queue_over_active=True)`) and wait in the
+queue, where the claim holds each user to TRAINYARD_MAX_ACTIVE_RUNS_PER_USER runs *running*
+at once (queue.queue_turn_refusal).
+
 Both are counted from the Experiment rows themselves, so they hold across every web server
 process without a cache: the check and the insert run in one transaction that first locks the
 owner's row (SQLite's IMMEDIATE transactions serialise writers the same way).
@@ -79,16 +84,21 @@ def launch_rate_check(*, owner: Any, now: datetime) -> LaunchLimited | None:
     )
 
 
-def launch_limits_check(*, owner: Any) -> LaunchLimited | None:
-    return launch_active_check(owner=owner) or launch_rate_check(owner=owner, now=timezone.now())
+def launch_limits_check(*, owner: Any, queue_over_active: bool = False) -> LaunchLimited | None:
+    active = None if queue_over_active else launch_active_check(owner=owner)
+    return active or launch_rate_check(owner=owner, now=timezone.now())
 
 
-def launch_slot_claim(*, owner: Any) -> None:
+def launch_slot_claim(*, owner: Any, queue_over_active: bool = False) -> None:
     """Raise LaunchLimited when the owner may not launch now. Call inside transaction.atomic(),
     before the insert: the row lock makes two launches of one user take turns, so that both
     cannot pass the check at once (PostgreSQL; on SQLite select_for_update is a no-op and the
-    IMMEDIATE transaction already holds the database's write lock)."""
+    IMMEDIATE transaction already holds the database's write lock).
+
+    `queue_over_active=True` (a study, called once before inserting all its runs): the runs are
+    not refused for the runs the owner already has active; they wait in the queue until the
+    owner has fewer than the limit running. The launch rate still applies."""
     list(get_user_model().objects.select_for_update().filter(pk=owner.pk).values_list("pk"))
-    refused = launch_limits_check(owner=owner)
+    refused = launch_limits_check(owner=owner, queue_over_active=queue_over_active)
     if refused is not None:
         raise refused

@@ -51,6 +51,7 @@ from dashboard.experiments.processes import (
     process_in_tree_signal,
     process_tree_stop,
 )
+from dashboard.experiments.queue import queue_turn_refusal
 from dashboard.experiments.sink import EventSink
 from dashboard.experiments.survival import supervisor_started
 from dashboard.experiments.transitions import Outcome
@@ -129,7 +130,9 @@ def experiment_claim(*, experiment_id: int, machine: Machine) -> Claim:
         if experiment is None:
             return Claim(False)
         busy = list(Experiment.objects.filter(status=Status.RUNNING, worker=machine.name))
-        reason = allocation_refusal(experiment=experiment, machine=machine, busy=busy)
+        # Claim order first (queue.py: priority, then first in first out; the running limit).
+        reason = queue_turn_refusal(experiment=experiment, machine=machine)
+        reason = reason or allocation_refusal(experiment=experiment, machine=machine, busy=busy)
         if reason is None:
             return Claim(
                 transitions.experiment_start(experiment=experiment, worker=machine.name, now=now)

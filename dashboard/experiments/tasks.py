@@ -17,8 +17,11 @@ from dashboard.experiments.survival import experiments_reap_lost, experiments_re
 
 
 @shared_task(bind=True, name="experiments.run_experiment", ignore_result=True, max_retries=None)
-def run_experiment(self: Any, experiment_id: int) -> str | None:
+def run_experiment(self: Any, experiment_id: int, wake: bool = False) -> str | None:
     result = experiment_run(experiment_id=experiment_id, worker=machine_name())
+    if result.kind == "waiting" and wake:
+        # A nudge sent when a device freed (queue_wake.py): the run's own message keeps retrying.
+        return None
     if result.kind == "waiting":
         # Devices are busy: ask again shortly, from whichever worker takes the message.
         raise self.retry(countdown=settings.TRAINYARD_WAIT_RETRY_SECONDS)

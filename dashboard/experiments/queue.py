@@ -1,0 +1,171 @@
+"""The queue: the order queued runs are claimed in, and whose turn it is on a machine.
+
+Claim order is priority (higher first), then first in, first out (created_at, id). A worker's
+task message for a run that waits is retried every TRAINYARD_WAIT_RETRY_SECONDS, so without a
+rule the run whose retry happens to come first takes a freed device, older or not. The rule,
+checked in the claim's transaction (runner.experiment_claim): a run waits while an earlier
+queued run could use the same resources of this machine (a GPU both want, or CPU threads when
+both need some) and is not itself held back by its owner's running limit. A run that could
+never use this machine (pinned elsewhere through `machines`, or wanting GPUs it lacks) does not
+hold anyone up there. There is no backfill: a small run does not slip past a big one that waits
+for the whole machine, so the big one cannot starve.
+
+The running limit (TRAINYARD_MAX_ACTIVE_RUNS_PER_USER) is enforced here too, at claim time: a
+study's runs are queued past the launch-time check (limits.launch_slot_claim) and wait here.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable
+
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db.models import Count, Q, QuerySet
+
+from dashboard.experiments.allocation import Machine, run_cpu_threads
+from dashboard.experiments.models import Experiment, Status
+
+CLAIM_ORDER = ("-priority", "created_at", "id")
+# What staff may set: wide enough for any scheme of levels, narrow enough to read at a glance.
+PRIORITY_RANGE = (-1000, 1000)
+
+
+def queue_ordered() -> QuerySet[Experiment]:
+    """Every queued run, in the order workers claim them."""
+    return Experiment.objects.filter(status=Status.QUEUED).order_by(*CLAIM_ORDER)
+
+
+def queue_earlier(*, experiment: Experiment) -> QuerySet[Experiment]:
+    """The queued runs claimed before this one."""
+    p, created = experiment.priority, experiment.created_at
+    before = (
+        Q(priority__gt=p)
+        | Q(priority=p, created_at__lt=created)
+        | Q(priority=p, created_at=created, id__lt=experiment.pk)
+    )
+    return queue_ordered().filter(before)
+
+
+def ordinal(number: int) -> str:
+    """1st, 2nd, 3rd, 11th, 22nd."""
+    if 10 <= number % 100 <= 20:
+        return f"{number}th"
+    return f"{number}{ {1: 'st', 2: 'nd', 3: 'rd'}.get(number % 10, 'th') }"
+
+
+def running_limit() -> int:
+    """The most runs one user may hold running at once; 0 is no limit."""
+    return max(0, settings.TRAINYARD_MAX_ACTIVE_RUNS_PER_USER)
+
+
+def running_by_owner() -> Counter[int]:
+    rows = (
+        Experiment.objects.filter(status=Status.RUNNING)
+        .values("owner_id")
+        .annotate(n=Count("id"))
+        .values_list("owner_id", "n")
+    )
+    return Counter(dict(rows))
+
+
+def owners_at_limit(running: Counter[int]) -> set[int]:
+    most = running_limit()
+    return {owner for owner, count in running.items() if most and count >= most}
+
+
+def run_could_use(*, run: Experiment, machine: Machine) -> bool:
+    """Whether this machine could ever host (a node of) the run: not pinned elsewhere, and it
+    has the GPUs the run names."""
+    if run.machines and machine.name not in run.machines:
+        return False
+    return set(run.gpus) <= machine.gpu_ids
+
+
+def runs_compete(*, first: Experiment, second: Experiment, machine: Machine) -> bool:
+    """Whether two runs want the same resources on this machine: a GPU, or CPU threads (a GPU
+    run takes no CPU threads, allocation.run_cpu_threads)."""
+    if set(first.gpus) & set(second.gpus):
+        return True
+
+    def threads(run: Experiment) -> int:
+        return run_cpu_threads(
+            strategy=run.strategy, processes=run.processes, gpus=run.gpus,
+            cpu_count=machine.cpu_count,
+        )  # fmt: skip
+
+    return bool(threads(first) and threads(second))
+
+
+def turn_blocker(
+    *, run: Experiment, machine: Machine, earlier: Iterable[Experiment], held: set[int]
+) -> Experiment | None:
+    """The first run of `earlier` (claim order) whose turn on this machine comes before `run`'s,
+    or None. `held`: owners at their running limit, whose runs cannot start anyway."""
+    for other in earlier:
+        if other.owner_id in held or not run_could_use(run=other, machine=machine):
+            continue
+        if runs_compete(first=other, second=run, machine=machine):
+            return other
+    return None
+
+
+def running_limit_refusal(*, owner_id: int, running: int) -> str | None:
+    most = running_limit()
+    if not most or running < most:
+        return None
+    return (
+        f"waiting for one of its owner's runs to end: {running} running, the most one user may "
+        f"run at once is {most} (TRAINYARD_MAX_ACTIVE_RUNS_PER_USER)"
+    )
+
+
+def queue_turn_refusal(*, experiment: Experiment, machine: Machine) -> str | None:
+    """Why the run may not start on this machine yet for the queue's sake, or None. Call in the
+    claim's transaction, which holds the machine's lock; the owner's row is locked here so that
+    two machines claiming one user's runs at once take turns (PostgreSQL; SQLite's IMMEDIATE
+    transaction already serialises writers)."""
+    if running_limit():
+        users = get_user_model().objects.select_for_update()
+        list(users.filter(pk=experiment.owner_id).values_list("pk"))
+    running = running_by_owner()
+    refused = running_limit_refusal(
+        owner_id=experiment.owner_id, running=running[experiment.owner_id]
+    )
+    if refused:
+        return refused
+    earlier = queue_earlier(experiment=experiment)
+    blocker = turn_blocker(
+        run=experiment,
+        machine=machine,
+        earlier=earlier.iterator(),
+        held=owners_at_limit(running),
+    )
+    if blocker is None:
+        return None
+    position = earlier.count() + 1
+    return (
+        f"waiting behind #{blocker.pk}, whose turn on {machine.name} comes first; "
+        f"{ordinal(position)} in the queue"
+    )
+
+
+def experiment_priority_set(*, experiment_id: int, priority: int) -> bool:
+    """Move a queued run up or down the queue (staff only: the caller checks). A run that is
+    not queued any more keeps its priority: it would mean nothing now."""
+    low, high = PRIORITY_RANGE
+    if not low <= priority <= high:
+        raise ValueError(f"priority must be a whole number from {low} to {high}")
+    return bool(
+        Experiment.objects.filter(pk=experiment_id, status=Status.QUEUED).update(priority=priority)
+    )
+
+
+def queue_head_for(*, worker: str) -> Experiment | None:
+    """The first queued run in claim order that could start on `worker` when something there
+    ends (its owner not at the running limit, not pinned elsewhere): the one to wake."""
+    held = owners_at_limit(running_by_owner())
+    for run in queue_ordered().exclude(owner_id__in=held).iterator():
+        if not run.machines or worker in run.machines:
+            return run
+    return None

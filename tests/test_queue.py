@@ -1,0 +1,132 @@
+"""The claim order and the running limit, through runner.experiment_claim on the real database.
+
+The end-to-end checks (a Celery worker, Redis, the page) are in tests/test_queue_stack.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from dashboard.experiments.allocation import Machine
+from dashboard.experiments.limits import LaunchLimited, launch_slot_claim
+from dashboard.experiments.models import Experiment, Status
+from dashboard.experiments.queue import ordinal, queue_ordered
+from dashboard.experiments.runner import experiment_claim
+
+pytestmark = pytest.mark.django_db
+
+TWO_CORES = Machine("m1", 2, frozenset())
+
+
+@pytest.fixture(autouse=True)
+def _whole_machine_runs(monkeypatch: pytest.MonkeyPatch, settings: Any) -> None:
+    # A one-process CPU run takes both cores: one run at a time on TWO_CORES.
+    monkeypatch.setenv("TRAINYARD_CPU_THREADS_PER_RUN", "2")
+    settings.TRAINYARD_MAX_ACTIVE_RUNS_PER_USER = 0
+
+
+def queued(factory: Any, owner: Any, name: str, **fields: Any) -> Experiment:
+    return factory(owner=owner, name=name, strategy="single", processes=1, **fields)
+
+
+def claim(run: Experiment, machine: Machine = TWO_CORES) -> tuple[bool, str]:
+    result = experiment_claim(experiment_id=run.pk, machine=machine)
+    return result.claimed, result.waiting_reason
+
+
+def test_a_later_run_waits_behind_an_earlier_one(user_factory: Any, experiment_factory: Any):
+    alice = user_factory()
+    a, b, c = (queued(experiment_factory, alice, n) for n in "abc")
+    # C's message comes first to the free machine: it must not overtake A and B.
+    claimed, reason = claim(c)
+    assert not claimed
+    assert reason == f"waiting behind #{a.pk}, whose turn on m1 comes first; 3rd in the queue"
+    assert Experiment.objects.get(pk=c.pk).waiting_reason == reason
+    assert claim(b) == (
+        False,
+        f"waiting behind #{a.pk}, whose turn on m1 comes first; 2nd in the queue",
+    )
+    assert claim(a) == (True, "")
+    # Now B is first in line; what holds it is the machine's cores, said by the allocation.
+    claimed, reason = claim(b)
+    assert (
+        not claimed and reason.startswith("waiting for 2 CPU cores on m1") and f"#{a.pk}" in reason
+    )
+    claimed, reason = claim(c)
+    assert reason.startswith(f"waiting behind #{b.pk}")
+
+
+def test_priority_jumps_the_queue(user_factory: Any, experiment_factory: Any):
+    alice = user_factory()
+    a, b = queued(experiment_factory, alice, "a"), queued(experiment_factory, alice, "b")
+    urgent = queued(experiment_factory, alice, "urgent", priority=5)
+    assert list(queue_ordered()) == [urgent, a, b]
+    assert claim(a)[1].startswith(f"waiting behind #{urgent.pk}")
+    assert claim(urgent) == (True, "")
+
+
+def test_runs_that_cannot_use_this_machine_hold_nobody_up(
+    user_factory: Any, experiment_factory: Any
+):
+    alice = user_factory()
+    queued(experiment_factory, alice, "pinned elsewhere", machines=["m2"])
+    queued(experiment_factory, alice, "wants a GPU m1 lacks", gpus=[0])
+    later = queued(experiment_factory, alice, "later")
+    assert claim(later) == (True, "")
+
+
+def test_a_gpu_run_and_a_cpu_run_do_not_compete(user_factory: Any, experiment_factory: Any):
+    alice = user_factory()
+    gpu_machine = Machine("g1", 2, frozenset({0, 1}))
+    on_gpu = queued(experiment_factory, alice, "on GPU 0", gpus=[0])
+    other_gpu = queued(experiment_factory, alice, "on GPU 1", gpus=[1])
+    same_gpu = queued(experiment_factory, alice, "also GPU 0", gpus=[0])
+    cpu = queued(experiment_factory, alice, "cpu")
+    assert claim(cpu, gpu_machine) == (True, "")
+    assert claim(other_gpu, gpu_machine) == (True, "")
+    assert claim(same_gpu, gpu_machine)[1].startswith(f"waiting behind #{on_gpu.pk}")
+
+
+def test_the_running_limit_holds_at_claim_time(
+    user_factory: Any, experiment_factory: Any, settings: Any
+):
+    settings.TRAINYARD_MAX_ACTIVE_RUNS_PER_USER = 1
+    alice, bob = user_factory(), user_factory()
+    wide = Machine("wide", 64, frozenset())
+    first, second = queued(experiment_factory, alice, "1"), queued(experiment_factory, alice, "2")
+    bobs = queued(experiment_factory, bob, "bob's")
+    assert claim(first, wide) == (True, "")
+    claimed, reason = claim(second, wide)
+    assert not claimed
+    assert reason.startswith("waiting for one of its owner's runs to end: 1 running")
+    assert "TRAINYARD_MAX_ACTIVE_RUNS_PER_USER" in reason
+    # Alice's waiting run does not hold Bob's up: it could not start anyway.
+    assert claim(bobs, wide) == (True, "")
+    Experiment.objects.filter(pk=first.pk).update(status=Status.SUCCEEDED)
+    assert claim(second, wide) == (True, "")
+
+
+def test_a_study_launch_queues_past_the_active_limit(
+    user_factory: Any, experiment_factory: Any, settings: Any
+):
+    settings.TRAINYARD_MAX_ACTIVE_RUNS_PER_USER = 2
+    settings.TRAINYARD_LAUNCH_RATE_PER_MINUTE = 0
+    alice = user_factory()
+    for name in "ab":
+        queued(experiment_factory, alice, name)
+    with pytest.raises(LaunchLimited) as refused:
+        launch_slot_claim(owner=alice)
+    assert refused.value.limit == "active_runs"
+    launch_slot_claim(owner=alice, queue_over_active=True)  # no raise: the runs will queue
+    settings.TRAINYARD_LAUNCH_RATE_PER_MINUTE = 2
+    with pytest.raises(LaunchLimited) as refused:
+        launch_slot_claim(owner=alice, queue_over_active=True)
+    assert refused.value.limit == "launch_rate"
+
+
+def test_ordinals() -> None:
+    assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101, 111)] == [
+        "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st", "111th",
+    ]  # fmt: skip
