@@ -39,6 +39,8 @@ class TrainConfig:
     keep_checkpoints: int = 2
     keep_requested_checkpoints: int = 5
     steps_per_epoch: int | None = None  # at most this many optimizer steps per epoch
+    # Stop after the first epoch whose test accuracy reaches this (a study's stop-at-target).
+    target_accuracy: float | None = None
 
     @property
     def step_limit(self) -> int | None:
@@ -77,6 +79,16 @@ def _learning_rate(text: str) -> float:
     # "not (0 < value <= 10)" also rejects NaN.
     if not 0 < value <= 10:
         raise argparse.ArgumentTypeError(f"must be > 0 and <= 10, got {text}")
+    return value
+
+
+def _accuracy(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not 0 < value <= 1:  # also rejects NaN
+        raise argparse.ArgumentTypeError(f"a fraction above 0 and at most 1, got {text}")
     return value
 
 
@@ -151,6 +163,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="stop each epoch after this many optimizer steps (default: the whole split)",
     )
+    p.add_argument(
+        "--target-accuracy",
+        type=_accuracy,
+        default=None,
+        metavar="FRACTION",
+        help="end the run after the first epoch whose test accuracy reaches this, e.g. 0.97 "
+        "(default: train every epoch)",
+    )
     p.add_argument("--run-id", type=_run_id, default="", help="echoed in every event")
     p.add_argument("--checkpoint-dir", default=None, help="write epoch-N.pt here each epoch")
     p.add_argument("--resume", default=None, metavar="PATH", help="continue from a checkpoint")
@@ -212,6 +232,7 @@ def parse_args(argv: Sequence[str], parser: argparse.ArgumentParser | None = Non
         keep_checkpoints=ns.keep_checkpoints,
         keep_requested_checkpoints=ns.keep_requested_checkpoints,
         steps_per_epoch=ns.steps_per_epoch,
+        target_accuracy=ns.target_accuracy,
     )
 
 

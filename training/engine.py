@@ -39,6 +39,7 @@ from training.reporting import (
     finished_emit,
     log_to,
     started_fields,
+    target_reached,
 )
 from training.run_requests import checkpoint_request_pending, checkpoint_request_take
 from training.runtime import Runtime, all_gather, all_reduce_sum
@@ -58,11 +59,17 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
     start = run.resume.start_epoch
     step = run.resume.step
     tested: Tested = (None, 0.0)
+    last = cfg.epochs
     for epoch in range(start, cfg.epochs + 1):
         step, tested = _epoch_train(cfg, rt, events, run, epoch=epoch, step=step)
+        if target_reached(events, rt, cfg, epoch=epoch, test_accuracy=tested[1]):
+            last = epoch
+            break
     if start > cfg.epochs:
         tested = _evaluate(cfg, rt, run)
-    finished_emit(events, cfg, *tested, start_epoch=start, step=step, t_start=t_start)
+    finished_emit(
+        events, cfg, *tested, start_epoch=start, step=step, t_start=t_start, last_epoch=last
+    )
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ import torch
 from training.config import TrainConfig
 from training.data import Dataset
 from training.protocol import EventWriter
-from training.runtime import Runtime
+from training.runtime import Runtime, all_reduce_sum
 
 log = logging.getLogger(__name__)
 
@@ -74,16 +74,40 @@ def finished_emit(
     start_epoch: int,
     step: int,
     t_start: float,
+    last_epoch: int | None = None,
 ) -> None:
+    """``last_epoch``: the epoch training ended after, where it stopped early at its target."""
+    end = cfg.epochs if last_epoch is None else last_epoch
     events.emit(
         "finished",
         test_loss=test_loss,
         test_accuracy=test_accuracy,
         epochs=cfg.epochs,
-        epochs_run=max(0, cfg.epochs - start_epoch + 1),
+        epochs_run=max(0, end - start_epoch + 1),
         steps=step,
         duration=round(time.monotonic() - t_start, 3),
     )
+
+
+def target_reached(
+    events: EventWriter, rt: Runtime, cfg: TrainConfig, *, epoch: int, test_accuracy: float
+) -> bool:
+    """Whether training ends after this epoch because its test accuracy reached
+    --target-accuracy. Rank 0's evaluation decides and every rank learns its answer through one
+    tiny all-reduce, so that all ranks leave the loop after the same epoch (a rank that went on
+    alone would wait forever in its next collective). Every rank calls this."""
+    if cfg.target_accuracy is None:
+        return False
+    mine = 1.0 if rt.is_main and test_accuracy >= cfg.target_accuracy else 0.0
+    if all_reduce_sum(rt, [mine])[0] <= 0:
+        return False
+    log_to(
+        events,
+        rt,
+        f"Reached the target test accuracy {cfg.target_accuracy:.2%} at epoch {epoch} "
+        f"({test_accuracy:.2%}): training ends after epoch {epoch} of {cfg.epochs}.",
+    )
+    return True
 
 
 def log_to(events: EventWriter, rt: Runtime, message: str, level: str = "info") -> None:

@@ -108,6 +108,8 @@ def training_command(*, experiment: Experiment) -> list[str]:
         command += ["--zero-stage", str(experiment.zero_stage or ZeroStage.ONE)]
     if experiment.gpus:
         command += ["--gpus", ",".join(str(g) for g in experiment.gpus)]
+    if experiment.target_accuracy is not None:  # a study's stop-at-target
+        command += ["--target-accuracy", repr(experiment.target_accuracy)]
     return command
 
 

@@ -179,13 +179,20 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
         _started_emit(cfg, rt, events, model, data, ready, per_epoch, start, notes)
         step = resumed.point.step
         tested: Tested = (None, 0.0)
+        last = cfg.epochs
         for epoch in range(start, cfg.epochs + 1):
             skip = resumed.point.skip_batches if epoch == start else 0
             work = EpochStart(epoch, step, skip)
             step, tested = _epoch_train(cfg, rt, events, workers, model, data, work, per_epoch)
+            # The parent alone evaluates; the workers wait for an epoch that is never sent.
+            if reporting.target_reached(events, rt, cfg, epoch=epoch, test_accuracy=tested[1]):
+                last = epoch
+                break
         if start > cfg.epochs:
             tested = evaluate(model, data, rt, cfg.test_batch_size)
-        reporting.finished_emit(events, cfg, *tested, start_epoch=start, step=step, t_start=t_start)
+        reporting.finished_emit(
+            events, cfg, *tested, start_epoch=start, step=step, t_start=t_start, last_epoch=last
+        )
         # After the event: the results are in; the workers' exit (seconds of interpreter
         # teardown) is no part of the training time.
         workers.join()
