@@ -35,11 +35,14 @@ def experiment_can_control(*, experiment: Experiment, user: Any) -> bool:
     return bool(getattr(user, "is_staff", False) or experiment.owner_id == user.pk)
 
 
-def experiment_launch(*, owner: Any, fields: dict[str, Any]) -> Experiment:
-    """Store a validated launch request and queue it once the row is committed."""
+def experiment_launch(*, owner: Any, fields: dict[str, Any], limits: bool = True) -> Experiment:
+    """Store a validated launch request and queue it once the row is committed. ``limits=False``:
+    the caller checked the owner's limits for a launch of many runs (a study is one launch,
+    whose runs wait in the queue rather than being refused by the active-run limit)."""
     with transaction.atomic():
         # Raises LaunchLimited over the owner's limits (concurrent runs, launches a minute).
-        launch_slot_claim(owner=owner)
+        if limits:
+            launch_slot_claim(owner=owner)
         experiment = Experiment.objects.create(owner=owner, **fields)
         transaction.on_commit(lambda: run_experiment.delay(experiment.pk))
     return experiment
