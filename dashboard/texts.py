@@ -34,3 +34,40 @@ def format_duration(seconds: float | None) -> str:
     if minutes:
         return f"{minutes}m {secs:02d}s"
     return f"{secs}s"
+
+
+# The queue (/queue/ and GET /api/queue/): how a start is estimated, said once.
+QUEUE_ESTIMATE_METHOD = (
+    "Estimated start: the running runs are expected to end at their pace so far (time since "
+    "their start x steps left / steps done); queued runs to take as long as the last finished "
+    "runs of the same strategy, dataset, processes, nodes, epochs and batch size; then the queue "
+    "is replayed in claim order on the machines online. None where a run it waits for has no "
+    "progress yet and nothing like it has finished."
+)
+QUEUE_OTHERS_RUN = "another user's run"
+
+
+def runs_ahead_text(count: int) -> str:
+    """What a queued run's owner is told of the runs ahead of it: how many, nothing of whose."""
+    if count == 0:
+        return "next in line"
+    return f"{count} run{'' if count == 1 else 's'} ahead"
+
+
+def queue_start_text(seconds: float | None) -> str:
+    """A queued run's estimated start, as the queue page shows it."""
+    if seconds is None:
+        return "unknown"
+    if seconds < 1:
+        return "now"
+    return f"in about {format_duration(seconds)}"
+
+
+QUEUE_NOT_TRIED = "not tried yet: a worker will look at it in a moment"
+
+
+def queue_summary_text(*, total: int, shown: int, everyone: bool) -> str:
+    queued = f"{total} run{'' if total == 1 else 's'} queued"
+    if everyone or shown == total:
+        return f"{queued}."
+    return f"{queued} in all; {shown} of them yours (only yours are shown)."

@@ -5,10 +5,14 @@ The end-to-end checks (a Celery worker, Redis, the page) are in tests/test_queue
 
 from __future__ import annotations
 
+import json
+from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.utils import timezone
 
+from dashboard.devices.models import WorkerMachine
 from dashboard.experiments.allocation import Machine
 from dashboard.experiments.limits import LaunchLimited, launch_slot_claim
 from dashboard.experiments.models import Experiment, Status
@@ -130,3 +134,107 @@ def test_ordinals() -> None:
     assert [ordinal(n) for n in (1, 2, 3, 4, 11, 12, 13, 21, 22, 101, 111)] == [
         "1st", "2nd", "3rd", "4th", "11th", "12th", "13th", "21st", "22nd", "101st", "111th",
     ]  # fmt: skip
+
+
+# ---- GET /api/queue/ and the priority route -------------------------------------------------
+
+
+def _listing(client: Any, user: Any) -> dict[str, Any]:
+    client.force_login(user)
+    response = client.get("/api/queue/")
+    assert response.status_code == 200
+    return response.json()
+
+
+def test_the_queue_in_claim_order_with_positions_and_reasons(
+    client: Any, user_factory: Any, experiment_factory: Any
+):
+    alice, bob, root = user_factory(), user_factory(), user_factory(staff=True)
+    a1 = queued(experiment_factory, alice, "alice first")
+    b1 = queued(experiment_factory, bob, "bob's")
+    a2 = queued(experiment_factory, alice, "alice second")
+    claim(b1)  # waits behind alice's first: the reason names her run
+    listing = _listing(client, root)
+    assert [(e["id"], e["position"]) for e in listing["queue"]] == [
+        (a1.pk, 1),
+        (b1.pk, 2),
+        (a2.pk, 3),
+    ]
+    assert listing["queue"][1]["reason"].startswith(f"waiting behind #{a1.pk}")
+    assert listing["total"] == 3 and listing["can_set_priority"] is True
+    # Bob sees his run, its place among everyone's, and nothing of Alice's.
+    listing = _listing(client, bob)
+    (entry,) = listing["queue"]
+    assert (entry["id"], entry["position"], entry["ahead"]) == (b1.pk, 2, 1)
+    assert entry["ahead_text"] == "1 run ahead"
+    assert entry["reason"].startswith("waiting behind another user's run, whose turn")
+    assert listing["total"] == 3 and listing["can_set_priority"] is False
+    text = json.dumps(listing)
+    assert alice.username not in text and "alice" not in text and f"#{a1.pk}" not in text
+    assert (
+        _listing(client, alice)["summary"]
+        == "3 runs queued in all; 2 of them yours (only yours are shown)."
+    )
+
+
+def test_only_staff_set_priority(client: Any, user_factory: Any, experiment_factory: Any):
+    alice, root = user_factory(), user_factory(staff=True)
+    first, second = queued(experiment_factory, alice, "1"), queued(experiment_factory, alice, "2")
+    client.force_login(alice)
+    url = f"/api/queue/{second.pk}/priority/"
+    response = client.post(url, {"priority": 5}, content_type="application/json")
+    assert response.status_code == 403 and "staff" in response.json()["error"]
+    assert Experiment.objects.get(pk=second.pk).priority == 0
+    client.force_login(root)
+    for bad in ("5", 1.5, True, 10_000, None):
+        response = client.post(url, {"priority": bad}, content_type="application/json")
+        assert response.status_code == 400, bad
+    response = client.post(url, {"priority": 5}, content_type="application/json")
+    assert response.status_code == 200
+    assert (response.json()["position"], response.json()["priority"]) == (1, 5)
+    assert [e["id"] for e in _listing(client, root)["queue"]] == [second.pk, first.pk]
+    Experiment.objects.filter(pk=first.pk).update(status=Status.SUCCEEDED)
+    response = client.post(
+        f"/api/queue/{first.pk}/priority/", {"priority": 1}, content_type="application/json"
+    )
+    assert response.status_code == 409
+    assert (
+        client.post(
+            "/api/queue/999999/priority/", {"priority": 1}, content_type="application/json"
+        ).status_code
+        == 404
+    )
+
+
+def test_staff_set_priority_in_the_admin(client: Any, user_factory: Any, experiment_factory: Any):
+    root = user_factory(staff=True, is_superuser=True)
+    run = queued(experiment_factory, root, "from the admin")
+    client.force_login(root)
+    page = client.get(f"/admin/experiments/experiment/{run.pk}/change/")
+    assert page.status_code == 200 and b'name="priority"' in page.content
+
+
+def test_estimates_replay_the_queue_from_the_running_runs_progress(
+    client: Any, user_factory: Any, experiment_factory: Any
+):
+    alice, root = user_factory(), user_factory(staff=True)
+    now = timezone.now()
+    WorkerMachine.objects.create(hostname="m1", report={"cpu_count": 2}, reported_at=now)
+    # Half way after 100 s: expected to end 100 s from now.
+    queued(
+        experiment_factory, alice, "running", status=Status.RUNNING, worker="m1", step=50,
+        total_steps=100, started_at=now - timedelta(seconds=100),
+    )  # fmt: skip
+    # A finished run like the first queued one took 60 s; nothing like the third has finished.
+    queued(
+        experiment_factory, alice, "done", status=Status.SUCCEEDED, epochs=1,
+        started_at=now - timedelta(seconds=600), finished_at=now - timedelta(seconds=540),
+    )  # fmt: skip
+    first = queued(experiment_factory, alice, "first", epochs=1)
+    second = queued(experiment_factory, alice, "second", epochs=2)
+    third = queued(experiment_factory, alice, "third", epochs=1)
+    starts = {e["id"]: e["estimated_start_seconds"] for e in _listing(client, root)["queue"]}
+    # Each takes the whole machine (two threads): one after another.
+    assert starts[first.pk] == pytest.approx(100, abs=5)
+    assert starts[second.pk] == pytest.approx(160, abs=5)
+    assert starts[third.pk] is None  # waits for the second, whose length nobody knows

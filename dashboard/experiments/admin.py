@@ -44,8 +44,10 @@ class CheckpointInline(ReadOnlyInline):
 
 @admin.register(Experiment)
 class ExperimentAdmin(admin.ModelAdmin):
-    list_display = ("name", "status", "strategy", "owner", "accuracy", "duration", "created_at")
-    list_filter = ("status", "strategy", "owner")
+    list_display = (
+        "name", "status", "strategy", "owner", "priority", "accuracy", "duration", "created_at",
+    )  # fmt: skip
+    list_filter = ("status", "strategy", "owner", "priority")
     search_fields = ("name",)
     date_hierarchy = "created_at"
     actions = ("stop_runs", "checkpoint_runs", "clone_and_relaunch")

@@ -1,10 +1,11 @@
 from django.urls import path
 
-from dashboard.experiments import views
+from dashboard.experiments import views, views_queue
 
 urlpatterns = [
     path("", views.experiment_list, name="experiment-list"),
     path("experiments/new/", views.experiment_new, name="experiment-new"),
+    path("queue/", views_queue.queue_page, name="queue"),
     path("experiments/compare/", views.experiment_compare, name="experiment-compare"),
     path("experiments/<int:pk>/", views.experiment_detail, name="experiment-detail"),
     path(

@@ -1,0 +1,138 @@
+"""The queue as JSON: GET /api/queue/ and POST /api/queue/<id>/priority/ (staff).
+
+Everyone's queued runs count for positions, but a user who is not staff sees only their own
+entries, and of the others only how many are ahead (`ahead`); a waiting reason that names
+another user's run (#12) names it as "another user's run" instead. Cancel is the run's own
+stop route (POST /api/experiments/<id>/stop/), given as `stop_url`.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import datetime
+from typing import Any
+
+from django.http import HttpRequest, JsonResponse
+from django.urls import reverse
+from django.utils import timezone
+
+from dashboard.api import ApiError, api_view, json_body
+from dashboard.experiments.models import Experiment, Status
+from dashboard.experiments.queue import PRIORITY_RANGE, experiment_priority_set, queue_ordered
+from dashboard.experiments.queue_estimate import queue_estimates
+from dashboard.texts import (
+    QUEUE_ESTIMATE_METHOD,
+    QUEUE_NOT_TRIED,
+    QUEUE_OTHERS_RUN,
+    queue_start_text,
+    queue_summary_text,
+    runs_ahead_text,
+)
+
+RUN_REFERENCE = re.compile(r"#(\d+)")
+
+
+def reason_for_viewer(reason: str, *, viewer_runs: set[int] | None) -> str:
+    """The waiting reason with other users' run numbers taken out (viewer_runs None: staff)."""
+    if viewer_runs is None:
+        return reason
+
+    def name(match: re.Match[str]) -> str:
+        return match.group(0) if int(match.group(1)) in viewer_runs else QUEUE_OTHERS_RUN
+
+    return RUN_REFERENCE.sub(name, reason)
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def queue_entry(
+    run: Experiment, *, position: int, start: datetime | None, now: datetime, reason: str
+) -> dict[str, Any]:
+    wait = max(0.0, (start - now).total_seconds()) if start else None
+    return {
+        "id": run.pk,
+        "name": run.name,
+        "owner": run.owner.get_username(),
+        "status": run.status,
+        "position": position,
+        "ahead": position - 1,
+        "ahead_text": runs_ahead_text(position - 1),
+        "reason": reason or QUEUE_NOT_TRIED,
+        "priority": run.priority,
+        "strategy": run.strategy,
+        "processes": run.processes,
+        "nodes": run.nodes,
+        "gpus": run.gpus,
+        "devices_label": run.devices_label(),
+        "created_at": _iso(run.created_at),
+        "estimated_start": _iso(start),
+        "estimated_start_seconds": wait,
+        "estimated_start_text": queue_start_text(wait),
+        "url": run.get_absolute_url(),
+        "stop_url": reverse("api-experiment-stop", args=[run.pk]),
+        "priority_url": reverse("api-queue-priority", args=[run.pk]),
+    }
+
+
+def queue_listing(*, user: Any, now: datetime) -> dict[str, Any]:
+    """The queue as `user` may see it: claim order, positions counted over everyone's runs."""
+    staff = bool(getattr(user, "is_staff", False))
+    queued = list(queue_ordered().select_related("owner"))
+    starts = queue_estimates(queued=queued, now=now)
+    mine = None if staff else set(
+        Experiment.objects.filter(owner_id=user.pk).values_list("pk", flat=True)
+    )  # fmt: skip
+    entries = [
+        queue_entry(
+            run,
+            position=position,
+            start=starts.get(run.pk),
+            now=now,
+            reason=reason_for_viewer(run.waiting_reason, viewer_runs=mine),
+        )
+        for position, run in enumerate(queued, start=1)
+        if staff or run.owner_id == user.pk
+    ]
+    return {
+        "queue": entries,
+        "total": len(queued),
+        "summary": queue_summary_text(total=len(queued), shown=len(entries), everyone=staff),
+        "estimate": QUEUE_ESTIMATE_METHOD,
+        "can_set_priority": staff,
+        "priority_range": list(PRIORITY_RANGE),
+        "now": now.isoformat(),
+    }
+
+
+@api_view(("GET",))
+def queue_view(request: HttpRequest) -> JsonResponse:
+    return JsonResponse(queue_listing(user=request.user, now=timezone.now()))
+
+
+def _priority_parse(body: dict[str, Any]) -> int:
+    value = body.get("priority")
+    low, high = PRIORITY_RANGE
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        message = f"priority must be a whole number from {low} to {high}"
+        raise ApiError(400, message, {"priority": [message]})
+    return value
+
+
+@api_view(("POST",))
+def queue_priority_view(request: HttpRequest, pk: int) -> JsonResponse:
+    """Set a queued run's priority (staff only): higher is claimed first."""
+    if not getattr(request.user, "is_staff", False):
+        raise ApiError(403, "only staff may set a run's priority")
+    priority = _priority_parse(json_body(request))
+    experiment = Experiment.objects.filter(pk=pk).first()
+    if experiment is None:
+        raise ApiError(404, f"no experiment {pk}")
+    if not experiment_priority_set(experiment_id=pk, priority=priority):
+        raise ApiError(
+            409, f"the run is {experiment.status}; only a queued run's priority moves it"
+        )
+    listing = queue_listing(user=request.user, now=timezone.now())
+    entry = next((e for e in listing["queue"] if e["id"] == pk), None)
+    return JsonResponse(entry or {"id": pk, "priority": priority, "status": Status.QUEUED})
