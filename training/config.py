@@ -9,7 +9,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from training.registry import MULTIPROCESS_STRATEGIES, REGISTRY, STRATEGY_NAMES
+from training.registry import (
+    MULTIPROCESS_STRATEGIES,
+    REGISTRY,
+    STRATEGY_NAMES,
+    TORCHRUN_STRATEGIES,
+)
 
 ZERO_STAGES = (1, 2)
 DEEPSPEED_REQUIREMENT = "deepspeed==0.19.8"
@@ -39,6 +44,12 @@ class TrainConfig:
     keep_checkpoints: int = 2
     keep_requested_checkpoints: int = 5
     steps_per_epoch: int | None = None  # at most this many optimizer steps per epoch
+    # Across machines (torchrun's c10d rendezvous): --nproc ranks on each of `nnodes` machines.
+    nnodes: int = 1
+    rdzv_endpoint: str | None = None
+    rdzv_id: str | None = None
+    rdzv_host: bool = False
+    local_addr: str | None = None
     # Stop after the first epoch whose test accuracy reaches this (a study's stop-at-target).
     target_accuracy: float | None = None
 
@@ -197,7 +208,69 @@ def build_parser() -> argparse.ArgumentParser:
         help="DeepSpeed ZeRO stage: 1 partitions optimizer state, 2 also gradients "
         "(--strategy deepspeed only; default: 1)",
     )
+    _multinode_arguments(p)
     return p
+
+
+def _multinode_arguments(p: argparse.ArgumentParser) -> None:
+    """torchrun's own names for a run over several machines (its elastic quickstart's flags)."""
+    g = p.add_argument_group(
+        "several machines",
+        "start the same command on every machine, with --rdzv-host on the first one "
+        "(ddp and deepspeed)",
+    )
+    g.add_argument(
+        "--nnodes",
+        type=_int_in(1, 1024),
+        default=1,
+        help="machines the run spans, --nproc ranks on each (default: 1, torchrun --standalone)",
+    )
+    g.add_argument(
+        "--rdzv-endpoint",
+        default=None,
+        metavar="HOST:PORT",
+        help="the rendezvous store, on the first machine's address",
+    )
+    g.add_argument("--rdzv-id", type=_run_id, default=None, help="one id for the whole run")
+    g.add_argument(
+        "--rdzv-host",
+        action="store_true",
+        help="this machine hosts the rendezvous store (torchrun's is_host: machines that share "
+        "a host name cannot tell by it)",
+    )
+    g.add_argument(
+        "--local-addr",
+        default=None,
+        metavar="ADDR",
+        help="the address other machines reach this one at (Gloo/NCCL use its interface)",
+    )
+
+
+def _multinode_check(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    given = [
+        flag
+        for flag, value in (
+            ("--rdzv-endpoint", ns.rdzv_endpoint),
+            ("--rdzv-id", ns.rdzv_id),
+            ("--rdzv-host", ns.rdzv_host),
+            ("--local-addr", ns.local_addr),
+        )
+        if value
+    ]
+    if ns.nnodes == 1:
+        if given:
+            parser.error(f"argument {given[0]}: only with --nnodes 2 or more")
+        return
+    if ns.strategy not in TORCHRUN_STRATEGIES:
+        parser.error(
+            f"argument --nnodes: --strategy {ns.strategy} runs on one machine; use --strategy "
+            f"{' or '.join(TORCHRUN_STRATEGIES)}"
+        )
+    if not ns.rdzv_endpoint or not ns.rdzv_id:
+        parser.error("argument --nnodes: several machines need --rdzv-endpoint and --rdzv-id")
+    host, _, port = ns.rdzv_endpoint.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        parser.error("argument --rdzv-endpoint: expected HOST:PORT, e.g. 10.0.0.1:29400")
 
 
 def parse_args(argv: Sequence[str], parser: argparse.ArgumentParser | None = None) -> TrainConfig:
@@ -209,6 +282,7 @@ def parse_args(argv: Sequence[str], parser: argparse.ArgumentParser | None = Non
         parser.error(
             f"argument --zero-stage: applies to --strategy deepspeed only, not {ns.strategy}"
         )
+    _multinode_check(ns, parser)
     return TrainConfig(
         strategy=ns.strategy,
         nproc=ns.nproc if ns.nproc is not None else _default_nproc(ns.strategy, ns.gpus),
@@ -233,6 +307,11 @@ def parse_args(argv: Sequence[str], parser: argparse.ArgumentParser | None = Non
         keep_requested_checkpoints=ns.keep_requested_checkpoints,
         steps_per_epoch=ns.steps_per_epoch,
         target_accuracy=ns.target_accuracy,
+        nnodes=ns.nnodes,
+        rdzv_endpoint=ns.rdzv_endpoint,
+        rdzv_id=ns.rdzv_id,
+        rdzv_host=ns.rdzv_host,
+        local_addr=ns.local_addr,
     )
 
 

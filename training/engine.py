@@ -42,7 +42,7 @@ from training.reporting import (
     target_reached,
 )
 from training.run_requests import checkpoint_request_pending, checkpoint_request_take
-from training.runtime import Runtime, all_gather, all_reduce_sum
+from training.runtime import Runtime, all_gather, all_reduce_sum, machine_name
 from training.shared_data import dataset_for_ranks
 from training.strategies import Plan, own_trainer, plan_build
 
@@ -113,12 +113,13 @@ def _setup(cfg: TrainConfig, rt: Runtime) -> _Run:
 def _started_emit(cfg: TrainConfig, rt: Runtime, events: EventWriter, run: _Run) -> None:
     """The ``started`` event (every rank joins the gather of PIDs) and the logs that follow."""
     start_epoch = run.resume.start_epoch
-    ranks = all_gather(rt, (os.getpid(), rt.device_label))
+    ranks = all_gather(rt, (os.getpid(), rt.device_label, machine_name()))
     events.emit(
         "started",
         **started_fields(cfg, rt, run.data, run.per_epoch, start_epoch),
-        devices=run.plan.devices or [label for _, label in ranks],
-        pids=[pid for pid, _ in ranks],
+        devices=run.plan.devices or [label for _, label, _ in ranks],
+        pids=[pid for pid, _, _ in ranks],
+        machines=[machine for _, _, machine in ranks],
         # Under torchrun the ranks' parent is the launcher, the process the caller started.
         launcher_pid=os.getppid() if rt.distributed else os.getpid(),
         requests_pid=os.getpid(),

@@ -1,10 +1,10 @@
-"""The event protocol between a training run and whoever watches it (version 1.4).
+"""The event protocol between a training run and whoever watches it (version 1.5).
 
 A run writes one JSON object per line on standard output; rank 0 alone writes them. Every object
 has the envelope (``Envelope`` below)
 
     v      protocol major version (int, 1)
-    minor  protocol minor version (int, 4); absent before 1.3, so a 1.0 to 1.2 writer is "1.x"
+    minor  protocol minor version (int, 5); absent before 1.3, so a 1.0 to 1.2 writer is "1.x"
     run    the run id given with --run-id ("" when none was given)
     seq    sequence number, 1, 2, 3, ... in the order written, with no gaps
     type   one of the types below
@@ -48,6 +48,11 @@ Added in 1.4 (additive):
     step        lr: the learning rate the optimizer stepped with (its first parameter group's),
                 so that a schedule's curve is kept beside the loss
 
+Added in 1.5 (additive):
+
+    started     machines: every rank's machine, rank order (a run over several machines says
+                which ranks ran where; torchrun's rendezvous, not the launch, decides it)
+
 Readers must ignore fields they do not know and treat a line that is not a JSON object as plain log
 output. They accept every 1.x (``minor`` absent or any integer; a line whose ``v``, ``seq`` or
 ``minor`` is not an integer is no event); a reader that sees a higher major version than it knows
@@ -78,7 +83,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Final, Literal, NotRequired, TypedDict, Unpack, cast, get_args, overload
 
 PROTOCOL_VERSION: Final = 1  # the major version, "v" on the wire
-PROTOCOL_MINOR: Final = 4  # the minor version, "minor" on the wire (since 1.3)
+PROTOCOL_MINOR: Final = 5  # the minor version, "minor" on the wire (since 1.3)
 
 EventType = Literal["started", "step", "epoch", "log", "checkpoint", "finished", "failed"]
 EVENT_TYPES: Final = frozenset(get_args(EventType))
@@ -174,6 +179,8 @@ class StartedFields(TypedDict):
     # checkpoint, written after the current optimizer step (at an epoch's last step, the epoch's
     # own checkpoint answers).
     requests_pid: NotRequired[int]
+    # 1.5: each rank's machine (TRAINYARD_WORKER_NAME where set, else the host name), rank order
+    machines: NotRequired[list[str]]
 
 
 class StepFields(TypedDict):

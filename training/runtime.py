@@ -93,6 +93,12 @@ def all_gather_floats(rt: Runtime, values: list[float]) -> list[list[float]]:
     return [[float(v) for v in o.tolist()] for o in out]
 
 
+def machine_name() -> str:
+    """This rank's machine as the dashboard names it: its worker's name, else the host name
+    (machines that share a host name, as network namespaces do, are told apart by the former)."""
+    return os.environ.get("TRAINYARD_WORKER_NAME") or socket.gethostname()
+
+
 def _local_device(index: int | None) -> torch.device:
     if index is None:
         return torch.device("cpu")
