@@ -2,6 +2,7 @@
 
 import os
 from pathlib import Path
+from typing import Any
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -35,11 +36,13 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "channels",
+    "ninja",  # its templates and static files: the API docs page with no CDN
     "dashboard",
     "dashboard.accounts",
     "dashboard.experiments",
     "dashboard.devices",
     "dashboard.notifications",
+    "dashboard.studies",
 ]
 
 MIDDLEWARE = [
@@ -71,20 +74,29 @@ TEMPLATES = [
 ]
 ASGI_APPLICATION = "dashboard.asgi.application"
 
+
+def database_settings(url: str) -> dict[str, Any]:
+    """Django's settings for the database at `url` (DATABASE_URL's form); the tests' PostgreSQL
+    pass (tests/conftest.py) builds its settings here too, so it runs what production runs."""
+    database: dict[str, Any] = dict(dj_database_url.parse(url, conn_max_age=0))
+    if database["ENGINE"] == "django.db.backends.sqlite3":
+        # The web server and the workers write one file at once: WAL plus a busy timeout, and
+        # IMMEDIATE transactions so that writers queue instead of failing with "database is
+        # locked".
+        database["OPTIONS"] = {
+            "init_command": "PRAGMA journal_mode=WAL;",
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 20,
+        }
+        database["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
+    return database
+
+
 DATABASES = {
-    "default": dj_database_url.parse(
-        env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'trainyard.sqlite3'}"), conn_max_age=0
+    "default": database_settings(
+        env_str("DATABASE_URL", f"sqlite:///{VAR_DIR / 'trainyard.sqlite3'}")
     )
 }
-if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
-    # The web server and the workers write one file at once: WAL plus a busy timeout, and
-    # IMMEDIATE transactions so that writers queue instead of failing with "database is locked".
-    DATABASES["default"]["OPTIONS"] = {
-        "init_command": "PRAGMA journal_mode=WAL;",
-        "transaction_mode": "IMMEDIATE",
-        "timeout": 20,
-    }
-    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env_str("REDIS_URL", "redis://127.0.0.1:6379/0")

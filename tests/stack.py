@@ -1,7 +1,8 @@
 """A real Trainyard stack for tests: Redis, the ASGI server (daphne) and a Celery worker.
 
-Each runs as its own process on free ports, over a fresh SQLite file; tests talk to it only as a
-user would, over HTTP and WebSocket.
+Each runs as its own process on free ports, over a fresh database (a SQLite file, or a database on
+the PostgreSQL pass's server: tests/conftest.py); tests talk to it only as a user would, over HTTP
+and WebSocket, and read its rows with `Stack.query`.
 """
 
 from __future__ import annotations
@@ -69,7 +70,7 @@ def service_start(*, name: str, command: list[str], env: dict[str, str], logs: P
 class Stack:
     base_url: str
     redis_url: str
-    database: Path
+    database_url: str
     env: dict[str, str]
     logs: Path
     services: dict[str, Service] = field(default_factory=dict)
@@ -124,10 +125,20 @@ class Stack:
         return session
 
     def query(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
-        import sqlite3
+        """Rows of `sql` (`?` placeholders) on either engine; JSON columns come back as their
+        text on both, as SQLite stores them."""
+        if self.database_url.startswith("sqlite:///"):
+            import sqlite3
 
-        with sqlite3.connect(self.database, timeout=20) as connection:
-            return list(connection.execute(sql, params))
+            path = self.database_url.removeprefix("sqlite:///")
+            with sqlite3.connect(path, timeout=20) as connection:
+                return list(connection.execute(sql, params))
+        import psycopg
+        from psycopg.types.string import TextLoader
+
+        with psycopg.connect(self.database_url, autocommit=True) as connection:
+            connection.adapters.register_loader("jsonb", TextLoader)
+            return list(connection.execute(sql.replace("?", "%s"), params))  # type: ignore[arg-type]
 
     def experiment_row(self, pk: int) -> dict[str, Any]:
         (row,) = self.query(
@@ -170,17 +181,20 @@ def worker_start(stack: Stack) -> Service:
 
 
 @contextmanager
-def stack_running(*, home: Path, data_dir: Path) -> Iterator[Stack]:
+def stack_running(
+    *, home: Path, data_dir: Path, database_url: str | None = None
+) -> Iterator[Stack]:
+    """The stack over `database_url` (an empty database), by default a new SQLite file in home."""
     logs = home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     redis, redis_url = redis_start(logs=logs)
     web_port = free_port()
-    database = home / "stack.sqlite3"
+    database_url = database_url or f"sqlite:///{home / 'stack.sqlite3'}"
     env = {
         **os.environ,
         "DJANGO_SETTINGS_MODULE": "dashboard.settings",
         "TRAINYARD_HOME": str(home),
-        "DATABASE_URL": f"sqlite:///{database}",
+        "DATABASE_URL": database_url,
         "REDIS_URL": redis_url,
         "TRAINYARD_DATA_DIR": str(data_dir),
         "TRAINYARD_WORKER_NAME": "test-worker",
@@ -197,7 +211,7 @@ def stack_running(*, home: Path, data_dir: Path) -> Iterator[Stack]:
         "PYTHONUNBUFFERED": "1",
         "DEBUG": "1",
     }
-    stack = Stack(f"http://127.0.0.1:{web_port}", redis_url, database, env, logs)
+    stack = Stack(f"http://127.0.0.1:{web_port}", redis_url, database_url, env, logs)
     stack.services["redis"] = redis
     try:
         stack.manage("migrate", "--noinput", "-v", "0")

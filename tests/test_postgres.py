@@ -1,24 +1,18 @@
-"""The schema on PostgreSQL: the server the tests start themselves (tests/postgres.py) takes every
-migration forwards and back, and the models need no migration there that SQLite would not."""
+"""PostgreSQL: the server the tests start themselves (tests/postgres.py) takes every migration
+forwards and back, the models need no migration there that SQLite would not, and each pass of the
+suite (tests/conftest.py's --database) really runs on its engine, in this process and in the
+stack's."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
 
 import pytest
 
-from tests.conftest import need
-from tests.postgres import Postgres, postgres_bin, postgres_running
-from tests.stack import ROOT, free_port
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[Postgres]:
-    need(postgres_bin() is not None, "PostgreSQL's server is not installed (package postgresql)")
-    with postgres_running(port=free_port()) as server:
-        yield server
+from tests.conftest import on_postgres
+from tests.postgres import Postgres
+from tests.stack import ROOT, Stack
 
 
 def _manage(url: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -29,11 +23,35 @@ def _manage(url: str, *args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
-def test_every_migration_applies_and_rolls_back_on_postgres(postgres: Postgres) -> None:
-    url = postgres.database_create("trainyard_migrations")
+def test_every_migration_applies_and_rolls_back_on_postgres(postgres_server: Postgres) -> None:
+    url = postgres_server.database_create("trainyard_migrations")
     for args in (("migrate", "--noinput"), ("migrate", "experiments", "zero", "--noinput"),
                  ("migrate", "--noinput"), ("makemigrations", "--check", "--dry-run")):  # fmt: skip
         done = _manage(url, *args)
         assert done.returncode == 0, f"manage.py {' '.join(args)}:\n{done.stderr[-3000:]}"
     tables = _manage(url, "dbshell", "--", "-Atc", "select count(*) from experiments_experiment")
     assert tables.returncode == 0 and tables.stdout.strip() == "0", tables.stderr
+
+
+def _engine(request: pytest.FixtureRequest) -> str:
+    return "postgresql" if on_postgres(request.config) else "sqlite"
+
+
+@pytest.mark.django_db
+def test_the_test_database_is_on_the_engine_of_the_pass(request: pytest.FixtureRequest) -> None:
+    from django.db import connection
+
+    assert connection.vendor == _engine(request)
+    assert connection.settings_dict["NAME"].startswith(("test_", "/"))  # never a user's database
+
+
+@pytest.mark.integration
+def test_the_stacks_processes_share_the_engine_of_the_pass(
+    request: pytest.FixtureRequest, stack: Stack
+) -> None:
+    printed = stack.manage(
+        "shell", "-c", "from django.db import connection; print(connection.vendor)"
+    )
+    assert printed.strip().splitlines()[-1] == _engine(request)
+    # The worker's device report reached the rows the test reads: the same database.
+    assert ("test-worker",) in stack.query("SELECT hostname FROM devices_workermachine")
