@@ -1,4 +1,14 @@
-"""Plumbing shared by the JSON API views: authentication, CSRF, JSON bodies and errors."""
+"""The JSON API's plumbing on django-ninja: authentication, CSRF, JSON bodies and errors.
+
+Every route under /api/ is an operation of one NinjaAPI (built in dashboard/api_urls.py from
+each app's Router), so the OpenAPI document at /api/schema/ lists them all with their auth and
+their answers. What ninja does not decide here, on purpose:
+- request bodies: a route reads its body with `json_body` and validates it where it always did
+  (the launch form), so the schema's body (for the docs) is never a second set of rules;
+- the order of refusals: an anonymous caller gets 401 before learning which methods a path
+  takes (405), so each path is wrapped in `gate` rather than answered by ninja's 405;
+- the error shape: every refusal is `{"error": msg, "errors": {field: [..]}, ...details}`.
+"""
 
 from __future__ import annotations
 
@@ -8,17 +18,32 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.decorators import login_not_required
 from django.core.exceptions import RequestDataTooBig
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.middleware.csrf import CsrfViewMiddleware
+from django.urls import URLPattern, path, reverse
 from django.views.decorators.csrf import csrf_exempt
+from ninja import NinjaAPI, Schema
+from ninja.errors import AuthenticationError, HttpError, ValidationError
+from ninja.openapi.docs import Swagger
+from ninja.operation import PathView
+from ninja.responses import Response
+from ninja.security import APIKeyCookie
+from ninja.security.http import HttpAuthBase
+from ninja.utils import normalize_path, replace_path_param_notation
+from pydantic import ConfigDict
 
 from dashboard.accounts.services import token_authenticate
 
 # The same figure as settings.DATA_UPLOAD_MAX_MEMORY_SIZE (tests/test_fuzz.py checks), so that
 # Django's own check and this one refuse the same bodies.
 MAX_BODY_BYTES = 64 * 1024
+LOGIN_NEEDED = "login or an API token is required"
+BAD_TOKEN = "invalid or revoked API token"
+TOO_BIG = f"request body over {MAX_BODY_BYTES} bytes"
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 View = Callable[..., HttpResponse]
 
@@ -42,6 +67,15 @@ class ApiError(Exception):
         self.headers = headers or {}
 
 
+class ErrorOut(Schema):
+    """Every refusal of the API, whatever its status."""
+
+    model_config = ConfigDict(extra="allow")  # details: a 429's limit and retry_after, ...
+
+    error: str
+    errors: dict[str, list[str]] | None = None
+
+
 def error_response(
     status: int,
     message: str,
@@ -56,62 +90,66 @@ def error_response(
     return JsonResponse(body, status=status, headers=headers)
 
 
-def _authenticate_token(request: HttpRequest) -> bool:
-    header = request.headers.get("Authorization", "")
-    scheme, _, key = header.partition(" ")
-    if scheme.lower() not in {"bearer", "token"} or not key.strip():
-        return False
-    token = token_authenticate(key=key)
-    if token is None:
-        # Unknown, revoked, or its user deactivated: one answer, so a caller learns nothing.
-        raise ApiError(401, "invalid or revoked API token")
-    request.user = token.user
-    return True
+def errors(*statuses: int) -> dict[int, type[Schema]]:
+    """The error answers of an operation: these plus 401 (no or a bad login), which all have."""
+    return {status: ErrorOut for status in sorted({401, *statuses})}
+
+
+# ---- authentication: two schemes, as the schema documents them ----
+
+
+class BearerToken(HttpAuthBase):
+    """`Authorization: Bearer <key>` (or `Token <key>`), a key from the tokens page, `POST
+    /api/tokens/` or `manage.py create_token`."""
+
+    openapi_scheme = "bearer"
+
+    def __call__(self, request: HttpRequest) -> Any:
+        scheme, _, key = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() not in {"bearer", "token"} or not key.strip():
+            return None
+        token = token_authenticate(key=key)
+        if token is None:
+            # Unknown, revoked, or its user deactivated: one answer, so a caller learns nothing.
+            raise ApiError(401, BAD_TOKEN)
+        request.user = token.user
+        return token
+
+
+class SessionCookie(APIKeyCookie):
+    """The browser's login session; writes need the CSRF token (`X-CSRFToken`), as forms do."""
+
+    param_name = settings.SESSION_COOKIE_NAME
+
+    def __init__(self) -> None:
+        super().__init__(csrf=False)  # checked below, only for writes, as a JSON 403
+
+    def __call__(self, request: HttpRequest) -> Any:
+        return self.authenticate(request, None)
+
+    def authenticate(self, request: HttpRequest, key: str | None) -> Any:
+        if not request.user.is_authenticated:
+            return None
+        if request.method not in SAFE_METHODS and _csrf_failure(request) is not None:
+            raise ApiError(403, "CSRF token missing or incorrect")
+        return request.user
 
 
 def _csrf_failure(request: HttpRequest) -> HttpResponse | None:
-    # Session-authenticated writes need the CSRF token, exactly as a form post would.
     check = CsrfViewMiddleware(lambda req: HttpResponse())
     check.process_request(request)
     return check.process_view(request, lambda req: HttpResponse(), (), {})
 
 
-def api_view(methods: tuple[str, ...]) -> Callable[[View], View]:
-    """Token or session login, CSRF for session writes, JSON errors for everything that fails."""
+AUTH = [BearerToken(), SessionCookie()]
 
-    def decorate(view: View) -> View:
-        @functools.wraps(view)
-        @csrf_exempt
-        @login_not_required
-        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-            try:
-                # Login first: an anonymous caller learns nothing, not even which methods a
-                # path takes.
-                by_token = _authenticate_token(request)
-                if not by_token and not request.user.is_authenticated:
-                    return error_response(401, "login or an API token is required")
-                if request.method not in methods:
-                    return error_response(
-                        405,
-                        f"method {request.method} not allowed; use {', '.join(methods)}",
-                        headers={"Allow": ", ".join(methods)},
-                    )
-                writes = request.method not in {"GET", "HEAD", "OPTIONS"}
-                if not by_token and writes and _csrf_failure(request) is not None:
-                    return error_response(403, "CSRF token missing or incorrect")
-                return view(request, *args, **kwargs)
-            except ApiError as exc:
-                return error_response(
-                    exc.status, exc.message, exc.errors, details=exc.details, headers=exc.headers
-                )
-            except RequestDataTooBig:
-                # Django refuses the body (Content-Length over DATA_UPLOAD_MAX_MEMORY_SIZE) when
-                # the CSRF check or the view first reads it: a JSON 413, not an HTML 400.
-                return error_response(413, f"request body over {MAX_BODY_BYTES} bytes")
 
-        return wrapper
+def _logged_in(request: HttpRequest) -> bool:
+    """For a refusal before any operation runs (a wrong method): raises ApiError for a bad key."""
+    return bool(AUTH[0](request)) or request.user.is_authenticated
 
-    return decorate
+
+# ---- JSON bodies ----
 
 
 def json_constant_refuse(name: str) -> Any:
@@ -130,9 +168,9 @@ def json_body(request: HttpRequest) -> dict[str, Any]:
     try:
         body = request.body
     except RequestDataTooBig:
-        raise ApiError(413, f"request body over {MAX_BODY_BYTES} bytes") from None
+        raise ApiError(413, TOO_BIG) from None
     if len(body) > MAX_BODY_BYTES:
-        raise ApiError(413, f"request body over {MAX_BODY_BYTES} bytes")
+        raise ApiError(413, TOO_BIG)
     if not body:
         return {}
     try:
@@ -145,3 +183,204 @@ def json_body(request: HttpRequest) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ApiError(400, "body must be a JSON object")
     return data
+
+
+def json_request_body(schema: type[Schema], *, description: str) -> dict[str, Any]:
+    """The operation's documented JSON body (openapi_extra). Documentation only: the route
+    reads it with json_body and validates it where it always did."""
+    content = {"application/json": {"schema": schema.model_json_schema()}}
+    return {"requestBody": {"content": content, "description": description, "required": False}}
+
+
+def query_params(*params: tuple[str, dict[str, Any], str]) -> dict[str, Any]:
+    """Documented query parameters (name, JSON schema, description), for openapi_extra. The
+    route reads request.GET itself, so that its checks (and their messages) stay the only ones."""
+    return {
+        "parameters": [
+            {"in": "query", "name": name, "required": False, "schema": schema, "description": why}
+            for name, schema, why in params
+        ]
+    }
+
+
+def file_response(content_type: str, description: str) -> dict[str, Any]:
+    """An operation's 200 that is a file or a stream, not JSON (openapi_extra)."""
+    body = {"schema": {"type": "string", "format": "binary"}}
+    return {"responses": {200: {"description": description, "content": {content_type: body}}}}
+
+
+def with_upload_handler(factory: Callable[[HttpRequest], Any]) -> Callable[[View], View]:
+    """Put an upload handler first, before the CSRF check can read (and so parse) the body."""
+
+    def decorate(view: View) -> View:
+        view.upload_handler = factory  # type: ignore[attr-defined]
+        return view
+
+    return decorate
+
+
+# ---- errors in one shape ----
+
+
+def _validation_failed(request: HttpRequest, exc: Any) -> HttpResponse:
+    fields: dict[str, list[str]] = {}
+    for problem in exc.errors:
+        where = [str(part) for part in problem.get("loc", ()) if part not in {"body", "query"}]
+        fields.setdefault(".".join(where) or "request", []).append(str(problem.get("msg")))
+    return error_response(400, "invalid request", fields)
+
+
+def handlers_install(api: NinjaAPI) -> None:
+    def api_error(request: HttpRequest, exc: Any) -> HttpResponse:
+        return error_response(
+            exc.status, exc.message, exc.errors, details=exc.details, headers=exc.headers
+        )
+
+    def http_error(request: HttpRequest, exc: Any) -> HttpResponse:
+        return error_response(exc.status_code, str(exc.message))
+
+    api.add_exception_handler(ApiError, api_error)
+    api.add_exception_handler(HttpError, http_error)
+    api.add_exception_handler(ValidationError, _validation_failed)
+    api.add_exception_handler(AuthenticationError, lambda r, e: error_response(401, LOGIN_NEEDED))
+    api.add_exception_handler(RequestDataTooBig, lambda r, e: error_response(413, TOO_BIG))
+
+
+# ---- the API object and its URLs ----
+
+
+def gate(view: PathView) -> View:
+    """One path's view: the upload cap first, then a wrong method answered after the login
+    check (401 first, so an anonymous caller learns nothing), as JSON with Allow."""
+    methods = sorted({method for op in view.operations for method in op.methods})
+    uploads = [f for op in view.operations if (f := getattr(op.view_func, "upload_handler", None))]
+    answer = view.get_view()
+
+    @csrf_exempt  # session writes are checked by SessionCookie, token writes need none
+    @login_not_required  # every operation authenticates itself
+    @functools.wraps(answer)
+    def gated(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        for factory in uploads:
+            request.upload_handlers.insert(0, factory(request))
+        try:
+            if request.method not in methods:
+                if not _logged_in(request):
+                    return error_response(401, LOGIN_NEEDED)
+                allow = ", ".join(methods)
+                message = f"method {request.method} not allowed; use {allow}"
+                return error_response(405, message, headers={"Allow": allow})
+            return answer(request, *args, **kwargs)
+        except ApiError as exc:
+            return error_response(
+                exc.status, exc.message, exc.errors, details=exc.details, headers=exc.headers
+            )
+        except RequestDataTooBig:
+            # Django refuses the body (Content-Length over DATA_UPLOAD_MAX_MEMORY_SIZE) when
+            # something first reads it: a JSON 413, not an HTML 400.
+            return error_response(413, TOO_BIG)
+
+    return gated
+
+
+def logged_in_only(view: View) -> View:
+    """The schema and the docs page: for a token or a session, as every route under /api/."""
+
+    @login_not_required  # answered below as JSON, like the routes, not with a login redirect
+    @functools.wraps(view)
+    def checked(request: HttpRequest) -> HttpResponse:
+        try:
+            if not _logged_in(request):
+                return error_response(401, LOGIN_NEEDED)
+        except ApiError as exc:
+            return error_response(exc.status, exc.message)
+        return view(request)
+
+    return checked
+
+
+class LocalSwagger(Swagger):
+    """Swagger UI from ninja's own static files (ninja is in INSTALLED_APPS): no CDN."""
+
+    def get_openapi_url(self, api: NinjaAPI, path_params: dict[str, Any]) -> str:
+        return reverse("api-schema")
+
+
+class TrainyardApi(NinjaAPI):
+    def _get_urls(self) -> list[Any]:
+        """Plain URL names (api-experiments, ...; no namespace, as before ninja), one pattern a
+        path, each behind `gate`."""
+        docs, schema = logged_in_only(self._docs_page), logged_in_only(self._schema_json)
+        result: list[URLPattern] = [
+            path("schema/", schema, name="api-schema"),
+            path("docs/", docs, name="api-docs"),
+        ]
+        for bound in self._get_bound_routers():
+            prefix = replace_path_param_notation(bound.prefix)
+            for route, view in bound.path_operations.items():
+                joined = "/".join(p for p in (prefix, replace_path_param_notation(route)) if p)
+                name = view.operations[0].url_name
+                result.append(path(normalize_path(joined).lstrip("/"), gate(view), name=name))
+        return result
+
+    def _schema_json(self, request: HttpRequest) -> HttpResponse:
+        prefix = reverse("api-schema").removesuffix("schema/")
+        return Response(self.get_openapi_schema(path_prefix=prefix))
+
+    def _docs_page(self, request: HttpRequest) -> HttpResponse:
+        return self.docs.render_page(request, self)
+
+
+def api_build(routers: list[Any]) -> TrainyardApi:
+    api = TrainyardApi(
+        title="Trainyard API",
+        version="1",
+        description=(
+            "Launch, watch, stop and compare training runs. Log in with a token "
+            "(`Authorization: Bearer <key>`, from the tokens page or `POST /api/tokens/`) or "
+            "the browser's session (writes then need the `X-CSRFToken` header). Every refusal "
+            'is JSON: `{"error": message, "errors": {field: [messages]}}`, with details such '
+            "as a 429's `limit` and `retry_after`."
+        ),
+        auth=AUTH,
+        docs=LocalSwagger(),
+        openapi_url="/schema/",
+        docs_url="/docs/",
+    )
+    handlers_install(api)
+    for router in routers:
+        api.add_router("", router)
+    return api
+
+
+def api_view(methods: tuple[str, ...]) -> Callable[[View], View]:
+    """A plain Django JSON view with the API's login, CSRF and errors, for a route that is not
+    (yet) an operation of the NinjaAPI; it is then missing from /api/schema/."""
+
+    def decorate(view: View) -> View:
+        @functools.wraps(view)
+        @csrf_exempt
+        @login_not_required
+        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+            try:
+                by_token = bool(AUTH[0](request))
+                if not by_token and not request.user.is_authenticated:
+                    return error_response(401, LOGIN_NEEDED)
+                if request.method not in methods:
+                    return error_response(
+                        405,
+                        f"method {request.method} not allowed; use {', '.join(methods)}",
+                        headers={"Allow": ", ".join(methods)},
+                    )
+                if not by_token:
+                    AUTH[1](request)  # CSRF on session writes
+                return view(request, *args, **kwargs)
+            except ApiError as exc:
+                return error_response(
+                    exc.status, exc.message, exc.errors, details=exc.details, headers=exc.headers
+                )
+            except RequestDataTooBig:
+                return error_response(413, TOO_BIG)
+
+        return wrapper
+
+    return decorate

@@ -4,24 +4,43 @@ API token (the key in the answer, once)."""
 from __future__ import annotations
 
 from django.contrib.auth import authenticate
-from django.contrib.auth.decorators import login_not_required
 from django.http import HttpRequest, JsonResponse
-from django.views.decorators.csrf import csrf_exempt
+from ninja import Router, Schema
+from pydantic import ConfigDict, Field
 
 from dashboard.accounts.services import token_create
-from dashboard.api import ApiError, error_response, json_body
+from dashboard.api import ApiError, error_response, errors, json_body, json_request_body
 
 LOGIN_REQUIRED = "login required: POST a JSON object with username and password"
 
+router = Router(tags=["tokens"])
 
-@csrf_exempt  # no session is used: the password in the body is the credential
-@login_not_required
+
+class TokenIn(Schema):
+    model_config = ConfigDict(extra="allow")
+
+    username: str
+    password: str
+    name: str | None = Field(None, description="to tell your tokens apart on the tokens page")
+
+
+class TokenOut(Schema):
+    id: int
+    name: str
+    prefix: str
+    token: str = Field(description="the key, shown this once: send it as `Bearer <key>`")
+
+
+@router.post(
+    "/tokens/",
+    url_name="api-tokens",
+    auth=None,  # no session or token: the password in the body is the credential
+    response={201: TokenOut, **errors(400, 413)},
+    openapi_extra={"security": []}
+    | json_request_body(TokenIn, description="the account's username and password"),
+)
 def tokens_create(request: HttpRequest) -> JsonResponse:
-    # Like every API route, an anonymous caller learns nothing, not even which methods it takes.
-    if request.method != "POST":
-        if not request.user.is_authenticated:
-            return error_response(401, LOGIN_REQUIRED)
-        return error_response(405, "method not allowed; use POST", headers={"Allow": "POST"})
+    """Trade a username and password for a new API token."""
     try:
         payload = json_body(request)
     except ApiError as exc:

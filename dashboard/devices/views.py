@@ -8,13 +8,32 @@ from django.conf import settings
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import render
 from django.utils import timezone
+from ninja import Router, Schema
+from pydantic import ConfigDict
 
-from dashboard.api import api_view
+from dashboard.api import errors
 from dashboard.devices.facts import SHM_LOW_BYTES
 from dashboard.devices.models import WorkerMachine
 from dashboard.texts import bytes_text
 
 POLL_SECONDS = 5
+
+router = Router(tags=["devices"])
+
+
+class MachineOut(Schema):
+    model_config = ConfigDict(extra="allow")
+
+    hostname: str
+    online: bool
+    reported_at: str
+    age_seconds: int
+    report: dict[str, Any]
+    runs: list[dict[str, Any]]
+
+
+class MachinesOut(Schema):
+    machines: list[MachineOut]
 
 
 def machine_age_seconds(machine: WorkerMachine) -> int:
@@ -137,8 +156,9 @@ def device_list(request: HttpRequest) -> HttpResponse:
     )
 
 
-@api_view(("GET",))
+@router.get("/devices/", url_name="api-devices", response={200: MachinesOut, **errors()})
 def api_devices(request: HttpRequest) -> HttpResponse:
+    """What every worker machine last reported: CPUs, memory, GPUs, shared memory, its runs."""
     machines = WorkerMachine.objects.all()
     runs = running_shared_tensors(user=request.user)
     items = [machine_api_item(m, runs=runs.get(m.hostname, [])) for m in machines]

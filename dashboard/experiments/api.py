@@ -15,9 +15,26 @@ from django.http import (
     JsonResponse,
     StreamingHttpResponse,
 )
+from ninja import Router, Schema
+from pydantic import ConfigDict, Field, create_model
 
-from dashboard.api import ApiError, api_view, json_body
-from dashboard.experiments.api_metrics import metrics_response
+from dashboard.api import (
+    ApiError,
+    errors,
+    file_response,
+    json_body,
+    json_request_body,
+    query_params,
+)
+from dashboard.experiments.api_metrics import METRICS_PARAMS, metrics_response
+from dashboard.experiments.api_schemas import (
+    CheckpointsOut,
+    ExperimentListOut,
+    ExperimentOut,
+    LaunchLimitedOut,
+    LogsOut,
+    MetricsOut,
+)
 from dashboard.experiments.checkpoints import (
     checkpoint_file_resolve,
     checkpoint_file_response,
@@ -75,6 +92,70 @@ MAX_RANK = 999_999
 # Bounded so that int() never meets a number of thousands of digits.
 ASCII_DIGITS = re.compile(r"[0-9]{1,19}")
 MAX_STRING_CHARS = 200
+
+router = Router(tags=["runs"])
+STRING = {"type": "string"}
+WHOLE = {"type": "integer", "minimum": 0}
+
+
+def _launch_field(name: str, allowed: tuple[type, ...]) -> tuple[Any, Any]:
+    """One launch field as the docs show it: its JSON type, the model's choices and help."""
+    kind: Any = {str: str, int: int, float: float, list: list[int]}[allowed[-1]]
+    if name == "machines":
+        kind = list[str]  # worker names
+    if name in NULLABLE_FIELDS:
+        kind = kind | None
+    try:
+        field = Experiment._meta.get_field(name)
+    except LookupError:
+        return kind, None  # a field the form adds (the docs say only its type)
+    extra: Any = {"enum": [value for value, _ in field.choices]} if field.choices else None
+    default = ... if not field.has_default() else field.get_default()
+    if name in NULLABLE_FIELDS:
+        default = None  # decided by the strategy and the GPUs
+    return kind, Field(default, description=str(field.help_text), json_schema_extra=extra)
+
+
+# The launch body for the docs only, derived from FIELD_TYPES (the API's type check) and the
+# model; the checks themselves stay in launch_payload_check and the launch form.
+class Closed(Schema):
+    model_config = ConfigDict(extra="forbid")  # an unknown field is refused
+
+
+LaunchIn: type[Schema] = create_model(  # type: ignore[call-overload]
+    "LaunchIn",
+    __base__=Closed,
+    **{name: _launch_field(name, allowed) for name, allowed in FIELD_TYPES.items()},
+)
+
+
+class LabelsIn(Closed):
+    tags: list[str] | None = Field(None, description="replaces the run's tags")
+    note: str | None = Field(None, description="replaces the run's note")
+
+
+LIST_PARAMS = query_params(
+    ("q", STRING, "words in the name, tags or note"),
+    ("status", STRING, "one status"),
+    ("strategy", STRING, "one strategy"),
+    ("dataset", STRING, "one dataset"),
+    ("owner", STRING, "a user name (staff)"),
+    ("tag", STRING, "one tag, exactly"),
+    ("sort", STRING, "created, name, status, accuracy or duration; '-' first to reverse"),
+    ("limit", {"type": "integer", "minimum": 1}, "rows a page"),
+    ("page", STRING, "the cursor in the last page's `next`"),
+)
+LOGS_EXTRA = query_params(
+    ("rank", WHOLE, "only this rank's lines"),
+    ("level", STRING, "this level or worse"),
+    ("after", WHOLE, "lines after this seq (the last page's last)"),
+    ("limit", {"type": "integer", "minimum": 1}, "lines a page"),
+    ("format", {"type": "string", "enum": ["json", "text"]}, "text: download all as a file"),
+) | {
+    "responses": {
+        200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
+    }
+}
 
 
 def launch_payload_check(payload: dict[str, Any]) -> dict[str, list[str]]:
@@ -172,10 +253,28 @@ def experiments_list_response(request: HttpRequest) -> HttpResponse:
     return JsonResponse(body, headers=headers)
 
 
-@api_view(("GET", "POST"))
+@router.get(
+    "/experiments/",
+    url_name="api-experiments",
+    response={200: ExperimentListOut, 304: None, **errors(400)},
+    openapi_extra=LIST_PARAMS,
+)
 def experiments(request: HttpRequest) -> HttpResponse:
-    if request.method == "GET":
-        return experiments_list_response(request)
+    """The caller's runs (staff: everyone's), newest first, a page at a time; send the ETag
+    back as If-None-Match for a bodiless 304 when nothing changed."""
+    return experiments_list_response(request)
+
+
+@router.post(
+    "/experiments/",
+    url_name="api-experiments",
+    response={201: ExperimentOut, 429: LaunchLimitedOut, **errors(400, 403, 413)},
+    openapi_extra=json_request_body(
+        LaunchIn, description="omitted fields take the launch form's defaults"
+    ),
+)
+def experiment_launch_view(request: HttpRequest) -> HttpResponse:
+    """Launch a run: the launch form's fields and checks (a refusal names each field)."""
     payload = json_body(request)
     errors = launch_payload_check(payload)
     if errors:
@@ -200,11 +299,24 @@ def launch_limited_error(refused: LaunchLimited) -> ApiError:
     )
 
 
-@api_view(("GET", "PATCH"))
+@router.get(
+    "/experiments/{int:pk}/",
+    url_name="api-experiment",
+    response={200: ExperimentOut, **errors(404)},
+)
 def experiment_detail(request: HttpRequest, pk: int) -> JsonResponse:
-    """The run; PATCH with ``tags`` and/or ``note`` (owner or staff) relabels it."""
-    if request.method == "GET":
-        return JsonResponse(experiment_as_dict(_visible(request, pk)))
+    """The run."""
+    return JsonResponse(experiment_as_dict(_visible(request, pk)))
+
+
+@router.patch(
+    "/experiments/{int:pk}/",
+    url_name="api-experiment",
+    response={200: ExperimentOut, **errors(400, 403, 404, 413)},
+    openapi_extra=json_request_body(LabelsIn, description="either or both"),
+)
+def experiment_labels(request: HttpRequest, pk: int) -> JsonResponse:
+    """Relabel the run (owner or staff): its ``tags`` and/or ``note``."""
     experiment = _controllable(request, pk, "change the tags and note of")
     fields, errors = labels_check(json_body(request))
     if errors:
@@ -232,7 +344,12 @@ def _whole_number(params: Any, name: str, default: int | None, most: int) -> int
     return int(value)
 
 
-@api_view(("GET",))
+@router.get(
+    "/experiments/{int:pk}/logs/",
+    url_name="api-experiment-logs",
+    response={200: LogsOut, **errors(400, 404)},
+    openapi_extra=LOGS_EXTRA,
+)
 def experiment_logs(request: HttpRequest, pk: int) -> HttpResponse:
     """The run's log lines, oldest first, a page at a time (``after=<seq>``, ``limit``), by
     ``rank`` and ``level`` (that level or worse); ``format=text`` downloads them all."""
@@ -263,13 +380,22 @@ def experiment_logs(request: HttpRequest, pk: int) -> HttpResponse:
     )
 
 
-@api_view(("GET",))
+@router.get(
+    "/experiments/{int:pk}/metrics/",
+    url_name="api-experiment-metrics",
+    response={200: MetricsOut, **errors(400, 404)},
+    openapi_extra=METRICS_PARAMS,
+)
 def experiment_metrics(request: HttpRequest, pk: int) -> JsonResponse:
     """The run's series, bucketed by default (``?raw=1`` pages raw points): api_metrics.py."""
     return metrics_response(request=request, experiment=_visible(request, pk))
 
 
-@api_view(("POST",))
+@router.post(
+    "/experiments/{int:pk}/stop/",
+    url_name="api-experiment-stop",
+    response={202: ExperimentOut, **errors(403, 404, 409)},
+)
 def experiment_stop_view(request: HttpRequest, pk: int) -> JsonResponse:
     experiment = _controllable(request, pk, "stop")
     if not experiment.is_active:
@@ -279,7 +405,11 @@ def experiment_stop_view(request: HttpRequest, pk: int) -> JsonResponse:
     return JsonResponse(experiment_as_dict(experiment), status=202)
 
 
-@api_view(("POST",))
+@router.post(
+    "/experiments/{int:pk}/checkpoint/",
+    url_name="api-experiment-checkpoint",
+    response={202: ExperimentOut, **errors(403, 404, 409)},
+)
 def experiment_checkpoint_view(request: HttpRequest, pk: int) -> JsonResponse:
     """Ask a running run to write a checkpoint after its current step (202); it is reported by
     a `checkpoint` event and listed with the run's checkpoints."""
@@ -291,7 +421,11 @@ def experiment_checkpoint_view(request: HttpRequest, pk: int) -> JsonResponse:
     return JsonResponse(experiment_as_dict(experiment), status=202)
 
 
-@api_view(("GET",))
+@router.get(
+    "/experiments/{int:pk}/checkpoints/",
+    url_name="api-experiment-checkpoints",
+    response={200: CheckpointsOut, **errors(403, 404)},
+)
 def experiment_checkpoints(request: HttpRequest, pk: int) -> JsonResponse:
     """The run's checkpoints still on disk somewhere, oldest first; ``api_url`` downloads one."""
     experiment = _controllable(request, pk, "list the checkpoints of")
@@ -299,8 +433,14 @@ def experiment_checkpoints(request: HttpRequest, pk: int) -> JsonResponse:
     return JsonResponse({"id": pk, "checkpoints": rows})
 
 
-@api_view(("GET",))
+@router.get(
+    "/experiments/{int:pk}/checkpoints/{int:step}/",
+    url_name="api-experiment-checkpoint-file",
+    response=errors(403, 404),
+    openapi_extra=file_response("application/octet-stream", "the checkpoint file (torch.save)"),
+)
 def experiment_checkpoint_file(request: HttpRequest, pk: int, step: int) -> HttpResponse:
+    """Download one checkpoint (owner or staff), where this server can read its file."""
     experiment = _controllable(request, pk, "download the checkpoints of")
     checkpoint = experiment.checkpoints.filter(step=step).first()
     if checkpoint is None:

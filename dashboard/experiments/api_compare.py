@@ -3,13 +3,31 @@
 from __future__ import annotations
 
 from django.http import HttpRequest, JsonResponse
+from ninja import Router
 
-from dashboard.api import ApiError, api_view
+from dashboard.api import ApiError, errors, query_params
+from dashboard.experiments.api_schemas import CompareOut
 from dashboard.experiments.scaling import BASELINE_RULE, compare_ids_parse, comparison_build
 
+router = Router(tags=["runs"])
+IDS = query_params(
+    (
+        "ids",
+        {"type": "array", "items": {"type": "integer", "minimum": 1}},
+        "the runs: ?ids=1,2,3 or ?ids=1&ids=2",
+    )
+)
 
-@api_view(("GET",))
+
+@router.get(
+    "/experiments/compare/",
+    url_name="api-experiments-compare",
+    response={200: CompareOut, **errors(400)},
+    openapi_extra=IDS,
+)
 def experiments_compare(request: HttpRequest) -> JsonResponse:
+    """The compare page's table: throughput, speed-up and efficiency against a baseline; runs
+    that are not the caller's (or do not exist) are listed as `missing`."""
     try:
         ids = compare_ids_parse(request.GET.getlist("ids"))
     except ValueError as exc:

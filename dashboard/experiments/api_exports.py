@@ -7,13 +7,14 @@ are read (CSV, JSON) or from a temporary file (the TensorBoard zip), never built
 
 from __future__ import annotations
 
-import functools
 from typing import IO, Any
 
 from django.core.files.uploadhandler import FileUploadHandler
 from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from ninja import Router
 
-from dashboard.api import ApiError, View, api_view
+from dashboard.api import ApiError, errors, file_response, query_params, with_upload_handler
+from dashboard.experiments.api_schemas import ExperimentOut
 from dashboard.experiments.exports import (
     ExportRefused,
     export_csv_chunks,
@@ -30,8 +31,49 @@ from dashboard.streaming import streamed
 
 EXPORT_FORMATS = ("csv", "json", "tensorboard")
 
+router = Router(tags=["exports"])
+EXPORT_EXTRA = query_params(
+    ("format", {"type": "string", "enum": list(EXPORT_FORMATS)}, "csv (the default)"),
+) | {
+    "responses": {
+        200: {
+            "description": "the run's series as a file",
+            "content": {
+                "text/csv": {"schema": {"type": "string"}},
+                "application/json": {"schema": {"type": "string", "format": "binary"}},
+                "application/zip": {"schema": {"type": "string", "format": "binary"}},
+            },
+        }
+    }
+}
+COMPARE_EXTRA = query_params(
+    ("ids", {"type": "array", "items": {"type": "integer", "minimum": 1}}, "the runs"),
+) | file_response("application/zip", "the runs as one TensorBoard log, a folder a run")
+IMPORT_BODY = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "multipart/form-data": {
+                "schema": {
+                    "type": "object",
+                    "required": ["file"],
+                    "properties": {
+                        "file": {"type": "string", "format": "binary"},
+                        "name": {"type": "string", "description": "the run's name"},
+                    },
+                }
+            }
+        },
+    }
+}
 
-@api_view(("GET",))
+
+@router.get(
+    "/experiments/{int:pk}/export/",
+    url_name="api-experiment-export",
+    response=errors(400, 404, 413),
+    openapi_extra=EXPORT_EXTRA,
+)
 def experiment_export(request: HttpRequest, pk: int) -> HttpResponse:
     # Visible = the owner's or, for staff, anyone's; another user's run is a 404 as elsewhere.
     experiment = experiments_visible_to(request.user).filter(pk=pk).first()
@@ -66,7 +108,12 @@ def _zip_response(archive: IO[bytes], filename: str) -> FileResponse:
     )
 
 
-@api_view(("GET",))
+@router.get(
+    "/experiments/compare/export/",
+    url_name="api-experiments-compare-export",
+    response=errors(400, 404, 413),
+    openapi_extra=COMPARE_EXTRA,
+)
 def experiments_compare_export(request: HttpRequest) -> HttpResponse:
     """GET /api/experiments/compare/export/?ids=1,2,3: the compared runs as one TensorBoard
     log (a folder per run), which TensorBoard overlays; runs that are not the caller's (or do
@@ -116,19 +163,13 @@ class UploadCap(FileUploadHandler):
         return None
 
 
-def upload_capped(view: View) -> View:
-    """Put UploadCap first, before api_view's CSRF check can read (and so parse) the body."""
-
-    @functools.wraps(view)
-    def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-        request.upload_handlers.insert(0, UploadCap(request))
-        return view(request, *args, **kwargs)
-
-    return wrapper
-
-
-@upload_capped
-@api_view(("POST",))
+@router.post(
+    "/experiments/import/",
+    url_name="api-experiments-import",
+    response={201: ExperimentOut, **errors(400, 403, 413)},
+    openapi_extra=IMPORT_BODY,
+)
+@with_upload_handler(UploadCap)
 def experiment_import_view(request: HttpRequest) -> JsonResponse:
     upload = request.FILES.get("file")
     if upload is None:

@@ -15,7 +15,7 @@ from urllib.parse import urlencode
 
 from django.http import HttpRequest, JsonResponse
 
-from dashboard.api import ApiError
+from dashboard.api import ApiError, query_params
 from dashboard.experiments.models import Experiment
 from dashboard.experiments.series import (
     DEFAULT_BUDGET,
@@ -26,6 +26,17 @@ from dashboard.experiments.series import (
 )
 
 MAX_STEP = 2**31 - 1
+
+STEP = {"type": "integer", "minimum": 0, "maximum": MAX_STEP}
+METRICS_PARAMS = query_params(
+    ("raw", {"type": "string", "enum": ["1", "true"]}, "raw points a page at a time"),
+    ("keys", {"type": "string"}, "series keys, comma-separated (default: all)"),
+    ("buckets", {"type": "integer", "minimum": 1, "maximum": MAX_BUDGET}, "buckets a series"),
+    ("from", STEP, "zoom: the first step"),
+    ("to", STEP, "zoom: the last step"),
+    ("after", {"type": "integer", "minimum": -1, "maximum": MAX_STEP}, "raw: after this step"),
+    ("limit", {"type": "integer", "minimum": 1, "maximum": RAW_PAGE_ROWS * 10}, "raw: rows"),
+)
 
 
 def _int(request: HttpRequest, name: str, *, default: int | None, lo: int, hi: int) -> int | None:

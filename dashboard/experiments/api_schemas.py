@@ -1,0 +1,163 @@
+"""What the runs' JSON routes answer, as typed schemas for /api/schema/.
+
+The routes build their JSON as they always did (services.experiment_as_dict, the models'
+as_dict); these classes describe it, and tests/test_schemathesis.py checks every answer of the
+live server against them. `extra="allow"`: a key added later is not an answer that breaks the
+schema, and a client reading the documented keys keeps working.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ninja import Schema
+from pydantic import ConfigDict
+
+
+class Open(Schema):
+    model_config = ConfigDict(extra="allow")
+
+
+class ExperimentOut(Open):
+    """A run, as every route that answers with one gives it."""
+
+    id: int
+    name: str
+    dataset: str
+    strategy: str
+    processes: int | None
+    gpus: list[int]
+    epochs: int
+    batch_size: int
+    lr: float
+    optimizer: str
+    seed: int
+    zero_stage: int | None
+    owner: str
+    status: str
+    created_at: str | None
+    started_at: str | None
+    finished_at: str | None
+    worker: str
+    error: str
+    test_loss: float | None
+    test_accuracy: float | None
+    epoch: int
+    step: int
+    total_steps: int | None
+    last_seq: int
+    notes: list[Any]
+    dataset_source: Any = None
+    waiting_reason: str
+    attempt: int
+    attempts: list[Any]
+    heartbeat_at: str | None
+    stop_requested: bool
+    checkpoint_requested: bool
+    cancelled_by: str | None
+    duration: float | None
+    url: str
+    devices_label: str
+    tags: list[str]
+    note: str
+    imported: bool
+    # Several machines, the queue and studies (given where those features are in place).
+    nodes: int | None = None
+    machines: list[str] | None = None
+    placement: list[dict[str, Any]] | None = None
+    priority: int | None = None
+    target_accuracy: float | None = None
+
+
+class ExperimentListOut(Schema):
+    count: int
+    next: str | None
+    experiments: list[ExperimentOut]
+
+
+class LogLineOut(Schema):
+    seq: int
+    time: float  # seconds since the epoch
+    level: str
+    message: str
+    rank: int | None
+
+
+class LogsOut(Schema):
+    id: int
+    lines: list[LogLineOut]
+    next: str | None
+    ranks: list[int]
+
+
+class SeriesBucketsOut(Schema):
+    count: int
+    # [step_first, step_last, time_first, time_last, min, max, mean, last, n]
+    buckets: list[list[float | int | None]]
+
+
+class MetricsOut(Schema):
+    """Bucketed (the default) or, with ?raw=1, raw points `[step, time, value]` and `next`."""
+
+    id: int
+    budget: int | None = None
+    step_range: list[int] | None = None
+    global_batch_size: int | None = None
+    series: dict[str, SeriesBucketsOut | list[list[float | int | None]]]
+    next: str | None = None
+
+
+class CheckpointOut(Schema):
+    epoch: int
+    step: int
+    requested: bool
+    path: str
+    size: int | None
+    worker: str
+    created: str | None
+    url: str
+    api_url: str
+
+
+class CheckpointsOut(Schema):
+    id: int
+    checkpoints: list[CheckpointOut]
+
+
+class BaselineOut(Schema):
+    id: int
+    url: str
+    throughput: float | None
+    global_batch: int | None
+
+
+class CompareRowOut(Open):
+    id: int
+    name: str
+    url: str
+    status: str
+    strategy: str
+    dataset: str
+    batch_size: int
+    world_size: int | None
+    global_batch: int | None
+    throughput: float | None
+    baseline: BaselineOut | None
+    speedup: float | None
+    efficiency: float | None
+    test_accuracy: float | None
+
+
+class CompareOut(Schema):
+    runs: list[CompareRowOut]
+    missing: list[int]
+    batch_warning: str | None
+    baseline_rule: str
+
+
+class LaunchLimitedOut(Open):
+    """429: too many runs; `limit` says which, `retry_after` when to try again (seconds)."""
+
+    error: str
+    limit: Any = None
+    retry_after: int | None = None
