@@ -1,0 +1,69 @@
+"""The JSON API for studies: /api/studies/... Thin views over services.py, which return plain
+dicts; each cell is checked exactly as POST /api/experiments/ checks one launch."""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, HttpResponse, JsonResponse
+
+from dashboard.api import ApiError, api_view, json_body
+from dashboard.experiments.api import launch_limited_error
+from dashboard.experiments.limits import LaunchLimited
+from dashboard.studies.grid import StudyRefused, study_request_parse
+from dashboard.studies.models import Study
+from dashboard.studies.services import (
+    studies_list,
+    studies_visible_to,
+    study_as_dict,
+    study_can_control,
+    study_cells_csv,
+    study_create,
+    study_stop,
+)
+
+
+def study_refused_error(refused: StudyRefused) -> ApiError:
+    details = {} if refused.cell is None else {"cell": refused.cell}
+    return ApiError(400, refused.message, refused.errors, details=details)
+
+
+def _visible(request: HttpRequest, pk: int) -> Study:
+    # Someone else's study is as absent as one that does not exist.
+    study = studies_visible_to(request.user).filter(pk=pk).first()
+    if study is None:
+        raise ApiError(404, f"no study {pk}")
+    return study
+
+
+@api_view(("GET", "POST"))
+def studies(request: HttpRequest) -> HttpResponse:
+    if request.method == "GET":
+        return JsonResponse({"studies": studies_list(user=request.user)})
+    try:
+        study = study_create(owner=request.user, request=study_request_parse(json_body(request)))
+    except StudyRefused as refused:
+        raise study_refused_error(refused) from None
+    except LaunchLimited as refused:
+        raise launch_limited_error(refused) from None
+    return JsonResponse(study_as_dict(study), status=201)
+
+
+@api_view(("GET",))
+def study_detail(request: HttpRequest, pk: int) -> JsonResponse:
+    return JsonResponse(study_as_dict(_visible(request, pk)))
+
+
+@api_view(("POST",))
+def study_stop_view(request: HttpRequest, pk: int) -> JsonResponse:
+    study = _visible(request, pk)
+    if not study_can_control(study=study, user=request.user):
+        raise ApiError(403, "only the owner or staff may stop this study")
+    return JsonResponse(study_stop(study=study, by=request.user))
+
+
+@api_view(("GET",))
+def study_export(request: HttpRequest, pk: int) -> HttpResponse:
+    """The table as CSV, one row per cell."""
+    study = _visible(request, pk)
+    response = HttpResponse(study_cells_csv(study), content_type="text/csv; charset=utf-8")
+    response["Content-Disposition"] = f'attachment; filename="study-{study.pk}-cells.csv"'
+    return response

@@ -1,0 +1,175 @@
+"""A study's table: one cell per distinct config without the seed, its figures pooled over seeds.
+
+Per run, from the stored points (SeriesPoint): the time to target is the `time` (seconds since
+the run's start) of the first `test_accuracy` point, by step, at or above the target, and the
+images seen are that point's step x the run's global batch. A cell's time to target is the mean
+over its runs, and only when every one of its runs reached the target (a mean over the seeds that
+happened to get there would flatter the cell); otherwise null, with a note saying how many did.
+
+Throughput, speedup and efficiency are scaling.py's: the mean images/s of a run's step events,
+speedup against the study's own single cell (see `baseline_find`), efficiency = speedup / world
+size. Each cell becomes one ScalingRow, so that the chart and the warning about differing global
+batches are the compare page's own.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from dashboard.experiments.models import Experiment, SeriesPoint, Status
+from dashboard.experiments.scaling import (
+    ScalingRow,
+    batch_warning_text,
+    experiment_global_batch,
+    scaling_chart_build,
+    throughputs_read,
+)
+from dashboard.studies.grid import world_size_of
+from dashboard.studies.texts import cell_texts, reached_text
+
+# A cell's config: the launch fields that make runs differ, the seed left out.
+CONFIG_FIELDS = (
+    "dataset", "strategy", "processes", "nodes", "gpus", "epochs", "batch_size", "lr",
+    "optimizer", "zero_stage",
+)  # fmt: skip
+ENDED = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.LOST)
+
+
+@dataclass(frozen=True)
+class Reached:
+    seconds: float
+    images: int
+    epoch_step: int
+
+
+def config_of(experiment: Experiment) -> dict[str, Any]:
+    return {name: getattr(experiment, name) for name in CONFIG_FIELDS}
+
+
+def reached_read(*, runs: Sequence[Experiment], target: float) -> dict[int, Reached]:
+    """Each run's first test-accuracy point at or above the target (runs that never got there
+    are left out)."""
+    points = (
+        SeriesPoint.objects.filter(
+            experiment_id__in=[e.pk for e in runs], key="test_accuracy", value__gte=target
+        )
+        .order_by("experiment_id", "step", "id")
+        .values_list("experiment_id", "step", "time")
+    )
+    found: dict[int, Reached] = {}
+    batches = {e.pk: experiment_global_batch(e) for e in runs}
+    for pk, step, time_ in points:
+        if pk not in found:
+            found[pk] = Reached(seconds=time_, images=step * batches[pk], epoch_step=step)
+    return found
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return statistics.fmean(values) if values else None
+
+
+def baseline_find(cell: dict[str, Any], singles: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The study's single cell to compare with: same learning rate, optimizer, dataset and
+    epochs, and the same batch per process, else the same global batch; else the only one."""
+    alike = [
+        s for s in singles if all(s["config"][k] == cell["config"][k] for k in
+                                  ("lr", "optimizer", "dataset", "epochs"))
+    ]  # fmt: skip
+    for batch in (cell["config"]["batch_size"], cell["global_batch"]):
+        match = next((s for s in alike if s["config"]["batch_size"] == batch), None)
+        if match is not None:
+            return match
+    return singles[0] if len(singles) == 1 else None
+
+
+def _cell_figures(cell: dict[str, Any], runs: list[Experiment], target: float, found: Any) -> None:
+    reached, throughputs = found["reached"], found["throughputs"]
+    hits = [reached[e.pk] for e in runs if e.pk in reached]
+    every = len(hits) == len(runs)
+    finals = [
+        e.test_accuracy
+        for e in runs
+        if e.status == Status.SUCCEEDED and e.test_accuracy is not None
+    ]
+    ips = [throughputs[e.pk] for e in runs if e.pk in throughputs]
+    cell.update(
+        time_to_target_seconds=_mean([h.seconds for h in hits]) if every else None,
+        images_to_target=_mean([h.images for h in hits]) if every else None,
+        runs_reached=len(hits),
+        runs_ended=sum(e.status in ENDED for e in runs),
+        reached_text=reached_text(
+            reached=len(hits),
+            runs=len(runs),
+            target=target,
+            finished=sum(e.status in ENDED or e.pk in reached for e in runs),
+        ),  # fmt: skip
+        final_accuracy_mean=_mean(finals),
+        final_accuracy_std=statistics.stdev(finals) if len(finals) > 1 else None,
+        images_per_second=_mean(ips),
+    )
+
+
+def cells_build(*, runs: Sequence[Experiment], target: float) -> list[dict[str, Any]]:
+    """The table, cells in grid order; see the module docstring for each figure."""
+    groups: dict[str, list[Experiment]] = {}
+    for run in runs:
+        groups.setdefault(repr(sorted(config_of(run).items())), []).append(run)
+    found = {
+        "reached": reached_read(runs=runs, target=target),
+        "throughputs": throughputs_read(experiment_ids=[e.pk for e in runs]),
+    }
+    cells = []
+    for members in groups.values():
+        first, config = members[0], config_of(members[0])
+        cell: dict[str, Any] = {
+            "strategy": first.strategy, "processes": first.processes, "nodes": first.nodes,
+            "world_size": world_size_of(config), "global_batch": experiment_global_batch(first),
+            "config": config, "runs": [e.pk for e in members],
+            "seeds": [e.seed for e in members],
+        }  # fmt: skip
+        _cell_figures(cell, members, target, found)
+        cells.append(cell)
+    _speedups_add(cells)
+    for cell in cells:
+        cell["texts"] = cell_texts(cell)
+    return cells
+
+
+def _speedups_add(cells: list[dict[str, Any]]) -> None:
+    singles = [c for c in cells if c["strategy"] == "single"]
+    for cell in cells:
+        base = baseline_find(cell, singles)
+        ips, base_ips = cell["images_per_second"], base and base["images_per_second"]
+        speedup = ips / base_ips if ips is not None and base_ips else None
+        cell.update(
+            baseline=None if base is None else cells.index(base),
+            speedup=speedup,
+            efficiency=None if speedup is None else speedup / cell["world_size"],
+        )
+
+
+def scaling_rows(cells: list[dict[str, Any]], runs: dict[int, Experiment]) -> list[ScalingRow]:
+    """One ScalingRow per cell: the compare page's chart and batch warning read these."""
+    rows = []
+    for cell in cells:
+        base = cells[cell["baseline"]] if cell["baseline"] is not None else None
+        rows.append(
+            ScalingRow(
+                experiment=runs[cell["runs"][0]],
+                world_size=cell["world_size"],
+                global_batch=cell["global_batch"],
+                throughput=cell["images_per_second"],
+                baseline=None if base is None else runs[base["runs"][0]],
+                baseline_throughput=None if base is None else base["images_per_second"],
+                baseline_global_batch=None if base is None else base["global_batch"],
+            )
+        )
+    return rows
+
+
+def scaling_build(cells: list[dict[str, Any]], runs: dict[int, Experiment]) -> dict[str, Any]:
+    rows = scaling_rows(cells, runs)
+    return {"chart": scaling_chart_build(rows), "batch_warning": batch_warning_text(rows)}

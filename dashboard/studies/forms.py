@@ -1,0 +1,121 @@
+"""The study form (/studies/new/): a scaling-study preset or a general axes editor, turned into
+the same request POST /api/studies/ takes; the runs' own checks are the launch's (grid.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django import forms
+
+from dashboard.experiments.models import Dataset, Optimizer
+from dashboard.studies.grid import AXIS_FIELDS, NAME_MAX
+from dashboard.studies.models import BatchMode
+from dashboard.studies.texts import AXES_HELP, BATCH_MODE_HELP, PRESET_HELP, STOP_AT_TARGET_HELP
+from training.registry import REGISTRY
+
+MODE_SCALING, MODE_AXES = "scaling", "axes"
+# How the axes editor reads each field's comma-separated values.
+AXIS_TYPES: dict[str, type] = {
+    "strategy": str, "processes": int, "nodes": int, "batch_size": int, "lr": float,
+    "optimizer": str, "seed": int,
+}  # fmt: skip
+AXIS_PLACEHOLDERS = {
+    "strategy": "single, ddp", "processes": "2, 4", "nodes": "1", "batch_size": "32, 64",
+    "lr": "0.001, 0.01", "optimizer": "adam, sgd", "seed": "1, 2",
+}  # fmt: skip
+
+
+def values_parse(text: str, kind: type) -> list[Any]:
+    """'1, 2' -> [1, 2]; raises ValidationError naming the value that is not a `kind`."""
+    values: list[Any] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        try:
+            values.append(kind(part))
+        except ValueError:
+            noun = {int: "a whole number", float: "a number"}.get(kind, "a value")
+            raise forms.ValidationError(f"{part!r} is not {noun}") from None
+    return values
+
+
+class StudyForm(forms.Form):
+    name = forms.CharField(max_length=NAME_MAX)
+    dataset = forms.ChoiceField(choices=Dataset.choices, initial=Dataset.MNIST)
+    epochs = forms.IntegerField(initial=1, min_value=1, max_value=1000)
+    batch_size = forms.IntegerField(initial=64, min_value=1, max_value=8192)
+    lr = forms.FloatField(initial=0.001, label="Learning rate")
+    optimizer = forms.ChoiceField(choices=Optimizer.choices, initial=Optimizer.ADAM)
+    target_accuracy = forms.FloatField(initial=0.97, min_value=0.0001, max_value=1.0)
+    stop_at_target = forms.BooleanField(required=False, help_text=STOP_AT_TARGET_HELP)
+    batch_mode = forms.ChoiceField(
+        choices=BatchMode.choices, initial=BatchMode.PER_PROCESS, widget=forms.RadioSelect
+    )
+    mode = forms.ChoiceField(
+        choices=[(MODE_SCALING, "Scaling study"), (MODE_AXES, "Any axes")],
+        initial=MODE_SCALING,
+        widget=forms.RadioSelect,
+    )
+    strategies = forms.MultipleChoiceField(
+        choices=[(spec.name, spec.label) for spec in REGISTRY],
+        initial=["single", "ddp"],
+        required=False,
+        widget=forms.CheckboxSelectMultiple,
+        help_text=PRESET_HELP,
+    )
+    process_counts = forms.CharField(initial="2", required=False, label="Process counts")
+    seeds = forms.CharField(initial="1, 2", required=False, label="Seeds")
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        for key in AXIS_FIELDS:
+            self.fields[f"axis_{key}"] = forms.CharField(
+                required=False,
+                label=key.replace("_", " ").capitalize(),
+                widget=forms.TextInput(attrs={"placeholder": AXIS_PLACEHOLDERS[key]}),
+            )
+        self.fields["mode"].help_text = AXES_HELP
+
+    @property
+    def batch_mode_help(self) -> list[tuple[str, str, str]]:
+        return [
+            (value, label, BATCH_MODE_HELP[BatchMode(value)]) for value, label in BatchMode.choices
+        ]
+
+    def clean(self) -> dict[str, Any]:
+        data = super().clean() or {}
+        axes: dict[str, list[Any]] = {}
+        typed: dict[str, type]
+        if data.get("mode") == MODE_SCALING:
+            sources = {"strategy": "strategies", "processes": "process_counts", "seed": "seeds"}
+            typed = {"processes": int, "seed": int}
+        else:
+            sources = {key: f"axis_{key}" for key in AXIS_FIELDS}
+            typed = AXIS_TYPES
+        for axis, field in sources.items():
+            raw = data.get(field)
+            try:
+                values = (
+                    list(raw)
+                    if isinstance(raw, list)
+                    else values_parse(raw or "", typed.get(axis, str))
+                )
+            except forms.ValidationError as exc:
+                self.add_error(field, exc)
+                continue
+            if values:
+                axes[axis] = values
+        if data.get("mode") == MODE_SCALING and "strategy" not in axes:
+            self.add_error("strategies", "choose at least one strategy")
+        data["axes"] = axes
+        return data
+
+    def payload(self) -> dict[str, Any]:
+        """The request POST /api/studies/ takes."""
+        data = self.cleaned_data
+        base = {key: data[key] for key in ("dataset", "epochs", "batch_size", "lr", "optimizer")}
+        return {
+            "name": data["name"], "base": base, "axes": data["axes"],
+            "target_accuracy": data["target_accuracy"], "stop_at_target": data["stop_at_target"],
+            "batch_mode": data["batch_mode"],
+        }  # fmt: skip

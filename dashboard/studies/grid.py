@@ -1,0 +1,176 @@
+"""A study request read and expanded: the product of its axes, each cell checked by exactly the
+checks one launch gets (POST /api/experiments/: the JSON types, then the launch form), before
+anything is stored. One bad cell refuses the whole study, naming the cell."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from dashboard.experiments.api import launch_form_data, launch_payload_check
+from dashboard.experiments.forms import ExperimentForm
+from dashboard.experiments.models import PROCESS_STRATEGIES
+from dashboard.studies.models import BatchMode
+from dashboard.studies.texts import MAX_RUNS, runs_text
+from training.registry import strategy_get
+
+AXIS_FIELDS = ("strategy", "processes", "nodes", "batch_size", "lr", "optimizer", "seed")
+REQUEST_KEYS = ("name", "base", "axes", "target_accuracy", "stop_at_target", "batch_mode")
+NAME_MAX = 120
+
+
+class StudyRefused(Exception):
+    """A study that is not launched: the API answers 400 with these errors, the form shows them."""
+
+    def __init__(
+        self, message: str, errors: dict[str, list[str]], *, cell: dict[str, Any] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.errors = errors
+        self.cell = cell  # {"index", "values"} of the cell that failed, if one did
+
+
+@dataclass(frozen=True)
+class StudyRequest:
+    name: str
+    base: dict[str, Any]
+    axes: dict[str, list[Any]]
+    target_accuracy: float
+    stop_at_target: bool
+    batch_mode: str
+
+
+@dataclass(frozen=True)
+class PlannedRun:
+    values: dict[str, Any]  # the axes' values of this cell, as asked
+    fields: dict[str, Any]  # the launch fields, as the form cleaned them
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def _axes_check(axes: Any) -> dict[str, list[str]]:
+    if not isinstance(axes, dict):
+        return {"axes": ["must be an object of {field: [values]}"]}
+    errors: dict[str, list[str]] = {}
+    for key, values in axes.items():
+        if key not in AXIS_FIELDS:
+            errors[f"axes.{key}"] = [f"not an axis; the axes are {', '.join(AXIS_FIELDS)}"]
+        elif not isinstance(values, list) or not values:
+            errors[f"axes.{key}"] = ["must be a non-empty list of values"]
+        elif len(values) > MAX_RUNS:
+            errors[f"axes.{key}"] = [f"at most {MAX_RUNS} values"]
+        elif len({json.dumps(v, sort_keys=True) for v in values}) < len(values):
+            errors[f"axes.{key}"] = ["each value may appear once"]
+    return errors
+
+
+def study_request_parse(payload: dict[str, Any]) -> StudyRequest:
+    """The study's own keys; the launch fields inside are the cells' to check."""
+    errors: dict[str, list[str]] = {
+        key: [f"unknown field; the fields are {', '.join(REQUEST_KEYS)}"]
+        for key in payload
+        if key not in REQUEST_KEYS
+    }
+    name: Any = payload.get("name")
+    if not isinstance(name, str) or not name.strip() or len(name) > NAME_MAX:
+        errors["name"] = [f"a name of 1 to {NAME_MAX} characters is required"]
+    base = payload.get("base", {})
+    if not isinstance(base, dict):
+        errors["base"] = ["must be an object of launch fields"]
+    elif "name" in base:
+        errors["base.name"] = ["each run is named after the study and its cell"]
+    errors.update(_axes_check(payload.get("axes", {})))
+    target: Any = payload.get("target_accuracy")
+    if not _number(target) or not 0 < target <= 1:
+        errors["target_accuracy"] = ["a test accuracy above 0 and at most 1, e.g. 0.97"]
+    if not isinstance(payload.get("stop_at_target", False), bool):
+        errors["stop_at_target"] = ["must be true or false"]
+    batch_mode = payload.get("batch_mode", BatchMode.PER_PROCESS)
+    if batch_mode not in BatchMode.values:
+        errors["batch_mode"] = [f"one of {', '.join(BatchMode.values)}"]
+    if errors:
+        raise StudyRefused("invalid study", errors)
+    axes = payload.get("axes", {})
+    size = math.prod(len(values) for values in axes.values())
+    if size > MAX_RUNS:
+        raise StudyRefused(
+            f"the axes make {runs_text(size)}; a study has at most {MAX_RUNS}",
+            {"axes": [f"{runs_text(size)}, at most {MAX_RUNS}"]},
+        )
+    return StudyRequest(
+        name=name.strip(), base=base, axes=axes, target_accuracy=float(target),
+        stop_at_target=payload.get("stop_at_target", False), batch_mode=batch_mode,
+    )  # fmt: skip
+
+
+def world_size_of(fields: dict[str, Any]) -> int:
+    """Workers the run spreads over: processes x nodes for process strategies, GPUs for the
+    one-process strategies that use several (scaling.experiment_world_size's rule)."""
+    if fields["strategy"] in PROCESS_STRATEGIES:
+        return max(1, fields.get("processes") or 1) * max(1, fields.get("nodes") or 1)
+    if not strategy_get(fields["strategy"]).processes and fields["strategy"] != "single":
+        return max(1, len(fields.get("gpus") or []))
+    return 1
+
+
+def _launch_check(payload: dict[str, Any]) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """One launch's checks, as POST /api/experiments/ makes them: cleaned fields or errors."""
+    errors = launch_payload_check(payload)
+    if errors:
+        return {}, errors
+    form = ExperimentForm(data=launch_form_data(payload))
+    if not form.is_valid():
+        return {}, {k: [e["message"] for e in v] for k, v in form.errors.get_json_data().items()}
+    return dict(form.cleaned_data), {}
+
+
+def _cell_check(request: StudyRequest, values: dict[str, Any]) -> tuple[dict[str, Any], dict]:
+    fields, errors = _launch_check({**request.base, **values})
+    if (
+        errors
+        or request.batch_mode != BatchMode.GLOBAL
+        or fields["strategy"] not in PROCESS_STRATEGIES
+    ):
+        return fields, errors
+    # The base batch is the global one: each of the run's processes takes its share.
+    world, whole = world_size_of(fields), fields["batch_size"]
+    if whole % world:
+        return {}, {
+            "batch_size": [f"a global batch of {whole} does not split over {world} processes"]
+        }
+    return _launch_check({**request.base, **values, "batch_size": whole // world})
+
+
+def cell_values_text(values: dict[str, Any]) -> str:
+    return ", ".join(f"{key}={value}" for key, value in values.items()) or "the base config"
+
+
+def study_plan(request: StudyRequest) -> list[PlannedRun]:
+    """The study's runs in grid order, each checked as one launch; raises StudyRefused naming the
+    first bad cell. Cells that the launch checks make identical (the processes of a one-process
+    strategy are normalised to 1) are one run."""
+    keys = list(request.axes)
+    grid = [
+        dict(zip(keys, combo, strict=True)) for combo in itertools.product(*request.axes.values())
+    ]
+    planned: dict[str, PlannedRun] = {}
+    for index, values in enumerate(grid, start=1):
+        fields, errors = _cell_check(request, values)
+        if errors:
+            where = f"cell {index} of {len(grid)} ({cell_values_text(values)})"
+            raise StudyRefused(
+                f"{where} is not a valid launch; nothing was created",
+                errors,
+                cell={"index": index, "values": values},
+            )
+        fields.pop("name", None)
+        planned.setdefault(
+            json.dumps(fields, sort_keys=True, default=str), PlannedRun(values, fields)
+        )
+    return list(planned.values())

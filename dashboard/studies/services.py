@@ -1,0 +1,176 @@
+"""What can be done to studies: create (every run or none), stop, read. The API, the pages and
+the admin call these; each returns plain data, so that any view can serve it."""
+
+from __future__ import annotations
+
+import csv
+import io
+from typing import Any
+
+from django.db import transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from dashboard.experiments.limits import launch_slot_claim
+from dashboard.experiments.models import Experiment, Status
+from dashboard.experiments.services import experiment_launch, experiment_stop
+from dashboard.studies.cells import cells_build, scaling_build
+from dashboard.studies.grid import AXIS_FIELDS, StudyRequest, study_plan
+from dashboard.studies.models import Study, StudyRun
+from training.registry import strategy_get
+
+PROGRESS_KEYS = ("queued", "running", "succeeded", "failed", "cancelled")
+CELL_CSV_COLUMNS = (
+    "strategy", "processes", "nodes", "world_size", "global_batch", "seeds", "runs",
+    "time_to_target_seconds", "images_to_target", "runs_reached", "final_accuracy_mean",
+    "final_accuracy_std", "images_per_second", "speedup", "efficiency",
+)  # fmt: skip
+
+
+def studies_visible_to(user: Any) -> QuerySet[Study]:
+    queryset = Study.objects.select_related("owner")
+    if getattr(user, "is_staff", False):
+        return queryset
+    return queryset.filter(owner_id=user.pk)
+
+
+def study_can_control(*, study: Study, user: Any) -> bool:
+    return bool(getattr(user, "is_staff", False) or study.owner_id == user.pk)
+
+
+def run_name(*, study_name: str, fields: dict[str, Any], values: dict[str, Any]) -> str:
+    """`<study> · DDP ×2 · lr 0.01 · seed 1`: the run's cell and its seed, readable in the list."""
+    spec = strategy_get(fields["strategy"])
+    parts = [spec.short + (f" ×{fields['processes']}" if spec.processes else "")]
+    if fields.get("nodes", 1) != 1:
+        parts.append(f"{fields['nodes']} nodes")
+    for key in AXIS_FIELDS:
+        if key in values and key not in {"strategy", "processes", "nodes", "seed"}:
+            parts.append(f"{key.replace('_', ' ')} {fields[key]}")
+    parts.append(f"seed {fields['seed']}")
+    return " · ".join([study_name, *parts])[:200]
+
+
+def study_create(*, owner: Any, request: StudyRequest) -> Study:
+    """Check every cell as one launch (StudyRefused names the first bad one), then store the study
+    and queue its runs in one transaction: all of them or none. The study is one launch for the
+    owner's limits (LaunchLimited), and its runs wait in the queue past the active-run limit."""
+    planned = study_plan(request)
+    target = request.target_accuracy if request.stop_at_target else None
+    with transaction.atomic():
+        launch_slot_claim(owner=owner, queue_over_active=True)
+        study = Study.objects.create(
+            owner=owner, name=request.name, base=request.base, axes=request.axes,
+            batch_mode=request.batch_mode, target_accuracy=request.target_accuracy,
+            stop_at_target=request.stop_at_target,
+        )  # fmt: skip
+        for position, run in enumerate(planned):
+            name = run_name(study_name=study.name, fields=run.fields, values=run.values)
+            fields = {**run.fields, "name": name, "target_accuracy": target}
+            experiment = experiment_launch(owner=owner, fields=fields, limits=False)
+            StudyRun.objects.create(
+                study=study, experiment=experiment, position=position, values=run.values
+            )
+    return study
+
+
+def study_runs(study: Study) -> list[Experiment]:
+    return [
+        link.experiment
+        for link in study.study_runs.select_related("experiment", "experiment__owner")
+    ]
+
+
+def study_stop(*, study: Study, by: Any) -> dict[str, Any]:
+    """Stop the running runs and cancel the queued ones (experiment_stop for each)."""
+    Study.objects.filter(pk=study.pk, stopped_at__isnull=True).update(
+        stopped_at=timezone.now(), stopped_by=by
+    )
+    stopping = [e.pk for e in study_runs(study) if experiment_stop(experiment=e, by=by)]
+    study.refresh_from_db()
+    return {"id": study.pk, "stopping": stopping, "stopped_at": study.stopped_at.isoformat()}
+
+
+def study_progress(runs: list[Experiment]) -> dict[str, int]:
+    counts = dict.fromkeys(PROGRESS_KEYS, 0)
+    for run in runs:
+        key = "failed" if run.status == Status.LOST else run.status
+        counts[key] = counts.get(key, 0) + 1
+    return {**counts, "total": len(runs)}
+
+
+def study_status(*, study: Study, progress: dict[str, int]) -> str:
+    """queued (nothing started), running, then once every run has ended: cancelled (the study
+    was stopped), failed (a run failed), succeeded (all did) or done (some runs were stopped)."""
+    if progress["running"] or progress["queued"]:
+        started = progress["total"] - progress["queued"]
+        return "running" if started else "queued"
+    if study.stopped_at is not None:
+        return "cancelled"
+    if progress["failed"]:
+        return "failed"
+    return "succeeded" if progress["succeeded"] == progress["total"] else "done"
+
+
+def _run_row(link: StudyRun) -> dict[str, Any]:
+    e = link.experiment
+    return {
+        "id": e.pk, "name": e.name, "status": e.status, "strategy": e.strategy,
+        "processes": e.processes, "seed": e.seed, "values": link.values,
+        "test_accuracy": e.test_accuracy, "url": e.get_absolute_url(),
+    }  # fmt: skip
+
+
+def study_summary(study: Study, runs: list[Experiment]) -> dict[str, Any]:
+    progress = study_progress(runs)
+    return {
+        "id": study.pk, "name": study.name, "owner": study.owner.get_username(),
+        "status": study_status(study=study, progress=progress), "progress": progress,
+        "target_accuracy": study.target_accuracy, "stop_at_target": study.stop_at_target,
+        "batch_mode": study.batch_mode, "created_at": study.created_at.isoformat(),
+        "stopped_at": study.stopped_at.isoformat() if study.stopped_at else None,
+        "url": study.get_absolute_url(),
+    }  # fmt: skip
+
+
+def study_as_dict(study: Study) -> dict[str, Any]:
+    """GET /api/studies/<id>/: the study, its runs, and its table (cells.py) with the chart."""
+    links = list(study.study_runs.select_related("experiment", "experiment__owner"))
+    runs = [link.experiment for link in links]
+    cells = cells_build(runs=runs, target=study.target_accuracy)
+    return {
+        **study_summary(study, runs),
+        "base": study.base,
+        "axes": study.axes,
+        # Ids, as POST answers them; each run's status and cell in run_details.
+        "runs": [e.pk for e in runs],
+        "run_details": [_run_row(link) for link in links],
+        "cells": cells,
+        "scaling": scaling_build(cells, {e.pk: e for e in runs}),
+    }
+
+
+def studies_list(*, user: Any) -> list[dict[str, Any]]:
+    """GET /api/studies/: the viewer's studies, newest first, with their progress."""
+    studies = list(studies_visible_to(user).prefetch_related("study_runs__experiment"))
+    return [
+        study_summary(study, [link.experiment for link in study.study_runs.all()])
+        for study in studies
+    ]
+
+
+def study_cells_csv(study: Study) -> str:
+    """The table as CSV: one row per cell, the figures unrounded."""
+    cells = study_as_dict(study)["cells"]
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(CELL_CSV_COLUMNS)
+    for cell in cells:
+        row = [cell[key] for key in CELL_CSV_COLUMNS]
+        writer.writerow(
+            [
+                " ".join(map(str, v)) if isinstance(v, list) else ("" if v is None else v)
+                for v in row
+            ]
+        )
+    return out.getvalue()

@@ -1,0 +1,77 @@
+"""Every sentence the study pages and the API show about studies: one home, so that the form,
+the page and the JSON say the same thing."""
+
+from __future__ import annotations
+
+from dashboard.studies.models import BatchMode
+
+MAX_RUNS = 48
+BATCH_MODE_HELP = {
+    BatchMode.PER_PROCESS: (
+        "Every process trains on the batch size below, so N processes take N times the images "
+        "per step: more throughput, but fewer optimizer steps an epoch than the single run."
+    ),
+    BatchMode.GLOBAL: (
+        "The batch size below is split over each run's processes, so every run takes the same "
+        "images per optimizer step: the fair comparison of strategies (it must divide evenly)."
+    ),
+}
+TIME_TO_TARGET_RULE = (
+    "Time to target: seconds from a run's start (and images seen) until the end of the first "
+    "epoch whose test accuracy reached the target, from the stored epoch points; a cell's figure "
+    "is the mean over its seeds, and only once every one of its runs has reached the target."
+)
+SPEEDUP_RULE = (
+    "Speedup: the cell's images/s ÷ the images/s of the study's single-device cell with the same "
+    "batch size, learning rate and optimizer (else the study's only single cell). "
+    "Efficiency: speedup ÷ world size (processes × nodes for process strategies)."
+)
+ACCURACY_RULE = "Final accuracy: the mean of the succeeded runs' last test accuracy, ± their "
+ACCURACY_RULE += "standard deviation over seeds."
+PRESET_HELP = (
+    "A scaling study: every chosen strategy at every process count, each with every seed. "
+    "Strategies that run one process (single, DataParallel) run once per seed."
+)
+AXES_HELP = (
+    "Values separated by commas; the runs are every combination of the filled-in axes "
+    f"(at most {MAX_RUNS}). An axis left empty takes the value above."
+)
+STOP_AT_TARGET_HELP = (
+    "Each run ends after the first epoch whose test accuracy reaches the target: the table's "
+    "time to target stays the same and the study finishes sooner."
+)
+
+
+def runs_text(count: int) -> str:
+    return f"{count} run{'' if count == 1 else 's'}"
+
+
+def reached_text(*, reached: int, runs: int, finished: int, target: float) -> str:
+    """What a cell's time-to-target column says when it has no figure, or how many reached."""
+    if reached == runs:
+        return f"all {runs} reached {target:.0%}" if runs > 1 else f"reached {target:.0%}"
+    if finished < runs:
+        return f"{reached} of {runs} reached {target:.0%} so far"
+    if reached == 0:
+        return f"never reached {target:.0%}"
+    return f"only {reached} of {runs} reached {target:.0%}"
+
+
+def cell_texts(cell: dict[str, object]) -> dict[str, str]:
+    """A cell's figures as the study page shows them (the page's script places these as they
+    are: it formats nothing itself)."""
+    seconds, images = cell["time_to_target_seconds"], cell["images_to_target"]
+    mean, std = cell["final_accuracy_mean"], cell["final_accuracy_std"]
+    ips, speedup, efficiency = cell["images_per_second"], cell["speedup"], cell["efficiency"]
+    accuracy = f"{mean:.2%}" if isinstance(mean, float) else "—"
+    if isinstance(std, float):
+        accuracy += f" ± {std:.2%}"
+    return {
+        "time_to_target": f"{seconds:.1f} s" if isinstance(seconds, float) else "—",
+        "images_to_target": f"{images:,.0f} images" if isinstance(images, float) else "",
+        "reached": str(cell["reached_text"]),
+        "final_accuracy": accuracy,
+        "images_per_second": f"{ips:,.0f} img/s" if isinstance(ips, float) else "—",
+        "speedup": f"{speedup:.2f}×" if isinstance(speedup, float) else "—",
+        "efficiency": f"{efficiency:.0%}" if isinstance(efficiency, float) else "—",
+    }

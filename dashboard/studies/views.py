@@ -1,0 +1,96 @@
+"""The study pages: the form (/studies/new/), the list and the live study page. They render
+from services.py; static/js/study.js keeps the study page live (the API, and compare.js for the
+curves)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.http import Http404, HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.urls import reverse
+from django.views.decorators.http import require_POST
+
+from dashboard.experiments.limits import LaunchLimited
+from dashboard.experiments.scaling import experiment_global_batch
+from dashboard.studies.forms import StudyForm
+from dashboard.studies.grid import StudyRefused, study_request_parse
+from dashboard.studies.models import Study
+from dashboard.studies.services import (
+    studies_list,
+    studies_visible_to,
+    study_as_dict,
+    study_can_control,
+    study_create,
+    study_runs,
+    study_stop,
+)
+from dashboard.studies.texts import ACCURACY_RULE, SPEEDUP_RULE, TIME_TO_TARGET_RULE
+from training.registry import strategy_get
+
+
+def study_list(request: HttpRequest) -> HttpResponse:
+    return render(request, "studies/list.html", {"studies": studies_list(user=request.user)})
+
+
+def study_new(request: HttpRequest) -> HttpResponse:
+    form = StudyForm(request.POST or None)
+    refused: StudyRefused | None = None
+    if request.method == "POST" and form.is_valid():
+        try:
+            study = study_create(owner=request.user, request=study_request_parse(form.payload()))
+        except StudyRefused as exc:
+            refused = exc
+        except LaunchLimited as exc:
+            form.add_error(None, exc.message)
+        else:
+            return redirect(study.get_absolute_url())
+    status = 400 if request.method == "POST" else 200
+    return render(request, "studies/form.html", {"form": form, "refused": refused}, status=status)
+
+
+def _visible(request: HttpRequest, pk: int) -> Study:
+    study = studies_visible_to(request.user).filter(pk=pk).first()
+    if study is None:
+        raise Http404("no such study")
+    return study
+
+
+def _chart_run(experiment: Any) -> dict[str, Any]:
+    """One run of the overlaid curves, as static/js/compare.js reads it."""
+    e = experiment
+    return {
+        "id": e.pk,
+        "label": f"#{e.pk} {strategy_get(e.strategy).short} seed {e.seed}",
+        "status": e.status,
+        "active": e.is_active,
+        "metrics_url": reverse("api-experiment-metrics", args=[e.pk]),
+        "ws_path": f"/ws/experiments/{e.pk}/",
+        "global_batch": experiment_global_batch(e),
+        "started_at": e.started_at.isoformat() if e.started_at else None,
+    }
+
+
+def study_detail(request: HttpRequest, pk: int) -> HttpResponse:
+    study = _visible(request, pk)
+    data = study_as_dict(study)
+    context = {
+        "study": study,
+        "data": data,
+        "can_control": study_can_control(study=study, user=request.user),
+        "charts": {
+            "runs": [_chart_run(e) for e in study_runs(study)],
+            "scaling": data["scaling"]["chart"],
+        },
+        "rules": [TIME_TO_TARGET_RULE, ACCURACY_RULE, SPEEDUP_RULE],
+        "live": {"api_url": reverse("api-study", args=[study.pk])},
+    }
+    return render(request, "studies/detail.html", context)
+
+
+@require_POST
+def study_stop_page(request: HttpRequest, pk: int) -> HttpResponse:
+    study = _visible(request, pk)
+    if study_can_control(study=study, user=request.user):
+        study_stop(study=study, by=request.user)
+    return redirect(study.get_absolute_url())
