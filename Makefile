@@ -32,11 +32,15 @@ run:
 worker: setup
 	$(VENV)/bin/celery -A dashboard worker --loglevel INFO
 
-# Tests that need a missing tool fail instead of skipping (tests/conftest.py's need()).
+# Tests that need a missing tool fail instead of skipping (tests/conftest.py's need()). Two passes:
+# every test on SQLite (the embedded default), then every test that opens the database again on a
+# PostgreSQL server the tests start themselves (tests/conftest.py's --database); one alone:
+# `.venv/bin/pytest` or `.venv/bin/pytest --database=postgres`.
 test:
 	@.ci/system-packages test
 	@$(MAKE) --no-print-directory setup
 	TRAINYARD_TESTS_NEED_ALL=1 $(VENV)/bin/pytest
+	TRAINYARD_TESTS_NEED_ALL=1 $(VENV)/bin/pytest --database=postgres
 	$(MAKE) --no-print-directory lint
 
 lint:
