@@ -279,6 +279,7 @@ def gate(view: PathView) -> View:
             # something first reads it: a JSON 413, not an HTML 400.
             return error_response(413, TOO_BIG)
 
+    gated.api_methods = tuple(methods)
     return gated
 
 

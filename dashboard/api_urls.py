@@ -5,7 +5,8 @@ from dashboard.accounts import api as accounts_api
 from dashboard.api import api_build
 from dashboard.devices import views as device_views
 from dashboard.experiments import api as experiment_api
-from dashboard.experiments import api_compare, api_exports
+from dashboard.experiments import api_compare, api_exports, api_queue
+from dashboard.studies import api as studies_api
 
 api = api_build(
     [
@@ -14,6 +15,8 @@ api = api_build(
         api_compare.router,
         api_exports.router,
         experiment_api.router,
+        api_queue.router,
+        studies_api.router,
     ]
 )
 urlpatterns = api.urls[0]

@@ -3,7 +3,6 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from dashboard.accounts import urls as accounts_urls
-from dashboard.experiments import api_queue
 
 # Of django.contrib.auth.urls only what a signed-in dashboard needs: the password reset views
 # answer anonymous visitors and send mail, and Trainyard configures no mail (staff reset
@@ -24,11 +23,6 @@ urlpatterns = [
     path("accounts/", include(account_urlpatterns)),
     path("accounts/", include(accounts_urls.urlpatterns)),
     path("notifications/", include("dashboard.notifications.urls")),
-    # The queue's JSON (api_queue.py), plain api_view views until they join the NinjaAPI.
-    path("api/queue/", api_queue.queue_view, name="api-queue"),
-    path("api/queue/<int:pk>/priority/", api_queue.queue_priority_view, name="api-queue-priority"),
-    # Before "api/": the studies' routes are theirs whatever the rest of the API is made of.
-    path("api/studies/", include("dashboard.studies.api_urls")),
     path("api/", include("dashboard.api_urls")),
     path("studies/", include("dashboard.studies.urls")),
     path("devices/", include("dashboard.devices.urls")),

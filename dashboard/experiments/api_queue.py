@@ -15,8 +15,10 @@ from typing import Any
 from django.http import HttpRequest, JsonResponse
 from django.urls import reverse
 from django.utils import timezone
+from ninja import Router
 
-from dashboard.api import ApiError, api_view, json_body
+from dashboard.api import ApiError, errors, json_body, json_request_body
+from dashboard.experiments.api_schemas import PriorityIn, PriorityOut, QueueOut
 from dashboard.experiments.models import Experiment, Status
 from dashboard.experiments.queue import PRIORITY_RANGE, experiment_priority_set, queue_ordered
 from dashboard.experiments.queue_estimate import queue_estimates
@@ -30,6 +32,7 @@ from dashboard.texts import (
 )
 
 RUN_REFERENCE = re.compile(r"#(\d+)")
+router = Router(tags=["queue"])
 
 
 def reason_for_viewer(reason: str, *, viewer_runs: set[int] | None) -> str:
@@ -106,8 +109,9 @@ def queue_listing(*, user: Any, now: datetime) -> dict[str, Any]:
     }
 
 
-@api_view(("GET",))
+@router.get("/queue/", url_name="api-queue", response={200: QueueOut, **errors()})
 def queue_view(request: HttpRequest) -> JsonResponse:
+    """The queued runs in the order workers claim them, with positions and estimated starts."""
     return JsonResponse(queue_listing(user=request.user, now=timezone.now()))
 
 
@@ -120,7 +124,12 @@ def _priority_parse(body: dict[str, Any]) -> int:
     return value
 
 
-@api_view(("POST",))
+@router.post(
+    "/queue/{int:pk}/priority/",
+    url_name="api-queue-priority",
+    response={200: PriorityOut, **errors(400, 403, 404, 409, 413)},
+    openapi_extra=json_request_body(PriorityIn, description="higher is claimed first"),
+)
 def queue_priority_view(request: HttpRequest, pk: int) -> JsonResponse:
     """Set a queued run's priority (staff only): higher is claimed first."""
     if not getattr(request.user, "is_staff", False):

@@ -161,3 +161,43 @@ class LaunchLimitedOut(Open):
     error: str
     limit: Any = None
     retry_after: int | None = None
+
+
+class QueueEntryOut(Open):
+    id: int
+    name: str
+    owner: str
+    status: str
+    position: int
+    ahead: int
+    reason: str
+    priority: int
+    estimated_start: str | None
+    estimated_start_seconds: float | None
+    url: str
+    stop_url: str
+    priority_url: str
+
+
+class QueueOut(Open):
+    """The queue in claim order; a user who is not staff sees their own entries only."""
+
+    queue: list[QueueEntryOut]
+    total: int
+    summary: str
+    estimate: str
+    can_set_priority: bool
+    priority_range: list[int]
+    now: str
+
+
+class PriorityIn(Schema):
+    priority: int
+
+
+class PriorityOut(Open):
+    """The run's queue entry (QueueEntryOut), or its id, priority and status if it just left."""
+
+    id: int
+    priority: int
+    status: str

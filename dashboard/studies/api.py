@@ -4,10 +4,18 @@ dicts; each cell is checked exactly as POST /api/experiments/ checks one launch.
 from __future__ import annotations
 
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from ninja import Router
 
-from dashboard.api import ApiError, api_view, json_body
+from dashboard.api import ApiError, errors, file_response, json_body, json_request_body
 from dashboard.experiments.api import launch_limited_error
+from dashboard.experiments.api_schemas import LaunchLimitedOut
 from dashboard.experiments.limits import LaunchLimited
+from dashboard.studies.api_schemas import (
+    StudiesOut,
+    StudyIn,
+    StudyOut,
+    StudyStopOut,
+)
 from dashboard.studies.grid import StudyRefused, study_request_parse
 from dashboard.studies.models import Study
 from dashboard.studies.services import (
@@ -19,6 +27,8 @@ from dashboard.studies.services import (
     study_create,
     study_stop,
 )
+
+router = Router(tags=["studies"])
 
 
 def study_refused_error(refused: StudyRefused) -> ApiError:
@@ -34,10 +44,20 @@ def _visible(request: HttpRequest, pk: int) -> Study:
     return study
 
 
-@api_view(("GET", "POST"))
+@router.get("/studies/", url_name="api-studies", response={200: StudiesOut, **errors()})
 def studies(request: HttpRequest) -> HttpResponse:
-    if request.method == "GET":
-        return JsonResponse({"studies": studies_list(user=request.user)})
+    """The caller's studies (staff: everyone's), newest first, with their progress."""
+    return JsonResponse({"studies": studies_list(user=request.user)})
+
+
+@router.post(
+    "/studies/",
+    url_name="api-studies",
+    response={201: StudyOut, 429: LaunchLimitedOut, **errors(400, 403, 413)},
+    openapi_extra=json_request_body(StudyIn, description="each cell is checked as a launch"),
+)
+def study_launch(request: HttpRequest) -> HttpResponse:
+    """Start a study: one run per cell of the axes, all queued at once."""
     try:
         study = study_create(owner=request.user, request=study_request_parse(json_body(request)))
     except StudyRefused as refused:
@@ -47,12 +67,16 @@ def studies(request: HttpRequest) -> HttpResponse:
     return JsonResponse(study_as_dict(study), status=201)
 
 
-@api_view(("GET",))
+@router.get("/studies/{int:pk}/", url_name="api-study", response={200: StudyOut, **errors(404)})
 def study_detail(request: HttpRequest, pk: int) -> JsonResponse:
     return JsonResponse(study_as_dict(_visible(request, pk)))
 
 
-@api_view(("POST",))
+@router.post(
+    "/studies/{int:pk}/stop/",
+    url_name="api-study-stop",
+    response={200: StudyStopOut, **errors(403, 404)},
+)
 def study_stop_view(request: HttpRequest, pk: int) -> JsonResponse:
     study = _visible(request, pk)
     if not study_can_control(study=study, user=request.user):
@@ -60,7 +84,12 @@ def study_stop_view(request: HttpRequest, pk: int) -> JsonResponse:
     return JsonResponse(study_stop(study=study, by=request.user))
 
 
-@api_view(("GET",))
+@router.get(
+    "/studies/{int:pk}/export/",
+    url_name="api-study-export",
+    response=errors(404),
+    openapi_extra=file_response("text/csv", "the table, one row per cell"),
+)
 def study_export(request: HttpRequest, pk: int) -> HttpResponse:
     """The table as CSV, one row per cell."""
     study = _visible(request, pk)
