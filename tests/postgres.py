@@ -19,8 +19,10 @@ from pathlib import Path
 
 
 def postgres_bin() -> Path | None:
-    """Debian's server binaries (package postgresql), newest version first; None without them."""
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), reverse=True)
+    """Debian's server binaries (package postgresql), newest version first; None without them.
+    TRAINYARD_POSTGRES_LIB: the folder of versions, as in .ci/system-packages."""
+    versions = os.environ.get("TRAINYARD_POSTGRES_LIB") or "/usr/lib/postgresql"
+    found = sorted(glob.glob(f"{versions}/*/bin/initdb"), reverse=True)
     return Path(found[0]).parent if found else None
 
 

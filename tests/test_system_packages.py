@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import need
+from tests.postgres import postgres_bin
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / ".ci" / "system-packages"
@@ -68,15 +69,33 @@ def test_without_chromium_it_stops_with_the_command(tmp_path: Path) -> None:
 def test_every_missing_package_is_named_in_one_command(tmp_path: Path) -> None:
     path = _bin_with(tmp_path, ["python3.11", "npm"])
     done = _run_unprivileged(
-        tmp_path, path, TRAINYARD_TEST_FREE_GB="0", TRAINYARD_FASHION_DIR=str(tmp_path / "none")
-    )
+        tmp_path, path, TRAINYARD_TEST_FREE_GB="0", TRAINYARD_FASHION_DIR=str(tmp_path / "none"),
+        TRAINYARD_POSTGRES_LIB=str(tmp_path / "none"),
+    )  # fmt: skip
     assert done.returncode == 1, done.stderr
-    assert "apt-get install -y redis-server chromium dataset-fashion-mnist'" in done.stderr
+    assert (
+        "apt-get install -y redis-server chromium postgresql dataset-fashion-mnist'" in done.stderr
+    )
+
+
+def test_without_postgresql_it_stops_with_the_command(tmp_path: Path) -> None:
+    need(shutil.which("chromium", path=SYSTEM_PATH) is not None, "no Chromium")
+    need(shutil.which("redis-server", path=SYSTEM_PATH) is not None, "no redis-server")
+    path = _bin_with(tmp_path, ["python3.11", "npm", "redis-server", "chromium"])
+    fashion = tmp_path / "fashion"
+    fashion.mkdir()
+    done = _run_unprivileged(
+        tmp_path, path, TRAINYARD_TEST_FREE_GB="0", TRAINYARD_FASHION_DIR=str(fashion),
+        TRAINYARD_POSTGRES_LIB=str(tmp_path / "none"),
+    )  # fmt: skip
+    assert done.returncode == 1, done.stderr
+    assert "sudo sh -c 'apt-get update && apt-get install -y postgresql'" in done.stderr
 
 
 def test_with_everything_there_it_passes_quietly(tmp_path: Path) -> None:
     need(shutil.which("chromium", path=SYSTEM_PATH) is not None, "no Chromium")
     need(shutil.which("redis-server", path=SYSTEM_PATH) is not None, "no redis-server")
+    need(postgres_bin() is not None, "no PostgreSQL server (package postgresql)")
     path = _bin_with(tmp_path, ["python3.11", "npm", "redis-server", "chromium"])
     fashion = tmp_path / "fashion"
     fashion.mkdir()
