@@ -32,6 +32,10 @@ def _launch_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     launch.add_argument(
         "--nproc", "--processes", dest="nproc", type=int, help="processes (ddp, hogwild, ...)"
     )
+    launch.add_argument(
+        "--nodes", type=int, help="machines the run spans (ddp, deepspeed); --nproc ranks on each"
+    )
+    launch.add_argument("--machines", help="worker names such as host-a,host-b to run on")
     launch.add_argument("--gpus", help="GPU ids such as 0,1; none for the CPU")
     launch.add_argument("--epochs", type=int)
     launch.add_argument("--batch-size", type=int)

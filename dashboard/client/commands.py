@@ -42,6 +42,8 @@ LAUNCH_FIELDS = {
     "dataset": "dataset",
     "strategy": "strategy",
     "nproc": "processes",
+    "nodes": "nodes",
+    "machines": "machines",
     "gpus": "gpus",
     "epochs": "epochs",
     "batch_size": "batch_size",
@@ -116,6 +118,10 @@ def cmd_launch(args: argparse.Namespace) -> int:
     }
     if "gpus" in fields:
         fields["gpus"] = gpus_parse(fields["gpus"])
+    if "machines" in fields:
+        fields["machines"] = [
+            name.strip() for name in fields["machines"].split(",") if name.strip()
+        ]
     api = api_of(args)
     run = api.launch(fields)
     if not args.watch:

@@ -8,9 +8,9 @@ from dashboard.devices.models import WorkerMachine
 class WorkerMachineAdmin(admin.ModelAdmin):
     """Read-only: rows belong to the workers, which rewrite them every few seconds."""
 
-    list_display = ("hostname", "online", "reported_at")
+    list_display = ("hostname", "address", "online", "reported_at")
     search_fields = ("hostname",)
-    readonly_fields = ("hostname", "reported_at", "first_seen_at", "report")
+    readonly_fields = ("hostname", "address", "reported_at", "first_seen_at", "report")
 
     @admin.display(boolean=True, description="online")
     def online(self, machine: WorkerMachine) -> bool:

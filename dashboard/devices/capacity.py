@@ -1,4 +1,5 @@
-"""What the online workers can run, and whether a requested run fits on one of them."""
+"""What the online workers can run, and whether a requested run fits on one of them (or, for a
+run over several machines, on as many of them as it asks for)."""
 
 from __future__ import annotations
 
@@ -143,7 +144,60 @@ def capacity_check_gpu_ids(*, capacity: Capacity, gpus: list[int]) -> list[str]:
     return [f"{gpu_ids_text(asked)} are not all on one machine: {machines_text}"]
 
 
-def capacity_check(*, strategy: str, processes: int, gpus: list[int]) -> list[str]:
+def machine_fits(
+    machine: MachineCapacity, *, strategy: str, processes: int, gpus: list[int]
+) -> bool:
+    """Whether the machine could ever take one node's share: its GPUs, or a core per rank."""
+    if gpus:
+        return set(gpus) <= set(machine.gpu_ids)
+    return not STRATEGIES[strategy].processes or processes <= machine.cpu_count
+
+
+def machine_text(machine: MachineCapacity) -> str:
+    return (
+        f"{machine.hostname} has {plural(machine.cpu_count, 'CPU core')} and "
+        f"{gpu_ids_text(machine.gpu_ids)}"
+    )
+
+
+def capacity_check_machines(
+    *, capacity: Capacity, strategy: str, processes: int, gpus: list[int], nodes: int,
+    machines: list[str],
+) -> list[str]:  # fmt: skip
+    """A run over `nodes` machines (or pinned to `machines`): enough online workers, each able
+    to take its share. Says what there is when not."""
+    known = set(WorkerMachine.objects.values_list("hostname", flat=True))
+    unknown = [name for name in machines if name not in known]
+    if unknown:
+        workers = ", ".join(sorted(known)) or "none has reported yet"
+        return [f"no worker named {', '.join(unknown)}: the workers are {workers}"]
+    online = capacity.machines if capacity.from_workers else []
+    offline = [name for name in machines if name not in {m.hostname for m in online}]
+    if offline:
+        return [f"{', '.join(offline)} {'is' if len(offline) == 1 else 'are'} not online"]
+    pool = [m for m in online if not machines or m.hostname in machines]
+    share = gpu_ids_text(gpus) if gpus else _processes(processes)
+    asked = f"{STRATEGIES[strategy].short} asks for {plural(nodes, 'machine')} with {share} each"
+    available = "; ".join(machine_text(m) for m in pool) or "no worker is online"
+    if len(pool) < nodes:
+        return [f"{asked}, but {plural(len(pool), 'worker')} online: {available}"]
+    fits = [m for m in pool if machine_fits(m, strategy=strategy, processes=processes, gpus=gpus)]
+    # Pinned: every named machine must fit; else any `nodes` of the online ones.
+    if len(fits) < (len(pool) if machines else nodes):
+        return [
+            f"{asked}, but only {plural(len(fits), 'of them fits', 'of them fit')}: {available}"
+        ]
+    return []
+
+
+def capacity_check(
+    *,
+    strategy: str,
+    processes: int,
+    gpus: list[int],
+    nodes: int = 1,
+    machines: list[str] | None = None,
+) -> list[str]:
     """Human messages saying why a run cannot fit; empty when it can. gpus empty means CPU."""
     strategy = str(strategy)
     if strategy not in STRATEGIES:
@@ -169,6 +223,11 @@ def capacity_check(*, strategy: str, processes: int, gpus: list[int]) -> list[st
         return errors  # nothing on any machine would make it fit
 
     capacity = capacity_summary()
+    if nodes > 1 or machines:
+        return errors + capacity_check_machines(
+            capacity=capacity, strategy=strategy, processes=processes, gpus=gpus, nodes=nodes,
+            machines=list(machines or []),
+        )  # fmt: skip
     too_few = [r.message for r in refusals if r.rule == RULE_MIN_GPUS]
     if too_few:
         errors += capacity_check_min_gpus(capacity=capacity, spec=spec, refused=too_few[0])

@@ -39,6 +39,33 @@ def machine_name() -> str:
     return os.environ.get("TRAINYARD_WORKER_NAME") or socket.gethostname()
 
 
+def machine_queue(name: str) -> str:
+    """The Celery queue only `name`'s worker consumes (beside the shared one): a node's task of
+    a multi-node run, or a run pinned to that machine, is sent there."""
+    return f"machine.{name}"
+
+
+def worker_address() -> str:
+    """Where other machines reach this one: TRAINYARD_WORKER_ADDRESS, else the source address
+    of this host's route to the broker (the interface the other workers share a network with;
+    a connected UDP socket picks it from the routing table and sends nothing)."""
+    configured = os.environ.get("TRAINYARD_WORKER_ADDRESS", "").strip()
+    if configured:
+        return configured
+    from urllib.parse import urlsplit
+
+    from django.conf import settings
+
+    broker = urlsplit(str(settings.CELERY_BROKER_URL))
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+            probe.connect((broker.hostname or "127.0.0.1", broker.port or 6379))
+            return str(probe.getsockname()[0])
+    except OSError:
+        logger.warning("no route to the broker %s; reporting this host's name", broker.hostname)
+        return socket.gethostname()
+
+
 def cpu_count_usable() -> int:
     # The affinity mask is what this process may actually run on (taskset, cgroups cpusets).
     try:

@@ -17,6 +17,9 @@ class WorkerMachineQuerySet(models.QuerySet["WorkerMachine"]):
 
 class WorkerMachine(models.Model):
     hostname = models.CharField(max_length=255, unique=True)
+    # Where the other machines reach this one (a multi-node run's rendezvous host and ranks):
+    # TRAINYARD_WORKER_ADDRESS, else the address of this host's route to the broker.
+    address = models.CharField(max_length=255, blank=True, help_text="reachable address")
     report = models.JSONField(default=dict, help_text="facts the worker collected itself")
     reported_at = models.DateTimeField(db_index=True)
     first_seen_at = models.DateTimeField(auto_now_add=True)

@@ -10,7 +10,7 @@ from django.conf import settings
 from django.db import connection
 from django.utils import timezone
 
-from dashboard.devices.facts import machine_facts_collect
+from dashboard.devices.facts import machine_facts_collect, worker_address
 from dashboard.devices.models import WorkerMachine
 
 logger = logging.getLogger(__name__)
@@ -20,7 +20,7 @@ def machine_report_save(*, facts: dict[str, Any]) -> WorkerMachine:
     """Upsert by hostname: a restarted worker takes over its machine's row."""
     machine, _ = WorkerMachine.objects.update_or_create(
         hostname=facts["hostname"],
-        defaults={"report": facts, "reported_at": timezone.now()},
+        defaults={"report": facts, "reported_at": timezone.now(), "address": worker_address()},
     )
     return machine
 

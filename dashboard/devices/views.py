@@ -43,6 +43,8 @@ def machine_age_seconds(machine: WorkerMachine) -> int:
 def machine_api_item(machine: WorkerMachine, *, runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {
         "hostname": machine.hostname,
+        # Where the other machines reach it (a multi-node run's rendezvous and ranks).
+        "address": machine.address,
         "online": machine.is_online,
         "reported_at": machine.reported_at.isoformat(),
         # Server-side age, so that a browser with a wrong clock still says "N s ago" right.
@@ -122,6 +124,7 @@ def machine_card(machine: WorkerMachine, *, runs: list[dict[str, Any]]) -> dict[
     torch_facts = report.get("torch") or {}
     return {
         "hostname": machine.hostname,
+        "address": machine.address,
         "online": machine.is_online,
         "age_seconds": machine_age_seconds(machine),
         "reported_at": machine.reported_at,

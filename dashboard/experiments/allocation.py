@@ -1,18 +1,32 @@
-"""Which runs a worker machine can take now: GPUs never shared, CPU threads never above cores.
+"""Which worker machines can take a run now: GPUs never shared, CPU threads never above cores.
 
-The check and the claim happen in one transaction that holds this machine's lock (a row lock on
-PostgreSQL; SQLite's IMMEDIATE transactions serialise writers anyway), so two runs started in the
-same second can never both get the same GPU or the same cores.
+The check and the claim happen in one transaction that holds the machines' locks (row locks on
+PostgreSQL, taken in host name order so that two claims never wait on each other in a cycle;
+SQLite's IMMEDIATE transactions serialise writers anyway), so two runs started in the same
+second can never both get the same GPU or the same cores. A run over N machines is placed all
+or nothing: it starts only when N machines can each take their share at once, so two such runs
+can never each hold half of what they need.
+
+A machine is busy with every running run whose placement names it (a node of a multi-node run
+counts where it runs, not only on the node that claimed it).
 """
 
 from __future__ import annotations
 
 import functools
 import os
+import socket
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
+from typing import NotRequired, TypedDict
 
-from dashboard.experiments.models import PROCESS_STRATEGIES, Experiment
+from dashboard.devices.facts import machine_facts_collect, machine_queue, worker_address
+from dashboard.devices.models import WorkerMachine
+from dashboard.env import env_str
+from dashboard.experiments.models import PROCESS_STRATEGIES, Experiment, Status
+from training.registry import gpu_ids_text, plural
+
+RDZV_PORTS_DEFAULT = "29400-29499"
 
 
 @dataclass(frozen=True)
@@ -20,19 +34,36 @@ class Machine:
     name: str
     cpu_count: int
     gpu_ids: frozenset[int]
+    address: str = ""  # where the other machines reach it (WorkerMachine.address)
+
+
+class PlacementEntry(TypedDict):
+    """One machine of a run's placement (Experiment.placement), ordered by node_rank."""
+
+    worker: str
+    address: str
+    node_rank: int
+    ranks: list[int]  # the global ranks that ran there: filled in by the job once known
+    rdzv_endpoint: NotRequired[str]  # "ADDR0:PORT", multi-node runs only
 
 
 @functools.cache
 def machine_local(*, worker: str) -> Machine:
-    from dashboard.devices.facts import machine_facts_collect
-
     facts = machine_facts_collect(with_torch=False)
     gpu_ids = frozenset(int(gpu["index"]) for gpu in facts.get("gpus") or [])
     return Machine(worker, int(facts.get("cpu_count") or os.cpu_count() or 1), gpu_ids)
 
 
+def machine_from_row(row: WorkerMachine) -> Machine:
+    """Another machine, as its worker last reported it."""
+    report = row.report or {}
+    gpus = [gpu for gpu in report.get("gpus") or [] if isinstance(gpu.get("index"), int)]
+    cpu_count = int(report.get("cpu_count") or 1)
+    return Machine(row.hostname, cpu_count, frozenset(gpu["index"] for gpu in gpus), row.address)
+
+
 def run_cpu_threads(*, strategy: str, processes: int, gpus: list[int], cpu_count: int) -> int:
-    """CPU threads a run occupies on its machine; GPU runs are bound by their GPUs instead."""
+    """CPU threads a run occupies on each of its machines; GPU runs are bound by their GPUs."""
     if gpus:
         return 0
     if strategy in PROCESS_STRATEGIES:
@@ -52,29 +83,234 @@ def _ids(values: Iterable[int]) -> str:
     return ", ".join(str(v) for v in sorted(values))
 
 
-def allocation_refusal(
+def _runs(runs: Iterable[Experiment]) -> str:
+    return ", ".join(f"#{run.pk}" for run in runs)
+
+
+@dataclass(frozen=True)
+class Refusal:
+    text: str  # the whole sentence, a one-machine run's waiting reason
+    short: str  # what a multi-machine run's reason says of this machine: "host-b busy with #7"
+
+
+def machine_refusal(
     *, experiment: Experiment, machine: Machine, busy: list[Experiment]
-) -> str | None:
-    """Why this machine cannot start the run now, or None when it can."""
+) -> Refusal | None:
+    """Why this machine cannot take its share of the run now, or None when it can."""
     wanted = set(experiment.gpus)
     if wanted and not wanted <= machine.gpu_ids:
         have = _ids(machine.gpu_ids) or "none"
-        return f"waiting for GPUs {_ids(wanted)}: {machine.name} has GPUs {have}"
-    for run in busy:
-        taken = wanted & set(run.gpus)
-        if taken:
-            count = len(wanted)
-            return (
-                f"waiting for {count} GPU{'s' if count > 1 else ''} on {machine.name}: "
-                f"GPU {_ids(taken)} in use by #{run.pk}"
-            )
+        text = f"waiting for GPUs {_ids(wanted)}: {machine.name} has GPUs {have}"
+        return Refusal(text, f"{machine.name} has GPUs {have}")
+    holders = [run for run in busy if wanted & set(run.gpus)]
+    if holders:
+        taken = wanted & {g for run in holders for g in run.gpus}
+        count = len(wanted)
+        text = (
+            f"waiting for {count} GPU{'s' if count > 1 else ''} on {machine.name}: "
+            f"GPU {_ids(taken)} in use by {_runs(holders)}"
+        )
+        return Refusal(text, f"{machine.name} busy with {_runs(holders)}")
     need = _threads(experiment, machine)
     cpu_busy = [run for run in busy if _threads(run, machine)]
     used = sum(_threads(run, machine) for run in cpu_busy)
     if need and cpu_busy and used + need > machine.cpu_count:
-        holders = ", ".join(f"#{run.pk}" for run in cpu_busy)
-        return (
-            f"waiting for {need} CPU core{'s' if need > 1 else ''} on {machine.name}: "
-            f"{used} of {machine.cpu_count} in use by {holders}"
+        text = (
+            f"waiting for {plural(need, 'CPU core')} on {machine.name}: "
+            f"{used} of {machine.cpu_count} in use by {_runs(cpu_busy)}"
         )
+        return Refusal(text, f"{machine.name} busy with {_runs(cpu_busy)}")
     return None
+
+
+def allocation_refusal(
+    *, experiment: Experiment, machine: Machine, busy: list[Experiment]
+) -> str | None:
+    """Why this machine cannot start the run now, or None when it can."""
+    refusal = machine_refusal(experiment=experiment, machine=machine, busy=busy)
+    return refusal.text if refusal else None
+
+
+def placement_workers(run: Experiment) -> list[str]:
+    """The machines a run holds: its placement's, or its worker's for a run claimed before
+    placements were written."""
+    named = [
+        str(e["worker"]) for e in run.placement or [] if isinstance(e, dict) and e.get("worker")
+    ]
+    return named or ([run.worker] if run.worker else [])
+
+
+def busy_by_machine(running: Iterable[Experiment]) -> dict[str, list[Experiment]]:
+    busy: dict[str, list[Experiment]] = {}
+    for run in running:
+        for name in dict.fromkeys(placement_workers(run)):
+            busy.setdefault(name, []).append(run)
+    return busy
+
+
+def rdzv_ports() -> list[int]:
+    """TRAINYARD_RDZV_PORTS: "29400-29499", or a list such as "29400,29410-29419"."""
+    ports: list[int] = []
+    raw = env_str("TRAINYARD_RDZV_PORTS", RDZV_PORTS_DEFAULT)
+    for item in (part.strip() for part in raw.split(",")):
+        low, _, high = item.partition("-")
+        try:
+            first, last = int(low), int(high or low)
+        except ValueError:
+            raise ValueError(
+                f"TRAINYARD_RDZV_PORTS={raw!r}: use ports such as 29400-29499"
+            ) from None
+        ports += range(first, last + 1)
+    return ports
+
+
+def _endpoint_port(endpoint: object) -> int | None:
+    _, _, port = str(endpoint or "").rpartition(":")
+    return int(port) if port.isdigit() else None
+
+
+def port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def rdzv_port_pick(*, worker: str, running: Iterable[Experiment]) -> int | None:
+    """A rendezvous port for a run hosted on `worker` (this machine): one of
+    TRAINYARD_RDZV_PORTS that no other running run hosted here uses and nothing has bound."""
+    used = {
+        _endpoint_port(run.placement[0].get("rdzv_endpoint"))
+        for run in running
+        if run.placement and isinstance(run.placement[0], dict)
+        and run.placement[0].get("worker") == worker
+    }  # fmt: skip
+    return next((p for p in rdzv_ports() if p not in used and port_free(p)), None)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the claim found: where the run starts (its placement), why it waits (reason), or
+    which machine's worker should claim it instead (route_to: a pinned run's first machine, or
+    a machine that fits when this one does not)."""
+
+    placement: list[PlacementEntry] = field(default_factory=list)
+    reason: str = ""
+    route_to: str = ""
+
+
+def _entry(machine: Machine, node_rank: int) -> PlacementEntry:
+    return {
+        "worker": machine.name,
+        "address": machine.address or machine.name,
+        "node_rank": node_rank,
+        "ranks": [],
+    }
+
+
+def placement_candidates(*, experiment: Experiment, local: Machine) -> list[str]:
+    """The machines a claim on `local` looks at, in the order they would be chosen; a pinned
+    run's list may leave `local` out (the claim then sends it to its first machine)."""
+    if experiment.machines:
+        return [str(name) for name in experiment.machines]
+    if experiment.nodes <= 1:
+        return [local.name]
+    online = WorkerMachine.objects.online().order_by("hostname")
+    return list(dict.fromkeys([local.name, *online.values_list("hostname", flat=True)]))
+
+
+def machines_lock(names: list[str]) -> dict[str, WorkerMachine]:
+    """Lock the machines' rows for the claim's transaction, always in host name order: two
+    claims that lock overlapping sets then queue behind one another instead of deadlocking."""
+    rows = WorkerMachine.objects.select_for_update().filter(hostname__in=names)
+    return {row.hostname: row for row in rows.order_by("hostname")}
+
+
+def share_text(*, experiment: Experiment, machine: Machine) -> str:
+    """What each machine must have free: "1 free core", "GPUs 0, 1 free"."""
+    if experiment.gpus:
+        return f"{gpu_ids_text(sorted(experiment.gpus))} free"
+    return plural(_threads(experiment, machine), "free core")
+
+
+def placement_plan(
+    *, experiment: Experiment, local: Machine, names: list[str], rows: dict[str, WorkerMachine]
+) -> Plan:
+    """Where a queued run can start now with this worker's machine (`local`, one of `names`) as
+    node 0. Call inside the claim's transaction, with the rows of `names` locked
+    (machines_lock): it reads what runs on them."""
+    local = replace(local, address=worker_address())
+    running = list(Experiment.objects.filter(status=Status.RUNNING).exclude(pk=experiment.pk))
+    busy = busy_by_machine(running)
+    others = [rows[n] for n in names if n in rows and n != local.name and rows[n].is_online]
+    machines = [local, *(machine_from_row(row) for row in others)]
+    refusals = {
+        m.name: machine_refusal(experiment=experiment, machine=m, busy=busy.get(m.name, []))
+        for m in machines
+    }
+    if experiment.nodes <= 1:
+        refusal = refusals[local.name]
+        return Plan(reason=refusal.text) if refusal else Plan(placement=[_entry(local, 0)])
+    fitting = [m for m in machines if refusals[m.name] is None]
+    if refusals[local.name] is None and len(fitting) >= experiment.nodes:
+        # This machine first: node 0, the rendezvous host.
+        return _rendezvous_plan(chosen=fitting[: experiment.nodes], running=running)
+    if not experiment.machines and len(fitting) >= experiment.nodes:
+        return Plan(route_to=fitting[0].name)
+    offline = [n for n in names if n != local.name and n not in {m.name for m in machines}]
+    reason = placement_waiting_reason(
+        experiment=experiment, local=local, refusals=refusals, offline=offline
+    )
+    return Plan(reason=reason)
+
+
+def _rendezvous_plan(*, chosen: list[Machine], running: list[Experiment]) -> Plan:
+    host = chosen[0]
+    port = rdzv_port_pick(worker=host.name, running=running)
+    if port is None:
+        ports = env_str("TRAINYARD_RDZV_PORTS", RDZV_PORTS_DEFAULT)
+        return Plan(reason=f"waiting for a free rendezvous port on {host.name}: {ports} all taken")
+    placement = [_entry(machine, k) for k, machine in enumerate(chosen)]
+    for entry in placement:
+        entry["rdzv_endpoint"] = f"{placement[0]['address']}:{port}"
+    return Plan(placement=placement)
+
+
+def placement_waiting_reason(
+    *,
+    experiment: Experiment,
+    local: Machine,
+    refusals: dict[str, Refusal | None],
+    offline: list[str],
+) -> str:
+    """ "waiting for 2 machines with 1 free core each: host-b busy with #7"."""
+    why = [refusal.short for _, refusal in sorted(refusals.items()) if refusal is not None]
+    if experiment.machines:
+        why += [f"{name} is not online" for name in offline]
+    elif len(refusals) < experiment.nodes:
+        why.append(f"{plural(len(refusals), 'machine')} online ({', '.join(refusals)})")
+    share = share_text(experiment=experiment, machine=local)
+    return f"waiting for {experiment.nodes} machines with {share} each: {'; '.join(why)}"
+
+
+def nodes_dispatch(*, experiment_id: int) -> list[str]:
+    """Send each further node of a just-claimed run its task, on its machine's queue; returns
+    the queues. Called after the claim commits. By name: the runner never imports the tasks."""
+    from celery import current_app
+
+    run = Experiment.objects.filter(pk=experiment_id).values("attempt", "placement").first()
+    if run is None:
+        return []
+    queues = []
+    for entry in run["placement"][1:]:
+        queue = machine_queue(str(entry["worker"]))
+        kwargs = {
+            "experiment_id": experiment_id,
+            "attempt": run["attempt"],
+            "node_rank": int(entry["node_rank"]),
+        }
+        current_app.send_task("experiments.run_node", kwargs=kwargs, queue=queue)
+        queues.append(queue)
+    return queues

@@ -75,6 +75,8 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "dataset": (str,),
     "strategy": (str,),
     "processes": (int,),
+    "nodes": (int,),
+    "machines": (list,),
     "gpus": (list,),
     "epochs": (int,),
     "batch_size": (int,),
@@ -84,7 +86,7 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "zero_stage": (int,),
 }
 # Fields where null means "the default for the strategy".
-NULLABLE_FIELDS = frozenset({"processes", "zero_stage"})
+NULLABLE_FIELDS = frozenset({"processes", "nodes", "zero_stage"})
 TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", list: "a list"}
 # Bounds checked before the form sees a value (see launch_payload_bounds_check).
 MAX_JSON_INT = 2**63 - 1
@@ -200,6 +202,7 @@ def launch_form_data(payload: dict[str, Any]) -> dict[str, Any]:
     """Omitted fields take the form's defaults."""
     defaults = {name: Experiment._meta.get_field(name).get_default() for name in FIELDS}
     defaults["processes"] = None  # decided by the strategy and the GPUs
+    defaults["nodes"] = None  # one machine, or as many as `machines` names
     return {**defaults, **payload}
 
 

@@ -9,12 +9,20 @@ from django.core import validators
 
 from dashboard.devices.capacity import capacity_check
 from dashboard.experiments.models import Experiment, Strategy, ZeroStage
-from training.registry import RULE_PER_GPU, strategy_get, strategy_refusals
+from training.registry import (
+    REGISTRY,
+    RULE_PER_GPU,
+    StrategySpec,
+    plural,
+    strategy_get,
+    strategy_refusals,
+)
 
 LIMITS = {
     "epochs": (1, 1000),
     "batch_size": (1, 8192),
     "processes": (1, 256),
+    "nodes": (1, 64),
     "seed": (0, 2**31 - 1),
 }
 LR_MAX = 10.0
@@ -24,6 +32,8 @@ FIELDS = (
     "dataset",
     "strategy",
     "processes",
+    "nodes",
+    "machines",
     "gpus",
     "epochs",
     "batch_size",
@@ -36,6 +46,41 @@ DEFAULT_ZERO_STAGE = ZeroStage.ONE
 # One machine never has more GPUs than this; the bound also keeps the checks on the list cheap.
 MAX_GPU_IDS = 64
 GPU_ID_MAX_DIGITS = 6
+MACHINE_NAME_MAX_CHARS = 255  # WorkerMachine.hostname
+
+
+def spanning_labels() -> str:
+    """The strategies that can span machines (training/registry.py), for people."""
+    return " and ".join(spec.label for spec in REGISTRY if spec.nodes)
+
+
+class MachineListField(forms.Field):
+    """Worker names to pin a run to, as "a,b" in the form or ["a", "b"] in JSON; empty leaves
+    the machines to placement."""
+
+    default_error_messages = {"invalid": "machines are worker names such as host-a,host-b"}
+
+    def to_python(self, value: Any) -> list[str]:
+        if value in (None, "", []):
+            return []
+        items = value.split(",") if isinstance(value, str) else value
+        if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+            raise forms.ValidationError(self.error_messages["invalid"], code="invalid")
+        names = [item.strip() for item in items]
+        if len(names) > LIMITS["nodes"][1] or not all(names):
+            raise forms.ValidationError(self.error_messages["invalid"], code="invalid")
+        if any(len(name) > MACHINE_NAME_MAX_CHARS for name in names):
+            raise forms.ValidationError(
+                f"a worker name has at most {MACHINE_NAME_MAX_CHARS} characters", code="too_long"
+            )
+        if len(set(names)) != len(names):
+            raise forms.ValidationError("each machine may appear once", code="duplicate")
+        return names
+
+    def prepare_value(self, value: Any) -> str:
+        if isinstance(value, list):
+            return ",".join(str(v) for v in value)
+        return "" if value is None else str(value)
 
 
 class GpuListField(forms.Field):
@@ -76,6 +121,11 @@ class ExperimentForm(forms.ModelForm):
         help_text="GPU ids such as 0,1; leave empty to train on the CPU.",
         widget=forms.TextInput(attrs={"placeholder": "empty = CPU"}),
     )
+    machines = MachineListField(
+        required=False,
+        help_text="Worker names such as host-a,host-b to run on; empty: any that are free.",
+        widget=forms.TextInput(attrs={"placeholder": "empty = any free machines"}),
+    )
 
     class Meta:
         model = Experiment
@@ -87,6 +137,12 @@ class ExperimentForm(forms.ModelForm):
         self.fields["name"].required = False
         # Omitted processes mean "the natural count": one per GPU, else two CPU ranks.
         self.fields["processes"].required = False
+        # Omitted nodes mean one machine, or as many as are pinned.
+        self.fields["nodes"].required = False
+        self.fields["nodes"].help_text = (
+            f"Machines the run spans ({spanning_labels()} only); Processes are the ranks on "
+            "each machine."
+        )
         zero_stage = self.fields["zero_stage"]
         zero_stage.error_messages["invalid_choice"] = (
             "the ZeRO stage is 1 or 2 (stage 3 is not offered), not %(value)s"
@@ -110,6 +166,27 @@ class ExperimentForm(forms.ModelForm):
             raise forms.ValidationError(f"learning rate must be above 0 and at most {LR_MAX}")
         return lr
 
+    def _nodes_clean(self, data: dict[str, Any], spec: StrategySpec) -> bool:
+        """Machines and nodes agree, and the strategy can span them; False when refused."""
+        machines = data.setdefault("machines", data.get("machines") or [])
+        if data.get("nodes") is None:
+            data["nodes"] = len(machines) or 1
+        if machines and len(machines) != data["nodes"]:
+            self.add_error(
+                "machines",
+                f"name one machine per node: {plural(len(machines), 'machine')} named for "
+                f"{plural(data['nodes'], 'node')}",
+            )
+            return False
+        if data["nodes"] > 1 and not spec.nodes:
+            self.add_error(
+                "nodes",
+                f"{spec.label} runs on one machine; only {spanning_labels()} span several machines "
+                "(torchrun's rendezvous)",
+            )
+            return False
+        return True
+
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         strategy, gpus = data.get("strategy"), data.get("gpus", [])
@@ -132,10 +209,20 @@ class ExperimentForm(forms.ModelForm):
             if refusal.rule == RULE_PER_GPU:
                 self.add_error("processes", refusal.message)
                 return data
+        if not self._nodes_clean(data, spec):
+            return data
         # A strategy that cannot run without GPUs is refused on the GPU field, where the fix is.
         needs_gpus = gpus or spec.min_gpus
-        for message in capacity_check(strategy=strategy, processes=data["processes"], gpus=gpus):
-            self.add_error("gpus" if needs_gpus else "processes", message)
+        messages = capacity_check(
+            strategy=strategy,
+            processes=data["processes"],
+            gpus=gpus,
+            nodes=data["nodes"],
+            machines=data["machines"],
+        )
+        for message in messages:
+            field = "machines" if data["machines"] or data["nodes"] > 1 else None
+            self.add_error(field or ("gpus" if needs_gpus else "processes"), message)
         if not data.get("name"):
             data["name"] = f"{spec.label} on {data.get('dataset', 'mnist')}"
         return data

@@ -28,13 +28,16 @@ from django.db import transaction
 from django.utils import timezone
 
 from dashboard.devices.facts import machine_samples_collect
-from dashboard.devices.models import WorkerMachine
 from dashboard.env import env_float
 from dashboard.experiments import transitions
 from dashboard.experiments.allocation import (
     Machine,
-    allocation_refusal,
+    Plan,
     machine_local,
+    machines_lock,
+    nodes_dispatch,
+    placement_candidates,
+    placement_plan,
     run_cpu_threads,
 )
 from dashboard.experiments.attempts import attempts_with_current, experiment_resume_prepare
@@ -117,28 +120,42 @@ def training_command(*, experiment: Experiment) -> list[str]:
 class Claim:
     claimed: bool
     waiting_reason: str = ""
+    routed_to: str = ""  # the machine whose worker should claim it instead (allocation.Plan)
 
 
 def experiment_claim(*, experiment_id: int, machine: Machine) -> Claim:
-    """Start a queued run on this machine if its devices are free; else say what it waits for.
+    """Start a queued run on this machine (node 0 of its machines) if their devices are free;
+    else say what it waits for, or which machine's worker should claim it.
 
     Only a queued run can become running (a conditional update), so two workers can never both
-    start one run; the machine's lock makes the device check and the claim one step.
+    start one run; the machines' locks make the device check and the claim one step, for all
+    the machines of a multi-node run at once. The caller sends the other nodes their tasks once
+    this has committed (allocation.nodes_dispatch).
     """
     now = timezone.now()
     with transaction.atomic():
-        WorkerMachine.objects.select_for_update().filter(hostname=machine.name).first()
         experiment = Experiment.objects.filter(pk=experiment_id, status=Status.QUEUED).first()
         if experiment is None:
             return Claim(False)
-        busy = list(Experiment.objects.filter(status=Status.RUNNING, worker=machine.name))
+        names = placement_candidates(experiment=experiment, local=machine)
+        if machine.name not in names:
+            return Claim(False, routed_to=names[0])
+        rows = machines_lock(names)
         # Claim order first (queue.py: priority, then first in first out; the running limit).
         reason = queue_turn_refusal(experiment=experiment, machine=machine)
-        reason = reason or allocation_refusal(experiment=experiment, machine=machine, busy=busy)
-        if reason is None:
-            return Claim(
-                transitions.experiment_start(experiment=experiment, worker=machine.name, now=now)
+        plan = (
+            Plan(reason=reason)
+            if reason
+            else placement_plan(experiment=experiment, local=machine, names=names, rows=rows)
+        )
+        if plan.route_to:
+            return Claim(False, routed_to=plan.route_to)
+        if plan.placement:
+            started = transitions.experiment_start(
+                experiment=experiment, worker=machine.name, now=now, placement=plan.placement
             )
+            return Claim(started)
+        reason = plan.reason
         Experiment.objects.filter(pk=experiment_id, status=Status.QUEUED).update(
             waiting_reason=reason[:300], heartbeat_at=now
         )
@@ -158,9 +175,11 @@ class RunResult:
     waiting: the run stays queued, its devices busy (`reason`); the task asks again later.
     skipped: nothing for this worker to do (`reason`): the run was not queued any more, or the
     reaper gave this attempt up while it ran and the run has moved on without it.
+    routed: another machine's worker should claim it (`reason`: that machine's name): a run
+    pinned there, or a multi-node run this machine cannot host now while others can.
     """
 
-    kind: Literal["finished", "waiting", "skipped"]
+    kind: Literal["finished", "waiting", "skipped", "routed"]
     status: str | None = None
     reason: str = ""
 
@@ -170,9 +189,12 @@ def experiment_run(*, experiment_id: int, worker: str) -> RunResult:
     claim = experiment_claim(experiment_id=experiment_id, machine=machine_local(worker=worker))
     if claim.waiting_reason:
         return RunResult("waiting", reason=claim.waiting_reason)
+    if claim.routed_to:
+        return RunResult("routed", reason=claim.routed_to)
     if not claim.claimed:
         log.info("experiment %s was not queued any more; not starting it", experiment_id)
         return RunResult("skipped", reason="not queued any more")
+    nodes_dispatch(experiment_id=experiment_id)  # committed: each further node to its machine
     experiment = Experiment.objects.get(pk=experiment_id)
     resume = experiment_resume_prepare(experiment=experiment)
     sink = EventSink(experiment)

@@ -19,7 +19,7 @@ from dashboard.experiments.messages import SnapshotMessage
 from dashboard.experiments.models import Experiment, Status
 from dashboard.experiments.run_facts import snapshot_texts
 from dashboard.experiments.series import series_snapshot
-from dashboard.experiments.tasks import run_experiment
+from dashboard.experiments.tasks import run_experiment_send
 
 User = AbstractBaseUser | AnonymousUser
 
@@ -44,7 +44,7 @@ def experiment_launch(*, owner: Any, fields: dict[str, Any], limits: bool = True
         if limits:
             launch_slot_claim(owner=owner)
         experiment = Experiment.objects.create(owner=owner, **fields)
-        transaction.on_commit(lambda: run_experiment.delay(experiment.pk))
+        transaction.on_commit(lambda: run_experiment_send(experiment=experiment))
     return experiment
 
 
@@ -161,5 +161,7 @@ def experiment_as_dict(experiment: Experiment) -> dict[str, Any]:
         note=experiment.note,
         # Brought in by POST /api/experiments/import/: no worker trained it here.
         imported=experiment.imported,
+        # The machines of the current (or last) attempt, node 0 first, with the ranks each ran.
+        placement=experiment.placement,
     )
     return data

@@ -90,14 +90,18 @@ def _move(
     return moved == 1
 
 
-def experiment_start(*, experiment: Experiment, worker: str, now: datetime) -> bool:
-    """queued -> running on `worker`: the claim of one attempt (counted here)."""
+def experiment_start(
+    *, experiment: Experiment, worker: str, now: datetime, placement: list[Any] | None = None
+) -> bool:
+    """queued -> running on `worker` (node 0 of `placement`, the machines it runs on): the claim
+    of one attempt (counted here)."""
     return _move(
         experiment.pk,
         Status.QUEUED,
         Status.RUNNING,
         started_at=experiment.started_at or now,
         worker=worker,
+        placement=placement or [{"worker": worker, "address": "", "node_rank": 0, "ranks": []}],
         attempt=F("attempt") + 1,
         heartbeat_at=now,
         waiting_reason="",

@@ -153,6 +153,7 @@
         el("span", { class: "muted" }, `last report ${machine.age_seconds} s ago`),
       ]),
       factList([
+        ["Address", `${machine.address || "not reported"} · queue machine.${machine.hostname}`],
         ["CPU cores", report.cpu_count ?? "?"],
         ["Memory", `${bytesText(memory.available_bytes)} available of ${bytesText(memory.total_bytes)}`],
         ["GPUs", gpus.length ? `${gpus.length} (${gpuStatus})` : gpuStatus],

@@ -1,0 +1,347 @@
+"""Placement: `nodes` and `machines` at launch (refusals say what there is), and the claim of
+N machines, all or nothing, on the real database (runner.experiment_claim).
+
+The Celery side (per-machine queues, two real workers, runs launched in the same second) is
+tests/test_placement_workers.py.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+from typing import Any
+
+import pytest
+from django.db import close_old_connections
+from django.test import Client
+from django.utils import timezone
+
+from dashboard.devices.models import WorkerMachine
+from dashboard.experiments.allocation import Machine, rdzv_port_pick, rdzv_ports
+from dashboard.experiments.models import Experiment, Status
+from dashboard.experiments.runner import experiment_claim
+
+pytestmark = pytest.mark.django_db
+
+HOST_A = Machine("host-a", 2, frozenset())
+HOST_B = Machine("host-b", 2, frozenset())
+
+
+def machine_row(name: str, *, cpus: int = 2, gpus: int = 0, address: str = "") -> WorkerMachine:
+    report = {"cpu_count": cpus, "gpus": [{"index": i} for i in range(gpus)]}
+    return WorkerMachine.objects.create(
+        hostname=name, report=report, reported_at=timezone.now(), address=address
+    )
+
+
+def post(client: Client, body: dict[str, Any]) -> Any:
+    return client.post("/api/experiments/", json.dumps(body), content_type="application/json")
+
+
+@pytest.fixture
+def alice(user_factory: Any) -> Client:
+    client = Client()
+    client.force_login(user_factory(username="alice"))
+    return client
+
+
+@pytest.fixture
+def two_hosts() -> None:
+    machine_row("host-a", address="10.0.0.1")
+    machine_row("host-b", address="10.0.0.2")
+
+
+# --- launch: fields, refusals with what there is ---
+
+
+def test_nodes_and_pinned_machines_are_stored_and_read_back(
+    alice: Client, two_hosts: None, launched: list[int]
+) -> None:
+    body = post(alice, {"strategy": "ddp", "processes": 1, "machines": ["host-b", "host-a"]})
+    assert body.status_code == 201, body.content
+    run = body.json()
+    # Nodes follow the pinned machines when omitted; the order is kept (host-b is node 0).
+    assert run["nodes"] == 2 and run["machines"] == ["host-b", "host-a"]
+    assert run["placement"] == []  # not placed until claimed
+    again = alice.get(f"/api/experiments/{run['id']}/").json()
+    assert (again["nodes"], again["machines"]) == (2, ["host-b", "host-a"])
+
+
+def test_one_machine_is_the_default(alice: Client, two_hosts: None, launched: list[int]) -> None:
+    response = post(alice, {"strategy": "ddp", "processes": 2})
+    assert response.status_code == 201, response.content
+    assert response.json()["nodes"] == 1 and response.json()["machines"] == []
+
+
+@pytest.mark.parametrize("strategy", ["single", "dp", "hogwild", "model-parallel"])
+def test_strategies_that_cannot_span_machines_are_refused_with_the_reason(
+    alice: Client, two_hosts: None, launched: list[int], strategy: str
+) -> None:
+    response = post(alice, {"strategy": strategy, "nodes": 2})
+    assert response.status_code == 400, response.content
+    (message,) = response.json()["errors"]["nodes"]
+    assert "runs on one machine" in message
+    assert "DistributedDataParallel and DeepSpeed ZeRO span several machines" in message
+    assert not Experiment.objects.exists() and not launched
+
+
+def test_deepspeed_may_span_machines(alice: Client, two_hosts: None, launched: list[int]) -> None:
+    response = post(alice, {"strategy": "deepspeed", "nodes": 2, "processes": 1})
+    assert response.status_code == 201, response.content
+
+
+def test_more_machines_than_are_online_is_refused_with_what_there_is(
+    alice: Client, two_hosts: None, launched: list[int]
+) -> None:
+    response = post(alice, {"strategy": "ddp", "nodes": 3, "processes": 1})
+    assert response.status_code == 400, response.content
+    (message,) = response.json()["errors"]["machines"]
+    assert message.startswith("DDP asks for 3 machines with 1 process each, but 2 workers online")
+    assert "host-a has 2 CPU cores and no GPU; host-b has 2 CPU cores and no GPU" in message
+
+
+def test_more_cores_per_machine_than_enough_machines_have_is_refused(
+    alice: Client, launched: list[int]
+) -> None:
+    machine_row("big", cpus=8)
+    machine_row("small", cpus=2)
+    ok = post(alice, {"strategy": "ddp", "nodes": 2, "processes": 2})
+    assert ok.status_code == 201, ok.content
+    response = post(alice, {"strategy": "ddp", "nodes": 2, "processes": 4})
+    assert response.status_code == 400, response.content
+    (message,) = response.json()["errors"]["machines"]
+    assert "asks for 2 machines with 4 processes each, but only 1 of them fits" in message
+    assert "big has 8 CPU cores" in message and "small has 2 CPU cores" in message
+
+
+def test_an_offline_machine_does_not_count(alice: Client, launched: list[int]) -> None:
+    machine_row("host-a")
+    stale = machine_row("host-b")
+    WorkerMachine.objects.filter(pk=stale.pk).update(
+        reported_at=timezone.now() - timezone.timedelta(hours=1)
+    )
+    response = post(alice, {"strategy": "ddp", "nodes": 2, "processes": 1})
+    assert response.status_code == 400
+    assert "but 1 worker online: host-a" in response.json()["errors"]["machines"][0]
+    pinned = post(alice, {"strategy": "ddp", "machines": ["host-a", "host-b"], "processes": 1})
+    assert pinned.json()["errors"]["machines"] == ["host-b is not online"]
+
+
+def test_unknown_pinned_machines_are_refused_with_the_known_ones(
+    alice: Client, two_hosts: None, launched: list[int]
+) -> None:
+    response = post(alice, {"strategy": "ddp", "machines": ["host-a", "host-z"], "processes": 1})
+    assert response.status_code == 400
+    assert response.json()["errors"]["machines"] == [
+        "no worker named host-z: the workers are host-a, host-b"
+    ]
+    assert not launched
+
+
+@pytest.mark.parametrize(
+    ("payload", "field", "message"),
+    [
+        ({"nodes": 2, "machines": ["host-a"]}, "machines", "name one machine per node"),
+        ({"machines": ["host-a", "host-a"]}, "machines", "each machine may appear once"),
+        ({"machines": [1, 2]}, "machines", "worker names"),
+        ({"machines": "host-a"}, "machines", "must be a list"),
+        ({"nodes": 0}, "nodes", "greater than or equal to 1"),
+        ({"nodes": 65}, "nodes", "less than or equal to 64"),
+        ({"nodes": "2"}, "nodes", "must be an integer"),
+    ],
+)
+def test_bad_nodes_and_machines_are_refused_on_their_field(
+    alice: Client,
+    two_hosts: None,
+    launched: list[int],
+    payload: dict[str, Any],
+    field: str,
+    message: str,
+) -> None:
+    response = post(alice, {"strategy": "ddp", "processes": 1, **payload})
+    assert response.status_code == 400, response.content
+    assert message in " ".join(response.json()["errors"][field]), response.json()
+
+
+def test_the_form_says_what_machines_mean(alice: Client) -> None:
+    page = alice.get("/experiments/new/").content.decode()
+    assert 'name="nodes"' in page and 'name="machines"' in page
+    assert "Processes are the ranks on each machine" in page
+
+
+# --- the claim: all or nothing, busy by placement ---
+
+
+def queued_run(owner: Any, **fields: Any) -> Experiment:
+    defaults: dict[str, Any] = {"name": "run", "strategy": "ddp", "processes": 1, "nodes": 2}
+    return Experiment.objects.create(owner=owner, **{**defaults, **fields})
+
+
+def test_a_two_machine_run_claims_both_machines_at_once(
+    user_factory: Any, two_hosts: None
+) -> None:
+    run = queued_run(user_factory())
+    assert experiment_claim(experiment_id=run.pk, machine=HOST_A).claimed
+    run.refresh_from_db()
+    assert run.status == Status.RUNNING and run.worker == "host-a"
+    node0, node1 = run.placement
+    assert (node0["worker"], node0["node_rank"], node1["worker"], node1["node_rank"]) == (
+        "host-a", 0, "host-b", 1,
+    )  # fmt: skip
+    assert node1["address"] == "10.0.0.2" and node0["ranks"] == node1["ranks"] == []
+    # One endpoint for both: node 0's address and a port from the range.
+    assert node0["rdzv_endpoint"] == node1["rdzv_endpoint"]
+    host, port = node0["rdzv_endpoint"].rsplit(":", 1)
+    assert host == node0["address"] and int(port) in rdzv_ports()
+
+
+def test_the_second_run_waits_with_the_reason_and_holds_nothing(
+    user_factory: Any, two_hosts: None
+) -> None:
+    owner = user_factory()
+    first, second = queued_run(owner, processes=2), queued_run(owner, processes=2)
+    assert experiment_claim(experiment_id=first.pk, machine=HOST_A).claimed
+    claim = experiment_claim(experiment_id=second.pk, machine=HOST_B)
+    assert not claim.claimed
+    assert claim.waiting_reason == (
+        f"waiting for 2 machines with 2 free cores each: host-a busy with #{first.pk}; "
+        f"host-b busy with #{first.pk}"
+    )
+    second.refresh_from_db()
+    assert second.status == Status.QUEUED and second.placement == []
+    assert second.waiting_reason == claim.waiting_reason
+
+
+def test_a_node_makes_its_machine_busy_for_one_machine_runs(
+    user_factory: Any, two_hosts: None
+) -> None:
+    owner = user_factory()
+    spanning = queued_run(owner, processes=2)
+    assert experiment_claim(experiment_id=spanning.pk, machine=HOST_A).claimed
+    # host-b is node 1 of that run, though the run's worker is host-a.
+    local = queued_run(owner, nodes=1, processes=2)
+    claim = experiment_claim(experiment_id=local.pk, machine=HOST_B)
+    assert claim.waiting_reason == (
+        f"waiting for 2 CPU cores on host-b: 2 of 2 in use by #{spanning.pk}"
+    )
+
+
+def test_a_one_machine_run_is_placed_on_its_worker_alone(
+    user_factory: Any, two_hosts: None
+) -> None:
+    run = queued_run(user_factory(), nodes=1)
+    assert experiment_claim(experiment_id=run.pk, machine=HOST_B).claimed
+    run.refresh_from_db()
+    (entry,) = run.placement
+    assert entry["worker"] == "host-b" and entry["node_rank"] == 0
+    assert "rdzv_endpoint" not in entry  # torchrun --standalone, as before
+
+
+def test_a_pinned_run_is_sent_to_its_first_machine(user_factory: Any, two_hosts: None) -> None:
+    machine_row("host-c")
+    run = queued_run(user_factory(), machines=["host-b", "host-c"])
+    claim = experiment_claim(experiment_id=run.pk, machine=HOST_A)
+    assert claim.routed_to == "host-b" and not claim.claimed
+    claim = experiment_claim(experiment_id=run.pk, machine=HOST_B)
+    assert claim.claimed
+    run.refresh_from_db()
+    assert [e["worker"] for e in run.placement] == ["host-b", "host-c"]
+
+
+def test_a_pinned_run_waits_for_its_own_machines(
+    user_factory: Any, two_hosts: None
+) -> None:
+    machine_row("host-c")
+    owner = user_factory()
+    busy_c = queued_run(owner, nodes=1, processes=2)
+    assert experiment_claim(experiment_id=busy_c.pk, machine=Machine("host-c", 2, frozenset()))
+    pinned = queued_run(owner, processes=2, machines=["host-a", "host-c"])
+    claim = experiment_claim(experiment_id=pinned.pk, machine=HOST_A)
+    assert claim.waiting_reason == (
+        f"waiting for 2 machines with 2 free cores each: host-c busy with #{busy_c.pk}"
+    )
+    Experiment.objects.filter(pk=busy_c.pk).update(status=Status.SUCCEEDED)
+    assert experiment_claim(experiment_id=pinned.pk, machine=HOST_A).claimed
+
+
+def test_a_machine_that_cannot_host_sends_the_run_to_one_that_can(
+    user_factory: Any, two_hosts: None
+) -> None:
+    machine_row("host-c")
+    owner = user_factory()
+    busy_a = queued_run(owner, nodes=1, processes=2)
+    assert experiment_claim(experiment_id=busy_a.pk, machine=HOST_A).claimed
+    run = queued_run(owner, processes=2)
+    assert experiment_claim(experiment_id=run.pk, machine=HOST_A).routed_to == "host-b"
+
+
+def test_too_few_machines_online_is_said(user_factory: Any) -> None:
+    machine_row("host-a")
+    run = queued_run(user_factory())
+    claim = experiment_claim(experiment_id=run.pk, machine=HOST_A)
+    assert claim.waiting_reason == (
+        "waiting for 2 machines with 1 free core each: 1 machine online (host-a)"
+    )
+
+
+def test_the_rendezvous_port_skips_ports_in_use(
+    user_factory: Any, two_hosts: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        bound = taken.getsockname()[1]
+        monkeypatch.setenv("TRAINYARD_RDZV_PORTS", f"{bound}-{bound + 2}")
+        owner = user_factory()
+        first = queued_run(owner)
+        assert experiment_claim(experiment_id=first.pk, machine=HOST_A).claimed
+        first.refresh_from_db()
+        # The bound port is skipped; the next run hosted on host-a skips the first's.
+        assert first.placement[0]["rdzv_endpoint"].endswith(f":{bound + 1}")
+        running = list(Experiment.objects.filter(status=Status.RUNNING))
+        assert rdzv_port_pick(worker="host-a", running=running) == bound + 2
+        assert rdzv_port_pick(worker="host-b", running=running) == bound + 1
+
+
+def test_a_port_range_that_is_not_ports_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAINYARD_RDZV_PORTS", "29400-x")
+    with pytest.raises(ValueError, match="TRAINYARD_RDZV_PORTS"):
+        rdzv_ports()
+    monkeypatch.setenv("TRAINYARD_RDZV_PORTS", "29400,29410-29411")
+    assert rdzv_ports() == [29400, 29410, 29411]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_claims_at_once_never_each_hold_half(user_factory: Any) -> None:
+    """Two 2-machine runs claimed in the same instant from both machines, many times over:
+    exactly one starts, holding both machines, the other holds none."""
+    machine_row("host-a")
+    machine_row("host-b")
+    owner = user_factory()
+    for _ in range(5):
+        first, second = queued_run(owner, processes=2), queued_run(owner, processes=2)
+        barrier = threading.Barrier(2)
+        claims: dict[str, Any] = {}
+
+        def claim(name: str, run: Experiment, machine: Machine) -> None:
+            barrier.wait()
+            try:
+                claims[name] = experiment_claim(experiment_id=run.pk, machine=machine)
+            finally:
+                close_old_connections()
+
+        threads = [
+            threading.Thread(target=claim, args=("first", first, HOST_A)),
+            threading.Thread(target=claim, args=("second", second, HOST_B)),
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=60)
+        assert not any(thread.is_alive() for thread in threads), "a claim deadlocked"
+        assert sorted(c.claimed for c in claims.values()) == [False, True]
+        running = Experiment.objects.filter(status=Status.RUNNING)
+        (winner,) = running
+        assert sorted(e["worker"] for e in winner.placement) == ["host-a", "host-b"]
+        Experiment.objects.filter(pk__in=[first.pk, second.pk]).update(status=Status.SUCCEEDED)
