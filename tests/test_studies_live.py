@@ -1,0 +1,156 @@
+"""A study on the real stack (Redis, daphne, a Celery worker, torchrun, Chromium): a 2x2 study
+(single and DDP, seeds 1 and 2, one epoch of the MNIST sample each) runs to its end through the
+API; its table's time to target and speedup equal a hand computation from the same stored
+points; the study page shows them in Chromium; stopping a study ends its running and queued
+runs; another user sees neither the study nor its runs."""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any
+
+import pytest
+import requests
+
+from tests.stack import Stack, wait_for
+from tests.test_browser import browser, log_in, page, screenshot  # noqa: F401 (fixtures)
+
+pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(900)]
+
+TARGET = 0.8  # one epoch of the sample reaches about 0.9 with either strategy
+FINAL = {"succeeded", "failed", "cancelled", "lost"}
+
+
+def study_post(session: requests.Session, stack: Stack, body: dict[str, Any]) -> dict[str, Any]:
+    response = session.post(f"{stack.base_url}/api/studies/", json=body, timeout=30)
+    assert response.status_code == 201, response.text
+    created: dict[str, Any] = response.json()
+    return created
+
+
+def study_get(session: requests.Session, stack: Stack, pk: int) -> dict[str, Any]:
+    response = session.get(f"{stack.base_url}/api/studies/{pk}/", timeout=30)
+    response.raise_for_status()
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def study_ended(session: requests.Session, stack: Stack, pk: int, timeout: float) -> Any:
+    def ended() -> dict[str, Any] | None:
+        body = study_get(session, stack, pk)
+        return body if body["status"] not in {"queued", "running"} else None
+
+    try:
+        return wait_for(ended, timeout=timeout, what=f"study {pk} to end", interval=1)
+    except TimeoutError:
+        raise AssertionError(stack.diagnostics()) from None
+
+
+def by_hand(stack: Stack, runs: list[int]) -> dict[str, float]:
+    """Per run, straight from the stored rows: the first epoch point at or above the target
+    (its time), and the mean images/s of the step points."""
+    figures: dict[str, float] = {}
+    for pk in runs:
+        rows = stack.query(
+            "SELECT time FROM experiments_seriespoint WHERE experiment_id = ? AND "
+            "key = 'test_accuracy' AND value >= ? ORDER BY step, id LIMIT 1",
+            pk,
+            TARGET,
+        )
+        figures[f"time/{pk}"] = rows[0][0]
+        ((ips,),) = stack.query(
+            "SELECT AVG(value) FROM experiments_seriespoint WHERE experiment_id = ? AND "
+            "key = 'images_per_second' AND value IS NOT NULL",
+            pk,
+        )
+        figures[f"ips/{pk}"] = ips
+    return figures
+
+
+def test_a_two_by_two_study_runs_to_its_table(stack: Stack, page: Any) -> None:  # noqa: F811
+    alice = stack.login("alice")
+    created = study_post(
+        alice, stack,
+        {
+            "name": "live 2x2", "base": {"dataset": "mnist", "epochs": 1, "batch_size": 64},
+            "axes": {"strategy": ["single", "ddp"], "seed": [1, 2]},
+            "target_accuracy": TARGET, "stop_at_target": False,
+        },
+    )  # fmt: skip
+    assert len(created["runs"]) == 4
+    study = study_ended(alice, stack, created["id"], timeout=720)
+    assert study["status"] == "succeeded", study["run_details"]
+    assert study["progress"]["succeeded"] == 4
+    single, ddp = study["cells"]
+    assert (single["strategy"], ddp["strategy"], ddp["world_size"]) == ("single", "ddp", 2)
+    hand = by_hand(stack, study["runs"])
+    for cell in (single, ddp):
+        times = [hand[f"time/{pk}"] for pk in cell["runs"]]
+        assert cell["time_to_target_seconds"] == pytest.approx(statistics.fmean(times))
+        ips = statistics.fmean(hand[f"ips/{pk}"] for pk in cell["runs"])
+        assert cell["images_per_second"] == pytest.approx(ips)
+    speedup = ddp["images_per_second"] / single["images_per_second"]
+    assert ddp["speedup"] == pytest.approx(speedup) and single["speedup"] == 1.0
+    assert ddp["efficiency"] == pytest.approx(speedup / 2)
+
+    # Another user: neither the study nor its runs.
+    bob = stack.login("bob")
+    assert bob.get(f"{stack.base_url}/api/studies/{created['id']}/", timeout=10).status_code == 404
+    for pk in created["runs"]:
+        assert bob.get(f"{stack.base_url}/api/experiments/{pk}/", timeout=10).status_code == 404
+    assert bob.get(f"{stack.base_url}/api/studies/", timeout=10).json() == {"studies": []}
+
+    log_in(page, stack, "alice")
+    page.goto(f"{stack.base_url}/studies/{created['id']}/")
+    page.wait_for_selector("main[data-charts-ready='true']", timeout=30_000)
+    page.wait_for_selector("main[data-study-status='succeeded']", timeout=30_000)
+    rows = page.locator("#cell-rows tr")
+    assert rows.count() == 2
+    for i, cell in enumerate((single, ddp)):
+        row = rows.nth(i)
+        for key in ("time_to_target", "speedup", "efficiency", "final_accuracy"):
+            shown = row.locator(f'[data-text="{key}"]').inner_text().strip()
+            assert shown == cell["texts"][key]
+    assert single["texts"]["time_to_target"].endswith(" s")
+    assert page.locator("#study-stop-form").is_hidden()  # nothing left to stop
+    assert page.evaluate("() => TrainyardCharts.instances.size") > 0
+    assert page.locator("#scaling-chart .uplot").count() == 1
+    screenshot(page, "study.png")
+
+
+def test_stopping_a_study_ends_its_running_and_queued_runs(stack: Stack) -> None:
+    alice = stack.login("alice")
+    created = study_post(
+        alice, stack,
+        {
+            "name": "to stop", "base": {"strategy": "ddp", "epochs": 50},
+            "axes": {"seed": [1, 2, 3]}, "target_accuracy": 0.99,
+        },
+    )  # fmt: skip
+    pk = created["id"]
+    wait_for(
+        lambda: study_get(alice, stack, pk)["progress"]["running"] >= 1,
+        timeout=120, what="a run of the study to start", interval=0.5,
+    )  # fmt: skip
+    queued = study_get(alice, stack, pk)["progress"]["queued"]
+    assert queued >= 1  # one run fills the 2 cores: the others wait
+    bob = stack.login("bob")
+    assert bob.post(f"{stack.base_url}/api/studies/{pk}/stop/", timeout=10).status_code == 404
+    response = alice.post(f"{stack.base_url}/api/studies/{pk}/stop/", timeout=30)
+    assert response.status_code == 200 and len(response.json()["stopping"]) == 3
+    study = study_ended(alice, stack, pk, timeout=120)
+    assert study["status"] == "cancelled"
+    assert {run["status"] for run in study["run_details"]} == {"cancelled"}
+    for run in study["run_details"]:
+        row = stack.experiment_row(run["id"])
+        pids = row["run_info"].get("pids", [])
+        assert not [p for p in pids if _alive(p)], f"ranks of #{run['id']} outlived the stop"
+
+
+def _alive(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
