@@ -287,3 +287,15 @@ def test_the_form_page_shows_the_bad_cell(client: Client, launched: Any) -> None
     assert Study.objects.count() == 0
     typo = client.post(reverse("study-new"), {"mode": "axes", "axis_seed": "1, x"})
     assert "&#x27;x&#x27; is not a whole number" in typo.content.decode()
+
+
+def test_the_admin_lists_a_study_with_its_runs(
+    client: Client, launched: Any, user_factory: Any
+) -> None:
+    pk = post(client, TWO_BY_TWO).json()["id"]
+    staff = Client()
+    staff.force_login(user_factory(username="root", staff=True, is_superuser=True))
+    listed = staff.get(reverse("admin:studies_study_changelist"))
+    assert listed.status_code == 200 and "2x2" in listed.content.decode()
+    change = staff.get(reverse("admin:studies_study_change", args=[pk]))
+    assert change.status_code == 200 and "2x2 · DDP ×2 · seed 2" in change.content.decode()
