@@ -52,7 +52,7 @@
     button.addEventListener("click", () =>
       act(() => post(entry.priority_url, { priority: Number(input.value) })),
     );
-    return el("td", { class: "num" }, el("span", { class: "inline" }, [input, " ", button]));
+    return el("td", { class: "num" }, el("span", { class: "queue-priority" }, [input, button]));
   }
 
   function cancelCell(entry) {
