@@ -19,6 +19,7 @@ AXIS_TYPES: dict[str, type] = {
     "strategy": str, "processes": int, "nodes": int, "batch_size": int, "lr": float,
     "optimizer": str, "seed": int,
 }  # fmt: skip
+AXIS_LABELS = {"lr": "Learning rate", "processes": "Processes (per node)"}
 AXIS_PLACEHOLDERS = {
     "strategy": "single, ddp", "processes": "2, 4", "nodes": "1", "batch_size": "32, 64",
     "lr": "0.001, 0.01", "optimizer": "adam, sgd", "seed": "1, 2",
@@ -71,7 +72,7 @@ class StudyForm(forms.Form):
         for key in AXIS_FIELDS:
             self.fields[f"axis_{key}"] = forms.CharField(
                 required=False,
-                label=key.replace("_", " ").capitalize(),
+                label=AXIS_LABELS.get(key, key.replace("_", " ").capitalize()),
                 widget=forms.TextInput(attrs={"placeholder": AXIS_PLACEHOLDERS[key]}),
             )
         self.fields["mode"].help_text = AXES_HELP

@@ -34,7 +34,8 @@ PRESET_HELP = (
 )
 AXES_HELP = (
     "Values separated by commas; the runs are every combination of the filled-in axes "
-    f"(at most {MAX_RUNS}). An axis left empty takes the value above."
+    f"(at most {MAX_RUNS}). An axis left empty takes the value above, or a new run's default "
+    "(DDP, its natural process count, one node, seed 1)."
 )
 STOP_AT_TARGET_HELP = (
     "Each run ends after the first epoch whose test accuracy reaches the target: the table's "
