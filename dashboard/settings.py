@@ -89,6 +89,18 @@ def database_settings(url: str) -> dict[str, Any]:
             "timeout": 20,
         }
         database["TEST"] = {"NAME": str(VAR_DIR / "test.sqlite3")}
+    elif database["ENGINE"] == "django.db.backends.postgresql":
+        # A worker whose machine drops off the network must see its queries fail within
+        # seconds, not after TCP's ~15 minutes of retries: its supervisor then ends its part of
+        # a multi-node run (runner.py), which the other machines have given up by then.
+        database["OPTIONS"] = {
+            "connect_timeout": 10,
+            "tcp_user_timeout": 10000,  # ms unacknowledged before the connection is dropped
+            "keepalives": 1,
+            "keepalives_idle": 10,
+            "keepalives_interval": 5,
+            "keepalives_count": 2,
+        }
     return database
 
 
