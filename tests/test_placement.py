@@ -178,9 +178,7 @@ def queued_run(owner: Any, **fields: Any) -> Experiment:
     return Experiment.objects.create(owner=owner, **{**defaults, **fields})
 
 
-def test_a_two_machine_run_claims_both_machines_at_once(
-    user_factory: Any, two_hosts: None
-) -> None:
+def test_a_two_machine_run_claims_both_machines_at_once(user_factory: Any, two_hosts: None) -> None:
     run = queued_run(user_factory())
     assert experiment_claim(experiment_id=run.pk, machine=HOST_A).claimed
     run.refresh_from_db()
@@ -249,9 +247,7 @@ def test_a_pinned_run_is_sent_to_its_first_machine(user_factory: Any, two_hosts:
     assert [e["worker"] for e in run.placement] == ["host-b", "host-c"]
 
 
-def test_a_pinned_run_waits_for_its_own_machines(
-    user_factory: Any, two_hosts: None
-) -> None:
+def test_a_pinned_run_waits_for_its_own_machines(user_factory: Any, two_hosts: None) -> None:
     machine_row("host-c")
     owner = user_factory()
     busy_c = queued_run(owner, nodes=1, processes=2)
@@ -324,7 +320,10 @@ def test_two_claims_at_once_never_each_hold_half(user_factory: Any) -> None:
         barrier = threading.Barrier(2)
         claims: dict[str, Any] = {}
 
-        def claim(name: str, run: Experiment, machine: Machine) -> None:
+        def claim(
+            name: str, run: Experiment, machine: Machine,
+            barrier: threading.Barrier = barrier, claims: dict[str, Any] = claims,
+        ) -> None:  # fmt: skip
             barrier.wait()
             try:
                 claims[name] = experiment_claim(experiment_id=run.pk, machine=machine)
