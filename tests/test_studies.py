@@ -205,6 +205,14 @@ def test_stopping_a_study_cancels_queued_and_stops_running_runs(
     assert runs[done].status == Status.SUCCEEDED and runs[done].cancel_requested_at is None
 
 
+def test_stopping_a_study_that_has_ended_changes_nothing(client: Client, launched: Any) -> None:
+    body = post(client, TWO_BY_TWO).json()
+    Experiment.objects.filter(pk__in=body["runs"]).update(status=Status.SUCCEEDED)
+    stopped = client.post(reverse("api-study-stop", args=[body["id"]])).json()
+    assert stopped["stopping"] == []
+    assert client.get(reverse("api-study", args=[body["id"]])).json()["status"] == "succeeded"
+
+
 def points_add(run: Experiment, *, accuracies: list[tuple[int, float, float]], ips: float) -> None:
     """Epoch points (step, time, test accuracy) and two step points at `ips` images/s."""
     for step, time_, value in accuracies:

@@ -105,7 +105,7 @@ def study_status(*, study: Study, progress: dict[str, int]) -> str:
     if progress["running"] or progress["queued"]:
         started = progress["total"] - progress["queued"]
         return "running" if started else "queued"
-    if study.stopped_at is not None:
+    if study.stopped_at is not None and progress["cancelled"]:
         return "cancelled"
     if progress["failed"]:
         return "failed"
