@@ -16,7 +16,7 @@ from dashboard.devices.models import WorkerMachine
 from dashboard.experiments.allocation import Machine
 from dashboard.experiments.limits import LaunchLimited, launch_slot_claim
 from dashboard.experiments.models import Experiment, Status
-from dashboard.experiments.queue import ordinal, queue_ordered
+from dashboard.experiments.queue import ordinal, queue_head_for, queue_ordered
 from dashboard.experiments.runner import experiment_claim
 
 pytestmark = pytest.mark.django_db
@@ -238,3 +238,18 @@ def test_estimates_replay_the_queue_from_the_running_runs_progress(
     assert starts[first.pk] == pytest.approx(100, abs=5)
     assert starts[second.pk] == pytest.approx(160, abs=5)
     assert starts[third.pk] is None  # waits for the second, whose length nobody knows
+
+
+def test_the_run_woken_when_a_machine_frees_is_the_first_that_could_start_there(
+    user_factory: Any, experiment_factory: Any, settings: Any
+):
+    settings.TRAINYARD_MAX_ACTIVE_RUNS_PER_USER = 1
+    alice, bob = user_factory(), user_factory()
+    queued(experiment_factory, alice, "running", status=Status.RUNNING, worker="m2")
+    queued(experiment_factory, bob, "pinned to m2", machines=["m2"])
+    queued(experiment_factory, alice, "alice is at her limit")
+    bobs = queued(experiment_factory, bob, "bob's")
+    assert queue_head_for(worker="m1") == bobs
+    settings.TRAINYARD_MAX_ACTIVE_RUNS_PER_USER = 0
+    assert queue_head_for(worker="m1").name == "alice is at her limit"
+    assert queue_head_for(worker="m2").name == "pinned to m2"

@@ -1,8 +1,9 @@
 """Wake the head of the queue when a run ends, so a freed device does not sit idle for a retry.
 
 A waiting run's task message comes back every TRAINYARD_WAIT_RETRY_SECONDS; when a run ends,
-the first queued run that could start on the machine it freed gets a nudge at once (a second
-message, `wake=True`, which gives up instead of retrying: the run's own message still does).
+the first queued run that could start on the machine it freed gets a nudge at once on that
+machine's queue (a second message, `wake=True`, which gives up instead of retrying: the run's own
+message still does).
 The order itself never depends on this: queue.queue_turn_refusal keeps it in every claim.
 """
 
@@ -12,6 +13,7 @@ from typing import Any
 
 from django.db import transaction
 
+from dashboard.devices.facts import machine_queue
 from dashboard.experiments.models import Experiment
 from dashboard.experiments.queue import queue_head_for
 from dashboard.experiments.tasks import run_experiment
@@ -24,5 +26,8 @@ def run_ended_wake(sender: Any, *, experiment_id: int, **kwargs: Any) -> None:
         return
     head = queue_head_for(worker=worker)
     if head is not None:
-        head_id = head.pk
-        transaction.on_commit(lambda: run_experiment.delay(head_id, wake=True))
+        head_id, queue = head.pk, machine_queue(worker)
+        # To the machine that freed the device: its worker is the one that can claim it now.
+        transaction.on_commit(
+            lambda: run_experiment.apply_async((head_id,), {"wake": True}, queue=queue)
+        )
