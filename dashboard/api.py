@@ -20,8 +20,9 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.decorators import login_not_required
-from django.core.exceptions import RequestDataTooBig
+from django.core.exceptions import BadRequest, RequestDataTooBig, SuspiciousOperation
 from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http.multipartparser import MultiPartParserError
 from django.middleware.csrf import CsrfViewMiddleware
 from django.urls import URLPattern, path, reverse
 from django.views.decorators.csrf import csrf_exempt
@@ -43,6 +44,7 @@ MAX_BODY_BYTES = 64 * 1024
 LOGIN_NEEDED = "login or an API token is required"
 BAD_TOKEN = "invalid or revoked API token"
 TOO_BIG = f"request body over {MAX_BODY_BYTES} bytes"
+MAX_ID = 2**63 - 1  # the largest primary key a database column holds
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 View = Callable[..., HttpResponse]
@@ -244,9 +246,26 @@ def handlers_install(api: NinjaAPI) -> None:
     api.add_exception_handler(ValidationError, _validation_failed)
     api.add_exception_handler(AuthenticationError, lambda r, e: error_response(401, LOGIN_NEEDED))
     api.add_exception_handler(RequestDataTooBig, lambda r, e: error_response(413, TOO_BIG))
+    # An unreadable upload or a request Django finds suspect (too many fields, ...): Django's
+    # own answer is an empty 400, not the API's JSON.
+    api.add_exception_handler(MultiPartParserError, _unreadable)
+    api.add_exception_handler(SuspiciousOperation, _unreadable)
+    api.add_exception_handler(BadRequest, _unreadable)
+
+
+def _unreadable(request: HttpRequest, exc: Any) -> HttpResponse:
+    return error_response(400, f"the request body cannot be read: {str(exc)[:200]}")
 
 
 # ---- the API object and its URLs ----
+
+
+def _is_id(value: Any) -> bool:
+    """A path's id: ASCII digits within a database integer. The routes take any segment
+    (Django's <int:> took any digits, and past the database's integers SQLite raised
+    OverflowError on the lookup, a 500), so that a bad one is this JSON 404, not an HTML page."""
+    text = str(value)
+    return text.isascii() and text.isdigit() and len(text) < 20 and int(text) <= MAX_ID
 
 
 def gate(view: PathView) -> View:
@@ -263,6 +282,9 @@ def gate(view: PathView) -> View:
         for factory in uploads:
             request.upload_handlers.insert(0, factory(request))
         try:
+            for name, value in kwargs.items():
+                if not _is_id(value):
+                    return error_response(404, f"no such {name} {str(value)[:40]!r}")
             if request.method not in methods:
                 if not _logged_in(request):
                     return error_response(401, LOGIN_NEEDED)
@@ -278,6 +300,8 @@ def gate(view: PathView) -> View:
             # Django refuses the body (Content-Length over DATA_UPLOAD_MAX_MEMORY_SIZE) when
             # something first reads it: a JSON 413, not an HTML 400.
             return error_response(413, TOO_BIG)
+        except (MultiPartParserError, SuspiciousOperation, BadRequest) as exc:
+            return _unreadable(request, exc)
 
     gated.api_methods = tuple(methods)
     return gated
@@ -309,7 +333,7 @@ class LocalSwagger(Swagger):
 class TrainyardApi(NinjaAPI):
     def _get_urls(self) -> list[Any]:
         """Plain URL names (api-experiments, ...; no namespace, as before ninja), one pattern a
-        path, each behind `gate`."""
+        path, each behind `gate`; a path's ids are checked there (`_is_id`)."""
         docs, schema = logged_in_only(self._docs_page), logged_in_only(self._schema_json)
         result: list[URLPattern] = [
             path("schema/", schema, name="api-schema"),
@@ -321,7 +345,9 @@ class TrainyardApi(NinjaAPI):
                 joined = "/".join(p for p in (prefix, replace_path_param_notation(route)) if p)
                 name = view.operations[0].url_name
                 result.append(path(normalize_path(joined).lstrip("/"), gate(view), name=name))
-        return result
+        # A segment like <pk> takes any text: literal paths first (experiments/compare/export/
+        # before experiments/<pk>/export/), as Django tries them in order.
+        return sorted(result, key=lambda pattern: str(pattern.pattern).count("<"))
 
     def _schema_json(self, request: HttpRequest) -> HttpResponse:
         prefix = reverse("api-schema").removesuffix("schema/")

@@ -118,3 +118,30 @@ def test_docs_page_loads_swagger_from_this_server(client: Client, user_factory: 
     assert "/api/schema/" in html  # where the page reads the schema
     for asset in assets:
         assert client.get(asset).status_code == 200, asset
+
+
+@pytest.mark.django_db
+def test_what_schemathesis_found_answers_json(user_factory: Any) -> None:
+    """Each was a 500 or a non-JSON answer under Schemathesis (tests/test_schemathesis.py)."""
+    _, key = token_create(user=user_factory(), name="found")
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {key}")
+    huge = "109870196356033171358908153856"
+    for path, status in (
+        (f"/api/experiments/compare/?ids=1&ids={huge}", 400),  # SQLite OverflowError: a 500
+        (f"/api/experiments/{huge}/", 404),  # the same, through the path
+        ("/api/experiments/null/", 404),  # Django's HTML 404 page
+        ("/api/studies/%C3%90a/export/", 404),
+        ("/api/experiments/compare/export/?ids=1", 404),  # a literal path, not <pk> = compare
+    ):
+        response = client.get(path)
+        assert (response.status_code, response["Content-Type"]) == (status, "application/json")
+        assert response.json()["error"], path
+    empty = "--c637e12e2b1a998d--\r\n"  # a multipart body with no part: Django's empty 400
+    response = client.post(
+        "/api/experiments/import/",
+        empty,
+        content_type="multipart/form-data; boundary=c637e12e2b1a998d",
+    )
+    assert response.status_code == 400
+    assert response["Content-Type"] == "application/json"
+    assert response.json()["error"]

@@ -303,7 +303,7 @@ def launch_limited_error(refused: LaunchLimited) -> ApiError:
 
 
 @router.get(
-    "/experiments/{int:pk}/",
+    "/experiments/{pk}/",
     url_name="api-experiment",
     response={200: ExperimentOut, **errors(404)},
 )
@@ -313,7 +313,7 @@ def experiment_detail(request: HttpRequest, pk: int) -> JsonResponse:
 
 
 @router.patch(
-    "/experiments/{int:pk}/",
+    "/experiments/{pk}/",
     url_name="api-experiment",
     response={200: ExperimentOut, **errors(400, 403, 404, 413)},
     openapi_extra=json_request_body(LabelsIn, description="either or both"),
@@ -348,7 +348,7 @@ def _whole_number(params: Any, name: str, default: int | None, most: int) -> int
 
 
 @router.get(
-    "/experiments/{int:pk}/logs/",
+    "/experiments/{pk}/logs/",
     url_name="api-experiment-logs",
     response={200: LogsOut, **errors(400, 404)},
     openapi_extra=LOGS_EXTRA,
@@ -384,7 +384,7 @@ def experiment_logs(request: HttpRequest, pk: int) -> HttpResponse:
 
 
 @router.get(
-    "/experiments/{int:pk}/metrics/",
+    "/experiments/{pk}/metrics/",
     url_name="api-experiment-metrics",
     response={200: MetricsOut, **errors(400, 404)},
     openapi_extra=METRICS_PARAMS,
@@ -395,7 +395,7 @@ def experiment_metrics(request: HttpRequest, pk: int) -> JsonResponse:
 
 
 @router.post(
-    "/experiments/{int:pk}/stop/",
+    "/experiments/{pk}/stop/",
     url_name="api-experiment-stop",
     response={202: ExperimentOut, **errors(403, 404, 409)},
 )
@@ -409,7 +409,7 @@ def experiment_stop_view(request: HttpRequest, pk: int) -> JsonResponse:
 
 
 @router.post(
-    "/experiments/{int:pk}/checkpoint/",
+    "/experiments/{pk}/checkpoint/",
     url_name="api-experiment-checkpoint",
     response={202: ExperimentOut, **errors(403, 404, 409)},
 )
@@ -425,7 +425,7 @@ def experiment_checkpoint_view(request: HttpRequest, pk: int) -> JsonResponse:
 
 
 @router.get(
-    "/experiments/{int:pk}/checkpoints/",
+    "/experiments/{pk}/checkpoints/",
     url_name="api-experiment-checkpoints",
     response={200: CheckpointsOut, **errors(403, 404)},
 )
@@ -437,7 +437,7 @@ def experiment_checkpoints(request: HttpRequest, pk: int) -> JsonResponse:
 
 
 @router.get(
-    "/experiments/{int:pk}/checkpoints/{int:step}/",
+    "/experiments/{pk}/checkpoints/{step}/",
     url_name="api-experiment-checkpoint-file",
     response=errors(403, 404),
     openapi_extra=file_response("application/octet-stream", "the checkpoint file (torch.save)"),

@@ -13,7 +13,7 @@ router = Router(tags=["runs"])
 IDS = query_params(
     (
         "ids",
-        {"type": "array", "items": {"type": "integer", "minimum": 1}},
+        {"type": "array", "items": {"type": "integer", "minimum": 0}},
         "the runs: ?ids=1,2,3 or ?ids=1&ids=2",
     )
 )

@@ -40,14 +40,26 @@ EXPORT_EXTRA = query_params(
             "description": "the run's series as a file",
             "content": {
                 "text/csv": {"schema": {"type": "string"}},
-                "application/json": {"schema": {"type": "string", "format": "binary"}},
+                "application/json": {
+                    "schema": {
+                        "type": "object",
+                        "properties": {
+                            "id": {"type": "integer"},
+                            "name": {"type": "string"},
+                            "series": {
+                                "type": "object",
+                                "description": "key -> [[step, time, value]]",
+                            },
+                        },
+                    }
+                },
                 "application/zip": {"schema": {"type": "string", "format": "binary"}},
             },
         }
     }
 }
 COMPARE_EXTRA = query_params(
-    ("ids", {"type": "array", "items": {"type": "integer", "minimum": 1}}, "the runs"),
+    ("ids", {"type": "array", "items": {"type": "integer", "minimum": 0}}, "the runs"),
 ) | file_response("application/zip", "the runs as one TensorBoard log, a folder a run")
 IMPORT_BODY = {
     "requestBody": {
@@ -69,7 +81,7 @@ IMPORT_BODY = {
 
 
 @router.get(
-    "/experiments/{int:pk}/export/",
+    "/experiments/{pk}/export/",
     url_name="api-experiment-export",
     response=errors(400, 404, 413),
     openapi_extra=EXPORT_EXTRA,

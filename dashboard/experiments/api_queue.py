@@ -125,7 +125,7 @@ def _priority_parse(body: dict[str, Any]) -> int:
 
 
 @router.post(
-    "/queue/{int:pk}/priority/",
+    "/queue/{pk}/priority/",
     url_name="api-queue-priority",
     response={200: PriorityOut, **errors(400, 403, 404, 409, 413)},
     openapi_extra=json_request_body(PriorityIn, description="higher is claimed first"),

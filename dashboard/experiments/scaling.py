@@ -227,6 +227,9 @@ def baseline_batch_note(row: ScalingRow) -> str | None:
     )
 
 
+MAX_RUN_ID = 2**63 - 1
+
+
 def compare_ids_parse(values: list[str]) -> list[int]:
     """`?ids=1,2,3` from a script or `?ids=1&ids=2` from the list's checkboxes; order kept."""
     ids: list[int] = []
@@ -235,8 +238,10 @@ def compare_ids_parse(values: list[str]) -> list[int]:
             part = part.strip()
             if not part:
                 continue
-            if not part.isdigit():
-                raise ValueError(f"run ids are whole numbers, not {part!r}")
+            # ASCII digits within a database id: isdigit() takes "²" (int() then fails), and a
+            # longer number overflowed SQLite's integers in the lookup (a 500).
+            if not (part.isascii() and part.isdigit() and len(part) < 20) or int(part) > MAX_RUN_ID:
+                raise ValueError(f"run ids are whole numbers up to {MAX_RUN_ID}, not {part[:40]!r}")
             if int(part) not in ids:
                 ids.append(int(part))
     if len(ids) > COMPARE_MAX_RUNS:

@@ -67,13 +67,13 @@ def study_launch(request: HttpRequest) -> HttpResponse:
     return JsonResponse(study_as_dict(study), status=201)
 
 
-@router.get("/studies/{int:pk}/", url_name="api-study", response={200: StudyOut, **errors(404)})
+@router.get("/studies/{pk}/", url_name="api-study", response={200: StudyOut, **errors(404)})
 def study_detail(request: HttpRequest, pk: int) -> JsonResponse:
     return JsonResponse(study_as_dict(_visible(request, pk)))
 
 
 @router.post(
-    "/studies/{int:pk}/stop/",
+    "/studies/{pk}/stop/",
     url_name="api-study-stop",
     response={200: StudyStopOut, **errors(403, 404)},
 )
@@ -85,7 +85,7 @@ def study_stop_view(request: HttpRequest, pk: int) -> JsonResponse:
 
 
 @router.get(
-    "/studies/{int:pk}/export/",
+    "/studies/{pk}/export/",
     url_name="api-study-export",
     response=errors(404),
     openapi_extra=file_response("text/csv", "the table, one row per cell"),
