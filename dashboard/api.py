@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -124,7 +125,9 @@ class SessionCookie(APIKeyCookie):
     param_name = settings.SESSION_COOKIE_NAME
 
     def __init__(self) -> None:
-        super().__init__(csrf=False)  # checked below, only for writes, as a JSON 403
+        # csrf=True tells the docs page to send the token; the check itself is below (only for
+        # writes, as a JSON 403), since __call__ is this class's own.
+        super().__init__(csrf=True)
 
     def __call__(self, request: HttpRequest) -> Any:
         return self.authenticate(request, None)
@@ -376,7 +379,19 @@ def api_build(routers: list[Any]) -> TrainyardApi:
     handlers_install(api)
     for router in routers:
         api.add_router("", router)
+        for view in router.path_operations.values():
+            for operation in view.operations:
+                summary_from_docstring(operation)
     return api
+
+
+def summary_from_docstring(operation: Any) -> None:
+    """The docs' one-line summary is the view's docstring's first clause (ninja's default is
+    the function's name), the whole docstring its description."""
+    doc = " ".join((operation.view_func.__doc__ or "").split())
+    if doc:
+        operation.summary = re.split(r"[.;] ", doc, maxsplit=1)[0].rstrip(".")
+        operation.description = doc
 
 
 def api_view(methods: tuple[str, ...]) -> Callable[[View], View]:

@@ -118,6 +118,11 @@ def test_docs_page_loads_swagger_from_this_server(client: Client, user_factory: 
     assert "/api/schema/" in html  # where the page reads the schema
     for asset in assets:
         assert client.get(asset).status_code == 200, asset
+    # "Try it out" with the session: the page hands Swagger UI the CSRF token for writes.
+    assert 'data-api-csrf="true"' in html
+    assert re.search(r'data-csrf-token="\w{20,}"', html)
+    # Linked from every page's nav.
+    assert 'href="/api/docs/"' in client.get("/").content.decode()
 
 
 @pytest.mark.django_db

@@ -390,7 +390,8 @@ def experiment_logs(request: HttpRequest, pk: int) -> HttpResponse:
     openapi_extra=METRICS_PARAMS,
 )
 def experiment_metrics(request: HttpRequest, pk: int) -> JsonResponse:
-    """The run's series, bucketed by default (``?raw=1`` pages raw points): api_metrics.py."""
+    """The run's series, in buckets by step (``?raw=1``: raw points a page at a time).
+    api_metrics.py has the shapes."""
     return metrics_response(request=request, experiment=_visible(request, pk))
 
 
@@ -400,6 +401,8 @@ def experiment_metrics(request: HttpRequest, pk: int) -> JsonResponse:
     response={202: ExperimentOut, **errors(403, 404, 409)},
 )
 def experiment_stop_view(request: HttpRequest, pk: int) -> JsonResponse:
+    """Stop a run (owner or staff). A queued run is cancelled at once, a running one by its
+    worker, which ends every process (202 either way)."""
     experiment = _controllable(request, pk, "stop")
     if not experiment.is_active:
         raise ApiError(409, f"the run is already {experiment.status}")

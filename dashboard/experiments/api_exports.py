@@ -87,6 +87,7 @@ IMPORT_BODY = {
     openapi_extra=EXPORT_EXTRA,
 )
 def experiment_export(request: HttpRequest, pk: int) -> HttpResponse:
+    """The run's series as a file: CSV (the default), JSON, or a TensorBoard log (zip)."""
     # Visible = the owner's or, for staff, anyone's; another user's run is a 404 as elsewhere.
     experiment = experiments_visible_to(request.user).filter(pk=pk).first()
     if experiment is None:
@@ -127,9 +128,9 @@ def _zip_response(archive: IO[bytes], filename: str) -> FileResponse:
     openapi_extra=COMPARE_EXTRA,
 )
 def experiments_compare_export(request: HttpRequest) -> HttpResponse:
-    """GET /api/experiments/compare/export/?ids=1,2,3: the compared runs as one TensorBoard
-    log (a folder per run), which TensorBoard overlays; runs that are not the caller's (or do
-    not exist) are left out, as on the compare page."""
+    """The compared runs as one TensorBoard log (a folder per run, which TensorBoard
+    overlays); runs that are not the caller's (or do not exist) are left out, as on the
+    compare page."""
     try:
         ids = compare_ids_parse(request.GET.getlist("ids"))
     except ValueError as exc:
@@ -183,6 +184,8 @@ class UploadCap(FileUploadHandler):
 )
 @with_upload_handler(UploadCap)
 def experiment_import_view(request: HttpRequest) -> JsonResponse:
+    """A run from a file: a TensorBoard event file, a zip or tar.gz of a log folder, or a CSV
+    whose first column is step; stored as a finished, imported run of the caller's."""
     upload = request.FILES.get("file")
     if upload is None:
         raise ApiError(400, "send the file as the multipart field `file`", {"file": ["required"]})

@@ -69,6 +69,7 @@ def study_launch(request: HttpRequest) -> HttpResponse:
 
 @router.get("/studies/{pk}/", url_name="api-study", response={200: StudyOut, **errors(404)})
 def study_detail(request: HttpRequest, pk: int) -> JsonResponse:
+    """The study, its runs and its table (a cell per combination of the axes)."""
     return JsonResponse(study_as_dict(_visible(request, pk)))
 
 
@@ -78,6 +79,7 @@ def study_detail(request: HttpRequest, pk: int) -> JsonResponse:
     response={200: StudyStopOut, **errors(403, 404)},
 )
 def study_stop_view(request: HttpRequest, pk: int) -> JsonResponse:
+    """Stop every run of the study still queued or running (owner or staff)."""
     study = _visible(request, pk)
     if not study_can_control(study=study, user=request.user):
         raise ApiError(403, "only the owner or staff may stop this study")
