@@ -99,6 +99,8 @@ class LogBody(LogFields):
     type: Literal["log"]
     time: NotRequired[float]  # the training's (seconds since it started); none for plain output
     rank: NotRequired[int]  # the rank that wrote it (its stderr, or rank 0's event); none else
+    # The worker machine that relayed it, on a run over several machines; none else.
+    machine: NotRequired[str]
 
 
 class StatusMessage(StatusBody, Numbered):
@@ -168,6 +170,7 @@ class RankRow(TypedDict):
     data_seconds: float | None
     compute_seconds: float | None
     rss_bytes: float | None
+    machine: NotRequired[str]  # the worker machine it ran on, on a run over several machines
 
 
 class RankStats(TypedDict):

@@ -216,6 +216,8 @@ class LogLine(models.Model):
     message = models.TextField()
     # The rank that wrote it (its stderr), or None for the run's own events and the dashboard's.
     rank = models.PositiveIntegerField(null=True, blank=True)
+    # The worker machine whose supervisor relayed it, on a run over several machines ("" else).
+    machine = models.CharField(max_length=255, blank=True, default="")
 
     class Meta:
         ordering = ["seq", "id"]
@@ -231,7 +233,37 @@ class LogLine(models.Model):
             "level": self.level,
             "message": self.message,
             "rank": self.rank,
+            "machine": self.machine,
         }
+
+
+class RunNode(models.Model):
+    """One machine of a multi-node run's attempt, as its supervisor reports it: a heartbeat of
+    its own (the reaper loses the whole run when any node falls silent), its processes, and how
+    its part ended. Node 0 is the worker that claimed the run; the rows of an attempt are
+    written by their own machines only, so no two processes update one row."""
+
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="nodes_run")
+    attempt = models.PositiveSmallIntegerField()
+    node_rank = models.PositiveSmallIntegerField()
+    worker = models.CharField(max_length=255)
+    started_at = models.DateTimeField()
+    heartbeat_at = models.DateTimeField()
+    launcher_pid = models.IntegerField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+    returncode = models.IntegerField(null=True, blank=True)
+    error = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["attempt", "node_rank"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["experiment", "attempt", "node_rank"], name="unique_run_node"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"node {self.node_rank} ({self.worker}) of #{self.experiment_id} #{self.attempt}"
 
 
 class Checkpoint(models.Model):

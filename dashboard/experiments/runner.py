@@ -23,8 +23,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import IO, Any, ClassVar, Literal, cast
 
+from django import db
 from django.conf import settings
-from django.db import transaction
+from django.db import DatabaseError, transaction
 from django.utils import timezone
 
 from dashboard.devices.facts import machine_samples_collect
@@ -40,7 +41,11 @@ from dashboard.experiments.allocation import (
     placement_plan,
     run_cpu_threads,
 )
-from dashboard.experiments.attempts import attempts_with_current, experiment_resume_prepare
+from dashboard.experiments.attempts import (
+    attempts_with_current,
+    checkpoint_latest,
+    experiment_resume_prepare,
+)
 from dashboard.experiments.messages import LogBody, RunFailedBody, RunFinishedBody
 from dashboard.experiments.models import (
     PROCESS_STRATEGIES,
@@ -48,6 +53,16 @@ from dashboard.experiments.models import (
     Status,
     Strategy,
     ZeroStage,
+)
+from dashboard.experiments.nodes import (
+    node_beat,
+    node_end,
+    node_entry,
+    node_flags,
+    node_peers,
+    rank_machines_store,
+    run_multinode,
+    runs_on_machine,
 )
 from dashboard.experiments.processes import (
     parent_death_signal_set,
@@ -60,12 +75,14 @@ from dashboard.experiments.survival import supervisor_started
 from dashboard.experiments.transitions import Outcome
 from training.protocol import (
     CheckpointEvent,
+    EpochEvent,
     Event,
     FailedEvent,
     FinishedEvent,
     LogEvent,
     ProtocolVersionError,
     StartedEvent,
+    StepEvent,
     log_line_read,
     parse_event,
 )
@@ -76,6 +93,9 @@ log = logging.getLogger(__name__)
 POLL_SECONDS = 0.1
 STOP_POLL_SECONDS = 0.5
 STDERR_TAIL_LINES = 30
+# On several machines: how long a node's processes may go on after another node's part failed
+# (rank 0 reports the error it sees meanwhile) before this node ends them.
+PEER_FAILED_GRACE_SECONDS = 5.0
 
 
 def training_command(*, experiment: Experiment) -> list[str]:
@@ -210,17 +230,52 @@ def experiment_run(*, experiment_id: int, worker: str) -> RunResult:
         }
     )
     sink.flush()
+    return attempt_supervise(experiment=experiment, sink=sink, resume=resume, node_rank=0)
+
+
+def experiment_node_run(
+    *, experiment_id: int, attempt: int, node_rank: int, worker: str
+) -> RunResult:
+    """Node `node_rank` (1 and up) of a multi-node run's attempt, on this machine (nodes.py)."""
+    experiment = Experiment.objects.filter(
+        pk=experiment_id, status=Status.RUNNING, attempt=attempt
+    ).first()
+    if experiment is None or not 0 < node_rank < len(experiment.placement or []):
+        return RunResult("skipped", reason="the attempt is not running any more")
+    placed = node_entry(experiment, node_rank).get("worker")
+    if placed != worker:
+        log.warning("node %s of run %s is %s's, not %s", node_rank, experiment_id, placed, worker)
+        return RunResult("skipped", reason=f"node {node_rank} is placed on {placed}")
+    # This process's view of the run is its own machine's: its samples, threads, checkpoints.
+    experiment.worker = worker
+    latest = checkpoint_latest(experiment_id=experiment_id) if attempt > 1 else None
+    resume = Path(latest.path) if latest else None
+    sink = EventSink(experiment)
+    return attempt_supervise(experiment=experiment, sink=sink, resume=resume, node_rank=node_rank)
+
+
+def attempt_supervise(
+    *, experiment: Experiment, sink: EventSink, resume: Path | None, node_rank: int
+) -> RunResult:
+    """Supervise this machine's part of an attempt to its end, and settle the run if it is this
+    machine's to say (on several machines, nodes.py says whose)."""
     try:
-        supervisor = RunSupervisor(experiment=experiment, sink=sink, resume=resume)
+        supervisor = RunSupervisor(
+            experiment=experiment, sink=sink, resume=resume, node_rank=node_rank
+        )
         outcome = supervisor.run()
+        if outcome is not None and supervisor.multinode:
+            outcome = supervisor.node_outcome(outcome)
     except Exception as exc:  # a supervisor bug must not leave the run "running"
-        log.exception("supervising experiment %s failed", experiment_id)
+        log.exception("supervising experiment %s failed", experiment.pk)
         outcome = Outcome(Status.FAILED, error=f"supervisor error: {exc}")
     if outcome is None:
         log.warning(
-            "experiment %s was taken from this worker; left to its new owner", experiment_id
+            "experiment %s: this machine's part ended; the run is left to its other nodes or "
+            "its new owner",
+            experiment.pk,
         )
-        return RunResult("skipped", reason="taken over after this worker looked lost")
+        return RunResult("skipped", reason="taken over, or another node settles it")
     if not experiment_settle(experiment=experiment, sink=sink, outcome=outcome):
         return RunResult("skipped", reason="the run moved on before this attempt settled")
     return RunResult("finished", status=outcome.status)
@@ -302,8 +357,22 @@ def training_environment(*, experiment: Experiment) -> dict[str, str]:
 
 
 class RunSupervisor:
-    def __init__(self, *, experiment: Experiment, sink: EventSink, resume: Path | None = None):
+    def __init__(
+        self,
+        *,
+        experiment: Experiment,
+        sink: EventSink,
+        resume: Path | None = None,
+        node_rank: int = 0,
+    ):
         self.experiment = experiment
+        # On several machines, this machine's part (nodes.py); its log lines name the machine.
+        self.node_rank = node_rank
+        self.multinode = run_multinode(experiment)
+        self.machine = experiment.worker if self.multinode else ""
+        self.rank_machines: list[str] = []
+        self.peer_failed_at: float | None = None
+        self.beat_failed_at: float | None = None
         self.sink = sink
         self.resume = resume
         self.taken_over = False
@@ -361,6 +430,9 @@ class RunSupervisor:
             return "", ""
 
     def _heartbeat(self, process: subprocess.Popen[str]) -> None:
+        if self.multinode:
+            self._node_heartbeat(process)
+            return
         alive = Experiment.objects.filter(
             pk=self.experiment.pk, status=Status.RUNNING, attempt=self.experiment.attempt
         ).update(heartbeat_at=timezone.now())
@@ -371,10 +443,86 @@ class RunSupervisor:
         self.taken_over = True
         process_tree_stop(root_pid=process.pid, extra_pids=self.rank_pids, grace_seconds=2)
 
+    def _node_heartbeat(self, process: subprocess.Popen[str]) -> None:
+        """This node's beat, and what the other nodes' rows say (nodes.py)."""
+        now = time.monotonic()
+        try:
+            alive = node_beat(
+                experiment=self.experiment,
+                node_rank=self.node_rank,
+                worker=self.machine,
+                launcher_pid=process.pid,
+            )
+            peers = node_peers(experiment=self.experiment, node_rank=self.node_rank)
+        except DatabaseError as exc:
+            # Cut off from the database (a machine off the network): the other nodes give this
+            # one up after the heartbeat bound; by then its processes must be gone too.
+            db.close_old_connections()
+            self.beat_failed_at = self.beat_failed_at or now
+            log.warning("experiment %s: no heartbeat written: %s", self.experiment.pk, exc)
+            if now - self.beat_failed_at > settings.TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS:
+                self._node_processes_end(process, "this machine lost the database")
+            return
+        self.beat_failed_at = None
+        if not alive or peers.moved_on:
+            self._node_processes_end(process, "the run moved on (lost, stopped or settled)")
+        elif peers.failed and process.poll() is None:
+            # Give rank 0 a moment to report the error it sees, then end what is blocked.
+            self.peer_failed_at = self.peer_failed_at or now
+            if now - self.peer_failed_at > PEER_FAILED_GRACE_SECONDS:
+                self.sink.add_output(
+                    f"ending this machine's processes: {'; '.join(peers.failed)}",
+                    level="warning",
+                    machine=self.machine,
+                )
+                process_tree_stop(root_pid=process.pid, extra_pids=[], grace_seconds=2)
+
+    def _node_processes_end(self, process: subprocess.Popen[str], why: str) -> None:
+        if not self.taken_over:
+            log.warning("experiment %s node %s: %s", self.experiment.pk, self.node_rank, why)
+        self.taken_over = True
+        process_tree_stop(root_pid=process.pid, extra_pids=self.rank_pids, grace_seconds=2)
+
+    def node_outcome(self, outcome: Outcome) -> Outcome | None:
+        """On several machines: the outcome this node settles the run with, or None when it is
+        not this node's to say (nodes.py: who settles)."""
+        self._node_end(outcome)
+        if outcome.status in (Status.SUCCEEDED, Status.CANCELLED):
+            return outcome
+        if self.started_event is None:
+            return None  # rank 0 was elsewhere: its node, or the reaper, says how it ended
+        deadline = time.monotonic() + 3 * settings.TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS
+        while time.monotonic() < deadline:
+            node_beat(experiment=self.experiment, node_rank=self.node_rank,
+                      worker=self.machine, launcher_pid=0)  # fmt: skip
+            peers = node_peers(experiment=self.experiment, node_rank=self.node_rank)
+            if peers.moved_on:
+                return None
+            if peers.cancel_requested:
+                return Outcome(Status.CANCELLED, error="Stopped.")
+            if peers.running == 0:
+                failed = "\n".join(peers.failed)
+                return Outcome(
+                    outcome.status, error="\n".join(filter(None, [outcome.error, failed]))
+                )
+            time.sleep(heartbeat_interval())
+        return outcome
+
+    def _node_end(self, outcome: Outcome) -> None:
+        returncode = 0 if outcome.status == Status.SUCCEEDED else 1
+        try:
+            node_end(experiment=self.experiment, node_rank=self.node_rank,
+                     returncode=returncode, error=outcome.error)  # fmt: skip
+        except DatabaseError:
+            log.warning("experiment %s: could not record node %s's end", self.experiment.pk,
+                        self.node_rank)  # fmt: skip
+
     def _start(self) -> subprocess.Popen[str]:
         command = training_command(experiment=self.experiment)
         if self.resume is not None:
             command += ["--resume", str(self.resume)]
+        if self.multinode:
+            command += node_flags(experiment=self.experiment, node_rank=self.node_rank)
         process = subprocess.Popen(  # noqa: S603 - the command is built from validated fields
             command,
             stdout=subprocess.PIPE,
@@ -385,7 +533,11 @@ class RunSupervisor:
             start_new_session=True,
             preexec_fn=parent_death_signal_set,  # noqa: PLW1509 - only prctl, no locks taken
             cwd=settings.BASE_DIR,
-            env=training_environment(experiment=self.experiment),
+            env={
+                **training_environment(experiment=self.experiment),
+                # Each rank names its machine in `started` (placement's ranks come from it).
+                "TRAINYARD_WORKER_NAME": self.experiment.worker,
+            },
         )
         log.info("experiment %s: pid %s: %s", self.experiment.pk, process.pid, " ".join(command))
         Experiment.objects.filter(pk=self.experiment.pk).update(launcher_pid=process.pid)
@@ -414,6 +566,10 @@ class RunSupervisor:
     def _started_take(self, event: StartedEvent) -> StartedEvent:
         self.rank_pids = [int(p) for p in event.get("pids") or [] if isinstance(p, int)]
         self.started_event = event
+        machines = event.get("machines")
+        if self.multinode and isinstance(machines, list):
+            self.rank_machines = [str(m) for m in machines]
+            rank_machines_store(experiment=self.experiment, machines=self.rank_machines)
         # Samples share the training's clock (seconds since it started), not this process's.
         self.clock_zero = time.monotonic() - float(event.get("time") or 0)
         return event
@@ -422,7 +578,21 @@ class RunSupervisor:
         self.echoes.heard(str(event.get("message", "")))
         # Rank 0 alone writes events: its log messages are kept as rank 0's (their stderr copy
         # is dropped as an echo), so that filtering the log by rank 0 finds them.
-        return cast(LogEvent, {**event, "rank": 0})
+        tagged = {**event, "rank": 0, **({"machine": self.machine} if self.machine else {})}
+        return cast(LogEvent, tagged)
+
+    def _figures_take(self, event: StepEvent | EpochEvent) -> StepEvent | EpochEvent:
+        """Each rank's figures tagged with the machine it ran on (several machines only)."""
+        ranks = event.get("ranks")
+        if not self.rank_machines or not isinstance(ranks, list):
+            return event
+        tagged = [
+            {**row, "machine": self.rank_machines[row["rank"]]}
+            if isinstance(row, dict) and row.get("rank") in range(len(self.rank_machines))
+            else row
+            for row in ranks
+        ]
+        return cast(StepEvent | EpochEvent, {**event, "ranks": tagged})
 
     def _checkpoint_take(self, event: CheckpointEvent) -> CheckpointEvent:
         if event.get("answers_request") is True:
@@ -446,6 +616,8 @@ class RunSupervisor:
     # goes to the sink as it came); returns what the sink gets.
     TAKE: ClassVar[dict[str, Callable[[RunSupervisor, Any], Event | LogBody]]] = {
         "started": _started_take,
+        "step": _figures_take,
+        "epoch": _figures_take,
         "log": _log_take,
         "checkpoint": _checkpoint_take,
         "finished": _final_take,
@@ -461,9 +633,11 @@ class RunSupervisor:
             # (the run page filters by them); any other line as it came.
             read = log_line_read(line)
             if read is None:
-                self.sink.add_output(line, level="stderr")
+                self.sink.add_output(line, level="stderr", machine=self.machine)
             else:
-                self.sink.add_output(read.message, level=read.level or "stderr", rank=read.rank)
+                self.sink.add_output(
+                    read.message, level=read.level or "stderr", rank=read.rank, machine=self.machine
+                )
 
     def _check_requests(self, process: subprocess.Popen[str]) -> None:
         """What the run's row asks of this run: a stop, a checkpoint (one query for both)."""
@@ -642,4 +816,10 @@ def experiments_stop_for_worker_shutdown(*, worker: str) -> list[int]:
             grace_seconds=settings.TRAINYARD_STOP_GRACE_SECONDS,
         )
         ended.append(experiment.pk)
+    for node in runs_on_machine(worker=worker):  # parts of runs other machines claimed
+        log.warning("worker shutting down: ending node %s of run %s", node.node_rank,
+                    node.experiment_id)  # fmt: skip
+        process_tree_stop(root_pid=node.launcher_pid or 0, extra_pids=[],
+                          grace_seconds=settings.TRAINYARD_STOP_GRACE_SECONDS)  # fmt: skip
+        ended.append(node.experiment_id)
     return ended

@@ -103,7 +103,10 @@ def rank_stats_from_event(message: dict[str, Any]) -> RankStats | None:
         if not isinstance(number, int) or isinstance(number, bool):
             number = index
         figures = {name: _number(rank.get(name)) for name in RANK_FIELDS}
-        rows.append(cast(RankRow, {"rank": number, **figures}))
+        row = cast(RankRow, {"rank": number, **figures})
+        if isinstance(machine := rank.get("machine"), str) and machine:
+            row["machine"] = machine[:255]  # tagged by the supervisor (runner.py), several machines
+        rows.append(row)
     if not rows:
         return None
     return {
@@ -182,12 +185,16 @@ class EventSink:
         self.messages.append(message)
         return cast(Message, message)
 
-    def add_output(self, line: str, *, level: str, rank: int | None = None) -> None:
+    def add_output(
+        self, line: str, *, level: str, rank: int | None = None, machine: str = ""
+    ) -> None:
         """A line of plain output (stderr, or stdout that is not an event); ``rank`` where a
-        training log line said which rank wrote it."""
+        training log line said which rank wrote it, ``machine`` where several machines run."""
         body: LogBody = {"type": "log", "level": level, "message": line.rstrip()[:MAX_LOG_CHARS]}
         if rank is not None:
             body["rank"] = rank
+        if machine:
+            body["machine"] = machine
         self.add(body)
 
     def _started_store(self, message: dict[str, Any]) -> None:
@@ -293,14 +300,22 @@ class EventSink:
                 level=level[:16],
                 message=str(message.get("message", ""))[:MAX_LOG_CHARS],
                 rank=rank if _count(rank := message.get("rank")) else None,
+                machine=str(message.get("machine") or "")[:255],
             )
         )
 
     def flush(self) -> None:
-        """Store what was added, then send it. The database comes first: it is the record."""
+        """Store what was added, then send it. The database comes first: it is the record.
+
+        Several processes write one run's events: the reaper's and a claim's status, and on a
+        run over several machines each machine's supervisor. The run's row lock (SQLite's
+        IMMEDIATE transactions: its write lock) numbers each flush after the last one stored,
+        and its message is sent before the lock is let go, so that pages get seq in order.
+        """
         if not self.messages:
             return
         with transaction.atomic():
+            self._renumber()
             SeriesPoint.objects.bulk_create(self.points)
             LogLine.objects.bulk_create(self.logs)
             if self.pruned:
@@ -318,11 +333,28 @@ class EventSink:
             Experiment.objects.filter(pk=self.experiment.pk).update(
                 last_seq=self.seq, **self.updates
             )
-        messages, self.messages = self.messages, []
+            messages, self.messages = self.messages, []
+            self._send(messages)
         self.points, self.logs, self.updates, self.checkpoints = [], [], {}, []
         self.pruned = set()
-        self._send(messages)
         self.sent_at = time.monotonic()
+
+    def _renumber(self) -> None:
+        """Move this flush's numbers (self.seq's last ones) to follow the run's stored last."""
+        stored = (
+            Experiment.objects.select_for_update()
+            .filter(pk=self.experiment.pk)
+            .values_list("last_seq", flat=True)
+            .first()
+        )
+        shift = (stored or 0) - (self.seq - len(self.messages))
+        if shift == 0 or stored is None:
+            return
+        for message in self.messages:
+            message["seq"] += shift
+        for line in self.logs:
+            line.seq += shift
+        self.seq += shift
 
     def _send(self, messages: list[dict[str, Any]]) -> None:
         if self.channel_layer is None:

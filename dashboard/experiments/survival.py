@@ -21,6 +21,7 @@ from django.utils import timezone
 from dashboard.experiments import transitions
 from dashboard.experiments.attempts import attempts_summary, attempts_with_current
 from dashboard.experiments.models import Experiment, Status
+from dashboard.experiments.nodes import nodes_silent
 from dashboard.experiments.processes import process_tree_stop
 from dashboard.experiments.sink import EventSink
 
@@ -46,8 +47,13 @@ def experiments_reap_lost(*, now: datetime | None = None) -> Reaped:
     bound = timedelta(seconds=settings.TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS)
     lost, requeued = [], []
     stale = Experiment.objects.filter(status=Status.RUNNING, heartbeat_at__lt=now - bound)
+    # On several machines one silent node loses the whole run (nodes.py), though others beat.
+    silent = nodes_silent(now=now)
+    stale = stale | Experiment.objects.filter(pk__in=list(silent), status=Status.RUNNING)
     for experiment in stale:
-        left_as = experiment_mark_lost(experiment=experiment, now=now)
+        left_as = experiment_mark_lost(
+            experiment=experiment, now=now, why=silent.get(experiment.pk)
+        )
         if left_as is not None:
             lost.append(experiment.pk)
         if left_as == Status.QUEUED:
@@ -55,16 +61,21 @@ def experiments_reap_lost(*, now: datetime | None = None) -> Reaped:
     return Reaped(lost=lost, requeued=requeued)
 
 
-def experiment_mark_lost(*, experiment: Experiment, now: datetime) -> str | None:
-    """Lose one silent run, then queue it again or give it up. Returns the status it was left
-    in, or None when it was not silent any more (another reaper, a late heartbeat)."""
+def experiment_mark_lost(
+    *, experiment: Experiment, now: datetime, why: str | None = None
+) -> str | None:
+    """Lose one silent run (`why`: one of its machines fell silent), then queue it again or give
+    it up. Returns the status it was left in, or None when it was not silent any more (another
+    reaper, a late heartbeat)."""
     assert experiment.heartbeat_at is not None
     silent = (now - experiment.heartbeat_at).total_seconds()
-    reason = f"no heartbeat from worker {experiment.worker} for {silent:.0f} s"
+    reason = why or f"no heartbeat from worker {experiment.worker} for {silent:.0f} s"
     history = attempts_with_current(
         experiment=experiment, outcome=Status.LOST, reason=reason, ended_at=now
     )
-    if not transitions.experiment_lose(experiment=experiment, reason=reason, history=history):
+    if not transitions.experiment_lose(
+        experiment=experiment, reason=reason, history=history, node_silent=why is not None
+    ):
         return None
     log.warning("experiment %s lost: %s", experiment.pk, reason)
     experiment.refresh_from_db()

@@ -17,7 +17,7 @@ from django.conf import settings
 
 from dashboard.devices.facts import machine_name, machine_queue
 from dashboard.experiments.models import Experiment
-from dashboard.experiments.runner import experiment_run
+from dashboard.experiments.runner import experiment_node_run, experiment_run
 from dashboard.experiments.survival import experiments_reap_lost, experiments_redispatch_queued
 
 
@@ -47,6 +47,16 @@ def run_experiment_send(*, experiment: Experiment) -> None:
         run_experiment.apply_async((experiment.pk,), queue=queue)
     else:
         run_experiment.delay(experiment.pk)
+
+
+@shared_task(name="experiments.run_node", ignore_result=True)
+def run_node(experiment_id: int, attempt: int, node_rank: int) -> str | None:
+    """Node `node_rank` (1 and up) of a multi-node run's attempt, on this machine (the claim
+    sent it to this machine's queue once node 0 had claimed the run)."""
+    result = experiment_node_run(
+        experiment_id=experiment_id, attempt=attempt, node_rank=node_rank, worker=machine_name()
+    )
+    return result.status
 
 
 @shared_task(name="experiments.reap_lost_runs", ignore_result=True)

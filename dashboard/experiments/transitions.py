@@ -137,9 +137,17 @@ def experiment_finish(
     )
 
 
-def experiment_lose(*, experiment: Experiment, reason: str, history: list[dict[str, Any]]) -> bool:
-    """running -> lost, when the heartbeat the reaper read is still the last one."""
-    where = {"heartbeat_at": experiment.heartbeat_at}
+def experiment_lose(
+    *, experiment: Experiment, reason: str, history: list[dict[str, Any]], node_silent: bool = False
+) -> bool:
+    """running -> lost, when the heartbeat the reaper read is still the last one; or, when one
+    machine of a multi-node run fell silent (`node_silent`, the others still beat), while the
+    attempt the reaper read is still the one running."""
+    where: dict[str, Any] = (
+        {"attempt": experiment.attempt}
+        if node_silent
+        else {"heartbeat_at": experiment.heartbeat_at}
+    )
     fields: dict[str, Any] = {"error": reason, "attempts": history, **ATTEMPT_ENDED}
     return _move(experiment.pk, Status.RUNNING, Status.LOST, where=where, **fields)
 

@@ -50,7 +50,7 @@ from training.model import SimpleCNN
 from training.processes import parent_death_signal_set
 from training.protocol import EventWriter, SharedTensor
 from training.run_requests import checkpoint_request_take
-from training.runtime import Runtime
+from training.runtime import Runtime, machine_name
 from training.shared_data import (
     Segment,
     segment_attach,
@@ -280,6 +280,7 @@ def _started_emit(
         **reporting.started_fields(cfg, rt, data, per_epoch, start_epoch, world=cfg.nproc),
         devices=["cpu"] * cfg.nproc,
         pids=[m.pid for m in ready],
+        machines=[machine_name()] * len(ready),  # one machine: workers share this process's
         launcher_pid=os.getpid(),
         requests_pid=os.getpid(),
         notes=notes,
