@@ -344,3 +344,36 @@ def test_two_claims_at_once_never_each_hold_half(user_factory: Any) -> None:
         (winner,) = running
         assert sorted(e["worker"] for e in winner.placement) == ["host-a", "host-b"]
         Experiment.objects.filter(pk__in=[first.pk, second.pk]).update(status=Status.SUCCEEDED)
+
+
+# --- where the other machines reach a worker ---
+
+
+def test_a_worker_reports_the_address_it_was_given(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dashboard.devices.reporter import machine_report_save
+
+    monkeypatch.setenv("TRAINYARD_WORKER_ADDRESS", "198.18.0.7")
+    machine = machine_report_save(facts={"hostname": "host-n", "cpu_count": 2})
+    assert machine.address == "198.18.0.7"
+
+
+def test_the_default_address_is_this_hosts_route_to_the_broker(
+    monkeypatch: pytest.MonkeyPatch, settings: Any
+) -> None:
+    from dashboard.devices.facts import worker_address
+
+    monkeypatch.delenv("TRAINYARD_WORKER_ADDRESS", raising=False)
+    settings.CELERY_BROKER_URL = "redis://127.0.0.1:6379/0"
+    assert worker_address() == "127.0.0.1"  # the broker is on this host: the loopback
+    # An address of this host's own outside interface, where one exists.
+    settings.CELERY_BROKER_URL = "redis://198.51.100.1:6379/0"
+    address = worker_address()
+    assert address and not address.startswith("127."), address
+
+
+def test_the_device_page_and_api_show_the_address_and_queue(alice: Client) -> None:
+    machine_row("host-a", address="10.0.0.1")
+    page = alice.get("/devices/").content.decode()
+    assert "10.0.0.1 · queue machine.host-a" in page
+    (item,) = alice.get("/api/devices/").json()["machines"]
+    assert item["address"] == "10.0.0.1"

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from celery import Celery
 
-from tests.stack import Service, Stack, service_start, wait_for
+from tests.stack import ROOT, Service, Stack, service_start, wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
@@ -102,22 +104,30 @@ def test_each_worker_consumes_its_own_machine_queue(
         sender.close()
 
 
-def test_a_run_pinned_through_the_api_runs_on_its_machine(
-    stack: Stack, machines: dict[str, Service]
+def trainyard(stack: Stack, *args: str, home: Path, stdin: str = "") -> Any:
+    return subprocess.run(  # noqa: S603
+        [str(Path(sys.executable).parent / "trainyard"), *args],
+        cwd=ROOT, env={**os.environ, "XDG_CONFIG_HOME": str(home)}, input=stdin,
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+
+
+def test_the_client_pins_a_run_and_hears_refusals(
+    stack: Stack, machines: dict[str, Service], tmp_path: Path
 ) -> None:
-    alice = stack.login("alice")
-    response = alice.post(
-        f"{stack.base_url}/api/experiments/",
-        json={"strategy": "ddp", "processes": 1, "epochs": 1, "machines": ["place-b"]},
-        timeout=20,
-    )
-    assert response.status_code == 201, response.text
-    assert response.json()["nodes"] == 1 and response.json()["machines"] == ["place-b"]
-    row = ended(stack, response.json()["id"], timeout=240)
-    assert row["status"] == "succeeded", stack.diagnostics()
-    assert row["worker"] == "place-b"
-    read = alice.get(f"{stack.base_url}/api/experiments/{response.json()['id']}/", timeout=20)
-    assert [entry["worker"] for entry in read.json()["placement"]] == ["place-b"]
+    login = trainyard(stack, "login", stack.base_url, "--username", "alice", "--password-stdin",
+                      home=tmp_path, stdin=stack.passwords["alice"] + "\n")  # fmt: skip
+    assert login.returncode == 0, login.stderr
+    refused = trainyard(stack, "launch", "--strategy", "hogwild", "--nodes", "2", home=tmp_path)
+    assert refused.returncode == 2
+    assert "nodes: Hogwild runs on one machine" in refused.stderr, refused.stderr
+    pinned = trainyard(stack, "launch", "--strategy", "ddp", "--nproc", "1", "--epochs", "1",
+                       "--machines", "place-b", "--watch", home=tmp_path)  # fmt: skip
+    assert pinned.returncode == 0, pinned.stderr + stack.diagnostics()
+    pk = int(pinned.stdout.split("#")[1].split()[0])
+    read = stack.login("alice").get(f"{stack.base_url}/api/experiments/{pk}/", timeout=20).json()
+    assert (read["nodes"], read["machines"], read["worker"]) == (1, ["place-b"], "place-b")
+    assert [entry["worker"] for entry in read["placement"]] == ["place-b"]
 
 
 def test_unknown_and_offline_machines_are_refused_through_the_api(

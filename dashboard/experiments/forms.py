@@ -54,7 +54,21 @@ def spanning_labels() -> str:
     return " and ".join(spec.label for spec in REGISTRY if spec.nodes)
 
 
-class MachineListField(forms.Field):
+class CommaListField(forms.Field):
+    """A list as "a,b" in the form or a JSON list; empty is the empty list."""
+
+    def _items(self, value: Any) -> list[Any] | None:
+        """The items, or None when the value is no list at all."""
+        items = value.split(",") if isinstance(value, str) else value
+        return list(items) if isinstance(items, list | tuple) else None
+
+    def prepare_value(self, value: Any) -> str:
+        if isinstance(value, list):
+            return ",".join(str(v) for v in value)
+        return "" if value is None else str(value)
+
+
+class MachineListField(CommaListField):
     """Worker names to pin a run to, as "a,b" in the form or ["a", "b"] in JSON; empty leaves
     the machines to placement."""
 
@@ -63,8 +77,8 @@ class MachineListField(forms.Field):
     def to_python(self, value: Any) -> list[str]:
         if value in (None, "", []):
             return []
-        items = value.split(",") if isinstance(value, str) else value
-        if not isinstance(items, list | tuple) or not all(isinstance(i, str) for i in items):
+        items = self._items(value)
+        if items is None or not all(isinstance(i, str) for i in items):
             raise forms.ValidationError(self.error_messages["invalid"], code="invalid")
         names = [item.strip() for item in items]
         if len(names) > LIMITS["nodes"][1] or not all(names):
@@ -77,13 +91,8 @@ class MachineListField(forms.Field):
             raise forms.ValidationError("each machine may appear once", code="duplicate")
         return names
 
-    def prepare_value(self, value: Any) -> str:
-        if isinstance(value, list):
-            return ",".join(str(v) for v in value)
-        return "" if value is None else str(value)
 
-
-class GpuListField(forms.Field):
+class GpuListField(CommaListField):
     """GPU ids as "0,1" in the form or [0, 1] in JSON; empty means CPU."""
 
     default_error_messages = {"invalid": "GPU ids must be whole numbers such as 0,1"}
@@ -91,8 +100,8 @@ class GpuListField(forms.Field):
     def to_python(self, value: Any) -> list[int]:
         if value in (None, "", []):
             return []
-        items = value.split(",") if isinstance(value, str) else value
-        if not isinstance(items, list | tuple):
+        items = self._items(value)
+        if items is None:
             raise forms.ValidationError(self.error_messages["invalid"], code="invalid")
         if len(items) > MAX_GPU_IDS:
             raise forms.ValidationError(f"at most {MAX_GPU_IDS} GPU ids", code="too_many")
@@ -108,11 +117,6 @@ class GpuListField(forms.Field):
         if len(set(ids)) != len(ids):
             raise forms.ValidationError("each GPU id may appear once", code="duplicate")
         return ids
-
-    def prepare_value(self, value: Any) -> str:
-        if isinstance(value, list):
-            return ",".join(str(v) for v in value)
-        return "" if value is None else str(value)
 
 
 class ExperimentForm(forms.ModelForm):

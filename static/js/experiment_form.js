@@ -1,6 +1,7 @@
 // Launch form: shows the help line of the chosen strategy only, dims the processes field unless
-// the strategy starts several processes, and shows the ZeRO stage for DeepSpeed only. Without
-// this script every line and field stays visible (the server ignores what a strategy does not use).
+// the strategy starts several processes and the machines field unless it can span machines, and
+// shows the ZeRO stage for DeepSpeed only. Without this script every line and field stays
+// visible (the server ignores what a strategy does not use, and refuses more machines).
 (function () {
   "use strict";
 
@@ -10,6 +11,8 @@
   const helpList = document.getElementById("strategy-help");
   const processesField = form.querySelector(".ddp-only");
   const zeroStageField = form.querySelector(".deepspeed-only");
+  // Machines: only strategies that can span several (the page facts' `nodes`) read it.
+  const nodesField = document.getElementById("field-nodes");
   // Attributes through getAttribute: `form.dataset` is the form's "dataset" field, not its data-*.
   // The strategies that take a process count (training/registry.py), written by the server.
   const processStrategies = new Set((form.getAttribute("data-process-strategies") || "").split(" "));
@@ -36,6 +39,12 @@
     }
   }
 
+  function syncNodes() {
+    if (!nodesField || !window.Trainyard) return;
+    const spec = Trainyard.facts.strategies[strategy.value];
+    nodesField.classList.toggle("is-dimmed", !(spec && spec.nodes));
+  }
+
   function syncZeroStage() {
     if (!zeroStageField) return;
     // Hidden, not dimmed: no other strategy has anything like it.
@@ -44,6 +53,8 @@
 
   strategy.addEventListener("change", syncZeroStage);
   syncZeroStage();
+  strategy.addEventListener("change", syncNodes);
+  syncNodes();
   strategy.addEventListener("change", sync);
   sync();
 

@@ -30,6 +30,7 @@ def page_facts_build() -> dict[str, Any]:
                 "short": spec.short,
                 "processes": spec.processes,
                 "torchrun": spec.torchrun,
+                "nodes": spec.nodes,  # can span several machines
                 "cpu_only": spec.cpu_only,
                 "min_gpus": spec.min_gpus,
                 "max_gpus": spec.max_gpus,
