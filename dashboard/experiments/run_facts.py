@@ -94,10 +94,29 @@ def snapshot_texts(
         "shared_tensors": tensors,
         "shared_total_text": shared_total_text(tensors),
         "checkpoints": checkpoint_rows(checkpoints),
+        "machines_text": machines_text(run.get("machines")),
     }
 
 
 def started_texts(message: dict[str, Any]) -> dict[str, Any]:
-    """A ``started`` message's ``texts``: its shared tensors, formatted."""
+    """A ``started`` message's ``texts``: its shared tensors and its machines, formatted."""
     tensors = tensor_rows(message.get("shared_tensors"))
-    return {"shared_tensors": tensors, "shared_total_text": shared_total_text(tensors)}
+    return {
+        "shared_tensors": tensors,
+        "shared_total_text": shared_total_text(tensors),
+        "machines_text": machines_text(message.get("machines")),
+    }
+
+
+def machines_text(machines: Any) -> str:
+    """Which global ranks ran on which machine, from ``started.machines`` (rank order):
+    "host-a: rank 0 · host-b: ranks 1, 2"; empty for a run on one machine."""
+    if not isinstance(machines, list) or len(set(map(str, machines))) < 2:
+        return ""
+    ranks: dict[str, list[int]] = {}
+    for rank, machine in enumerate(machines):
+        ranks.setdefault(str(machine), []).append(rank)
+    return " · ".join(
+        f"{machine}: rank{'s' if len(held) > 1 else ''} {', '.join(map(str, held))}"
+        for machine, held in ranks.items()
+    )

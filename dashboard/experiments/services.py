@@ -98,6 +98,7 @@ def experiment_run_facts(experiment: Experiment) -> dict[str, Any]:
         "zero_stage": info.get("zero_stage"),
         "world_size": info.get("world_size"),
         "global_batch_size": info.get("global_batch_size"),
+        "machines": info.get("machines"),  # each rank's machine (protocol 1.5)
     }
 
 

@@ -280,6 +280,8 @@
     if (Array.isArray(msg.devices) && msg.devices.length) setText($("info-device"), msg.devices.join(", "));
     else if (msg.device) setText($("info-device"), msg.device);
     if (isNum(msg.world_size)) setText($("info-world-size"), msg.world_size);
+    // Which ranks ran where: torchrun's rendezvous decides it, so it is known only now.
+    if (msg.texts && msg.texts.machines_text && $("info-machines")) setText($("info-machines"), msg.texts.machines_text);
     if (isNum(msg.global_batch_size) && msg.global_batch_size !== runCtx.globalBatch) {
       runContext(msg, null);
       if (chartSet && chartSet.xMode === "images") chartSet.redrawAll();

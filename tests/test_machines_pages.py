@@ -1,0 +1,41 @@
+"""Which ranks ran on which machine, as the run page says it (from the `started` event)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.urls import reverse
+
+from dashboard.experiments.nodes import placement_with_ranks
+from dashboard.experiments.run_facts import machines_text
+
+
+def test_machines_text_names_each_machines_ranks() -> None:
+    assert machines_text(["host-b", "host-a", "host-a"]) == "host-b: rank 0 · host-a: ranks 1, 2"
+    assert machines_text(["host-a", "host-a"]) == ""  # one machine: nothing to say
+    assert machines_text(None) == "" and machines_text("host-a") == ""
+
+
+def test_placement_gets_the_ranks_the_rendezvous_gave() -> None:
+    placement = [{"worker": "host-a", "node_rank": 0, "ranks": []},
+                 {"worker": "host-b", "node_rank": 1, "ranks": []}]  # fmt: skip
+    filled = placement_with_ranks(placement, ["host-b", "host-a"])
+    assert [entry["ranks"] for entry in filled] == [[1], [0]]
+
+
+@pytest.mark.django_db
+def test_the_run_page_shows_the_ranks_of_each_machine(
+    client: Any, user_factory: Any, experiment_factory: Any
+) -> None:
+    alice = user_factory()
+    info = {"world_size": 2, "machines": ["host-b", "host-a"]}
+    run = experiment_factory(owner=alice, nodes=2, processes=1, status="running", run_info=info)
+    client.force_login(alice)
+    page = client.get(reverse("experiment-detail", args=[run.pk])).content.decode()
+    assert 'id="info-machines">host-b: rank 0 · host-a: rank 1<' in page
+    one = experiment_factory(owner=alice, run_info={"machines": ["host-a", "host-a"]})
+    assert (
+        'id="info-machines"'
+        not in client.get(reverse("experiment-detail", args=[one.pk])).content.decode()
+    )
