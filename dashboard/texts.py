@@ -22,6 +22,11 @@ def words_joined(words: list[str]) -> str:
     return f"{', '.join(words[:-1])} and {words[-1]}"
 
 
+def ranks_text(ranks: list[int]) -> str:
+    """ "rank 0", "ranks 1, 2": the global ranks that ran on one machine."""
+    return f"rank{'s' if len(ranks) > 1 else ''} {', '.join(map(str, ranks))}"
+
+
 def format_duration(seconds: float | None) -> str:
     """12s, 3m 05s, 1h 02m: formatDuration() in static/js/common.js ticks it on live."""
     if seconds is None:

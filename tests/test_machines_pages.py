@@ -39,3 +39,21 @@ def test_the_run_page_shows_the_ranks_of_each_machine(
         'id="info-machines"'
         not in client.get(reverse("experiment-detail", args=[one.pk])).content.decode()
     )
+
+
+@pytest.mark.django_db
+def test_the_device_page_lists_a_run_on_each_of_its_machines_with_its_ranks(
+    user_factory: Any, experiment_factory: Any
+) -> None:
+    from dashboard.devices.views import running_shared_tensors
+
+    alice = user_factory()
+    tensor = {"name": "train.images", "bytes": 1024, "is_shared": True, "shape": [4, 1, 28, 28]}
+    placement = [{"worker": "host-a", "ranks": [1]}, {"worker": "host-b", "ranks": [0]}]
+    experiment_factory(owner=alice, nodes=2, processes=1, status="running", worker="host-a",
+                       placement=placement, run_info={"shared_tensors": [tensor]})  # fmt: skip
+    runs = running_shared_tensors(user=alice)
+    assert {machine: [r["ranks_text"] for r in rows] for machine, rows in runs.items()} == {
+        "host-a": ["rank 1"],
+        "host-b": ["rank 0"],
+    }

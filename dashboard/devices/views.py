@@ -14,7 +14,7 @@ from pydantic import ConfigDict
 from dashboard.api import errors
 from dashboard.devices.facts import SHM_LOW_BYTES
 from dashboard.devices.models import WorkerMachine
-from dashboard.texts import bytes_text
+from dashboard.texts import bytes_text, ranks_text
 
 POLL_SECONDS = 5
 
@@ -77,18 +77,27 @@ def running_shared_tensors(*, user: Any) -> dict[str, list[dict[str, Any]]]:
         shared = sum(
             t["bytes"] for t in rows if t.get("is_shared") and isinstance(t.get("bytes"), int)
         )
-        by_machine.setdefault(run.worker, []).append(
-            {
-                "id": run.pk if named else None,
-                "name": run.name if named else None,
-                "url": run.get_absolute_url() if named else None,
-                "strategy": run.strategy,
-                "shared_tensors": rows,
-                "shared_bytes": shared,
-                "shared_text": bytes_text(shared),
-            }
-        )
+        item = {
+            "id": run.pk if named else None,
+            "name": run.name if named else None,
+            "url": run.get_absolute_url() if named else None,
+            "strategy": run.strategy,
+            "shared_tensors": rows,
+            "shared_bytes": shared,
+            "shared_text": bytes_text(shared),
+        }
+        for worker, ranks in _run_machines(run):
+            by_machine.setdefault(worker, []).append({**item, "ranks_text": ranks})
     return by_machine
+
+
+def _run_machines(run: Any) -> list[tuple[str, str]]:
+    """The machines a run is on, each with the global ranks it runs ("" on one machine): a run
+    over several machines holds its own copy of the data on each."""
+    placement = [p for p in run.placement or [] if isinstance(p, dict) and p.get("worker")]
+    if len(placement) < 2:
+        return [(run.worker, "")]
+    return [(str(p["worker"]), ranks_text(p["ranks"]) if p.get("ranks") else "") for p in placement]
 
 
 def gpu_card(gpu: dict[str, Any]) -> dict[str, Any]:

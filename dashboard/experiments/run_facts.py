@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dashboard.texts import bytes_text
+from dashboard.texts import bytes_text, ranks_text
 
 
 def split_text(data_share: float) -> str:
@@ -116,7 +116,4 @@ def machines_text(machines: Any) -> str:
     ranks: dict[str, list[int]] = {}
     for rank, machine in enumerate(machines):
         ranks.setdefault(str(machine), []).append(rank)
-    return " · ".join(
-        f"{machine}: rank{'s' if len(held) > 1 else ''} {', '.join(map(str, held))}"
-        for machine, held in ranks.items()
-    )
+    return " · ".join(f"{machine}: {ranks_text(held)}" for machine, held in ranks.items())

@@ -120,7 +120,7 @@
         : "another user's run";
       (run.shared_tensors || []).forEach((t, index) => {
         rows.push([
-          index === 0 ? el("span", {}, [label, ` (${run.strategy}, ${run.shared_text} shared)`]) : "",
+          index === 0 ? el("span", {}, [label, ` (${run.strategy}, ${run.shared_text} shared${run.ranks_text ? `, ${run.ranks_text} here` : ""})`]) : "",
           t.name,
           yesNo(t.is_shared),
           t.dtype || "",
