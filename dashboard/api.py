@@ -392,37 +392,3 @@ def summary_from_docstring(operation: Any) -> None:
     if doc:
         operation.summary = re.split(r"[.;] ", doc, maxsplit=1)[0].rstrip(".")
         operation.description = doc
-
-
-def api_view(methods: tuple[str, ...]) -> Callable[[View], View]:
-    """A plain Django JSON view with the API's login, CSRF and errors, for a route that is not
-    (yet) an operation of the NinjaAPI; it is then missing from /api/schema/."""
-
-    def decorate(view: View) -> View:
-        @functools.wraps(view)
-        @csrf_exempt
-        @login_not_required
-        def wrapper(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
-            try:
-                by_token = bool(AUTH[0](request))
-                if not by_token and not request.user.is_authenticated:
-                    return error_response(401, LOGIN_NEEDED)
-                if request.method not in methods:
-                    return error_response(
-                        405,
-                        f"method {request.method} not allowed; use {', '.join(methods)}",
-                        headers={"Allow": ", ".join(methods)},
-                    )
-                if not by_token:
-                    AUTH[1](request)  # CSRF on session writes
-                return view(request, *args, **kwargs)
-            except ApiError as exc:
-                return error_response(
-                    exc.status, exc.message, exc.errors, details=exc.details, headers=exc.headers
-                )
-            except RequestDataTooBig:
-                return error_response(413, TOO_BIG)
-
-        return wrapper
-
-    return decorate
