@@ -1,0 +1,117 @@
+"""Figures of runs over two machines, measured side by side on this host (two network namespaces
+as machines, tests/machines_cluster.py; needs root and PostgreSQL):
+
+    .venv/bin/python -m tests.bench_machines
+
+prints launch to first point and the epoch's images/s of 1 machine x 2 ranks and 2 machines x 1
+rank (same seed and global batch), their ratio, and for a 2-machine run whose second worker is
+SIGKILLed after its first epoch: kill to lost, to resumed (claimed again) and to the resumed
+attempt's first point. Both "machines" share this host's cores: the ratio shows the cost of
+the rendezvous and the network path, not what two real machines would gain.
+"""
+
+from __future__ import annotations
+
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tests.machines_cluster import Cluster, cluster_running, cluster_unavailable
+from tests.stack import wait_for
+
+JOB = {"strategy": "ddp", "batch_size": 32, "optimizer": "sgd", "lr": 0.01, "seed": 7,
+       "dataset": "mnist", "epochs": 1}  # fmt: skip
+ENV = {"TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS": "8", "TRAINYARD_REAPER_SECONDS": "2",
+       "TRAINYARD_WAIT_RETRY_SECONDS": "1", "TRAINYARD_DEVICE_REPORT_SECONDS": "2",
+       "TRAINYARD_MAX_ACTIVE_RUNS_PER_USER": "0",
+       "TRAINYARD_LAUNCH_RATE_PER_MINUTE": "0"}  # fmt: skip
+
+
+def _one(cluster: Cluster, sql: str, *params: Any) -> Any:
+    rows = cluster.query(sql, *params)
+    return rows[0][0] if rows else None
+
+
+def _first_point_id(cluster: Cluster, pk: int, after_id: int = 0) -> Any:
+    return _one(cluster, "SELECT min(id) FROM experiments_seriespoint WHERE experiment_id = %s "
+                "AND key = 'train_loss' AND id > %s", pk, after_id)  # fmt: skip
+
+
+def _launch(cluster: Cluster, **fields: Any) -> tuple[int, float]:
+    response = cluster.api("POST", "/api/experiments/", json={**JOB, **fields})
+    assert response.status_code == 201, response.text
+    return int(response.json()["id"]), time.monotonic()
+
+
+def _status(cluster: Cluster, pk: int) -> tuple[str, int]:
+    body = cluster.api("GET", f"/api/experiments/{pk}/").json()
+    return str(body["status"]), int(body["attempt"])
+
+
+def run_figures(cluster: Cluster, *, nodes: int, processes: int) -> tuple[float, float]:
+    pk, launched = _launch(cluster, name=f"{nodes}x{processes}", nodes=nodes, processes=processes)
+    wait_for(lambda: _first_point_id(cluster, pk), timeout=400, what="the first point")
+    first = time.monotonic() - launched
+    wait_for(lambda: _status(cluster, pk)[0] == "succeeded", timeout=900, what="the end")
+    ips = _one(cluster, "SELECT value FROM experiments_seriespoint WHERE experiment_id = %s AND "
+               "key = 'epoch/images_per_second'", pk)  # fmt: skip
+    return first, float(ips)
+
+
+def kill_figures(cluster: Cluster) -> tuple[float, float, float]:
+    second = cluster.network.machines[1]
+    pk, _ = _launch(cluster, name="killed", nodes=2, processes=1, epochs=2)
+    wait_for(lambda: cluster.query("SELECT 1 FROM experiments_checkpoint WHERE experiment_id = %s",
+             pk), timeout=900, what="epoch 1's checkpoint", interval=0.2)  # fmt: skip
+    last = _one(cluster, "SELECT max(id) FROM experiments_seriespoint") or 0
+    killed = time.monotonic()
+    cluster.services[second.name].kill()
+    wait_for(lambda: _status(cluster, pk)[1] > 1 or _status(cluster, pk)[0] != "running",
+             timeout=120, what="lost", interval=0.1)  # fmt: skip
+    lost = time.monotonic() - killed
+    cluster.worker_start(second)
+    wait_for(lambda: _status(cluster, pk) == ("running", 2), timeout=300, what="resumed",
+             interval=0.2)  # fmt: skip
+    resumed = time.monotonic() - killed
+    wait_for(lambda: _first_point_id(cluster, pk, last), timeout=400, what="a resumed point",
+             interval=0.2)  # fmt: skip
+    return lost, resumed, time.monotonic() - killed
+
+
+def main() -> int:
+    reason = cluster_unavailable()
+    if reason:
+        print(f"cannot measure: {reason}")
+        return 1
+    home = Path(tempfile.mkdtemp(prefix="trainyard-bench-machines-"))
+    data = Path(tempfile.mkdtemp(prefix="trainyard-bench-data-"))
+    with cluster_running(home=home, data_dir=data, env=ENV) as cluster:
+        cluster.manage("shell", "-c", "from django.contrib.auth import get_user_model as g;"
+                       "g().objects.create_user('bench', password='pw-bench')")  # fmt: skip
+        cluster.token = cluster.manage("create_token", "bench").strip()
+        wait_for(lambda: len(cluster.query("SELECT 1 FROM devices_workermachine")) == 2,
+                 timeout=120, what="both workers")  # fmt: skip
+        one_first, one_ips = run_figures(cluster, nodes=1, processes=2)
+        two_first, two_ips = run_figures(cluster, nodes=2, processes=1)
+        print(
+            f"launch to first point: 1 machine x 2 ranks {one_first:.1f} s, "
+            f"2 machines x 1 rank {two_first:.1f} s (x{two_first / one_first:.2f})"
+        )
+        print(
+            f"images/s (epoch mean): 1x2 {one_ips:.0f}, 2x1 {two_ips:.0f} "
+            f"(2x1 / 1x2 = {two_ips / one_ips:.2f})"
+        )
+        lost, resumed, point = kill_figures(cluster)
+        print(
+            f"worker SIGKILLed: lost after {lost:.1f} s, resumed (claimed again) after "
+            f"{resumed:.1f} s, first point of the resumed attempt after {point:.1f} s "
+            f"(heartbeat bound {ENV['TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS']} s, reaper every "
+            f"{ENV['TRAINYARD_REAPER_SECONDS']} s)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
