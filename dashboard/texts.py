@@ -46,8 +46,8 @@ QUEUE_ESTIMATE_METHOD = (
     "Estimated start: the running runs are expected to end at their pace so far (time since "
     "their start x steps left / steps done); queued runs to take as long as the last finished "
     "runs of the same strategy, dataset, processes, nodes, epochs and batch size; then the queue "
-    "is replayed in claim order on the machines online. None where a run it waits for has no "
-    "progress yet and nothing like it has finished."
+    "is replayed in claim order on the machines online. Unknown where a run it waits for has "
+    "taken no step yet and nothing like it has finished."
 )
 QUEUE_OTHERS_RUN = "another user's run"
 

@@ -80,6 +80,15 @@ def wait_ended(stack: Stack, session: Any, ids: list[int]) -> list[dict[str, Any
         time.sleep(1)
 
 
+def wait_running(stack: Stack, session: Any, pk: int) -> None:
+    wait_for(
+        lambda: run(stack, session, pk)["status"] == "running",
+        timeout=120,
+        what=f"#{pk} to start",
+        interval=0.5,
+    )
+
+
 def queue(stack: Stack, session: Any) -> dict[str, Any]:
     response = session.get(f"{stack.base_url}/api/queue/", timeout=20)
     assert response.status_code == 200, response.text
@@ -106,12 +115,7 @@ def test_claims_are_first_in_first_out_within_priority(
     alice, bob, root = stack.login("alice"), stack.login("bob"), stack.login("root")
     # Long enough for the pages below; stopped once they are seen, which frees the cores.
     blocker = launch(bob, stack, "blocker", epochs=30)
-    wait_for(
-        lambda: run(stack, bob, blocker)["status"] == "running",
-        timeout=120,
-        what="start",
-        interval=0.5,
-    )
+    wait_running(stack, bob, blocker)
     a, b, c = (launch(alice, stack, f"fifo {n}") for n in "abc")
     urgent = launch(alice, stack, "urgent")
     answer = root.post(f"{stack.base_url}/api/queue/{urgent}/priority/", json={"priority": 5})
@@ -153,7 +157,9 @@ def queue_pages_check(stack: Stack, browser: Any, *, ids: list[int]) -> None:  #
         page = context.new_page()
         page.on("pageerror", lambda exc: errors.append(str(exc)))
         log_in(page, stack, "alice")
-        page.get_by_role("link", name="Queue").click()
+        # From a queued run's page, whose waiting box links to the queue.
+        page.goto(f"{stack.base_url}/experiments/{ids[1]}/")
+        page.get_by_role("link", name="See its place in the queue").click()
         page.wait_for_url(f"{stack.base_url}/queue/")
         rows = page.locator("#queue-rows tr")
         assert [int(r) for r in rows.evaluate_all("rs => rs.map(r => r.dataset.id)")] == ids
@@ -171,7 +177,8 @@ def queue_pages_check(stack: Stack, browser: Any, *, ids: list[int]) -> None:  #
         assert run(stack, stack.login("alice"), extra)["status"] == "cancelled"
         context.clear_cookies()
         log_in(page, stack, "bob")
-        page.goto(f"{stack.base_url}/queue/")
+        page.get_by_role("link", name="Queue", exact=True).click()
+        page.wait_for_url(f"{stack.base_url}/queue/")
         assert page.locator("#queue-rows tr").count() == 0
         assert page.locator("#queue-empty").is_visible()
         assert (
@@ -193,13 +200,8 @@ def test_the_running_limit_holds_at_claim_time(stack: Stack, worker_env: Any) ->
     # Two runs fit on the machine at once, but one user may hold only one running.
     worker_env(TRAINYARD_CPU_THREADS_PER_RUN="1", TRAINYARD_MAX_ACTIVE_RUNS_PER_USER="1")
     alice, bob, root = stack.login("alice"), stack.login("bob"), stack.login("root")
-    first = launch(alice, stack, "limit 1", epochs=3)
-    wait_for(
-        lambda: run(stack, alice, first)["status"] == "running",
-        timeout=120,
-        what="start",
-        interval=0.5,
-    )
+    first = launch(alice, stack, "limit 1", epochs=2)
+    wait_running(stack, alice, first)
     second = launch(alice, stack, "limit 2")
     waiting = wait_for(
         lambda: (
