@@ -80,7 +80,7 @@ def queued_run_create(stack: Stack) -> int:
         "from dashboard.experiments.models import Experiment as E;"
         "from django.contrib.auth import get_user_model as g;"
         "print(E.objects.create(owner=g().objects.get(username='alice'), name='queue probe',"
-        " strategy='single', epochs=1, processes=1).pk)"
+        " strategy='single', epochs=1, batch_size=500, processes=1).pk)"
     )
     return int(stack.manage("shell", "-c", code).strip().splitlines()[-1])
 
@@ -122,7 +122,8 @@ def test_the_client_pins_a_run_and_hears_refusals(
     assert refused.returncode == 2
     assert "nodes: Hogwild runs on one machine" in refused.stderr, refused.stderr
     pinned = trainyard(stack, "launch", "--strategy", "ddp", "--nproc", "1", "--epochs", "1",
-                       "--machines", "place-b", "--watch", home=tmp_path)  # fmt: skip
+                       "--batch-size", "500", "--machines", "place-b", "--watch",
+                       home=tmp_path)  # fmt: skip
     assert pinned.returncode == 0, pinned.stderr + stack.diagnostics()
     pk = int(pinned.stdout.split("#")[1].split()[0])
     read = stack.login("alice").get(f"{stack.base_url}/api/experiments/{pk}/", timeout=20).json()
