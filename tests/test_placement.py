@@ -96,7 +96,7 @@ def test_more_machines_than_are_online_is_refused_with_what_there_is(
 ) -> None:
     response = post(alice, {"strategy": "ddp", "nodes": 3, "processes": 1})
     assert response.status_code == 400, response.content
-    (message,) = response.json()["errors"]["machines"]
+    (message,) = response.json()["errors"]["nodes"]
     assert message.startswith("DDP asks for 3 machines with 1 process each, but 2 workers online")
     assert "host-a has 2 CPU cores and no GPU; host-b has 2 CPU cores and no GPU" in message
 
@@ -110,7 +110,7 @@ def test_more_cores_per_machine_than_enough_machines_have_is_refused(
     assert ok.status_code == 201, ok.content
     response = post(alice, {"strategy": "ddp", "nodes": 2, "processes": 4})
     assert response.status_code == 400, response.content
-    (message,) = response.json()["errors"]["machines"]
+    (message,) = response.json()["errors"]["nodes"]
     assert "asks for 2 machines with 4 processes each, but only 1 of them fits" in message
     assert "big has 8 CPU cores" in message and "small has 2 CPU cores" in message
 
@@ -123,7 +123,7 @@ def test_an_offline_machine_does_not_count(alice: Client, launched: list[int]) -
     )
     response = post(alice, {"strategy": "ddp", "nodes": 2, "processes": 1})
     assert response.status_code == 400
-    assert "but 1 worker online: host-a" in response.json()["errors"]["machines"][0]
+    assert "but 1 worker online: host-a" in response.json()["errors"]["nodes"][0]
     pinned = post(alice, {"strategy": "ddp", "machines": ["host-a", "host-b"], "processes": 1})
     assert pinned.json()["errors"]["machines"] == ["host-b is not online"]
 

@@ -224,8 +224,9 @@ class ExperimentForm(forms.ModelForm):
             nodes=data["nodes"],
             machines=data["machines"],
         )
+        # Said where the fix is: the pinned machines, the count of machines, else the devices.
+        field = "machines" if data["machines"] else "nodes" if data["nodes"] > 1 else None
         for message in messages:
-            field = "machines" if data["machines"] or data["nodes"] > 1 else None
             self.add_error(field or ("gpus" if needs_gpus else "processes"), message)
         if not data.get("name"):
             data["name"] = f"{spec.label} on {data.get('dataset', 'mnist')}"
