@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from tests.conftest import need
@@ -198,3 +200,28 @@ def test_a_machine_cut_off_loses_the_run_which_resumes_when_it_is_back(cluster: 
         second.link_set(up=True)
 
     _loses_then_resumes(cluster, pk, lambda: second.link_set(up=False), heal)
+
+
+def test_a_rank_that_crashes_fails_the_run_and_ends_the_other_machines_ranks(
+    cluster: Cluster,
+) -> None:
+    pk = launch(cluster, name="rank crashes", epochs=3)
+    training_on_both(cluster)
+    wait_for(lambda: run(cluster, pk).get("placement", [{}])[0].get("ranks"), timeout=240,
+             what="the started event", interval=0.5)  # fmt: skip
+    second = cluster.network.machines[1]
+
+    def rank_pid() -> int | None:
+        for pid in cluster.training_pids(second):
+            try:
+                if "RANK" in psutil.Process(pid).environ():
+                    return pid
+            except psutil.Error:
+                continue
+        return None
+
+    os.kill(wait_for(rank_pid, timeout=30, what="a rank on the second machine"), signal.SIGKILL)
+    done = wait_status(cluster, pk, {"failed", "succeeded", "cancelled", "queued"}, timeout=120)
+    # A training that crashes is a failure, not a lost machine: nothing to resume.
+    assert done["status"] == "failed", done
+    wait_for(lambda: no_training_left(cluster), timeout=15, what="no training process left")
