@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 from django.urls import reverse
 
+from dashboard.experiments.models import LogLine
 from dashboard.experiments.nodes import placement_with_ranks
 from dashboard.experiments.run_facts import machines_text
 
@@ -31,9 +32,12 @@ def test_the_run_page_shows_the_ranks_of_each_machine(
     alice = user_factory()
     info = {"world_size": 2, "machines": ["host-b", "host-a"]}
     run = experiment_factory(owner=alice, nodes=2, processes=1, status="running", run_info=info)
+    LogLine.objects.create(experiment=run, seq=1, message="hello", rank=1, machine="host-a")
     client.force_login(alice)
     page = client.get(reverse("experiment-detail", args=[run.pk])).content.decode()
     assert 'id="info-machines">host-b: rank 0 · host-a: rank 1<' in page
+    # Each log line says the machine that relayed it.
+    assert '<span class="log-rank">r1</span><span class="log-machine">host-a</span>' in page
     one = experiment_factory(owner=alice, run_info={"machines": ["host-a", "host-a"]})
     assert (
         'id="info-machines"'

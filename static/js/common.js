@@ -81,6 +81,8 @@ window.Trainyard = (function () {
       ),
       // The rank whose stderr (or rank 0's event) it was; none for the dashboard's own lines.
       el("span", { class: "log-rank" }, isNum(line.rank) ? "r" + line.rank : ""),
+      // The machine that relayed it, on a run over several machines.
+      ...(line.machine ? [el("span", { class: "log-machine" }, line.machine)] : []),
       el("span", { class: "log-msg" }, line.message),
     ]);
   }
