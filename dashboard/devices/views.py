@@ -25,6 +25,7 @@ class MachineOut(Schema):
     model_config = ConfigDict(extra="allow")
 
     hostname: str
+    address: str | None = None  # where the other machines reach it
     online: bool
     reported_at: str
     age_seconds: int

@@ -61,10 +61,12 @@ class ExperimentOut(Open):
     tags: list[str]
     note: str
     imported: bool
-    # Several machines, the queue and studies (given where those features are in place).
-    nodes: int | None = None
-    machines: list[str] | None = None
-    placement: list[dict[str, Any]] | None = None
+    # Several machines: how many, the ones it is pinned to (empty: any), and where it ran (the
+    # current or last attempt's machines, node 0 first, with the ranks each ran).
+    nodes: int
+    machines: list[str]
+    placement: list[dict[str, Any]]
+    # The queue and studies, where given.
     priority: int | None = None
     target_accuracy: float | None = None
 
