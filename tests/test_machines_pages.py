@@ -31,11 +31,16 @@ def test_the_run_page_shows_the_ranks_of_each_machine(
 ) -> None:
     alice = user_factory()
     info = {"world_size": 2, "machines": ["host-b", "host-a"]}
-    run = experiment_factory(owner=alice, nodes=2, processes=1, status="running", run_info=info)
+    ranks = [{"rank": 0, "images_per_second": 10.0, "machine": "host-b"},
+             {"rank": 1, "images_per_second": 9.0, "machine": "host-a"}]  # fmt: skip
+    stats = {"type": "step", "step": 5, "ranks": ranks}
+    run = experiment_factory(owner=alice, nodes=2, processes=1, status="running", run_info=info,
+                             rank_stats=stats)  # fmt: skip
     LogLine.objects.create(experiment=run, seq=1, message="hello", rank=1, machine="host-a")
     client.force_login(alice)
     page = client.get(reverse("experiment-detail", args=[run.pk])).content.decode()
     assert 'id="info-machines">host-b: rank 0 · host-a: rank 1<' in page
+    assert '<td>1 <span class="muted small">host-a</span></td>' in page  # the ranks table
     # Each log line says the machine that relayed it.
     assert '<span class="log-rank">r1</span><span class="log-machine">host-a</span>' in page
     one = experiment_factory(owner=alice, run_info={"machines": ["host-a", "host-a"]})

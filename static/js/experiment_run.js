@@ -67,7 +67,10 @@
       el("span", { class: "compute", style: "width: " + (rank.compute_percent || 0) + "%" }),
     ]);
     return el("tr", {}, [
-      el("td", {}, String(rank.rank)),
+      // On a run over several machines, the machine the rank ran on.
+      el("td", {}, rank.machine
+        ? [String(rank.rank), " ", el("span", { class: "muted small" }, rank.machine)]
+        : String(rank.rank)),
       el("td", { class: "num" }, rank.ips_text ?? "—"),
       el("td", { class: "col-split" }, bar),
       el("td", { class: "num" }, rank.data_text ?? "—"),
