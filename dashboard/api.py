@@ -249,11 +249,6 @@ def handlers_install(api: NinjaAPI) -> None:
     api.add_exception_handler(ValidationError, _validation_failed)
     api.add_exception_handler(AuthenticationError, lambda r, e: error_response(401, LOGIN_NEEDED))
     api.add_exception_handler(RequestDataTooBig, lambda r, e: error_response(413, TOO_BIG))
-    # An unreadable upload or a request Django finds suspect (too many fields, ...): Django's
-    # own answer is an empty 400, not the API's JSON.
-    api.add_exception_handler(MultiPartParserError, _unreadable)
-    api.add_exception_handler(SuspiciousOperation, _unreadable)
-    api.add_exception_handler(BadRequest, _unreadable)
 
 
 def _unreadable(request: HttpRequest, exc: Any) -> HttpResponse:
@@ -304,6 +299,8 @@ def gate(view: PathView) -> View:
             # something first reads it: a JSON 413, not an HTML 400.
             return error_response(413, TOO_BIG)
         except (MultiPartParserError, SuspiciousOperation, BadRequest) as exc:
+            # An unreadable upload, or a request Django finds suspect (too many fields, ...):
+            # Django's own answer is its 400 page, not the API's JSON.
             return _unreadable(request, exc)
 
     gated.api_methods = tuple(methods)
