@@ -14,6 +14,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -202,3 +203,14 @@ def test_two_two_machine_runs_launched_at_once_take_turns(
     ]
     assert waited, reasons
     assert any(f"busy with #{pk}" in reason for reason in waited for pk in ids), waited
+    times = stack.query(
+        "SELECT started_at, finished_at FROM experiments_experiment WHERE id IN (?, ?) "
+        "ORDER BY started_at",
+        *ids,
+    )
+    (first_start, first_end), (second_start, _) = [
+        [datetime.fromisoformat(str(value)) for value in row] for row in times
+    ]
+    assert second_start >= first_end  # one after the other, on the database's own clock
+    print(f"first run {(first_end - first_start).total_seconds():.1f} s; machines handed on "
+          f"{(second_start - first_end).total_seconds():.2f} s after it ended")  # fmt: skip
