@@ -236,19 +236,20 @@ def _validation_failed(request: HttpRequest, exc: Any) -> HttpResponse:
 
 
 def handlers_install(api: NinjaAPI) -> None:
-    def api_error(request: HttpRequest, exc: Any) -> HttpResponse:
-        return error_response(
-            exc.status, exc.message, exc.errors, details=exc.details, headers=exc.headers
-        )
-
     def http_error(request: HttpRequest, exc: Any) -> HttpResponse:
         return error_response(exc.status_code, str(exc.message))
 
-    api.add_exception_handler(ApiError, api_error)
+    api.add_exception_handler(ApiError, lambda r, e: api_error_response(e))
     api.add_exception_handler(HttpError, http_error)
     api.add_exception_handler(ValidationError, _validation_failed)
     api.add_exception_handler(AuthenticationError, lambda r, e: error_response(401, LOGIN_NEEDED))
     api.add_exception_handler(RequestDataTooBig, lambda r, e: error_response(413, TOO_BIG))
+
+
+def api_error_response(exc: Any) -> HttpResponse:
+    return error_response(
+        exc.status, exc.message, exc.errors, details=exc.details, headers=exc.headers
+    )
 
 
 def _unreadable(request: HttpRequest, exc: Any) -> HttpResponse:
@@ -282,6 +283,8 @@ def gate(view: PathView) -> View:
         try:
             for name, value in kwargs.items():
                 if not _is_id(value):
+                    if not _logged_in(request):
+                        return error_response(401, LOGIN_NEEDED)
                     return error_response(404, f"no such {name} {str(value)[:40]!r}")
             if request.method not in methods:
                 if not _logged_in(request):
@@ -290,10 +293,8 @@ def gate(view: PathView) -> View:
                 message = f"method {request.method} not allowed; use {allow}"
                 return error_response(405, message, headers={"Allow": allow})
             return answer(request, *args, **kwargs)
-        except ApiError as exc:
-            return error_response(
-                exc.status, exc.message, exc.errors, details=exc.details, headers=exc.headers
-            )
+        except ApiError as exc:  # a bad token, met before any operation ran
+            return api_error_response(exc)
         except RequestDataTooBig:
             # Django refuses the body (Content-Length over DATA_UPLOAD_MAX_MEMORY_SIZE) when
             # something first reads it: a JSON 413, not an HTML 400.
@@ -317,7 +318,7 @@ def logged_in_only(view: View) -> View:
             if not _logged_in(request):
                 return error_response(401, LOGIN_NEEDED)
         except ApiError as exc:
-            return error_response(exc.status, exc.message)
+            return api_error_response(exc)
         return view(request)
 
     return checked
