@@ -128,8 +128,10 @@ class SeriesMessage(SeriesBody, Numbered):
 
 # ``texts``: the message's figures as the page shows them (run_facts.py writes them, the page
 # only places them): started {shared_tensors: rows with shape_text and bytes_text,
-# shared_total_text, machines_text: which ranks ran on which machine, "" on one}; step and epoch {ranks: rows with ips_text, data_text, compute_text,
-# rss_text, split_text, data_percent, compute_percent}, when the event has per-rank figures;
+# shared_total_text, machines_text: which ranks ran on which machine, "" on one}; step and
+# epoch {ranks: rows with ips_text, data_text, compute_text, rss_text, split_text,
+# data_percent, compute_percent, and machine on several machines}, when the event has per-rank
+# figures;
 # checkpoint {size_text, kind_text}; the snapshot all of these, its checkpoints as rows.
 
 
