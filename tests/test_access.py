@@ -35,7 +35,7 @@ ORIGIN = (b"origin", b"http://localhost")
 PUBLIC_ROUTES = {"accounts/login/", "admin/login/"}
 # Sample paths for the admin's two regular-expression routes.
 REGEX_SAMPLES = {
-    r"admin/^(?P<app_label>auth|accounts|experiments|devices)/$": "admin/experiments/",
+    r"admin/^(?P<app_label>auth|accounts|experiments|devices|studies)/$": "admin/experiments/",
     r"admin/(?P<url>.*)$": "admin/no-such-page/",
 }
 MISSING_PK = 987_654_321
