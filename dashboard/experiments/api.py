@@ -115,7 +115,7 @@ def _launch_field(name: str, allowed: tuple[type, ...]) -> tuple[Any, Any]:
     default = ... if not field.has_default() else field.get_default()
     if name in NULLABLE_FIELDS:
         default = None  # decided by the strategy and the GPUs
-    return kind, Field(default, description=str(field.help_text), json_schema_extra=extra)
+    return kind, Field(default, description=str(field.help_text) or None, json_schema_extra=extra)
 
 
 # The launch body for the docs only, derived from FIELD_TYPES (the API's type check) and the
