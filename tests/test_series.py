@@ -7,7 +7,6 @@ import json
 import math
 import subprocess
 import sys
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,9 +20,8 @@ from dashboard.experiments.models import Experiment, SeriesPoint
 from dashboard.experiments.series import series_buckets, series_keys, series_raw
 from dashboard.experiments.services import experiment_snapshot_build
 from dashboard.experiments.sink import SEND_GAP_SECONDS, EventSink
-from tests.conftest import need
-from tests.postgres import Postgres, postgres_bin, postgres_running
-from tests.stack import ROOT, free_port
+from tests.postgres import Postgres
+from tests.stack import ROOT
 
 pytestmark = pytest.mark.django_db
 SPIKE_STEP, SPIKE = 43_210, 1e6
@@ -88,16 +86,10 @@ def test_a_spike_survives_100k_points_and_a_zoom_gives_finer_buckets(
     assert_honest(fewer, count=100_000, budget=10, lo=1, hi=100_000)
 
 
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[Postgres]:
-    need(postgres_bin() is not None, "PostgreSQL's server is not installed (package postgresql)")
-    with postgres_running(port=free_port()) as server:
-        yield server
-
-
-def test_the_same_buckets_on_postgres(postgres: Postgres) -> None:
+def test_the_same_buckets_on_postgres(postgres_server: Postgres) -> None:
+    # The session's server (tests/conftest.py), a database of this test's own.
     env = {"PATH": "/usr/bin:/bin", "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
-           "DATABASE_URL": postgres.database_create("trainyard_series")}  # fmt: skip
+           "DATABASE_URL": postgres_server.database_create("trainyard_series")}  # fmt: skip
     for args in (["migrate", "--noinput"], ["shell", "-c", BUCKETS_SCRIPT]):
         done = subprocess.run(
             [sys.executable, "manage.py", *args], cwd=ROOT, env=env, capture_output=True,
