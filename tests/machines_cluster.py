@@ -116,7 +116,9 @@ def cluster_running(*, home: Path, data_dir: Path, env: dict[str, str]) -> Itera
         redis_port = free_port()
         redis = redis_command(port=redis_port)
         # Reached from the machines' network, which Redis' protected mode would refuse.
-        redis[redis.index("--bind") + 1 :] = [f"127.0.0.1 {bridge}", "--protected-mode", "no"]
+        # Only the bind value changes: the flags after it keep Redis off the disk (no dump.rdb).
+        redis[redis.index("--bind") + 1] = f"127.0.0.1 {bridge}"
+        redis += ["--protected-mode", "no"]
         web_port = free_port()
         cluster = Cluster(
             network=network, postgres=postgres, database_url=url,
