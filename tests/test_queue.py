@@ -253,3 +253,33 @@ def test_the_run_woken_when_a_machine_frees_is_the_first_that_could_start_there(
     settings.TRAINYARD_MAX_ACTIVE_RUNS_PER_USER = 0
     assert queue_head_for(worker="m1").name == "alice is at her limit"
     assert queue_head_for(worker="m2").name == "pinned to m2"
+
+
+def test_a_run_waiting_for_machines_that_are_not_online_holds_nobody_up(
+    user_factory: Any, experiment_factory: Any
+):
+    alice, bob = user_factory(), user_factory()
+    # m1 is the only machine online: neither can start until another worker joins.
+    two = experiment_factory(owner=alice, name="two machines", strategy="ddp", processes=1, nodes=2)
+    experiment_factory(
+        owner=alice, name="pinned to an offline one", strategy="ddp", processes=1, nodes=2,
+        machines=["m1", "m2"],
+    )  # fmt: skip
+    later = queued(experiment_factory, bob, "later")
+    claimed, reason = claim(two)
+    assert not claimed and "waiting behind" not in reason
+    assert claim(later) == (True, "")
+    # Once the second machine reports, the two-machine runs come first again.
+    WorkerMachine.objects.create(hostname="m2", reported_at=timezone.now(), report={})
+    after = queued(experiment_factory, bob, "after")
+    assert claim(after)[1].startswith(f"waiting behind #{two.pk}")
+
+
+def test_the_run_woken_never_wants_gpus_the_freed_machine_lacks(
+    user_factory: Any, experiment_factory: Any
+):
+    alice = user_factory()
+    WorkerMachine.objects.create(hostname="m1", reported_at=timezone.now(), report={"cpu_count": 2})
+    queued(experiment_factory, alice, "wants GPU 3", gpus=[3])
+    cpu = queued(experiment_factory, alice, "cpu")
+    assert queue_head_for(worker="m1") == cpu

@@ -23,7 +23,8 @@ from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db.models import Count, Q, QuerySet
 
-from dashboard.experiments.allocation import Machine, run_cpu_threads
+from dashboard.devices.models import WorkerMachine
+from dashboard.experiments.allocation import Machine, machine_from_row, run_cpu_threads
 from dashboard.experiments.models import Experiment, Status
 
 CLAIM_ORDER = ("-priority", "created_at", "id")
@@ -97,13 +98,29 @@ def runs_compete(*, first: Experiment, second: Experiment, machine: Machine) -> 
     return bool(threads(first) and threads(second))
 
 
+def machines_online() -> set[str]:
+    return set(WorkerMachine.objects.online().values_list("hostname", flat=True))
+
+
+def run_placeable(*, run: Experiment, online: set[str]) -> bool:
+    """Whether the online machines could ever take the run: a run waiting for machines that are
+    not there (a pinned one offline, more nodes than workers) must not hold the others up, or
+    one offline machine would stop every later run on the rest for good."""
+    if run.machines:
+        return set(run.machines) <= online
+    return run.nodes <= max(1, len(online))
+
+
 def turn_blocker(
     *, run: Experiment, machine: Machine, earlier: Iterable[Experiment], held: set[int]
 ) -> Experiment | None:
     """The first run of `earlier` (claim order) whose turn on this machine comes before `run`'s,
     or None. `held`: owners at their running limit, whose runs cannot start anyway."""
+    online = machines_online() | {machine.name}
     for other in earlier:
         if other.owner_id in held or not run_could_use(run=other, machine=machine):
+            continue
+        if not run_placeable(run=other, online=online):
             continue
         if runs_compete(first=other, second=run, machine=machine):
             return other
@@ -163,9 +180,13 @@ def experiment_priority_set(*, experiment_id: int, priority: int) -> bool:
 
 def queue_head_for(*, worker: str) -> Experiment | None:
     """The first queued run in claim order that could start on `worker` when something there
-    ends (its owner not at the running limit, not pinned elsewhere): the one to wake."""
+    ends (its owner not at the running limit, not pinned elsewhere, the GPUs it names there,
+    its machines online): the one to wake."""
     held = owners_at_limit(running_by_owner())
+    row = WorkerMachine.objects.filter(hostname=worker).first()
+    machine = machine_from_row(row) if row is not None else Machine(worker, 1, frozenset())
+    online = machines_online() | {worker}
     for run in queue_ordered().exclude(owner_id__in=held).iterator():
-        if not run.machines or worker in run.machines:
+        if run_could_use(run=run, machine=machine) and run_placeable(run=run, online=online):
             return run
     return None
