@@ -13,6 +13,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
 	DS_BUILD_OPS=0 $(PY) -m pip install --quiet --no-build-isolation 'deepspeed==0.19.8'
+	@# DeepSpeed pulls in `ninja` (the build tool), whose Python package has the import name of
+	@# django-ninja's and overwrites its __init__.py: put django-ninja's files back (the build
+	@# tool's binary in .venv/bin/ninja is untouched, and nothing imports its module).
+	$(PY) -m pip install --quiet --no-deps --force-reinstall "$$(grep -o 'django-ninja==[0-9.]*' pyproject.toml)"
 	touch $@
 
 node_modules/.installed: package.json package-lock.json
