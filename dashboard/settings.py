@@ -100,6 +100,8 @@ def database_settings(url: str) -> dict[str, Any]:
             "keepalives_idle": 10,
             "keepalives_interval": 5,
             "keepalives_count": 2,
+            # What the URL itself asks for (?sslmode=require, sslrootcert, ...) wins.
+            **database.get("OPTIONS", {}),
         }
     return database
 

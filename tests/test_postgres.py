@@ -55,3 +55,12 @@ def test_the_stacks_processes_share_the_engine_of_the_pass(
     assert printed.strip().splitlines()[-1] == _engine(request)
     # The worker's device report reached the rows the test reads: the same database.
     assert ("test-worker",) in stack.query("SELECT hostname FROM devices_workermachine")
+
+
+def test_connection_options_in_the_url_are_kept_beside_the_timeouts() -> None:
+    from dashboard.settings import database_settings
+
+    url = "postgres://u:p@db.example:5432/t?sslmode=require&sslrootcert=/etc/ca.pem"
+    options = database_settings(url)["OPTIONS"]
+    assert options["sslmode"] == "require" and options["sslrootcert"] == "/etc/ca.pem"
+    assert options["tcp_user_timeout"] == 10000
