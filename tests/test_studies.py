@@ -259,6 +259,19 @@ def test_the_table_from_stored_points(client: Client, launched: Any) -> None:
     assert "Different global batch sizes" in page  # 64 against 128: the compare page's warning
 
 
+def test_a_resumed_run_gives_no_seconds_to_target(client: Client, launched: Any) -> None:
+    body = post(client, {**TWO_BY_TWO, "stop_at_target": False}).json()
+    single1, single2, *_ = (Experiment.objects.get(pk=pk) for pk in body["runs"])
+    points_add(single1, accuracies=[(120, 18.0, 0.93)], ips=400.0)
+    # Lost after its first attempt, resumed: its points' clock restarted at the resume.
+    points_add(single2, accuracies=[(120, 4.0, 0.95)], ips=440.0)
+    Experiment.objects.filter(pk=single2.pk).update(attempt=2)
+    single = client.get(reverse("api-study", args=[body["id"]])).json()["cells"][0]
+    assert single["time_to_target_seconds"] is None
+    assert single["images_to_target"] == pytest.approx(120 * 64)  # steps do not restart
+    assert "no time: a run resumed after a lost attempt" in single["texts"]["reached"]
+
+
 def test_the_form_page_launches_a_scaling_study(client: Client, launched: Any) -> None:
     page = client.get(reverse("study-new")).content.decode()
     assert "Same batch per process" in page and "Same global batch" in page

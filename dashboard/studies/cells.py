@@ -5,6 +5,7 @@ the run's start) of the first `test_accuracy` point, by step, at or above the ta
 images seen are that point's step x the run's global batch. A cell's time to target is the mean
 over its runs, and only when every one of its runs reached the target (a mean over the seeds that
 happened to get there would flatter the cell); otherwise null, with a note saying how many did.
+A run resumed after a lost attempt gives images but no seconds (its clock restarted).
 
 Throughput, speedup and efficiency are scaling.py's: the mean images/s of a run's step events,
 speedup against the study's own single cell (see `baseline_find`), efficiency = speedup / world
@@ -95,8 +96,11 @@ def _cell_figures(cell: dict[str, Any], runs: list[Experiment], target: float, f
         if e.status == Status.SUCCEEDED and e.test_accuracy is not None
     ]
     ips = [throughputs[e.pk] for e in runs if e.pk in throughputs]
+    # A resumed run's points restart their clock with each attempt (the engine's time since
+    # its own start): its seconds to target would leave out the lost attempt, so none is given.
+    resumed = sum(e.attempt > 1 for e in runs if e.pk in reached)
     cell.update(
-        time_to_target_seconds=_mean([h.seconds for h in hits]) if every else None,
+        time_to_target_seconds=_mean([h.seconds for h in hits]) if every and not resumed else None,
         images_to_target=_mean([h.images for h in hits]) if every else None,
         runs_reached=len(hits),
         runs_ended=sum(e.status in ENDED for e in runs),
@@ -105,6 +109,7 @@ def _cell_figures(cell: dict[str, Any], runs: list[Experiment], target: float, f
             runs=len(runs),
             target=target,
             finished=sum(e.status in ENDED or e.pk in reached for e in runs),
+            resumed=resumed,
         ),  # fmt: skip
         final_accuracy_mean=_mean(finals),
         final_accuracy_std=statistics.stdev(finals) if len(finals) > 1 else None,

@@ -47,8 +47,14 @@ def runs_text(count: int) -> str:
     return f"{count} run{'' if count == 1 else 's'}"
 
 
-def reached_text(*, reached: int, runs: int, finished: int, target: float) -> str:
+def reached_text(*, reached: int, runs: int, finished: int, target: float, resumed: int = 0) -> str:
     """What a cell's time-to-target column says when it has no figure, or how many reached."""
+    if resumed:
+        runs_text = "a run" if resumed == 1 else f"{resumed} runs"
+        return (
+            f"{reached} of {runs} reached {target:.0%}; no time: {runs_text} resumed after a "
+            f"lost attempt, whose clock restarted"
+        )
     if reached == runs:
         return f"all {runs} reached {target:.0%}" if runs > 1 else f"reached {target:.0%}"
     if finished < runs:
