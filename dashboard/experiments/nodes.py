@@ -76,6 +76,19 @@ def placement_with_ranks(placement: list[Any], machines: list[str]) -> list[Any]
     return filled
 
 
+def pids_on_machine(*, pids: Any, machines: Any, machine: str) -> list[int]:
+    """The ranks' PIDs (the `started` event's `pids`, rank order) of the ranks on `machine`: a PID
+    of another machine's rank may be any process here, never one to signal. Without `machines`
+    (an older training) none is known to be here."""
+    if not isinstance(pids, list) or not isinstance(machines, list) or len(machines) != len(pids):
+        return []
+    return [
+        int(p)
+        for p, m in zip(pids, machines, strict=True)
+        if m == machine and isinstance(p, int) and not isinstance(p, bool)
+    ]
+
+
 def rank_machines_store(*, experiment: Experiment, machines: list[str]) -> None:
     placement = placement_with_ranks(list(experiment.placement or []), machines)
     # The attempt's own placement only: a later attempt has placed the run anew.

@@ -60,6 +60,7 @@ from dashboard.experiments.nodes import (
     node_entry,
     node_flags,
     node_peers,
+    pids_on_machine,
     rank_machines_store,
     run_multinode,
     runs_on_machine,
@@ -540,7 +541,8 @@ class RunSupervisor:
             },
         )
         log.info("experiment %s: pid %s: %s", self.experiment.pk, process.pid, " ".join(command))
-        Experiment.objects.filter(pk=self.experiment.pk).update(launcher_pid=process.pid)
+        if self.node_rank == 0:  # the run's row is node 0's; the others' is their RunNode
+            Experiment.objects.filter(pk=self.experiment.pk).update(launcher_pid=process.pid)
         for stream, source in ((process.stdout, "stdout"), (process.stderr, "stderr")):
             assert stream is not None
             threading.Thread(target=_pump, args=(stream, source, self.lines), daemon=True).start()
@@ -564,9 +566,14 @@ class RunSupervisor:
         self.sink.add(take(self, event) if take is not None else event)
 
     def _started_take(self, event: StartedEvent) -> StartedEvent:
-        self.rank_pids = [int(p) for p in event.get("pids") or [] if isinstance(p, int)]
         self.started_event = event
         machines = event.get("machines")
+        if self.multinode:  # only this machine's ranks: another's PIDs are strangers here
+            self.rank_pids = pids_on_machine(
+                pids=event.get("pids"), machines=machines, machine=self.machine
+            )
+        else:
+            self.rank_pids = [int(p) for p in event.get("pids") or [] if isinstance(p, int)]
         if self.multinode and isinstance(machines, list):
             self.rank_machines = [str(m) for m in machines]
             rank_machines_store(experiment=self.experiment, machines=self.rank_machines)
@@ -808,7 +815,12 @@ def experiments_stop_for_worker_shutdown(*, worker: str) -> list[int]:
     )
     ended = []
     for experiment in rows:
-        pids = [int(p) for p in experiment.run_info.get("pids") or [] if isinstance(p, int)]
+        info = experiment.run_info or {}
+        pids = (
+            pids_on_machine(pids=info.get("pids"), machines=info.get("machines"), machine=worker)
+            if experiment.nodes > 1
+            else [int(p) for p in info.get("pids") or [] if isinstance(p, int)]
+        )
         log.warning("worker shutting down: ending run %s", experiment.pk)
         process_tree_stop(
             root_pid=experiment.launcher_pid or 0,

@@ -1,0 +1,71 @@
+"""A node's part of a multi-node run, in process against the real database: which processes it
+may signal, and who settles the run how (nodes.py). The namespaces of tests/test_machines.py
+share one PID namespace and cannot tell a PID of another machine from one of this machine."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from typing import Any
+
+import psutil
+import pytest
+
+from dashboard.experiments.models import Experiment, Status
+from dashboard.experiments.nodes import pids_on_machine
+from dashboard.experiments.runner import RunSupervisor, experiments_stop_for_worker_shutdown
+from dashboard.experiments.sink import EventSink
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PLACEMENT = [{"worker": "host-a", "node_rank": 0, "ranks": [], "rdzv_endpoint": "10.0.0.1:29400"},
+             {"worker": "host-b", "node_rank": 1, "ranks": [], "rdzv_endpoint": "10.0.0.1:29400"}]  # fmt: skip
+
+
+def two_machine_run(experiment_factory: Any, user_factory: Any, **fields: Any) -> Experiment:
+    return experiment_factory(owner=user_factory(), status=Status.RUNNING, attempt=1, nodes=2,
+                              processes=1, worker="host-a", placement=PLACEMENT, **fields)  # fmt: skip
+
+
+def node(run: Experiment, node_rank: int) -> RunSupervisor:
+    run = Experiment.objects.get(pk=run.pk)
+    run.worker = PLACEMENT[node_rank]["worker"]  # as experiment_node_run does
+    return RunSupervisor(experiment=run, sink=EventSink(run), node_rank=node_rank)
+
+
+def sleeper() -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+
+
+def test_only_this_machines_ranks_pids_are_kept() -> None:
+    machines = ["host-b", "host-a", "host-b"]
+    assert pids_on_machine(pids=[11, 22, 33], machines=machines, machine="host-a") == [22]
+    assert pids_on_machine(pids=[11, 22, 33], machines=machines, machine="host-b") == [11, 33]
+    assert pids_on_machine(pids=[11, 22], machines=None, machine="host-a") == []
+
+
+def test_a_node_signals_only_its_own_machines_ranks(
+    experiment_factory: Any, user_factory: Any
+) -> None:
+    run = two_machine_run(experiment_factory, user_factory)
+    supervisor = node(run, 1)
+    supervisor._started_take({"type": "started", "pids": [101, 202],  # type: ignore[typeddict-item]
+                              "machines": ["host-a", "host-b"], "time": 0.0})  # fmt: skip
+    assert supervisor.rank_pids == [202]
+
+
+def test_a_worker_shutting_down_leaves_another_machines_pids_alone(
+    experiment_factory: Any, user_factory: Any
+) -> None:
+    launcher, stranger = sleeper(), sleeper()  # `stranger`: a PID a rank on host-b also has
+    try:
+        info = {"pids": [stranger.pid, launcher.pid], "machines": ["host-b", "host-a"]}
+        run = two_machine_run(experiment_factory, user_factory, launcher_pid=launcher.pid,
+                              run_info=info)  # fmt: skip
+        assert experiments_stop_for_worker_shutdown(worker="host-a") == [run.pk]
+        assert launcher.wait(timeout=10) is not None
+        assert stranger.poll() is None and psutil.pid_exists(stranger.pid)
+    finally:
+        for process in (launcher, stranger):
+            process.kill()
+            process.wait()
