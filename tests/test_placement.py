@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import socket
 import threading
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -261,6 +262,28 @@ def test_a_pinned_run_waits_for_its_own_machines(user_factory: Any, two_hosts: N
     assert experiment_claim(experiment_id=pinned.pk, machine=HOST_A).claimed
 
 
+def test_a_multi_node_run_never_overtakes_an_earlier_run_on_its_further_machines(
+    user_factory: Any, two_hosts: None
+) -> None:
+    """The queue's turn rule holds on every machine a multi-node run takes, not only on the one
+    that claims it: the later run claimed on host-a does not take host-b from the earlier run
+    pinned there (queue.py: no backfill)."""
+    owner = user_factory()
+    earlier = queued_run(owner, nodes=1, processes=2, machines=["host-b"])
+    later = queued_run(owner, processes=1)
+    claim = experiment_claim(experiment_id=later.pk, machine=HOST_A)
+    assert not claim.claimed
+    assert claim.waiting_reason == (
+        f"waiting for 2 machines with 1 free core each: host-b keeps its turn for #{earlier.pk}"
+    )
+    # Another machine online: the later run takes that one instead of host-b.
+    machine_row("host-c", address="10.0.0.3")
+    assert experiment_claim(experiment_id=later.pk, machine=HOST_A).claimed
+    later.refresh_from_db()
+    assert [e["worker"] for e in later.placement] == ["host-a", "host-c"]
+    assert experiment_claim(experiment_id=earlier.pk, machine=HOST_B).claimed
+
+
 def test_a_machine_that_cannot_host_sends_the_run_to_one_that_can(
     user_factory: Any, two_hosts: None
 ) -> None:
@@ -308,42 +331,64 @@ def test_a_port_range_that_is_not_ports_is_refused(monkeypatch: pytest.MonkeyPat
     assert rdzv_ports() == [29400, 29410, 29411]
 
 
+def claims_at_once(runs: list[tuple[Experiment, Machine]]) -> list[bool]:
+    """Claim each run on its machine, each in its own thread (its own connection and
+    transaction), all released at the same instant; whether each claim started its run."""
+    barrier = threading.Barrier(len(runs))
+    claims: dict[int, bool] = {}
+
+    def claim(index: int, run: Experiment, machine: Machine) -> None:
+        barrier.wait()
+        try:
+            claims[index] = experiment_claim(experiment_id=run.pk, machine=machine).claimed
+        finally:
+            close_old_connections()
+
+    threads = [
+        threading.Thread(target=claim, args=(i, run, machine))
+        for i, (run, machine) in enumerate(runs)
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not any(thread.is_alive() for thread in threads), "a claim deadlocked"
+    return [claims[i] for i in range(len(runs))]
+
+
 @pytest.mark.django_db(transaction=True)
-def test_two_claims_at_once_never_each_hold_half(user_factory: Any) -> None:
-    """Two 2-machine runs claimed in the same instant from both machines, many times over:
-    exactly one starts, holding both machines, the other holds none."""
+def test_two_claims_at_once_on_overlapping_machines_never_share_one(
+    user_factory: Any, settings: Any
+) -> None:
+    """Two runs pinned to partly overlapping machines (E on host-a + host-c, L on host-b +
+    host-c), claimed in the same instant on host-a and host-b, in real concurrent transactions:
+    only the machines' locks (allocation.machines_lock) keep both from taking all of host-c.
+    The queue's turn rule cannot: host-a's report is stale, so for L's claim E looks unplaceable
+    (queue.run_placeable) and holds nobody up, while host-a's own worker claims E all the same.
+    Many rounds, as the race is one of timing (without the locks it is lost within a few)."""
+    settings.TRAINYARD_WORKER_STALE_SECONDS = 60
     machine_row("host-a")
+    WorkerMachine.objects.filter(hostname="host-a").update(
+        reported_at=timezone.now() - timedelta(minutes=10)
+    )
     machine_row("host-b")
+    machine_row("host-c")
     owner = user_factory()
-    for _ in range(5):
-        first, second = queued_run(owner, processes=2), queued_run(owner, processes=2)
-        barrier = threading.Barrier(2)
-        claims: dict[str, Any] = {}
-
-        def claim(
-            name: str, run: Experiment, machine: Machine,
-            barrier: threading.Barrier = barrier, claims: dict[str, Any] = claims,
-        ) -> None:  # fmt: skip
-            barrier.wait()
-            try:
-                claims[name] = experiment_claim(experiment_id=run.pk, machine=machine)
-            finally:
-                close_old_connections()
-
-        threads = [
-            threading.Thread(target=claim, args=("first", first, HOST_A)),
-            threading.Thread(target=claim, args=("second", second, HOST_B)),
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join(timeout=60)
-        assert not any(thread.is_alive() for thread in threads), "a claim deadlocked"
-        assert sorted(c.claimed for c in claims.values()) == [False, True]
+    for _ in range(8):
+        early = queued_run(owner, processes=2, machines=["host-a", "host-c"])
+        late = queued_run(owner, processes=2, machines=["host-b", "host-c"])
+        started = claims_at_once([(early, HOST_A), (late, HOST_B)])
+        assert sorted(started) == [False, True], started
         running = Experiment.objects.filter(status=Status.RUNNING)
-        (winner,) = running
-        assert sorted(e["worker"] for e in winner.placement) == ["host-a", "host-b"]
-        Experiment.objects.filter(pk__in=[first.pk, second.pk]).update(status=Status.SUCCEEDED)
+        assert [w for run in running for w in placement_names(run)].count("host-c") == 1
+        # Whichever lost waits for host-c, busy with the winner.
+        (loser,) = Experiment.objects.filter(status=Status.QUEUED, pk__in=[early.pk, late.pk])
+        assert "host-c busy with" in loser.waiting_reason, loser.waiting_reason
+        Experiment.objects.filter(pk__in=[early.pk, late.pk]).update(status=Status.SUCCEEDED)
+
+
+def placement_names(run: Experiment) -> list[str]:
+    return [str(entry["worker"]) for entry in run.placement]
 
 
 # --- where the other machines reach a worker ---

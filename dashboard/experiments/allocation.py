@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import os
 import socket
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import NotRequired, TypedDict
 
@@ -235,12 +235,23 @@ def share_text(*, experiment: Experiment, machine: Machine) -> str:
     return plural(_threads(experiment, machine), "free core")
 
 
+# Which earlier queued run's turn on a machine comes first (queue.queue_turn_check), or None.
+TurnCheck = Callable[[Machine], Experiment | None]
+
+
 def placement_plan(
-    *, experiment: Experiment, local: Machine, names: list[str], rows: dict[str, WorkerMachine]
+    *,
+    experiment: Experiment,
+    local: Machine,
+    names: list[str],
+    rows: dict[str, WorkerMachine],
+    turn: TurnCheck | None = None,
 ) -> Plan:
     """Where a queued run can start now with this worker's machine (`local`, one of `names`) as
     node 0. Call inside the claim's transaction, with the rows of `names` locked
-    (machines_lock): it reads what runs on them."""
+    (machines_lock): it reads what runs on them. `turn`: the queue's rule, asked of every
+    further machine a multi-node run would take (the claim asks it of `local` itself), so that
+    the run never overtakes an earlier one there."""
     local = replace(local, address=worker_address())
     running = list(Experiment.objects.filter(status=Status.RUNNING).exclude(pk=experiment.pk))
     busy = busy_by_machine(running)
@@ -253,6 +264,11 @@ def placement_plan(
     if experiment.nodes <= 1:
         refusal = refusals[local.name]
         return Plan(reason=refusal.text) if refusal else Plan(placement=[_entry(local, 0)])
+    for m in machines[1:]:
+        blocker = turn(m) if turn is not None and refusals[m.name] is None else None
+        if blocker is not None:
+            text = f"waiting behind #{blocker.pk}, whose turn on {m.name} comes first"
+            refusals[m.name] = Refusal(text, f"{m.name} keeps its turn for #{blocker.pk}")
     fitting = [m for m in machines if refusals[m.name] is None]
     if refusals[local.name] is None and len(fitting) >= experiment.nodes:
         # This machine first: node 0, the rendezvous host.

@@ -17,7 +17,7 @@ study's runs are queued past the launch-time check (limits.launch_slot_claim) an
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
@@ -125,6 +125,19 @@ def turn_blocker(
         if runs_compete(first=other, second=run, machine=machine):
             return other
     return None
+
+
+def queue_turn_check(*, experiment: Experiment) -> Callable[[Machine], Experiment | None]:
+    """The turn rule for the further machines of a multi-node run (allocation.placement_plan
+    asks it of each machine it would take): without it, a run claimed on host-a would overtake
+    an earlier run waiting on host-b there."""
+    held = owners_at_limit(running_by_owner())
+
+    def blocker(machine: Machine) -> Experiment | None:
+        earlier = queue_earlier(experiment=experiment).iterator()
+        return turn_blocker(run=experiment, machine=machine, earlier=earlier, held=held)
+
+    return blocker
 
 
 def running_limit_refusal(*, owner_id: int, running: int) -> str | None:

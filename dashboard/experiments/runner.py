@@ -70,7 +70,7 @@ from dashboard.experiments.processes import (
     process_in_tree_signal,
     process_tree_stop,
 )
-from dashboard.experiments.queue import queue_turn_refusal
+from dashboard.experiments.queue import queue_turn_check, queue_turn_refusal
 from dashboard.experiments.sink import EventSink
 from dashboard.experiments.survival import supervisor_started
 from dashboard.experiments.transitions import Outcome
@@ -167,7 +167,13 @@ def experiment_claim(*, experiment_id: int, machine: Machine) -> Claim:
         plan = (
             Plan(reason=reason)
             if reason
-            else placement_plan(experiment=experiment, local=machine, names=names, rows=rows)
+            else placement_plan(
+                experiment=experiment,
+                local=machine,
+                names=names,
+                rows=rows,
+                turn=queue_turn_check(experiment=experiment),
+            )
         )
         if plan.route_to:
             return Claim(False, routed_to=plan.route_to)
