@@ -4,33 +4,42 @@ share one PID namespace and cannot tell a PID of another machine from one of thi
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from typing import Any
 
 import psutil
 import pytest
+from django.utils import timezone
 
-from dashboard.experiments.models import Experiment, Status
+from dashboard.experiments.models import Experiment, RunNode, Status
 from dashboard.experiments.nodes import pids_on_machine
 from dashboard.experiments.runner import RunSupervisor, experiments_stop_for_worker_shutdown
 from dashboard.experiments.sink import EventSink
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-PLACEMENT = [{"worker": "host-a", "node_rank": 0, "ranks": [], "rdzv_endpoint": "10.0.0.1:29400"},
-             {"worker": "host-b", "node_rank": 1, "ranks": [], "rdzv_endpoint": "10.0.0.1:29400"}]  # fmt: skip
+ENDPOINT = "10.0.0.1:29400"
+PLACEMENT = [
+    {"worker": "host-a", "node_rank": 0, "ranks": [], "rdzv_endpoint": ENDPOINT},
+    {"worker": "host-b", "node_rank": 1, "ranks": [], "rdzv_endpoint": ENDPOINT},
+]
 
 
 def two_machine_run(experiment_factory: Any, user_factory: Any, **fields: Any) -> Experiment:
-    return experiment_factory(owner=user_factory(), status=Status.RUNNING, attempt=1, nodes=2,
-                              processes=1, worker="host-a", placement=PLACEMENT, **fields)  # fmt: skip
+    fields = {"status": Status.RUNNING, "attempt": 1, "nodes": 2, "processes": 1, **fields}
+    return experiment_factory(owner=user_factory(), worker="host-a", placement=PLACEMENT, **fields)
 
 
 def node(run: Experiment, node_rank: int) -> RunSupervisor:
     run = Experiment.objects.get(pk=run.pk)
     run.worker = PLACEMENT[node_rank]["worker"]  # as experiment_node_run does
     return RunSupervisor(experiment=run, sink=EventSink(run), node_rank=node_rank)
+
+
+def event_line(seq: int, type_: str, **fields: Any) -> str:
+    return json.dumps({"v": 1, "run": "", "seq": seq, "type": type_, "time": 1.0, **fields})
 
 
 def sleeper() -> subprocess.Popen[bytes]:
@@ -69,3 +78,39 @@ def test_a_worker_shutting_down_leaves_another_machines_pids_alone(
         for process in (launcher, stranger):
             process.kill()
             process.wait()
+
+
+def node_ended(run: Experiment, node_rank: int, *, returncode: int, error: str = "") -> None:
+    now = timezone.now()
+    RunNode.objects.create(experiment=run, attempt=run.attempt, node_rank=node_rank,
+                           worker=PLACEMENT[node_rank]["worker"], started_at=now, heartbeat_at=now,
+                           ended_at=now, returncode=returncode, error=error)  # fmt: skip
+
+
+@pytest.fixture
+def quick_bound(settings: Any) -> None:
+    settings.TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS = 3.0  # heartbeat_interval(): 0.5 s
+
+
+@pytest.mark.usefixtures("quick_bound")
+def test_a_failure_before_started_is_settled_by_the_node_that_had_rank_0(
+    experiment_factory: Any, user_factory: Any
+) -> None:
+    run = two_machine_run(experiment_factory, user_factory)
+    node_ended(run, 0, returncode=1, error="training exited with code 1")
+    supervisor = node(run, 1)  # rank 0 landed here and failed before `started`
+    supervisor._take("stdout", event_line(1, "failed", error="no checkpoint to resume from"))
+    outcome = supervisor.node_outcome(supervisor._outcome(1))
+    assert outcome is not None and outcome.status == Status.FAILED
+    assert "no checkpoint to resume from" in outcome.error and "host-a (node 0)" in outcome.error
+
+
+@pytest.mark.usefixtures("quick_bound")
+def test_a_failure_without_any_event_is_settled_by_node_0(
+    experiment_factory: Any, user_factory: Any
+) -> None:
+    run = two_machine_run(experiment_factory, user_factory)
+    node_ended(run, 1, returncode=1, error="rendezvous timed out")
+    outcome = node(run, 0).node_outcome(node(run, 0)._outcome(1))
+    assert outcome is not None and outcome.status == Status.FAILED
+    assert "rendezvous timed out" in outcome.error

@@ -496,18 +496,38 @@ class RunSupervisor:
         self._node_end(outcome)
         if outcome.status in (Status.SUCCEEDED, Status.CANCELLED):
             return outcome
-        if self.started_event is None:
-            return None  # rank 0 was elsewhere: its node, or the reaper, says how it ended
+        if self._rank0_here():
+            return self._peers_wait(outcome, holder=True)
+        if self.node_rank == 0:
+            # No events here: rank 0's node settles if it had any (a failure before `started`
+            # too: a bad checkpoint, missing data); if none had (a rendezvous error), node 0.
+            return self._peers_wait(outcome, holder=False)
+        return None  # rank 0's node, node 0 or the reaper says how it ended
+
+    def _rank0_here(self) -> bool:
+        """Whether rank 0, which alone writes events, ran on this node."""
+        return self.started_event is not None or self.final_event is not None
+
+    def _peers_wait(self, outcome: Outcome, *, holder: bool) -> Outcome | None:
+        """Wait for every other node to end, then settle with what each ended with; without rank
+        0's events (`holder` False) a moment longer, for rank 0's node to settle first."""
         deadline = time.monotonic() + 3 * settings.TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS
+        all_ended_at: float | None = None
         while time.monotonic() < deadline:
             node_beat(experiment=self.experiment, node_rank=self.node_rank,
                       worker=self.machine, launcher_pid=0)  # fmt: skip
             peers = node_peers(experiment=self.experiment, node_rank=self.node_rank)
             if peers.moved_on:
                 return None
-            if peers.cancel_requested:
+            if peers.cancel_requested and holder:
                 return Outcome(Status.CANCELLED, error="Stopped.")
             if peers.running == 0:
+                all_ended_at = all_ended_at or time.monotonic()
+            if all_ended_at is not None and (
+                holder or time.monotonic() - all_ended_at >= 2 * heartbeat_interval()
+            ):
+                if peers.cancel_requested:
+                    return Outcome(Status.CANCELLED, error="Stopped.")
                 failed = "\n".join(peers.failed)
                 return Outcome(
                     outcome.status, error="\n".join(filter(None, [outcome.error, failed]))
