@@ -7,16 +7,23 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from typing import Any
 
 import psutil
 import pytest
+from django import db
 from django.utils import timezone
 
 from dashboard.experiments.models import Experiment, RunNode, Status
 from dashboard.experiments.nodes import pids_on_machine
-from dashboard.experiments.runner import RunSupervisor, experiments_stop_for_worker_shutdown
+from dashboard.experiments.runner import (
+    RunSupervisor,
+    experiment_settle,
+    experiments_stop_for_worker_shutdown,
+)
 from dashboard.experiments.sink import EventSink
+from dashboard.experiments.transitions import Outcome
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -114,3 +121,29 @@ def test_a_failure_without_any_event_is_settled_by_node_0(
     outcome = node(run, 0).node_outcome(node(run, 0)._outcome(1))
     assert outcome is not None and outcome.status == Status.FAILED
     assert "rendezvous timed out" in outcome.error
+
+
+@pytest.mark.usefixtures("quick_bound")
+def test_a_stop_just_after_finished_keeps_the_result_rank_0s_node_settles(
+    experiment_factory: Any, user_factory: Any
+) -> None:
+    run = two_machine_run(experiment_factory, user_factory)
+    first = node(run, 0)  # rank 0 is on node 1: node 0 never sees `finished`
+    first.stopped_by = "alice"
+    seen: list[Outcome | None] = []
+
+    def node_0_ends() -> None:
+        seen.append(first.node_outcome(first._outcome(-15)))
+        db.connection.close()
+
+    thread = threading.Thread(target=node_0_ends)
+    thread.start()
+    second = node(run, 1)
+    second._take("stdout", event_line(1, "finished", test_loss=0.2, test_accuracy=0.9))
+    second.stopped_by = "alice"
+    outcome = second.node_outcome(second._outcome(-15))
+    assert outcome is not None and outcome.status == Status.SUCCEEDED
+    assert experiment_settle(experiment=second.experiment, sink=second.sink, outcome=outcome)
+    thread.join(timeout=30)
+    assert seen == [None]
+    assert Experiment.objects.get(pk=run.pk).status == Status.SUCCEEDED

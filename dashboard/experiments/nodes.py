@@ -17,11 +17,11 @@ transaction, written to `Experiment.placement`); node k >= 1 is started on its o
   the one that gets them stores them.
 
 The run is settled once, by a conditional update (transitions.experiment_finish): the node that
-saw `finished` settles success; any node settles a Stop; a failure is settled by the node with
-rank 0 (the one that got its events, `started` or only `failed`) once every other node has ended
-(its error then says what each ended with), or by node 0 a moment later when no node got any (a
-rendezvous error); a node that falls silent leaves it to the reaper (lost, then resumed from the
-newest checkpoint).
+saw `finished` settles success; a Stop or a failure is settled by the node with rank 0 (the
+one that got its events, `started` or only `failed`; a failure once every other node has ended
+and its error says what each ended with), or by node 0 a moment after every node ended when no
+node got any (a rendezvous error, a Stop during the rendezvous); a node that falls silent leaves
+it to the reaper (lost, then resumed from the newest checkpoint).
 """
 
 from __future__ import annotations

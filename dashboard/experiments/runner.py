@@ -494,13 +494,14 @@ class RunSupervisor:
         """On several machines: the outcome this node settles the run with, or None when it is
         not this node's to say (nodes.py: who settles)."""
         self._node_end(outcome)
-        if outcome.status in (Status.SUCCEEDED, Status.CANCELLED):
-            return outcome
         if self._rank0_here():
+            if outcome.status in (Status.SUCCEEDED, Status.CANCELLED):
+                return outcome
             return self._peers_wait(outcome, holder=True)
         if self.node_rank == 0:
             # No events here: rank 0's node settles if it had any (a failure before `started`
-            # too: a bad checkpoint, missing data); if none had (a rendezvous error), node 0.
+            # too: a bad checkpoint, missing data; a Stop, which may have come after `finished`,
+            # whose results must stand); if none had (a rendezvous error), node 0.
             return self._peers_wait(outcome, holder=False)
         return None  # rank 0's node, node 0 or the reaper says how it ended
 
