@@ -373,10 +373,11 @@ def test_two_claims_at_once_on_overlapping_machines_never_share_one(
     )
     machine_row("host-b")
     machine_row("host-c")
-    owner = user_factory()
+    # Two owners: the running limit's lock on one owner's row would serialise the claims.
+    erin, leo = user_factory(), user_factory()
     for _ in range(8):
-        early = queued_run(owner, processes=2, machines=["host-a", "host-c"])
-        late = queued_run(owner, processes=2, machines=["host-b", "host-c"])
+        early = queued_run(erin, processes=2, machines=["host-a", "host-c"])
+        late = queued_run(leo, processes=2, machines=["host-b", "host-c"])
         started = claims_at_once([(early, HOST_A), (late, HOST_B)])
         assert sorted(started) == [False, True], started
         running = Experiment.objects.filter(status=Status.RUNNING)
