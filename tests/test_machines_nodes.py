@@ -16,7 +16,7 @@ from django import db
 from django.utils import timezone
 
 from dashboard.experiments.models import Experiment, RunNode, Status
-from dashboard.experiments.nodes import pids_on_machine
+from dashboard.experiments.nodes import node_beat, node_peers, pids_on_machine
 from dashboard.experiments.runner import (
     RunSupervisor,
     experiment_settle,
@@ -147,3 +147,17 @@ def test_a_stop_just_after_finished_keeps_the_result_rank_0s_node_settles(
     thread.join(timeout=30)
     assert seen == [None]
     assert Experiment.objects.get(pk=run.pk).status == Status.SUCCEEDED
+
+
+@pytest.mark.usefixtures("quick_bound")
+def test_a_node_without_rank_0_that_exits_0_ended_well(
+    experiment_factory: Any, user_factory: Any
+) -> None:
+    run = two_machine_run(experiment_factory, user_factory)
+    second = node(run, 1)
+    node_beat(experiment=second.experiment, node_rank=1, worker="host-b", launcher_pid=1)
+    second.returncode = 0
+    assert second.node_outcome(second._outcome(0)) is None  # rank 0's node settles
+    assert RunNode.objects.get(experiment=run, node_rank=1).returncode == 0
+    # Rank 0's node, still writing its last checkpoint, sees no failed peer to end itself for.
+    assert node_peers(experiment=node(run, 0).experiment, node_rank=0).failed == []

@@ -391,6 +391,7 @@ class RunSupervisor:
         self.checkpoint_signalled: datetime | None = None
         self.final_event: dict[str, Any] | None = None
         self.stopped_by: str | None = None
+        self.returncode: int | None = None  # the launcher's, once it exited
         self.echoes = StderrEchoes()
         self.clock_zero = time.monotonic()  # the training's time 0, as this process's clock
 
@@ -420,7 +421,7 @@ class RunSupervisor:
             if now >= next_beat and not self.taken_over:
                 self._heartbeat(process)
                 next_beat = now + heartbeat_interval()
-        returncode = process.wait()
+        returncode = self.returncode = process.wait()
         if self.taken_over:
             return None
         self._stderr_release(self.echoes.release(math.inf))
@@ -537,7 +538,10 @@ class RunSupervisor:
         return outcome
 
     def _node_end(self, outcome: Outcome) -> None:
-        returncode = 0 if outcome.status == Status.SUCCEEDED else 1
+        # A node without rank 0 has no `finished` to see: exit 0 there is its part done well
+        # (were it said failed, rank 0's node would end its training, in its final checkpoint).
+        clean = not self._rank0_here() and self.returncode == 0 and self.stopped_by is None
+        returncode = 0 if outcome.status == Status.SUCCEEDED or clean else 1
         try:
             node_end(experiment=self.experiment, node_rank=self.node_rank,
                      returncode=returncode, error=outcome.error)  # fmt: skip
