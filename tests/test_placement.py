@@ -423,3 +423,12 @@ def test_the_device_page_and_api_show_the_address_and_queue(alice: Client) -> No
     assert "10.0.0.1 · queue machine.host-a" in page
     (item,) = alice.get("/api/devices/").json()["machines"]
     assert item["address"] == "10.0.0.1"
+
+
+def test_the_devices_label_says_the_processes_are_on_each_machine() -> None:
+    run = Experiment(strategy="ddp", processes=1, nodes=2)
+    assert run.devices_label() == "1 CPU process on each of 2 machines"
+    assert Experiment(strategy="ddp", processes=2).devices_label() == "2 CPU processes"
+    assert Experiment(strategy="ddp", gpus=[0, 1], nodes=3).devices_label() == (
+        "GPU 0,1 on each of 3 machines"
+    )

@@ -182,10 +182,12 @@ class Experiment(models.Model):
         return f"experiment-{self.pk}"
 
     def devices_label(self) -> str:
+        # `processes` and `gpus` are per machine: say so when the run spans several.
+        each = f" on each of {self.nodes} machines" if self.nodes > 1 else ""
         if self.gpus:
-            return "GPU " + ",".join(str(g) for g in self.gpus)
+            return "GPU " + ",".join(str(g) for g in self.gpus) + each
         if self.strategy in PROCESS_STRATEGIES:
-            return f"{self.processes} CPU process{'' if self.processes == 1 else 'es'}"
+            return f"{self.processes} CPU process{'' if self.processes == 1 else 'es'}{each}"
         return "CPU"
 
 
