@@ -266,6 +266,7 @@ def attempt_supervise(
 ) -> RunResult:
     """Supervise this machine's part of an attempt to its end, and settle the run if it is this
     machine's to say (on several machines, nodes.py says whose)."""
+    supervisor: RunSupervisor | None = None
     try:
         supervisor = RunSupervisor(
             experiment=experiment, sink=sink, resume=resume, node_rank=node_rank
@@ -275,6 +276,8 @@ def attempt_supervise(
             outcome = supervisor.node_outcome(outcome)
     except Exception as exc:  # a supervisor bug must not leave the run "running"
         log.exception("supervising experiment %s failed", experiment.pk)
+        if supervisor is not None:
+            supervisor.processes_stop()  # nor its training running unsupervised
         outcome = Outcome(Status.FAILED, error=f"supervisor error: {exc}")
     if outcome is None:
         log.warning(
@@ -391,12 +394,13 @@ class RunSupervisor:
         self.checkpoint_signalled: datetime | None = None
         self.final_event: dict[str, Any] | None = None
         self.stopped_by: str | None = None
+        self.process: subprocess.Popen[str] | None = None  # the launcher, once started
         self.returncode: int | None = None  # the launcher's, once it exited
         self.echoes = StderrEchoes()
         self.clock_zero = time.monotonic()  # the training's time 0, as this process's clock
 
     def run(self) -> Outcome | None:
-        process = self._start()
+        process = self.process = self._start()
         open_streams = 2
         self.clock_zero = next_stop_check = next_beat = time.monotonic()
         machine_samples_collect(worker=self.experiment.worker)  # primes psutil's CPU percent
@@ -405,22 +409,25 @@ class RunSupervisor:
             source, line = self._next_line()
             if line is None:
                 open_streams -= 1
-            elif line:
-                self._take(source, line)
             now = time.monotonic()
-            self._stderr_release(self.echoes.release(now))
-            if now >= next_sample:
-                samples = machine_samples_collect(worker=self.experiment.worker)
-                self.sink.add_series(samples, time_=round(now - self.clock_zero, 3))
-                next_sample = now + sample_interval()
-            if self.sink.due_in(now) == 0:
-                self.sink.flush()  # at once when sparse, coalesced under load (see sink.py)
-            if now >= next_stop_check and self.stopped_by is None:
-                self._check_requests(process)
-                next_stop_check = now + STOP_POLL_SECONDS
-            if now >= next_beat and not self.taken_over:
-                self._heartbeat(process)
-                next_beat = now + heartbeat_interval()
+            try:  # every step may write the database; a lost one must not orphan the training
+                if line:
+                    self._take(source, line)
+                self._stderr_release(self.echoes.release(now))
+                if now >= next_sample:
+                    next_sample = now + sample_interval()
+                    samples = machine_samples_collect(worker=self.experiment.worker)
+                    self.sink.add_series(samples, time_=round(now - self.clock_zero, 3))
+                if self.sink.due_in(now) == 0:
+                    self.sink.flush()  # at once when sparse, coalesced under load (see sink.py)
+                if now >= next_stop_check and self.stopped_by is None:
+                    next_stop_check = now + STOP_POLL_SECONDS
+                    self._check_requests(process)
+                if now >= next_beat and not self.taken_over:
+                    next_beat = now + heartbeat_interval()
+                    self._heartbeat(process)
+            except DatabaseError as exc:
+                self._database_unreachable(process, exc)
         returncode = self.returncode = process.wait()
         if self.taken_over:
             return None
@@ -444,6 +451,7 @@ class RunSupervisor:
         alive = Experiment.objects.filter(
             pk=self.experiment.pk, status=Status.RUNNING, attempt=self.experiment.attempt
         ).update(heartbeat_at=timezone.now())
+        self.beat_failed_at = None
         if alive:
             return
         # The reaper gave up on this attempt (it looked lost) and the run has moved on: end
@@ -454,23 +462,13 @@ class RunSupervisor:
     def _node_heartbeat(self, process: subprocess.Popen[str]) -> None:
         """This node's beat, and what the other nodes' rows say (nodes.py)."""
         now = time.monotonic()
-        try:
-            alive = node_beat(
-                experiment=self.experiment,
-                node_rank=self.node_rank,
-                worker=self.machine,
-                launcher_pid=process.pid,
-            )
-            peers = node_peers(experiment=self.experiment, node_rank=self.node_rank)
-        except DatabaseError as exc:
-            # Cut off from the database (a machine off the network): the other nodes give this
-            # one up after the heartbeat bound; by then its processes must be gone too.
-            db.close_old_connections()
-            self.beat_failed_at = self.beat_failed_at or now
-            log.warning("experiment %s: no heartbeat written: %s", self.experiment.pk, exc)
-            if now - self.beat_failed_at > settings.TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS:
-                self._node_processes_end(process, "this machine lost the database")
-            return
+        alive = node_beat(
+            experiment=self.experiment,
+            node_rank=self.node_rank,
+            worker=self.machine,
+            launcher_pid=process.pid,
+        )
+        peers = node_peers(experiment=self.experiment, node_rank=self.node_rank)
         self.beat_failed_at = None
         if not alive or peers.moved_on:
             self._node_processes_end(process, "the run moved on (lost, stopped or settled)")
@@ -484,6 +482,21 @@ class RunSupervisor:
                     machine=self.machine,
                 )
                 process_tree_stop(root_pid=process.pid, extra_pids=[], grace_seconds=2)
+
+    def _database_unreachable(self, process: subprocess.Popen[str], exc: DatabaseError) -> None:
+        """Cut off from the database (a machine off the network): the reaper (on several
+        machines, the other nodes) gives this attempt up after the heartbeat bound; by then its
+        processes must be gone too."""
+        db.close_old_connections()
+        now = time.monotonic()
+        self.beat_failed_at = self.beat_failed_at or now
+        log.warning("experiment %s: the database is unreachable: %s", self.experiment.pk, exc)
+        if now - self.beat_failed_at > settings.TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS:
+            self._node_processes_end(process, "this machine lost the database")
+
+    def processes_stop(self) -> None:
+        if self.process is not None:
+            process_tree_stop(root_pid=self.process.pid, extra_pids=self.rank_pids, grace_seconds=2)
 
     def _node_processes_end(self, process: subprocess.Popen[str], why: str) -> None:
         if not self.taken_over:
