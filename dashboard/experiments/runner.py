@@ -409,6 +409,8 @@ class RunSupervisor:
             source, line = self._next_line()
             if line is None:
                 open_streams -= 1
+            if self.taken_over:
+                continue  # its processes are ended: wait for their streams, not the database
             now = time.monotonic()
             try:  # every step may write the database; a lost one must not orphan the training
                 if line:
@@ -423,7 +425,7 @@ class RunSupervisor:
                 if now >= next_stop_check and self.stopped_by is None:
                     next_stop_check = now + STOP_POLL_SECONDS
                     self._check_requests(process)
-                if now >= next_beat and not self.taken_over:
+                if now >= next_beat:
                     next_beat = now + heartbeat_interval()
                     self._heartbeat(process)
             except DatabaseError as exc:
