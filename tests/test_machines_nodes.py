@@ -161,3 +161,25 @@ def test_a_node_without_rank_0_that_exits_0_ended_well(
     assert RunNode.objects.get(experiment=run, node_rank=1).returncode == 0
     # Rank 0's node, still writing its last checkpoint, sees no failed peer to end itself for.
     assert node_peers(experiment=node(run, 0).experiment, node_rank=0).failed == []
+
+
+def test_a_node_whose_task_has_not_started_is_given_until_its_machine_would_be_offline(
+    experiment_factory: Any, user_factory: Any, settings: Any
+) -> None:
+    from datetime import timedelta
+
+    from dashboard.experiments.nodes import nodes_silent
+
+    settings.TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS = 8
+    settings.TRAINYARD_WORKER_STALE_SECONDS = 60
+    run = two_machine_run(experiment_factory, user_factory)
+    now = timezone.now()
+    RunNode.objects.create(experiment=run, attempt=1, node_rank=0, worker="host-a",
+                           started_at=now, heartbeat_at=now)  # fmt: skip
+    for seconds, silent in ((30, False), (61, True)):
+        # Node 0 keeps beating; host-b's worker may be reconnecting to the broker until its
+        # machine would count as offline.
+        later = now + timedelta(seconds=seconds)
+        RunNode.objects.filter(experiment=run, node_rank=0).update(heartbeat_at=later)
+        found = nodes_silent(now=later)
+        assert ("host-b (node 1) never started" in found.get(run.pk, "")) is silent, found

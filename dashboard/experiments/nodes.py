@@ -168,6 +168,11 @@ def nodes_silent(*, now: datetime) -> dict[int, str]:
     A node that ended said so (not silent); one that never started counts from when node 0
     started its part."""
     bound = timedelta(seconds=settings.TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS)
+    # A node's task waits in its machine's queue while that machine is cut off or its worker
+    # reconnects to the broker: give it until the machine would count as offline, so that a
+    # machine which comes back joins the attempt, and one that does not is left out of the next
+    # placement instead of costing attempt after attempt.
+    start_bound = max(bound, timedelta(seconds=settings.TRAINYARD_WORKER_STALE_SECONDS))
     silent: dict[int, str] = {}
     running = Experiment.objects.filter(status=Status.RUNNING, nodes__gt=1)
     for experiment in running:
@@ -179,7 +184,7 @@ def nodes_silent(*, now: datetime) -> dict[int, str]:
         for rank, entry in enumerate(experiment.placement or []):
             worker = entry.get("worker") if isinstance(entry, dict) else "?"
             node = rows.get(rank)
-            if node is None and first is not None and now - first.started_at > bound:
+            if node is None and first is not None and now - first.started_at > start_bound:
                 quiet = (now - first.started_at).total_seconds()
                 silent[experiment.pk] = (
                     f"machine {worker} (node {rank}) never started ({quiet:.0f} s)"
