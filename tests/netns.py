@@ -11,6 +11,7 @@ says why not where it cannot.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import subprocess
@@ -92,6 +93,9 @@ def _machine_add(network: Network, *, tag: str, index: int, subnet: int) -> Mach
     name, host_link = f"{tag}m{index}", f"{tag}v{index}"
     address = f"198.18.{subnet}.{10 + index}"
     _ip("netns", "add", name)
+    machine = Machine(name=name, address=address, host_link=host_link)
+    # Known to the teardown from here on: a step that fails below must not leak the namespace.
+    network.machines.append(machine)
     _ip("link", "add", host_link, "type", "veth", "peer", "name", "eth0", "netns", name)
     _ip("link", "set", host_link, "master", network.bridge, "up")
     for args in (
@@ -101,15 +105,18 @@ def _machine_add(network: Network, *, tag: str, index: int, subnet: int) -> Mach
         ("route", "add", "default", "via", network.host_address),
     ):
         _ip("-n", name, *args)
-    machine = Machine(name=name, address=address, host_link=host_link)
-    network.machines.append(machine)
     return machine
+
+
+# Each network of one test process gets its own names: a namespace the kernel keeps a moment
+# after its teardown (a process still leaving it) must not collide with the next module's.
+_networks = itertools.count()
 
 
 @contextlib.contextmanager
 def machines(count: int) -> Iterator[Network]:
     """`count` machines on one bridge; every namespace, link and process in them ends after."""
-    tag = f"ty{os.getpid() % 100000}"
+    tag = f"ty{os.getpid() % 100000}n{next(_networks) % 100}"  # at most 11 + 2 characters
     subnet = _subnet()
     network = Network(bridge=f"{tag}br", host_address=f"198.18.{subnet}.1")
     try:
@@ -130,4 +137,5 @@ def _teardown(network: Network) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
         _ip("netns", "del", machine.name, check=False)
+        _ip("link", "del", machine.host_link, check=False)  # gone with the namespace, else here
     _ip("link", "del", network.bridge, check=False)
