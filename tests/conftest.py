@@ -116,6 +116,21 @@ def user_factory(django_user_model: Any) -> Any:
 
 
 @pytest.fixture
+def alice(user_factory: Any) -> Any:
+    return user_factory(username="alice")
+
+
+@pytest.fixture
+def alice_client(alice: Any) -> Any:
+    """A Django test client logged in as alice."""
+    from django.test import Client
+
+    client = Client()
+    client.force_login(alice)
+    return client
+
+
+@pytest.fixture
 def experiment_factory() -> Any:
     from dashboard.experiments.models import Experiment
 

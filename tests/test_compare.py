@@ -28,15 +28,8 @@ def embedded(html: str) -> dict[str, Any]:
 
 
 @pytest.fixture
-def alice(user_factory: Any) -> Any:
-    return user_factory(username="alice")
-
-
-@pytest.fixture
-def client(alice: Any) -> Client:
-    client = Client()
-    client.force_login(alice)
-    return client
+def client(alice_client: Client) -> Client:
+    return alice_client
 
 
 def test_the_charts_get_only_the_viewers_runs(

@@ -43,15 +43,8 @@ def run_make(owner: Any, *, ips: list[float], age: int = 0, **fields: Any) -> Ex
 
 
 @pytest.fixture
-def alice(user_factory: Any) -> Any:
-    return user_factory(username="alice")
-
-
-@pytest.fixture
-def client(alice: Any) -> Client:
-    client = Client()
-    client.force_login(alice)
-    return client
+def client(alice_client: Client) -> Client:
+    return alice_client
 
 
 @pytest.fixture

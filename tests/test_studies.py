@@ -29,15 +29,8 @@ TWO_BY_TWO = {
 
 
 @pytest.fixture
-def alice(user_factory: Any) -> Any:
-    return user_factory(username="alice")
-
-
-@pytest.fixture
-def client(alice: Any) -> Client:
-    client = Client()
-    client.force_login(alice)
-    return client
+def client(alice_client: Client) -> Client:
+    return alice_client
 
 
 def post(client: Client, body: dict[str, Any]) -> Any:
