@@ -4,8 +4,8 @@ every route (dashboard/api.py has the plumbing: auth, errors, the docs page)."""
 from dashboard.accounts import api as accounts_api
 from dashboard.api import api_build
 from dashboard.devices import views as device_views
-from dashboard.experiments import api as experiment_api
-from dashboard.experiments import api_compare, api_exports, api_queue
+from dashboard.experiments.web import api as experiment_api
+from dashboard.experiments.web import api_compare, api_exports, api_queue
 from dashboard.studies import api as studies_api
 
 api = api_build(

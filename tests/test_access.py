@@ -24,7 +24,7 @@ from django.test import Client
 from django.urls import URLPattern, URLResolver, get_resolver
 from django.utils import timezone
 
-from dashboard.experiments.limits import LaunchLimited
+from dashboard.experiments.core.limits import LaunchLimited
 from dashboard.experiments.models import Experiment, Status
 from dashboard.experiments.services import experiment_launch
 from tests.factories import form_data

@@ -17,11 +17,11 @@ import pytest
 from django.test import Client
 
 from dashboard.accounts.models import ApiToken
+from dashboard.experiments.core.transitions import Outcome
 from dashboard.experiments.models import Experiment, Status
-from dashboard.experiments.processes import process_in_tree_signal
-from dashboard.experiments.runner import experiment_settle
-from dashboard.experiments.sink import EventSink
-from dashboard.experiments.transitions import Outcome
+from dashboard.experiments.runs.processes import process_in_tree_signal
+from dashboard.experiments.runs.runner import experiment_settle
+from dashboard.experiments.runs.sink import EventSink
 from tests.stack import wait_for
 
 pytestmark = pytest.mark.django_db

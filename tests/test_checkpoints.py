@@ -11,7 +11,7 @@ from django.urls import reverse
 
 from dashboard.accounts.models import ApiToken
 from dashboard.experiments.models import Checkpoint, Experiment
-from dashboard.experiments.sink import EventSink
+from dashboard.experiments.runs.sink import EventSink
 
 pytestmark = pytest.mark.django_db
 

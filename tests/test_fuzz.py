@@ -20,10 +20,10 @@ from hypothesis import strategies as st
 
 from dashboard.accounts.models import ApiToken
 from dashboard.api import MAX_BODY_BYTES, json_constant_refuse, json_float_parse
-from dashboard.experiments.api import FIELD_TYPES, NULLABLE_FIELDS
-from dashboard.experiments.consumers import MAX_CLIENT_FRAME_BYTES, frame_size
-from dashboard.experiments.forms import LIMITS, LR_MAX, MAX_GPU_IDS, ExperimentForm
+from dashboard.experiments.core.forms import LIMITS, LR_MAX, MAX_GPU_IDS, ExperimentForm
 from dashboard.experiments.models import Experiment, LogLine, SeriesPoint
+from dashboard.experiments.web.api import FIELD_TYPES, NULLABLE_FIELDS
+from dashboard.experiments.web.consumers import MAX_CLIENT_FRAME_BYTES, frame_size
 from tests.factories import form_data
 
 ROOT = Path(__file__).resolve().parent.parent

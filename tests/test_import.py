@@ -18,7 +18,7 @@ from django.test import Client
 from torch.utils.tensorboard import SummaryWriter
 
 from dashboard.accounts.models import ApiToken
-from dashboard.experiments import imports
+from dashboard.experiments.metrics import imports
 from dashboard.experiments.models import Experiment, SeriesPoint
 from tests.factories import float32, logged_in
 

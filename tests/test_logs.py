@@ -11,10 +11,10 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.test import AsyncClient, Client
 
-from dashboard.experiments import runner
 from dashboard.experiments.models import Experiment, LogLine, Status
-from dashboard.experiments.runner import RunSupervisor
-from dashboard.experiments.sink import EventSink
+from dashboard.experiments.runs import runner
+from dashboard.experiments.runs.runner import RunSupervisor
+from dashboard.experiments.runs.sink import EventSink
 
 
 def logged_in(user: Any) -> Client:

@@ -15,15 +15,15 @@ import pytest
 from django import db
 from django.utils import timezone
 
+from dashboard.experiments.core.transitions import Outcome
 from dashboard.experiments.models import Experiment, RunNode, Status
-from dashboard.experiments.nodes import node_beat, node_peers, pids_on_machine
-from dashboard.experiments.runner import (
+from dashboard.experiments.runs.nodes import node_beat, node_peers, pids_on_machine
+from dashboard.experiments.runs.runner import (
     RunSupervisor,
     experiment_settle,
     experiments_stop_for_worker_shutdown,
 )
-from dashboard.experiments.sink import EventSink
-from dashboard.experiments.transitions import Outcome
+from dashboard.experiments.runs.sink import EventSink
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -168,7 +168,7 @@ def test_a_node_whose_task_has_not_started_is_given_until_its_machine_would_be_o
 ) -> None:
     from datetime import timedelta
 
-    from dashboard.experiments.nodes import nodes_silent
+    from dashboard.experiments.runs.nodes import nodes_silent
 
     settings.TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS = 8
     settings.TRAINYARD_WORKER_STALE_SECONDS = 60

@@ -7,9 +7,9 @@ from typing import Any
 import pytest
 from django.urls import reverse
 
+from dashboard.experiments.core.run_facts import machines_text
 from dashboard.experiments.models import LogLine
-from dashboard.experiments.nodes import placement_with_ranks
-from dashboard.experiments.run_facts import machines_text
+from dashboard.experiments.runs.nodes import placement_with_ranks
 
 
 def test_machines_text_names_each_machines_ranks() -> None:

@@ -22,7 +22,7 @@ from django.test import Client
 from django.utils import timezone
 
 from dashboard import celery_app
-from dashboard.experiments import transitions
+from dashboard.experiments.core import transitions
 from dashboard.experiments.models import Status
 from dashboard.notifications import delivery as delivery_module
 from dashboard.notifications import services, tasks, webhooks

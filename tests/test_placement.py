@@ -19,9 +19,9 @@ from django.test import Client
 from django.utils import timezone
 
 from dashboard.devices.models import WorkerMachine
-from dashboard.experiments.allocation import Machine, rdzv_port_pick, rdzv_ports
 from dashboard.experiments.models import Experiment, Status
-from dashboard.experiments.runner import experiment_claim
+from dashboard.experiments.runs.runner import experiment_claim
+from dashboard.experiments.scheduling.allocation import Machine, rdzv_port_pick, rdzv_ports
 
 pytestmark = pytest.mark.django_db
 

@@ -207,8 +207,8 @@ def test_a_real_runs_log_events_are_marked_on_stderr(sample_data: Path) -> None:
 def test_the_sinks_messages_match_their_types(
     user_factory: Any, experiment_factory: Any, tmp_path: Path
 ) -> None:
-    from dashboard.experiments import messages
-    from dashboard.experiments.sink import EventSink
+    from dashboard.experiments.core import messages
+    from dashboard.experiments.runs.sink import EventSink
 
     run = experiment_factory(owner=user_factory(), status="running", attempt=1)
     sink = EventSink(run)

@@ -13,11 +13,11 @@ import pytest
 from django.utils import timezone
 
 from dashboard.devices.models import WorkerMachine
-from dashboard.experiments.allocation import Machine
-from dashboard.experiments.limits import LaunchLimited, launch_slot_claim
+from dashboard.experiments.core.limits import LaunchLimited, launch_slot_claim
 from dashboard.experiments.models import Experiment, Status
-from dashboard.experiments.queue import ordinal, queue_head_for, queue_ordered
-from dashboard.experiments.runner import experiment_claim
+from dashboard.experiments.runs.runner import experiment_claim
+from dashboard.experiments.scheduling.allocation import Machine
+from dashboard.experiments.scheduling.queue import ordinal, queue_head_for, queue_ordered
 
 pytestmark = pytest.mark.django_db
 

@@ -9,8 +9,8 @@ from django.test import Client
 from django.urls import reverse
 
 from dashboard.experiments.models import Experiment
+from dashboard.experiments.runs.sink import EventSink, rank_stats_from_event
 from dashboard.experiments.services import experiment_snapshot_build
-from dashboard.experiments.sink import EventSink, rank_stats_from_event
 from tests.test_devices import machine_make
 
 pytestmark = pytest.mark.django_db

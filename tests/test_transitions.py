@@ -7,10 +7,10 @@ from typing import Any
 import pytest
 from django.utils import timezone
 
-from dashboard.experiments import transitions
+from dashboard.experiments.core import transitions
+from dashboard.experiments.core.signals import run_ended
+from dashboard.experiments.core.transitions import NEXT, Outcome
 from dashboard.experiments.models import Experiment, Status
-from dashboard.experiments.signals import run_ended
-from dashboard.experiments.transitions import NEXT, Outcome
 
 pytestmark = pytest.mark.django_db
 

@@ -60,8 +60,8 @@ def running_shared_tensors(*, user: Any) -> dict[str, list[dict[str, Any]]]:
 
     Everyone sees the memory a machine holds; only the runs the user may open are named.
     """
+    from dashboard.experiments.core.access import experiment_can_control
     from dashboard.experiments.models import Experiment, Status
-    from dashboard.experiments.services import experiment_can_control
 
     by_machine: dict[str, list[dict[str, Any]]] = {}
     running = Experiment.objects.filter(status=Status.RUNNING).exclude(worker="")

@@ -7,10 +7,10 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html_join
 
-from dashboard.experiments.forms import FIELDS
-from dashboard.experiments.limits import LaunchLimited
+from dashboard.experiments.core.forms import FIELDS
+from dashboard.experiments.core.limits import LaunchLimited
+from dashboard.experiments.metrics.series import series_buckets
 from dashboard.experiments.models import Checkpoint, Experiment, LogLine
-from dashboard.experiments.series import series_buckets
 from dashboard.experiments.services import (
     experiment_checkpoint_request,
     experiment_clone,

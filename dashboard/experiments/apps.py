@@ -8,8 +8,8 @@ class ExperimentsConfig(AppConfig):
 
     def ready(self) -> None:
         # Connects the Celery worker_shutting_down handler; importing it starts nothing.
-        from dashboard.experiments import worker  # noqa: F401
+        from dashboard.experiments.core.signals import run_ended
         from dashboard.experiments.queue_wake import run_ended_wake
-        from dashboard.experiments.signals import run_ended
+        from dashboard.experiments.runs import worker  # noqa: F401
 
         run_ended.connect(run_ended_wake, dispatch_uid="experiments.queue_wake")

@@ -15,7 +15,7 @@ from django.db import transaction
 
 from dashboard.devices.facts import machine_queue
 from dashboard.experiments.models import Experiment
-from dashboard.experiments.queue import queue_head_for
+from dashboard.experiments.scheduling.queue import queue_head_for
 from dashboard.experiments.tasks import run_experiment
 
 

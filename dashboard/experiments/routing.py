@@ -1,6 +1,6 @@
 from django.urls import re_path
 
-from dashboard.experiments.consumers import ExperimentConsumer
+from dashboard.experiments.web.consumers import ExperimentConsumer
 
 websocket_urlpatterns = [
     re_path(r"^ws/experiments/(?P<pk>\d+)/$", ExperimentConsumer.as_asgi()),

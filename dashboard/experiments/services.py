@@ -8,31 +8,19 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
-from django.db.models import QuerySet
 from django.utils import timezone
 
-from dashboard.experiments import transitions
-from dashboard.experiments.checkpoints import checkpoint_as_dict
-from dashboard.experiments.forms import FIELDS
-from dashboard.experiments.limits import launch_slot_claim
-from dashboard.experiments.messages import SnapshotMessage
+from dashboard.experiments.core import transitions
+from dashboard.experiments.core.checkpoints import checkpoint_as_dict
+from dashboard.experiments.core.forms import FIELDS
+from dashboard.experiments.core.limits import launch_slot_claim
+from dashboard.experiments.core.messages import SnapshotMessage
+from dashboard.experiments.core.run_facts import snapshot_texts
+from dashboard.experiments.metrics.series import series_snapshot
 from dashboard.experiments.models import Experiment, Status
-from dashboard.experiments.run_facts import snapshot_texts
-from dashboard.experiments.series import series_snapshot
 from dashboard.experiments.tasks import run_experiment_send
 
 User = AbstractBaseUser | AnonymousUser
-
-
-def experiments_visible_to(user: Any) -> QuerySet[Experiment]:
-    queryset = Experiment.objects.select_related("owner")
-    if getattr(user, "is_staff", False):
-        return queryset
-    return queryset.filter(owner_id=user.pk)
-
-
-def experiment_can_control(*, experiment: Experiment, user: Any) -> bool:
-    return bool(getattr(user, "is_staff", False) or experiment.owner_id == user.pk)
 
 
 def experiment_launch(*, owner: Any, fields: dict[str, Any], limits: bool = True) -> Experiment:

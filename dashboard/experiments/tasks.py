@@ -17,8 +17,8 @@ from django.conf import settings
 
 from dashboard.devices.facts import machine_name, machine_queue
 from dashboard.experiments.models import Experiment
-from dashboard.experiments.runner import experiment_node_run, experiment_run
-from dashboard.experiments.survival import experiments_reap_lost, experiments_redispatch_queued
+from dashboard.experiments.runs.runner import experiment_node_run, experiment_run
+from dashboard.experiments.runs.survival import experiments_reap_lost, experiments_redispatch_queued
 
 
 @shared_task(bind=True, name="experiments.run_experiment", ignore_result=True, max_retries=None)

@@ -1,6 +1,6 @@
 from django.urls import path
 
-from dashboard.experiments import views, views_queue
+from dashboard.experiments.web import views, views_queue
 
 urlpatterns = [
     path("", views.experiment_list, name="experiment-list"),

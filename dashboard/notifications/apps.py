@@ -8,7 +8,7 @@ class NotificationsConfig(AppConfig):
 
     def ready(self) -> None:
         # Here, not in experiments: the experiments app sends run_ended and never imports us.
-        from dashboard.experiments.signals import run_ended
+        from dashboard.experiments.core.signals import run_ended
         from dashboard.notifications.services import run_ended_receive
 
         run_ended.connect(run_ended_receive, dispatch_uid="notifications.run_ended")

@@ -27,8 +27,8 @@ from django.db import IntegrityError
 from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
+from dashboard.experiments.core.transitions import ENDS
 from dashboard.experiments.models import Experiment
-from dashboard.experiments.transitions import ENDS
 from dashboard.notifications.models import (
     Channel,
     Delivery,

@@ -20,14 +20,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from dashboard.experiments.models import Experiment, SeriesPoint, Status
-from dashboard.experiments.scaling import (
+from dashboard.experiments.metrics.scaling import (
     ScalingRow,
     batch_warning_text,
     experiment_global_batch,
     scaling_chart_build,
     throughputs_read,
 )
+from dashboard.experiments.models import Experiment, SeriesPoint, Status
 from dashboard.studies.grid import world_size_of
 from dashboard.studies.texts import cell_texts, reached_text
 

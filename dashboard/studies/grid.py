@@ -10,9 +10,9 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
-from dashboard.experiments.api import launch_form_data, launch_payload_check
-from dashboard.experiments.forms import ExperimentForm
+from dashboard.experiments.core.forms import ExperimentForm
 from dashboard.experiments.models import PROCESS_STRATEGIES
+from dashboard.experiments.web.api import launch_form_data, launch_payload_check
 from dashboard.studies.models import BatchMode
 from dashboard.studies.texts import MAX_RUNS, runs_text
 from training.registry import strategy_get

@@ -11,7 +11,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from dashboard.experiments.limits import launch_slot_claim
+from dashboard.experiments.core.limits import launch_slot_claim
 from dashboard.experiments.models import Experiment, Status
 from dashboard.experiments.services import experiment_launch, experiment_stop
 from dashboard.studies.cells import cells_build, scaling_build

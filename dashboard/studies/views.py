@@ -11,8 +11,8 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
-from dashboard.experiments.limits import LaunchLimited
-from dashboard.experiments.scaling import experiment_global_batch
+from dashboard.experiments.core.limits import LaunchLimited
+from dashboard.experiments.metrics.scaling import experiment_global_batch
 from dashboard.studies.forms import StudyForm
 from dashboard.studies.grid import StudyRefused, study_request_parse
 from dashboard.studies.models import Study

@@ -1,6 +1,6 @@
 // The one chart component of every page (the run page, the compare page): uPlot (npm `uplot`,
 // served from node_modules) drawing a run's bucketed series as the server sends them
-// (dashboard/experiments/series.py: [step_first, step_last, time_first, time_last, min, max,
+// (dashboard/experiments/metrics/series.py: [step_first, step_last, time_first, time_last, min, max,
 // mean, last, n]). Each line is a min/max band with its mean on top, so that one spike among
 // 100,000 points still shows however many points a bucket holds; live points append as
 // one-point buckets. Why uPlot: Chart.js re-walks its datasets on every update (a 100,000-point
@@ -79,7 +79,7 @@ window.TrainyardCharts = (function () {
   };
 
   /** The series points a live message carries: {key: [[step, time, value], ...]}, under the
-   * keys the sink stores them (dashboard/experiments/sink.py: STEP_SERIES, RANK_FIELDS,
+   * keys the sink stores them (dashboard/experiments/runs/sink.py: STEP_SERIES, RANK_FIELDS,
    * EPOCH_SERIES): step events carry the run's and each rank's figures; epoch events the test
    * figures and their own images/s; `series` messages the rest (machine and GPU samples). */
   function messagePoints(msg) {

@@ -17,7 +17,7 @@ window.Trainyard = (function () {
     if (el && el.textContent !== String(text)) el.textContent = String(text);
   }
 
-  // 12s, 3m 05s, 1h 02m: dashboard/experiments/views.py format_duration() renders the first one.
+  // 12s, 3m 05s, 1h 02m: dashboard/experiments/web/views.py format_duration() renders the first one.
   function formatDuration(seconds) {
     if (seconds === null || seconds === undefined || isNaN(seconds)) return "—";
     const total = Math.max(0, Math.floor(seconds));
@@ -87,7 +87,7 @@ window.Trainyard = (function () {
     ]);
   }
 
-  // A run's socket (/ws/experiments/<id>/, dashboard/experiments/consumers.py) read in order:
+  // A run's socket (/ws/experiments/<id>/, dashboard/experiments/web/consumers.py) read in order:
   // the snapshot says where the count stands, an event already had is dropped, and a gap (a
   // message lost between us and the run) closes the socket with 4000, so that the reconnect's
   // snapshot brings it. Returns the handler for ws.onmessage.

@@ -266,7 +266,7 @@
     markChartsReady();
   }
 
-  // One handler per message type (dashboard/experiments/messages.py says what each carries).
+  // One handler per message type (dashboard/experiments/core/messages.py says what each carries).
 
   function onStarted(msg) {
     const e = state.experiment;

@@ -59,7 +59,7 @@
 
   // ---- ranks ---------------------------------------------------------------------------------
 
-  // Rows as dashboard/experiments/run_facts.py wrote them (a message's `texts.ranks`).
+  // Rows as dashboard/experiments/core/run_facts.py wrote them (a message's `texts.ranks`).
   function rankRow(rank) {
     const label = rank.split_text || "";
     const bar = el("div", { class: "split-bar", role: "img", "aria-label": label, title: label }, [
@@ -291,7 +291,7 @@
   // The run's status changed, or it ended.
   const onStatus = (msg) => onRunStatus(msg.status);
 
-  // One handler per message type (dashboard/experiments/messages.py says what each carries);
+  // One handler per message type (dashboard/experiments/core/messages.py says what each carries);
   // no prototype, so that a type named like an Object method finds no handler.
   const HANDLERS = Object.assign(Object.create(null), {
     snapshot: onSnapshot,

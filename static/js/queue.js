@@ -1,4 +1,4 @@
-// The queue page: draw GET /api/queue/ (dashboard/experiments/api_queue.py) and poll it.
+// The queue page: draw GET /api/queue/ (dashboard/experiments/web/api_queue.py) and poll it.
 // Built with DOM nodes (textContent), never HTML strings: names come from users.
 (function () {
   "use strict";

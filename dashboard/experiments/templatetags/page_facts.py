@@ -13,8 +13,8 @@ from django import template
 from django.utils.html import json_script
 from django.utils.safestring import SafeString
 
+from dashboard.experiments.core.transitions import ENDS
 from dashboard.experiments.models import ACTIVE_STATUSES, Status
-from dashboard.experiments.transitions import ENDS
 from training.registry import REGISTRY
 
 register = template.Library()

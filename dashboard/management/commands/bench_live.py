@@ -180,8 +180,8 @@ class Command(ThrowawayBenchCommand):
         from asgiref.sync import async_to_sync
         from channels.layers import get_channel_layer
 
-        from dashboard.experiments.messages import GROUP_MESSAGE_TYPE
-        from dashboard.experiments.sink import experiment_group
+        from dashboard.experiments.core.messages import GROUP_MESSAGE_TYPE
+        from dashboard.experiments.runs.sink import experiment_group
 
         layer = get_channel_layer()
         assert layer is not None
@@ -197,8 +197,8 @@ class Command(ThrowawayBenchCommand):
     @staticmethod
     def _trainer_run(pk: int, worker: str, events: int, rate: float) -> None:
         """The dashboard's path: the supervisor runs the stamping trainer as its training."""
-        from dashboard.experiments import runner
         from dashboard.experiments.models import Status
+        from dashboard.experiments.runs import runner
 
         def trainer(*, experiment: Any) -> list[str]:
             return [sys.executable, "-c", TRAINER, str(events), str(1 / rate)]

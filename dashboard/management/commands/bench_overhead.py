@@ -249,7 +249,7 @@ class Command(BaseCommand):
     def _dry_run_everywhere() -> None:
         """The dashboard has no dry-run field: add the flag to the command its supervisor builds
         in this benchmark process only, so that both modes run the same short command."""
-        from dashboard.experiments import runner
+        from dashboard.experiments.runs import runner
 
         build = runner.training_command
 
@@ -276,8 +276,8 @@ class Command(BaseCommand):
 
     def _run_dashboard(self, number: int, experiment: Any, worker: str) -> Measurement:
         from dashboard.experiments.models import SeriesPoint, Status
-        from dashboard.experiments.runner import experiment_run
-        from dashboard.experiments.sink import experiment_group
+        from dashboard.experiments.runs.runner import experiment_run
+        from dashboard.experiments.runs.sink import experiment_group
 
         drain = GroupDrain(experiment_group(experiment.pk))
         drain.start()
@@ -300,7 +300,7 @@ class Command(BaseCommand):
         return self._measurement(number, "dashboard", events, wall, drain.messages)
 
     def _run_plain(self, number: int, experiment: Any, options: dict[str, Any]) -> Measurement:
-        from dashboard.experiments import runner
+        from dashboard.experiments.runs import runner
         from training.protocol import parse_event
 
         command = runner.training_command(experiment=experiment)

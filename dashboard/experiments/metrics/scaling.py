@@ -23,14 +23,14 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dashboard.experiments.core.access import experiments_visible_to
+from dashboard.experiments.metrics.series import series_mean
 from dashboard.experiments.models import (
     PROCESS_STRATEGIES,
     Experiment,
     Status,
     Strategy,
 )
-from dashboard.experiments.series import series_mean
-from dashboard.experiments.services import experiments_visible_to
 from training.registry import REGISTRY
 
 # The compare page is one table: a handful of runs, not a report.

@@ -13,10 +13,11 @@ from typing import Any
 from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
-from dashboard.experiments.messages import ErrorMessage, GroupEvents, SnapshotMessage
+from dashboard.experiments.core.access import experiments_visible_to
+from dashboard.experiments.core.messages import ErrorMessage, GroupEvents, SnapshotMessage
 from dashboard.experiments.models import Experiment
-from dashboard.experiments.services import experiment_snapshot_build, experiments_visible_to
-from dashboard.experiments.sink import experiment_group
+from dashboard.experiments.runs.sink import experiment_group
+from dashboard.experiments.services import experiment_snapshot_build
 
 SNAPSHOT_LOG_LINES = 200
 CLOSE_UNAUTHENTICATED = 4401

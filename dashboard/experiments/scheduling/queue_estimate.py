@@ -19,9 +19,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from dashboard.devices.models import WorkerMachine
-from dashboard.experiments.allocation import Machine, allocation_refusal
 from dashboard.experiments.models import Experiment, Status
-from dashboard.experiments.queue import run_could_use, running_limit, turn_blocker
+from dashboard.experiments.scheduling.allocation import Machine, allocation_refusal
+from dashboard.experiments.scheduling.queue import run_could_use, running_limit, turn_blocker
 
 TYPICAL_SAMPLE = 5
 # The walk costs about (queued runs)^2 x machines checks: beyond this many, no estimate.

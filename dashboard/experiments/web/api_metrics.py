@@ -16,14 +16,14 @@ from urllib.parse import urlencode
 from django.http import HttpRequest, JsonResponse
 
 from dashboard.api import ApiError, query_params
-from dashboard.experiments.models import Experiment
-from dashboard.experiments.series import (
+from dashboard.experiments.metrics.series import (
     DEFAULT_BUDGET,
     MAX_BUDGET,
     RAW_PAGE_ROWS,
     series_buckets,
     series_raw,
 )
+from dashboard.experiments.models import Experiment
 
 MAX_STEP = 2**31 - 1
 

@@ -18,12 +18,12 @@ import psutil
 from django.conf import settings
 from django.utils import timezone
 
-from dashboard.experiments import transitions
-from dashboard.experiments.attempts import attempts_summary, attempts_with_current
+from dashboard.experiments.core import transitions
 from dashboard.experiments.models import Experiment, Status
-from dashboard.experiments.nodes import nodes_silent
-from dashboard.experiments.processes import process_tree_stop
-from dashboard.experiments.sink import EventSink
+from dashboard.experiments.runs.attempts import attempts_summary, attempts_with_current
+from dashboard.experiments.runs.nodes import nodes_silent
+from dashboard.experiments.runs.processes import process_tree_stop
+from dashboard.experiments.runs.sink import EventSink
 
 log = logging.getLogger(__name__)
 

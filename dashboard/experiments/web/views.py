@@ -14,23 +14,15 @@ from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotFound
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 
-from dashboard.experiments.checkpoints import (
+from dashboard.experiments.core.access import experiment_can_control, experiments_visible_to
+from dashboard.experiments.core.checkpoints import (
     checkpoint_file_resolve,
     checkpoint_file_response,
     checkpoint_where_text,
 )
-from dashboard.experiments.forms import FIELDS, ExperimentForm
-from dashboard.experiments.limits import LaunchLimited
-from dashboard.experiments.models import PROCESS_STRATEGIES, Dataset, Experiment, Status, Strategy
-from dashboard.experiments.run_list import (
-    SORT_FIELDS,
-    ListQuery,
-    ListQueryError,
-    list_query_params,
-    list_query_parse,
-    runs_page,
-)
-from dashboard.experiments.scaling import (
+from dashboard.experiments.core.forms import FIELDS, ExperimentForm
+from dashboard.experiments.core.limits import LaunchLimited
+from dashboard.experiments.metrics.scaling import (
     BASELINE_RULE,
     NO_BASELINE,
     WORLD_SIZE_RULE,
@@ -41,11 +33,18 @@ from dashboard.experiments.scaling import (
     scaling_chart_build,
     scaling_rows_build,
 )
+from dashboard.experiments.models import PROCESS_STRATEGIES, Dataset, Experiment, Status, Strategy
 from dashboard.experiments.services import (
-    experiment_can_control,
     experiment_launch,
     experiment_snapshot_build,
-    experiments_visible_to,
+)
+from dashboard.experiments.web.run_list import (
+    SORT_FIELDS,
+    ListQuery,
+    ListQueryError,
+    list_query_params,
+    list_query_parse,
+    runs_page,
 )
 from dashboard.texts import format_duration, words_joined
 from training.registry import REGISTRY, STRATEGIES

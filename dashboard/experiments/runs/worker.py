@@ -13,8 +13,8 @@ from typing import Any
 from celery.signals import worker_ready, worker_shutting_down
 
 from dashboard.devices.facts import machine_name
-from dashboard.experiments.runner import experiments_stop_for_worker_shutdown
-from dashboard.experiments.survival import training_orphans_end
+from dashboard.experiments.runs.runner import experiments_stop_for_worker_shutdown
+from dashboard.experiments.runs.survival import training_orphans_end
 
 log = logging.getLogger(__name__)
 

@@ -30,23 +30,9 @@ from django.utils import timezone
 
 from dashboard.devices.facts import machine_samples_collect
 from dashboard.env import env_float
-from dashboard.experiments import transitions
-from dashboard.experiments.allocation import (
-    Machine,
-    Plan,
-    machine_local,
-    machines_lock,
-    nodes_dispatch,
-    placement_candidates,
-    placement_plan,
-    run_cpu_threads,
-)
-from dashboard.experiments.attempts import (
-    attempts_with_current,
-    checkpoint_latest,
-    experiment_resume_prepare,
-)
-from dashboard.experiments.messages import LogBody, RunFailedBody, RunFinishedBody
+from dashboard.experiments.core import transitions
+from dashboard.experiments.core.messages import LogBody, RunFailedBody, RunFinishedBody
+from dashboard.experiments.core.transitions import Outcome
 from dashboard.experiments.models import (
     PROCESS_STRATEGIES,
     Experiment,
@@ -54,7 +40,12 @@ from dashboard.experiments.models import (
     Strategy,
     ZeroStage,
 )
-from dashboard.experiments.nodes import (
+from dashboard.experiments.runs.attempts import (
+    attempts_with_current,
+    checkpoint_latest,
+    experiment_resume_prepare,
+)
+from dashboard.experiments.runs.nodes import (
     node_beat,
     node_end,
     node_entry,
@@ -65,15 +56,24 @@ from dashboard.experiments.nodes import (
     run_multinode,
     runs_on_machine,
 )
-from dashboard.experiments.processes import (
+from dashboard.experiments.runs.processes import (
     parent_death_signal_set,
     process_in_tree_signal,
     process_tree_stop,
 )
-from dashboard.experiments.queue import queue_turn_check, queue_turn_refusal
-from dashboard.experiments.sink import EventSink
-from dashboard.experiments.survival import supervisor_started
-from dashboard.experiments.transitions import Outcome
+from dashboard.experiments.runs.sink import EventSink
+from dashboard.experiments.runs.survival import supervisor_started
+from dashboard.experiments.scheduling.allocation import (
+    Machine,
+    Plan,
+    machine_local,
+    machines_lock,
+    nodes_dispatch,
+    placement_candidates,
+    placement_plan,
+    run_cpu_threads,
+)
+from dashboard.experiments.scheduling.queue import queue_turn_check, queue_turn_refusal
 from training.protocol import (
     CheckpointEvent,
     EpochEvent,

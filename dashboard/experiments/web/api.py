@@ -26,24 +26,16 @@ from dashboard.api import (
     json_request_body,
     query_params,
 )
-from dashboard.experiments.api_metrics import METRICS_PARAMS, metrics_response
-from dashboard.experiments.api_schemas import (
-    CheckpointsOut,
-    ExperimentListOut,
-    ExperimentOut,
-    LaunchLimitedOut,
-    LogsOut,
-    MetricsOut,
-)
-from dashboard.experiments.checkpoints import (
+from dashboard.experiments.core.access import experiment_can_control, experiments_visible_to
+from dashboard.experiments.core.checkpoints import (
     checkpoint_file_resolve,
     checkpoint_file_response,
     checkpoint_where_text,
 )
-from dashboard.experiments.forms import FIELDS, MAX_GPU_IDS, ExperimentForm
-from dashboard.experiments.labels import experiment_labels_update, labels_check
-from dashboard.experiments.limits import LaunchLimited
-from dashboard.experiments.logs import (
+from dashboard.experiments.core.forms import FIELDS, MAX_GPU_IDS, ExperimentForm
+from dashboard.experiments.core.labels import experiment_labels_update, labels_check
+from dashboard.experiments.core.limits import LaunchLimited
+from dashboard.experiments.metrics.logs import (
     LEVEL_SEVERITY,
     LOG_PAGE_DEFAULT,
     LOG_PAGE_MAX,
@@ -53,19 +45,26 @@ from dashboard.experiments.logs import (
     log_text_lines,
 )
 from dashboard.experiments.models import ACTIVE_STATUSES, Experiment
-from dashboard.experiments.run_list import (
+from dashboard.experiments.services import (
+    experiment_as_dict,
+    experiment_checkpoint_request,
+    experiment_launch,
+    experiment_stop,
+)
+from dashboard.experiments.web.api_metrics import METRICS_PARAMS, metrics_response
+from dashboard.experiments.web.api_schemas import (
+    CheckpointsOut,
+    ExperimentListOut,
+    ExperimentOut,
+    LaunchLimitedOut,
+    LogsOut,
+    MetricsOut,
+)
+from dashboard.experiments.web.run_list import (
     ListQueryError,
     list_query_params,
     list_query_parse,
     runs_page,
-)
-from dashboard.experiments.services import (
-    experiment_as_dict,
-    experiment_can_control,
-    experiment_checkpoint_request,
-    experiment_launch,
-    experiment_stop,
-    experiments_visible_to,
 )
 from dashboard.streaming import streamed
 

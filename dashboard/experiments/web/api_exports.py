@@ -14,8 +14,8 @@ from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse, S
 from ninja import Router
 
 from dashboard.api import ApiError, errors, file_response, query_params, with_upload_handler
-from dashboard.experiments.api_schemas import ExperimentOut
-from dashboard.experiments.exports import (
+from dashboard.experiments.core.access import experiments_visible_to
+from dashboard.experiments.metrics.exports import (
     ExportRefused,
     export_csv_chunks,
     export_filename,
@@ -23,10 +23,11 @@ from dashboard.experiments.exports import (
     export_size_check,
     export_tensorboard_zip,
 )
-from dashboard.experiments.imports import ImportRefused, experiment_import, import_max_bytes
+from dashboard.experiments.metrics.imports import ImportRefused, experiment_import, import_max_bytes
+from dashboard.experiments.metrics.scaling import compare_ids_parse
 from dashboard.experiments.models import Experiment
-from dashboard.experiments.scaling import compare_ids_parse
-from dashboard.experiments.services import experiment_as_dict, experiments_visible_to
+from dashboard.experiments.services import experiment_as_dict
+from dashboard.experiments.web.api_schemas import ExperimentOut
 from dashboard.streaming import streamed
 
 EXPORT_FORMATS = ("csv", "json", "tensorboard")

@@ -29,7 +29,7 @@ from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
-from dashboard.experiments.messages import (
+from dashboard.experiments.core.messages import (
     GROUP_MESSAGE_TYPE,
     Body,
     GroupEvents,
@@ -39,8 +39,8 @@ from dashboard.experiments.messages import (
     RankStats,
     SeriesBody,
 )
+from dashboard.experiments.core.run_facts import checkpoint_texts, rank_rows, started_texts
 from dashboard.experiments.models import Checkpoint, Experiment, LogLine, SeriesPoint
-from dashboard.experiments.run_facts import checkpoint_texts, rank_rows, started_texts
 from training.protocol import Event
 
 log = logging.getLogger(__name__)

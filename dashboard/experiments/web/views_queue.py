@@ -7,7 +7,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
 
-from dashboard.experiments.api_queue import queue_listing
+from dashboard.experiments.web.api_queue import queue_listing
 
 # Positions and estimates move when a run starts or ends; a few seconds late is fine on a page.
 POLL_SECONDS = 3

@@ -25,8 +25,8 @@ from django.contrib.auth import get_user_model
 from django.db.models import Count, Q, QuerySet
 
 from dashboard.devices.models import WorkerMachine
-from dashboard.experiments.allocation import Machine, machine_from_row, run_cpu_threads
 from dashboard.experiments.models import Experiment, Status
+from dashboard.experiments.scheduling.allocation import Machine, machine_from_row, run_cpu_threads
 
 CLAIM_ORDER = ("-priority", "created_at", "id")
 # What staff may set: wide enough for any scheme of levels, narrow enough to read at a glance.

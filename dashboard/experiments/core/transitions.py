@@ -32,8 +32,8 @@ from typing import Any
 
 from django.db.models import F
 
+from dashboard.experiments.core.signals import run_ended
 from dashboard.experiments.models import Experiment, Status
-from dashboard.experiments.signals import run_ended
 
 # The diagram above as data: from each status, the statuses a run may move to.
 NEXT: dict[str, frozenset[str]] = {

@@ -12,9 +12,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from dashboard.experiments.checkpoints import checkpoint_file_resolve
+from dashboard.experiments.core.checkpoints import checkpoint_file_resolve
+from dashboard.experiments.metrics.series import series_delete_after
 from dashboard.experiments.models import Checkpoint, Experiment
-from dashboard.experiments.series import series_delete_after
 
 log = logging.getLogger(__name__)
 

@@ -6,8 +6,8 @@ from django.http import HttpRequest, JsonResponse
 from ninja import Router
 
 from dashboard.api import ApiError, errors, query_params
-from dashboard.experiments.api_schemas import CompareOut
-from dashboard.experiments.scaling import BASELINE_RULE, compare_ids_parse, comparison_build
+from dashboard.experiments.metrics.scaling import BASELINE_RULE, compare_ids_parse, comparison_build
+from dashboard.experiments.web.api_schemas import CompareOut
 
 router = Router(tags=["runs"])
 IDS = query_params(

@@ -18,10 +18,14 @@ from django.utils import timezone
 from ninja import Router
 
 from dashboard.api import ApiError, errors, json_body, json_request_body
-from dashboard.experiments.api_schemas import PriorityIn, PriorityOut, QueueOut
 from dashboard.experiments.models import Experiment, Status
-from dashboard.experiments.queue import PRIORITY_RANGE, experiment_priority_set, queue_ordered
-from dashboard.experiments.queue_estimate import queue_estimates
+from dashboard.experiments.scheduling.queue import (
+    PRIORITY_RANGE,
+    experiment_priority_set,
+    queue_ordered,
+)
+from dashboard.experiments.scheduling.queue_estimate import queue_estimates
+from dashboard.experiments.web.api_schemas import PriorityIn, PriorityOut, QueueOut
 from dashboard.texts import (
     QUEUE_ESTIMATE_METHOD,
     QUEUE_NOT_TRIED,
