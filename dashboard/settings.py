@@ -168,6 +168,8 @@ DAPHNE_WEBSOCKET_MAX_FRAME_SIZE = 64 * 1024
 # in any minute. Over either, the API answers 429 with Retry-After and the form says why.
 TRAINYARD_MAX_ACTIVE_RUNS_PER_USER = env_int("TRAINYARD_MAX_ACTIVE_RUNS_PER_USER", 4)
 TRAINYARD_LAUNCH_RATE_PER_MINUTE = env_int("TRAINYARD_LAUNCH_RATE_PER_MINUTE", 10)
+# Tokens made through POST /api/tokens/ per user in any minute (0: no limit), the same way.
+TRAINYARD_TOKEN_RATE_PER_MINUTE = env_int("TRAINYARD_TOKEN_RATE_PER_MINUTE", 10)
 
 if not DEBUG:
     SESSION_COOKIE_SECURE = True

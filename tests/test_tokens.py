@@ -139,6 +139,26 @@ def test_api_trades_a_password_for_a_token(user_factory: Any) -> None:
     assert ApiToken.objects.count() == 1
 
 
+def test_api_tokens_are_rate_limited_like_launches(user_factory: Any, settings: Any) -> None:
+    settings.TRAINYARD_TOKEN_RATE_PER_MINUTE = 2
+    user_factory(username="dave")
+    client = Client()
+    good = {"username": "dave", "password": "pw-dave"}
+    for _ in range(2):
+        response = client.post("/api/tokens/", good, content_type="application/json")
+        assert response.status_code == 201, response.content
+    refused = client.post("/api/tokens/", good, content_type="application/json")
+    assert refused.status_code == 429
+    body = refused.json()
+    assert body["limit"] == "token_rate" and 1 <= body["retry_after"] <= 60
+    assert refused["Retry-After"] == str(body["retry_after"])
+    assert "TRAINYARD_TOKEN_RATE_PER_MINUTE" in body["error"]
+    assert ApiToken.objects.count() == 2
+    # A minute later the oldest no longer counts.
+    ApiToken.objects.update(created_at=timezone.now() - timedelta(seconds=61))
+    assert client.post("/api/tokens/", good, content_type="application/json").status_code == 201
+
+
 @pytest.mark.django_db(transaction=True)
 async def test_websocket_takes_a_bearer_token(user_factory: Any, experiment_factory: Any) -> None:
     from dashboard.asgi import application

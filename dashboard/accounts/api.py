@@ -8,7 +8,7 @@ from django.http import HttpRequest, JsonResponse
 from ninja import Router, Schema
 from pydantic import ConfigDict, Field
 
-from dashboard.accounts.services import token_create
+from dashboard.accounts.services import TokenRateLimited, token_create_limited
 from dashboard.api import ApiError, error_response, errors, json_body, json_request_body
 
 LOGIN_REQUIRED = "login required: POST a JSON object with username and password"
@@ -35,7 +35,7 @@ class TokenOut(Schema):
     "/tokens/",
     url_name="api-tokens",
     auth=None,  # no session or token: the password in the body is the credential
-    response={201: TokenOut, **errors(400, 413)},
+    response={201: TokenOut, **errors(400, 413, 429)},
     openapi_extra={"security": []}
     | json_request_body(TokenIn, description="the account's username and password"),
 )
@@ -55,6 +55,14 @@ def tokens_create(request: HttpRequest) -> JsonResponse:
     user = authenticate(request, username=username, password=password)
     if user is None or not user.is_active:
         return error_response(401, "login failed: wrong username or password")
-    token, key = token_create(user=user, name=name or "")
+    try:
+        token, key = token_create_limited(user=user, name=name or "")
+    except TokenRateLimited as refused:
+        return error_response(
+            429,
+            refused.message,
+            details={"limit": "token_rate", "retry_after": refused.retry_after},
+            headers={"Retry-After": str(refused.retry_after)},
+        )
     body = {"id": token.pk, "name": token.name, "prefix": token.prefix, "token": key}
     return JsonResponse(body, status=201, headers={"Cache-Control": "no-store"})

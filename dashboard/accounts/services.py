@@ -5,10 +5,14 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import transaction
 from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from dashboard.accounts.models import ApiToken, token_key_hash
+from dashboard.rates import RATE_WINDOW, rate_retry_after
 
 # A bearer key is "ty_" and 43 URL-safe characters; anything much longer is not one of ours and
 # is not worth hashing.
@@ -22,6 +26,36 @@ def token_create(*, user: Any, name: str = "") -> tuple[ApiToken, str]:
     token = ApiToken.objects.create(user=user, name=name[:100])
     assert token.key is not None  # set by save() for a new token
     return token, token.key
+
+
+class TokenRateLimited(Exception):
+    """More tokens asked for in a minute than TRAINYARD_TOKEN_RATE_PER_MINUTE: the API's 429."""
+
+    def __init__(self, *, made: int, most: int, retry_after: int) -> None:
+        self.retry_after = retry_after
+        self.message = (
+            f"{made} tokens were made for this account in the last minute, the most allowed is "
+            f"{most} a minute (TRAINYARD_TOKEN_RATE_PER_MINUTE); retry in {retry_after} s"
+        )
+        super().__init__(self.message)
+
+
+def token_create_limited(*, user: Any, name: str = "") -> tuple[ApiToken, str]:
+    """token_create within the per-user rate, for POST /api/tokens/; raises TokenRateLimited.
+    The user's row lock makes two requests take turns, so both cannot pass the check at once."""
+    with transaction.atomic():
+        list(get_user_model().objects.select_for_update().filter(pk=user.pk).values_list("pk"))
+        now = timezone.now()
+        most = settings.TRAINYARD_TOKEN_RATE_PER_MINUTE
+        recent = list(
+            ApiToken.objects.filter(user=user, created_at__gt=now - RATE_WINDOW)
+            .order_by("created_at")
+            .values_list("created_at", flat=True)
+        )
+        retry_after = rate_retry_after(times=recent, most=most, now=now)
+        if retry_after is not None:
+            raise TokenRateLimited(made=len(recent), most=most, retry_after=retry_after)
+        return token_create(user=user, name=name)
 
 
 def token_authenticate(*, key: str) -> ApiToken | None:

@@ -12,8 +12,7 @@ owner's row (SQLite's IMMEDIATE transactions serialise writers the same way).
 
 from __future__ import annotations
 
-import math
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.conf import settings
@@ -21,8 +20,8 @@ from django.contrib.auth import get_user_model
 from django.utils import timezone
 
 from dashboard.experiments.models import ACTIVE_STATUSES, Experiment
+from dashboard.rates import RATE_WINDOW, rate_retry_after
 
-RATE_WINDOW = timedelta(minutes=1)
 # An active run ends when it ends: there is no exact time to give, so clients poll this often.
 ACTIVE_RETRY_SECONDS = 30
 LIMIT_ACTIVE = "active_runs"
@@ -64,18 +63,14 @@ def launch_active_check(*, owner: Any) -> LaunchLimited | None:
 
 def launch_rate_check(*, owner: Any, now: datetime) -> LaunchLimited | None:
     most = settings.TRAINYARD_LAUNCH_RATE_PER_MINUTE
-    if most <= 0:  # 0 turns the limit off
-        return None
     recent = list(
         Experiment.objects.filter(owner_id=owner.pk, created_at__gt=now - RATE_WINDOW)
         .order_by("created_at")
         .values_list("created_at", flat=True)
     )
-    if len(recent) < most:
+    retry_after = rate_retry_after(times=recent, most=most, now=now)
+    if retry_after is None:
         return None
-    # Below the limit again once enough of them are older than a minute.
-    frees_at = recent[len(recent) - most] + RATE_WINDOW
-    retry_after = max(1, math.ceil((frees_at - now).total_seconds()))
     return LaunchLimited(
         f"you launched {_runs(len(recent))} in the last minute, the most allowed per user is "
         f"{most} a minute (TRAINYARD_LAUNCH_RATE_PER_MINUTE); retry in {retry_after} s",
