@@ -19,7 +19,7 @@ from django.test import Client
 from django.utils import timezone
 
 from dashboard.accounts.models import ApiToken
-from dashboard.accounts.services import token_authenticate, token_create
+from dashboard.accounts.services import token_authenticate, token_create, token_revoke
 
 pytestmark = pytest.mark.django_db
 KEY = re.compile(r"ty_[A-Za-z0-9_-]{43}")
@@ -180,6 +180,35 @@ async def test_websocket_takes_a_bearer_token(user_factory: Any, experiment_fact
     assert not await connects(b"Bearer ty_wrong")
     await sync_to_async(ApiToken.objects.filter(pk=token.pk).update)(revoked_at=timezone.now())
     assert not await connects(f"Bearer {key}".encode())
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_revoking_a_token_closes_the_sockets_it_opened(
+    user_factory: Any, experiment_factory: Any
+) -> None:
+    from dashboard.asgi import application
+
+    alice = await sync_to_async(user_factory)()
+    run = await sync_to_async(experiment_factory)(owner=alice)
+    token, key = await sync_to_async(token_create)(user=alice)
+    other, other_key = await sync_to_async(token_create)(user=alice)
+
+    async def opened(with_key: str) -> WebsocketCommunicator:
+        headers = [
+            (b"origin", b"http://localhost"),
+            (b"authorization", f"Bearer {with_key}".encode()),
+        ]
+        comm = WebsocketCommunicator(application, f"/ws/experiments/{run.pk}/", headers=headers)
+        assert (await comm.connect())[0]
+        assert (await comm.receive_json_from())["type"] == "snapshot"
+        return comm
+
+    revoked_socket, kept_socket = await opened(key), await opened(other_key)
+    assert await sync_to_async(token_revoke)(token=token, by=alice)
+    closed = await revoked_socket.receive_output(timeout=5)
+    assert closed == {"type": "websocket.close", "code": 4401}
+    assert await kept_socket.receive_nothing(timeout=0.3)
+    await kept_socket.disconnect()
 
 
 @pytest.mark.django_db(transaction=True)

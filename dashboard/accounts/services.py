@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
@@ -78,12 +80,24 @@ def token_authenticate(*, key: str) -> ApiToken | None:
     return token
 
 
+def token_group(token_id: int) -> str:
+    """The channel group of the WebSockets opened with a token (accounts.ws_auth)."""
+    return f"token-{token_id}"
+
+
 def token_revoke(*, token: ApiToken, by: Any) -> bool:
-    """Revoke now: the next request with the key gets a 401. False if it was already revoked."""
+    """Revoke now: the next request with the key gets a 401 and every WebSocket opened with it
+    is closed (4401). False if it was already revoked."""
     revoked = ApiToken.objects.filter(pk=token.pk, revoked_at__isnull=True).update(
         revoked_at=timezone.now(), revoked_by=by
     )
-    return revoked == 1
+    if revoked != 1:
+        return False
+    group = token_group(token.pk)
+    transaction.on_commit(
+        lambda: async_to_sync(get_channel_layer().group_send)(group, {"type": "token.revoked"})
+    )
+    return True
 
 
 def tokens_of(user: Any) -> QuerySet[ApiToken]:

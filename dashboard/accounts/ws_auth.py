@@ -3,7 +3,8 @@
 Scripts (the `trainyard` command) have no session cookie. A browser cannot set this header on a
 WebSocket, so a page of another site can never use it: the cookie-based check stays as it is,
 and the origin check in front of it still applies. Keys never go in the URL (where proxies log
-them).
+them). A socket opened with a token is in the token's group (`scope["token_group"]`), and
+revoking the token closes it with 4401 (`token.revoked`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any
 from channels.db import database_sync_to_async
 from django.contrib.auth.models import AnonymousUser
 
-from dashboard.accounts.services import token_authenticate
+from dashboard.accounts.services import token_authenticate, token_group
 
 
 def bearer_key(headers: list[tuple[bytes, bytes]]) -> str | None:
@@ -28,9 +29,8 @@ def bearer_key(headers: list[tuple[bytes, bytes]]) -> str | None:
 
 
 @database_sync_to_async
-def user_of_key(key: str) -> Any:
-    token = token_authenticate(key=key)
-    return token.user if token is not None else AnonymousUser()
+def token_of_key(key: str) -> Any:
+    return token_authenticate(key=key)
 
 
 class TokenAuthMiddleware:
@@ -44,5 +44,10 @@ class TokenAuthMiddleware:
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> Any:
         key = bearer_key(scope.get("headers", []))
         if key is not None:
-            scope = {**scope, "user": await user_of_key(key)}
+            token = await token_of_key(key)
+            if token is None:
+                scope = {**scope, "user": AnonymousUser()}
+            else:
+                # The consumer joins the token's group, so that revoking the token closes it.
+                scope = {**scope, "user": token.user, "token_group": token_group(token.pk)}
         return await self.inner(scope, receive, send)

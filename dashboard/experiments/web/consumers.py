@@ -58,6 +58,8 @@ def experiment_snapshot(*, pk: int) -> SnapshotMessage:
 
 class ExperimentConsumer(AsyncJsonWebsocketConsumer):
     group_name: str | None = None
+    # Set by the token middleware when a bearer token opened the socket: revoking it closes us.
+    token_group: str | None = None
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -72,12 +74,19 @@ class ExperimentConsumer(AsyncJsonWebsocketConsumer):
         # (dropped by seq) instead of never.
         self.group_name = experiment_group(pk)
         await self.channel_layer.group_add(self.group_name, self.channel_name)
+        self.token_group = self.scope.get("token_group")
+        if self.token_group is not None:
+            await self.channel_layer.group_add(self.token_group, self.channel_name)
         await self.accept()
         await self.send_json(await experiment_snapshot(pk=pk))
 
     async def disconnect(self, code: int) -> None:
-        if self.group_name is not None:
-            await self.channel_layer.group_discard(self.group_name, self.channel_name)
+        for group in (self.group_name, self.token_group):
+            if group is not None:
+                await self.channel_layer.group_discard(group, self.channel_name)
+
+    async def token_revoked(self, message: dict[str, Any]) -> None:
+        await self.close(code=CLOSE_UNAUTHENTICATED)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         # The channel is one-way: whatever a client sends, even invalid JSON, is answered with an
