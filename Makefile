@@ -40,12 +40,19 @@ worker: setup
 # every test on SQLite (the embedded default), then every test that opens the database again on a
 # PostgreSQL server the tests start themselves (tests/conftest.py's --database); one alone:
 # `.venv/bin/pytest` or `.venv/bin/pytest --database=postgres`.
+# Each pass prints its 25 slowest tests and its wall time (a test over 2 minutes says why in its
+# docstring).
+PYTEST_TIMED = TRAINYARD_TESTS_NEED_ALL=1 $(VENV)/bin/pytest --durations=25 --durations-min=1
+
 test:
-	@.ci/system-packages test
-	@$(MAKE) --no-print-directory setup
-	TRAINYARD_TESTS_NEED_ALL=1 $(VENV)/bin/pytest
-	TRAINYARD_TESTS_NEED_ALL=1 $(VENV)/bin/pytest --database=postgres
-	$(MAKE) --no-print-directory lint
+	@start=$$(date +%s); .ci/system-packages test && $(MAKE) --no-print-directory setup; rc=$$?; \
+	  echo "make test: set-up took $$(( $$(date +%s) - start )) s"; exit $$rc
+	@start=$$(date +%s); $(PYTEST_TIMED); rc=$$?; \
+	  echo "make test: the SQLite pass took $$(( $$(date +%s) - start )) s"; exit $$rc
+	@start=$$(date +%s); $(PYTEST_TIMED) --database=postgres; rc=$$?; \
+	  echo "make test: the PostgreSQL pass took $$(( $$(date +%s) - start )) s"; exit $$rc
+	@start=$$(date +%s); $(MAKE) --no-print-directory lint; rc=$$?; \
+	  echo "make test: lint took $$(( $$(date +%s) - start )) s"; exit $$rc
 
 lint:
 	$(VENV)/bin/ruff check . .ci/gpu-check
