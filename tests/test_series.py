@@ -19,7 +19,7 @@ from dashboard.experiments.metrics.series import series_buckets, series_keys, se
 from dashboard.experiments.models import Experiment, SeriesPoint
 from dashboard.experiments.runs import sink as sink_module
 from dashboard.experiments.runs.sink import SEND_GAP_SECONDS, EventSink
-from dashboard.experiments.services import experiment_snapshot_build
+from dashboard.experiments.selectors import experiment_snapshot_build
 from tests.postgres import Postgres
 from tests.stack import ROOT
 

@@ -45,8 +45,8 @@ from dashboard.experiments.metrics.logs import (
     log_text_lines,
 )
 from dashboard.experiments.models import ACTIVE_STATUSES, Experiment
+from dashboard.experiments.selectors import experiment_as_dict
 from dashboard.experiments.services import (
-    experiment_as_dict,
     experiment_checkpoint_request,
     experiment_launch,
     experiment_stop,

@@ -25,6 +25,7 @@ from dashboard.experiments.scheduling.queue import (
     queue_ordered,
 )
 from dashboard.experiments.scheduling.queue_estimate import queue_estimates
+from dashboard.experiments.selectors import iso_or_none
 from dashboard.experiments.web.api_schemas import PriorityIn, PriorityOut, QueueOut
 from dashboard.texts import (
     QUEUE_ESTIMATE_METHOD,
@@ -50,10 +51,6 @@ def reason_for_viewer(reason: str, *, viewer_runs: set[int] | None) -> str:
     return RUN_REFERENCE.sub(name, reason)
 
 
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
-
-
 def queue_entry(
     run: Experiment, *, position: int, start: datetime | None, now: datetime, reason: str
 ) -> dict[str, Any]:
@@ -73,8 +70,8 @@ def queue_entry(
         "nodes": run.nodes,
         "gpus": run.gpus,
         "devices_label": run.devices_label(),
-        "created_at": _iso(run.created_at),
-        "estimated_start": _iso(start),
+        "created_at": iso_or_none(run.created_at),
+        "estimated_start": iso_or_none(start),
         "estimated_start_seconds": wait,
         "estimated_start_text": queue_start_text(wait),
         "url": run.get_absolute_url(),
