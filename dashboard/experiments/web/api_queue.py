@@ -27,6 +27,7 @@ from dashboard.experiments.scheduling.queue import (
 from dashboard.experiments.scheduling.queue_estimate import queue_estimates
 from dashboard.experiments.selectors import iso_or_none
 from dashboard.experiments.web.api_schemas import PriorityIn, PriorityOut, QueueOut
+from dashboard.experiments.web.params import body_int
 from dashboard.texts import (
     QUEUE_ESTIMATE_METHOD,
     QUEUE_NOT_TRIED,
@@ -116,15 +117,6 @@ def queue_view(request: HttpRequest) -> JsonResponse:
     return JsonResponse(queue_listing(user=request.user, now=timezone.now()))
 
 
-def _priority_parse(body: dict[str, Any]) -> int:
-    value = body.get("priority")
-    low, high = PRIORITY_RANGE
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        message = f"priority must be a whole number from {low} to {high}"
-        raise ApiError(400, message, {"priority": [message]})
-    return value
-
-
 @router.post(
     "/queue/{pk}/priority/",
     url_name="api-queue-priority",
@@ -135,7 +127,8 @@ def queue_priority_view(request: HttpRequest, pk: int) -> JsonResponse:
     """Set a queued run's priority (staff only): higher is claimed first."""
     if not getattr(request.user, "is_staff", False):
         raise ApiError(403, "only staff may set a run's priority")
-    priority = _priority_parse(json_body(request))
+    low, high = PRIORITY_RANGE
+    priority = body_int(json_body(request), "priority", lo=low, hi=high)
     experiment = Experiment.objects.filter(pk=pk).first()
     if experiment is None:
         raise ApiError(404, f"no experiment {pk}")
