@@ -19,14 +19,13 @@ from dashboard.api import ApiError, query_params
 from dashboard.experiments.metrics.series import (
     DEFAULT_BUDGET,
     MAX_BUDGET,
+    MAX_STEP,
     RAW_PAGE_ROWS,
     series_buckets,
     series_raw,
 )
 from dashboard.experiments.models import Experiment
 from dashboard.experiments.web.params import query_int
-
-MAX_STEP = 2**31 - 1
 
 STEP = {"type": "integer", "minimum": 0, "maximum": MAX_STEP}
 METRICS_PARAMS = query_params(
