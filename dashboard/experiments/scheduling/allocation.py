@@ -254,9 +254,9 @@ def placement_plan(
 ) -> PlacementPlan:
     """Where a queued run can start now with this worker's machine (`local`, one of `names`) as
     node 0. Call inside the claim's transaction, with the rows of `names` locked
-    (machines_lock): it reads what runs on them. `turn`: the queue's rule, asked of every
-    further machine a multi-node run would take (the claim asks it of `local` itself), so that
-    the run never overtakes an earlier one there."""
+    (machines_lock): it reads what runs on them. `turn`: the queue's rule for the further
+    machines of a multi-node run (queue.queue_turn_check says why; the claim asks it of `local`
+    itself)."""
     local = replace(local, address=worker_address())
     running = list(Experiment.objects.filter(status=Status.RUNNING).exclude(pk=experiment.pk))
     busy = busy_by_machine(running)
