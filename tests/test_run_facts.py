@@ -10,7 +10,7 @@ from django.urls import reverse
 
 from dashboard.experiments.models import Experiment
 from dashboard.experiments.runs.sink import EventSink, rank_stats_from_event
-from dashboard.experiments.services import experiment_snapshot_build
+from dashboard.experiments.selectors import experiment_snapshot_build
 from tests.test_devices import machine_make
 
 pytestmark = pytest.mark.django_db

@@ -19,7 +19,7 @@ from dashboard.experiments.metrics.series import series_buckets, series_keys, se
 from dashboard.experiments.models import Experiment, SeriesPoint
 from dashboard.experiments.runs import sink as sink_module
 from dashboard.experiments.runs.sink import SEND_GAP_SECONDS, EventSink
-from dashboard.experiments.services import experiment_snapshot_build
+from dashboard.experiments.selectors import experiment_snapshot_build
 from tests.postgres import Postgres
 from tests.stack import ROOT
 
@@ -171,6 +171,24 @@ def test_metrics_api_bucketed_raw_and_refusals(user_factory: Any, experiment_fac
     assert following["series"]["train_loss"][0][0] == 1001 and "limit=1000" in raw["next"]
     client.force_login(bob)
     assert client.get(url).status_code == 404
+
+
+def test_metrics_api_reads_numbers_as_the_logs_route_does(
+    user_factory: Any, experiment_factory: Any
+) -> None:
+    # One parser (web/params.py): int() read "٣" as 3, "1_0" as 10 and " 5" as 5 here, where
+    # the logs route refused them.
+    alice = user_factory()
+    run = experiment_factory(owner=alice)
+    client = Client()
+    client.force_login(alice)
+    url = f"/api/experiments/{run.pk}/metrics/"
+    for bad in ({"buckets": "\u0663"}, {"buckets": "1_0"}, {"from": " 5"}, {"to": "+5"}):
+        response = client.get(url, bad)
+        assert response.status_code == 400, bad
+        [name] = bad
+        assert response.json()["errors"] == {name: [bad[name]]}
+    assert client.get(url, {"after": "-1", "raw": "1"}).status_code == 200
 
 
 def test_the_snapshot_of_a_long_run_stays_small(user_factory: Any, experiment_factory: Any) -> None:

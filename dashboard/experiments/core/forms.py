@@ -43,6 +43,15 @@ FIELDS = (
     "zero_stage",
 )
 DEFAULT_ZERO_STAGE = ZeroStage.ONE
+
+
+def experiment_clone_fields(*, source: Experiment) -> dict[str, Any]:
+    """The launch fields of a copy of `source`: the admin's clone, and the form it prefills."""
+    fields = {name: getattr(source, name) for name in FIELDS}
+    fields["name"] = f"{source.name} (again)"[:200]
+    return fields
+
+
 # One machine never has more GPUs than this; the bound also keeps the checks on the list cheap.
 MAX_GPU_IDS = 64
 GPU_ID_MAX_DIGITS = 6

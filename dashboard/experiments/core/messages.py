@@ -191,12 +191,12 @@ class RankStats(TypedDict):
 class SnapshotMessage(TypedDict):
     type: Literal["snapshot"]
     seq: int  # the last message stored: later ones follow it
-    experiment: dict[str, Any]  # services.experiment_as_dict: the run's row, as the API gives it
+    experiment: dict[str, Any]  # selectors.experiment_as_dict: the run's row, as the API gives it
     # series.series_buckets (default budget): every series of the run, bucketed by step, at
     # most ~1000 buckets each whatever the run's length: {key: {count, buckets}}.
     series: dict[str, Any]
     logs: list[dict[str, Any]]  # LogLine.as_dict (seq, time, level, message): the last lines
-    run: dict[str, Any]  # services.experiment_run_facts: shared tensors, stages, world size
+    run: dict[str, Any]  # selectors.experiment_run_facts: shared tensors, stages, world size
     rank_stats: dict[str, Any]  # a RankStats (below), or {} before the first step event
     checkpoints: list[dict[str, Any]]  # checkpoints.checkpoint_as_dict, in step order
     scaling: NotRequired[dict[str, Any]]  # embedded in the page only: scaling.py's facts

@@ -45,11 +45,10 @@ from django.db import transaction
 from django.utils import timezone
 
 from dashboard.env import env_int
+from dashboard.experiments.metrics.series import MAX_KEY_CHARS, MAX_STEP
 from dashboard.experiments.models import Experiment, SeriesPoint, Status, Strategy
 
-MAX_KEY_CHARS = SeriesPoint._meta.get_field("key").max_length or 200
 MAX_NAME_CHARS = Experiment._meta.get_field("name").max_length or 200
-MAX_STEP = 2**31 - 1  # PositiveIntegerField's bound on PostgreSQL
 MAX_MEMBERS = 10_000
 WRITE_BATCH = 5000
 COPY_CHUNK = 1024 * 1024

@@ -42,6 +42,10 @@ from django.db.models.functions import Cast
 
 from dashboard.experiments.models import Experiment, SeriesPoint
 
+# What a point may hold: a step is a PositiveIntegerField (this is its bound on PostgreSQL), a
+# key as long as its column. The import and the metrics route check against these.
+MAX_STEP = 2**31 - 1
+MAX_KEY_CHARS = SeriesPoint._meta.get_field("key").max_length or 200
 DEFAULT_BUDGET = 1000
 MAX_BUDGET = 2000
 RAW_PAGE_ROWS = 10_000

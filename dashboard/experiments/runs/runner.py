@@ -65,7 +65,7 @@ from dashboard.experiments.runs.sink import EventSink
 from dashboard.experiments.runs.survival import supervisor_started
 from dashboard.experiments.scheduling.allocation import (
     Machine,
-    Plan,
+    PlacementPlan,
     machine_local,
     machines_lock,
     nodes_dispatch,
@@ -141,7 +141,7 @@ def training_command(*, experiment: Experiment) -> list[str]:
 class Claim:
     claimed: bool
     waiting_reason: str = ""
-    routed_to: str = ""  # the machine whose worker should claim it instead (allocation.Plan)
+    routed_to: str = ""  # the machine whose worker should claim it instead (PlacementPlan)
 
 
 def experiment_claim(*, experiment_id: int, machine: Machine) -> Claim:
@@ -165,7 +165,7 @@ def experiment_claim(*, experiment_id: int, machine: Machine) -> Claim:
         # Claim order first (queue.py: priority, then first in first out; the running limit).
         reason = queue_turn_refusal(experiment=experiment, machine=machine)
         plan = (
-            Plan(reason=reason)
+            PlacementPlan(reason=reason)
             if reason
             else placement_plan(
                 experiment=experiment,

@@ -62,6 +62,11 @@ def machine_from_row(row: WorkerMachine) -> Machine:
     return Machine(row.hostname, cpu_count, frozenset(gpu["index"] for gpu in gpus), row.address)
 
 
+def machines_online() -> list[Machine]:
+    """Every machine whose worker reported lately, as it reported itself."""
+    return [machine_from_row(row) for row in WorkerMachine.objects.online()]
+
+
 def run_cpu_threads(*, strategy: str, processes: int, gpus: list[int], cpu_count: int) -> int:
     """CPU threads a run occupies on each of its machines; GPU runs are bound by their GPUs."""
     if gpus:
@@ -88,20 +93,20 @@ def _runs(runs: Iterable[Experiment]) -> str:
 
 
 @dataclass(frozen=True)
-class Refusal:
+class PlacementRefusal:
     text: str  # the whole sentence, a one-machine run's waiting reason
     short: str  # what a multi-machine run's reason says of this machine: "host-b busy with #7"
 
 
 def machine_refusal(
     *, experiment: Experiment, machine: Machine, busy: list[Experiment]
-) -> Refusal | None:
+) -> PlacementRefusal | None:
     """Why this machine cannot take its share of the run now, or None when it can."""
     wanted = set(experiment.gpus)
     if wanted and not wanted <= machine.gpu_ids:
         have = _ids(machine.gpu_ids) or "none"
         text = f"waiting for GPUs {_ids(wanted)}: {machine.name} has GPUs {have}"
-        return Refusal(text, f"{machine.name} has GPUs {have}")
+        return PlacementRefusal(text, f"{machine.name} has GPUs {have}")
     holders = [run for run in busy if wanted & set(run.gpus)]
     if holders:
         taken = wanted & {g for run in holders for g in run.gpus}
@@ -110,7 +115,7 @@ def machine_refusal(
             f"waiting for {count} GPU{'s' if count > 1 else ''} on {machine.name}: "
             f"GPU {_ids(taken)} in use by {_runs(holders)}"
         )
-        return Refusal(text, f"{machine.name} busy with {_runs(holders)}")
+        return PlacementRefusal(text, f"{machine.name} busy with {_runs(holders)}")
     need = _threads(experiment, machine)
     cpu_busy = [run for run in busy if _threads(run, machine)]
     used = sum(_threads(run, machine) for run in cpu_busy)
@@ -119,7 +124,7 @@ def machine_refusal(
             f"waiting for {plural(need, 'CPU core')} on {machine.name}: "
             f"{used} of {machine.cpu_count} in use by {_runs(cpu_busy)}"
         )
-        return Refusal(text, f"{machine.name} busy with {_runs(cpu_busy)}")
+        return PlacementRefusal(text, f"{machine.name} busy with {_runs(cpu_busy)}")
     return None
 
 
@@ -191,7 +196,7 @@ def rdzv_port_pick(*, worker: str, running: Iterable[Experiment]) -> int | None:
 
 
 @dataclass(frozen=True)
-class Plan:
+class PlacementPlan:
     """What the claim found: where the run starts (its placement), why it waits (reason), or
     which machine's worker should claim it instead (route_to: a pinned run's first machine, or
     a machine that fits when this one does not)."""
@@ -246,12 +251,12 @@ def placement_plan(
     names: list[str],
     rows: dict[str, WorkerMachine],
     turn: TurnCheck | None = None,
-) -> Plan:
+) -> PlacementPlan:
     """Where a queued run can start now with this worker's machine (`local`, one of `names`) as
     node 0. Call inside the claim's transaction, with the rows of `names` locked
-    (machines_lock): it reads what runs on them. `turn`: the queue's rule, asked of every
-    further machine a multi-node run would take (the claim asks it of `local` itself), so that
-    the run never overtakes an earlier one there."""
+    (machines_lock): it reads what runs on them. `turn`: the queue's rule for the further
+    machines of a multi-node run (queue.queue_turn_check says why; the claim asks it of `local`
+    itself)."""
     local = replace(local, address=worker_address())
     running = list(Experiment.objects.filter(status=Status.RUNNING).exclude(pk=experiment.pk))
     busy = busy_by_machine(running)
@@ -263,42 +268,48 @@ def placement_plan(
     }
     if experiment.nodes <= 1:
         refusal = refusals[local.name]
-        return Plan(reason=refusal.text) if refusal else Plan(placement=[_entry(local, 0)])
+        return (
+            PlacementPlan(reason=refusal.text)
+            if refusal
+            else PlacementPlan(placement=[_entry(local, 0)])
+        )
     for m in machines[1:]:
         blocker = turn(m) if turn is not None and refusals[m.name] is None else None
         if blocker is not None:
             text = f"waiting behind #{blocker.pk}, whose turn on {m.name} comes first"
-            refusals[m.name] = Refusal(text, f"{m.name} keeps its turn for #{blocker.pk}")
+            refusals[m.name] = PlacementRefusal(text, f"{m.name} keeps its turn for #{blocker.pk}")
     fitting = [m for m in machines if refusals[m.name] is None]
     if refusals[local.name] is None and len(fitting) >= experiment.nodes:
         # This machine first: node 0, the rendezvous host.
         return _rendezvous_plan(chosen=fitting[: experiment.nodes], running=running)
     if not experiment.machines and len(fitting) >= experiment.nodes:
-        return Plan(route_to=fitting[0].name)
+        return PlacementPlan(route_to=fitting[0].name)
     offline = [n for n in names if n != local.name and n not in {m.name for m in machines}]
     reason = placement_waiting_reason(
         experiment=experiment, local=local, refusals=refusals, offline=offline
     )
-    return Plan(reason=reason)
+    return PlacementPlan(reason=reason)
 
 
-def _rendezvous_plan(*, chosen: list[Machine], running: list[Experiment]) -> Plan:
+def _rendezvous_plan(*, chosen: list[Machine], running: list[Experiment]) -> PlacementPlan:
     host = chosen[0]
     port = rdzv_port_pick(worker=host.name, running=running)
     if port is None:
         ports = env_str("TRAINYARD_RDZV_PORTS", RDZV_PORTS_DEFAULT)
-        return Plan(reason=f"waiting for a free rendezvous port on {host.name}: {ports} all taken")
+        return PlacementPlan(
+            reason=f"waiting for a free rendezvous port on {host.name}: {ports} all taken"
+        )
     placement = [_entry(machine, k) for k, machine in enumerate(chosen)]
     for entry in placement:
         entry["rdzv_endpoint"] = f"{placement[0]['address']}:{port}"
-    return Plan(placement=placement)
+    return PlacementPlan(placement=placement)
 
 
 def placement_waiting_reason(
     *,
     experiment: Experiment,
     local: Machine,
-    refusals: dict[str, Refusal | None],
+    refusals: dict[str, PlacementRefusal | None],
     offline: list[str],
 ) -> str:
     """ "waiting for 2 machines with 1 free core each: host-b busy with #7"."""

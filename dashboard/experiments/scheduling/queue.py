@@ -99,7 +99,8 @@ def runs_compete(*, first: Experiment, second: Experiment, machine: Machine) -> 
     return bool(threads(first) and threads(second))
 
 
-def machines_online() -> set[str]:
+def hostnames_online() -> set[str]:
+    """The names of the machines online (allocation.machines_online has their devices)."""
     return set(WorkerMachine.objects.online().values_list("hostname", flat=True))
 
 
@@ -117,7 +118,7 @@ def turn_blocker(
 ) -> Experiment | None:
     """The first run of `earlier` (claim order) whose turn on this machine comes before `run`'s,
     or None. `held`: owners at their running limit, whose runs cannot start anyway."""
-    online = machines_online() | {machine.name}
+    online = hostnames_online() | {machine.name}
     for other in earlier:
         if other.owner_id in held or not run_could_use(run=other, machine=machine):
             continue
@@ -199,7 +200,7 @@ def queue_head_for(*, worker: str) -> Experiment | None:
     held = owners_at_limit(running_by_owner())
     row = WorkerMachine.objects.filter(hostname=worker).first()
     machine = machine_from_row(row) if row is not None else Machine(worker, 1, frozenset())
-    online = machines_online() | {worker}
+    online = hostnames_online() | {worker}
     for run in queue_ordered().exclude(owner_id__in=held).iterator():
         if run_could_use(run=run, machine=machine) and run_placeable(run=run, online=online):
             return run

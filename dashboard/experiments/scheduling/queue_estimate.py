@@ -18,9 +18,13 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from dashboard.devices.models import WorkerMachine
 from dashboard.experiments.models import Experiment, Status
-from dashboard.experiments.scheduling.allocation import Machine, allocation_refusal
+from dashboard.experiments.scheduling.allocation import (
+    Machine,
+    allocation_refusal,
+    machines_online,
+    placement_workers,
+)
 from dashboard.experiments.scheduling.queue import run_could_use, running_limit, turn_blocker
 
 TYPICAL_SAMPLE = 5
@@ -35,15 +39,6 @@ class Slot:
     run: Experiment
     hosts: list[str]
     end: datetime | None
-
-
-def machines_online() -> list[Machine]:
-    machines = []
-    for row in WorkerMachine.objects.online():
-        report: dict[str, Any] = row.report or {}
-        gpus = frozenset(int(gpu["index"]) for gpu in report.get("gpus") or [] if "index" in gpu)
-        machines.append(Machine(row.hostname, int(report.get("cpu_count") or 1), gpus))
-    return machines
 
 
 class Durations:
@@ -79,11 +74,6 @@ def running_end(*, run: Experiment, now: datetime, durations: Durations) -> date
     if typical is None:
         return None
     return max(now, run.started_at + timedelta(seconds=typical))
-
-
-def _hosts(run: Experiment) -> list[str]:
-    named = [p.get("worker") for p in run.placement or [] if isinstance(p, dict)]
-    return [name for name in named if name] or [run.worker]
 
 
 def _place(
@@ -132,7 +122,7 @@ def queue_estimates(*, queued: list[Experiment], now: datetime) -> dict[int, dat
     durations, machines = Durations(), machines_online()
     running = Experiment.objects.filter(status=Status.RUNNING)
     slots = [
-        Slot(run, _hosts(run), running_end(run=run, now=now, durations=durations))
+        Slot(run, placement_workers(run), running_end(run=run, now=now, durations=durations))
         for run in running
     ]
     waiting = list(queued[:MOST_ESTIMATED])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from typing import Any
 from urllib.parse import urlencode
 
@@ -45,8 +44,8 @@ from dashboard.experiments.metrics.logs import (
     log_text_lines,
 )
 from dashboard.experiments.models import ACTIVE_STATUSES, Experiment
+from dashboard.experiments.selectors import experiment_as_dict
 from dashboard.experiments.services import (
-    experiment_as_dict,
     experiment_checkpoint_request,
     experiment_launch,
     experiment_stop,
@@ -60,6 +59,7 @@ from dashboard.experiments.web.api_schemas import (
     LogsOut,
     MetricsOut,
 )
+from dashboard.experiments.web.params import query_int
 from dashboard.experiments.web.run_list import (
     ListQueryError,
     list_query_params,
@@ -90,8 +90,6 @@ TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", list: "a li
 # Bounds checked before the form sees a value (see launch_payload_bounds_check).
 MAX_JSON_INT = 2**63 - 1
 MAX_RANK = 999_999
-# Bounded so that int() never meets a number of thousands of digits.
-ASCII_DIGITS = re.compile(r"[0-9]{1,19}")
 MAX_STRING_CHARS = 200
 
 router = Router(tags=["runs"])
@@ -328,22 +326,11 @@ def experiment_labels(request: HttpRequest, pk: int) -> JsonResponse:
 
 
 def log_filter_parse(params: Any) -> LogFilter:
-    rank = _whole_number(params, "rank", None, MAX_RANK)
+    rank = query_int(params, "rank", default=None, lo=0, hi=MAX_RANK)
     level = params.get("level", "").strip().lower()
     if level and level not in LEVEL_SEVERITY:
         raise ApiError(400, f"level must be one of {', '.join(LEVEL_SEVERITY)}")
     return LogFilter(rank=rank, level=level or None)
-
-
-def _whole_number(params: Any, name: str, default: int | None, most: int) -> int | None:
-    """ASCII digits only: str.isdigit() and int() take other scripts' digits too ("²" passed
-    isdigit() and then failed int(), a 500)."""
-    value = params.get(name, "")
-    if not value:
-        return default
-    if not (ASCII_DIGITS.fullmatch(value) and int(value) <= most):
-        raise ApiError(400, f"{name} must be a whole number from 0 to {most}", {name: [value]})
-    return int(value)
 
 
 @router.get(
@@ -365,8 +352,8 @@ def experiment_logs(request: HttpRequest, pk: int) -> HttpResponse:
         )
         response["Content-Disposition"] = f'attachment; filename="run-{pk}-log.txt"'
         return response
-    after = _whole_number(request.GET, "after", None, MAX_JSON_INT)
-    limit = _whole_number(request.GET, "limit", LOG_PAGE_DEFAULT, LOG_PAGE_MAX) or 1
+    after = query_int(request.GET, "after", default=None, lo=0, hi=MAX_JSON_INT)
+    limit = query_int(request.GET, "limit", default=LOG_PAGE_DEFAULT, lo=0, hi=LOG_PAGE_MAX) or 1
     page = log_lines_page(experiment=experiment, where=where, after=after, limit=limit)
     following = None
     if page.more:

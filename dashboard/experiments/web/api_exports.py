@@ -26,7 +26,7 @@ from dashboard.experiments.metrics.exports import (
 from dashboard.experiments.metrics.imports import ImportRefused, experiment_import, import_max_bytes
 from dashboard.experiments.metrics.scaling import compare_ids_parse
 from dashboard.experiments.models import Experiment
-from dashboard.experiments.services import experiment_as_dict
+from dashboard.experiments.selectors import experiment_as_dict
 from dashboard.experiments.web.api_schemas import ExperimentOut
 from dashboard.streaming import streamed
 

@@ -19,13 +19,13 @@ from dashboard.api import ApiError, query_params
 from dashboard.experiments.metrics.series import (
     DEFAULT_BUDGET,
     MAX_BUDGET,
+    MAX_STEP,
     RAW_PAGE_ROWS,
     series_buckets,
     series_raw,
 )
 from dashboard.experiments.models import Experiment
-
-MAX_STEP = 2**31 - 1
+from dashboard.experiments.web.params import query_int
 
 STEP = {"type": "integer", "minimum": 0, "maximum": MAX_STEP}
 METRICS_PARAMS = query_params(
@@ -37,19 +37,6 @@ METRICS_PARAMS = query_params(
     ("after", {"type": "integer", "minimum": -1, "maximum": MAX_STEP}, "raw: after this step"),
     ("limit", {"type": "integer", "minimum": 1, "maximum": RAW_PAGE_ROWS * 10}, "raw: rows"),
 )
-
-
-def _int(request: HttpRequest, name: str, *, default: int | None, lo: int, hi: int) -> int | None:
-    raw = request.GET.get(name, "")
-    if raw == "":
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = lo - 1
-    if not lo <= value <= hi:
-        raise ApiError(400, f"{name} must be a whole number from {lo} to {hi}", {name: [raw]})
-    return value
 
 
 def _keys(request: HttpRequest) -> list[str] | None:
@@ -66,9 +53,9 @@ def _global_batch_size(experiment: Experiment) -> int | None:
 def metrics_response(*, request: HttpRequest, experiment: Experiment) -> JsonResponse:
     if request.GET.get("raw") in {"1", "true"}:
         return _raw_response(request=request, experiment=experiment)
-    budget = _int(request, "buckets", default=DEFAULT_BUDGET, lo=1, hi=MAX_BUDGET)
-    lo = _int(request, "from", default=None, lo=0, hi=MAX_STEP)
-    hi = _int(request, "to", default=None, lo=0, hi=MAX_STEP)
+    budget = query_int(request.GET, "buckets", default=DEFAULT_BUDGET, lo=1, hi=MAX_BUDGET)
+    lo = query_int(request.GET, "from", default=None, lo=0, hi=MAX_STEP)
+    hi = query_int(request.GET, "to", default=None, lo=0, hi=MAX_STEP)
     step_range = None
     if lo is not None or hi is not None:
         step_range = (lo or 0, MAX_STEP if hi is None else hi)
@@ -89,8 +76,8 @@ def metrics_response(*, request: HttpRequest, experiment: Experiment) -> JsonRes
 
 
 def _raw_response(*, request: HttpRequest, experiment: Experiment) -> JsonResponse:
-    after = _int(request, "after", default=None, lo=-1, hi=MAX_STEP)
-    limit = _int(request, "limit", default=RAW_PAGE_ROWS, lo=1, hi=RAW_PAGE_ROWS * 10)
+    after = query_int(request.GET, "after", default=None, lo=-1, hi=MAX_STEP)
+    limit = query_int(request.GET, "limit", default=RAW_PAGE_ROWS, lo=1, hi=RAW_PAGE_ROWS * 10)
     page = series_raw(
         experiment=experiment, keys=_keys(request), after_step=after, limit=limit or RAW_PAGE_ROWS
     )

@@ -25,7 +25,9 @@ from dashboard.experiments.scheduling.queue import (
     queue_ordered,
 )
 from dashboard.experiments.scheduling.queue_estimate import queue_estimates
+from dashboard.experiments.selectors import iso_or_none
 from dashboard.experiments.web.api_schemas import PriorityIn, PriorityOut, QueueOut
+from dashboard.experiments.web.params import body_int
 from dashboard.texts import (
     QUEUE_ESTIMATE_METHOD,
     QUEUE_NOT_TRIED,
@@ -50,10 +52,6 @@ def reason_for_viewer(reason: str, *, viewer_runs: set[int] | None) -> str:
     return RUN_REFERENCE.sub(name, reason)
 
 
-def _iso(value: datetime | None) -> str | None:
-    return value.isoformat() if value is not None else None
-
-
 def queue_entry(
     run: Experiment, *, position: int, start: datetime | None, now: datetime, reason: str
 ) -> dict[str, Any]:
@@ -73,8 +71,8 @@ def queue_entry(
         "nodes": run.nodes,
         "gpus": run.gpus,
         "devices_label": run.devices_label(),
-        "created_at": _iso(run.created_at),
-        "estimated_start": _iso(start),
+        "created_at": iso_or_none(run.created_at),
+        "estimated_start": iso_or_none(start),
         "estimated_start_seconds": wait,
         "estimated_start_text": queue_start_text(wait),
         "url": run.get_absolute_url(),
@@ -119,15 +117,6 @@ def queue_view(request: HttpRequest) -> JsonResponse:
     return JsonResponse(queue_listing(user=request.user, now=timezone.now()))
 
 
-def _priority_parse(body: dict[str, Any]) -> int:
-    value = body.get("priority")
-    low, high = PRIORITY_RANGE
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        message = f"priority must be a whole number from {low} to {high}"
-        raise ApiError(400, message, {"priority": [message]})
-    return value
-
-
 @router.post(
     "/queue/{pk}/priority/",
     url_name="api-queue-priority",
@@ -138,7 +127,8 @@ def queue_priority_view(request: HttpRequest, pk: int) -> JsonResponse:
     """Set a queued run's priority (staff only): higher is claimed first."""
     if not getattr(request.user, "is_staff", False):
         raise ApiError(403, "only staff may set a run's priority")
-    priority = _priority_parse(json_body(request))
+    low, high = PRIORITY_RANGE
+    priority = body_int(json_body(request), "priority", lo=low, hi=high)
     experiment = Experiment.objects.filter(pk=pk).first()
     if experiment is None:
         raise ApiError(404, f"no experiment {pk}")

@@ -1,6 +1,6 @@
 """What the runs' JSON routes answer, as typed schemas for /api/schema/.
 
-The routes build their JSON as they always did (services.experiment_as_dict, the models'
+The routes build their JSON as they always did (selectors.experiment_as_dict, the models'
 as_dict); these classes describe it, and tests/test_schemathesis.py checks every answer of the
 live server against them. `extra="allow"`: a key added later is not an answer that breaks the
 schema, and a client reading the documented keys keeps working.

@@ -17,7 +17,7 @@ from dashboard.experiments.core.access import experiments_visible_to
 from dashboard.experiments.core.messages import ErrorMessage, GroupEvents, SnapshotMessage
 from dashboard.experiments.models import Experiment
 from dashboard.experiments.runs.sink import experiment_group
-from dashboard.experiments.services import experiment_snapshot_build
+from dashboard.experiments.selectors import experiment_snapshot_build
 
 SNAPSHOT_LOG_LINES = 200
 CLOSE_UNAUTHENTICATED = 4401

@@ -20,7 +20,7 @@ from dashboard.experiments.core.checkpoints import (
     checkpoint_file_response,
     checkpoint_where_text,
 )
-from dashboard.experiments.core.forms import FIELDS, ExperimentForm
+from dashboard.experiments.core.forms import FIELDS, ExperimentForm, experiment_clone_fields
 from dashboard.experiments.core.limits import LaunchLimited
 from dashboard.experiments.metrics.scaling import (
     BASELINE_RULE,
@@ -34,10 +34,8 @@ from dashboard.experiments.metrics.scaling import (
     scaling_rows_build,
 )
 from dashboard.experiments.models import PROCESS_STRATEGIES, Dataset, Experiment, Status, Strategy
-from dashboard.experiments.services import (
-    experiment_launch,
-    experiment_snapshot_build,
-)
+from dashboard.experiments.selectors import experiment_snapshot_build
+from dashboard.experiments.services import experiment_launch
 from dashboard.experiments.web.run_list import (
     SORT_FIELDS,
     ListQuery,
@@ -143,12 +141,6 @@ def _visible_or_404(request: HttpRequest, pk: Any) -> Experiment:
     return get_object_or_404(experiments_visible_to(request.user), pk=pk)
 
 
-def _clone_initial(source: Experiment) -> dict[str, Any]:
-    initial = {name: getattr(source, name) for name in FIELDS}
-    initial["name"] = f"{source.name} (again)"[:200]
-    return initial
-
-
 def form_unknown_keys(*, data: Any, form: ExperimentForm) -> str:
     """Names a launch post carries that the form does not read: refused, not dropped."""
     unknown = sorted(set(data) - set(form.fields) - FORM_POST_EXTRA_KEYS)
@@ -181,17 +173,17 @@ def experiment_new(request: HttpRequest) -> HttpResponse:
             form.add_error(None, f"unknown fields: {unknown}; the fields are {', '.join(FIELDS)}")
         if form.is_valid():
             try:
-                experiment = experiment_launch(owner=request.user, fields=form.cleaned_data)
+                experiment = experiment_launch(
+                    owner=request.user, fields=form.cleaned_data, cloned_from=source
+                )
             except LaunchLimited as refused:
                 form.add_error(None, refused.message)
                 retry_after = refused.retry_after
             else:
-                if source is not None:
-                    Experiment.objects.filter(pk=experiment.pk).update(cloned_from=source)
                 return redirect(experiment)
         status = 400 if retry_after is None else 429
     else:
-        form = ExperimentForm(initial=_clone_initial(source) if source else None)
+        form = ExperimentForm(initial=experiment_clone_fields(source=source) if source else None)
         status = 200
 
     context = {

@@ -1,0 +1,98 @@
+"""What is read of experiments for a page or a client: the run's row as the API gives it, the
+facts of where it lives, the WebSocket's first message. Nothing here writes (services.py does).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Any
+
+from dashboard.experiments.core.checkpoints import checkpoint_as_dict
+from dashboard.experiments.core.forms import FIELDS
+from dashboard.experiments.core.messages import SnapshotMessage
+from dashboard.experiments.core.run_facts import snapshot_texts
+from dashboard.experiments.metrics.series import series_snapshot
+from dashboard.experiments.models import Experiment
+
+
+def experiment_run_facts(experiment: Experiment) -> dict[str, Any]:
+    """What the `started` event said about where the run lives: shared tensors, stages."""
+    info = experiment.run_info or {}
+    tensors = info.get("shared_tensors")
+    stages = info.get("stages")
+    return {
+        "shared_tensors": [t for t in tensors if isinstance(t, dict)]
+        if isinstance(tensors, list)
+        else [],
+        "stages": [s for s in stages if isinstance(s, dict)] if isinstance(stages, list) else [],
+        "zero_stage": info.get("zero_stage"),
+        "world_size": info.get("world_size"),
+        "global_batch_size": info.get("global_batch_size"),
+        "machines": info.get("machines"),  # each rank's machine (protocol 1.5)
+    }
+
+
+def experiment_snapshot_build(*, experiment: Experiment, log_lines: int) -> SnapshotMessage:
+    """What a page needs to draw a run from scratch: the WebSocket's first message. Its size
+    is bounded whatever the run's length: series come bucketed, logs as the last lines."""
+    logs = [line.as_dict() for line in experiment.logs.order_by("-seq", "-id")[:log_lines]]
+    logs.reverse()
+    run, rank_stats = experiment_run_facts(experiment), experiment.rank_stats or {}
+    checkpoints = [
+        checkpoint_as_dict(checkpoint=c, experiment=experiment)
+        for c in experiment.checkpoints.all()
+    ]
+    return {
+        "type": "snapshot",
+        "seq": experiment.last_seq,
+        "experiment": experiment_as_dict(experiment),
+        "series": dict(series_snapshot(experiment=experiment)),
+        "logs": logs,
+        "run": run,
+        "rank_stats": rank_stats,
+        "checkpoints": checkpoints,
+        "texts": snapshot_texts(run=run, rank_stats=rank_stats, checkpoints=checkpoints),
+    }
+
+
+def iso_or_none(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def experiment_as_dict(experiment: Experiment) -> dict[str, Any]:
+    data: dict[str, Any] = {"id": experiment.pk}
+    data.update({name: getattr(experiment, name) for name in FIELDS})
+    data.update(
+        owner=experiment.owner.get_username(),
+        status=experiment.status,
+        created_at=iso_or_none(experiment.created_at),
+        started_at=iso_or_none(experiment.started_at),
+        finished_at=iso_or_none(experiment.finished_at),
+        worker=experiment.worker,
+        error=experiment.error,
+        test_loss=experiment.test_loss,
+        test_accuracy=experiment.test_accuracy,
+        epoch=experiment.epoch,
+        step=experiment.step,
+        total_steps=experiment.total_steps,
+        last_seq=experiment.last_seq,
+        notes=experiment.notes,
+        dataset_source=experiment.run_info.get("dataset_source"),
+        waiting_reason=experiment.waiting_reason,
+        attempt=experiment.attempt,
+        attempts=experiment.attempts,
+        heartbeat_at=iso_or_none(experiment.heartbeat_at),
+        stop_requested=experiment.cancel_requested_at is not None,
+        checkpoint_requested=experiment.checkpoint_requested_at is not None,
+        cancelled_by=experiment.cancelled_by.get_username() if experiment.cancelled_by else None,
+        duration=experiment.duration_seconds,
+        url=experiment.get_absolute_url(),
+        devices_label=experiment.devices_label(),
+        tags=experiment.tags,
+        note=experiment.note,
+        # Brought in by POST /api/experiments/import/: no worker trained it here.
+        imported=experiment.imported,
+        # The machines of the current (or last) attempt, node 0 first, with the ranks each ran.
+        placement=experiment.placement,
+    )
+    return data
