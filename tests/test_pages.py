@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.contrib.staticfiles import finders
+from django.templatetags.static import static
 from django.urls import reverse
 from django.utils.html import escape
 
 from dashboard.experiments.models import Experiment, LogLine, SeriesPoint, Status
 from tests.factories import form_data
 from training.registry import REGISTRY
+
+ROOT = Path(__file__).resolve().parent.parent
 
 VALID = form_data()
 
@@ -394,9 +399,24 @@ def test_detail_embeds_the_stored_curve(client: Any, alice: Any) -> None:
 
 
 def test_uplot_is_installed() -> None:
-    # node_modules/uplot/dist is served as static/vendor/uplot/: `npm ci` must have run.
-    assert finders.find("vendor/uplot/uPlot.iife.min.js"), "run `npm ci` in the repository root"
+    # static/vendor/uplot/ holds uPlot's files themselves (its README: version, licence).
+    assert finders.find("vendor/uplot/uPlot.iife.min.js"), "static/vendor/uplot/ is incomplete"
     assert finders.find("vendor/uplot/uPlot.min.css")
+
+
+def test_uplot_is_served_from_the_vendored_file_without_node_modules(client: Any) -> None:
+    # A GPU worker (`make worker`) has no Node: nothing may point at node_modules any more.
+    assert not any("node_modules" in str(folder) for folder in settings.STATICFILES_DIRS)
+    vendored = ROOT / "static" / "vendor" / "uplot"
+    assert finders.find("vendor/uplot/uPlot.iife.min.js") == str(vendored / "uPlot.iife.min.js")
+    response = client.get(static("vendor/uplot/uPlot.iife.min.js"))
+    assert response.status_code == 200
+    body = b"".join(response.streaming_content)
+    assert body == (vendored / "uPlot.iife.min.js").read_bytes()
+    # The pinned version, said in the file's own banner and in the README beside it.
+    assert body.startswith(b"/*! https://github.com/leeoniya/uPlot (v1.6.32) */")
+    assert "uPlot 1.6.32" in (vendored / "README.md").read_text()
+    assert "MIT License" in (vendored / "LICENSE").read_text()
 
 
 def test_a_stopped_run_is_told_plainly_a_failed_one_in_red(client: Any, alice: Any) -> None:

@@ -1,5 +1,5 @@
-// The one chart component of every page (the run page, the compare page): uPlot (npm `uplot`,
-// served from node_modules) drawing a run's bucketed series as the server sends them
+// The one chart component of every page (the run page, the compare page): uPlot (vendored in
+// static/vendor/uplot/, its README says the version) drawing a run's bucketed series as the server sends them
 // (dashboard/experiments/metrics/series.py: [step_first, step_last, time_first, time_last, min, max,
 // mean, last, n]). Each line is a min/max band with its mean on top, so that one spike among
 // 100,000 points still shows however many points a bucket holds; live points append as
