@@ -478,7 +478,7 @@ def test_page_scripts_keep_no_copy_of_the_server_facts() -> None:
     for name in (
         "experiment_list.js",
         "experiment_detail.js",
-        "experiment_run.js",
+        "run_facts.js",
         "experiment_form.js",
         "devices.js",
         "run_logs.js",

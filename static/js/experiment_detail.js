@@ -248,7 +248,7 @@
 
   // ---- events --------------------------------------------------------------------------------
 
-  // The run's other panels (static/js/experiment_run.js) follow the same messages.
+  // The run's other panels (static/js/run_facts.js) follow the same messages.
   function announce(msg) {
     root.dispatchEvent(new CustomEvent("run:message", { detail: msg }));
   }

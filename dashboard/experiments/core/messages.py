@@ -3,7 +3,7 @@
 They come over the run's WebSocket, /ws/experiments/<id>/ (``consumers.py``); the page also
 embeds a first ``snapshot`` (``views.experiment_detail``, with ``scaling``), so that it draws at
 once. ``static/js/experiment_detail.js`` owns the socket and hands every message to
-``static/js/experiment_run.js``; each keeps one handler per type and ignores types it does not
+``static/js/run_facts.js``; each keeps one handler per type and ignores types it does not
 know.
 
 On every connect the first message is a ``snapshot``; then come the messages of the run's

@@ -139,7 +139,7 @@ class ScalingRow:
 
     @property
     def texts(self) -> dict[str, str]:
-        """The figures as the pages show them (static/js/experiment_run.js writes the same)."""
+        """The figures as the pages show them (static/js/run_facts.js writes the same)."""
         speedup, efficiency = self.speedup, self.efficiency
         return {
             "throughput": throughput_text(self.throughput),
