@@ -13,7 +13,9 @@ from django.templatetags.static import static
 from django.urls import reverse
 from django.utils.html import escape
 
+from dashboard.experiments.core.messages import socket_path
 from dashboard.experiments.models import Experiment, LogLine, SeriesPoint, Status
+from dashboard.experiments.routing import websocket_urlpatterns
 from tests.factories import form_data
 from training.registry import REGISTRY
 
@@ -396,6 +398,14 @@ def test_detail_embeds_the_stored_curve(client: Any, alice: Any) -> None:
     embedded = json.loads(html[start : html.index("</script>", start)])
     assert embedded["experiment"]["id"] == experiment.pk
     assert embedded["logs"][0]["message"] == "epoch 1 <done>"
+
+
+def test_the_pages_socket_path_is_the_route_routing_serves() -> None:
+    # One place (core/messages.py) for the path: the route, the run page and the compare pages.
+    [route] = websocket_urlpatterns
+    assert socket_path(42) == "/ws/experiments/42/"
+    assert route.pattern.match(socket_path(42).removeprefix("/")) == ("", (), {"pk": "42"})
+    assert route.pattern.match("ws/experiments/x/") is None
 
 
 def test_uplot_is_installed() -> None:

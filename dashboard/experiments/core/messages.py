@@ -55,6 +55,15 @@ from training.protocol import (
 # The channel layer's message type: the consumer's ``run_events`` handler takes it.
 GROUP_MESSAGE_TYPE: Final = "run.events"
 
+# The run's socket: routing.py serves this route and every page connects to `socket_path`.
+SOCKET_PREFIX: Final = "ws/experiments/"
+SOCKET_ROUTE: Final = rf"^{SOCKET_PREFIX}(?P<pk>\d+)/$"
+
+
+def socket_path(pk: int) -> str:
+    """The path a page opens for run `pk` (the page adds the scheme and host)."""
+    return f"/{SOCKET_PREFIX}{pk}/"
+
 
 class Numbered(TypedDict):
     seq: int  # the sink's number for the message (see above)
