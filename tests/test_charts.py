@@ -236,3 +236,36 @@ def test_live_samples_at_one_step_are_kept(tab: Any, stack: Stack) -> None:
     log_in(tab, stack, "alice")
     open_run(tab, stack, run_make(stack, owner="alice", name="chart one step", points=50))
     assert tab.evaluate(APPEND_AT_ONE_STEP) == 2
+
+
+# common.js runSocket on two runs at once: its states, and the snapshots it handed on.
+FOLLOW = """async ([mine, theirs]) => {
+  const follow = (pk) => new Promise((resolve) => {
+    const got = { states: [], snapshots: 0 };
+    Trainyard.runSocket("/ws/experiments/" + pk + "/", {
+      isFinal: () => got.snapshots > 0,
+      checkUrl: "/api/experiments/" + pk + "/",
+      onSnapshot: () => { got.snapshots += 1; },
+      onEvent: () => {},
+      onState: (kind, text) => {
+        got.states.push(text);
+        // A while after closing, to see that no reconnect follows.
+        if (kind === "closed") setTimeout(() => resolve(got), 2500);
+      },
+    });
+  });
+  return Promise.all([follow(mine), follow(theirs)]);
+}"""
+
+
+def test_the_run_socket_closes_after_a_final_snapshot_and_at_a_refusal(
+    tab: Any, stack: Stack
+) -> None:
+    mine = run_make(stack, owner="alice", name="socket mine", points=10)
+    theirs = run_make(stack, owner="bob", name="socket theirs", points=10)
+    log_in(tab, stack, "alice")
+    own, refused = tab.evaluate(FOLLOW, [mine, theirs])
+    # A finished run: one snapshot, then closed for good (no reconnect).
+    assert own == {"states": ["connecting…", "live", "closed"], "snapshots": 1}
+    # Another user's run: the refused handshake looks like a drop; the API says why, and it stops.
+    assert refused == {"states": ["connecting…", "closed: not allowed"], "snapshots": 0}

@@ -467,6 +467,19 @@ def test_every_page_gets_the_strategies_and_every_status_label(
     assert facts["strategies"]["dp"]["short"] == "DP"
 
 
+@pytest.mark.django_db
+def test_the_page_facts_name_the_run_sockets_close_codes(client: Any, alice: Any) -> None:
+    # The consumer closes with them and common.js runSocket reads them here, by name.
+    client.force_login(alice)
+    facts = _embedded(client.get(reverse("experiment-list")).content.decode(), "page-facts")
+    assert facts["socket_close"] == {
+        "final": 1000,
+        "resync": 4000,
+        "unauthenticated": 4401,
+        "forbidden": 4403,
+    }
+
+
 def test_page_scripts_keep_no_copy_of_the_server_facts() -> None:
     """Strategy lists, status labels and shared helpers (log lines, the socket's order) live in
     one place (common.js, fed by the page's JSON); a page script that grows its own copy again
@@ -484,6 +497,11 @@ def test_page_scripts_keep_no_copy_of_the_server_facts() -> None:
         "function logLine",
         "function lineNode",
         "msg.seq",
+        # The run socket's connect and backoff, and its close codes (common.js runSocket).
+        "new WebSocket(",
+        "4000",
+        "4401",
+        "4403",
     )
     for name in (
         "experiment_list.js",

@@ -42,6 +42,7 @@ other way round.
 # No ``from __future__ import annotations``: on Python 3.11 it hides ``NotRequired`` from
 # ``TypedDict``'s ``__required_keys__`` (see training/protocol.py).
 
+from enum import IntEnum
 from typing import Any, Final, Literal, NotRequired, TypedDict
 
 from training.protocol import (
@@ -63,6 +64,15 @@ SOCKET_ROUTE: Final = rf"^{SOCKET_PREFIX}(?P<pk>\d+)/$"
 def socket_path(pk: int) -> str:
     """The path a page opens for run `pk` (the page adds the scheme and host)."""
     return f"/{SOCKET_PREFIX}{pk}/"
+
+
+class SocketClose(IntEnum):
+    """The run socket's close codes; pages get them in their facts (common.js `runSocket`)."""
+
+    FINAL = 1000  # the page's: the run is final, nothing more will come
+    RESYNC = 4000  # the page's: a gap in seq or a resumed attempt; reconnect for a fresh snapshot
+    UNAUTHENTICATED = 4401  # the consumer's refusals: retrying would not help
+    FORBIDDEN = 4403
 
 
 class Numbered(TypedDict):

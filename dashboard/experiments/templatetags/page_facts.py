@@ -13,6 +13,7 @@ from django import template
 from django.utils.html import json_script
 from django.utils.safestring import SafeString
 
+from dashboard.experiments.core.messages import SocketClose
 from dashboard.experiments.core.transitions import ENDS
 from dashboard.experiments.models import ACTIVE_STATUSES, Status
 from training.registry import REGISTRY
@@ -41,6 +42,8 @@ def page_facts_build() -> dict[str, Any]:
         "active_statuses": [str(status) for status in ACTIVE_STATUSES],
         # Statuses no transition leaves: the page stops listening there.
         "final_statuses": [status for status in Status.values if status in ENDS],
+        # The run socket's close codes, by name (common.js runSocket reads them).
+        "socket_close": {code.name.lower(): int(code) for code in SocketClose},
     }
 
 
