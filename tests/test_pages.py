@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ from django.utils.html import escape
 from dashboard.experiments.core.messages import socket_path
 from dashboard.experiments.models import Experiment, LogLine, SeriesPoint, Status
 from dashboard.experiments.routing import websocket_urlpatterns
+from dashboard.experiments.runs import sink
 from tests.factories import form_data
 from training.registry import REGISTRY
 
@@ -478,6 +480,45 @@ def test_the_page_facts_name_the_run_sockets_close_codes(client: Any, alice: Any
         "unauthenticated": 4401,
         "forbidden": 4403,
     }
+
+
+@pytest.mark.django_db
+def test_the_page_facts_carry_the_series_contract(client: Any, alice: Any) -> None:
+    client.force_login(alice)
+    facts = _embedded(client.get(reverse("experiment-list")).content.decode(), "page-facts")
+    series = facts["series"]
+    # The keys the sink stores under are the ones the page files live figures under.
+    assert series["step_series"] == sink.STEP_SERIES
+    assert series["epoch_series"] == sink.EPOCH_SERIES
+    assert series["rank_fields"] == list(sink.RANK_FIELDS)
+    charts = series["charts"]
+    assert [c["id"] for c in charts][:3] == ["train_loss", "test_loss", "test_accuracy"]
+    assert charts[2] == {
+        "id": "test_accuracy", "title": "Test accuracy", "match": "^test_accuracy$", "unit": "%",
+        "factor": 100, "color": "--chart-acc",
+    }  # fmt: skip
+
+    def chart_of(key: str) -> tuple[str, str | None] | None:
+        for chart in charts:
+            if found := re.search(chart["match"], key):
+                return chart["id"], found.expand(chart.get("line", "").replace("$", "\\"))
+        return None
+
+    # Every figure a step stores has its chart, a rank's and a GPU's with the line's name.
+    for key in sink.STEP_SERIES.values():
+        assert chart_of(key) == (key, "")
+    assert chart_of("rank/3/rss_bytes") == ("rank_rss", "rank 3")
+    assert chart_of("gpu/host-a/1/utilization") == ("gpu_util", "host-a GPU 1")
+    assert chart_of("epoch/images_per_second") is None  # scaling reads it; no chart of its own
+
+
+def test_charts_js_keeps_no_copy_of_the_series_contract() -> None:
+    path = finders.find("js/charts.js")
+    assert path
+    with open(path, encoding="utf-8") as script:
+        text = script.read()
+    copies = ('"Training loss"', '"rss_bytes"', '"epoch/images_per_second"', "^train_loss$")
+    assert [c for c in copies if c in text] == []
 
 
 def test_page_scripts_keep_no_copy_of_the_server_facts() -> None:

@@ -1,13 +1,17 @@
 // What every page script shares, loaded by templates/base.html before them (all are deferred,
 // so they run in order): small helpers, and the facts the server sends each page in
-// #page-facts ({% page_facts %}): the strategies of training/registry.py and the model's status
-// labels. Page scripts read them from here and keep no copy of their own.
+// #page-facts ({% page_facts %}): the strategies of training/registry.py, the model's status
+// labels, the run socket's close codes and the series contract (which chart draws which series).
+// Page scripts read them from here and keep no copy of their own.
 window.Trainyard = (function () {
   "use strict";
 
   const factsEl = document.getElementById("page-facts");
   const facts = Object.assign(
-    { strategies: {}, statuses: {}, active_statuses: [], final_statuses: [], socket_close: {} },
+    {
+      strategies: {}, statuses: {}, active_statuses: [], final_statuses: [], socket_close: {},
+      series: { charts: [], step_series: {}, epoch_series: {}, rank_fields: [] },
+    },
     factsEl ? JSON.parse(factsEl.textContent) : {},
   );
   // The run socket's close codes (core/messages.py SocketClose): final, resync, and the

@@ -58,7 +58,7 @@ def throughputs_read(*, experiment_ids: Iterable[int]) -> dict[int, float]:
     ids = set(experiment_ids)
     found = series_mean(experiment_ids=list(ids), key="images_per_second")
     missing = ids - found.keys()
-    if missing:  # the epochs' means are their own series (sink.EPOCH_SERIES)
+    if missing:  # the epochs' means are their own series (series_contract.EPOCH_SERIES)
         found.update(series_mean(experiment_ids=list(missing), key="epoch/images_per_second"))
     return found
 
