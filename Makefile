@@ -19,11 +19,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install --quiet --no-deps --force-reinstall "$$(grep -o 'django-ninja==[0-9.]*' pyproject.toml)"
 	touch $@
 
-node_modules/.installed: package.json package-lock.json
-	npm ci --no-audit --no-fund --loglevel=error
-	touch $@
-
-setup: $(VENV)/.installed node_modules/.installed
+setup: $(VENV)/.installed
 	$(PY) manage.py migrate --noinput -v 0
 
 run:
@@ -61,4 +57,4 @@ lint:
 	$(VENV)/bin/lint-imports --no-cache
 
 clean:
-	rm -rf $(VENV) node_modules var staticfiles
+	rm -rf $(VENV) var staticfiles

@@ -148,11 +148,8 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "staticfiles"
-STATICFILES_DIRS = [
-    BASE_DIR / "static",
-    # uPlot's own dist files, as `npm ci` installs them from package-lock.json (no build step).
-    ("vendor/uplot", BASE_DIR / "node_modules" / "uplot" / "dist"),
-]
+# uPlot is vendored in static/vendor/uplot/ (its README: version, licence): no Node, no build step.
+STATICFILES_DIRS = [BASE_DIR / "static"]
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
 

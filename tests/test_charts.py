@@ -236,3 +236,65 @@ def test_live_samples_at_one_step_are_kept(tab: Any, stack: Stack) -> None:
     log_in(tab, stack, "alice")
     open_run(tab, stack, run_make(stack, owner="alice", name="chart one step", points=50))
     assert tab.evaluate(APPEND_AT_ONE_STEP) == 2
+
+
+# common.js runSocket on two runs at once: its states, and the snapshots it handed on.
+FOLLOW = """async ([mine, theirs]) => {
+  const follow = (pk) => new Promise((resolve) => {
+    const got = { states: [], snapshots: 0 };
+    Trainyard.runSocket("/ws/experiments/" + pk + "/", {
+      isFinal: () => got.snapshots > 0,
+      checkUrl: "/api/experiments/" + pk + "/",
+      onSnapshot: () => { got.snapshots += 1; },
+      onEvent: () => {},
+      onState: (kind, text) => {
+        got.states.push(text);
+        // A while after closing, to see that no reconnect follows.
+        if (kind === "closed") setTimeout(() => resolve(got), 2500);
+      },
+    });
+  });
+  return Promise.all([follow(mine), follow(theirs)]);
+}"""
+
+
+def test_the_run_socket_closes_after_a_final_snapshot_and_at_a_refusal(
+    tab: Any, stack: Stack
+) -> None:
+    mine = run_make(stack, owner="alice", name="socket mine", points=10)
+    theirs = run_make(stack, owner="bob", name="socket theirs", points=10)
+    log_in(tab, stack, "alice")
+    own, refused = tab.evaluate(FOLLOW, [mine, theirs])
+    # A finished run: one snapshot, then closed for good (no reconnect).
+    assert own == {"states": ["connecting…", "live", "closed"], "snapshots": 1}
+    # Another user's run: the refused handshake looks like a drop; the API says why, and it stops.
+    assert refused == {"states": ["connecting…", "closed: not allowed"], "snapshots": 0}
+
+
+# charts.js reads the series contract from the page facts: a live step's figures under the
+# sink's keys, and a per-rank key's chart and line.
+CONTRACT = """() => ({
+  points: TrainyardCharts.messagePoints({ type: "step", step: 3, time: 1.5, train_loss: 0.5,
+                                          ranks: [{ rank: 1, images_per_second: 9 }] }),
+  epoch: TrainyardCharts.messagePoints({ type: "epoch", step: 4, images_per_second: 7 }),
+  rank: [TrainyardCharts.specOf("rank/1/rss_bytes").spec.id,
+         TrainyardCharts.specOf("rank/1/rss_bytes").line],
+  gpu: TrainyardCharts.specOf("gpu/host-a/0/memory_bytes").line,
+  ids: TrainyardCharts.SPECS.map((s) => s.id),
+  served: Trainyard.facts.series.charts.map((s) => s.id),
+})"""
+
+
+def test_the_charts_come_from_the_page_facts_series_contract(tab: Any, stack: Stack) -> None:
+    pk = run_make(stack, owner="alice", name="contract", points=10)
+    log_in(tab, stack, "alice")
+    open_run(tab, stack, pk)
+    got = tab.evaluate(CONTRACT)
+    assert got["points"] == {
+        "train_loss": [[3, 1.5, 0.5]],
+        "rank/1/images_per_second": [[3, 1.5, 9]],
+    }
+    assert got["epoch"] == {"epoch/images_per_second": [[4, None, 7]]}
+    assert got["rank"] == ["rank_rss", "rank 1"]
+    assert got["gpu"] == "host-a GPU 0"
+    assert got["ids"] == got["served"] and got["ids"][0] == "train_loss"

@@ -3,16 +3,25 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
+from django.conf import settings
 from django.contrib.staticfiles import finders
+from django.templatetags.static import static
 from django.urls import reverse
 from django.utils.html import escape
 
+from dashboard.experiments.core.messages import socket_path
 from dashboard.experiments.models import Experiment, LogLine, SeriesPoint, Status
+from dashboard.experiments.routing import websocket_urlpatterns
+from dashboard.experiments.runs import sink
 from tests.factories import form_data
 from training.registry import REGISTRY
+
+ROOT = Path(__file__).resolve().parent.parent
 
 VALID = form_data()
 
@@ -393,10 +402,33 @@ def test_detail_embeds_the_stored_curve(client: Any, alice: Any) -> None:
     assert embedded["logs"][0]["message"] == "epoch 1 <done>"
 
 
+def test_the_pages_socket_path_is_the_route_routing_serves() -> None:
+    # One place (core/messages.py) for the path: the route, the run page and the compare pages.
+    [route] = websocket_urlpatterns
+    assert socket_path(42) == "/ws/experiments/42/"
+    assert route.pattern.match(socket_path(42).removeprefix("/")) == ("", (), {"pk": "42"})
+    assert route.pattern.match("ws/experiments/x/") is None
+
+
 def test_uplot_is_installed() -> None:
-    # node_modules/uplot/dist is served as static/vendor/uplot/: `npm ci` must have run.
-    assert finders.find("vendor/uplot/uPlot.iife.min.js"), "run `npm ci` in the repository root"
+    # static/vendor/uplot/ holds uPlot's files themselves (its README: version, licence).
+    assert finders.find("vendor/uplot/uPlot.iife.min.js"), "static/vendor/uplot/ is incomplete"
     assert finders.find("vendor/uplot/uPlot.min.css")
+
+
+def test_uplot_is_served_from_the_vendored_file_without_node_modules(client: Any) -> None:
+    # A GPU worker (`make worker`) has no Node: nothing may point at node_modules any more.
+    assert not any("node_modules" in str(folder) for folder in settings.STATICFILES_DIRS)
+    vendored = ROOT / "static" / "vendor" / "uplot"
+    assert finders.find("vendor/uplot/uPlot.iife.min.js") == str(vendored / "uPlot.iife.min.js")
+    response = client.get(static("vendor/uplot/uPlot.iife.min.js"))
+    assert response.status_code == 200
+    body = b"".join(response.streaming_content)
+    assert body == (vendored / "uPlot.iife.min.js").read_bytes()
+    # The pinned version, said in the file's own banner and in the README beside it.
+    assert body.startswith(b"/*! https://github.com/leeoniya/uPlot (v1.6.32) */")
+    assert "uPlot 1.6.32" in (vendored / "README.md").read_text()
+    assert "MIT License" in (vendored / "LICENSE").read_text()
 
 
 def test_a_stopped_run_is_told_plainly_a_failed_one_in_red(client: Any, alice: Any) -> None:
@@ -437,6 +469,58 @@ def test_every_page_gets_the_strategies_and_every_status_label(
     assert facts["strategies"]["dp"]["short"] == "DP"
 
 
+@pytest.mark.django_db
+def test_the_page_facts_name_the_run_sockets_close_codes(client: Any, alice: Any) -> None:
+    # The consumer closes with them and common.js runSocket reads them here, by name.
+    client.force_login(alice)
+    facts = _embedded(client.get(reverse("experiment-list")).content.decode(), "page-facts")
+    assert facts["socket_close"] == {
+        "final": 1000,
+        "resync": 4000,
+        "unauthenticated": 4401,
+        "forbidden": 4403,
+    }
+
+
+@pytest.mark.django_db
+def test_the_page_facts_carry_the_series_contract(client: Any, alice: Any) -> None:
+    client.force_login(alice)
+    facts = _embedded(client.get(reverse("experiment-list")).content.decode(), "page-facts")
+    series = facts["series"]
+    # The keys the sink stores under are the ones the page files live figures under.
+    assert series["step_series"] == sink.STEP_SERIES
+    assert series["epoch_series"] == sink.EPOCH_SERIES
+    assert series["rank_fields"] == list(sink.RANK_FIELDS)
+    charts = series["charts"]
+    assert [c["id"] for c in charts][:3] == ["train_loss", "test_loss", "test_accuracy"]
+    assert charts[2] == {
+        "id": "test_accuracy", "title": "Test accuracy", "match": "^test_accuracy$", "unit": "%",
+        "factor": 100, "color": "--chart-acc",
+    }  # fmt: skip
+
+    def chart_of(key: str) -> tuple[str, str | None] | None:
+        for chart in charts:
+            if found := re.search(chart["match"], key):
+                return chart["id"], found.expand(chart.get("line", "").replace("$", "\\"))
+        return None
+
+    # Every figure a step stores has its chart, a rank's and a GPU's with the line's name.
+    for key in sink.STEP_SERIES.values():
+        assert chart_of(key) == (key, "")
+    assert chart_of("rank/3/rss_bytes") == ("rank_rss", "rank 3")
+    assert chart_of("gpu/host-a/1/utilization") == ("gpu_util", "host-a GPU 1")
+    assert chart_of("epoch/images_per_second") is None  # scaling reads it; no chart of its own
+
+
+def test_charts_js_keeps_no_copy_of_the_series_contract() -> None:
+    path = finders.find("js/charts.js")
+    assert path
+    with open(path, encoding="utf-8") as script:
+        text = script.read()
+    copies = ('"Training loss"', '"rss_bytes"', '"epoch/images_per_second"', "^train_loss$")
+    assert [c for c in copies if c in text] == []
+
+
 def test_page_scripts_keep_no_copy_of_the_server_facts() -> None:
     """Strategy lists, status labels and shared helpers (log lines, the socket's order) live in
     one place (common.js, fed by the page's JSON); a page script that grows its own copy again
@@ -454,11 +538,16 @@ def test_page_scripts_keep_no_copy_of_the_server_facts() -> None:
         "function logLine",
         "function lineNode",
         "msg.seq",
+        # The run socket's connect and backoff, and its close codes (common.js runSocket).
+        "new WebSocket(",
+        "4000",
+        "4401",
+        "4403",
     )
     for name in (
         "experiment_list.js",
         "experiment_detail.js",
-        "experiment_run.js",
+        "run_facts.js",
         "experiment_form.js",
         "devices.js",
         "run_logs.js",

@@ -158,7 +158,7 @@ def test_run_page_shows_tensors_stages_and_ranks(
     assert "300.0 MiB" in html and "310.0 MiB" in html and ">410<" in html
     assert "25% waiting for data, 75% computing" in html
     assert 'style="width: 25.0%"' in html and 'style="width: 75.0%"' in html
-    assert "js/experiment_run.js" in html
+    assert "js/run_facts.js" in html
 
 
 def test_run_page_without_facts_says_so(user_factory: Any, experiment_factory: Any) -> None:

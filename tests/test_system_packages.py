@@ -59,7 +59,7 @@ def _run_unprivileged(tmp_path: Path, path: Path, **env: str) -> subprocess.Comp
 
 def test_without_chromium_it_stops_with_the_command(tmp_path: Path) -> None:
     need(shutil.which("chromium", path=SYSTEM_PATH) is not None, "no Chromium")
-    path = _bin_with(tmp_path, ["python3.11", "npm", "redis-server"])
+    path = _bin_with(tmp_path, ["python3.11", "redis-server"])
     done = _run_unprivileged(tmp_path, path, TRAINYARD_TEST_FREE_GB="0")
     assert done.returncode == 1, done.stderr
     assert "sudo sh -c 'apt-get update && apt-get install -y chromium'" in done.stderr
@@ -67,7 +67,7 @@ def test_without_chromium_it_stops_with_the_command(tmp_path: Path) -> None:
 
 
 def test_every_missing_package_is_named_in_one_command(tmp_path: Path) -> None:
-    path = _bin_with(tmp_path, ["python3.11", "npm"])
+    path = _bin_with(tmp_path, ["python3.11"])
     done = _run_unprivileged(
         tmp_path, path, TRAINYARD_TEST_FREE_GB="0", TRAINYARD_FASHION_DIR=str(tmp_path / "none"),
         TRAINYARD_POSTGRES_LIB=str(tmp_path / "none"),
@@ -81,7 +81,7 @@ def test_every_missing_package_is_named_in_one_command(tmp_path: Path) -> None:
 def test_without_postgresql_it_stops_with_the_command(tmp_path: Path) -> None:
     need(shutil.which("chromium", path=SYSTEM_PATH) is not None, "no Chromium")
     need(shutil.which("redis-server", path=SYSTEM_PATH) is not None, "no redis-server")
-    path = _bin_with(tmp_path, ["python3.11", "npm", "redis-server", "chromium"])
+    path = _bin_with(tmp_path, ["python3.11", "redis-server", "chromium"])
     fashion = tmp_path / "fashion"
     fashion.mkdir()
     done = _run_unprivileged(
@@ -96,7 +96,7 @@ def test_with_everything_there_it_passes_quietly(tmp_path: Path) -> None:
     need(shutil.which("chromium", path=SYSTEM_PATH) is not None, "no Chromium")
     need(shutil.which("redis-server", path=SYSTEM_PATH) is not None, "no redis-server")
     need(postgres_bin() is not None, "no PostgreSQL server (package postgresql)")
-    path = _bin_with(tmp_path, ["python3.11", "npm", "redis-server", "chromium"])
+    path = _bin_with(tmp_path, ["python3.11", "redis-server", "chromium"])
     fashion = tmp_path / "fashion"
     fashion.mkdir()
     done = _run_unprivileged(
@@ -106,7 +106,7 @@ def test_with_everything_there_it_passes_quietly(tmp_path: Path) -> None:
 
 
 def test_too_little_disk_stops_with_the_reason(tmp_path: Path) -> None:
-    path = _bin_with(tmp_path, ["python3.11", "npm"])
+    path = _bin_with(tmp_path, ["python3.11"])
     done = _run_unprivileged(tmp_path, path, TRAINYARD_TEST_FREE_GB="999999")
     assert done.returncode == 1
     assert "make test needs 999999 GB free" in done.stderr

@@ -12,6 +12,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from dashboard.experiments.core.limits import LaunchLimited
+from dashboard.experiments.core.messages import socket_path
 from dashboard.experiments.metrics.scaling import experiment_global_batch
 from dashboard.studies.forms import StudyForm
 from dashboard.studies.grid import StudyRefused, study_request_parse
@@ -65,7 +66,7 @@ def _chart_run(experiment: Any) -> dict[str, Any]:
         "status": e.status,
         "active": e.is_active,
         "metrics_url": reverse("api-experiment-metrics", args=[e.pk]),
-        "ws_path": f"/ws/experiments/{e.pk}/",
+        "ws_path": socket_path(e.pk),
         "global_batch": experiment_global_batch(e),
         "started_at": e.started_at.isoformat() if e.started_at else None,
     }

@@ -1,5 +1,5 @@
-// The one chart component of every page (the run page, the compare page): uPlot (npm `uplot`,
-// served from node_modules) drawing a run's bucketed series as the server sends them
+// The one chart component of every page (the run page, the compare page): uPlot (vendored in
+// static/vendor/uplot/, its README says the version) drawing a run's bucketed series as the server sends them
 // (dashboard/experiments/metrics/series.py: [step_first, step_last, time_first, time_last, min, max,
 // mean, last, n]). Each line is a min/max band with its mean on top, so that one spike among
 // 100,000 points still shows however many points a bucket holds; live points append as
@@ -25,25 +25,18 @@ window.TrainyardCharts = (function () {
     { id: "wall", label: "Wall time" },
   ];
 
-  // Which series a chart draws, by key. `line` names one line of a chart with several (per rank,
-  // per machine, per GPU); `log` offers the log scale; `factor` turns fractions into percent.
-  const SPECS = [
-    { id: "train_loss", title: "Training loss", match: /^train_loss$/, log: true, color: "--chart-train" },
-    { id: "test_loss", title: "Test loss", match: /^test_loss$/, log: true, color: "--chart-test" },
-    { id: "test_accuracy", title: "Test accuracy", match: /^test_accuracy$/, unit: "%", factor: 100, color: "--chart-acc" },
-    { id: "images_per_second", title: "Images/s", match: /^images_per_second$/ },
-    { id: "lr", title: "Learning rate", match: /^lr$/, log: true },
-    { id: "data_seconds", title: "Waiting for data (s)", match: /^data_seconds$/ },
-    { id: "compute_seconds", title: "Compute (s)", match: /^compute_seconds$/ },
-    { id: "rss_bytes", title: "Memory (RSS)", match: /^rss_bytes$/, unit: "bytes" },
-    { id: "rank_ips", title: "Images/s per rank", match: /^rank\/(\d+)\/images_per_second$/, line: (m) => "rank " + m[1] },
-    { id: "rank_data", title: "Waiting for data per rank (s)", match: /^rank\/(\d+)\/data_seconds$/, line: (m) => "rank " + m[1] },
-    { id: "rank_compute", title: "Compute per rank (s)", match: /^rank\/(\d+)\/compute_seconds$/, line: (m) => "rank " + m[1] },
-    { id: "rank_rss", title: "Memory (RSS) per rank", match: /^rank\/(\d+)\/rss_bytes$/, unit: "bytes", line: (m) => "rank " + m[1] },
-    { id: "cpu", title: "Machine CPU", match: /^machine\/(.+)\/cpu_percent$/, unit: "%", line: (m) => m[1] },
-    { id: "gpu_util", title: "GPU utilisation", match: /^gpu\/(.+)\/(\d+)\/utilization$/, unit: "%", line: (m) => m[1] + " GPU " + m[2] },
-    { id: "gpu_memory", title: "GPU memory", match: /^gpu\/(.+)\/(\d+)\/memory_bytes$/, unit: "bytes", line: (m) => m[1] + " GPU " + m[2] },
-  ];
+  // The series contract (dashboard/experiments/metrics/series_contract.py), sent in the page
+  // facts: which series a chart draws, by key (`match`, a regular expression); `line` names one
+  // line of a chart with several (per rank, machine, GPU; $1, $2: match's groups); `log` offers
+  // the log scale; `factor` turns fractions into percent.
+  const contract = window.Trainyard.facts.series;
+  const lineName = (template) => (m) => template.replace(/\$(\d)/g, (_, i) => m[i]);
+  const SPECS = contract.charts.map((spec) =>
+    Object.assign({}, spec, {
+      match: new RegExp(spec.match),
+      line: spec.line ? lineName(spec.line) : undefined,
+    }),
+  );
 
   const css = getComputedStyle(document.documentElement);
   const cssVar = (name, fallback) => css.getPropertyValue(name).trim() || fallback;
@@ -79,27 +72,21 @@ window.TrainyardCharts = (function () {
   };
 
   /** The series points a live message carries: {key: [[step, time, value], ...]}, under the
-   * keys the sink stores them (dashboard/experiments/runs/sink.py: STEP_SERIES, RANK_FIELDS,
-   * EPOCH_SERIES): step events carry the run's and each rank's figures; epoch events the test
-   * figures and their own images/s; `series` messages the rest (machine and GPU samples). */
+   * keys the sink stores them (the contract's step_series, rank_fields, epoch_series): step
+   * events carry the run's and each rank's figures; epoch events the test figures and their own
+   * images/s; `series` messages the rest (machine and GPU samples). */
   function messagePoints(msg) {
     const out = {};
     if (!msg || !isNum(msg.step)) return msg && msg.type === "series" ? msg.points || {} : out;
     const t = isNum(msg.time) ? msg.time : null;
     if (msg.type === "step") {
-      for (const key of ["train_loss", "images_per_second", "lr", "data_seconds", "compute_seconds", "rss_bytes"]) {
-        put(out, key, msg.step, t, msg[key]);
-      }
+      for (const [field, key] of Object.entries(contract.step_series)) put(out, key, msg.step, t, msg[field]);
       for (const r of Array.isArray(msg.ranks) ? msg.ranks : []) {
         if (!r || !isNum(r.rank)) continue;
-        for (const key of ["images_per_second", "data_seconds", "compute_seconds", "rss_bytes"]) {
-          put(out, "rank/" + r.rank + "/" + key, msg.step, t, r[key]);
-        }
+        for (const field of contract.rank_fields) put(out, "rank/" + r.rank + "/" + field, msg.step, t, r[field]);
       }
     } else if (msg.type === "epoch") {
-      put(out, "test_loss", msg.step, t, msg.test_loss);
-      put(out, "test_accuracy", msg.step, t, msg.test_accuracy);
-      put(out, "epoch/images_per_second", msg.step, t, msg.images_per_second);
+      for (const [field, key] of Object.entries(contract.epoch_series)) put(out, key, msg.step, t, msg[field]);
     }
     return out;
   }

@@ -7,11 +7,10 @@
 
   const dataEl = document.getElementById("compare-charts");
   if (!dataEl) return;
-  const { isNum, strategy, runSocketReader } = window.Trainyard;
+  const { isNum, strategy, runSocket } = window.Trainyard;
   const Charts = window.TrainyardCharts;
   const { runs, scaling } = JSON.parse(dataEl.textContent);
   const box = document.getElementById("charts");
-  const RECONNECT_MS = 3000;
 
   async function getJson(url) {
     const response = await fetch(url, { credentials: "same-origin", headers: { Accept: "application/json" } });
@@ -58,18 +57,13 @@
   }
 
   function follow(run) {
-    if (!run.active || typeof WebSocket === "undefined") return;
-    const scheme = location.protocol === "https:" ? "wss://" : "ws://";
-    const ws = new WebSocket(scheme + location.host + run.ws_path);
-    const final = () => {
-      if (!run.active) ws.close(1000, "final");
-    };
-    ws.onmessage = runSocketReader(ws, {
+    if (!run.active) return;
+    runSocket(run.ws_path, {
+      isFinal: () => !run.active,
       onSnapshot(msg) {
         setRunSeries(run, msg.series);
         for (const chart of set.charts.values()) chart.schedule();
         run.active = !msg.experiment || msg.experiment.status === "queued" || msg.experiment.status === "running";
-        final();
       },
       onEvent(msg) {
         if (msg.type === "started" && isNum(msg.global_batch_size)) run.ctx.globalBatch = msg.global_batch_size;
@@ -77,12 +71,8 @@
           set.chart(Charts.keySpec(key)).append(run.label, points, lineOpts(run, key));
         }
         if (msg.type === "finished" || msg.type === "failed") run.active = false;
-        final();
       },
     });
-    ws.onclose = (event) => {
-      if (run.active && event.code !== 4401 && event.code !== 4403) setTimeout(() => follow(run), RECONNECT_MS);
-    };
   }
 
   async function load() {

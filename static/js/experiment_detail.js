@@ -8,17 +8,12 @@
 
   const {
     isNum, setText, formatDuration, formatPercent, csrfToken, statusLabel, facts, logLine,
-    runSocketReader,
+    runSocket,
   } = window.Trainyard;
   // From the model's statuses (sent in the page): a lost run is neither, it may be queued again.
   const FINAL = new Set(facts.final_statuses);
   const ACTIVE = new Set(facts.active_statuses);
   const MAX_LOG_LINES = 500;
-  const BACKOFF_MIN_MS = 1000;
-  const BACKOFF_MAX_MS = 30000;
-  // Close codes the consumer uses when it refuses a connection: retrying would not help.
-  const CLOSE_UNAUTHENTICATED = 4401;
-  const CLOSE_FORBIDDEN = 4403;
 
   const $ = (id) => document.getElementById(id);
   const wsPath = root.dataset.wsPath;
@@ -248,7 +243,7 @@
 
   // ---- events --------------------------------------------------------------------------------
 
-  // The run's other panels (static/js/experiment_run.js) follow the same messages.
+  // The run's other panels (static/js/run_facts.js) follow the same messages.
   function announce(msg) {
     root.dispatchEvent(new CustomEvent("run:message", { detail: msg }));
   }
@@ -369,137 +364,18 @@
 
   const conn = $("conn");
   let socket = null;
-  let attempts = 0;
-  let retryTimer = null;
-  let openedAt = 0;
-  let closedForGood = false;
 
-  function setConn(kind, text) {
+  function setConn(kind, text, title) {
     conn.dataset.state = kind;
-    conn.title = "";
+    conn.title = title || "";
     setText($("conn-text"), text);
   }
 
   const isFinal = () => FINAL.has(state.experiment.status);
 
-  function connect() {
-    clearTimeout(retryTimer);
-    retryTimer = null;
-    if (closedForGood || !wsPath || typeof WebSocket === "undefined") return;
-    const scheme = location.protocol === "https:" ? "wss://" : "ws://";
-    setConn(attempts ? "reconnecting" : "connecting", attempts ? "reconnecting…" : "connecting…");
-    let ws;
-    try {
-      ws = new WebSocket(scheme + location.host + wsPath);
-    } catch (err) {
-      scheduleReconnect();
-      return;
-    }
-    socket = ws;
-    let opened = false;
-    ws.onopen = function () {
-      opened = true;
-      openedAt = Date.now();
-      setConn("live", "live");
-    };
-    // Nothing more will come once the run is final; the server keeps the record.
-    const final = () => {
-      if (!isFinal()) return;
-      closedForGood = true;
-      ws.close(1000, "final");
-    };
-    const read = runSocketReader(ws, {
-      onSnapshot(msg) {
-        handleSnapshot(msg);
-        final();
-      },
-      onEvent(msg) {
-        attempts = 0;
-        handleEvent(msg);
-        // A resumed attempt replaces the points after its checkpoint: redraw from the record.
-        if (msg.type === "status" && msg.resumed) ws.close(4000, "resumed");
-        else final();
-      },
-    });
-    ws.onmessage = function (event) {
-      if (socket === ws) read(event);
-    };
-    ws.onclose = function (event) {
-      if (socket !== ws) return;
-      socket = null;
-      if (Date.now() - openedAt > 30000) attempts = 0;
-      if (event.code === CLOSE_UNAUTHENTICATED) {
-        closedForGood = true;
-        setConn("closed", "closed: log in again to follow the run");
-        return;
-      }
-      if (event.code === CLOSE_FORBIDDEN) {
-        closedForGood = true;
-        setConn("closed", "closed: not allowed");
-        return;
-      }
-      if (closedForGood || isFinal()) {
-        closedForGood = true;
-        setConn("closed", "closed");
-        return;
-      }
-      if (event.code === 4000 && attempts === 0) {
-        attempts = 1;
-        connect();
-        return;
-      }
-      if (!opened) {
-        // A refused handshake looks like a network drop (1006): ask the API which it was.
-        explainRefusal();
-        return;
-      }
-      scheduleReconnect();
-    };
-  }
-
-  function explainRefusal() {
-    fetch(experimentUrl, { credentials: "same-origin", headers: { Accept: "application/json" } })
-      .then(function (response) {
-        if (response.status === 401) {
-          closedForGood = true;
-          setConn("closed", "closed: log in again to follow the run");
-        } else if (response.status === 403 || response.status === 404) {
-          closedForGood = true;
-          setConn("closed", "closed: not allowed");
-        } else {
-          scheduleReconnect();
-        }
-      })
-      .catch(scheduleReconnect);
-  }
-
   function closeForGood() {
-    closedForGood = true;
-    clearTimeout(retryTimer);
-    retryTimer = null;
-    if (socket) socket.close(1000, "final");
-    else setConn("closed", "closed");
+    if (socket) socket.close();
   }
-
-  function scheduleReconnect() {
-    const base = Math.min(BACKOFF_MAX_MS, BACKOFF_MIN_MS * 2 ** attempts);
-    const delay = Math.round(base * (0.7 + Math.random() * 0.6));
-    attempts += 1;
-    setConn("reconnecting", "reconnecting…");
-    conn.title = "next try in " + Math.ceil(delay / 1000) + " s";
-    clearTimeout(retryTimer);
-    retryTimer = setTimeout(connect, delay);
-  }
-
-  // Coming back online or to the tab: no need to sit out the backoff.
-  function retrySoon() {
-    if (retryTimer && !closedForGood && !document.hidden) {
-      attempts = 0;
-      connect();
-    }
-  }
-  window.addEventListener("online", retrySoon);
-  document.addEventListener("visibilitychange", retrySoon);
 
   // ---- stop ----------------------------------------------------------------------------------
 
@@ -568,5 +444,15 @@
     if (!isFinal() && state.experiment.started_at) renderDuration();
   }, 1000);
   // A finished run still connects once: its snapshot is the record the page should show.
-  connect();
+  socket = runSocket(wsPath, {
+    isFinal,
+    onState: setConn,
+    checkUrl: experimentUrl,
+    onSnapshot: handleSnapshot,
+    onEvent(msg) {
+      handleEvent(msg);
+      // A resumed attempt replaces the points after its checkpoint: redraw from the record.
+      if (msg.type === "status" && msg.resumed) socket.resync("resumed");
+    },
+  });
 })();

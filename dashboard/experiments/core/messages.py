@@ -3,7 +3,7 @@
 They come over the run's WebSocket, /ws/experiments/<id>/ (``consumers.py``); the page also
 embeds a first ``snapshot`` (``views.experiment_detail``, with ``scaling``), so that it draws at
 once. ``static/js/experiment_detail.js`` owns the socket and hands every message to
-``static/js/experiment_run.js``; each keeps one handler per type and ignores types it does not
+``static/js/run_facts.js``; each keeps one handler per type and ignores types it does not
 know.
 
 On every connect the first message is a ``snapshot``; then come the messages of the run's
@@ -42,6 +42,7 @@ other way round.
 # No ``from __future__ import annotations``: on Python 3.11 it hides ``NotRequired`` from
 # ``TypedDict``'s ``__required_keys__`` (see training/protocol.py).
 
+from enum import IntEnum
 from typing import Any, Final, Literal, NotRequired, TypedDict
 
 from training.protocol import (
@@ -54,6 +55,24 @@ from training.protocol import (
 
 # The channel layer's message type: the consumer's ``run_events`` handler takes it.
 GROUP_MESSAGE_TYPE: Final = "run.events"
+
+# The run's socket: routing.py serves this route and every page connects to `socket_path`.
+SOCKET_PREFIX: Final = "ws/experiments/"
+SOCKET_ROUTE: Final = rf"^{SOCKET_PREFIX}(?P<pk>\d+)/$"
+
+
+def socket_path(pk: int) -> str:
+    """The path a page opens for run `pk` (the page adds the scheme and host)."""
+    return f"/{SOCKET_PREFIX}{pk}/"
+
+
+class SocketClose(IntEnum):
+    """The run socket's close codes; pages get them in their facts (common.js `runSocket`)."""
+
+    FINAL = 1000  # the page's: the run is final, nothing more will come
+    RESYNC = 4000  # the page's: a gap in seq or a resumed attempt; reconnect for a fresh snapshot
+    UNAUTHENTICATED = 4401  # the consumer's refusals: retrying would not help
+    FORBIDDEN = 4403
 
 
 class Numbered(TypedDict):

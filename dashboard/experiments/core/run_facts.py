@@ -3,7 +3,7 @@
 Written here only: the page renders them on the server (templates/experiments/_run_facts.html),
 and the messages that keep it live carry the same texts (``texts``: the snapshot, built in
 services.py, and the sink's step, epoch, started and checkpoint messages), so that
-static/js/experiment_run.js only places them.
+static/js/run_facts.js only places them.
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ def throughputs_read(*, experiment_ids: Iterable[int]) -> dict[int, float]:
     ids = set(experiment_ids)
     found = series_mean(experiment_ids=list(ids), key="images_per_second")
     missing = ids - found.keys()
-    if missing:  # the epochs' means are their own series (sink.EPOCH_SERIES)
+    if missing:  # the epochs' means are their own series (series_contract.EPOCH_SERIES)
         found.update(series_mean(experiment_ids=list(missing), key="epoch/images_per_second"))
     return found
 
@@ -139,7 +139,7 @@ class ScalingRow:
 
     @property
     def texts(self) -> dict[str, str]:
-        """The figures as the pages show them (static/js/experiment_run.js writes the same)."""
+        """The figures as the pages show them (static/js/run_facts.js writes the same)."""
         speedup, efficiency = self.speedup, self.efficiency
         return {
             "throughput": throughput_text(self.throughput),

@@ -40,34 +40,17 @@ from dashboard.experiments.core.messages import (
     SeriesBody,
 )
 from dashboard.experiments.core.run_facts import checkpoint_texts, rank_rows, started_texts
+from dashboard.experiments.metrics.series_contract import EPOCH_SERIES, RANK_FIELDS, STEP_SERIES
 from dashboard.experiments.models import Checkpoint, Experiment, LogLine, SeriesPoint
 from training.protocol import Event
 
 log = logging.getLogger(__name__)
 
-# Event field -> series key, by event type (rank 0's figures are the run's own series).
-STEP_SERIES = {
-    name: name
-    for name in (
-        "train_loss",
-        "images_per_second",
-        "lr",
-        "data_seconds",
-        "compute_seconds",
-        "rss_bytes",
-    )
-}
-EPOCH_SERIES = {
-    "test_loss": "test_loss",
-    "test_accuracy": "test_accuracy",
-    "images_per_second": "epoch/images_per_second",
-}
 # Under load, one channel message (and one transaction) per this many seconds at most: 20 a
 # second, whatever the training writes. channels-redis holds 1000 per channel (settings.py) and
 # drops them after 30 s, so a consumer that stops reading has at most 600 queued: within it.
 SEND_GAP_SECONDS = 0.05
 MAX_LOG_CHARS = 4000
-RANK_FIELDS = ("images_per_second", "data_seconds", "compute_seconds", "rss_bytes")
 # A report is trusted to be small, not to be well-formed: bound what one event can store.
 MAX_RANKS = 1024
 MAX_PATH_CHARS = 4096

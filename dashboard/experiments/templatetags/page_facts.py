@@ -1,7 +1,8 @@
 """``{% page_facts %}``: the facts every page script reads, sent once in the page as JSON.
 
-The strategies come from training/registry.py, the status labels from the model's choices and
-which statuses are final from transitions.py, so static/js keeps no copy of any of them
+The strategies come from training/registry.py, the status labels from the model's choices,
+which statuses are final from transitions.py, the socket's close codes from messages.py and the
+charts from metrics/series_contract.py, so static/js keeps no copy of any of them
 (static/js/common.js reads them as ``Trainyard.facts``).
 """
 
@@ -13,7 +14,9 @@ from django import template
 from django.utils.html import json_script
 from django.utils.safestring import SafeString
 
+from dashboard.experiments.core.messages import SocketClose
 from dashboard.experiments.core.transitions import ENDS
+from dashboard.experiments.metrics.series_contract import series_contract_facts
 from dashboard.experiments.models import ACTIVE_STATUSES, Status
 from training.registry import REGISTRY
 
@@ -41,6 +44,10 @@ def page_facts_build() -> dict[str, Any]:
         "active_statuses": [str(status) for status in ACTIVE_STATUSES],
         # Statuses no transition leaves: the page stops listening there.
         "final_statuses": [status for status in Status.values if status in ENDS],
+        # The run socket's close codes, by name (common.js runSocket reads them).
+        "socket_close": {code.name.lower(): int(code) for code in SocketClose},
+        # Which series key each figure is stored under and which chart draws it (charts.js).
+        "series": series_contract_facts(),
     }
 
 

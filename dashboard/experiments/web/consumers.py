@@ -14,14 +14,17 @@ from channels.db import database_sync_to_async
 from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from dashboard.experiments.core.access import experiments_visible_to
-from dashboard.experiments.core.messages import ErrorMessage, GroupEvents, SnapshotMessage
+from dashboard.experiments.core.messages import (
+    ErrorMessage,
+    GroupEvents,
+    SnapshotMessage,
+    SocketClose,
+)
 from dashboard.experiments.models import Experiment
 from dashboard.experiments.runs.sink import experiment_group
 from dashboard.experiments.selectors import experiment_snapshot_build
 
 SNAPSHOT_LOG_LINES = 200
-CLOSE_UNAUTHENTICATED = 4401
-CLOSE_FORBIDDEN = 4403
 # The channel is one-way, so a client has nothing sizable to say: a frame over this closes the
 # connection (1009, "message too big"). daphne refuses frames over its own
 # --websocket-max-frame-size / --websocket-max-message-size (1 MiB unless set; see Procfile).
@@ -64,11 +67,12 @@ class ExperimentConsumer(AsyncJsonWebsocketConsumer):
     async def connect(self) -> None:
         user = self.scope.get("user")
         if user is None or not user.is_authenticated:
-            await self.close(code=CLOSE_UNAUTHENTICATED)
+            # int(): autobahn, under daphne, refuses a close code of any other type.
+            await self.close(code=int(SocketClose.UNAUTHENTICATED))
             return
         pk = experiment_pk_parse(self.scope["url_route"]["kwargs"]["pk"])
         if pk is None or not await experiment_visible(pk=pk, user=user):
-            await self.close(code=CLOSE_FORBIDDEN)
+            await self.close(code=int(SocketClose.FORBIDDEN))
             return
         # Join before reading the snapshot: an event stored in between then arrives twice
         # (dropped by seq) instead of never.

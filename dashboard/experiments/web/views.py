@@ -22,6 +22,7 @@ from dashboard.experiments.core.checkpoints import (
 )
 from dashboard.experiments.core.forms import FIELDS, ExperimentForm, experiment_clone_fields
 from dashboard.experiments.core.limits import LaunchLimited
+from dashboard.experiments.core.messages import socket_path
 from dashboard.experiments.metrics.scaling import (
     BASELINE_RULE,
     NO_BASELINE,
@@ -210,6 +211,7 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
     context = {
         "experiment": experiment,
         "initial": initial,
+        "ws_path": socket_path(experiment.pk),
         "logs": initial["logs"],
         # The snapshot's texts (run_facts.py), which the page's script places the same way.
         "facts": {**initial["run"], **initial["texts"]},
@@ -255,7 +257,7 @@ def _compare_run(row: ScalingRow) -> dict[str, Any]:
         "status": e.status,
         "active": e.is_active,
         "metrics_url": reverse("api-experiment-metrics", args=[e.pk]),
-        "ws_path": f"/ws/experiments/{e.pk}/",
+        "ws_path": socket_path(e.pk),
         "global_batch": row.global_batch,
         "started_at": e.started_at.isoformat() if e.started_at else None,
     }

@@ -1,0 +1,97 @@
+"""The series contract: under which key each figure of a run is stored, and which chart draws it.
+
+Its one home. The sink stores a step's and an epoch's figures under these keys
+(runs/sink.py), the pages get the whole contract in their facts (``{% page_facts %}``), and
+static/js/charts.js draws the charts listed here and files live messages' figures under the
+same keys; it keeps no copy. The machine and GPU keys are written by
+dashboard/devices/facts.py (``machine_samples_collect``), which may not import this room.
+"""
+
+# No ``from __future__ import annotations``: on Python 3.11 it hides ``NotRequired`` from
+# ``TypedDict``'s ``__required_keys__`` (see training/protocol.py).
+
+from typing import Any, Final, NotRequired, TypedDict
+
+# Event field -> series key, by event type (rank 0's figures are the run's own series).
+STEP_SERIES: Final = {
+    name: name
+    for name in (
+        "train_loss",
+        "images_per_second",
+        "lr",
+        "data_seconds",
+        "compute_seconds",
+        "rss_bytes",
+    )
+}
+EPOCH_SERIES: Final = {
+    "test_loss": "test_loss",
+    "test_accuracy": "test_accuracy",
+    "images_per_second": "epoch/images_per_second",
+}
+# Each rank's figures of a step (its `ranks`), stored as rank/<r>/<field>.
+RANK_FIELDS: Final = ("images_per_second", "data_seconds", "compute_seconds", "rss_bytes")
+
+
+class ChartSpec(TypedDict):
+    """One chart of the run page. `match` is a regular expression over series keys, written in
+    the syntax Python and JavaScript share; `line` names a line of a chart of several (per rank,
+    machine, GPU), $1 and $2 being match's groups."""
+
+    id: str
+    title: str
+    match: str
+    line: NotRequired[str]
+    log: NotRequired[bool]  # the log scale is offered
+    unit: NotRequired[str]  # "%" or "bytes"
+    factor: NotRequired[float]  # fractions shown as percent
+    color: NotRequired[str]  # a CSS variable of the stylesheet
+
+
+def _per_rank(chart_id: str, field: str, title: str, unit: str | None = None) -> ChartSpec:
+    """The chart of one of RANK_FIELDS, a line per rank."""
+    spec: ChartSpec = {
+        "id": chart_id,
+        "title": title,
+        "match": rf"^rank/(\d+)/{field}$",
+        "line": "rank $1",
+    }
+    if unit:
+        spec["unit"] = unit
+    return spec
+
+
+# In the order the run page shows them.
+CHARTS: Final[tuple[ChartSpec, ...]] = (
+    {"id": "train_loss", "title": "Training loss", "match": "^train_loss$", "log": True,
+     "color": "--chart-train"},
+    {"id": "test_loss", "title": "Test loss", "match": "^test_loss$", "log": True,
+     "color": "--chart-test"},
+    {"id": "test_accuracy", "title": "Test accuracy", "match": "^test_accuracy$", "unit": "%",
+     "factor": 100, "color": "--chart-acc"},
+    {"id": "images_per_second", "title": "Images/s", "match": "^images_per_second$"},
+    {"id": "lr", "title": "Learning rate", "match": "^lr$", "log": True},
+    {"id": "data_seconds", "title": "Waiting for data (s)", "match": "^data_seconds$"},
+    {"id": "compute_seconds", "title": "Compute (s)", "match": "^compute_seconds$"},
+    {"id": "rss_bytes", "title": "Memory (RSS)", "match": "^rss_bytes$", "unit": "bytes"},
+    _per_rank("rank_ips", "images_per_second", "Images/s per rank"),
+    _per_rank("rank_data", "data_seconds", "Waiting for data per rank (s)"),
+    _per_rank("rank_compute", "compute_seconds", "Compute per rank (s)"),
+    _per_rank("rank_rss", "rss_bytes", "Memory (RSS) per rank", unit="bytes"),
+    {"id": "cpu", "title": "Machine CPU", "match": r"^machine/(.+)/cpu_percent$", "unit": "%",
+     "line": "$1"},
+    {"id": "gpu_util", "title": "GPU utilisation", "match": r"^gpu/(.+)/(\d+)/utilization$",
+     "unit": "%", "line": "$1 GPU $2"},
+    {"id": "gpu_memory", "title": "GPU memory", "match": r"^gpu/(.+)/(\d+)/memory_bytes$",
+     "unit": "bytes", "line": "$1 GPU $2"},
+)  # fmt: skip
+
+
+def series_contract_facts() -> dict[str, Any]:
+    """The contract as the pages' facts carry it (Trainyard.facts.series in common.js)."""
+    return {
+        "charts": list(CHARTS),
+        "step_series": STEP_SERIES,
+        "epoch_series": EPOCH_SERIES,
+        "rank_fields": list(RANK_FIELDS),
+    }
