@@ -90,7 +90,7 @@ class ExperimentConsumer(AsyncJsonWebsocketConsumer):
                 await self.channel_layer.group_discard(group, self.channel_name)
 
     async def token_revoked(self, message: dict[str, Any]) -> None:
-        await self.close(code=CLOSE_UNAUTHENTICATED)
+        await self.close(code=int(SocketClose.UNAUTHENTICATED))
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         # The channel is one-way: whatever a client sends, even invalid JSON, is answered with an
