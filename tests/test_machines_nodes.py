@@ -17,10 +17,10 @@ from django.utils import timezone
 
 from dashboard.experiments.core.transitions import Outcome
 from dashboard.experiments.models import Experiment, RunNode, Status
+from dashboard.experiments.runs.lifecycle import run_finish
 from dashboard.experiments.runs.nodes import node_beat, node_peers, pids_on_machine
 from dashboard.experiments.runs.runner import (
     RunSupervisor,
-    experiment_settle,
     experiments_stop_for_worker_shutdown,
 )
 from dashboard.experiments.runs.sink import EventSink
@@ -143,7 +143,7 @@ def test_a_stop_just_after_finished_keeps_the_result_rank_0s_node_settles(
     second.stopped_by = "alice"
     outcome = second.node_outcome(second._outcome(-15))
     assert outcome is not None and outcome.status == Status.SUCCEEDED
-    assert experiment_settle(experiment=second.experiment, sink=second.sink, outcome=outcome)
+    assert run_finish(experiment=second.experiment, sink=second.sink, outcome=outcome)
     thread.join(timeout=30)
     assert seen == [None]
     assert Experiment.objects.get(pk=run.pk).status == Status.SUCCEEDED

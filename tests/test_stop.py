@@ -20,7 +20,8 @@ from channels.layers import get_channel_layer
 
 from dashboard.experiments.core.transitions import Outcome
 from dashboard.experiments.models import Experiment, LogLine, Status
-from dashboard.experiments.runs.runner import RunSupervisor, experiment_settle
+from dashboard.experiments.runs.lifecycle import run_finish
+from dashboard.experiments.runs.runner import RunSupervisor
 from dashboard.experiments.runs.sink import EventSink, experiment_group
 from dashboard.experiments.services import experiment_stop
 
@@ -58,7 +59,7 @@ def test_a_stop_after_the_training_finished_keeps_its_results(
 
     supervisor._check_requests(tearing_down)
     outcome = supervisor._outcome(tearing_down.wait(timeout=10))
-    experiment_settle(experiment=run, sink=supervisor.sink, outcome=outcome)
+    run_finish(experiment=run, sink=supervisor.sink, outcome=outcome)
 
     run.refresh_from_db()
     assert (run.status, run.test_accuracy, run.test_loss) == (Status.SUCCEEDED, 0.93, 0.21)
@@ -81,7 +82,7 @@ def test_a_stop_during_training_cancels(
     traceback = "Traceback (most recent call last): ..."
     supervisor._take("stdout", event_line(2, "failed", error="by SIGTERM", traceback=traceback))
     outcome = supervisor._outcome(tearing_down.wait(timeout=10))
-    experiment_settle(experiment=run, sink=supervisor.sink, outcome=outcome)
+    run_finish(experiment=run, sink=supervisor.sink, outcome=outcome)
 
     run.refresh_from_db()
     assert run.status == Status.CANCELLED and run.error == f"Stopped by {alice.username}."
@@ -118,9 +119,7 @@ def test_an_attempt_the_reaper_gave_up_settles_nothing_and_tells_the_page_nothin
     result: list[bool] = []
     messages = _group_messages(
         run,
-        lambda: result.append(
-            experiment_settle(experiment=run, sink=EventSink(run), outcome=outcome)
-        ),
+        lambda: result.append(run_finish(experiment=run, sink=EventSink(run), outcome=outcome)),
     )
     run.refresh_from_db()
     ends = [e for m in messages for e in m.get("events", [m]) if e.get("type") == "finished"]

@@ -11,7 +11,8 @@
 Who moves a run: the worker's supervisor (runner.py) starts and finishes it, the reaper
 (survival.py) loses, requeues and gives up on it, a Stop (services.py) cancels a queued one. A
 running run is cancelled by its supervisor, which ends the training and finishes the run with
-the outcome `cancelled`.
+the outcome `cancelled`. Each of them calls runs/lifecycle.py, which does the transition here
+and tells the run's pages in one function.
 
 Each transition is one conditional UPDATE: the row changes only while it is still in the status
 the transition starts from (and, where it matters, on the same attempt or heartbeat), and the

@@ -31,7 +31,7 @@ from django.utils import timezone
 from dashboard.devices.facts import machine_samples_collect
 from dashboard.env import env_float
 from dashboard.experiments.core import transitions
-from dashboard.experiments.core.messages import LogBody, RunFailedBody, RunFinishedBody
+from dashboard.experiments.core.messages import LogBody
 from dashboard.experiments.core.transitions import Outcome
 from dashboard.experiments.models import (
     PROCESS_STRATEGIES,
@@ -41,10 +41,10 @@ from dashboard.experiments.models import (
     ZeroStage,
 )
 from dashboard.experiments.runs.attempts import (
-    attempts_with_current,
     checkpoint_latest,
     experiment_resume_prepare,
 )
+from dashboard.experiments.runs.lifecycle import run_finish
 from dashboard.experiments.runs.nodes import (
     node_beat,
     node_end,
@@ -286,43 +286,9 @@ def attempt_supervise(
             experiment.pk,
         )
         return RunResult("skipped", reason="taken over, or another node settles it")
-    if not experiment_settle(experiment=experiment, sink=sink, outcome=outcome):
+    if not run_finish(experiment=experiment, sink=sink, outcome=outcome):
         return RunResult("skipped", reason="the run moved on before this attempt settled")
     return RunResult("finished", status=outcome.status)
-
-
-def experiment_settle(*, experiment: Experiment, sink: EventSink, outcome: Outcome) -> bool:
-    """Store the attempt's end; False when the run had moved on (its page hears nothing)."""
-    finished_at = timezone.now()
-    history = attempts_with_current(
-        experiment=experiment, outcome=outcome.status, reason=outcome.error, ended_at=finished_at
-    )
-    settled = transitions.experiment_finish(
-        experiment=experiment, outcome=outcome, history=history, finished_at=finished_at
-    )
-    if not settled:
-        # The reaper gave this attempt up in the moment it ended; the run is the next one's, so
-        # the page must not be told an end the database does not hold.
-        log.warning(
-            "experiment %s moved on before attempt %s settled", experiment.pk, experiment.attempt
-        )
-        sink.flush()
-        return False
-    sink.add(run_end_body(outcome))
-    sink.flush()
-    return True
-
-
-def run_end_body(outcome: Outcome) -> RunFinishedBody | RunFailedBody:
-    """The page's finished or failed message: the final status is the dashboard's to say."""
-    if outcome.status == Status.SUCCEEDED:
-        return {
-            "type": "finished",
-            "status": outcome.status,
-            "test_loss": outcome.test_loss,
-            "test_accuracy": outcome.test_accuracy,
-        }
-    return {"type": "failed", "status": outcome.status, "error": outcome.error}
 
 
 def _pump(stream: IO[str], source: str, lines: queue.Queue[tuple[str, str | None]]) -> None:
