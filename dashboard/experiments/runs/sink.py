@@ -78,6 +78,17 @@ def experiment_group(experiment_id: int) -> str:
     return f"experiment-{experiment_id}"
 
 
+def output_body(line: str, *, level: str, rank: int | None = None, machine: str = "") -> LogBody:
+    """A line of plain output (stderr, or stdout that is not an event); ``rank`` where a
+    training log line said which rank wrote it, ``machine`` where several machines run."""
+    body: LogBody = {"type": "log", "level": level, "message": line.rstrip()[:MAX_LOG_CHARS]}
+    if rank is not None:
+        body["rank"] = rank
+    if machine:
+        body["machine"] = machine
+    return body
+
+
 def _number(value: Any) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
@@ -188,14 +199,8 @@ class EventSink:
     def add_output(
         self, line: str, *, level: str, rank: int | None = None, machine: str = ""
     ) -> None:
-        """A line of plain output (stderr, or stdout that is not an event); ``rank`` where a
-        training log line said which rank wrote it, ``machine`` where several machines run."""
-        body: LogBody = {"type": "log", "level": level, "message": line.rstrip()[:MAX_LOG_CHARS]}
-        if rank is not None:
-            body["rank"] = rank
-        if machine:
-            body["machine"] = machine
-        self.add(body)
+        """A line of plain output: `output_body`'s."""
+        self.add(output_body(line, level=level, rank=rank, machine=machine))
 
     def _started_store(self, message: dict[str, Any]) -> None:
         self.updates.update(
