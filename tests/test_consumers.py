@@ -11,7 +11,8 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser
 
 from dashboard.experiments.models import SeriesPoint
-from dashboard.experiments.runs.sink import EventSink, experiment_group
+from dashboard.experiments.runs.broadcast import experiment_group
+from dashboard.experiments.runs.sink import EventSink
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ORIGIN = (b"origin", b"http://localhost")

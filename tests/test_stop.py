@@ -20,10 +20,11 @@ from channels.layers import get_channel_layer
 
 from dashboard.experiments.core.transitions import Outcome
 from dashboard.experiments.models import Experiment, LogLine, Status
+from dashboard.experiments.runs.broadcast import experiment_group
 from dashboard.experiments.runs.lifecycle import run_finish
 from dashboard.experiments.runs.process import TrainingProcess
 from dashboard.experiments.runs.runner import RunSupervisor
-from dashboard.experiments.runs.sink import EventSink, experiment_group
+from dashboard.experiments.runs.sink import EventSink
 from dashboard.experiments.services import experiment_stop
 
 pytestmark = pytest.mark.django_db

@@ -16,7 +16,7 @@ from channels.generic.websocket import AsyncJsonWebsocketConsumer
 from dashboard.experiments.core.access import experiments_visible_to
 from dashboard.experiments.core.messages import ErrorMessage, GroupEvents, SnapshotMessage
 from dashboard.experiments.models import Experiment
-from dashboard.experiments.runs.sink import experiment_group
+from dashboard.experiments.runs.broadcast import experiment_group
 from dashboard.experiments.services import experiment_snapshot_build
 
 SNAPSHOT_LOG_LINES = 200

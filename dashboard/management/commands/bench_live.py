@@ -181,7 +181,7 @@ class Command(ThrowawayBenchCommand):
         from channels.layers import get_channel_layer
 
         from dashboard.experiments.core.messages import GROUP_MESSAGE_TYPE
-        from dashboard.experiments.runs.sink import experiment_group
+        from dashboard.experiments.runs.broadcast import experiment_group
 
         layer = get_channel_layer()
         assert layer is not None

@@ -276,7 +276,7 @@ class Command(BaseCommand):
 
     def _run_dashboard(self, number: int, experiment: Any, worker: str) -> Measurement:
         from dashboard.experiments.models import SeriesPoint, Status
-        from dashboard.experiments.runs.sink import experiment_group
+        from dashboard.experiments.runs.broadcast import experiment_group
         from dashboard.experiments.tasks import run_experiment
 
         drain = GroupDrain(experiment_group(experiment.pk))
