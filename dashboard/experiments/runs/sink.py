@@ -108,7 +108,7 @@ def rank_stats_from_event(message: dict[str, Any]) -> RankStats | None:
         figures = {name: number_or_none(rank.get(name)) for name in RANK_FIELDS}
         row = cast(RankRow, {"rank": number, **figures})
         if isinstance(machine := rank.get("machine"), str) and machine:
-            row["machine"] = machine[:255]  # tagged by the supervisor (runner.py), several machines
+            row["machine"] = machine[:255]  # tagged by the relay (relay.py), several machines
         rows.append(row)
     if not rows:
         return None
