@@ -290,11 +290,12 @@ class RunSupervisor:
     def line_take(self, source: str, line: str) -> None:
         """Relay one line of output, act on what it said, and hand the sink its entries."""
         relayed = self.relay.line_relay(source, line)
-        if relayed.started and self.state.rank_machines:
+        started = self.state.started_event if relayed.started else None
+        if started is not None and self.multinode and isinstance(started.get("machines"), list):
             rank_machines_store(experiment=self.experiment, machines=self.state.rank_machines)
-        if relayed.started and self.state.started_event is not None:
+        if started is not None:
             # Samples share the training's clock (seconds since it started), not this process's.
-            self.clock_zero = time.monotonic() - float(self.state.started_event.get("time") or 0)
+            self.clock_zero = time.monotonic() - float(started.get("time") or 0)
         if relayed.checkpoint_answered and self.requests is not None:
             self.requests.checkpoint_request_answered()
         self.sink_add(relayed.entries)
