@@ -19,8 +19,8 @@ from django.test import Client
 from dashboard.accounts.models import ApiToken
 from dashboard.experiments.core.transitions import Outcome
 from dashboard.experiments.models import Experiment, Status
+from dashboard.experiments.runs.lifecycle import run_finish
 from dashboard.experiments.runs.processes import process_in_tree_signal
-from dashboard.experiments.runs.runner import experiment_settle
 from dashboard.experiments.runs.sink import EventSink
 from tests.stack import wait_for
 
@@ -128,7 +128,7 @@ def test_a_request_the_run_ended_before_answering_is_dropped(
     run = experiment_factory(owner=alice, status="running", attempt=1)
     assert ask(logged_in(alice), run).status_code == 202
     run.refresh_from_db()
-    experiment_settle(experiment=run, sink=EventSink(run), outcome=Outcome(Status.SUCCEEDED))
+    run_finish(experiment=run, sink=EventSink(run), outcome=Outcome(Status.SUCCEEDED))
     body = logged_in(alice).get(f"/api/experiments/{run.pk}/").json()
     assert body["status"] == "succeeded" and body["checkpoint_requested"] is False
 

@@ -11,7 +11,8 @@ from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser
 
 from dashboard.experiments.models import SeriesPoint
-from dashboard.experiments.runs.sink import EventSink, experiment_group
+from dashboard.experiments.runs.broadcast import experiment_group
+from dashboard.experiments.runs.sink import EventSink
 
 pytestmark = pytest.mark.django_db(transaction=True)
 ORIGIN = (b"origin", b"http://localhost")
@@ -109,4 +110,25 @@ async def test_client_messages_are_answered_not_acted_on(
     await comm.receive_json_from()
     await comm.send_to(text_data="{not json")
     assert (await comm.receive_json_from())["type"] == "error"
+    await comm.disconnect()
+
+
+async def test_a_queued_run_stopped_tells_every_open_page(
+    user_factory: Any, experiment_factory: Any
+):
+    """A Stop cancels a queued run at once (no supervisor to tell the page later): another page
+    open on that run hears the end too, without reconnecting."""
+    from dashboard.experiments.services import experiment_stop
+
+    owner = await sync_to_async(user_factory)()
+    run = await sync_to_async(experiment_factory)(owner=owner, status="queued")
+    comm = communicator(run.pk, owner)
+    connected, _ = await comm.connect()
+    assert connected
+    snapshot = await comm.receive_json_from()
+    assert await sync_to_async(experiment_stop)(experiment=run, by=owner)
+    message = await comm.receive_json_from(timeout=2)
+    assert (message["type"], message["status"]) == ("failed", "cancelled")
+    assert message["error"] == f"Stopped by {owner} before it started."
+    assert message["seq"] == snapshot["seq"] + 1
     await comm.disconnect()

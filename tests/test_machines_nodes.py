@@ -17,10 +17,10 @@ from django.utils import timezone
 
 from dashboard.experiments.core.transitions import Outcome
 from dashboard.experiments.models import Experiment, RunNode, Status
+from dashboard.experiments.runs.lifecycle import run_finish
 from dashboard.experiments.runs.nodes import node_beat, node_peers, pids_on_machine
 from dashboard.experiments.runs.runner import (
     RunSupervisor,
-    experiment_settle,
     experiments_stop_for_worker_shutdown,
 )
 from dashboard.experiments.runs.sink import EventSink
@@ -41,7 +41,7 @@ def two_machine_run(experiment_factory: Any, user_factory: Any, **fields: Any) -
 
 def node(run: Experiment, node_rank: int) -> RunSupervisor:
     run = Experiment.objects.get(pk=run.pk)
-    run.worker = PLACEMENT[node_rank]["worker"]  # as experiment_node_run does
+    run.worker = PLACEMENT[node_rank]["worker"]  # as experiment_node_supervise does
     return RunSupervisor(experiment=run, sink=EventSink(run), node_rank=node_rank)
 
 
@@ -65,9 +65,9 @@ def test_a_node_signals_only_its_own_machines_ranks(
 ) -> None:
     run = two_machine_run(experiment_factory, user_factory)
     supervisor = node(run, 1)
-    supervisor._started_take({"type": "started", "pids": [101, 202],  # type: ignore[typeddict-item]
-                              "machines": ["host-a", "host-b"], "time": 0.0})  # fmt: skip
-    assert supervisor.rank_pids == [202]
+    supervisor.line_take("stdout", event_line(1, "started", pids=[101, 202],
+                                              machines=["host-a", "host-b"]))  # fmt: skip
+    assert supervisor.state.rank_pids == [202]
 
 
 def test_a_worker_shutting_down_leaves_another_machines_pids_alone(
@@ -106,8 +106,8 @@ def test_a_failure_before_started_is_settled_by_the_node_that_had_rank_0(
     run = two_machine_run(experiment_factory, user_factory)
     node_ended(run, 0, returncode=1, error="training exited with code 1")
     supervisor = node(run, 1)  # rank 0 landed here and failed before `started`
-    supervisor._take("stdout", event_line(1, "failed", error="no checkpoint to resume from"))
-    outcome = supervisor.node_outcome(supervisor._outcome(1))
+    supervisor.line_take("stdout", event_line(1, "failed", error="no checkpoint to resume from"))
+    outcome = supervisor.outcome(1)
     assert outcome is not None and outcome.status == Status.FAILED
     assert "no checkpoint to resume from" in outcome.error and "host-a (node 0)" in outcome.error
 
@@ -118,7 +118,7 @@ def test_a_failure_without_any_event_is_settled_by_node_0(
 ) -> None:
     run = two_machine_run(experiment_factory, user_factory)
     node_ended(run, 1, returncode=1, error="rendezvous timed out")
-    outcome = node(run, 0).node_outcome(node(run, 0)._outcome(1))
+    outcome = node(run, 0).outcome(1)
     assert outcome is not None and outcome.status == Status.FAILED
     assert "rendezvous timed out" in outcome.error
 
@@ -129,21 +129,21 @@ def test_a_stop_just_after_finished_keeps_the_result_rank_0s_node_settles(
 ) -> None:
     run = two_machine_run(experiment_factory, user_factory)
     first = node(run, 0)  # rank 0 is on node 1: node 0 never sees `finished`
-    first.stopped_by = "alice"
+    first.state.stopped_by = "alice"
     seen: list[Outcome | None] = []
 
     def node_0_ends() -> None:
-        seen.append(first.node_outcome(first._outcome(-15)))
+        seen.append(first.outcome(-15))
         db.connection.close()
 
     thread = threading.Thread(target=node_0_ends)
     thread.start()
     second = node(run, 1)
-    second._take("stdout", event_line(1, "finished", test_loss=0.2, test_accuracy=0.9))
-    second.stopped_by = "alice"
-    outcome = second.node_outcome(second._outcome(-15))
+    second.line_take("stdout", event_line(1, "finished", test_loss=0.2, test_accuracy=0.9))
+    second.state.stopped_by = "alice"
+    outcome = second.outcome(-15)
     assert outcome is not None and outcome.status == Status.SUCCEEDED
-    assert experiment_settle(experiment=second.experiment, sink=second.sink, outcome=outcome)
+    assert run_finish(experiment=second.experiment, sink=second.sink, outcome=outcome)
     thread.join(timeout=30)
     assert seen == [None]
     assert Experiment.objects.get(pk=run.pk).status == Status.SUCCEEDED
@@ -156,8 +156,8 @@ def test_a_node_without_rank_0_that_exits_0_ended_well(
     run = two_machine_run(experiment_factory, user_factory)
     second = node(run, 1)
     node_beat(experiment=second.experiment, node_rank=1, worker="host-b", launcher_pid=1)
-    second.returncode = 0
-    assert second.node_outcome(second._outcome(0)) is None  # rank 0's node settles
+    second.state.returncode = 0
+    assert second.outcome(0) is None  # rank 0's node settles
     assert RunNode.objects.get(experiment=run, node_rank=1).returncode == 0
     # Rank 0's node, still writing its last checkpoint, sees no failed peer to end itself for.
     assert node_peers(experiment=node(run, 0).experiment, node_rank=0).failed == []

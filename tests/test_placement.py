@@ -1,5 +1,5 @@
 """Placement: `nodes` and `machines` at launch (refusals say what there is), and the claim of
-N machines, all or nothing, on the real database (runner.experiment_claim).
+N machines, all or nothing, on the real database (claim.experiment_claim).
 
 The Celery side (per-machine queues, two real workers, runs launched in the same second) is
 tests/test_placement_workers.py.
@@ -20,7 +20,7 @@ from django.utils import timezone
 
 from dashboard.devices.models import WorkerMachine
 from dashboard.experiments.models import Experiment, Status
-from dashboard.experiments.runs.runner import experiment_claim
+from dashboard.experiments.runs.claim import experiment_claim
 from dashboard.experiments.scheduling.allocation import Machine, rdzv_port_pick, rdzv_ports
 
 pytestmark = pytest.mark.django_db

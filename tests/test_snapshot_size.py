@@ -38,7 +38,7 @@ print(run.pk, run.last_seq)
 GROUP_SEND = """
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
-from dashboard.experiments.runs.sink import experiment_group
+from dashboard.experiments.runs.broadcast import experiment_group
 message = {{"type": "log", "seq": {seq}, "level": "info", "message": "live after the snapshot"}}
 async_to_sync(get_channel_layer().group_send)(
     experiment_group({pk}), {{"type": "run.events", "events": [message]}}

@@ -20,8 +20,11 @@ from channels.layers import get_channel_layer
 
 from dashboard.experiments.core.transitions import Outcome
 from dashboard.experiments.models import Experiment, LogLine, Status
-from dashboard.experiments.runs.runner import RunSupervisor, experiment_settle
-from dashboard.experiments.runs.sink import EventSink, experiment_group
+from dashboard.experiments.runs.broadcast import experiment_group
+from dashboard.experiments.runs.lifecycle import run_finish
+from dashboard.experiments.runs.process import TrainingProcess
+from dashboard.experiments.runs.runner import RunSupervisor
+from dashboard.experiments.runs.sink import EventSink
 from dashboard.experiments.services import experiment_stop
 
 pytestmark = pytest.mark.django_db
@@ -53,12 +56,12 @@ def test_a_stop_after_the_training_finished_keeps_its_results(
     alice = user_factory()
     run = experiment_factory(owner=alice, status=Status.RUNNING, attempt=1)
     supervisor = supervisor_of(run)
-    supervisor._take("stdout", event_line(1, "finished", test_loss=0.21, test_accuracy=0.93))
+    supervisor.line_take("stdout", event_line(1, "finished", test_loss=0.21, test_accuracy=0.93))
     assert experiment_stop(experiment=run, by=alice)
 
-    supervisor._check_requests(tearing_down)
-    outcome = supervisor._outcome(tearing_down.wait(timeout=10))
-    experiment_settle(experiment=run, sink=supervisor.sink, outcome=outcome)
+    supervisor.requests_for(TrainingProcess(tearing_down)).requests_check()
+    outcome = supervisor.outcome(tearing_down.wait(timeout=10))
+    run_finish(experiment=run, sink=supervisor.sink, outcome=outcome)
 
     run.refresh_from_db()
     assert (run.status, run.test_accuracy, run.test_loss) == (Status.SUCCEEDED, 0.93, 0.21)
@@ -73,15 +76,15 @@ def test_a_stop_during_training_cancels(
     alice = user_factory()
     run = experiment_factory(owner=alice, status=Status.RUNNING, attempt=1)
     supervisor = supervisor_of(run)
-    supervisor._take("stdout", event_line(1, "epoch", epoch=1, step=10, test_accuracy=0.5))
+    supervisor.line_take("stdout", event_line(1, "epoch", epoch=1, step=10, test_accuracy=0.5))
     assert experiment_stop(experiment=run, by=alice)
 
-    supervisor._check_requests(tearing_down)
+    supervisor.requests_for(TrainingProcess(tearing_down)).requests_check()
     # What the training says as the SIGTERM of the Stop ends it.
     traceback = "Traceback (most recent call last): ..."
-    supervisor._take("stdout", event_line(2, "failed", error="by SIGTERM", traceback=traceback))
-    outcome = supervisor._outcome(tearing_down.wait(timeout=10))
-    experiment_settle(experiment=run, sink=supervisor.sink, outcome=outcome)
+    supervisor.line_take("stdout", event_line(2, "failed", error="by SIGTERM", traceback=traceback))
+    outcome = supervisor.outcome(tearing_down.wait(timeout=10))
+    run_finish(experiment=run, sink=supervisor.sink, outcome=outcome)
 
     run.refresh_from_db()
     assert run.status == Status.CANCELLED and run.error == f"Stopped by {alice.username}."
@@ -118,9 +121,7 @@ def test_an_attempt_the_reaper_gave_up_settles_nothing_and_tells_the_page_nothin
     result: list[bool] = []
     messages = _group_messages(
         run,
-        lambda: result.append(
-            experiment_settle(experiment=run, sink=EventSink(run), outcome=outcome)
-        ),
+        lambda: result.append(run_finish(experiment=run, sink=EventSink(run), outcome=outcome)),
     )
     run.refresh_from_db()
     ends = [e for m in messages for e in m.get("events", [m]) if e.get("type") == "finished"]

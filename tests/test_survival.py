@@ -17,7 +17,7 @@ from django.utils import timezone
 
 from dashboard.experiments.models import Checkpoint, Experiment, SeriesPoint
 from dashboard.experiments.runs.attempts import experiment_resume_prepare
-from dashboard.experiments.runs.runner import experiment_claim
+from dashboard.experiments.runs.claim import experiment_claim
 from dashboard.experiments.runs.sink import EventSink
 from dashboard.experiments.runs.survival import Reaped, experiments_reap_lost, training_orphans_end
 from dashboard.experiments.scheduling.allocation import Machine, allocation_refusal

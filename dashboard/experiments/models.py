@@ -177,10 +177,6 @@ class Experiment(models.Model):
             end = timezone.now()
         return (end - self.started_at).total_seconds()
 
-    @property
-    def group_name(self) -> str:
-        return f"experiment-{self.pk}"
-
     def devices_label(self) -> str:
         # `processes` and `gpus` are per machine: say so when the run spans several.
         each = f" on each of {self.nodes} machines" if self.nodes > 1 else ""

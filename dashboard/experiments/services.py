@@ -11,10 +11,10 @@ from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
 from django.db import transaction
 from django.utils import timezone
 
-from dashboard.experiments.core import transitions
 from dashboard.experiments.core.forms import experiment_clone_fields
 from dashboard.experiments.core.limits import launch_slot_claim
 from dashboard.experiments.models import Experiment, Status
+from dashboard.experiments.runs.lifecycle import run_cancel_queued
 from dashboard.experiments.tasks import run_experiment_send
 
 User = AbstractBaseUser | AnonymousUser
@@ -43,8 +43,8 @@ def experiment_launch(
 def experiment_stop(*, experiment: Experiment, by: Any) -> bool:
     """Ask a run to stop. A queued run is cancelled at once; a running one by its supervisor."""
     now = timezone.now()
-    if transitions.experiment_cancel_queued(
-        experiment_id=experiment.pk, by=by, error=f"Stopped by {by} before it started.", now=now
+    if run_cancel_queued(
+        experiment=experiment, by=by, error=f"Stopped by {by} before it started.", now=now
     ):
         return True
     requested = Experiment.objects.filter(

@@ -4,12 +4,13 @@ Services import these tasks to queue them (`experiment_launch`); nothing the tas
 them back. The reaper returns the runs it queued again and the task here sends them.
 
 Queues: every worker consumes the shared one and its machine's own (dashboard/celery.py). A run
-pinned to machines goes to its first machine's queue; a multi-node run's claim (runner.py)
-sends node k >= 1 its `run_node` task on that node's machine queue.
+pinned to machines goes to its first machine's queue; once a multi-node run is claimed,
+`run_experiment` sends node k >= 1 its `run_node` task on that node's machine queue.
 """
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from celery import shared_task
@@ -17,27 +18,49 @@ from django.conf import settings
 
 from dashboard.devices.facts import machine_name, machine_queue
 from dashboard.experiments.models import Experiment
-from dashboard.experiments.runs.runner import experiment_node_run, experiment_run
+from dashboard.experiments.runs.claim import experiment_claim
+from dashboard.experiments.runs.nodes import nodes_further
+from dashboard.experiments.runs.runner import experiment_node_supervise, experiment_supervise
 from dashboard.experiments.runs.survival import experiments_reap_lost, experiments_redispatch_queued
+from dashboard.experiments.scheduling.allocation import machine_local
+
+log = logging.getLogger(__name__)
 
 
 @shared_task(bind=True, name="experiments.run_experiment", ignore_result=True, max_retries=None)
 def run_experiment(self: Any, experiment_id: int, wake: bool = False) -> str | None:
-    result = experiment_run(experiment_id=experiment_id, worker=machine_name())
-    if result.kind == "routed":
+    """Claim the run on this machine, then route it, retry it, or send its further nodes their
+    tasks and supervise it here; returns the status it was settled in (None: not by this task)."""
+    worker = machine_name()
+    claim = experiment_claim(experiment_id=experiment_id, machine=machine_local(worker=worker))
+    if claim.routed_to:
         # Another machine's worker must claim it (pinned there, or a multi-node run this
         # machine cannot host now): the message moves to that machine's queue, nudge or not.
         run_experiment.apply_async(
-            (experiment_id,), {"wake": wake}, queue=machine_queue(result.reason)
+            (experiment_id,), {"wake": wake}, queue=machine_queue(claim.routed_to)
         )
         return None
-    if result.kind == "waiting" and wake:
+    if claim.waiting_reason and wake:
         # A nudge sent when a device freed (queue_wake.py): the run's own message keeps retrying.
         return None
-    if result.kind == "waiting":
+    if claim.waiting_reason:
         # Devices are busy: ask again shortly, on the queue the message came from.
         raise self.retry(countdown=settings.TRAINYARD_WAIT_RETRY_SECONDS)
-    return result.status
+    if not claim.claimed:
+        log.info("experiment %s was not queued any more; not starting it", experiment_id)
+        return None
+    run_nodes_send(experiment_id=experiment_id)  # committed: each further node to its machine
+    return experiment_supervise(experiment_id=experiment_id, worker=worker)
+
+
+def run_nodes_send(*, experiment_id: int) -> None:
+    """Send each further node of a just-claimed run its task, on its machine's queue."""
+    for node in nodes_further(experiment_id=experiment_id):
+        run_node.apply_async(
+            kwargs={"experiment_id": node.experiment_id, "attempt": node.attempt,
+                    "node_rank": node.node_rank},
+            queue=machine_queue(node.machine),
+        )  # fmt: skip
 
 
 def run_experiment_send(*, experiment: Experiment) -> None:
@@ -53,10 +76,9 @@ def run_experiment_send(*, experiment: Experiment) -> None:
 def run_node(experiment_id: int, attempt: int, node_rank: int) -> str | None:
     """Node `node_rank` (1 and up) of a multi-node run's attempt, on this machine (the claim
     sent it to this machine's queue once node 0 had claimed the run)."""
-    result = experiment_node_run(
+    return experiment_node_supervise(
         experiment_id=experiment_id, attempt=attempt, node_rank=node_rank, worker=machine_name()
     )
-    return result.status
 
 
 @shared_task(name="experiments.reap_lost_runs", ignore_result=True)

@@ -8,10 +8,12 @@
                         │
                         └───give_up───▶ failed   (attempts used up)
 
-Who moves a run: the worker's supervisor (runner.py) starts and finishes it, the reaper
-(survival.py) loses, requeues and gives up on it, a Stop (services.py) cancels a queued one. A
-running run is cancelled by its supervisor, which ends the training and finishes the run with
-the outcome `cancelled`.
+Who moves a run: a worker's claim (runs/claim.py) starts it, its supervisor (runner.py)
+finishes it, the reaper (survival.py) loses, requeues and gives up on it, a Stop (services.py)
+cancels a queued one. A running run is cancelled by its supervisor, which ends the training and
+finishes the run with the outcome `cancelled`. Every change but the start goes through
+runs/lifecycle.py, which does the transition here and tells the run's pages in one function
+(the start's page message waits for the further nodes' tasks: runner.experiment_supervise).
 
 Each transition is one conditional UPDATE: the row changes only while it is still in the status
 the transition starts from (and, where it matters, on the same attempt or heartbeat), and the

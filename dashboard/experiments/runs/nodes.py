@@ -1,6 +1,6 @@
 """A run over several machines: each machine's part of it (a node), its heartbeat and its end.
 
-Node 0 is the worker that claimed the run (runner.experiment_claim: all machines in one
+Node 0 is the worker that claimed the run (claim.experiment_claim: all machines in one
 transaction, written to `Experiment.placement`); node k >= 1 is started on its own machine by the
 `run_node` task. Every node runs the same training command with torchrun's c10d rendezvous flags
 (`node_flags`), and its own supervisor (runner.RunSupervisor) looks after its processes:
@@ -66,6 +66,32 @@ def node_flags(*, experiment: Experiment, node_rank: int) -> list[str]:
     return flags
 
 
+@dataclass(frozen=True)
+class NodeTask:
+    """A further node's task of a just-claimed attempt, for its machine's queue (tasks.py)."""
+
+    experiment_id: int
+    attempt: int
+    node_rank: int
+    machine: str
+
+
+def nodes_further(*, experiment_id: int) -> list[NodeTask]:
+    """Node 1 and up of a just-claimed run's attempt (node 0 is the claim's own machine)."""
+    run = Experiment.objects.filter(pk=experiment_id).values("attempt", "placement").first()
+    if run is None:
+        return []
+    return [
+        NodeTask(
+            experiment_id=experiment_id,
+            attempt=run["attempt"],
+            node_rank=int(entry["node_rank"]),
+            machine=str(entry["worker"]),
+        )  # fmt: skip
+        for entry in (run["placement"] or [])[1:]
+    ]
+
+
 def placement_with_ranks(placement: list[Any], machines: list[str]) -> list[Any]:
     """The placement with each machine's global ranks, from the `started` event's `machines`
     (rank order): torchrun's rendezvous, not the claim, decided them."""
@@ -89,6 +115,14 @@ def pids_on_machine(*, pids: Any, machines: Any, machine: str) -> list[int]:
         for p, m in zip(pids, machines, strict=True)
         if m == machine and isinstance(p, int) and not isinstance(p, bool)
     ]
+
+
+def rank_pids_here(*, pids: Any, machines: Any, machine: str | None) -> list[int]:
+    """The PIDs of the ranks this machine may signal: on several machines (`machine` named)
+    only its own (pids_on_machine); on one, every rank's."""
+    if machine is not None:
+        return pids_on_machine(pids=pids, machines=machines, machine=machine)
+    return [int(p) for p in pids or [] if isinstance(p, int) and not isinstance(p, bool)]
 
 
 def rank_machines_store(*, experiment: Experiment, machines: list[str]) -> None:

@@ -14,25 +14,25 @@ seconds and rss; each rank's figures from `ranks` as rank/<r>/...; the epoch's t
 test_accuracy, and its mean images/s as epoch/images_per_second (a coarser figure over a whole
 epoch: scaling.py reads it only for a run with no step event). The supervisor's machine samples
 come through `add_series`.
+
+The sink is the unit of work (add, due, flush, numbering under the row lock); the bounds it
+reads fields within are bounds.py's, checkpoint rows and retention retention.py's, the channel
+send broadcast.py's.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from collections.abc import Callable, Mapping
 from typing import Any, ClassVar, cast
 
-from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.db import transaction
 
 from dashboard.experiments.core.messages import (
-    GROUP_MESSAGE_TYPE,
     Body,
-    GroupEvents,
     LogBody,
     Message,
     RankRow,
@@ -40,8 +40,12 @@ from dashboard.experiments.core.messages import (
     SeriesBody,
 )
 from dashboard.experiments.core.run_facts import checkpoint_texts, rank_rows, started_texts
+from dashboard.experiments.metrics.series import MAX_KEY_CHARS
 from dashboard.experiments.metrics.series_contract import EPOCH_SERIES, RANK_FIELDS, STEP_SERIES
 from dashboard.experiments.models import Checkpoint, Experiment, LogLine, SeriesPoint
+from dashboard.experiments.runs.bounds import is_count, number_or_none
+from dashboard.experiments.runs.broadcast import checkpoint_saved_text, events_broadcast
+from dashboard.experiments.runs.retention import checkpoint_row, checkpoints_gone
 from training.protocol import Event
 
 log = logging.getLogger(__name__)
@@ -53,18 +57,17 @@ SEND_GAP_SECONDS = 0.05
 MAX_LOG_CHARS = 4000
 # A report is trusted to be small, not to be well-formed: bound what one event can store.
 MAX_RANKS = 1024
-MAX_PATH_CHARS = 4096
-MAX_KEY_CHARS = 200  # SeriesPoint.key
 
 
-def experiment_group(experiment_id: int) -> str:
-    return f"experiment-{experiment_id}"
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    return float(value) if math.isfinite(value) else None
+def output_body(line: str, *, level: str, rank: int | None = None, machine: str = "") -> LogBody:
+    """A line of plain output (stderr, or stdout that is not an event); ``rank`` where a
+    training log line said which rank wrote it, ``machine`` where several machines run."""
+    body: LogBody = {"type": "log", "level": level, "message": line.rstrip()[:MAX_LOG_CHARS]}
+    if rank is not None:
+        body["rank"] = rank
+    if machine:
+        body["machine"] = machine
+    return body
 
 
 def rank_stats_from_event(message: dict[str, Any]) -> RankStats | None:
@@ -75,7 +78,7 @@ def rank_stats_from_event(message: dict[str, Any]) -> RankStats | None:
     """
     ranks = message.get("ranks")
     if not isinstance(ranks, list):
-        if all(_number(message.get(name)) is None for name in RANK_FIELDS[1:]):
+        if all(number_or_none(message.get(name)) is None for name in RANK_FIELDS[1:]):
             return None
         ranks = [{"rank": 0, **{name: message.get(name) for name in RANK_FIELDS}}]
     rows: list[RankRow] = []
@@ -85,10 +88,10 @@ def rank_stats_from_event(message: dict[str, Any]) -> RankStats | None:
         number = rank.get("rank")
         if not isinstance(number, int) or isinstance(number, bool):
             number = index
-        figures = {name: _number(rank.get(name)) for name in RANK_FIELDS}
+        figures = {name: number_or_none(rank.get(name)) for name in RANK_FIELDS}
         row = cast(RankRow, {"rank": number, **figures})
         if isinstance(machine := rank.get("machine"), str) and machine:
-            row["machine"] = machine[:255]  # tagged by the supervisor (runner.py), several machines
+            row["machine"] = machine[:255]  # tagged by the relay (relay.py), several machines
         rows.append(row)
     if not rows:
         return None
@@ -96,7 +99,7 @@ def rank_stats_from_event(message: dict[str, Any]) -> RankStats | None:
         "type": message["type"],
         "step": message.get("step"),
         "epoch": message.get("epoch"),
-        "time": _number(message.get("time")),
+        "time": number_or_none(message.get("time")),
         "ranks": rows,
     }
 
@@ -108,30 +111,11 @@ def _rank_series(ranks: Any) -> dict[str, float | None]:
     values: dict[str, float | None] = {}
     for row in ranks[:MAX_RANKS]:
         number = row.get("rank") if isinstance(row, dict) else None
-        if _count(number):
-            values.update({f"rank/{number}/{name}": _number(row.get(name)) for name in RANK_FIELDS})
+        if is_count(number):
+            values.update(
+                {f"rank/{number}/{name}": number_or_none(row.get(name)) for name in RANK_FIELDS}
+            )
     return values
-
-
-def file_size(path: str) -> int | None:
-    # Read here, by the worker: the file is on this machine, maybe not on the web server's.
-    try:
-        return os.stat(path).st_size
-    except (OSError, ValueError):
-        return None
-
-
-def _count(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
-
-
-def checkpoint_saved_text(message: dict[str, Any]) -> str:
-    if message.get("requested") is True:
-        return (
-            f"checkpoint saved on request at step {message.get('step')} "
-            f"(epoch {message.get('epoch')})"
-        )
-    return f"checkpoint of epoch {message.get('epoch')} saved"
 
 
 class EventSink:
@@ -162,7 +146,7 @@ class EventSink:
         message: dict[str, Any] = {**event, "seq": self.seq}
         for envelope in ("v", "minor", "run"):  # the training's, not the page's
             message.pop(envelope, None)
-        store = self.STORE.get(message["type"])
+        store = self.EVENT_STORES.get(message["type"])
         if store is not None:
             store(self, message)
         self.messages.append(message)
@@ -171,14 +155,8 @@ class EventSink:
     def add_output(
         self, line: str, *, level: str, rank: int | None = None, machine: str = ""
     ) -> None:
-        """A line of plain output (stderr, or stdout that is not an event); ``rank`` where a
-        training log line said which rank wrote it, ``machine`` where several machines run."""
-        body: LogBody = {"type": "log", "level": level, "message": line.rstrip()[:MAX_LOG_CHARS]}
-        if rank is not None:
-            body["rank"] = rank
-        if machine:
-            body["machine"] = machine
-        self.add(body)
+        """A line of plain output: `output_body`'s."""
+        self.add(output_body(line, level=level, rank=rank, machine=machine))
 
     def _started_store(self, message: dict[str, Any]) -> None:
         self.updates.update(
@@ -194,7 +172,15 @@ class EventSink:
         self._add_log(message, level=str(message.get("level", "info")))
 
     def _checkpoint_store(self, message: dict[str, Any]) -> None:
-        self._add_checkpoint(message)
+        checkpoint = checkpoint_row(experiment=self.experiment, message=message)
+        if checkpoint is not None:
+            self._checkpoint_add(checkpoint)
+            # The message tells the page where to download it (the size is what the worker saw)
+            # and which older ones the training's retention has deleted (by step).
+            message.update(
+                size=checkpoint.size, url=checkpoint.get_absolute_url(),
+                pruned=self._checkpoints_prune(keep_step=checkpoint.step),
+            )  # fmt: skip
         # The page appends the same line live: the words are written here only.
         message["log_text"] = checkpoint_saved_text(message)
         self._add_log({**message, "message": message["log_text"]})
@@ -206,17 +192,19 @@ class EventSink:
 
     def _add_point(self, message: dict[str, Any]) -> None:
         reported, epoch = message.get("step"), message.get("epoch")
-        step = cast(int, reported) if _count(reported) else self.step
-        time_ = _number(message.get("time")) or 0.0
+        step = cast(int, reported) if is_count(reported) else self.step
+        time_ = number_or_none(message.get("time")) or 0.0
         fields = STEP_SERIES if message["type"] == "step" else EPOCH_SERIES
         values = {
-            key: _number(message.get(name)) for name, key in fields.items() if name in message
+            key: number_or_none(message.get(name))
+            for name, key in fields.items()
+            if name in message
         }
         if message["type"] == "step":
             values.update(_rank_series(message.get("ranks")))
         self._add_values(values, step=step, time_=time_)
         self.step = step
-        self.updates.update(step=step, epoch=epoch if _count(epoch) else 0)
+        self.updates.update(step=step, epoch=epoch if is_count(epoch) else 0)
         stats = rank_stats_from_event(message)
         if stats is not None:
             self.updates["rank_stats"] = stats
@@ -231,45 +219,23 @@ class EventSink:
     def add_series(self, values: Mapping[str, float | None], *, time_: float) -> None:
         """Samples taken beside the training (machine and GPU load), placed at the run's latest
         step; sent as one `series` message."""
-        values = {key[:MAX_KEY_CHARS]: _number(v) for key, v in values.items()}
+        values = {key[:MAX_KEY_CHARS]: number_or_none(v) for key, v in values.items()}
         self._add_values(values, step=self.step, time_=time_)
         points = {key: [[self.step, time_, v]] for key, v in values.items()}
         body: SeriesBody = {"type": "series", "points": points}
         self.add(body)
 
-    def _add_checkpoint(self, message: dict[str, Any]) -> None:
-        epoch, step, path = message.get("epoch"), message.get("step"), message.get("path")
-        if not (_count(epoch) and isinstance(step, int) and _count(step)):
-            return
-        if not isinstance(path, str) or not path or len(path) > MAX_PATH_CHARS:
-            return
-        checkpoint = Checkpoint(
-            experiment_id=self.experiment.pk,
-            epoch=epoch,
-            step=step,
-            requested=message.get("requested") is True,
-            path=path,
-            size=file_size(path),
-            worker=self.experiment.worker,
-        )
-        self.pruned.discard(step)
-        self.checkpoints = [c for c in self.checkpoints if c.step != step]
+    def _checkpoint_add(self, checkpoint: Checkpoint) -> None:
+        self.pruned.discard(checkpoint.step)
+        self.checkpoints = [c for c in self.checkpoints if c.step != checkpoint.step]
         self.checkpoints.append(checkpoint)
-        gone = self._checkpoints_gone(keep_step=step)
-        # The message tells the page where to download it (the size is what the worker saw) and
-        # which older ones the training's retention has deleted (by step).
-        message.update(size=checkpoint.size, url=checkpoint.get_absolute_url(), pruned=gone)
 
-    def _checkpoints_gone(self, *, keep_step: int) -> list[int]:
-        """Steps whose files this worker wrote and no longer has (the training keeps the last
-        few); their rows go, so that the list shows what can still be fetched."""
-        stored = Checkpoint.objects.filter(
-            experiment_id=self.experiment.pk, worker=self.experiment.worker
-        ).values_list("step", "path")
-        entries = [*stored, *((c.step, c.path) for c in self.checkpoints)]
-        present = {step for step, path in entries if file_size(path) is not None}
-        # A step written again (a resumed attempt) counts as present if any copy is.
-        gone = sorted({step for step, _ in entries} - present - {keep_step})
+    def _checkpoints_prune(self, *, keep_step: int) -> list[int]:
+        """Steps whose files are gone (retention.py): their rows go at the flush, so that the
+        list shows what can still be fetched."""
+        gone = checkpoints_gone(
+            experiment=self.experiment, pending=self.checkpoints, keep_step=keep_step
+        )
         self.pruned.update(gone)
         self.checkpoints = [c for c in self.checkpoints if c.step not in self.pruned]
         return gone
@@ -279,10 +245,10 @@ class EventSink:
             LogLine(
                 experiment_id=self.experiment.pk,
                 seq=self.seq,
-                time=_number(message.get("time")) or 0.0,
+                time=number_or_none(message.get("time")) or 0.0,
                 level=level[:16],
                 message=str(message.get("message", ""))[:MAX_LOG_CHARS],
-                rank=rank if _count(rank := message.get("rank")) else None,
+                rank=rank if is_count(rank := message.get("rank")) else None,
                 machine=str(message.get("machine") or "")[:255],
             )
         )
@@ -340,22 +306,13 @@ class EventSink:
         self.seq += shift
 
     def _send(self, messages: list[dict[str, Any]]) -> None:
-        if self.channel_layer is None:
-            return
-        group_message: GroupEvents = {
-            "type": GROUP_MESSAGE_TYPE,
-            "events": cast(list[Message], messages),
-        }
-        try:
-            async_to_sync(self.channel_layer.group_send)(
-                experiment_group(self.experiment.pk), group_message
-            )
-        except Exception:  # the browser backfills from the database on reconnect
-            log.warning("channel layer unreachable; %d events only stored", len(messages))
+        events_broadcast(
+            channel_layer=self.channel_layer, experiment_id=self.experiment.pk, messages=messages
+        )
 
     # What each type stores besides its message (one entry per type; a type not here, such as
     # status or finished, is only sent).
-    STORE: ClassVar[dict[str, Callable[[EventSink, dict[str, Any]], None]]] = {
+    EVENT_STORES: ClassVar[dict[str, Callable[[EventSink, dict[str, Any]], None]]] = {
         "started": _started_store,
         "step": _add_point,
         "epoch": _add_point,

@@ -18,9 +18,9 @@ import psutil
 from django.conf import settings
 from django.utils import timezone
 
-from dashboard.experiments.core import transitions
 from dashboard.experiments.models import Experiment, Status
 from dashboard.experiments.runs.attempts import attempts_summary, attempts_with_current
+from dashboard.experiments.runs.lifecycle import run_give_up, run_lose, run_requeue
 from dashboard.experiments.runs.nodes import nodes_silent
 from dashboard.experiments.runs.processes import process_tree_stop
 from dashboard.experiments.runs.sink import EventSink
@@ -73,29 +73,20 @@ def experiment_mark_lost(
     history = attempts_with_current(
         experiment=experiment, outcome=Status.LOST, reason=reason, ended_at=now
     )
-    if not transitions.experiment_lose(
-        experiment=experiment, reason=reason, history=history, node_silent=why is not None
-    ):
+    sink = EventSink(experiment)  # numbers its messages after the stored ones when it flushes
+    if not run_lose(
+        experiment=experiment, sink=sink, reason=reason, history=history,
+        node_silent=why is not None,
+    ):  # fmt: skip
         return None
     log.warning("experiment %s lost: %s", experiment.pk, reason)
     experiment.refresh_from_db()
-    sink = EventSink(experiment)
-    sink.add({"type": "status", "status": Status.LOST, "reason": reason})
-    sink.flush()
     if experiment.attempt < settings.TRAINYARD_MAX_ATTEMPTS:
         waiting = f"attempt {experiment.attempt} lost ({reason}); queued to resume"
-        if transitions.experiment_requeue(
-            experiment_id=experiment.pk, waiting_reason=waiting, now=timezone.now()
-        ):
-            sink.add({"type": "status", "status": Status.QUEUED, "reason": waiting})
-            sink.flush()
+        if run_requeue(sink=sink, waiting_reason=waiting, now=timezone.now()):
             return Status.QUEUED
-    else:
-        error = attempts_summary(history)
-        if transitions.experiment_give_up(experiment_id=experiment.pk, error=error, now=now):
-            sink.add({"type": "failed", "status": Status.FAILED, "error": error})
-            sink.flush()
-            return Status.FAILED
+    elif run_give_up(sink=sink, error=attempts_summary(history), now=now):
+        return Status.FAILED
     return Status.LOST
 
 

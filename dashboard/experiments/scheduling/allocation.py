@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import NotRequired, TypedDict
 
-from dashboard.devices.facts import machine_facts_collect, machine_queue, worker_address
+from dashboard.devices.facts import machine_facts_collect, worker_address
 from dashboard.devices.models import WorkerMachine
 from dashboard.env import env_str
 from dashboard.experiments.models import PROCESS_STRATEGIES, Experiment, Status
@@ -320,24 +320,3 @@ def placement_waiting_reason(
         why.append(f"{plural(len(refusals), 'machine')} online ({', '.join(refusals)})")
     share = share_text(experiment=experiment, machine=local)
     return f"waiting for {experiment.nodes} machines with {share} each: {'; '.join(why)}"
-
-
-def nodes_dispatch(*, experiment_id: int) -> list[str]:
-    """Send each further node of a just-claimed run its task, on its machine's queue; returns
-    the queues. Called after the claim commits. By name: the runner never imports the tasks."""
-    from celery import current_app
-
-    run = Experiment.objects.filter(pk=experiment_id).values("attempt", "placement").first()
-    if run is None:
-        return []
-    queues = []
-    for entry in run["placement"][1:]:
-        queue = machine_queue(str(entry["worker"]))
-        kwargs = {
-            "experiment_id": experiment_id,
-            "attempt": run["attempt"],
-            "node_rank": int(entry["node_rank"]),
-        }
-        current_app.send_task("experiments.run_node", kwargs=kwargs, queue=queue)
-        queues.append(queue)
-    return queues

@@ -3,7 +3,7 @@
 Claim order is priority (higher first), then first in, first out (created_at, id). A worker's
 task message for a run that waits is retried every TRAINYARD_WAIT_RETRY_SECONDS, so without a
 rule the run whose retry happens to come first takes a freed device, older or not. The rule,
-checked in the claim's transaction (runner.experiment_claim) on every machine the run would
+checked in the claim's transaction (claim.experiment_claim) on every machine the run would
 take (a multi-node run's further machines too, queue_turn_check): a run waits while an earlier
 queued run could use the same resources of that machine (a GPU both want, or CPU threads when
 both need some) and is not itself held back by its owner's running limit. A run that could

@@ -21,7 +21,7 @@ from dashboard.experiments.core.messages import (
     SocketClose,
 )
 from dashboard.experiments.models import Experiment
-from dashboard.experiments.runs.sink import experiment_group
+from dashboard.experiments.runs.broadcast import experiment_group
 from dashboard.experiments.selectors import experiment_snapshot_build
 
 SNAPSHOT_LOG_LINES = 200

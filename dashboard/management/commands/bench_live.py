@@ -11,7 +11,7 @@ higher rate measures the sink's coalescing under load instead):
 bare     `group_send` from sync code to the run's group (what the sink does, with nothing
          before it): half of the sends before the trainer runs, half after, so a drift of the
          machine's load falls on both paths;
-trainer  the dashboard's whole path: the run is supervised by `experiment_run` (as a Celery
+trainer  the dashboard's whole path: the run is supervised by `run_experiment` (as a Celery
          worker does), whose training command is a small trainer that writes step events on
          stdout; the supervisor reads them, stores them and sends them through the channel
          layer to daphne's consumer, which sends them to every viewer.
@@ -181,7 +181,7 @@ class Command(ThrowawayBenchCommand):
         from channels.layers import get_channel_layer
 
         from dashboard.experiments.core.messages import GROUP_MESSAGE_TYPE
-        from dashboard.experiments.runs.sink import experiment_group
+        from dashboard.experiments.runs.broadcast import experiment_group
 
         layer = get_channel_layer()
         assert layer is not None
@@ -199,6 +199,7 @@ class Command(ThrowawayBenchCommand):
         """The dashboard's path: the supervisor runs the stamping trainer as its training."""
         from dashboard.experiments.models import Status
         from dashboard.experiments.runs import runner
+        from dashboard.experiments.tasks import run_experiment
 
         def trainer(*, experiment: Any) -> list[str]:
             return [sys.executable, "-c", TRAINER, str(events), str(1 / rate)]
@@ -206,9 +207,10 @@ class Command(ThrowawayBenchCommand):
         runner.training_command = trainer  # this benchmark process only
         # The supervisor logs the command line it starts (the whole script): not a figure.
         logging.getLogger(runner.__name__).setLevel(logging.WARNING)
-        result = runner.experiment_run(experiment_id=pk, worker=worker)
-        if result.status != Status.SUCCEEDED:
-            raise CommandError(f"the trainer's run ended {result.status or result.kind}")
+        # The task's own body, in this process (worker: this machine's name, as the task's).
+        status = run_experiment(experiment_id=pk)
+        if status != Status.SUCCEEDED:
+            raise CommandError(f"the trainer's run ended {status or 'unsettled'} on {worker}")
 
     def _print(self, received: list[Received], *, viewers: int, events: int) -> None:
         self.stdout.write(

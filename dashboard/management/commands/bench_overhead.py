@@ -2,7 +2,7 @@
 
 `python manage.py bench_overhead` runs one config alternately (A B A B ...):
 
-A  the dashboard's supervisor path, `experiment_run`: claim the row, start the training as a new
+A  the dashboard's supervisor path, `run_experiment`: claim the row, start the training as a new
    interpreter, read its events, store them in the database in batches and send every flush to
    the run's channel group on a real Redis, where a listener drains them as a browser's socket
    would;
@@ -276,23 +276,24 @@ class Command(BaseCommand):
 
     def _run_dashboard(self, number: int, experiment: Any, worker: str) -> Measurement:
         from dashboard.experiments.models import SeriesPoint, Status
-        from dashboard.experiments.runs.runner import experiment_run
-        from dashboard.experiments.runs.sink import experiment_group
+        from dashboard.experiments.runs.broadcast import experiment_group
+        from dashboard.experiments.tasks import run_experiment
 
         drain = GroupDrain(experiment_group(experiment.pk))
         drain.start()
         drain.ready.wait(10)
         started = time.monotonic()
         try:
-            result = experiment_run(experiment_id=experiment.pk, worker=worker)
+            # The task's own body, in this process (worker: this machine's name, as the task's).
+            status = run_experiment(experiment_id=experiment.pk)
         finally:
             drain.done.set()
             drain.join(5)
         wall = time.monotonic() - started
         experiment.refresh_from_db()
-        if result.status != Status.SUCCEEDED:
-            reason = experiment.error or result.reason or result.kind
-            raise CommandError(f"the dashboard run ended {result.status or result.kind}: {reason}")
+        if status != Status.SUCCEEDED:
+            reason = experiment.error or f"not settled by {worker}"
+            raise CommandError(f"the dashboard run ended {status or 'unsettled'}: {reason}")
         # The step events' images/s and the epochs' (their own series): what was stored.
         keys = {"images_per_second": "step", "epoch/images_per_second": "epoch"}
         points = SeriesPoint.objects.filter(experiment=experiment, key__in=keys).order_by("id")

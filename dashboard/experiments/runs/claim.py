@@ -1,0 +1,80 @@
+"""The claim of a queued run by this machine's worker: start it here, route it, or say why it
+waits. The task (tasks.py) acts on what it comes to."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.db import transaction
+from django.utils import timezone
+
+from dashboard.experiments.core import transitions
+from dashboard.experiments.models import Experiment, Status
+from dashboard.experiments.runs.sink import EventSink
+from dashboard.experiments.scheduling.allocation import (
+    Machine,
+    PlacementPlan,
+    machines_lock,
+    placement_candidates,
+    placement_plan,
+)
+from dashboard.experiments.scheduling.queue import queue_turn_check, queue_turn_refusal
+
+
+@dataclass(frozen=True)
+class Claim:
+    claimed: bool
+    waiting_reason: str = ""
+    routed_to: str = (
+        ""  # the machine whose worker should claim it instead (allocation.PlacementPlan)
+    )
+
+
+def experiment_claim(*, experiment_id: int, machine: Machine) -> Claim:
+    """Start a queued run on this machine (node 0 of its machines) if their devices are free;
+    else say what it waits for, or which machine's worker should claim it.
+
+    Only a queued run can become running (a conditional update), so two workers can never both
+    start one run; the machines' locks make the device check and the claim one step, for all
+    the machines of a multi-node run at once. The caller sends the other nodes their tasks once
+    this has committed (tasks.run_nodes_send).
+    """
+    now = timezone.now()
+    with transaction.atomic():
+        experiment = Experiment.objects.filter(pk=experiment_id, status=Status.QUEUED).first()
+        if experiment is None:
+            return Claim(False)
+        names = placement_candidates(experiment=experiment, local=machine)
+        if machine.name not in names:
+            return Claim(False, routed_to=names[0])
+        rows = machines_lock(names)
+        # Claim order first (queue.py: priority, then first in first out; the running limit).
+        reason = queue_turn_refusal(experiment=experiment, machine=machine)
+        plan = (
+            PlacementPlan(reason=reason)
+            if reason
+            else placement_plan(
+                experiment=experiment,
+                local=machine,
+                names=names,
+                rows=rows,
+                turn=queue_turn_check(experiment=experiment),
+            )
+        )
+        if plan.route_to:
+            return Claim(False, routed_to=plan.route_to)
+        if plan.placement:
+            started = transitions.experiment_start(
+                experiment=experiment, worker=machine.name, now=now, placement=plan.placement
+            )
+            return Claim(started)
+        reason = plan.reason
+        Experiment.objects.filter(pk=experiment_id, status=Status.QUEUED).update(
+            waiting_reason=reason[:300], heartbeat_at=now
+        )
+    if reason[:300] != experiment.waiting_reason:
+        # Tell the run's page why it waits, once per change of reason.
+        sink = EventSink(experiment)
+        sink.add({"type": "status", "status": Status.QUEUED, "reason": reason})
+        sink.flush()
+    return Claim(False, reason)

@@ -1,0 +1,35 @@
+"""How an attempt ended, from what its training said and how its launcher exited."""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Iterable
+
+from dashboard.experiments.core.transitions import Outcome
+from dashboard.experiments.models import Status
+from dashboard.experiments.runs.state import AttemptState
+
+
+def attempt_outcome(*, state: AttemptState, returncode: int, stderr_tail: Iterable[str]) -> Outcome:
+    final = state.final_event or {}
+    # A finished event comes after the last evaluation and checkpoint: a Stop (or any end)
+    # after it only cut the teardown short, and must not throw the results away.
+    if final.get("type") == "finished" and (returncode == 0 or state.stopped_by is not None):
+        return Outcome(
+            Status.SUCCEEDED,
+            test_loss=final.get("test_loss"),
+            test_accuracy=final.get("test_accuracy"),
+        )
+    if state.stopped_by is not None:
+        return Outcome(Status.CANCELLED, error=f"Stopped by {state.stopped_by}.")
+    if final.get("type") == "failed":
+        return Outcome(Status.FAILED, error=str(final.get("error") or "training failed"))
+    tail = "\n".join(stderr_tail)
+    if returncode < 0 or returncode in {128 + signal.SIGTERM, 128 + signal.SIGKILL}:
+        number = -returncode if returncode < 0 else returncode - 128
+        reason = (
+            f"training was ended by {signal.Signals(number).name} from outside the dashboard "
+            "(a worker shutting down ends its runs)"
+        )
+        return Outcome(Status.FAILED, error=f"{reason}\n{tail}")
+    return Outcome(Status.FAILED, error=f"training exited with code {returncode}\n{tail}")

@@ -1,0 +1,108 @@
+"""What a run's row asks of its running training: a Stop, a checkpoint now.
+
+A person asks through services.py, which writes the request on the row; the supervisor polls
+the row (one query for both) and carries it out here: a Stop ends every process, a checkpoint
+request is passed to the process the training named for requests (`requests_pid`, SIGUSR1).
+"""
+
+from __future__ import annotations
+
+import signal
+from datetime import datetime
+
+from django.conf import settings
+
+from dashboard.experiments.models import Experiment
+from dashboard.experiments.runs.process import TrainingProcess
+from dashboard.experiments.runs.sink import EventSink
+from dashboard.experiments.runs.state import AttemptState
+
+
+class RunRequests:
+    def __init__(
+        self, *, experiment: Experiment, sink: EventSink, state: AttemptState,
+        process: TrainingProcess,
+    ):  # fmt: skip
+        self.experiment = experiment
+        self.sink = sink
+        self.state = state
+        self.process = process
+
+    def requests_check(self) -> None:
+        """What the run's row asks of this run: a stop, a checkpoint (one query for both)."""
+        row = (
+            Experiment.objects.filter(pk=self.experiment.pk)
+            .values(
+                "cancel_requested_at",
+                "cancelled_by__username",
+                "checkpoint_requested_at",
+                "checkpoint_requested_by__username",
+            )
+            .first()
+        )
+        if row is None:
+            return
+        if row["cancel_requested_at"] is not None:
+            self.stop(by=row["cancelled_by__username"] or "someone")
+        elif row["checkpoint_requested_at"] not in (None, self.state.checkpoint_signalled):
+            self.checkpoint_request_pass(
+                requested_at=row["checkpoint_requested_at"],
+                by=row["checkpoint_requested_by__username"] or "someone",
+            )
+
+    def checkpoint_request_pass(self, *, requested_at: datetime, by: str) -> None:
+        """Signal the process the training named for requests; wait while it has not started.
+
+        The request stays on the row, so that a page shows it pending, until the training's
+        checkpoint event answers it (``checkpoint_request_answered``); asking again meanwhile
+        is the same request."""
+        started = self.state.started_event
+        if started is None:
+            return
+        pid = started.get("requests_pid")
+        if not isinstance(pid, int) or isinstance(pid, bool):
+            self._checkpoint_request_drop(
+                requested_at,
+                f"Checkpoint requested by {by}, but this training does not take requests (its "
+                "started event names no requests_pid); it writes one each epoch.",
+            )
+        elif self.process.signal_in_tree(pid=pid, signum=signal.SIGUSR1):
+            self.state.checkpoint_signalled = requested_at
+            self.sink.add_output(
+                f"Checkpoint requested by {by}; the training writes it after its current step.",
+                level="info",
+            )
+        else:
+            self._checkpoint_request_drop(
+                requested_at, f"Checkpoint requested by {by}, but the training has ended."
+            )
+
+    def checkpoint_request_answered(self) -> None:
+        if self.state.checkpoint_signalled is None:
+            return
+        # Conditional: a request made after the signal was sent is a new one, for the next poll.
+        Experiment.objects.filter(
+            pk=self.experiment.pk, checkpoint_requested_at__lte=self.state.checkpoint_signalled
+        ).update(checkpoint_requested_at=None, checkpoint_requested_by=None)
+        self.state.checkpoint_signalled = None
+
+    def _checkpoint_request_drop(self, requested_at: datetime, reason: str) -> None:
+        Experiment.objects.filter(
+            pk=self.experiment.pk, checkpoint_requested_at=requested_at
+        ).update(checkpoint_requested_at=None, checkpoint_requested_by=None)
+        self.sink.add_output(reason, level="warning")
+
+    def stop(self, *, by: str) -> None:
+        self.state.stopped_by = by
+        if self.state.training_finished():
+            # The ranks are only tearing down (seconds for torchrun): ending them loses nothing.
+            message = f"Stop requested by {by} after the training had finished; its results stand"
+        else:
+            message = f"Stop requested by {by}; ending every process"
+        self.sink.add_output(message, level="info")
+        self.sink.flush()
+        killed = self.process.stop(
+            rank_pids=self.state.rank_pids, grace_seconds=settings.TRAINYARD_STOP_GRACE_SECONDS
+        )
+        if killed:
+            self.sink.add_output(f"killed after the grace period: {killed}", level="warning")

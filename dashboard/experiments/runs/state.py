@@ -1,0 +1,40 @@
+"""What the parts of one supervisor share about its attempt, in one place.
+
+The relay, the requests, the liveness checks, the multi-node settlement and the outcome each
+read some of it; each field says who writes it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from training.protocol import StartedEvent
+
+
+@dataclass
+class AttemptState:
+    # The relay: the training's `started` and its last word (`finished` or `failed`), read with
+    # .get (their fields are the training's word).
+    started_event: StartedEvent | None = None
+    final_event: dict[str, Any] | None = None
+    # The relay: this machine's ranks (another machine's PIDs are strangers here), and each
+    # rank's machine on several machines.
+    rank_pids: list[int] = field(default_factory=list)
+    rank_machines: list[str] = field(default_factory=list)
+    # The requests: who asked for the Stop being carried out, and the checkpoint request passed
+    # on to the training and not yet answered by a checkpoint event.
+    stopped_by: str | None = None
+    checkpoint_signalled: datetime | None = None
+    # Liveness: this machine's processes are ended for good (the run moved on, or the database
+    # is lost); the loop only drains their streams.
+    taken_over: bool = False
+    returncode: int | None = None  # the launcher's, once it exited
+
+    def rank0_here(self) -> bool:
+        """Whether rank 0, which alone writes events, ran on this machine."""
+        return self.started_event is not None or self.final_event is not None
+
+    def training_finished(self) -> bool:
+        return (self.final_event or {}).get("type") == "finished"
