@@ -80,6 +80,28 @@ def kill_figures(cluster: Cluster) -> tuple[float, float, float]:
     return lost, resumed, time.monotonic() - killed
 
 
+def figures_print(cluster: Cluster) -> None:
+    """Measures and prints the figures on a running cluster whose two workers have reported
+    (main's own, or the machine tests' cluster, which runs this as a test)."""
+    one_first, one_ips = run_figures(cluster, nodes=1, processes=2)
+    two_first, two_ips = run_figures(cluster, nodes=2, processes=1)
+    print(
+        f"launch to first point: 1 machine x 2 ranks {one_first:.1f} s, "
+        f"2 machines x 1 rank {two_first:.1f} s (x{two_first / one_first:.2f})"
+    )
+    print(
+        f"images/s (epoch mean): 1x2 {one_ips:.0f}, 2x1 {two_ips:.0f} "
+        f"(2x1 / 1x2 = {two_ips / one_ips:.2f})"
+    )
+    lost, resumed, point = kill_figures(cluster)
+    print(
+        f"worker SIGKILLed: lost after {lost:.1f} s, resumed (claimed again) after "
+        f"{resumed:.1f} s, first point of the resumed attempt after {point:.1f} s "
+        f"(heartbeat bound {ENV['TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS']} s, reaper every "
+        f"{ENV['TRAINYARD_REAPER_SECONDS']} s)"
+    )
+
+
 def main() -> int:
     reason = cluster_unavailable()
     if reason:
@@ -93,23 +115,7 @@ def main() -> int:
         cluster.token = cluster.manage("create_token", "bench").strip()
         wait_for(lambda: len(cluster.query("SELECT 1 FROM devices_workermachine")) == 2,
                  timeout=120, what="both workers")  # fmt: skip
-        one_first, one_ips = run_figures(cluster, nodes=1, processes=2)
-        two_first, two_ips = run_figures(cluster, nodes=2, processes=1)
-        print(
-            f"launch to first point: 1 machine x 2 ranks {one_first:.1f} s, "
-            f"2 machines x 1 rank {two_first:.1f} s (x{two_first / one_first:.2f})"
-        )
-        print(
-            f"images/s (epoch mean): 1x2 {one_ips:.0f}, 2x1 {two_ips:.0f} "
-            f"(2x1 / 1x2 = {two_ips / one_ips:.2f})"
-        )
-        lost, resumed, point = kill_figures(cluster)
-        print(
-            f"worker SIGKILLed: lost after {lost:.1f} s, resumed (claimed again) after "
-            f"{resumed:.1f} s, first point of the resumed attempt after {point:.1f} s "
-            f"(heartbeat bound {ENV['TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS']} s, reaper every "
-            f"{ENV['TRAINYARD_REAPER_SECONDS']} s)"
-        )
+        figures_print(cluster)
     return 0
 
 

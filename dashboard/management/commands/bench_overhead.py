@@ -6,7 +6,9 @@ A  the dashboard's supervisor path, `run_experiment`: claim the row, start the t
    interpreter, read its events, store them in the database in batches and send every flush to
    the run's channel group on a real Redis, where a listener drains them as a browser's socket
    would;
-B  the same `python -m training` command line and environment alone, its events written to a file.
+B  the same `python -m training` command line and environment alone, its events written to a file
+   (the run's row, made for its command line, is deleted before it starts: it never waits in the
+   queue).
 
 Images/s are the mean of each run's step events (its epoch events after a --dry-run), so start-up
 and tear-down do not count. The last line is `overhead ratio: X` (A / B; target >= 0.98).
@@ -312,6 +314,10 @@ class Command(BaseCommand):
             if not k.startswith("TRAINYARD_SUPERVISOR_")
         }
         out_dir = Path(settings.TRAINYARD_RUNS_DIR) / f"plain-{experiment.pk}"
+        # The row only lent its id and fields to the command line. Left queued, it would hold
+        # the next round's dashboard run behind it (the queue's turn rule); its id is never
+        # given out again (AUTOINCREMENT, sequences), so no later run shares its folders.
+        experiment.delete()
         out_dir.mkdir(parents=True, exist_ok=True)
         started = time.monotonic()
         with (out_dir / "stdout").open("w") as out, (out_dir / "stderr").open("w") as err:
