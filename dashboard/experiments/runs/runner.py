@@ -37,8 +37,6 @@ from dashboard.experiments.models import (
     PROCESS_STRATEGIES,
     Experiment,
     Status,
-    Strategy,
-    ZeroStage,
 )
 from dashboard.experiments.runs.attempts import (
     attempts_with_current,
@@ -87,6 +85,7 @@ from training.protocol import (
     log_line_read,
     parse_event,
 )
+from training.registry import strategy_get
 
 log = logging.getLogger(__name__)
 
@@ -128,8 +127,9 @@ def training_command(*, experiment: Experiment) -> list[str]:
     ]
     if experiment.strategy in PROCESS_STRATEGIES:
         command += ["--nproc", str(experiment.processes)]
-    if experiment.strategy == Strategy.DEEPSPEED:
-        command += ["--zero-stage", str(experiment.zero_stage or ZeroStage.ONE)]
+    # The strategy's own settings (ZeRO's stage), with the flags the registry declares.
+    for option in strategy_get(experiment.strategy).options:
+        command += [option.flag, str(getattr(experiment, option.name) or option.default)]
     if experiment.gpus:
         command += ["--gpus", ",".join(str(g) for g in experiment.gpus)]
     if experiment.target_accuracy is not None:  # a study's stop-at-target
