@@ -84,7 +84,7 @@ class Stage(TypedDict):
 
 
 class RankReport(TypedDict):
-    """One rank's (or Hogwild worker's) figures for the same window as its step or epoch."""
+    """One rank's (or Hogwild process's) figures for the same window as its step or epoch."""
 
     rank: int
     images_per_second: float
@@ -140,7 +140,7 @@ class StepFields(TypedDict):
     step: int  # global optimizer step, 1-based
     train_loss: float | None  # mean over the steps since the last step event, over ranks
     images_per_second: float  # all ranks together
-    # 1.1: rank 0's alone; for Hogwild "rank 0" is worker 0 (the parent only evaluates).
+    # 1.1: rank 0's alone; for Hogwild "rank 0" is process 0 (the parent only evaluates).
     data_seconds: NotRequired[float]
     compute_seconds: NotRequired[float]
     rss_bytes: NotRequired[int]
