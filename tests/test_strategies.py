@@ -11,12 +11,20 @@ from django.urls import reverse
 
 from dashboard.devices.capacity import capacity_check
 from dashboard.experiments.core.forms import ExperimentForm
-from dashboard.experiments.models import Experiment, Strategy
+from dashboard.experiments.models import Experiment, Strategy, ZeroStage
 from dashboard.experiments.runs.runner import training_command
 from tests.factories import form_data
 from tests.test_devices import machine_make
 from training import cli
-from training.registry import REGISTRY, RULE_MIN_GPUS, strategy_refusals
+from training.config import parse_args
+from training.registry import (
+    REGISTRY,
+    RULE_MIN_GPUS,
+    STRATEGY_OPTIONS,
+    ZERO_STAGE,
+    StrategySpec,
+    strategy_refusals,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -287,3 +295,40 @@ def test_cli_says_a_gpu_minimum_with_this_machines_gpus(
         "--strategy dp-primitives needs --gpus with two or more ids (this machine has 2 GPUs, "
         "e.g. --gpus 0,1)"
     ) in capsys.readouterr().err
+
+
+# --- a strategy's own options (ZeRO's stage), declared in the registry alone ------------------
+
+
+def test_zero_stage_is_declared_with_deepspeed_and_every_reader_follows(
+    client: Client, user_factory: Any
+) -> None:
+    assert [spec.name for spec in REGISTRY if ZERO_STAGE in spec.options] == ["deepspeed"]
+    # The model's choices are a copy kept for its migrations: they must not drift.
+    assert ZeroStage.choices == list(ZERO_STAGE.choices)
+    field = ExperimentForm().fields["zero_stage"]
+    assert field.choices == [("", f"default ({ZERO_STAGE.default})"), *ZERO_STAGE.choices]
+    assert field.help_text == ZERO_STAGE.help
+    assert field.error_messages["invalid_choice"].startswith(ZERO_STAGE.invalid_text())
+    client.force_login(user_factory())
+    html = client.get(reverse("experiment-new")).content.decode()
+    assert 'data-deepspeed-value="deepspeed"' in html
+
+
+@pytest.mark.parametrize("spec", REGISTRY, ids=lambda spec: spec.name)
+def test_an_option_is_taken_where_declared_and_refused_elsewhere(
+    spec: StrategySpec, user_factory: Any, experiment_factory: Any
+) -> None:
+    for option in STRATEGY_OPTIONS:
+        value = option.values[-1]
+        argv = ["--strategy", spec.name, option.flag, str(value)]
+        if option in spec.options:
+            assert getattr(parse_args(argv), option.name) == value
+        else:
+            with pytest.raises(SystemExit):
+                parse_args(argv)
+    experiment = experiment_factory(owner=user_factory(), strategy=spec.name)
+    flags = _flags(training_command(experiment=experiment))
+    for option in STRATEGY_OPTIONS:
+        expected = str(option.default) if option in spec.options else None
+        assert flags.get(option.flag) == expected

@@ -114,6 +114,26 @@ def test_hogwild_two_processes_share_model_and_data(sample_data: Path, tmp_path:
     assert any("Each of the 2 workers resumed its own" in n for n in resumed.started["notes"])
 
 
+def test_hogwild_and_the_shared_loop_say_started_alike(sample_data: Path, tmp_path: Path) -> None:
+    """One driver for both (training/epochs.py): Hogwild's parent and the shared loop carry the
+    same started fields, and a checkpoint that covers every epoch is said in the same words."""
+    first = run_cli(sample_data, "--dry-run", "--checkpoint-dir", str(tmp_path / "first"))
+    assert first.returncode == 0, first.stderr
+    [written] = [c["path"] for c in first.of_type("checkpoint")]
+    resumed = [
+        run_cli(sample_data, "--dry-run", *flags, "--resume", written)
+        for flags in (("--strategy", "single"), ("--strategy", "hogwild", "--nproc", "1"))
+    ]
+    single, hogwild = resumed
+    assert [r.returncode for r in resumed] == [0, 0], hogwild.stderr
+    assert set(hogwild.started) == set(single.started)
+    assert (single.started["strategy"], hogwild.started["strategy"]) == ("single", "hogwild")
+    covered = "The checkpoint already covers 1 epoch(s); nothing to train."
+    for result in resumed:
+        assert covered in [e["message"] for e in result.of_type("log")], result.of_type("log")
+        assert result.finished["epochs_run"] == 0
+
+
 def test_hogwild_sigterm_stops_every_worker(sample_data: Path) -> None:
     proc = _start(
         sample_data, "--strategy", "hogwild", "--nproc", "2", "--dry-run", "--epochs", "1000"

@@ -14,7 +14,7 @@ Run it as a module from the repository root (or anywhere the package is importab
 
 For ``ddp`` and ``deepspeed`` the process replaces itself (``os.execv``) with ``torchrun
 --standalone`` running the same command line, so the PID a caller holds is the launcher's; every
-rank's PID is in the ``started`` event. ``hogwild`` starts its worker processes itself (spawn)
+rank's PID is in the ``started`` event. ``hogwild`` starts its processes itself (spawn)
 and stays their parent; it writes the events. On one machine every process of a run maps one
 copy of the dataset in shared memory (``training.shared_data``).
 

@@ -1,5 +1,5 @@
-# Guarded: Hogwild's workers are started with the spawn method, which imports the parent's main
-# module (this one) in each child; unguarded, every worker would start a run of its own.
+# Guarded: Hogwild's processes are started with the spawn method, which imports the parent's main
+# module (this one) in each child; unguarded, every one would start a run of its own.
 if __name__ == "__main__":
     from training.cli import main
 

@@ -5,7 +5,7 @@ Every strategy draws from the same global order: a permutation of the training s
 of ``batch_size x world_size`` images. Rank ``r`` of ``world_size`` takes the ``r``-th contiguous
 slice of each global batch. Hence DDP with 2 ranks of 32 is fed exactly the two halves of the
 batches of 64 that a single process with ``--batch-size 64`` trains on, which is what makes DDP
-checkable for exactness (tests/test_exactness.py) rather than merely "close"; Hogwild workers
+checkable for exactness (tests/test_exactness.py) rather than merely "close"; Hogwild's processes
 take their shard the same way.
 """
 

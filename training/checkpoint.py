@@ -52,7 +52,7 @@ def save(
     """Write ``epoch-{epoch}.pt``, or ``step-{step}.pt`` when ``images_into_epoch`` says the
     epoch is not over. ``model_state`` is the bare module's, never a DP/DDP wrapper's;
     ``optimizer_state`` None where there is none to save; ``extra``: a strategy's own entries
-    (Hogwild's per-worker optimizer states)."""
+    (Hogwild's per-process optimizer states)."""
     directory.mkdir(parents=True, exist_ok=True)
     state = {
         "format": FORMAT,
@@ -245,7 +245,7 @@ def resume_apply(
     returns where training continues and the notes that say what was resumed.
 
     ``optimizer`` None with ``takes_optimizer``: the caller hands the state on itself (Hogwild's
-    workers); ``restore``: the strategy takes it its own way (ZeRO, partitioned);
+    processes); ``restore``: the strategy takes it its own way (ZeRO, partitioned);
     ``takes_optimizer`` False: it cannot take a plain optimizer's state.
     """
     note = _optimizer_resume(

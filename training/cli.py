@@ -13,15 +13,10 @@ from pathlib import Path
 from types import FrameType
 from typing import IO, NoReturn
 
-from training.config import (
-    DEEPSPEED_REQUIREMENT,
-    TrainConfig,
-    build_parser,
-    parse_args,
-    under_torchrun,
-)
+from training.config import TrainConfig, build_parser, parse_args, under_torchrun
 from training.protocol import EventWriter, log_line_format
 from training.registry import (
+    DEEPSPEED,
     REGISTRY,
     RULE_MIN_GPUS,
     TORCHRUN_STRATEGIES,
@@ -112,15 +107,15 @@ def _validate(cfg: TrainConfig, parser: argparse.ArgumentParser) -> TrainConfig:
     for refusal in refusals:
         if refusal not in too_few:
             parser.error(refusal.cli_message)
-    if cfg.strategy == "deepspeed" and not deepspeed_available():
+    spec = strategy_get(cfg.strategy)
+    if spec.requires is not None and not package_available(spec.requires.module):
         parser.error(
-            "--strategy deepspeed needs the optional DeepSpeed package, which is not installed "
-            f"here; install it with: DS_BUILD_OPS=0 pip install --no-build-isolation "
-            f"'{DEEPSPEED_REQUIREMENT}' (the 'deepspeed' extra of this package)"
+            f"--strategy {spec.name} needs the optional {spec.requires.label} package, which "
+            f"is not installed here; install it with: {spec.requires.install}"
         )
     # Under torchrun the launcher has checked the ids and renumbered them already.
-    min_gpus = strategy_get(cfg.strategy).min_gpus
-    if under_torchrun() or not (cfg.gpus or min_gpus or cfg.strategy == "dp"):
+    min_gpus = spec.min_gpus
+    if under_torchrun() or not (cfg.gpus or min_gpus or spec.gpus_where_present):
         return cfg
     import torch
 
@@ -166,22 +161,26 @@ def _validate_gpu_count(
             f"{count} GPU(s), ids 0 to {count - 1}"
         )
     # DataParallel without GPUs is a silent pass-through: on a machine with GPUs, a mistake.
-    if cfg.strategy == "dp" and not cfg.gpus and count > 0:
+    if strategy_get(cfg.strategy).gpus_where_present and not cfg.gpus and count > 0:
         parser.error(
-            f"--strategy dp needs --gpus on this machine ({count} GPU(s), e.g. --gpus "
+            f"--strategy {cfg.strategy} needs --gpus on this machine ({count} GPU(s), e.g. --gpus "
             f"{','.join(map(str, range(min(count, 2))))}); to train on the CPU use --strategy "
             "single"
         )
 
 
-def deepspeed_available() -> bool:
-    """Whether ``import deepspeed`` would find the package (without importing it: seconds)."""
+def package_available(module: str) -> bool:
+    """Whether ``import <module>`` would find the package (without importing it: seconds)."""
     import importlib.util
 
     try:
-        return importlib.util.find_spec("deepspeed") is not None
-    except (ImportError, ValueError):  # ValueError: sys.modules["deepspeed"] is None
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # ValueError: sys.modules[module] is None
         return False
+
+
+def deepspeed_available() -> bool:
+    return package_available(DEEPSPEED.module)
 
 
 def exec_torchrun(cfg: TrainConfig, argv: Sequence[str]) -> NoReturn:
@@ -194,9 +193,10 @@ def exec_torchrun(cfg: TrainConfig, argv: Sequence[str]) -> NoReturn:
     env = dict(os.environ)
     if cfg.gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(map(str, cfg.gpus))
-    if cfg.strategy == "deepspeed":
+    requires = strategy_get(cfg.strategy).requires
+    if requires is not None and requires.accelerator_env:
         # DeepSpeed picks its accelerator when imported; without GPUs it must be told "cpu".
-        env.setdefault("DS_ACCELERATOR", "cuda" if cfg.gpus else "cpu")
+        env.setdefault(requires.accelerator_env, "cuda" if cfg.gpus else "cpu")
     # The ranks start with `-m training` from the caller's working directory, which need not
     # be the one this package was found from.
     root = str(Path(__file__).resolve().parent.parent)

@@ -13,11 +13,13 @@ from training.registry import (
     MULTIPROCESS_STRATEGIES,
     REGISTRY,
     STRATEGY_NAMES,
+    STRATEGY_OPTIONS,
     TORCHRUN_STRATEGIES,
+    ZERO_STAGE,
+    StrategyOption,
+    option_strategies,
 )
 
-ZERO_STAGES = (1, 2)
-DEEPSPEED_REQUIREMENT = "deepspeed==0.19.8"
 DATASETS = ("mnist", "fashion-mnist")
 OPTIMIZERS = ("adam", "sgd")
 
@@ -40,7 +42,7 @@ class TrainConfig:
     run_id: str
     checkpoint_dir: str | None
     resume: str | None
-    zero_stage: int = 1
+    zero_stage: int = ZERO_STAGE.default  # the registry's options (ZERO_STAGE) fill these
     keep_checkpoints: int = 2
     keep_requested_checkpoints: int = 5
     steps_per_epoch: int | None = None  # at most this many optimizer steps per epoch
@@ -200,16 +202,40 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep the last N checkpoints written on request (SIGUSR1), delete older ones "
         "(default: 5; 0 keeps all)",
     )
-    p.add_argument(
-        "--zero-stage",
-        type=int,
-        choices=ZERO_STAGES,
-        default=None,
-        help="DeepSpeed ZeRO stage: 1 partitions optimizer state, 2 also gradients "
-        "(--strategy deepspeed only; default: 1)",
-    )
+    for option in STRATEGY_OPTIONS:
+        _option_argument(p, option)
     _multinode_arguments(p)
     return p
+
+
+def _option_argument(p: argparse.ArgumentParser, option: StrategyOption) -> None:
+    """A strategy's own setting, as the registry declares it; None when not given, so that
+    giving it to a strategy that does not read it is refused (``_options_check``)."""
+    p.add_argument(
+        option.flag,
+        dest=option.name,
+        type=int,
+        choices=option.values,
+        default=None,
+        help=f"{option.help} (--strategy {' or '.join(option_strategies(option))} only; "
+        f"default: {option.default})",
+    )
+
+
+def _options_check(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, int]:
+    """The strategies' own settings for TrainConfig: the given ones where the strategy reads
+    them (refused where it does not), else their defaults."""
+    values = {}
+    for option in STRATEGY_OPTIONS:
+        given = getattr(ns, option.name)
+        takers = option_strategies(option)
+        if given is not None and ns.strategy not in takers:
+            parser.error(
+                f"argument {option.flag}: applies to --strategy {' or '.join(takers)} only, "
+                f"not {ns.strategy}"
+            )
+        values[option.name] = option.default if given is None else given
+    return values
 
 
 def _multinode_arguments(p: argparse.ArgumentParser) -> None:
@@ -278,10 +304,7 @@ def parse_args(argv: Sequence[str], parser: argparse.ArgumentParser | None = Non
     ns = parser.parse_args(list(argv))
     if ns.resume is not None and not Path(ns.resume).is_file():
         parser.error(f"argument --resume: no checkpoint file at {ns.resume}")
-    if ns.zero_stage is not None and ns.strategy != "deepspeed":
-        parser.error(
-            f"argument --zero-stage: applies to --strategy deepspeed only, not {ns.strategy}"
-        )
+    options = _options_check(ns, parser)
     _multinode_check(ns, parser)
     return TrainConfig(
         strategy=ns.strategy,
@@ -302,7 +325,6 @@ def parse_args(argv: Sequence[str], parser: argparse.ArgumentParser | None = Non
             str(Path(ns.checkpoint_dir).expanduser().resolve()) if ns.checkpoint_dir else None
         ),
         resume=str(Path(ns.resume).expanduser().resolve()) if ns.resume else None,
-        zero_stage=ns.zero_stage if ns.zero_stage is not None else 1,
         keep_checkpoints=ns.keep_checkpoints,
         keep_requested_checkpoints=ns.keep_requested_checkpoints,
         steps_per_epoch=ns.steps_per_epoch,
@@ -312,6 +334,7 @@ def parse_args(argv: Sequence[str], parser: argparse.ArgumentParser | None = Non
         rdzv_id=ns.rdzv_id,
         rdzv_host=ns.rdzv_host,
         local_addr=ns.local_addr,
+        **options,
     )
 
 

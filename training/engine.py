@@ -2,9 +2,10 @@
 
 ``train`` drives the steps, a screen each: ``_setup`` (model, resume, data, plan),
 ``_started_emit``, ``_epoch_train`` per epoch (``epoch_run``, evaluation, the epoch's event and
-checkpoint), then the ``finished`` event. A strategy that runs its own processes (Hogwild) is
-handed the whole run instead; it uses the same pieces from ``training.loop``,
-``training.reporting`` and ``training.checkpoint``, and nothing here.
+checkpoint) under ``training.epochs``' driver, which ends with the ``finished`` event. A strategy
+that runs its own processes (Hogwild) is handed the whole run instead; it drives its epochs with
+the same driver and builds its model and ``started`` event with the same ``training.epochs``,
+and imports nothing here.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from typing import Any
 
 import torch
 
-from training import checkpoint
 from training.batching import rank_batches, steps_per_epoch
 from training.checkpoint import (
     Resumed,
@@ -29,18 +29,11 @@ from training.checkpoint import (
 )
 from training.config import TrainConfig
 from training.data import Dataset, load_dataset
+from training.epochs import EpochStart, Ranks, epochs_drive, model_build, started_emit
 from training.loop import Tested, evaluate, steps_run
 from training.meter import Window, window_report
-from training.model import SimpleCNN
 from training.protocol import EventWriter, SharedTensor
-from training.reporting import (
-    data_source_log,
-    epoch_emit,
-    finished_emit,
-    log_to,
-    started_fields,
-    target_reached,
-)
+from training.reporting import epoch_emit
 from training.run_requests import checkpoint_request_pending, checkpoint_request_take
 from training.runtime import Runtime, all_gather, all_reduce_sum, machine_name
 from training.shared_data import dataset_for_ranks
@@ -56,20 +49,11 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
     t_start = time.monotonic()
     run = _setup(cfg, rt)
     _started_emit(cfg, rt, events, run)
-    start = run.resume.start_epoch
-    step = run.resume.step
-    tested: Tested = (None, 0.0)
-    last = cfg.epochs
-    for epoch in range(start, cfg.epochs + 1):
-        step, tested = _epoch_train(cfg, rt, events, run, epoch=epoch, step=step)
-        if target_reached(events, rt, cfg, epoch=epoch, test_accuracy=tested[1]):
-            last = epoch
-            break
-    if start > cfg.epochs:
-        tested = _evaluate(cfg, rt, run)
-    finished_emit(
-        events, cfg, *tested, start_epoch=start, step=step, t_start=t_start, last_epoch=last
-    )
+    epochs_drive(
+        cfg, rt, events, resume=run.resume, t_start=t_start,
+        epoch_train=lambda work: _epoch_train(cfg, rt, events, run, work),
+        evaluate=lambda: _evaluate(cfg, rt, run),
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -85,13 +69,7 @@ class _Run:
 
 
 def _setup(cfg: TrainConfig, rt: Runtime) -> _Run:
-    # Same seed on every rank: identical initial weights (DDP also broadcasts rank 0's).
-    torch.manual_seed(cfg.seed)
-    model = SimpleCNN()
-    # Before the data: a bad --resume fails before seconds are spent loading it.
-    state = checkpoint.load_for(cfg) if cfg.resume else None
-    if state is not None:
-        model.load_state_dict(state["model"])
+    model, state = model_build(cfg)
     data, shared_tensors = dataset_for(cfg, rt)
     plan = plan_build(cfg, rt, model)
     per_epoch = steps_per_epoch(len(data.train), cfg.batch_size, rt.world_size, cfg.step_limit)
@@ -112,38 +90,32 @@ def _setup(cfg: TrainConfig, rt: Runtime) -> _Run:
 
 def _started_emit(cfg: TrainConfig, rt: Runtime, events: EventWriter, run: _Run) -> None:
     """The ``started`` event (every rank joins the gather of PIDs) and the logs that follow."""
-    start_epoch = run.resume.start_epoch
-    ranks = all_gather(rt, (os.getpid(), rt.device_label, machine_name()))
-    events.emit(
-        "started",
-        **started_fields(cfg, rt, run.data, run.per_epoch, start_epoch),
-        devices=run.plan.devices or [label for _, label, _ in ranks],
-        pids=[pid for pid, _, _ in ranks],
-        machines=[machine for _, _, machine in ranks],
+    gathered = all_gather(rt, (os.getpid(), rt.device_label, machine_name()))
+    ranks = Ranks(
+        devices=run.plan.devices or [label for _, label, _ in gathered],
+        pids=[pid for pid, _, _ in gathered],
+        machines=[machine for _, _, machine in gathered],
         # Under torchrun the ranks' parent is the launcher, the process the caller started.
         launcher_pid=os.getppid() if rt.distributed else os.getpid(),
-        requests_pid=os.getpid(),
         notes=run.notes,
         shared_tensors=run.shared_tensors,
-        **run.plan.started,
+        extra=run.plan.started,
+        warnings=run.plan.warnings,
     )
-    data_source_log(events, rt, run.data)
-    for message in run.plan.warnings:
-        log_to(events, rt, message, "warning")
-    if start_epoch > cfg.epochs:
-        log_to(
-            events, rt, f"The checkpoint already covers {cfg.epochs} epoch(s); nothing to train."
-        )
+    started_emit(
+        cfg, rt, events, data=run.data, per_epoch=run.per_epoch,
+        start_epoch=run.resume.start_epoch, ranks=ranks,
+    )  # fmt: skip
 
 
 def _epoch_train(
-    cfg: TrainConfig, rt: Runtime, events: EventWriter, run: _Run, *, epoch: int, step: int
+    cfg: TrainConfig, rt: Runtime, events: EventWriter, run: _Run, work: EpochStart
 ) -> tuple[int, Tested]:
     """Train, evaluate and checkpoint one epoch; returns (global step, its test figures)."""
+    epoch, step, done_before = work.epoch, work.step_base, work.skip
     batches = rank_batches(
         len(run.data.train), cfg.batch_size, rt.world_size, rt.rank, cfg.seed, epoch
     )[: run.per_epoch]
-    done_before = run.resume.skip_batches if epoch == run.resume.start_epoch else 0
     run.plan.net.train()
     step, whole = epoch_run(
         cfg=cfg, rt=rt, events=events, plan=run.plan, data=run.data,

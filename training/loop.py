@@ -31,7 +31,7 @@ def steps_run(
     label_device: torch.device | None = None,
 ) -> Iterator[StepTiming]:
     """One optimizer step per batch of indices into ``data.train``, timed: the loop every
-    strategy runs (Hogwild's workers too), public so that tests drive it as the engine does."""
+    strategy runs (Hogwild's processes too), public so that tests drive it as the engine does."""
     clock = time.perf_counter
     for idx in batches:
         t0 = clock()

@@ -1,6 +1,6 @@
 """Tying a child process's life to its parent's: one home for ``PR_SET_PDEATHSIG``.
 
-Used by Hogwild's workers (training/strategies/hogwild.py) and by the dashboard's runner for
+Used by Hogwild's processes (training/strategies/hogwild/) and by the dashboard's runner for
 the training process it starts (as ``preexec_fn``). No torch here: the web side imports it.
 """
 
@@ -23,7 +23,7 @@ def parent_death_signal_set() -> None:
     """SIGTERM this process when the process that started it dies, even by SIGKILL.
 
     A Celery pool child killed outright (SIGKILL, OOM) would otherwise leave its training
-    running with nobody reading its events, and a Hogwild parent its workers. Linux only;
+    running with nobody reading its events, and a Hogwild parent its processes. Linux only;
     elsewhere a no-op. The parent may already be gone when this runs: a caller that must not
     outlive it checks ``os.getppid()`` afterwards.
     """

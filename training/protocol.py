@@ -7,69 +7,19 @@ has the envelope (``Envelope`` below)
     minor  protocol minor version (int, 5); absent before 1.3, so a 1.0 to 1.2 writer is "1.x"
     run    the run id given with --run-id ("" when none was given)
     seq    sequence number, 1, 2, 3, ... in the order written, with no gaps
-    type   one of the types below
+    type   one of ``EventType``: started, step, epoch, log, checkpoint, finished, failed
     time   seconds since the run started (float)
 
-and, by type, the fields of the type's ``TypedDict`` below (each field is described there, in
-one place; a field added after 1.0 is ``NotRequired`` and says which version added it):
+and the fields of its type's ``TypedDict`` below, each described there once. Losses are null
+where they were not finite: JSON has no NaN.
 
-    started     what runs where: strategy, world size, devices, data, sizes, every rank's pid
-                (``StartedFields``)
-    step        progress every --log-interval steps: losses and throughput (``StepFields``)
-    epoch       an epoch's end: its means and the test set's loss and accuracy (``EpochFields``)
-    log         a message for the user, level "info", "warning" or "error" (``LogFields``)
-    checkpoint  a checkpoint file written (``CheckpointFields``)
-    finished    the run's end: the final test loss and accuracy (``FinishedFields``)
-    failed      the run failed: the error and its traceback (``FailedFields``)
+The version rule: a minor version only adds (a field added after 1.0 is ``NotRequired`` and says
+which version added it); readers ignore fields they do not know, accept every 1.x, and stop at a
+higher major (``parse_event`` raises ``ProtocolVersionError``). Standard error is for people;
+the training's own log lines carry ``LOG_LINE_MARKER`` (``log_line_format``, ``log_line_read``).
 
-Losses are null where they were not finite (a diverged run): JSON has no NaN.
-
-Added in 1.1 (additive; older readers ignore them):
-
-    started     shared_tensors, zero_stage, stages; strategy may also be dp-primitives,
-                model-parallel, hogwild or deepspeed
-    step, epoch data_seconds, compute_seconds, rss_bytes, ranks
-
-Added in 1.2 (additive):
-
-    started     requests_pid: SIGUSR1 to it asks for a checkpoint, written after the current
-                optimizer step and reported by a checkpoint event (a run without
-                --checkpoint-dir answers with a warning log)
-    checkpoint  requested, answers_request
-
-Added in 1.3 (additive):
-
-    envelope    minor. The major stays in ``v`` as an int, so a reader of 1.0 to 1.2 (which checks
-                that ``v`` is an int it knows) reads 1.3 events unchanged.
-    stderr      the log line marker below
-
-Added in 1.4 (additive):
-
-    step        lr: the learning rate the optimizer stepped with (its first parameter group's),
-                so that a schedule's curve is kept beside the loss
-
-Added in 1.5 (additive):
-
-    started     machines: every rank's machine, rank order (a run over several machines says
-                which ranks ran where; torchrun's rendezvous, not the launch, decides it)
-
-Readers must ignore fields they do not know and treat a line that is not a JSON object as plain log
-output. They accept every 1.x (``minor`` absent or any integer; a line whose ``v``, ``seq`` or
-``minor`` is not an integer is no event); a reader that sees a higher major version than it knows
-should stop reading events (``parse_event`` raises ``ProtocolVersionError``; the runner shows such
-lines as errors and never takes them as events).
-
-Standard error is for people: tracebacks, torchrun's and the libraries' own output, and the
-training's log lines. A watcher that shows stderr next to the events needs to tell the training's
-log lines apart, because rank 0 also sends each of its log messages as a ``log`` event. Every
-training log line therefore starts with the marker ``LOG_LINE_MARKER`` ("[trainyard] ") and its
-message follows the first ``LOG_LINE_SEPARATOR`` (" | "). What lies between is for people, except
-that it ends with ``rank <N> <LEVEL>``: under torchrun every rank's stderr reaches the launcher's,
-and a watcher keeps each line with the rank and level that wrote it:
-
-    [trainyard] 2026-12-02 17:33:42,033 rank 0 WARNING | Data: MNIST sample: 5,000 real digits ...
-
-``log_line_format`` is the ``logging`` format that writes it, ``log_line_read`` reads it back.
+docs/protocol.md has the whole description: the types, the reading rules, the stderr marker and
+the history of each minor version (what 1.1 to 1.5 added).
 """
 
 # No ``from __future__ import annotations`` here: on Python 3.11 it hides ``NotRequired`` from
@@ -134,7 +84,7 @@ class Stage(TypedDict):
 
 
 class RankReport(TypedDict):
-    """One rank's (or Hogwild worker's) figures for the same window as its step or epoch."""
+    """One rank's (or Hogwild process's) figures for the same window as its step or epoch."""
 
     rank: int
     images_per_second: float
@@ -190,7 +140,7 @@ class StepFields(TypedDict):
     step: int  # global optimizer step, 1-based
     train_loss: float | None  # mean over the steps since the last step event, over ranks
     images_per_second: float  # all ranks together
-    # 1.1: rank 0's alone; for Hogwild "rank 0" is worker 0 (the parent only evaluates).
+    # 1.1: rank 0's alone; for Hogwild "rank 0" is process 0 (the parent only evaluates).
     data_seconds: NotRequired[float]
     compute_seconds: NotRequired[float]
     rss_bytes: NotRequired[int]

@@ -18,6 +18,65 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+DEEPSPEED_REQUIREMENT = "deepspeed==0.19.8"
+
+
+@dataclass(frozen=True)
+class StrategyOption:
+    """A setting that only the strategies declaring it read (ZeRO's stage): its flag, the
+    ``TrainConfig`` attribute and ``Experiment`` field it fills, its choices and default."""
+
+    name: str  # the TrainConfig attribute, the Experiment field and the API key
+    flag: str  # the CLI's flag
+    label: str  # for people: "ZeRO stage"
+    help: str  # one line for --help and the launch form
+    choices: tuple[tuple[int, str], ...]  # (value, label), in order
+    default: int  # what a strategy that reads it trains with when none is given
+    not_offered: str = ""  # why the values past the choices are refused, said when they are
+
+    @property
+    def values(self) -> tuple[int, ...]:
+        return tuple(value for value, _ in self.choices)
+
+    def invalid_text(self) -> str:
+        """ "the ZeRO stage is 1 or 2 (stage 3 is not offered)"."""
+        values = " or ".join(str(v) for v in self.values)
+        why = f" ({self.not_offered})" if self.not_offered else ""
+        return f"the {self.label} is {values}{why}"
+
+
+@dataclass(frozen=True)
+class Requirement:
+    """An optional package a strategy imports, which the CLI checks before it starts."""
+
+    module: str  # what ``import`` finds: "deepspeed"
+    label: str  # for people: "DeepSpeed"
+    install: str  # the command that installs it, with the extra that names it
+    # Set for the ranks to "cuda" or "cpu" (with or without GPUs), where the package picks
+    # its accelerator when imported and cannot tell by itself (DeepSpeed on a CPU machine).
+    accelerator_env: str = ""
+
+
+ZERO_STAGE = StrategyOption(
+    name="zero_stage",
+    flag="--zero-stage",
+    label="ZeRO stage",
+    help="DeepSpeed ZeRO stage: 1 partitions optimizer state, 2 also gradients",
+    choices=(
+        (1, "ZeRO-1: optimizer state sharded"),
+        (2, "ZeRO-2: optimizer state and gradients sharded"),
+    ),
+    default=1,
+    not_offered="stage 3 is not offered",
+)
+DEEPSPEED = Requirement(
+    module="deepspeed",
+    label="DeepSpeed",
+    install=f"DS_BUILD_OPS=0 pip install --no-build-isolation '{DEEPSPEED_REQUIREMENT}' "
+    "(the 'deepspeed' extra of this package)",
+    accelerator_env="DS_ACCELERATOR",
+)
+
 
 @dataclass(frozen=True)
 class StrategySpec:
@@ -35,6 +94,11 @@ class StrategySpec:
     nodes: bool = False  # can span several machines (torchrun's rendezvous)
     cpu_reason: str = ""  # with cpu_only: why, said when GPUs are refused ("it ...")
     max_gpus_reason: str = ""  # with max_gpus: why, said when more GPUs are refused
+    # On a machine with GPUs it needs --gpus: without them it would run as a silent
+    # pass-through (nn.DataParallel with no device ids).
+    gpus_where_present: bool = False
+    options: tuple[StrategyOption, ...] = ()  # the settings only it reads
+    requires: Requirement | None = None  # an optional package it imports
 
 
 REGISTRY: tuple[StrategySpec, ...] = (
@@ -57,6 +121,7 @@ REGISTRY: tuple[StrategySpec, ...] = (
         help="DataParallel: one process splits each batch across the chosen GPUs and gathers "
         "the results on the first; without GPUs it runs as a plain single CPU process.",
         module="dp",
+        gpus_where_present=True,
     ),
     StrategySpec(
         name="ddp",
@@ -121,6 +186,8 @@ REGISTRY: tuple[StrategySpec, ...] = (
         processes=True,
         torchrun=True,
         nodes=True,
+        options=(ZERO_STAGE,),
+        requires=DEEPSPEED,
     ),
 )
 
@@ -128,6 +195,15 @@ STRATEGIES: dict[str, StrategySpec] = {spec.name: spec for spec in REGISTRY}
 STRATEGY_NAMES: tuple[str, ...] = tuple(STRATEGIES)
 TORCHRUN_STRATEGIES: tuple[str, ...] = tuple(s.name for s in REGISTRY if s.torchrun)
 MULTIPROCESS_STRATEGIES: tuple[str, ...] = tuple(s.name for s in REGISTRY if s.processes)
+# Every strategy's own settings, once each, in the order the registry declares them.
+STRATEGY_OPTIONS: tuple[StrategyOption, ...] = tuple(
+    dict.fromkeys(option for spec in REGISTRY for option in spec.options)
+)
+
+
+def option_strategies(option: StrategyOption) -> tuple[str, ...]:
+    """The names of the strategies that read ``option``."""
+    return tuple(spec.name for spec in REGISTRY if option in spec.options)
 
 
 def strategy_get(name: str) -> StrategySpec:

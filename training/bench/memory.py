@@ -1,9 +1,9 @@
 """``python -m training.bench memory``: N processes sharing one copy of the dataset.
 
 Runs ``python -m training`` as the dashboard does, for ``single`` (one process), ``ddp`` with
-``--nproc`` ranks and ``hogwild`` with ``--nproc`` workers, each on Fashion-MNIST (60,000 + 10,000
+``--nproc`` ranks and ``hogwild`` with ``--nproc`` processes, each on Fashion-MNIST (60,000 + 10,000
 images, the large case) and on the 5,000-image MNIST sample (the small case), and samples the
-memory of every process of the run (launcher, ranks, workers) from ``/proc/<pid>/status`` every
+memory of every process of the run (launcher, ranks, processes) from ``/proc/<pid>/status`` every
 10 ms. Per run:
 
 peak RSS     each process's ``VmHWM`` (the kernel's peak resident set size); the table shows the
@@ -100,7 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--nproc", type=int, default=2, help="ranks / workers (default 2)")
+    p.add_argument("--nproc", type=int, default=2, help="ranks / Hogwild processes (default 2)")
     p.add_argument("--steps", type=int, default=20, help="optimizer steps per run (default 20)")
     p.add_argument(
         "--strategies",

@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from training.bench.launch import training_command, training_env
-from training.cli import deepspeed_available
+from training.cli import package_available
 from training.config import DATASETS
 from training.protocol import parse_event
-from training.registry import MULTIPROCESS_STRATEGIES, STRATEGY_NAMES
+from training.registry import MULTIPROCESS_STRATEGIES, STRATEGY_NAMES, strategy_get
 
 # Every strategy the registry has (single first: the others are compared with it).
 DEFAULT_STRATEGIES = STRATEGY_NAMES
@@ -160,14 +160,15 @@ def _plan(strategy: str, args: argparse.Namespace, gpus: int) -> tuple[Row, list
         extra = ["--nproc", str(args.nproc)]
     else:
         row, extra = Row(strategy, args.global_batch, 1), []
-    if strategy == "deepspeed" and not deepspeed_available():
-        row.problem = "skipped: the deepspeed package is not installed"
-    if strategy == "dp-primitives":
-        if gpus < 2:
-            row.problem = f"skipped: needs 2 or more GPUs, this machine has {gpus}"
+    spec = strategy_get(strategy)
+    if spec.requires is not None and not package_available(spec.requires.module):
+        row.problem = f"skipped: the {spec.requires.module} package is not installed"
+    if spec.min_gpus:
+        if gpus < spec.min_gpus:
+            row.problem = f"skipped: needs {spec.min_gpus} or more GPUs, this machine has {gpus}"
         else:
-            extra = ["--gpus", "0,1"]
-    if strategy == "dp" and gpus:
+            extra = ["--gpus", ",".join(map(str, range(spec.min_gpus)))]
+    if spec.gpus_where_present and gpus:
         extra = ["--gpus", ",".join(map(str, range(min(gpus, 2))))]
     return row, extra
 

@@ -20,16 +20,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from training.config import DEEPSPEED_REQUIREMENT, TrainConfig
+from training.config import TrainConfig
+from training.registry import DEEPSPEED
 from training.runtime import Runtime
 from training.strategies.common import Plan, optimizer_make
 
 log = logging.getLogger(__name__)
 
-INSTALL_HINT = (
-    f"DS_BUILD_OPS=0 pip install --no-build-isolation '{DEEPSPEED_REQUIREMENT}' "
-    "(the 'deepspeed' extra of this package)"
-)
+INSTALL_HINT = DEEPSPEED.install
 ZERO_STATE = "zero_partitions"  # the key of a gathered ZeRO optimizer state in a checkpoint
 
 

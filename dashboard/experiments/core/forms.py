@@ -8,10 +8,12 @@ from django import forms
 from django.core import validators
 
 from dashboard.devices.capacity import capacity_check
-from dashboard.experiments.models import Experiment, Strategy, ZeroStage
+from dashboard.experiments.models import Experiment
 from training.registry import (
     REGISTRY,
     RULE_PER_GPU,
+    STRATEGY_OPTIONS,
+    ZERO_STAGE,
     StrategySpec,
     plural,
     strategy_get,
@@ -42,7 +44,6 @@ FIELDS = (
     "seed",
     "zero_stage",
 )
-DEFAULT_ZERO_STAGE = ZeroStage.ONE
 
 
 def experiment_clone_fields(*, source: Experiment) -> dict[str, Any]:
@@ -156,13 +157,12 @@ class ExperimentForm(forms.ModelForm):
             f"Machines the run spans ({spanning_labels()} only); Processes are the ranks on "
             "each machine."
         )
-        zero_stage = self.fields["zero_stage"]
-        zero_stage.error_messages["invalid_choice"] = (
-            "the ZeRO stage is 1 or 2 (stage 3 is not offered), not %(value)s"
-        )
+        zero_stage = self.fields[ZERO_STAGE.name]
+        zero_stage.error_messages["invalid_choice"] = f"{ZERO_STAGE.invalid_text()}, not %(value)s"
+        zero_stage.help_text = ZERO_STAGE.help
         assert isinstance(zero_stage, forms.TypedChoiceField)
-        # Only DeepSpeed reads it: without a choice it trains with stage 1.
-        zero_stage.choices = [("", "default (1)"), *ZeroStage.choices]
+        # Only the strategies declaring it read it: without a choice they train with its default.
+        zero_stage.choices = [("", f"default ({ZERO_STAGE.default})"), *ZERO_STAGE.choices]
         for name, (low, high) in LIMITS.items():
             field = self.fields[name]
             field.min_value = low
@@ -208,11 +208,9 @@ class ExperimentForm(forms.ModelForm):
         spec = strategy_get(strategy)
         # Fields a strategy does not read are normalised, not refused: the form keeps them
         # (dimmed or hidden) while the user switches strategies.
-        data["zero_stage"] = (
-            (data.get("zero_stage") or DEFAULT_ZERO_STAGE)
-            if strategy == Strategy.DEEPSPEED
-            else None
-        )
+        for option in STRATEGY_OPTIONS:
+            taken = option in spec.options
+            data[option.name] = (data.get(option.name) or option.default) if taken else None
         if not spec.processes:
             data["processes"] = 1
         elif data.get("processes") is None:

@@ -29,8 +29,6 @@ from dashboard.experiments.models import (
     PROCESS_STRATEGIES,
     Experiment,
     Status,
-    Strategy,
-    ZeroStage,
 )
 from dashboard.experiments.runs.attempts import checkpoint_latest, experiment_resume_prepare
 from dashboard.experiments.runs.lifecycle import run_finish
@@ -54,6 +52,7 @@ from dashboard.experiments.runs.state import AttemptState
 from dashboard.experiments.runs.survival import supervisor_started
 from dashboard.experiments.scheduling.allocation import machine_local, run_cpu_threads
 from training.protocol import Event
+from training.registry import strategy_get
 
 log = logging.getLogger(__name__)
 
@@ -91,8 +90,9 @@ def training_command(*, experiment: Experiment) -> list[str]:
     ]
     if experiment.strategy in PROCESS_STRATEGIES:
         command += ["--nproc", str(experiment.processes)]
-    if experiment.strategy == Strategy.DEEPSPEED:
-        command += ["--zero-stage", str(experiment.zero_stage or ZeroStage.ONE)]
+    # The strategy's own settings (ZeRO's stage), with the flags the registry declares.
+    for option in strategy_get(experiment.strategy).options:
+        command += [option.flag, str(getattr(experiment, option.name) or option.default)]
     if experiment.gpus:
         command += ["--gpus", ",".join(str(g) for g in experiment.gpus)]
     if experiment.target_accuracy is not None:  # a study's stop-at-target

@@ -1,0 +1,134 @@
+"""What every trainer does around its epochs, whoever trains them: build the model (resuming its
+weights), say ``started``, then drive the epochs to ``finished``.
+
+The shared loop (``training.engine``) and Hogwild's parent (``training.strategies.hogwild``) both
+call these, each handing in how it trains one epoch; so the two cannot drift apart in what
+their ``started`` event holds or when a run ends. Nothing here imports a strategy.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from training import checkpoint
+from training.checkpoint import ResumePoint
+from training.config import TrainConfig
+from training.data import Dataset
+from training.loop import Tested
+from training.model import SimpleCNN
+from training.protocol import EventWriter, SharedTensor
+from training.reporting import (
+    data_source_log,
+    finished_emit,
+    log_to,
+    started_fields,
+    target_reached,
+)
+from training.runtime import Runtime
+
+
+@dataclass(frozen=True)
+class EpochStart:
+    """One epoch to train: picklable, so Hogwild's parent sends it to its processes as is."""
+
+    epoch: int
+    step_base: int  # global steps taken before it
+    skip: int  # its batches a resumed run had trained already
+
+
+EpochTrain = Callable[[EpochStart], tuple[int, Tested]]  # returns (global step, test figures)
+
+
+def model_build(cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any] | None]:
+    """The model, with the checkpoint's weights when resuming; and the checkpoint."""
+    # Same seed on every rank: identical initial weights (DDP also broadcasts rank 0's).
+    torch.manual_seed(cfg.seed)
+    model = SimpleCNN()
+    # Before the data: a bad --resume fails before seconds are spent loading it.
+    state = checkpoint.load_for(cfg) if cfg.resume else None
+    if state is not None:
+        model.load_state_dict(state["model"])
+    return model, state
+
+
+@dataclass(frozen=True)
+class Ranks:
+    """The ``started`` fields that say who trains where: the trainer's to fill."""
+
+    devices: list[str]
+    pids: list[int]
+    machines: list[str]
+    launcher_pid: int  # the process the caller started
+    notes: list[str]
+    shared_tensors: list[SharedTensor]
+    world: int = 0  # world_size where it is not the runtime's (Hogwild's processes)
+    extra: dict[str, Any] = field(default_factory=dict)  # the strategy's own started fields
+    warnings: list[str] = field(default_factory=list)  # logged after the event
+
+
+def started_emit(
+    cfg: TrainConfig,
+    rt: Runtime,
+    events: EventWriter,
+    *,
+    data: Dataset,
+    per_epoch: int,
+    start_epoch: int,
+    ranks: Ranks,
+) -> None:
+    """The ``started`` event and the logs that follow it."""
+    events.emit(
+        "started",
+        **started_fields(cfg, rt, data, per_epoch, start_epoch, world=ranks.world),
+        devices=ranks.devices,
+        pids=ranks.pids,
+        machines=ranks.machines,
+        launcher_pid=ranks.launcher_pid,
+        # The process that writes the events takes the checkpoint requests (SIGUSR1).
+        requests_pid=os.getpid(),
+        notes=ranks.notes,
+        shared_tensors=ranks.shared_tensors,
+        **ranks.extra,
+    )
+    data_source_log(events, rt, data)
+    for message in ranks.warnings:
+        log_to(events, rt, message, "warning")
+    if start_epoch > cfg.epochs:
+        log_to(
+            events, rt, f"The checkpoint already covers {cfg.epochs} epoch(s); nothing to train."
+        )
+
+
+def epochs_drive(
+    cfg: TrainConfig,
+    rt: Runtime,
+    events: EventWriter,
+    *,
+    resume: ResumePoint,
+    epoch_train: EpochTrain,
+    evaluate: Callable[[], Tested],
+    t_start: float,
+) -> None:
+    """Train the epochs from where ``resume`` says, stop early at --target-accuracy, and say
+    ``finished``. Every rank calls this: the target's answer is a collective."""
+    start = resume.start_epoch
+    step = resume.step
+    tested: Tested = (None, 0.0)
+    last = cfg.epochs
+    for epoch in range(start, cfg.epochs + 1):
+        skip = resume.skip_batches if epoch == start else 0
+        step, tested = epoch_train(EpochStart(epoch, step, skip))
+        if target_reached(events, rt, cfg, epoch=epoch, test_accuracy=tested[1]):
+            last = epoch
+            break
+    if start > cfg.epochs:
+        tested = evaluate()
+    finished_emit(
+        events, cfg, *tested, start_epoch=start, step=step, t_start=t_start, last_epoch=last
+    )
