@@ -185,22 +185,27 @@ def postgres_server() -> Iterator[Postgres]:
         yield server
 
 
+# The settings under TRAINYARD_HOME, with the folder each takes there unless the environment names
+# one itself.
+HOME_FOLDERS = {"TRAINYARD_DATA_DIR": "data", "TRAINYARD_RUNS_DIR": "runs"}
+
+
 @pytest.fixture(scope="session", autouse=True)
 def home_of_this_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """TRAINYARD_HOME of this pytest process (one per xdist worker), for its settings and every
-    process it starts: two runs in one checkout never share a runs folder or a test database. The
-    data folder stays where it was, a cache that tests only read once it holds the sample."""
+    process it starts: two runs in one checkout never share a data or runs folder or a test
+    database (the settings' default is the checkout's var/)."""
     from django.conf import settings
 
     home = tmp_path_factory.getbasetemp() / "home"
     home.mkdir(exist_ok=True)
-    kept = {name: getattr(settings, name) for name in ("VAR_DIR", "TRAINYARD_RUNS_DIR")}
+    kept = {name: getattr(settings, name) for name in ("VAR_DIR", *HOME_FOLDERS)}
+    settings.VAR_DIR = home
+    for name, folder in HOME_FOLDERS.items():
+        if name not in os.environ:
+            setattr(settings, name, home / folder)
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("TRAINYARD_HOME", str(home))
-        patch.setenv("TRAINYARD_DATA_DIR", str(settings.TRAINYARD_DATA_DIR))
-        settings.VAR_DIR = home
-        if "TRAINYARD_RUNS_DIR" not in os.environ:
-            settings.TRAINYARD_RUNS_DIR = home / "runs"
         yield home
     for name, value in kept.items():
         setattr(settings, name, value)

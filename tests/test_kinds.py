@@ -1,11 +1,7 @@
-"""The slow kinds are marked by what a test uses (tests/kinds.py), which `make test-fast` leaves
-out, and every pytest process has a home and a test database of its own (tests/conftest.py)."""
+"""The slow kinds are marked by what a test uses (tests/kinds.py), so that `make test-fast` leaves
+out a new stack, browser or machines test by itself."""
 
 from __future__ import annotations
-
-import os
-from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -39,16 +35,3 @@ def test_a_test_calling_into_netns_is_marked_machines(request: pytest.FixtureReq
 def test_a_parameter_named_page_is_no_browser(request: pytest.FixtureRequest, page: str) -> None:
     node = request.node
     assert [node.get_closest_marker(k) for k in ("browser", "stack", "machines")] == [None] * 3
-
-
-@pytest.mark.django_db
-def test_the_test_database_and_home_are_this_process_own(
-    tmp_path_factory: pytest.TempPathFactory, settings: Any
-) -> None:
-    from django.db import connection
-
-    home = Path(os.environ["TRAINYARD_HOME"])
-    assert home.is_relative_to(tmp_path_factory.getbasetemp())  # one per process and worker
-    assert Path(settings.VAR_DIR) == home
-    if connection.vendor == "sqlite":
-        assert Path(connection.settings_dict["NAME"]) == home / "test.sqlite3"

@@ -1,0 +1,26 @@
+"""Every pytest process (and every xdist worker) has a TRAINYARD_HOME and a test database of its
+own (tests/conftest.py), so two runs in one checkout never share a file."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+
+@pytest.mark.django_db
+def test_the_home_and_the_test_database_are_this_process_own(
+    tmp_path_factory: pytest.TempPathFactory, settings: Any
+) -> None:
+    from django.db import connection
+
+    home = Path(os.environ["TRAINYARD_HOME"])
+    assert home.is_relative_to(tmp_path_factory.getbasetemp())  # one per process and worker
+    assert Path(settings.VAR_DIR) == home
+    for name in ("TRAINYARD_DATA_DIR", "TRAINYARD_RUNS_DIR"):
+        if name not in os.environ:
+            assert Path(getattr(settings, name)).parent == home, name
+    if connection.vendor == "sqlite":
+        assert Path(connection.settings_dict["NAME"]) == home / "test.sqlite3"
