@@ -90,11 +90,15 @@ def _subnet() -> int:
     raise RuntimeError("no free /24 left in 198.18.0.0/16")
 
 
+# One file for every checkout on the host: the 198.18.0.0/16 they choose from is the host's.
+SUBNET_LOCK = "/tmp/trainyard-netns.lock"  # noqa: S108
+
+
 @contextlib.contextmanager
-def _subnet_lock() -> Iterator[None]:
+def subnet_lock() -> Iterator[None]:
     """Held from choosing a /24 until the bridge holds its address, so that two test processes
     (xdist workers, two checkouts) that start a network at once never choose the same one."""
-    with open("/tmp/trainyard-netns.lock", "a") as lock:  # noqa: S108
+    with open(SUBNET_LOCK, "a") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
             yield
@@ -129,10 +133,12 @@ _networks = itertools.count()
 @contextlib.contextmanager
 def machines(count: int) -> Iterator[Network]:
     """`count` machines on one bridge; every namespace, link and process in them ends after."""
-    tag = f"ty{os.getpid() % 100000}n{next(_networks) % 100}"  # at most 11 + 2 characters
+    # The whole process id (at most 7 digits: pid_max is 2**22), unique among the processes alive;
+    # with "br" the bridge's name is 14 characters, one under the kernel's limit.
+    tag = f"ty{os.getpid()}n{next(_networks) % 100}"
     network = Network(bridge=f"{tag}br", host_address="")
     try:
-        with _subnet_lock():
+        with subnet_lock():
             subnet = _subnet()
             network.host_address = f"198.18.{subnet}.1"
             # No forwarding delay: a machine whose link comes back up is reachable at once.

@@ -4,6 +4,8 @@ own (tests/conftest.py), so two runs in one checkout never share a file."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -24,3 +26,18 @@ def test_the_home_and_the_test_database_are_this_process_own(
             assert Path(getattr(settings, name)).parent == home, name
     if connection.vendor == "sqlite":
         assert Path(connection.settings_dict["NAME"]) == home / "test.sqlite3"
+
+
+def test_a_second_process_waits_for_the_subnet_lock() -> None:
+    """Two test processes starting a network at once choose their /24 one after the other."""
+    from tests import netns
+
+    take = (
+        "import fcntl, sys; lock = open(sys.argv[1], 'a')\n"
+        "try: fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)\n"
+        "except BlockingIOError: sys.exit(3)"
+    )
+    command = [sys.executable, "-c", take, netns.SUBNET_LOCK]
+    with netns.subnet_lock():
+        assert subprocess.run(command, check=False, timeout=60).returncode == 3
+    assert subprocess.run(command, check=False, timeout=60).returncode == 0
