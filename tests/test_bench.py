@@ -46,6 +46,8 @@ def test_engine_bench_prints_its_ratio(sample_data: Path) -> None:
 
 
 def test_memory_bench_prints_its_ratio(sample_data: Path) -> None:
+    """Slow (185 s on a loaded 2-core machine): four trainings, one process and two DDP ranks each
+    on Debian's full Fashion-MNIST and on the sample, every process's memory sampled meanwhile."""
     need(DEBIAN_FASHION_DIR.is_dir(), "Debian's dataset-fashion-mnist is not installed")
     lines = bench(sample_data, "memory", "--strategies", "ddp", "--steps", "1")
     assert RATIO.match(lines[-1]) and lines[-1].startswith("memory ratio: ")
