@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.kinds import kinds_mark
 from tests.postgres import Postgres, postgres_bin, postgres_running
 from tests.stack import IN_CI, Stack, free_port, stack_running, wait_for
 
@@ -58,6 +59,8 @@ def opens_database(item: pytest.Item) -> bool:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        kinds_mark(item)
     if not on_postgres(config):
         return
     kept = [item for item in items if opens_database(item)]
@@ -182,13 +185,48 @@ def postgres_server() -> Iterator[Postgres]:
         yield server
 
 
+# The settings under TRAINYARD_HOME, with the folder each takes there unless the environment names
+# one itself.
+HOME_FOLDERS = {"TRAINYARD_DATA_DIR": "data", "TRAINYARD_RUNS_DIR": "runs"}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def home_of_this_process(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """TRAINYARD_HOME of this pytest process (one per xdist worker), for its settings and every
+    process it starts: two runs in one checkout never share a data or runs folder or a test
+    database (the settings' default is the checkout's var/)."""
+    from django.conf import settings
+
+    home = tmp_path_factory.getbasetemp() / "home"
+    home.mkdir(exist_ok=True)
+    kept = {name: getattr(settings, name) for name in ("VAR_DIR", *HOME_FOLDERS)}
+    settings.VAR_DIR = home
+    for name, folder in HOME_FOLDERS.items():
+        if name not in os.environ:
+            setattr(settings, name, home / folder)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TRAINYARD_HOME", str(home))
+        yield home
+    for name, value in kept.items():
+        setattr(settings, name, value)
+
+
 @pytest.fixture(scope="session")
 def django_db_modify_db_settings(
-    request: pytest.FixtureRequest, django_db_modify_db_settings_parallel_suffix: None
+    request: pytest.FixtureRequest,
+    django_db_modify_db_settings_parallel_suffix: None,
+    home_of_this_process: Path,
 ) -> None:
-    """On the PostgreSQL pass, point Django at the session's server before pytest-django creates
-    the test database there (test_trainyard), through the settings' own DATABASE_URL reader."""
+    """The test database of this process: on SQLite a file in its own home (the settings' default
+    is one file per checkout); on the PostgreSQL pass, the session's server, set before
+    pytest-django creates the test database there (test_trainyard), through the settings' own
+    DATABASE_URL reader."""
     if not on_postgres(request.config):
+        from django.conf import settings
+
+        database = settings.DATABASES["default"]
+        if database["ENGINE"] == "django.db.backends.sqlite3":
+            database.setdefault("TEST", {})["NAME"] = str(home_of_this_process / "test.sqlite3")
         return
     from django.conf import settings
     from django.db import connections

@@ -11,6 +11,7 @@ says why not where it cannot.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import itertools
 import os
 import shutil
@@ -89,6 +90,22 @@ def _subnet() -> int:
     raise RuntimeError("no free /24 left in 198.18.0.0/16")
 
 
+# One file for every checkout on the host: the 198.18.0.0/16 they choose from is the host's.
+SUBNET_LOCK = "/tmp/trainyard-netns.lock"  # noqa: S108
+
+
+@contextlib.contextmanager
+def subnet_lock() -> Iterator[None]:
+    """Held from choosing a /24 until the bridge holds its address, so that two test processes
+    (xdist workers, two checkouts) that start a network at once never choose the same one."""
+    with open(SUBNET_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def _machine_add(network: Network, *, tag: str, index: int, subnet: int) -> Machine:
     name, host_link = f"{tag}m{index}", f"{tag}v{index}"
     address = f"198.18.{subnet}.{10 + index}"
@@ -116,13 +133,17 @@ _networks = itertools.count()
 @contextlib.contextmanager
 def machines(count: int) -> Iterator[Network]:
     """`count` machines on one bridge; every namespace, link and process in them ends after."""
-    tag = f"ty{os.getpid() % 100000}n{next(_networks) % 100}"  # at most 11 + 2 characters
-    subnet = _subnet()
-    network = Network(bridge=f"{tag}br", host_address=f"198.18.{subnet}.1")
+    # The whole process id (at most 7 digits: pid_max is 2**22), unique among the processes alive;
+    # with "br" the bridge's name is 14 characters, one under the kernel's limit.
+    tag = f"ty{os.getpid()}n{next(_networks) % 100}"
+    network = Network(bridge=f"{tag}br", host_address="")
     try:
-        # No forwarding delay: a machine whose link comes back up is reachable at once.
-        _ip("link", "add", network.bridge, "type", "bridge", "forward_delay", "0")
-        _ip("addr", "add", f"{network.host_address}/24", "dev", network.bridge)
+        with subnet_lock():
+            subnet = _subnet()
+            network.host_address = f"198.18.{subnet}.1"
+            # No forwarding delay: a machine whose link comes back up is reachable at once.
+            _ip("link", "add", network.bridge, "type", "bridge", "forward_delay", "0")
+            _ip("addr", "add", f"{network.host_address}/24", "dev", network.bridge)
         _ip("link", "set", network.bridge, "up")
         for index in range(count):
             _machine_add(network, tag=tag, index=index, subnet=subnet)

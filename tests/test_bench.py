@@ -48,8 +48,9 @@ def test_engine_bench_prints_its_ratio(sample_data: Path) -> None:
 
 
 def test_memory_bench_prints_its_ratio(sample_data: Path) -> None:
-    """Six trainings (single, ddp, hogwild on Fashion-MNIST and on the sample): about 300 s
-    measured on the 2-core development machine under a load of 7; engine 50 s, parity 71 s."""
+    """Slow (about 300 s on the loaded 2-core development machine, 185 s for ddp alone): six
+    trainings, single, ddp and hogwild each on Debian's full Fashion-MNIST and on the sample,
+    every process's memory sampled meanwhile; engine 50 s, parity 71 s."""
     need(DEBIAN_FASHION_DIR.is_dir(), "Debian's dataset-fashion-mnist is not installed")
     # The default strategies (ddp and hogwild: each starts its processes its own way).
     lines = bench(sample_data, "memory", "--steps", "1")

@@ -29,6 +29,9 @@ def fashion_installed() -> bool:
 
 
 def test_the_device_check_runs_every_strategy_and_reads_the_machine(tmp_path: Path) -> None:
+    """Slow (210 s on a loaded 2-core machine): one new interpreter per strategy, each importing
+    torch and starting its own processes (ranks, workers), one batch per epoch of Fashion-MNIST,
+    then the engine benchmark: the CPU trial of what a GPU machine runs."""
     need(fashion_installed(), "Debian's dataset-fashion-mnist package is not installed")
     out = tmp_path / "out"
     proc = subprocess.run(

@@ -107,6 +107,10 @@ def no_training_left(cluster: Cluster) -> bool:
 def test_a_two_machine_run_has_a_rank_on_each_machine_and_equals_one_machine(
     cluster: Cluster, sample_data: Path, tmp_path: Path
 ) -> None:
+    """Slow (minutes on 2 cores): the first test of the module also waits for the cluster (initdb,
+    migrations, both workers' first device reports), then one epoch is trained twice, over two
+    machines through torchrun's c10d rendezvous and again on one machine with two ranks, to
+    compare the parameters."""
     pk = launch(cluster, name="two machines", epochs=1)
     pids = training_on_both(cluster)
     # Each machine's processes live in that machine's network namespace, and no other.
@@ -182,6 +186,9 @@ def _loses_then_resumes(cluster: Cluster, pk: int, cut: Any, heal: Any) -> None:
 
 
 def test_a_killed_worker_loses_the_run_which_resumes_on_both_machines(cluster: Cluster) -> None:
+    """Slow (minutes on 2 cores): two attempts of a two-machine run, each starting torchrun on both
+    machines; between them the heartbeat bound and the reaper pass before the loss is seen, then
+    the second attempt resumes from epoch 1's checkpoint and trains to the end."""
     second = cluster.network.machines[1]
     pk = launch(cluster, name="worker killed", epochs=2)
 
@@ -192,6 +199,8 @@ def test_a_killed_worker_loses_the_run_which_resumes_on_both_machines(cluster: C
 
 
 def test_a_machine_cut_off_loses_the_run_which_resumes_when_it_is_back(cluster: Cluster) -> None:
+    """Slow (minutes on 2 cores), as the killed worker's test: two attempts, the heartbeat bound
+    in between, and the cut-off machine's own ranks must end before its link is set up again."""
     second = cluster.network.machines[1]
     pk = launch(cluster, name="link down", epochs=2)
 

@@ -157,6 +157,9 @@ def test_unknown_and_offline_machines_are_refused_through_the_api(
 def test_two_two_machine_runs_launched_at_once_take_turns(
     stack: Stack, machines: dict[str, Service]
 ) -> None:
+    """Slow (minutes on 2 cores): the two runs train one after the other by design (each a DDP
+    epoch over both workers, each worker held to one core), and the second starts only once the
+    first has ended and handed the machines on."""
     alice = stack.login("alice")
     ids: list[int] = []
     barrier = threading.Barrier(2)
