@@ -54,7 +54,7 @@ test:
 # every test but the stack's, the browser's and the machines' (tests/kinds.py marks them by the
 # fixtures they use, `integration` ones by hand), on SQLite, two pytest workers at once
 # (pytest-xdist), each with its own home and test database (tests/conftest.py).
-FAST_TESTS = not integration and not stack and not browser and not machines
+FAST_TESTS = not integration and not stack and not browser and not machines and not slow
 
 test-fast: $(VENV)/.installed
 	@start=$$(date +%s); $(VENV)/bin/pytest -n 2 --dist loadfile -m "$(FAST_TESTS)" \

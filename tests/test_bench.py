@@ -37,6 +37,7 @@ def bench(sample_data: Path, *args: str) -> list[str]:
     return proc.stdout.strip().splitlines()
 
 
+@pytest.mark.slow  # a whole benchmark run
 def test_engine_bench_prints_its_ratio(sample_data: Path) -> None:
     # The default data set: Fashion-MNIST where Debian's package is installed, as a user gets.
     lines = bench(sample_data, "engine", "--steps", "2", "--rounds", "2")
@@ -47,6 +48,7 @@ def test_engine_bench_prints_its_ratio(sample_data: Path) -> None:
     assert "ours / dataloader loop:" in table
 
 
+@pytest.mark.slow  # a whole benchmark run
 def test_memory_bench_prints_its_ratio(sample_data: Path) -> None:
     """Slow (about 300 s on the loaded 2-core development machine, 185 s for ddp alone): six
     trainings, single, ddp and hogwild each on Debian's full Fashion-MNIST and on the sample,
@@ -59,6 +61,7 @@ def test_memory_bench_prints_its_ratio(sample_data: Path) -> None:
     assert any(line.startswith("hogwild x2 / single: data footprint ratio") for line in lines)
 
 
+@pytest.mark.slow  # a whole benchmark run
 def test_parity_bench_prints_its_table_and_ratio(sample_data: Path) -> None:
     lines = bench(
         sample_data,

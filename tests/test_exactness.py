@@ -50,7 +50,10 @@ COMMON = (
 )
 
 
+# Slow: each test trains (often twice, with torchrun) and compares every parameter; 60-100 s
+# apiece on a loaded 2-core machine. The two pure tests of the batch split are not marked.
 pytestmark = pytest.mark.usefixtures("no_processes_left")
+slow = pytest.mark.slow
 
 
 def _params(path: Path) -> dict[str, torch.Tensor]:
@@ -127,6 +130,7 @@ def test_a_short_last_global_batch_is_split_evenly_or_dropped() -> None:
 # --- exactness ---------------------------------------------------------------------------------
 
 
+@slow
 def test_ddp_two_ranks_of_32_equal_one_process_of_64(reference: Path, ddp_run: Path) -> None:
     assert_same_parameters(ddp_run / "epoch-2.pt", reference / "epoch-2.pt", rtol=1e-5)
     # And not trivially: training moved the parameters.
@@ -135,6 +139,7 @@ def test_ddp_two_ranks_of_32_equal_one_process_of_64(reference: Path, ddp_run: P
     assert any(not torch.allclose(start[k], end[k]) for k in start)
 
 
+@slow
 def test_hogwild_with_one_worker_equals_single(
     sample_data: Path, reference: Path, tmp_path: Path
 ) -> None:
@@ -166,6 +171,7 @@ def test_hogwild_with_one_worker_equals_single(
 # --- resume ------------------------------------------------------------------------------------
 
 
+@slow
 def test_single_resumed_equals_uninterrupted(
     sample_data: Path, reference: Path, reference_run: Result, tmp_path: Path
 ) -> None:
@@ -195,6 +201,7 @@ def test_single_resumed_equals_uninterrupted(
     assert resumed.finished["test_loss"] == pytest.approx(expected["test_loss"], rel=1e-5)
 
 
+@slow
 def test_ddp_resumed_equals_uninterrupted(sample_data: Path, ddp_run: Path, tmp_path: Path) -> None:
     resumed = run_cli(
         sample_data,
@@ -254,6 +261,7 @@ def _resume_from_requested(
     return resumed
 
 
+@slow
 def test_single_checkpoint_on_request_resumes_exactly(
     sample_data: Path, reference: Path, reference_run: Result, tmp_path: Path
 ) -> None:
@@ -275,6 +283,7 @@ def test_single_checkpoint_on_request_resumes_exactly(
     assert resumed.finished["test_accuracy"] == reference_run.finished["test_accuracy"]
 
 
+@slow
 def test_ddp_checkpoint_on_request_resumes_exactly(
     sample_data: Path, ddp_run: Path, tmp_path: Path
 ) -> None:
@@ -292,6 +301,7 @@ def test_ddp_checkpoint_on_request_resumes_exactly(
     assert_same_parameters(tmp_path / "resumed" / "epoch-2.pt", ddp_run / "epoch-2.pt", 1e-6)
 
 
+@slow
 def test_hogwild_checkpoint_on_request_resumes_exactly(
     sample_data: Path, reference: Path, tmp_path: Path
 ) -> None:
@@ -308,6 +318,7 @@ def test_hogwild_checkpoint_on_request_resumes_exactly(
     assert_same_parameters(tmp_path / "resumed" / "epoch-2.pt", reference / "epoch-2.pt", 1e-6)
 
 
+@slow
 def test_deepspeed_resumes_zero_optimizer_state_exactly(sample_data: Path, tmp_path: Path) -> None:
     """ZeRO partitions the optimizer state over the ranks: a checkpoint gathers every rank's
     partition, and a resumed run gives each rank its own back (momentum included)."""
@@ -363,6 +374,7 @@ def offline(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.mark.usefixtures("offline")
+@slow
 def test_a_request_at_an_epochs_last_step_is_answered_by_the_epochs_checkpoint(
     sample_data: Path, tmp_path: Path
 ) -> None:
@@ -377,6 +389,7 @@ def test_a_request_at_an_epochs_last_step_is_answered_by_the_epochs_checkpoint(
 
 
 @pytest.mark.usefixtures("offline")
+@slow
 def test_resume_with_another_global_batch_says_what_is_trained_again(
     sample_data: Path, tmp_path: Path
 ) -> None:

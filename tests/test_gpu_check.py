@@ -28,6 +28,7 @@ def fashion_installed() -> bool:
     )
 
 
+@pytest.mark.slow  # every strategy trained once (210 s on a loaded 2-core machine)
 def test_the_device_check_runs_every_strategy_and_reads_the_machine(tmp_path: Path) -> None:
     """Slow (210 s on a loaded 2-core machine): one new interpreter per strategy, each importing
     torch and starting its own processes (ranks, workers), one batch per epoch of Fashion-MNIST,

@@ -304,12 +304,37 @@ def test_too_few_machines_online_is_said(user_factory: Any) -> None:
     )
 
 
+def port_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def taken_port_before_two_free() -> socket.socket:
+    """A listening socket on port P, where P+1 and P+2 are free: below the kernel's ephemeral
+    range (32768 up), where no other process of the machine is given a port by bind(("", 0))
+    meanwhile, and away from the rendezvous ports the stack's runs use (29400-29499)."""
+    for port in range(31000, 32700, 3):
+        if not (port_free(port + 1) and port_free(port + 2)):
+            continue
+        taken = socket.socket()
+        try:
+            taken.bind(("", port))
+        except OSError:
+            taken.close()
+            continue
+        taken.listen()
+        return taken
+    raise RuntimeError("no three free ports in 31000-32700")
+
+
 def test_the_rendezvous_port_skips_ports_in_use(
     user_factory: Any, two_hosts: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    with socket.socket() as taken:
-        taken.bind(("", 0))
-        taken.listen()
+    with taken_port_before_two_free() as taken:
         bound = taken.getsockname()[1]
         monkeypatch.setenv("TRAINYARD_RDZV_PORTS", f"{bound}-{bound + 2}")
         owner = user_factory()

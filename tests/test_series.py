@@ -189,6 +189,11 @@ def test_metrics_api_reads_numbers_as_the_logs_route_does(
         [name] = bad
         assert response.json()["errors"] == {name: [bad[name]]}
     assert client.get(url, {"after": "-1", "raw": "1"}).status_code == 200
+    # A minus sign only where a negative is allowed: the logs route took digits alone.
+    logs = f"/api/experiments/{run.pk}/logs/"
+    for bad in ({"after": "-0"}, {"limit": "-0"}):
+        assert client.get(logs, bad).status_code == 400, bad
+    assert client.get(logs, {"after": "0"}).status_code == 200
 
 
 def test_the_snapshot_of_a_long_run_stays_small(user_factory: Any, experiment_factory: Any) -> None:

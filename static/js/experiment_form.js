@@ -48,7 +48,8 @@
   function syncZeroStage() {
     if (!zeroStageField) return;
     // Hidden, not dimmed: no other strategy has anything like it.
-    zeroStageField.hidden = strategy.value !== deepspeedValue;
+    // The strategies that declare the option, space-separated (training/registry.py).
+    zeroStageField.hidden = !deepspeedValue.split(" ").includes(strategy.value);
   }
 
   strategy.addEventListener("change", syncZeroStage);

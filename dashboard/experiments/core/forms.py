@@ -159,7 +159,7 @@ class ExperimentForm(forms.ModelForm):
         )
         zero_stage = self.fields[ZERO_STAGE.name]
         zero_stage.error_messages["invalid_choice"] = f"{ZERO_STAGE.invalid_text()}, not %(value)s"
-        zero_stage.help_text = ZERO_STAGE.help
+        zero_stage.label, zero_stage.help_text = ZERO_STAGE.label, ZERO_STAGE.help
         assert isinstance(zero_stage, forms.TypedChoiceField)
         # Only the strategies declaring it read it: without a choice they train with its default.
         zero_stage.choices = [("", f"default ({ZERO_STAGE.default})"), *ZERO_STAGE.choices]

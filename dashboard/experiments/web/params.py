@@ -25,7 +25,9 @@ def query_int(params: Any, name: str, *, default: int | None, lo: int, hi: int) 
     raw = params.get(name, "")
     if raw == "":
         return default
-    if not (QUERY_INT.fullmatch(raw) and lo <= int(raw) <= hi):
+    # A minus sign only where negatives are allowed: the logs route took digits alone ("-0").
+    negative_ok = lo < 0 or not raw.startswith("-")
+    if not (negative_ok and QUERY_INT.fullmatch(raw) and lo <= int(raw) <= hi):
         raise ApiError(400, _range_text(name, lo, hi), {name: [raw]})
     return int(raw)
 
