@@ -63,6 +63,8 @@ def test_ddp_run_streams_live_and_succeeds(stack: Stack) -> None:
     assert detail["status"] == "succeeded"
     assert detail["worker"] == "test-worker"
     assert detail["test_accuracy"] > 0.8, detail
+    # A one-machine run's placement lists its ranks too (it said "ranks": []).
+    assert [(p["worker"], p["ranks"]) for p in detail["placement"]] == [("test-worker", [0, 1])]
     metrics = alice.get(f"{stack.base_url}/api/experiments/{run['id']}/metrics/", timeout=10)
     series = metrics.json()["series"]
     assert any(b[7] is not None for b in series["train_loss"]["buckets"])

@@ -47,7 +47,7 @@ from dashboard.experiments.runs.processes import process_tree_stop
 from dashboard.experiments.runs.relay import EventRelay
 from dashboard.experiments.runs.requests import RunRequests
 from dashboard.experiments.runs.settlement import NodePart, node_outcome
-from dashboard.experiments.runs.sink import EventSink
+from dashboard.experiments.runs.sink import MAX_RANKS, EventSink
 from dashboard.experiments.runs.state import AttemptState
 from dashboard.experiments.runs.survival import supervisor_started
 from dashboard.experiments.scheduling.allocation import machine_local, run_cpu_threads
@@ -293,6 +293,12 @@ class RunSupervisor:
         started = self.state.started_event if relayed.started else None
         if started is not None and self.multinode and isinstance(started.get("machines"), list):
             rank_machines_store(experiment=self.experiment, machines=self.state.rank_machines)
+        elif started is not None and not self.multinode:
+            # One machine: every rank is on the one that claimed the run.
+            world = started.get("world_size")
+            ranks = world if isinstance(world, int) and 0 < world <= MAX_RANKS else 1
+            here = [self.experiment.worker] * ranks
+            rank_machines_store(experiment=self.experiment, machines=here)
         if started is not None:
             # Samples share the training's clock (seconds since it started), not this process's.
             self.clock_zero = time.monotonic() - float(started.get("time") or 0)
