@@ -18,7 +18,7 @@ from django.test import Client
 from torch.utils.tensorboard import SummaryWriter
 
 from dashboard.accounts.models import ApiToken
-from dashboard.experiments.metrics import imports
+from dashboard.experiments.metrics import archives, imports
 from dashboard.experiments.models import Experiment, SeriesPoint
 from tests.factories import float32, logged_in
 
@@ -346,7 +346,7 @@ def test_a_tar_header_that_unpacks_to_more_than_the_limit_is_refused(
     user_script_log(tmp_path / "run")
     events = event_file(tmp_path / "run").read_bytes()
     monkeypatch.setenv("TRAINYARD_IMPORT_MAX_UNPACKED_BYTES", "100000")
-    monkeypatch.setattr(imports, "TAR_OVERHEAD_PER_MEMBER", 0)
+    monkeypatch.setattr(archives, "TAR_OVERHEAD_PER_MEMBER", 0)
     content = tar_gz({"logs/events.out.tfevents.1": events}, pax={"comment": "x" * 500_000})
     response = upload(client, "header.tar.gz", content)
     assert response.status_code == 413, response.content

@@ -15,6 +15,7 @@ from ninja import Router
 
 from dashboard.api import ApiError, errors, file_response, query_params, with_upload_handler
 from dashboard.experiments.core.access import experiments_visible_to
+from dashboard.experiments.metrics.archives import ImportRefused
 from dashboard.experiments.metrics.exports import (
     ExportRefused,
     export_csv_chunks,
@@ -23,7 +24,7 @@ from dashboard.experiments.metrics.exports import (
     export_size_check,
     export_tensorboard_zip,
 )
-from dashboard.experiments.metrics.imports import ImportRefused, experiment_import, import_max_bytes
+from dashboard.experiments.metrics.imports import experiment_import, import_max_bytes
 from dashboard.experiments.metrics.scaling import compare_ids_parse
 from dashboard.experiments.models import Experiment
 from dashboard.experiments.selectors import experiment_as_dict

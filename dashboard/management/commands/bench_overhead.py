@@ -128,6 +128,105 @@ def events_images_per_second(events: list[dict[str, Any]]) -> float | None:
     return None
 
 
+# ---- the measurements, one function a mode ------------------------------------------------------
+
+
+def dashboard_measure(*, number: int, experiment: Any, worker: str) -> Measurement:
+    from dashboard.experiments.models import SeriesPoint, Status
+    from dashboard.experiments.runs.broadcast import experiment_group
+    from dashboard.experiments.tasks import run_experiment
+
+    drain = GroupDrain(experiment_group(experiment.pk))
+    drain.start()
+    drain.ready.wait(10)
+    started = time.monotonic()
+    try:
+        # The task's own body, in this process (worker: this machine's name, as the task's).
+        status = run_experiment(experiment_id=experiment.pk)
+    finally:
+        drain.done.set()
+        drain.join(5)
+    wall = time.monotonic() - started
+    experiment.refresh_from_db()
+    if status != Status.SUCCEEDED:
+        reason = experiment.error or f"not settled by {worker}"
+        raise CommandError(f"the dashboard run ended {status or 'unsettled'}: {reason}")
+    # The step events' images/s and the epochs' (their own series): what was stored.
+    keys = {"images_per_second": "step", "epoch/images_per_second": "epoch"}
+    points = SeriesPoint.objects.filter(experiment=experiment, key__in=keys).order_by("id")
+    events = [{"type": keys[p.key], "images_per_second": p.value} for p in points]
+    return measurement_make(
+        number=number, mode="dashboard", events=events, wall=wall, messages=drain.messages
+    )
+
+
+def plain_measure(*, number: int, experiment: Any, timeout: float) -> Measurement:
+    from dashboard.experiments.runs import runner
+    from training.protocol import parse_event
+
+    command = runner.training_command(experiment=experiment)
+    # The same command line and environment the supervisor uses, nobody reading along.
+    env = {
+        k: v
+        for k, v in runner.training_environment(experiment=experiment).items()
+        if not k.startswith("TRAINYARD_SUPERVISOR_")
+    }
+    out_dir = Path(settings.TRAINYARD_RUNS_DIR) / f"plain-{experiment.pk}"
+    # The row only lent its id and fields to the command line. Left queued, it would hold
+    # the next round's dashboard run behind it (the queue's turn rule); its id is never
+    # given out again (AUTOINCREMENT, sequences), so no later run shares its folders.
+    experiment.delete()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with (out_dir / "stdout").open("w") as out, (out_dir / "stderr").open("w") as err:
+        result = subprocess.run(  # noqa: S603 - the dashboard's own command line
+            command,
+            stdout=out,
+            stderr=err,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            cwd=settings.BASE_DIR,
+            timeout=timeout,
+            check=False,
+            # As the supervisor starts it: with autogroup scheduling a session is a unit of
+            # CPU share, so a difference here would be measured as overhead.
+            start_new_session=True,
+        )
+    wall = time.monotonic() - started
+    events: list[dict[str, Any]] = [
+        dict(event)
+        for line in (out_dir / "stdout").read_text().splitlines()
+        if (event := parse_event(line)) is not None
+    ]
+    if result.returncode != 0 or not any(e["type"] == "finished" for e in events):
+        tail = (out_dir / "stderr").read_text()[-2000:]
+        raise CommandError(f"plain training exited {result.returncode}:\n{tail}")
+    return measurement_make(number=number, mode="plain", events=events, wall=wall, messages=None)
+
+
+def measurement_make(
+    *, number: int, mode: str, events: list[dict[str, Any]], wall: float, messages: int | None
+) -> Measurement:
+    ips = events_images_per_second(events)
+    if ips is None:
+        raise CommandError(f"the {mode} run reported no images/s")
+    counted = [e for e in events if e.get("type") in {"step", "epoch"}]
+    return Measurement(number, mode, ips, len(counted), wall, messages)
+
+
+# ---- output -------------------------------------------------------------------------------------
+
+HEADER = f"{'round':>5}  {'mode':<9}  {'images/s':>10}  {'events':>6}  {'wall s':>7}  messages"
+
+
+def measurement_row(m: Measurement) -> str:
+    messages = "-" if m.messages is None else str(m.messages)
+    return (
+        f"{m.round:>5}  {m.mode:<9}  {m.images_per_second:>10.1f}  {m.events:>6}  "
+        f"{m.wall_seconds:>7.1f}  {messages}"
+    )
+
+
 class Command(BaseCommand):
     help = (
         "Training images/s through the dashboard's supervisor (events, database, channel layer) "
@@ -231,17 +330,22 @@ class Command(BaseCommand):
         )
         if options["dry_run"]:
             self._dry_run_everywhere()
-        self.stdout.write(self.HEADER)
+        self.stdout.write(HEADER)
         results: list[Measurement] = []
         try:
             for number in range(1, options["rounds"] + 1):
                 for mode in MODES:
                     experiment = self._experiment_make(user=user, worker=worker, options=options)
                     if mode == "dashboard":
-                        results.append(self._run_dashboard(number, experiment, worker))
+                        measured = dashboard_measure(
+                            number=number, experiment=experiment, worker=worker
+                        )
                     else:
-                        results.append(self._run_plain(number, experiment, options))
-                    self.stdout.write(self._row(results[-1]))
+                        measured = plain_measure(
+                            number=number, experiment=experiment, timeout=options["timeout"]
+                        )
+                    results.append(measured)
+                    self.stdout.write(measurement_row(measured))
         finally:
             if options["use_configured_db"]:
                 user.delete()  # and, by cascade, its bench experiments
@@ -274,97 +378,6 @@ class Command(BaseCommand):
             epochs=options["epochs"],
             batch_size=options["batch_size"],
             worker=worker,
-        )
-
-    def _run_dashboard(self, number: int, experiment: Any, worker: str) -> Measurement:
-        from dashboard.experiments.models import SeriesPoint, Status
-        from dashboard.experiments.runs.broadcast import experiment_group
-        from dashboard.experiments.tasks import run_experiment
-
-        drain = GroupDrain(experiment_group(experiment.pk))
-        drain.start()
-        drain.ready.wait(10)
-        started = time.monotonic()
-        try:
-            # The task's own body, in this process (worker: this machine's name, as the task's).
-            status = run_experiment(experiment_id=experiment.pk)
-        finally:
-            drain.done.set()
-            drain.join(5)
-        wall = time.monotonic() - started
-        experiment.refresh_from_db()
-        if status != Status.SUCCEEDED:
-            reason = experiment.error or f"not settled by {worker}"
-            raise CommandError(f"the dashboard run ended {status or 'unsettled'}: {reason}")
-        # The step events' images/s and the epochs' (their own series): what was stored.
-        keys = {"images_per_second": "step", "epoch/images_per_second": "epoch"}
-        points = SeriesPoint.objects.filter(experiment=experiment, key__in=keys).order_by("id")
-        events = [{"type": keys[p.key], "images_per_second": p.value} for p in points]
-        return self._measurement(number, "dashboard", events, wall, drain.messages)
-
-    def _run_plain(self, number: int, experiment: Any, options: dict[str, Any]) -> Measurement:
-        from dashboard.experiments.runs import runner
-        from training.protocol import parse_event
-
-        command = runner.training_command(experiment=experiment)
-        # The same command line and environment the supervisor uses, nobody reading along.
-        env = {
-            k: v
-            for k, v in runner.training_environment(experiment=experiment).items()
-            if not k.startswith("TRAINYARD_SUPERVISOR_")
-        }
-        out_dir = Path(settings.TRAINYARD_RUNS_DIR) / f"plain-{experiment.pk}"
-        # The row only lent its id and fields to the command line. Left queued, it would hold
-        # the next round's dashboard run behind it (the queue's turn rule); its id is never
-        # given out again (AUTOINCREMENT, sequences), so no later run shares its folders.
-        experiment.delete()
-        out_dir.mkdir(parents=True, exist_ok=True)
-        started = time.monotonic()
-        with (out_dir / "stdout").open("w") as out, (out_dir / "stderr").open("w") as err:
-            result = subprocess.run(  # noqa: S603 - the dashboard's own command line
-                command,
-                stdout=out,
-                stderr=err,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                cwd=settings.BASE_DIR,
-                timeout=options["timeout"],
-                check=False,
-                # As the supervisor starts it: with autogroup scheduling a session is a unit of
-                # CPU share, so a difference here would be measured as overhead.
-                start_new_session=True,
-            )
-        wall = time.monotonic() - started
-        events: list[dict[str, Any]] = [
-            dict(event)
-            for line in (out_dir / "stdout").read_text().splitlines()
-            if (event := parse_event(line)) is not None
-        ]
-        if result.returncode != 0 or not any(e["type"] == "finished" for e in events):
-            tail = (out_dir / "stderr").read_text()[-2000:]
-            raise CommandError(f"plain training exited {result.returncode}:\n{tail}")
-        return self._measurement(number, "plain", events, wall, None)
-
-    @staticmethod
-    def _measurement(
-        number: int, mode: str, events: list[dict[str, Any]], wall: float, messages: int | None
-    ) -> Measurement:
-        ips = events_images_per_second(events)
-        if ips is None:
-            raise CommandError(f"the {mode} run reported no images/s")
-        counted = [e for e in events if e.get("type") in {"step", "epoch"}]
-        return Measurement(number, mode, ips, len(counted), wall, messages)
-
-    # ---- output -----------------------------------------------------------------------------
-
-    HEADER = f"{'round':>5}  {'mode':<9}  {'images/s':>10}  {'events':>6}  {'wall s':>7}  messages"
-
-    @staticmethod
-    def _row(m: Measurement) -> str:
-        messages = "-" if m.messages is None else str(m.messages)
-        return (
-            f"{m.round:>5}  {m.mode:<9}  {m.images_per_second:>10.1f}  {m.events:>6}  "
-            f"{m.wall_seconds:>7.1f}  {messages}"
         )
 
     def _summary(self, results: list[Measurement]) -> None:
