@@ -49,10 +49,15 @@ def _bin_with(tmp_path: Path, tools: list[str]) -> Path:
 def _run_unprivileged(tmp_path: Path, path: Path, **env: str) -> subprocess.CompletedProcess[str]:
     if os.geteuid() != 0 or shutil.which("runuser") is None:
         pytest.skip("needs root to run the script as the unprivileged user nobody")
+    # A copy the user can read: the checkout may sit in a folder closed to others (mktemp -d's
+    # 0700, as a CI clone may be).
+    script = tmp_path / "system-packages"
+    shutil.copyfile(SCRIPT, script)
+    script.chmod(0o755)
     return subprocess.run(
         ["runuser", "-u", "nobody", "--", str(path / "env"), "-i", f"PATH={path}",
          f"TMPDIR={tmp_path}", *(f"{k}={v}" for k, v in env.items()),
-         str(path / "bash"), str(SCRIPT), "test"],
+         str(path / "bash"), str(script), "test"],
         cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
 
