@@ -12,8 +12,8 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from dashboard.experiments.core.limits import LaunchLimited
-from dashboard.experiments.core.messages import socket_path
 from dashboard.experiments.metrics.scaling import experiment_global_batch
+from dashboard.experiments.web.views import chart_run
 from dashboard.studies.forms import StudyForm
 from dashboard.studies.grid import StudyRefused, study_request_parse
 from dashboard.studies.models import Study
@@ -58,18 +58,9 @@ def _visible(request: HttpRequest, pk: int) -> Study:
 
 
 def _chart_run(experiment: Any) -> dict[str, Any]:
-    """One run of the overlaid curves, as static/js/compare.js reads it."""
     e = experiment
-    return {
-        "id": e.pk,
-        "label": f"#{e.pk} {strategy_get(e.strategy).short} seed {e.seed}",
-        "status": e.status,
-        "active": e.is_active,
-        "metrics_url": reverse("api-experiment-metrics", args=[e.pk]),
-        "ws_path": socket_path(e.pk),
-        "global_batch": experiment_global_batch(e),
-        "started_at": e.started_at.isoformat() if e.started_at else None,
-    }
+    label = f"#{e.pk} {strategy_get(e.strategy).short} seed {e.seed}"
+    return chart_run(e, label=label, global_batch=experiment_global_batch(e))
 
 
 def study_detail(request: HttpRequest, pk: int) -> HttpResponse:

@@ -248,20 +248,27 @@ def experiment_checkpoint_download(request: HttpRequest, pk: int, step: int) -> 
     return checkpoint_file_response(checkpoint=checkpoint, path=path)
 
 
-def _compare_run(row: ScalingRow) -> dict[str, Any]:
-    """One run of the compare page's charts: where its series and live events come from, and
-    what turns its steps into images seen and wall time."""
-    e = row.experiment
+def chart_run(experiment: Experiment, *, label: str, global_batch: int) -> dict[str, Any]:
+    """One run of the overlaid curves (the compare and study pages, static/js/compare.js):
+    where its series and live events come from, and what turns its steps into images seen and
+    wall time."""
+    e = experiment
     return {
         "id": e.pk,
-        "label": f"#{e.pk} {strategy_short(e.strategy)} {e.name}",
+        "label": label,
         "status": e.status,
         "active": e.is_active,
         "metrics_url": reverse("api-experiment-metrics", args=[e.pk]),
         "ws_path": socket_path(e.pk),
-        "global_batch": row.global_batch,
+        "global_batch": global_batch,
         "started_at": e.started_at.isoformat() if e.started_at else None,
     }
+
+
+def _compare_run(row: ScalingRow) -> dict[str, Any]:
+    e = row.experiment
+    label = f"#{e.pk} {strategy_short(e.strategy)} {e.name}"
+    return chart_run(e, label=label, global_batch=row.global_batch)
 
 
 def experiment_compare(request: HttpRequest) -> HttpResponse:
