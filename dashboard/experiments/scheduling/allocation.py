@@ -108,6 +108,15 @@ class PlacementRefusal:
     short: str  # what a multi-machine run's reason says of this machine: "host-b busy with #7"
 
 
+def machine_catalogued(machine: Machine, *, row: WorkerMachine | None = None) -> Machine:
+    """The machine with what it can train, from its row (this worker's own report, for the
+    machine a claim runs on, which machine_local reads without the catalogue)."""
+    if machine.catalogue is not None:
+        return machine
+    row = row or WorkerMachine.objects.filter(hostname=machine.name).first()
+    return replace(machine, catalogue=catalogue_of(row)) if row is not None else machine
+
+
 def catalogue_refusal(*, experiment: Experiment, machine: Machine) -> PlacementRefusal | None:
     """The run's model, dataset or image folder missing on the machine: it never fits there,
     however long it waits, so say what is missing where."""
@@ -286,10 +295,7 @@ def placement_plan(
     (machines_lock): it reads what runs on them. `turn`: the queue's rule for the further
     machines of a multi-node run (queue.queue_turn_check says why; the claim asks it of `local`
     itself)."""
-    own = rows.get(local.name) or WorkerMachine.objects.filter(hostname=local.name).first()
-    local = replace(
-        local, address=worker_address(), catalogue=catalogue_of(own) if own else local.catalogue
-    )
+    local = replace(machine_catalogued(local, row=rows.get(local.name)), address=worker_address())
     running = list(Experiment.objects.filter(status=Status.RUNNING).exclude(pk=experiment.pk))
     busy = busy_by_machine(running)
     others = [rows[n] for n in names if n in rows and n != local.name and rows[n].is_online]
