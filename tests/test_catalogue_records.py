@@ -60,7 +60,8 @@ def test_a_speedup_is_only_against_a_single_run_of_the_same_model_and_data(
 def test_a_study_cell_is_compared_with_the_single_cell_of_its_model() -> None:
     def cell(model: str, strategy: str) -> dict[str, Any]:
         config = {"model": model, "dataset": "mnist", "data_path": "", "lr": 0.001,
-                  "optimizer": "adam", "epochs": 1, "batch_size": 64, "strategy": strategy}  # fmt: skip
+                  "optimizer": "adam", "epochs": 1, "batch_size": 64,
+                  "strategy": strategy}  # fmt: skip
         return {"config": config, "global_batch": 128}
 
     singles = [cell("simple-cnn", "single"), cell("resnet18", "single")]
