@@ -38,7 +38,7 @@ def compare_rows(client: Client, *runs: Experiment) -> list[dict[str, Any]]:
 def test_a_speedup_is_only_against_a_single_run_of_the_same_model_and_data(
     alice: Any, client: Client
 ) -> None:
-    single = dict(strategy="single", processes=1)
+    single: dict[str, Any] = {"strategy": "single", "processes": 1}
     cnn = run_make(alice, ips=[100], **single, age=10)
     resnet = run_make(alice, ips=[20], **single, model="resnet18", age=20)
     # Newer, but other data: never a resnet's baseline on mnist.
