@@ -76,13 +76,21 @@ class Experiment(models.Model):
     # Names, not choices: what can be trained is what the online workers report (their models,
     # their datasets, their image folders), so the launch checks decide, not the column.
     model = models.CharField(
-        max_length=200, default=MODEL_DEFAULT, db_index=True, help_text="the model to train"
+        max_length=200,
+        default=MODEL_DEFAULT,
+        db_index=True,
+        help_text="simple-cnn, a torchvision classifier (resnet18, ...) or a worker's plug-in",
     )
     dataset = models.CharField(
-        max_length=100, default=Dataset.MNIST, help_text="mnist, fashion-mnist, imagefolder, ..."
+        max_length=100,
+        default=Dataset.MNIST,
+        help_text="mnist, fashion-mnist, imagefolder, cifar10, ... or a plug-in a worker has",
     )
     data_path = models.CharField(
-        max_length=1000, blank=True, default="", help_text="the image folder on the worker"
+        max_length=1000,
+        blank=True,
+        default="",
+        help_text="with imagefolder: an image folder a worker reports (a path on it)",
     )
     strategy = models.CharField(max_length=32, choices=strategy_choices, default=Strategy.DDP)
     processes = models.PositiveSmallIntegerField(
