@@ -274,9 +274,11 @@ def test_the_devices_api_and_page_list_models_and_data(
     assert card["image_folders"][0] == {
         "path": PETS, "classes": 3, "images": 30, "size_text": "2.0 KiB", "layout": "train/val",
     }  # fmt: skip
+    machine("broken-host", {"cpu_count": 2, "catalogue_error": "ImportError: no module named x"})
     page = alice.get(reverse("device-list")).content.decode()
     assert "Models: 1 built in, 2 torchvision" in page and PETS in page
     assert "a worker from before the catalogue" in page  # old-host
+    assert "could not list its models and datasets (ImportError: no module named x)" in page
 
 
 def test_the_run_list_and_detail_show_the_model(

@@ -29,6 +29,7 @@ class MachineCatalogue:
     model_sources: dict[str, str] = field(default_factory=dict)
     dataset_details: tuple[dict[str, Any], ...] = ()
     reported: bool = True  # False: an old report, taken as the built-ins only
+    error: str = ""  # why the worker's catalogue failed, where it did
 
 
 def _names(value: Any) -> tuple[str, ...]:
@@ -38,7 +39,9 @@ def _names(value: Any) -> tuple[str, ...]:
 def catalogue_from_report(*, hostname: str, report: dict[str, Any] | None) -> MachineCatalogue:
     report = report or {}
     if not isinstance(report.get("models"), list) or not isinstance(report.get("datasets"), list):
+        # An old report, or one whose catalogue failed (facts.catalogue_facts_collect says why).
         return MachineCatalogue(
+            error=str(report.get("catalogue_error") or ""),
             hostname=hostname,
             models=BUILTIN_MODELS,
             datasets=BUILTIN_DATASETS,
@@ -100,7 +103,7 @@ def catalogue_card(catalogue: MachineCatalogue) -> dict[str, Any]:
     details = {str(d.get("name")): d for d in catalogue.dataset_details}
     return {
         "reported": catalogue.reported,
-        "note": "" if catalogue.reported else OLD_REPORT_NOTE,
+        "note": _note(catalogue),
         "models_text": ", ".join(f"{len(names)} {source}" for source, names in groups.items()),
         "model_groups": [{"source": s, "models": names} for s, names in groups.items()],
         "datasets": [
@@ -125,10 +128,19 @@ def catalogue_card(catalogue: MachineCatalogue) -> dict[str, Any]:
     }
 
 
+BUILTINS = "taken as the built-ins, simple-cnn on mnist and fashion-mnist"
 OLD_REPORT_NOTE = (
-    "this worker's report lists no models or datasets (a worker from before the catalogue): "
-    "taken as the built-ins, simple-cnn on mnist and fashion-mnist"
+    f"this worker's report lists no models or datasets (a worker from before the catalogue): "
+    f"{BUILTINS}"
 )
+
+
+def _note(catalogue: MachineCatalogue) -> str:
+    if catalogue.reported:
+        return ""
+    if catalogue.error:
+        return f"the worker could not list its models and datasets ({catalogue.error}): {BUILTINS}"
+    return OLD_REPORT_NOTE
 
 
 def _size_text(value: Any) -> str:
