@@ -19,6 +19,7 @@ from tensorboard.backend.event_processing.event_accumulator import EventAccumula
 from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
 
 from dashboard.accounts.models import ApiToken
+from dashboard.experiments.metrics.exports import RUN_TEXT_TAG
 from dashboard.experiments.models import Experiment, SeriesPoint
 from tests.factories import float32, logged_in
 
@@ -122,7 +123,12 @@ def test_tensorboard_zip_reads_back_in_tensorboard(
     assert "tfevents" in names[0]
     scalars = tensorboard_read(tmp_path / names[0].split("/")[0])
     # Written by step across tags, as a training writes: no step goes back in the file.
-    steps = [e.step for e in EventFileLoader(str(tmp_path / names[0])).Load() if e.summary.value]
+    # (The run's launch fields are one text summary first, exports.RUN_TAG: not a series.)
+    steps = [
+        e.step
+        for e in EventFileLoader(str(tmp_path / names[0])).Load()
+        if e.summary.value and e.summary.value[0].tag != RUN_TEXT_TAG
+    ]
     assert len(steps) == 2506 and steps == sorted(steps)
     stored = stored_series(run)
     assert sorted(scalars) == sorted(stored)

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 from dashboard.accounts.models import ApiToken
 from dashboard.api import MAX_BODY_BYTES, json_constant_refuse, json_float_parse
 from dashboard.experiments.core.forms import LIMITS, LR_MAX, MAX_GPU_IDS, ExperimentForm
-from dashboard.experiments.models import Experiment, LogLine, SeriesPoint
+from dashboard.experiments.models import Dataset, Experiment, LogLine, SeriesPoint
 from dashboard.experiments.web.api import FIELD_TYPES, NULLABLE_FIELDS
 from dashboard.experiments.web.consumers import MAX_CLIENT_FRAME_BYTES, frame_size
 from tests.factories import form_data
@@ -76,7 +76,8 @@ valid_base = st.fixed_dictionaries(
         "name": st.text(
             alphabet=st.characters(codec="utf-8", exclude_characters="\x00"), max_size=40
         ),
-        "dataset": st.sampled_from(choices_of("dataset")),
+        # The built-ins: the column takes any name a worker reports (the launch checks judge).
+        "dataset": st.sampled_from(list(Dataset.values)),
         "epochs": st.integers(1, 3),
         "batch_size": st.integers(1, 256),
         "lr": st.floats(1e-4, 1.0),

@@ -46,6 +46,8 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".t
 EVAL_SPLITS = ("val", "test")
 IMAGE_ROOTS_ENV = "TRAINYARD_IMAGE_FOLDERS"
 IMAGE_ROOTS_SUBDIR = "imagefolders"
+# Strategies that split the model into stages: they take only a worker's models_splittable.
+SPLIT_STRATEGIES = ("model-parallel",)
 
 
 @dataclass(frozen=True)

@@ -27,7 +27,15 @@ def _connection_flags(parser: argparse.ArgumentParser, *, default: object) -> No
 def _launch_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     launch = sub.add_parser("launch", help="launch a run (the New run form's fields)")
     launch.add_argument("--name")
-    launch.add_argument("--dataset", help="mnist or fashion-mnist")
+    launch.add_argument(
+        "--model", help="simple-cnn (the default), a torchvision model such as resnet18, a plug-in"
+    )
+    launch.add_argument(
+        "--dataset", help="mnist, fashion-mnist, imagefolder, cifar10, ... (what a worker has)"
+    )
+    launch.add_argument(
+        "--data-path", help="with --dataset imagefolder: the image folder, a path on the worker"
+    )
     launch.add_argument("--strategy", help="single, dp, ddp, dp-primitives, model-parallel, ...")
     launch.add_argument(
         "--nproc", "--processes", dest="nproc", type=int, help="processes (ddp, hogwild, ...)"

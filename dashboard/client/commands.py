@@ -39,7 +39,9 @@ METRIC_COLUMNS = (
 # Launch flags and the API fields they fill; flags not given are not sent (the form's defaults).
 LAUNCH_FIELDS = {
     "name": "name",
+    "model": "model",
     "dataset": "dataset",
+    "data_path": "data_path",
     "strategy": "strategy",
     "nproc": "processes",
     "nodes": "nodes",
@@ -152,12 +154,16 @@ def cmd_list(args: argparse.Namespace) -> int:
         json.dump(runs, sys.stdout, indent=2)
         print()
         return EXIT_OK
-    print(f"{'ID':>6}  {'STATUS':<10} {'STRATEGY':<15} {'PROCS':>5} {'EPOCHS':>6} {'ACC':>7}  NAME")
+    print(
+        f"{'ID':>6}  {'STATUS':<10} {'STRATEGY':<15} {'MODEL':<16} {'PROCS':>5} {'EPOCHS':>6} "
+        f"{'ACC':>7}  NAME"
+    )
     for run in runs:
         accuracy = run.get("test_accuracy")
         acc = f"{accuracy:.2%}" if isinstance(accuracy, int | float) else "-"
         print(
-            f"{run['id']:>6}  {run['status']:<10} {run['strategy']:<15} {run['processes']:>5} "
+            f"{run['id']:>6}  {run['status']:<10} {run['strategy']:<15} "
+            f"{run.get('model') or 'simple-cnn':<16} {run['processes']:>5} "
             f"{run['epochs']:>6} {acc:>7}  {run['name']}"
         )
     return EXIT_OK

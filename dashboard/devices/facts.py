@@ -14,6 +14,7 @@ import os
 import shutil
 import socket
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -247,5 +248,22 @@ def machine_facts_collect(*, with_torch: bool = True) -> dict[str, Any]:
         shared_memory.update(static["sharing"])
         if "error" not in static["torch"]:
             shared_memory["shared_tensors"] = [shm_probe_collect()]
+        facts.update(catalogue_facts_collect())
     facts["shared_memory"] = shared_memory
     return facts
+
+
+def catalogue_facts_collect() -> dict[str, Any]:
+    """What this machine can train (training/catalogue.py): its models, datasets and image
+    folders. Read at every report, so a folder written since shows at the next one; a plug-in
+    installed since needs a restart (the entry points are read at start by importlib).
+    A failure leaves the report without them, which the dashboard reads as the built-ins."""
+    from django.conf import settings
+
+    from training.catalogue import catalogue_collect
+
+    try:
+        return catalogue_collect(data_dir=Path(settings.TRAINYARD_DATA_DIR))
+    except Exception as exc:  # a broken plug-in or folder must not silence the whole report
+        logger.exception("the catalogue of models and datasets failed")
+        return {"catalogue_error": f"{type(exc).__name__}: {exc}"}

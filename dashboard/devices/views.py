@@ -12,6 +12,7 @@ from ninja import Router, Schema
 from pydantic import ConfigDict
 
 from dashboard.api import errors
+from dashboard.devices.catalogue import catalogue_card, catalogue_of
 from dashboard.devices.facts import SHM_LOW_BYTES
 from dashboard.devices.models import WorkerMachine
 from dashboard.texts import bytes_text, ranks_text
@@ -31,6 +32,9 @@ class MachineOut(Schema):
     age_seconds: int
     report: dict[str, Any]
     runs: list[dict[str, Any]]
+    models: list[str]  # names it can train ([] for a report from before the catalogue)
+    datasets: list[str]
+    catalogue: dict[str, Any]  # the same as the device page shows it
 
 
 class MachinesOut(Schema):
@@ -42,6 +46,7 @@ def machine_age_seconds(machine: WorkerMachine) -> int:
 
 
 def machine_api_item(machine: WorkerMachine, *, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    catalogue = catalogue_of(machine)
     return {
         "hostname": machine.hostname,
         # Where the other machines reach it (a multi-node run's rendezvous and ranks).
@@ -52,6 +57,11 @@ def machine_api_item(machine: WorkerMachine, *, runs: list[dict[str, Any]]) -> d
         "age_seconds": machine_age_seconds(machine),
         "report": machine.report,
         "runs": runs,
+        # What it can train, by name ([] where its report has no catalogue), and as the page
+        # shows it (catalogue.catalogue_card).
+        "models": list(catalogue.models) if catalogue.reported else [],
+        "datasets": list(catalogue.datasets) if catalogue.reported else [],
+        "catalogue": catalogue_card(catalogue),
     }
 
 
@@ -150,6 +160,7 @@ def machine_card(machine: WorkerMachine, *, runs: list[dict[str, Any]]) -> dict[
         "backends": sorted((torch_facts.get("distributed_backends") or {}).items()),
         "shm": shm_card(report.get("shared_memory") or {}),
         "runs": runs,
+        "catalogue": catalogue_card(catalogue_of(machine)),
     }
 
 

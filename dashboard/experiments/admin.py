@@ -45,9 +45,10 @@ class CheckpointInline(ReadOnlyInline):
 @admin.register(Experiment)
 class ExperimentAdmin(admin.ModelAdmin):
     list_display = (
-        "name", "status", "strategy", "owner", "priority", "accuracy", "duration", "created_at",
+        "name", "status", "strategy", "model", "dataset", "owner", "priority", "accuracy",
+        "duration", "created_at",
     )  # fmt: skip
-    list_filter = ("status", "strategy", "owner", "priority")
+    list_filter = ("status", "strategy", "model", "dataset", "owner", "priority")
     search_fields = ("name",)
     date_hierarchy = "created_at"
     actions = ("stop_runs", "checkpoint_runs", "clone_and_relaunch")

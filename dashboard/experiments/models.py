@@ -6,6 +6,7 @@ from django.conf import settings
 from django.db import models
 from django.urls import reverse
 
+from training.catalogue import MODEL_DEFAULT
 from training.registry import MULTIPROCESS_STRATEGIES, REGISTRY
 
 
@@ -22,6 +23,9 @@ ACTIVE_STATUSES = (Status.QUEUED, Status.RUNNING)
 
 
 class Dataset(models.TextChoices):
+    """The built-in datasets, which every worker has; the field takes any name a worker
+    reports (training/catalogue.py), checked at launch (core/catalogue_checks.py)."""
+
     MNIST = "mnist", "MNIST"
     FASHION_MNIST = "fashion-mnist", "Fashion-MNIST"
 
@@ -69,7 +73,25 @@ class Experiment(models.Model):
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="experiments"
     )
-    dataset = models.CharField(max_length=32, choices=Dataset.choices, default=Dataset.MNIST)
+    # Names, not choices: what can be trained is what the online workers report (their models,
+    # their datasets, their image folders), so the launch checks decide, not the column.
+    model = models.CharField(
+        max_length=200,
+        default=MODEL_DEFAULT,
+        db_index=True,
+        help_text="simple-cnn, a torchvision classifier (resnet18, ...) or a worker's plug-in",
+    )
+    dataset = models.CharField(
+        max_length=100,
+        default=Dataset.MNIST,
+        help_text="mnist, fashion-mnist, imagefolder, cifar10, ... or a plug-in a worker has",
+    )
+    data_path = models.CharField(
+        max_length=1000,
+        blank=True,
+        default="",
+        help_text="with imagefolder: an image folder a worker reports (a path on it)",
+    )
     strategy = models.CharField(max_length=32, choices=strategy_choices, default=Strategy.DDP)
     processes = models.PositiveSmallIntegerField(
         default=2, help_text="processes of DDP, Hogwild and DeepSpeed; 1 for the others"
@@ -176,6 +198,13 @@ class Experiment(models.Model):
 
             end = timezone.now()
         return (end - self.started_at).total_seconds()
+
+    @property
+    def dataset_label(self) -> str:
+        """ "MNIST" for a built-in; else the name, with the image folder for imagefolder."""
+        if self.dataset in Dataset.values:
+            return str(Dataset(self.dataset).label)
+        return f"{self.dataset} {self.data_path}" if self.data_path else self.dataset
 
     def devices_label(self) -> str:
         # `processes` and `gpus` are per machine: say so when the run spans several.

@@ -62,6 +62,7 @@ def iso_or_none(value: datetime | None) -> str | None:
 def experiment_as_dict(experiment: Experiment) -> dict[str, Any]:
     data: dict[str, Any] = {"id": experiment.pk}
     data.update({name: getattr(experiment, name) for name in FIELDS})
+    data["data_path"] = experiment.data_path or None  # the API's null: no image folder
     data.update(
         owner=experiment.owner.get_username(),
         status=experiment.status,

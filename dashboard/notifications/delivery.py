@@ -100,7 +100,7 @@ def run_end_text(experiment: Experiment) -> str:
     took = "never started" if seconds is None else f"took {format_duration(seconds)}"
     lines.append(
         f"{experiment.get_strategy_display()}, {experiment.devices_label()}, "
-        f"{experiment.epochs} epoch(s) of {experiment.get_dataset_display()}"
+        f"{experiment.epochs} epoch(s) of {experiment.model} on {experiment.dataset_label}"
         f"{' on ' + experiment.worker if experiment.worker else ''}; "
         f"{took}."
     )
@@ -120,7 +120,9 @@ def run_end_payload(*, experiment: Experiment, delivery: Delivery) -> dict[str, 
             "status": experiment.status,
             "strategy": experiment.strategy,
             "processes": experiment.processes,
+            "model": experiment.model,
             "dataset": experiment.dataset,
+            "data_path": experiment.data_path or None,
             "epochs": experiment.epochs,
             "test_accuracy": experiment.test_accuracy,
             "test_loss": experiment.test_loss,

@@ -33,8 +33,8 @@ from dashboard.studies.texts import cell_texts, reached_text
 
 # A cell's config: the launch fields that make runs differ, the seed left out.
 CONFIG_FIELDS = (
-    "dataset", "strategy", "processes", "nodes", "gpus", "epochs", "batch_size", "lr",
-    "optimizer", "zero_stage",
+    "model", "dataset", "data_path", "strategy", "processes", "nodes", "gpus", "epochs",
+    "batch_size", "lr", "optimizer", "zero_stage",
 )  # fmt: skip
 ENDED = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.LOST)
 
@@ -73,17 +73,23 @@ def _mean(values: Sequence[float]) -> float | None:
 
 
 def baseline_find(cell: dict[str, Any], singles: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The study's single cell to compare with: same learning rate, optimizer, dataset and
-    epochs, and the same batch per process, else the same global batch; else the only one."""
-    alike = [
+    """The study's single cell to compare with: same model, dataset (and folder), learning
+    rate, optimizer and epochs, and the same batch per process, else the same global batch;
+    else the only one of the same model and dataset (a speedup over another model's run would
+    measure the model, not the strategy)."""
+    same_data = [
         s for s in singles if all(s["config"][k] == cell["config"][k] for k in
-                                  ("lr", "optimizer", "dataset", "epochs"))
+                                  ("model", "dataset", "data_path"))
+    ]  # fmt: skip
+    alike = [
+        s for s in same_data if all(s["config"][k] == cell["config"][k] for k in
+                                    ("lr", "optimizer", "epochs"))
     ]  # fmt: skip
     for batch in (cell["config"]["batch_size"], cell["global_batch"]):
         match = next((s for s in alike if s["config"]["batch_size"] == batch), None)
         if match is not None:
             return match
-    return singles[0] if len(singles) == 1 else None
+    return same_data[0] if len(same_data) == 1 else None
 
 
 def _cell_figures(cell: dict[str, Any], runs: list[Experiment], target: float, found: Any) -> None:

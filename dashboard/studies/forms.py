@@ -11,16 +11,18 @@ from dashboard.experiments.models import Dataset, Optimizer
 from dashboard.studies.grid import AXIS_FIELDS, NAME_MAX
 from dashboard.studies.models import BatchMode
 from dashboard.studies.texts import AXES_HELP, BATCH_MODE_HELP, PRESET_HELP, STOP_AT_TARGET_HELP
+from training.catalogue import MODEL_DEFAULT
 from training.registry import REGISTRY
 
 MODE_SCALING, MODE_AXES = "scaling", "axes"
 # How the axes editor reads each field's comma-separated values.
 AXIS_TYPES: dict[str, type] = {
-    "strategy": str, "processes": int, "nodes": int, "batch_size": int, "lr": float,
-    "optimizer": str, "seed": int,
+    "model": str, "dataset": str, "strategy": str, "processes": int, "nodes": int,
+    "batch_size": int, "lr": float, "optimizer": str, "seed": int,
 }  # fmt: skip
 AXIS_LABELS = {"lr": "Learning rate", "processes": "Processes (per node)"}
 AXIS_PLACEHOLDERS = {
+    "model": "simple-cnn, resnet18", "dataset": "mnist, fashion-mnist",
     "strategy": "single, ddp", "processes": "2, 4", "nodes": "1", "batch_size": "32, 64",
     "lr": "0.001, 0.01", "optimizer": "adam, sgd", "seed": "1, 2",
 }  # fmt: skip
@@ -42,7 +44,13 @@ def values_parse(text: str, kind: type) -> list[Any]:
 
 class StudyForm(forms.Form):
     name = forms.CharField(max_length=NAME_MAX)
-    dataset = forms.ChoiceField(choices=Dataset.choices, initial=Dataset.MNIST)
+    # Names the workers report; each cell's launch checks judge them (what no worker has).
+    model = forms.CharField(initial=MODEL_DEFAULT, max_length=200, required=False)
+    dataset = forms.CharField(initial=Dataset.MNIST, max_length=100)
+    data_path = forms.CharField(
+        required=False, max_length=1000, label="Image folder",
+        help_text="With dataset imagefolder: the folder on the worker.",
+    )  # fmt: skip
     epochs = forms.IntegerField(initial=1, min_value=1, max_value=1000)
     batch_size = forms.IntegerField(initial=64, min_value=1, max_value=8192)
     lr = forms.FloatField(initial=0.001, label="Learning rate")
@@ -114,7 +122,11 @@ class StudyForm(forms.Form):
     def payload(self) -> dict[str, Any]:
         """The request POST /api/studies/ takes."""
         data = self.cleaned_data
-        base = {key: data[key] for key in ("dataset", "epochs", "batch_size", "lr", "optimizer")}
+        keys = ("model", "dataset", "epochs", "batch_size", "lr", "optimizer")
+        base = {key: data[key] for key in keys}
+        base["model"] = base["model"] or MODEL_DEFAULT
+        if data.get("data_path"):
+            base["data_path"] = data["data_path"]
         return {
             "name": data["name"], "base": base, "axes": data["axes"],
             "target_accuracy": data["target_accuracy"], "stop_at_target": data["stop_at_target"],

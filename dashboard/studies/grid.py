@@ -17,7 +17,9 @@ from dashboard.studies.models import BatchMode
 from dashboard.studies.texts import MAX_RUNS, runs_text
 from training.registry import strategy_get
 
-AXIS_FIELDS = ("strategy", "processes", "nodes", "batch_size", "lr", "optimizer", "seed")
+AXIS_FIELDS = (
+    "model", "dataset", "strategy", "processes", "nodes", "batch_size", "lr", "optimizer", "seed",
+)  # fmt: skip
 REQUEST_KEYS = ("name", "base", "axes", "target_accuracy", "stop_at_target", "batch_mode")
 NAME_MAX = 120
 

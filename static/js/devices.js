@@ -66,6 +66,37 @@
     ];
   }
 
+  // What the machine can train, as the server shaped it (catalogue.catalogue_card).
+  function catalogueSection(c) {
+    if (!c) return [];
+    const nodes = [el("h3", {}, "Models and data")];
+    if (c.note) nodes.push(el("p", { class: "muted catalogue-note" }, c.note));
+    nodes.push(
+      el("details", { class: "models" }, [
+        el("summary", {}, "Models: " + (c.models_text || "none")),
+        ...(c.model_groups || []).map((g) =>
+          el("p", {}, [el("strong", {}, g.source), ": " + g.models.join(", ")])
+        ),
+      ])
+    );
+    const datasets = c.datasets || [];
+    if (datasets.length) {
+      const rows = datasets.map((d) => [d.name, d.where, d.size_text, d.source]);
+      nodes.push(table("datasets", ["Dataset", "Where", "Size", "From"], rows));
+    }
+    const folders = c.image_folders || [];
+    if (folders.length) {
+      const rows = folders.map((f) => [f.path, f.classes, f.images, f.size_text, f.layout]);
+      nodes.push(table("image-folders", ["Image folder", "Classes", "Images", "Size", "Layout"], rows));
+    } else {
+      nodes.push(
+        el("p", { class: "muted" },
+          "No image folder: put one under <data dir>/imagefolders or $TRAINYARD_IMAGE_FOLDERS on this worker.")
+      );
+    }
+    return nodes;
+  }
+
   function shmSection(shm) {
     const nodes = [el("h3", {}, "Shared memory")];
     if (shm.present) {
@@ -160,6 +191,7 @@
         ...torchPairs(report.torch || {}),
       ]),
       ...gpuSection(report),
+      ...catalogueSection(machine.catalogue),
       ...shmSection(report.shared_memory || {}),
       ...runTensorsSection(machine.runs),
     ]);

@@ -52,6 +52,39 @@
     zeroStageField.hidden = !deepspeedValue.split(" ").includes(strategy.value);
   }
 
+  // Models, datasets and image folders: what the online workers have, as the server sent it
+  // (#launch-options, catalogue_options.launch_options); this script keeps no list of its own.
+  const optionsNode = document.getElementById("launch-options");
+  const options = optionsNode ? JSON.parse(optionsNode.textContent) : null;
+  const model = form.elements.namedItem("model");
+  const dataset = form.elements.namedItem("dataset");
+  const folder = form.elements.namedItem("data_path");
+  const folderField = form.querySelector(".imagefolder-only");
+  const modelExplain = document.getElementById("model-explain");
+  const datasetExplain = document.getElementById("dataset-explain");
+
+  function syncCatalogue() {
+    if (!options) return;
+    if (model && modelExplain) {
+      const group = options.model_groups.find((g) => g.models.includes(model.value));
+      modelExplain.textContent = group ? group.source + ": " + group.help : "";
+    }
+    const isFolder = dataset && dataset.value === options.imagefolder;
+    // Hidden, not dimmed: only imagefolder reads a path (the server drops it elsewhere).
+    if (folderField) folderField.hidden = !isFolder;
+    if (datasetExplain && dataset) {
+      const row = options.datasets.find((d) => d.name === dataset.value);
+      const picked = isFolder && folder
+        ? options.image_folders.find((f) => f.path === folder.value)
+        : null;
+      datasetExplain.textContent = picked ? picked.help : row ? row.help : "";
+    }
+  }
+  for (const input of [model, dataset, folder]) {
+    if (input) input.addEventListener("change", syncCatalogue);
+  }
+  syncCatalogue();
+
   strategy.addEventListener("change", syncZeroStage);
   syncZeroStage();
   strategy.addEventListener("change", syncNodes);

@@ -91,6 +91,9 @@
     const abbr = field(row, "strategy");
     setText(abbr, facts.short);
     if (abbr.title !== facts.label) abbr.title = facts.label;
+    const model = field(row, "model");
+    setText(model, e.model || "");
+    model.title = "on " + (e.dataset || "") + (e.data_path ? " " + e.data_path : "");
     // Written by the server (Experiment.devices_label), as in the rows it rendered.
     setText(field(row, "devices"), e.devices_label || "");
 

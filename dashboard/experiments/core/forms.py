@@ -8,7 +8,17 @@ from django import forms
 from django.core import validators
 
 from dashboard.devices.capacity import capacity_check
+from dashboard.experiments.core.catalogue_checks import (
+    data_path_normalise,
+    launch_catalogue_check,
+)
+from dashboard.experiments.core.catalogue_options import (
+    dataset_choices,
+    folder_choices,
+    model_choices,
+)
 from dashboard.experiments.models import Experiment
+from training.catalogue import MODEL_DEFAULT
 from training.registry import (
     REGISTRY,
     RULE_PER_GPU,
@@ -31,7 +41,9 @@ LR_MAX = 10.0
 DEFAULT_CPU_PROCESSES = 2
 FIELDS = (
     "name",
+    "model",
     "dataset",
+    "data_path",
     "strategy",
     "processes",
     "nodes",
@@ -149,6 +161,7 @@ class ExperimentForm(forms.ModelForm):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.fields["name"].required = False
+        self.fields["model"].required = False  # simple-cnn
         # Omitted processes mean "the natural count": one per GPU, else two CPU ranks.
         self.fields["processes"].required = False
         # Omitted nodes mean one machine, or as many as are pinned.
@@ -172,6 +185,29 @@ class ExperimentForm(forms.ModelForm):
                 validators.MaxValueValidator(high),
             ]
             field.widget.attrs.update(min=low, max=high)
+
+    def options_apply(self, options: dict[str, Any]) -> None:
+        """Offer what the online workers have (catalogue_options.launch_options), for the page;
+        the API and studies send names, which the launch checks judge, not these lists."""
+        self.fields["model"].widget = forms.Select(choices=model_choices(options))
+        self.fields["dataset"].widget = forms.Select(choices=dataset_choices(options))
+        self.fields["data_path"].widget = forms.Select(choices=folder_choices(options))
+        self.fields["data_path"].label = "Image folder"
+
+    def _catalogue_clean(self, data: dict[str, Any]) -> bool:
+        """The model, dataset and image folder against the online workers' reports."""
+        data["model"] = data.get("model") or MODEL_DEFAULT
+        data["data_path"] = data_path_normalise(
+            dataset=data["dataset"], data_path=data.get("data_path")
+        )
+        refusals = launch_catalogue_check(
+            model=data["model"], dataset=data["dataset"], data_path=data["data_path"],
+            strategy=data["strategy"], nodes=data["nodes"], machines=data["machines"],
+        )  # fmt: skip
+        for field, messages in refusals.items():
+            for message in messages:
+                self.add_error(field, message)
+        return not refusals
 
     def clean_lr(self) -> float:
         lr = self.cleaned_data["lr"]
@@ -222,6 +258,8 @@ class ExperimentForm(forms.ModelForm):
                 return data
         if not self._nodes_clean(data, spec):
             return data
+        if not self._catalogue_clean(data):
+            return data
         # A strategy that cannot run without GPUs is refused on the GPU field, where the fix is.
         needs_gpus = gpus or spec.min_gpus
         messages = capacity_check(
@@ -237,4 +275,6 @@ class ExperimentForm(forms.ModelForm):
             self.add_error(field or ("gpus" if needs_gpus else "processes"), message)
         if not data.get("name"):
             data["name"] = f"{spec.label} on {data.get('dataset', 'mnist')}"
+            if data["model"] != MODEL_DEFAULT:
+                data["name"] = f"{data['model']}, {data['name']}"[:200]
         return data

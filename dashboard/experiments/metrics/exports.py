@@ -31,6 +31,12 @@ from dashboard.env import env_int
 from dashboard.experiments.models import Experiment, SeriesPoint
 
 CSV_HEADER = ("key", "step", "time", "value")
+# The run's launch fields travel in its TensorBoard log as one text summary (add_text writes it
+# under "<tag>/text_summary"), so that an import of our own export gets them back; with their
+# column sizes, which the import holds them to.
+RUN_TAG = "trainyard/run"
+RUN_TEXT_TAG = f"{RUN_TAG}/text_summary"
+RUN_FIELDS = {"model": 200, "dataset": 100, "data_path": 1000}
 # Rows fetched from the database at a time, and characters gathered before a chunk is sent.
 READ_CHUNK_ROWS = 2000
 SEND_CHUNK_CHARS = 64 * 1024
@@ -110,16 +116,26 @@ def export_csv_chunks(*, experiment: Experiment) -> Iterator[str]:
     yield buffer.getvalue()
 
 
+def run_fields_of(experiment: Experiment) -> dict[str, str]:
+    return {name: getattr(experiment, name) for name in RUN_FIELDS}
+
+
 def _started(experiment: Experiment) -> datetime:
     # A run that never started has no start; its creation is the nearest instant.
     return experiment.started_at or experiment.created_at
 
 
 def export_json_chunks(*, experiment: Experiment) -> Iterator[str]:
-    """`{"id", "name", "started_at", "series": {key: [[step, time, value], ...]}}`: the shape of
-    the metrics API's `?raw=1`, every point, written one series at a time."""
+    """`{"id", "name", "started_at", "model", "dataset", "data_path", "series": {key: [[step,
+    time, value], ...]}}`: the shape of the metrics API's `?raw=1`, every point, written one
+    series at a time."""
     started = _started(experiment).isoformat()
-    head = {"id": experiment.pk, "name": experiment.name, "started_at": started}
+    head = {
+        "id": experiment.pk,
+        "name": experiment.name,
+        "started_at": started,
+        **run_fields_of(experiment),
+    }
     yield json.dumps(head)[:-1] + ', "series": {'
     by_key = itertools.groupby(export_points(experiment=experiment), key=lambda p: p[0])
     for index, (key, points) in enumerate(by_key):
@@ -139,6 +155,7 @@ def _tensorboard_write(*, experiment: Experiment, folder: Path) -> None:
     started = _started(experiment).timestamp()
     writer = SummaryWriter(log_dir=str(folder), max_queue=1000, flush_secs=3600)
     try:
+        writer.add_text(RUN_TAG, json.dumps(run_fields_of(experiment)), global_step=0)
         # By step across tags, as a training writes them: TensorBoard reports a step that goes
         # back in one file as out of order (and older readers purge what follows it).
         for key, step, time, value in export_points(experiment=experiment, by_step=True):

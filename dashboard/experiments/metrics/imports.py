@@ -26,6 +26,7 @@ import csv
 import functools
 import io
 import itertools
+import json
 import math
 import os
 import tempfile
@@ -41,11 +42,13 @@ from django.utils import timezone
 
 from dashboard.env import env_int
 from dashboard.experiments.metrics.archives import ImportRefused, tar_unpack, zip_unpack
+from dashboard.experiments.metrics.exports import RUN_FIELDS, RUN_TEXT_TAG
 from dashboard.experiments.metrics.series import MAX_KEY_CHARS, MAX_STEP
 from dashboard.experiments.models import Experiment, SeriesPoint, Status, Strategy
 
 MAX_NAME_CHARS = Experiment._meta.get_field("name").max_length or 200
 WRITE_BATCH = 5000
+RUN_EVENTS_LOOKED_AT = 4  # the file's version, then our export's text summary first
 LONG_CSV_HEADER = ["key", "step", "time", "value"]
 TENSORBOARD_CSV_HEADER = ["wall time", "step", "value"]
 ACCEPTED = (
@@ -80,6 +83,8 @@ class ImportedSeries:
     points: dict[str, list[tuple[int, float, float | None]]] = field(default_factory=dict)
     start: float | None = None
     count: int = 0
+    # model, dataset, data_path as our TensorBoard export wrote them (empty from elsewhere)
+    run_fields: dict[str, str] = field(default_factory=dict)
 
     def add(self, key: str, step: int, time: float, value: float | None) -> None:
         if not key or len(key) > MAX_KEY_CHARS:
@@ -269,7 +274,7 @@ def tensorboard_read(*, files: Iterable[Path]) -> ImportedSeries:
     if not by_tag:
         raise ImportRefused(400, f"the TensorBoard log holds no scalar series; {ACCEPTED}")
     start = min(wall for events in by_tag.values() for _, wall, _ in events)
-    found = ImportedSeries(start=start)
+    found = ImportedSeries(start=start, run_fields=run_fields_read(files=files))
     for tag, events in by_tag.items():
         for step, wall, value in events:
             found.add(tag, step, wall - start, value)
@@ -322,9 +327,47 @@ def _point_rows(experiment: Experiment, found: ImportedSeries) -> Iterator[Serie
             yield SeriesPoint(experiment=experiment, key=key, step=step, time=time, value=value)
 
 
-def experiment_import(*, owner: Any, upload: UploadedFile, name: str = "") -> Experiment:
+def run_fields_read(*, files: Iterable[Path]) -> dict[str, str]:
+    """The launch fields our export wrote as the first summary of its event file (exports.py
+    RUN_TAG); only the first events of each file are looked at, so a log from elsewhere costs
+    nothing. Empty where no file has them."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+
+    for path in sorted(files):
+        try:
+            for event in itertools.islice(EventFileLoader(str(path)).Load(), RUN_EVENTS_LOOKED_AT):
+                for value in event.summary.value:
+                    if value.tag == RUN_TEXT_TAG and value.tensor.string_val:
+                        return run_fields_parse(
+                            value.tensor.string_val[0].decode("utf-8", "replace")
+                        )
+        except Exception:  # an unreadable file is the scalar reader's to refuse, in its words
+            continue
+    return {}
+
+
+def run_fields_parse(text: str) -> dict[str, str]:
+    """The launch fields our export wrote (exports.run_fields_of), those of RUN_FIELDS that
+    are strings of a sane length; anything else in the text is ignored."""
+    try:
+        raw = json.loads(text) if text else {}
+    except ValueError:
+        return {}
+    if not isinstance(raw, dict):
+        return {}
+    return {
+        key: raw[key]
+        for key, most in RUN_FIELDS.items()
+        if isinstance(raw.get(key), str) and len(raw[key]) <= most
+    }
+
+
+def experiment_import(
+    *, owner: Any, upload: UploadedFile, name: str = "", fields: dict[str, str] | None = None
+) -> Experiment:
     """A finished run of `owner` holding every series of the upload, or ImportRefused (and
-    nothing stored)."""
+    nothing stored). Its model, dataset and data path: `fields` (the request's), else what our
+    own TensorBoard export wrote, else the defaults."""
     if upload.size is not None and upload.size > import_max_bytes():
         raise ImportRefused(413, f"the file is {upload.size} bytes, over {import_max_bytes()}")
     with tempfile.TemporaryDirectory(prefix="trainyard-import-") as scratch:
@@ -334,9 +377,12 @@ def experiment_import(*, owner: Any, upload: UploadedFile, name: str = "") -> Ex
     filename = PurePosixPath(upload.name or "upload").name
     started = datetime.fromtimestamp(found.start, tz=UTC) if found.start else timezone.now()
     last_time = max(time for points in found.points.values() for _, time, _ in points)
+    given = run_fields_parse(json.dumps(fields or {}))
+    launch = {**found.run_fields, **{key: value for key, value in given.items() if value}}
     with transaction.atomic():
         experiment = Experiment.objects.create(
             owner=owner,
+            **launch,
             name=(name.strip() or filename.split(".")[0] or "imported run")[:MAX_NAME_CHARS],
             strategy=Strategy.SINGLE,
             processes=1,

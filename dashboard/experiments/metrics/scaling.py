@@ -4,10 +4,11 @@ Throughput is the mean images/s of a run's step events (all ranks together, as t
 reports them); a run with no step event (a --dry-run) falls back to its epoch events.
 
 The baseline of a run is the newest succeeded `single` run the viewer can see with the *same
-config*: the same dataset, epochs, batch size per process and optimizer, on the same machine
-(worker) and the same kind of device (the CPU for a CPU run, one GPU for a run with GPUs). The
-learning rate and seed are left out: they change what is learnt, not how fast. A `single` run is
-its own baseline. Speedup = throughput / the baseline's; efficiency = speedup / world size.
+config*: the same model and dataset (and image folder), epochs, batch size per process and
+optimizer, on the same machine (worker) and the same kind of device (the CPU for a CPU run, one
+GPU for a run with GPUs). The learning rate and seed are left out: they change what is learnt,
+not how fast. A `single` run is its own baseline. Speedup = throughput / the baseline's;
+efficiency = speedup / world size.
 
 World size is the number of workers a strategy spreads the work over: processes for DDP, Hogwild
 and DeepSpeed; GPUs for DataParallel, its primitives and model parallel (1 on the CPU).
@@ -47,7 +48,7 @@ WORLD_SIZE_RULE = (
     + "; 1 on the CPU)."
 )
 BASELINE_RULE = (
-    "Baseline: the newest succeeded single-device run you can see with the same dataset, "
+    "Baseline: the newest succeeded single-device run you can see with the same model, dataset, "
     "epochs, batch size per process and optimizer, on the same machine and the same kind of "
     "device (CPU, or one GPU for runs on GPUs)."
 )
@@ -95,7 +96,11 @@ def single_baseline_find(
     matches = candidates.filter(
         strategy=Strategy.SINGLE,
         status=Status.SUCCEEDED,
+        # Another model (or other data) would make the speedup measure the model, not the
+        # strategy: only a run of the same model on the same data is a baseline.
+        model=experiment.model,
         dataset=experiment.dataset,
+        data_path=experiment.data_path,
         epochs=experiment.epochs,
         batch_size=experiment.batch_size,
         optimizer=experiment.optimizer,
@@ -157,6 +162,7 @@ class ScalingRow:
             "url": e.get_absolute_url(),
             "status": e.status,
             "strategy": e.strategy,
+            "model": e.model,
             "dataset": e.dataset,
             "batch_size": e.batch_size,
             "world_size": self.world_size,

@@ -51,6 +51,7 @@ from dashboard.experiments.runs.sink import MAX_RANKS, EventSink
 from dashboard.experiments.runs.state import AttemptState
 from dashboard.experiments.runs.survival import supervisor_started
 from dashboard.experiments.scheduling.allocation import machine_local, run_cpu_threads
+from training.catalogue import MODEL_DEFAULT
 from training.protocol import Event
 from training.registry import strategy_get
 
@@ -88,6 +89,11 @@ def training_command(*, experiment: Experiment) -> list[str]:
         "--checkpoint-dir",
         str(run_dir / "checkpoints"),
     ]
+    # Said only when not the default: an engine from before the catalogue has no --model.
+    if experiment.model and experiment.model != MODEL_DEFAULT:
+        command += ["--model", experiment.model]
+    if experiment.data_path:
+        command += ["--data-path", experiment.data_path]
     if experiment.strategy in PROCESS_STRATEGIES:
         command += ["--nproc", str(experiment.processes)]
     # The strategy's own settings (ZeRO's stage), with the flags the registry declares.

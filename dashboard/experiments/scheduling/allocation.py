@@ -20,6 +20,12 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 from typing import NotRequired, TypedDict
 
+from dashboard.devices.catalogue import (
+    MachineCatalogue,
+    catalogue_from_report,
+    catalogue_missing,
+    catalogue_of,
+)
 from dashboard.devices.facts import machine_facts_collect, worker_address
 from dashboard.devices.models import WorkerMachine
 from dashboard.env import env_str
@@ -35,6 +41,9 @@ class Machine:
     cpu_count: int
     gpu_ids: frozenset[int]
     address: str = ""  # where the other machines reach it (WorkerMachine.address)
+    # What it can train, from its report; None: not known here (a machine with no row yet),
+    # taken as the built-ins, as an old report is.
+    catalogue: MachineCatalogue | None = None
 
 
 class PlacementEntry(TypedDict):
@@ -59,7 +68,8 @@ def machine_from_row(row: WorkerMachine) -> Machine:
     report = row.report or {}
     gpus = [gpu for gpu in report.get("gpus") or [] if isinstance(gpu.get("index"), int)]
     cpu_count = int(report.get("cpu_count") or 1)
-    return Machine(row.hostname, cpu_count, frozenset(gpu["index"] for gpu in gpus), row.address)
+    gpu_ids = frozenset(gpu["index"] for gpu in gpus)
+    return Machine(row.hostname, cpu_count, gpu_ids, row.address, catalogue_of(row))
 
 
 def machines_online() -> list[Machine]:
@@ -98,10 +108,38 @@ class PlacementRefusal:
     short: str  # what a multi-machine run's reason says of this machine: "host-b busy with #7"
 
 
+def machine_catalogued(machine: Machine, *, row: WorkerMachine | None = None) -> Machine:
+    """The machine with what it can train, from its row (this worker's own report, for the
+    machine a claim runs on, which machine_local reads without the catalogue)."""
+    if machine.catalogue is not None:
+        return machine
+    row = row or WorkerMachine.objects.filter(hostname=machine.name).first()
+    return replace(machine, catalogue=catalogue_of(row)) if row is not None else machine
+
+
+def catalogue_refusal(*, experiment: Experiment, machine: Machine) -> PlacementRefusal | None:
+    """The run's model, dataset or image folder missing on the machine: it never fits there,
+    however long it waits, so say what is missing where."""
+    catalogue = machine.catalogue or catalogue_from_report(hostname=machine.name, report=None)
+    missing = catalogue_missing(
+        catalogue,
+        model=experiment.model,
+        dataset=experiment.dataset,
+        data_path=experiment.data_path,
+    )
+    if not missing:
+        return None
+    lacks = f"{machine.name} lacks {', '.join(missing)}"
+    return PlacementRefusal(f"waiting for a machine with what the run needs: {lacks}", lacks)
+
+
 def machine_refusal(
     *, experiment: Experiment, machine: Machine, busy: list[Experiment]
 ) -> PlacementRefusal | None:
     """Why this machine cannot take its share of the run now, or None when it can."""
+    lacking = catalogue_refusal(experiment=experiment, machine=machine)
+    if lacking is not None:
+        return lacking
     wanted = set(experiment.gpus)
     if wanted and not wanted <= machine.gpu_ids:
         have = _ids(machine.gpu_ids) or "none"
@@ -257,7 +295,7 @@ def placement_plan(
     (machines_lock): it reads what runs on them. `turn`: the queue's rule for the further
     machines of a multi-node run (queue.queue_turn_check says why; the claim asks it of `local`
     itself)."""
-    local = replace(local, address=worker_address())
+    local = replace(machine_catalogued(local, row=rows.get(local.name)), address=worker_address())
     running = list(Experiment.objects.filter(status=Status.RUNNING).exclude(pk=experiment.pk))
     busy = busy_by_machine(running)
     others = [rows[n] for n in names if n in rows and n != local.name and rows[n].is_online]
@@ -268,11 +306,10 @@ def placement_plan(
     }
     if experiment.nodes <= 1:
         refusal = refusals[local.name]
-        return (
-            PlacementPlan(reason=refusal.text)
-            if refusal
-            else PlacementPlan(placement=[_entry(local, 0)])
-        )
+        if refusal is None:
+            return PlacementPlan(placement=[_entry(local, 0)])
+        having = None if experiment.machines else machine_with_catalogue(experiment, local)
+        return PlacementPlan(route_to=having) if having else PlacementPlan(reason=refusal.text)
     for m in machines[1:]:
         blocker = turn(m) if turn is not None and refusals[m.name] is None else None
         if blocker is not None:
@@ -289,6 +326,18 @@ def placement_plan(
         experiment=experiment, local=local, refusals=refusals, offline=offline
     )
     return PlacementPlan(reason=reason)
+
+
+def machine_with_catalogue(experiment: Experiment, local: Machine) -> str | None:
+    """An online machine that has the run's model, dataset and folder, where `local` lacks
+    them (a one-machine run, not pinned): the run is sent to its worker, which never sends
+    it back (it has them)."""
+    if catalogue_refusal(experiment=experiment, machine=local) is None:
+        return None
+    for row in WorkerMachine.objects.online().exclude(hostname=local.name).order_by("hostname"):
+        if catalogue_refusal(experiment=experiment, machine=machine_from_row(row)) is None:
+            return row.hostname
+    return None
 
 
 def _rendezvous_plan(*, chosen: list[Machine], running: list[Experiment]) -> PlacementPlan:

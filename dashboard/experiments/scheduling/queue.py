@@ -7,9 +7,9 @@ checked in the claim's transaction (claim.experiment_claim) on every machine the
 take (a multi-node run's further machines too, queue_turn_check): a run waits while an earlier
 queued run could use the same resources of that machine (a GPU both want, or CPU threads when
 both need some) and is not itself held back by its owner's running limit. A run that could
-never use this machine (pinned elsewhere through `machines`, or wanting GPUs it lacks) does not
-hold anyone up there. There is no backfill: a small run does not slip past a big one that waits
-for the whole machine, so the big one cannot starve.
+never use this machine (pinned elsewhere through `machines`, wanting GPUs it lacks, or a model
+or data it does not have) does not hold anyone up there. There is no backfill: a small run does
+not slip past a big one that waits for the whole machine, so the big one cannot starve.
 
 The running limit (TRAINYARD_MAX_ACTIVE_RUNS_PER_USER) is enforced here too, at claim time: a
 study's runs are queued past the launch-time check (limits.launch_slot_claim) and wait here.
@@ -26,7 +26,13 @@ from django.db.models import Count, Q, QuerySet
 
 from dashboard.devices.models import WorkerMachine
 from dashboard.experiments.models import Experiment, Status
-from dashboard.experiments.scheduling.allocation import Machine, machine_from_row, run_cpu_threads
+from dashboard.experiments.scheduling.allocation import (
+    Machine,
+    catalogue_refusal,
+    machine_catalogued,
+    machine_from_row,
+    run_cpu_threads,
+)
 
 CLAIM_ORDER = ("-priority", "created_at", "id")
 # What staff may set: wide enough for any scheme of levels, narrow enough to read at a glance.
@@ -77,9 +83,12 @@ def owners_at_limit(running: Counter[int]) -> set[int]:
 
 
 def run_could_use(*, run: Experiment, machine: Machine) -> bool:
-    """Whether this machine could ever host (a node of) the run: not pinned elsewhere, and it
-    has the GPUs the run names."""
+    """Whether this machine could ever host (a node of) the run: not pinned elsewhere, it has
+    the GPUs the run names, and the run's model, dataset and image folder (a run that waits
+    for another machine's data must not hold this one up)."""
     if run.machines and machine.name not in run.machines:
+        return False
+    if catalogue_refusal(experiment=run, machine=machine) is not None:
         return False
     return set(run.gpus) <= machine.gpu_ids
 
@@ -104,12 +113,18 @@ def hostnames_online() -> set[str]:
     return set(WorkerMachine.objects.online().values_list("hostname", flat=True))
 
 
-def run_placeable(*, run: Experiment, online: set[str]) -> bool:
+def run_placeable(
+    *, run: Experiment, online: set[str], machines: list[Machine] | None = None
+) -> bool:
     """Whether the online machines could ever take the run: a run waiting for machines that are
-    not there (a pinned one offline, more nodes than workers) must not hold the others up, or
-    one offline machine would stop every later run on the rest for good."""
+    not there (a pinned one offline, more nodes than workers, fewer machines with its model
+    and data than it spans) must not hold the others up, or one offline machine would stop
+    every later run on the rest for good. `machines`: the online ones, as they reported."""
     if run.machines:
         return set(run.machines) <= online
+    if run.nodes > 1 and machines is not None:
+        having = [m for m in machines if catalogue_refusal(experiment=run, machine=m) is None]
+        return run.nodes <= len(having)
     return run.nodes <= max(1, len(online))
 
 
@@ -119,10 +134,15 @@ def turn_blocker(
     """The first run of `earlier` (claim order) whose turn on this machine comes before `run`'s,
     or None. `held`: owners at their running limit, whose runs cannot start anyway."""
     online = hostnames_online() | {machine.name}
+    machine = machine_catalogued(machine)
+    reported = None  # the online machines, read once the first multi-node run needs them
     for other in earlier:
         if other.owner_id in held or not run_could_use(run=other, machine=machine):
             continue
-        if not run_placeable(run=other, online=online):
+        if other.nodes > 1 and reported is None:
+            rows = WorkerMachine.objects.online().exclude(hostname=machine.name)
+            reported = [machine, *(machine_from_row(row) for row in rows)]
+        if not run_placeable(run=other, online=online, machines=reported):
             continue
         if runs_compete(first=other, second=run, machine=machine):
             return other

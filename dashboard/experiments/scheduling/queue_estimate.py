@@ -48,11 +48,16 @@ class Durations:
         self.known: dict[tuple[Any, ...], float | None] = {}
 
     def seconds(self, run: Experiment) -> float | None:
-        key = (run.strategy, run.dataset, run.processes, run.nodes, run.epochs, run.batch_size)
+        # A resnet's epoch is not a SimpleCNN's: the model is part of the kind.
+        key = (
+            run.strategy, run.model, run.dataset, run.processes, run.nodes, run.epochs,
+            run.batch_size,
+        )  # fmt: skip
         if key not in self.known:
             like = Experiment.objects.filter(
                 status=Status.SUCCEEDED,
-                strategy=run.strategy, dataset=run.dataset, processes=run.processes,
+                strategy=run.strategy, model=run.model, dataset=run.dataset,
+                processes=run.processes,
                 nodes=run.nodes, epochs=run.epochs, batch_size=run.batch_size,
                 started_at__isnull=False, finished_at__isnull=False,
             )  # fmt: skip

@@ -71,7 +71,9 @@ from dashboard.streaming import streamed
 # JSON types each field accepts; booleans are never numbers here.
 FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "name": (str,),
+    "model": (str,),
     "dataset": (str,),
+    "data_path": (str,),
     "strategy": (str,),
     "processes": (int,),
     "nodes": (int,),
@@ -85,12 +87,13 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "zero_stage": (int,),
 }
 # Fields where null means "the default for the strategy".
-NULLABLE_FIELDS = frozenset({"processes", "nodes", "zero_stage"})
+NULLABLE_FIELDS = frozenset({"processes", "nodes", "zero_stage", "data_path"})
 TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", list: "a list"}
 # Bounds checked before the form sees a value (see launch_payload_bounds_check).
 MAX_JSON_INT = 2**63 - 1
 MAX_RANK = 999_999
 MAX_STRING_CHARS = 200
+MAX_PATH_CHARS = 1000  # data_path: Experiment.data_path's column
 
 router = Router(tags=["runs"])
 STRING = {"type": "string"}
@@ -111,7 +114,7 @@ def _launch_field(name: str, allowed: tuple[type, ...]) -> tuple[Any, Any]:
     extra: Any = {"enum": [value for value, _ in field.choices]} if field.choices else None
     default = ... if not field.has_default() else field.get_default()
     if name in NULLABLE_FIELDS:
-        default = None  # decided by the strategy and the GPUs
+        default = None  # decided by the strategy and the GPUs (data_path: no image folder)
     return kind, Field(default, description=str(field.help_text) or None, json_schema_extra=extra)
 
 
@@ -137,6 +140,7 @@ LIST_PARAMS = query_params(
     ("q", STRING, "words in the name, tags or note"),
     ("status", STRING, "one status"),
     ("strategy", STRING, "one strategy"),
+    ("model", STRING, "one model"),
     ("dataset", STRING, "one dataset"),
     ("owner", STRING, "a user name (staff)"),
     ("tag", STRING, "one tag, exactly"),
@@ -184,8 +188,10 @@ def launch_payload_bounds_check(payload: dict[str, Any]) -> dict[str, list[str]]
         value = payload.get(key)
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_JSON_INT:
             errors[key] = [f"out of range (at most {MAX_JSON_INT} in size)"]
-        elif isinstance(value, str) and len(value) > MAX_STRING_CHARS:
-            errors[key] = [f"at most {MAX_STRING_CHARS} characters, not {len(value)}"]
+        elif isinstance(value, str) and len(value) > (
+            most := MAX_PATH_CHARS if key == "data_path" else MAX_STRING_CHARS
+        ):
+            errors[key] = [f"at most {most} characters, not {len(value)}"]
     gpus = payload.get("gpus")
     if isinstance(gpus, list):
         if len(gpus) > MAX_GPU_IDS:

@@ -17,6 +17,7 @@ from dashboard.api import ApiError, errors, file_response, query_params, with_up
 from dashboard.experiments.core.access import experiments_visible_to
 from dashboard.experiments.metrics.archives import ImportRefused
 from dashboard.experiments.metrics.exports import (
+    RUN_FIELDS,
     ExportRefused,
     export_csv_chunks,
     export_filename,
@@ -48,6 +49,9 @@ EXPORT_EXTRA = query_params(
                         "properties": {
                             "id": {"type": "integer"},
                             "name": {"type": "string"},
+                            "model": {"type": "string"},
+                            "dataset": {"type": "string"},
+                            "data_path": {"type": "string"},
                             "series": {
                                 "type": "object",
                                 "description": "key -> [[step, time, value]]",
@@ -74,6 +78,9 @@ IMPORT_BODY = {
                     "properties": {
                         "file": {"type": "string", "format": "binary"},
                         "name": {"type": "string", "description": "the run's name"},
+                        "model": {"type": "string", "description": "what was trained"},
+                        "dataset": {"type": "string", "description": "on what data"},
+                        "data_path": {"type": "string", "description": "the image folder"},
                     },
                 }
             }
@@ -192,8 +199,10 @@ def experiment_import_view(request: HttpRequest) -> JsonResponse:
     if upload is None:
         raise ApiError(400, "send the file as the multipart field `file`", {"file": ["required"]})
     name = request.POST.get("name", "")
+    # What was trained, where the file does not say (our own TensorBoard export does).
+    fields = {key: request.POST.get(key, "") for key in RUN_FIELDS}
     try:
-        experiment = experiment_import(owner=request.user, upload=upload, name=name)
+        experiment = experiment_import(owner=request.user, upload=upload, name=name, fields=fields)
     except ImportRefused as refused:
         raise ApiError(refused.status, refused.message) from None
     return JsonResponse(experiment_as_dict(experiment), status=201)

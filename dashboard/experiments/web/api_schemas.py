@@ -23,7 +23,9 @@ class ExperimentOut(Open):
 
     id: int
     name: str
+    model: str  # "simple-cnn", a torchvision classifier or a plug-in's name
     dataset: str
+    data_path: str | None  # the image folder on the worker (dataset imagefolder), else null
     strategy: str
     processes: int | None
     gpus: list[int]
@@ -139,6 +141,7 @@ class CompareRowOut(Open):
     url: str
     status: str
     strategy: str
+    model: str
     dataset: str
     batch_size: int
     world_size: int | None

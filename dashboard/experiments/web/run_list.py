@@ -19,7 +19,7 @@ from django.db import connection
 from django.db.models import BooleanField, DurationField, ExpressionWrapper, F, Q, QuerySet
 from django.db.models.expressions import RawSQL
 
-from dashboard.experiments.models import Dataset, Experiment, Status, Strategy
+from dashboard.experiments.models import Experiment, Status, Strategy
 
 LIST_PAGE_DEFAULT: Final = 500  # what /api/experiments/ answered before it had pages
 LIST_PAGE_MAX: Final = 500
@@ -44,6 +44,7 @@ class ListQuery:
     q: str = ""
     status: str = ""
     strategy: str = ""
+    model: str = ""
     dataset: str = ""
     owner: str = ""
     tag: str = ""
@@ -89,7 +90,9 @@ def list_query_parse(params: Any) -> ListQuery:
         q=str(params.get("q", "")).strip()[:200],
         status=_choice(params, "status", list(Status.values)),
         strategy=_choice(params, "strategy", list(Strategy.values)),
-        dataset=_choice(params, "dataset", list(Dataset.values)),
+        # Any name a worker reports: no list to check against, an unknown one matches nothing.
+        model=str(params.get("model", "")).strip()[:200],
+        dataset=str(params.get("dataset", "")).strip()[:100],
         owner=str(params.get("owner", "")).strip()[:150],
         tag=str(params.get("tag", "")).strip()[:40],
         sort=sort,
@@ -144,7 +147,7 @@ def runs_filtered(*, visible: QuerySet[Experiment], query: ListQuery) -> QuerySe
     runs = visible
     if query.q:
         runs = runs.filter(name__icontains=query.q)
-    for name in ("status", "strategy", "dataset"):
+    for name in ("status", "strategy", "model", "dataset"):
         if getattr(query, name):
             runs = runs.filter(**{name: getattr(query, name)})
     if query.owner:
@@ -196,6 +199,7 @@ def list_query_params(query: ListQuery) -> dict[str, str]:
         "q": query.q,
         "status": query.status,
         "strategy": query.strategy,
+        "model": query.model,
         "dataset": query.dataset,
         "owner": query.owner,
         "tag": query.tag,

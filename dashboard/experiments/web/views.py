@@ -15,6 +15,7 @@ from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 
 from dashboard.experiments.core.access import experiment_can_control, experiments_visible_to
+from dashboard.experiments.core.catalogue_options import launch_options
 from dashboard.experiments.core.checkpoints import (
     checkpoint_file_resolve,
     checkpoint_file_response,
@@ -128,10 +129,16 @@ def experiment_list(request: HttpRequest) -> HttpResponse:
         "sorts": _sort_links(query),
         "statuses": Status.choices,
         "strategies": Strategy.choices,
-        "datasets": Dataset.choices,
+        "datasets": _dataset_filter_choices(),
         "show_owner": request.user.is_staff,
     }
     return render(request, "experiments/list.html", context)
+
+
+def _dataset_filter_choices() -> list[tuple[str, str]]:
+    """The built-ins, then every other dataset a run has used (imagefolder, plug-ins)."""
+    used = Experiment.objects.exclude(dataset__in=Dataset.values).values_list("dataset", flat=True)
+    return [*Dataset.choices, *((name, name) for name in sorted(set(used)))]
 
 
 def _visible_or_404(request: HttpRequest, pk: Any) -> Experiment:
@@ -187,9 +194,13 @@ def experiment_new(request: HttpRequest) -> HttpResponse:
         form = ExperimentForm(initial=experiment_clone_fields(source=source) if source else None)
         status = 200
 
+    # What the online workers have: the selects' options, and their explanations for the script.
+    options = launch_options()
+    form.options_apply(options)
     context = {
         "form": form,
         "source": source,
+        "launch_options": options,
         "strategy_help": REGISTRY,
         "process_strategies": " ".join(str(value) for value in PROCESS_STRATEGIES),
         **_form_help(),

@@ -1,0 +1,147 @@
+"""What each worker machine can train, read from its report (training/catalogue.py wrote it):
+its models, datasets and image folders. The launch checks, placement and the pages read it
+from here, so that an old report (a worker from before the catalogue) means the same to all of
+them: the built-ins only (simple-cnn on mnist and fashion-mnist), which every worker has."""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Any
+
+from dashboard.devices.models import WorkerMachine
+from dashboard.texts import bytes_text
+from training.catalogue import IDX_DATASETS, IMAGEFOLDER, MODEL_DEFAULT
+
+BUILTIN_MODELS = (MODEL_DEFAULT,)
+BUILTIN_DATASETS = IDX_DATASETS
+CLOSE_NAMES = 5
+
+
+@dataclass(frozen=True)
+class MachineCatalogue:
+    hostname: str
+    models: tuple[str, ...]
+    datasets: tuple[str, ...]
+    # path -> {path, classes, images, bytes, layout}
+    image_folders: dict[str, dict[str, Any]] = field(default_factory=dict)
+    models_splittable: tuple[str, ...] = ()
+    model_sources: dict[str, str] = field(default_factory=dict)
+    dataset_details: tuple[dict[str, Any], ...] = ()
+    reported: bool = True  # False: an old report, taken as the built-ins only
+    error: str = ""  # why the worker's catalogue failed, where it did
+
+
+def _names(value: Any) -> tuple[str, ...]:
+    return tuple(str(v) for v in value) if isinstance(value, list) else ()
+
+
+def catalogue_from_report(*, hostname: str, report: dict[str, Any] | None) -> MachineCatalogue:
+    report = report or {}
+    if not isinstance(report.get("models"), list) or not isinstance(report.get("datasets"), list):
+        # An old report, or one whose catalogue failed (facts.catalogue_facts_collect says why).
+        return MachineCatalogue(
+            error=str(report.get("catalogue_error") or ""),
+            hostname=hostname,
+            models=BUILTIN_MODELS,
+            datasets=BUILTIN_DATASETS,
+            models_splittable=BUILTIN_MODELS,
+            model_sources={name: "built in" for name in BUILTIN_MODELS},
+            reported=False,
+        )
+    folders = [
+        f for f in report.get("image_folders") or [] if isinstance(f, dict) and f.get("path")
+    ]
+    details = [d for d in report.get("dataset_details") or [] if isinstance(d, dict)]
+    sources = report.get("model_sources")
+    return MachineCatalogue(
+        hostname=hostname,
+        models=_names(report["models"]),
+        datasets=_names(report["datasets"]),
+        image_folders={str(f["path"]): f for f in folders},
+        models_splittable=_names(report.get("models_splittable")),
+        model_sources=dict(sources) if isinstance(sources, dict) else {},
+        dataset_details=tuple(details),
+    )
+
+
+def catalogue_of(machine: WorkerMachine) -> MachineCatalogue:
+    return catalogue_from_report(hostname=machine.hostname, report=machine.report)
+
+
+def catalogues_online() -> list[MachineCatalogue]:
+    return [catalogue_of(machine) for machine in WorkerMachine.objects.online()]
+
+
+def catalogue_missing(
+    catalogue: MachineCatalogue, *, model: str, dataset: str, data_path: str
+) -> list[str]:
+    """What the machine lacks of what a run needs, as short phrases ("model resnet18",
+    "image folder /data/pets"); empty when it has all."""
+    missing = []
+    if model not in catalogue.models:
+        missing.append(f"model {model}")
+    if dataset not in catalogue.datasets:
+        missing.append(f"dataset {dataset}")
+    elif dataset == IMAGEFOLDER and data_path and data_path not in catalogue.image_folders:
+        missing.append(f"image folder {data_path}")
+    return missing
+
+
+def close_names(name: str, names: list[str]) -> list[str]:
+    """The names most like `name` (a typo's fix), else the first few."""
+    return difflib.get_close_matches(name, names, n=CLOSE_NAMES, cutoff=0.5)
+
+
+def catalogue_card(catalogue: MachineCatalogue) -> dict[str, Any]:
+    """The device page's view of what a machine can train (the template and static/js/devices.js
+    show this as given): the models counted by source (the list folded), the datasets with
+    where they are and their size, the image folders."""
+    groups: dict[str, list[str]] = {}
+    for name in catalogue.models:
+        groups.setdefault(catalogue.model_sources.get(name, "built in"), []).append(name)
+    details = {str(d.get("name")): d for d in catalogue.dataset_details}
+    return {
+        "reported": catalogue.reported,
+        "note": _note(catalogue),
+        "models_text": ", ".join(f"{len(names)} {source}" for source, names in groups.items()),
+        "model_groups": [{"source": s, "models": names} for s, names in groups.items()],
+        "datasets": [
+            {
+                "name": name,
+                "where": str(details.get(name, {}).get("where") or ""),
+                "size_text": _size_text(details.get(name, {}).get("bytes")),
+                "source": str(details.get(name, {}).get("source") or ""),
+            }
+            for name in catalogue.datasets
+        ],
+        "image_folders": [
+            {
+                "path": path,
+                "classes": f.get("classes"),
+                "images": f.get("images"),
+                "size_text": _size_text(f.get("bytes")),
+                "layout": f.get("layout") or "",
+            }
+            for path, f in catalogue.image_folders.items()
+        ],
+    }
+
+
+BUILTINS = "taken as the built-ins, simple-cnn on mnist and fashion-mnist"
+OLD_REPORT_NOTE = (
+    f"this worker's report lists no models or datasets (a worker from before the catalogue): "
+    f"{BUILTINS}"
+)
+
+
+def _note(catalogue: MachineCatalogue) -> str:
+    if catalogue.reported:
+        return ""
+    if catalogue.error:
+        return f"the worker could not list its models and datasets ({catalogue.error}): {BUILTINS}"
+    return OLD_REPORT_NOTE
+
+
+def _size_text(value: Any) -> str:
+    return bytes_text(value if isinstance(value, int | float) else None)

@@ -1,0 +1,168 @@
+"""The launch checks of a run's model, dataset and data path against what the online workers
+report (dashboard/devices/catalogue.py): one home, called by the launch form, which the JSON
+API and every cell of a study go through. Each refusal names its field and says what there is.
+
+With no worker online, the built-ins (simple-cnn on mnist or fashion-mnist) still queue, as
+before the catalogue: every worker has them. Anything else is refused, since nothing says a
+worker will ever have it."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from dashboard.devices.catalogue import (
+    BUILTIN_DATASETS,
+    BUILTIN_MODELS,
+    MachineCatalogue,
+    catalogue_missing,
+    catalogues_online,
+    close_names,
+)
+from training.catalogue import IMAGEFOLDER, SPLIT_STRATEGIES
+from training.registry import plural
+
+Errors = dict[str, list[str]]
+LISTED_MAX = 8  # names said in a message before "and N more"
+
+
+def data_path_normalise(*, dataset: str, data_path: str | None) -> str:
+    """Only imagefolder reads a path: elsewhere it is dropped, not refused (the form keeps the
+    field, hidden, while the user switches datasets). A trailing slash is no other folder."""
+    if dataset != IMAGEFOLDER or not data_path or not data_path.strip():
+        return ""
+    return os.path.normpath(data_path.strip())
+
+
+def _listed(names: list[str]) -> str:
+    shown = ", ".join(names[:LISTED_MAX])
+    more = len(names) - LISTED_MAX
+    return f"{shown} and {more} more" if more > 0 else shown or "none"
+
+
+def _union(catalogues: list[MachineCatalogue], attribute: str) -> list[str]:
+    return list(dict.fromkeys(name for c in catalogues for name in getattr(c, attribute)))
+
+
+def _offline_check(*, model: str, dataset: str) -> Errors:
+    if model in BUILTIN_MODELS and dataset in BUILTIN_DATASETS:
+        return {}  # queues until a worker comes, as it always did
+    errors: Errors = {}
+    builtins = f"only {', '.join(BUILTIN_MODELS)} on {' or '.join(BUILTIN_DATASETS)} waits for one"
+    if model not in BUILTIN_MODELS:
+        errors["model"] = [f"no worker is online, so none has model {model}; {builtins}"]
+    if dataset not in BUILTIN_DATASETS:
+        errors["dataset"] = [f"no worker is online, so none has dataset {dataset}; {builtins}"]
+    return errors
+
+
+def _model_check(*, model: str, catalogues: list[MachineCatalogue]) -> list[str]:
+    names = _union(catalogues, "models")
+    if model in names:
+        return []
+    close = close_names(model, names)
+    hint = f"close names: {', '.join(close)}" if close else f"they have {_listed(names)}"
+    return [f"no online worker has model {model!r} ({plural(len(names), 'model')}); {hint}"]
+
+
+def _dataset_check(*, dataset: str, catalogues: list[MachineCatalogue]) -> list[str]:
+    names = _union(catalogues, "datasets")
+    if dataset in names:
+        return []
+    hint = close_names(dataset, names)
+    return [
+        f"no online worker has dataset {dataset!r}"
+        + (f" (did you mean {', '.join(hint)}?)" if hint else "")
+        + f"; the workers have {_listed(names)}"
+    ]
+
+
+def folders_text(catalogues: list[MachineCatalogue]) -> str:
+    """ "host-a: /data/pets (37 classes), ..." or a sentence saying where folders are looked for."""
+    parts = [
+        f"{c.hostname}: {path} ({plural(int(f.get('classes') or 0), 'class', 'classes')})"
+        for c in catalogues
+        for path, f in c.image_folders.items()
+    ]
+    if not parts:
+        return (
+            "no online worker reports an image folder (they look under <data dir>/imagefolders "
+            "and $TRAINYARD_IMAGE_FOLDERS)"
+        )
+    return "the workers have " + "; ".join(parts[:LISTED_MAX])
+
+
+def _data_path_check(*, data_path: str, catalogues: list[MachineCatalogue]) -> list[str]:
+    if not data_path:
+        return [f"imagefolder needs data_path, a folder on the worker: {folders_text(catalogues)}"]
+    found = [c.image_folders[data_path] for c in catalogues if data_path in c.image_folders]
+    if not found:
+        return [
+            f"no online worker reports an image folder at {data_path}; {folders_text(catalogues)}"
+        ]
+    classes = max(int(f.get("classes") or 0) for f in found)
+    if classes < 2:
+        return [
+            f"{data_path} has {plural(classes, 'class', 'classes')}; a classifier needs at least "
+            "two (one folder per class)"
+        ]
+    return []
+
+
+def _split_check(*, model: str, strategy: str, catalogues: list[MachineCatalogue]) -> list[str]:
+    if strategy not in SPLIT_STRATEGIES:
+        return []
+    if model in _union([c for c in catalogues if model in c.models], "models_splittable"):
+        return []
+    return [
+        f"{strategy} splits the model into stages, and {model} declares none (a plug-in's build "
+        "needs a `stages` attribute); pick another strategy or model"
+    ]
+
+
+def _together_check(
+    *, need: dict[str, str], catalogues: list[MachineCatalogue], nodes: int, machines: list[str]
+) -> Errors:
+    """The model, dataset and folder on one machine together (on every pinned machine; on
+    `nodes` machines for a run over several): what is missing where, when not."""
+    missing = {c.hostname: catalogue_missing(c, **need) for c in catalogues}
+    where = "; ".join(f"{host} lacks {', '.join(m)}" for host, m in sorted(missing.items()) if m)
+    if machines:
+        lacking = [name for name in machines if missing.get(name)]
+        if lacking:
+            return {"machines": [f"the named machines must have what the run needs: {where}"]}
+        return {}
+    having = [host for host, m in missing.items() if not m]
+    # Too few machines at all is the capacity check's to say (it names what there is).
+    if len(having) >= max(1, nodes) or len(having) == len(missing):
+        return {}
+    field = "nodes" if nodes > 1 and having else "dataset"
+    wanted = f"{need['model']} and {need['dataset']}"
+    return {
+        field: [f"{plural(len(having), 'online worker has', 'online workers have')} both "
+                f"{wanted}, the run needs {plural(max(1, nodes), 'machine')}: {where}"]
+    }  # fmt: skip
+
+
+def launch_catalogue_check(
+    *, model: str, dataset: str, data_path: str, strategy: str, nodes: int = 1,
+    machines: list[str] | None = None,
+) -> Errors:  # fmt: skip
+    """The refusals, by field; empty when some online worker (or `nodes` of them, or every
+    pinned one) has the model, the dataset and the image folder."""
+    catalogues = catalogues_online()
+    if not catalogues:
+        return _offline_check(model=model, dataset=dataset)
+    errors: Errors = {}
+    checks: dict[str, Any] = {
+        "model": _model_check(model=model, catalogues=catalogues)
+        or _split_check(model=model, strategy=strategy, catalogues=catalogues),
+        "dataset": _dataset_check(dataset=dataset, catalogues=catalogues),
+    }
+    if dataset == IMAGEFOLDER and not checks["dataset"]:
+        checks["data_path"] = _data_path_check(data_path=data_path, catalogues=catalogues)
+    errors = {name: why for name, why in checks.items() if why}
+    if errors:
+        return errors
+    need = {"model": model, "dataset": dataset, "data_path": data_path}
+    return _together_check(need=need, catalogues=catalogues, nodes=nodes, machines=machines or [])

@@ -1,0 +1,113 @@
+"""What the launch form offers: the models, datasets and image folders the online workers
+report, grouped by where they come from, each with a line saying what it is. The page is sent
+these (its JSON), the script only shows the line of the chosen one and keeps no list itself."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dashboard.devices.catalogue import (
+    BUILTIN_DATASETS,
+    BUILTIN_MODELS,
+    MachineCatalogue,
+    catalogues_online,
+)
+from dashboard.texts import bytes_text
+from training.catalogue import IMAGEFOLDER
+
+SOURCE_HELP = {
+    "built in": "Trainyard's small CNN for 28x28 images: the default, and the fastest to train.",
+    "torchvision": "A torchvision classifier, built untrained (weights=None); its first layer "
+    "and its classes are fitted to the dataset, as the run's notes say.",
+    "plug-in": "A model of your own, from a package installed on the worker "
+    "(entry point trainyard.models).",
+}
+BUILTIN_DATASET_HELP = {
+    "mnist": "Handwritten digits, 28x28 grey, 10 classes.",
+    "fashion-mnist": "Clothes, 28x28 grey, 10 classes.",
+}
+IMAGEFOLDER_HELP = "An image folder on the worker: one folder per class (train/ and val/ or test/)."
+
+
+def source_help(source: str) -> str:
+    return SOURCE_HELP["plug-in" if source.startswith("plug-in") else source] if source else ""
+
+
+def _model_groups(catalogues: list[MachineCatalogue]) -> list[dict[str, Any]]:
+    """[{source, help, models: [name, ...]}], the built-in first, then as the workers list."""
+    groups: dict[str, list[str]] = {}
+    for catalogue in catalogues:
+        for name in catalogue.models:
+            source = catalogue.model_sources.get(name, "built in")
+            if name not in groups.setdefault(source, []):
+                groups[source].append(name)
+    return [
+        {"source": source, "help": source_help(source), "models": names}
+        for source, names in groups.items()
+    ]
+
+
+def _datasets(catalogues: list[MachineCatalogue]) -> list[dict[str, Any]]:
+    rows: dict[str, dict[str, Any]] = {}
+    for catalogue in catalogues:
+        details = {str(d.get("name")): d for d in catalogue.dataset_details}
+        for name in catalogue.datasets:
+            detail = details.get(name, {})
+            row = rows.setdefault(name, {"name": name, "machines": [], "help": ""})
+            row["machines"].append(catalogue.hostname)
+            row["help"] = (
+                row["help"]
+                or BUILTIN_DATASET_HELP.get(name)
+                or (IMAGEFOLDER_HELP if name == IMAGEFOLDER else str(detail.get("source") or ""))
+            )
+    return list(rows.values())
+
+
+def _folders(catalogues: list[MachineCatalogue]) -> list[dict[str, Any]]:
+    rows: dict[str, dict[str, Any]] = {}
+    for catalogue in catalogues:
+        for path, facts in catalogue.image_folders.items():
+            row = rows.setdefault(path, {**facts, "path": path, "machines": []})
+            row["machines"].append(catalogue.hostname)
+            row["help"] = (
+                f"{facts.get('classes')} classes, {facts.get('images')} images, "
+                f"{bytes_text(facts.get('bytes'))}, {facts.get('layout')}; on "
+                + ", ".join(row["machines"])
+            )
+    return list(rows.values())
+
+
+def launch_options() -> dict[str, Any]:
+    """The form's options; with no worker online, the built-ins, which wait for one."""
+    catalogues = catalogues_online()
+    if not catalogues:
+        catalogues = [
+            MachineCatalogue(
+                hostname="any worker",
+                models=BUILTIN_MODELS,
+                datasets=BUILTIN_DATASETS,
+                model_sources={name: "built in" for name in BUILTIN_MODELS},
+            )
+        ]
+    return {
+        "model_groups": _model_groups(catalogues),
+        "datasets": _datasets(catalogues),
+        "image_folders": _folders(catalogues),
+        "imagefolder": IMAGEFOLDER,
+    }
+
+
+def model_choices(options: dict[str, Any]) -> list[Any]:
+    return [
+        (group["source"], [(name, name) for name in group["models"]])
+        for group in options["model_groups"]
+    ]
+
+
+def dataset_choices(options: dict[str, Any]) -> list[tuple[str, str]]:
+    return [(row["name"], row["name"]) for row in options["datasets"]]
+
+
+def folder_choices(options: dict[str, Any]) -> list[tuple[str, str]]:
+    folders = [(row["path"], row["path"]) for row in options["image_folders"]]
+    return [("", "— an image folder on the worker —"), *folders]
