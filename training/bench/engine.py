@@ -40,15 +40,16 @@ from training.batching import rank_batches
 from training.data import (
     DEBIAN_FASHION_DIR,
     Dataset,
+    batch_to,
     dataset_files,
     idx_root,
     load_dataset,
-    to_batch,
 )
 from training.loop import StepFn, steps_run
 from training.meter import Window
 from training.model import SimpleCNN
 from training.strategies.common import step_default
+from training.streaming import split_batches
 
 WARMUP_STEPS = 3
 LOOPS = ("ours", "dataloader", "compute")
@@ -141,7 +142,11 @@ def _ours(data: Dataset, batch_size: int, seed: int, device: torch.device) -> Lo
 
 
 def _dataloader(
-    raw: Path, args: argparse.Namespace, mean: float, std: float, device: torch.device
+    raw: Path,
+    args: argparse.Namespace,
+    mean: Sequence[float],
+    std: Sequence[float],
+    device: torch.device,
 ) -> Loop:
     cls = FashionMNIST if args.dataset == "fashion-mnist" else MNIST
     dataset = cls(
@@ -149,7 +154,7 @@ def _dataloader(
         train=True,
         download=False,
         transform=transforms.Compose(
-            [transforms.ToTensor(), transforms.Normalize((mean,), (std,))]
+            [transforms.ToTensor(), transforms.Normalize(list(mean), list(std))]
         ),
     )
     loader = DataLoader(
@@ -167,8 +172,10 @@ def _dataloader(
 def _compute(data: Dataset, batch_size: int, seed: int, device: torch.device) -> Loop:
     # Enough distinct batches that caches do not flatter it; built once, before timing.
     ready = [
-        to_batch(data.train, idx, device, data.mean, data.std)
-        for idx in rank_batches(len(data.train), batch_size, 1, 0, seed, 1)[:64]
+        batch_to(x, y, device, data.mean, data.std)
+        for x, y in split_batches(
+            data.train, rank_batches(len(data.train), batch_size, 1, 0, seed, 1)[:64]
+        )
     ]
     return _batches_loop(itertools.cycle(ready), None)
 
