@@ -14,8 +14,8 @@ import torch
 
 from tests.imagefolders import image_folder_write
 from tests.test_training import Result, run_cli
-from training.data import dataset_meta, load_dataset
-from training.sources import RESIDENT_ENV
+from training.data import Split, dataset_meta
+from training.sources import RESIDENT_ENV, dataset_open
 
 TRAIN = ("--epochs", "2", "--batch-size", "32", "--log-interval", "1", "--seed", "3")
 
@@ -202,12 +202,12 @@ def test_meta_is_known_before_loading(tmp_path: Path) -> None:
     assert (meta.classes, meta.channels, meta.image_size) == (4, 1, 28)
     assert dataset_meta("imagefolder", tmp_path, str(rgb)).channels == 3
     assert dataset_meta("cifar100", tmp_path, None).classes == 100
-    data = load_dataset("imagefolder", tmp_path, str(rgb))
+    data = dataset_open("imagefolder", tmp_path, str(rgb))
     # One folder: a fifth of each class held out with the fixed seed.
     assert (len(data.train), len(data.test), data.channels) == (12, 3, 3)
     assert len(data.mean) == 3 and data.mean[0] != data.mean[2]  # tinted: channels differ
     # The per-channel mean really is the training pixels' mean.
-    assert isinstance(data.train, type(data.test))
-    images = data.train.images  # type: ignore[union-attr]
+    assert isinstance(data.train, Split) and data.mode == "resident"
+    images = data.train.images
     expected = images.to(torch.float64).mean(dim=(0, 2, 3)) / 255
     assert torch.allclose(torch.tensor(data.mean, dtype=torch.float64), expected, atol=1e-5)

@@ -35,20 +35,22 @@ import gzip
 import logging
 import os
 import shutil
-import socket
 import struct
 import tempfile
-import threading
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
-from urllib.parse import urlsplit
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset as TorchDataset
 from torchvision.datasets import MNIST, FashionMNIST
+
+from training.catalogue import IMAGEFOLDER
+from training.downloads import downloads_disabled, reachable_mirror
+from training.external import BUILTIN_META, external_open
+from training.images import folder_layout
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +61,6 @@ SAMPLE_TRAIN_PER_CLASS = 400
 SAMPLE_TEST_PER_CLASS = 100
 # Fixed, so every run and every rank sees the same sample split.
 SAMPLE_SPLIT_SEED = 20240601
-CONNECT_TIMEOUT_S = 3.0
 SPLITS = ("train", "test")
 IDX_NAMES = ("mnist", "fashion-mnist")
 IDX_FILES = {
@@ -164,17 +165,28 @@ def dataset_meta(name: str, data_dir: Path, data_path: str | None) -> DatasetMet
     decoding of the whole set): the model is built from them before the data loads."""
     if name in IDX_NAMES:
         return DatasetMeta(name, IDX_CLASSES, 1, IDX_IMAGE_SIZE)
-    from training.sources import source_meta  # the other datasets' module imports this one
+    if name == IMAGEFOLDER:
+        layout = folder_layout(data_path)
+        return DatasetMeta(name, len(layout.classes), layout.channels, layout.image_size)
+    if name in BUILTIN_META:
+        return DatasetMeta(name, *BUILTIN_META[name])
+    ext = external_open(name, data_dir)
+    return DatasetMeta(name, ext.classes, ext.channels, ext.image_size)
 
-    return source_meta(name, data_dir, data_path)
 
-
-def load_dataset(name: str, data_dir: Path, data_path: str | None = None) -> Dataset:
-    """The dataset in this process's own memory, or streamed where it does not fit
-    (``training.shared_data`` shares one resident copy between processes)."""
-    from training.sources import dataset_open
-
-    return dataset_open(name, data_dir, data_path)
+def load_dataset(name: str, data_dir: Path) -> Dataset:
+    """MNIST or Fashion-MNIST in this process's own memory (``training.sources.dataset_open``
+    opens every dataset, ``training.shared_data`` shares one copy between processes)."""
+    files = dataset_files(name, data_dir)
+    tensors = {
+        key: torch.empty(shape, dtype=torch.uint8 if key.endswith("images") else torch.int64)
+        for key, shape in idx_shapes(files).items()
+    }
+    idx_tensors_fill(files, tensors)
+    mean, std = channel_stats(tensors["train.images"])
+    train = Split(tensors["train.images"], tensors["train.labels"])
+    test = Split(tensors["test.images"], tensors["test.labels"])
+    return Dataset(name, train, test, files.source, mean, std, files.substitute)
 
 
 def idx_tensors_fill(files: DatasetFiles, tensors: dict[str, torch.Tensor]) -> None:
@@ -448,39 +460,6 @@ def _download(cls: type[MNIST], root: Path) -> Path | None:
         log.warning("downloading %s failed: %s", cls.__name__, exc)
         return None
     return _find_idx(cls, root)
-
-
-def downloads_disabled() -> bool:
-    return os.environ.get("TRAINYARD_NO_DOWNLOAD", "").lower() not in ("", "0", "false", "no")
-
-
-def reachable_mirror(mirrors: list[str]) -> str | None:
-    if downloads_disabled():
-        return None
-    for url in mirrors:
-        parts = urlsplit(url)
-        if parts.hostname and _can_connect(
-            parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
-        ):
-            return parts.hostname
-    return None
-
-
-def _can_connect(host: str, port: int, timeout: float = CONNECT_TIMEOUT_S) -> bool:
-    # In a thread because name resolution ignores socket timeouts and can hang offline.
-    result: list[bool] = []
-
-    def attempt() -> None:
-        try:
-            socket.create_connection((host, port), timeout=timeout).close()
-            result.append(True)
-        except OSError:
-            result.append(False)
-
-    thread = threading.Thread(target=attempt, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    return bool(result and result[0])
 
 
 def _sizes(raw: Path) -> str:

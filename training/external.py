@@ -17,7 +17,7 @@ from typing import Any
 import torchvision.datasets as tv
 
 from training.catalogue import TORCHVISION_DATASETS, dataset_plugins
-from training.data import downloads_disabled, reachable_mirror
+from training.downloads import downloads_disabled, reachable_mirror
 from training.images import DataRefused, image_shape
 
 # name -> (classes, channels, image size): known without opening a file

@@ -31,7 +31,6 @@ from training.catalogue import IMAGEFOLDER
 from training.data import (
     IDX_NAMES,
     Dataset,
-    DatasetMeta,
     Split,
     StreamSplit,
     channel_stats,
@@ -94,19 +93,6 @@ class DataPlan:
         for shape, dtype in self.shapes.values():
             total += int(torch.Size(shape).numel()) * dtype.itemsize
         return total
-
-
-def source_meta(name: str, data_dir: Path, data_path: str | None) -> DatasetMeta:
-    """``training.data.dataset_meta`` for every dataset but MNIST and Fashion-MNIST."""
-    if name == IMAGEFOLDER:
-        layout = folder_layout(data_path)
-        return DatasetMeta(name, len(layout.classes), layout.channels, layout.image_size)
-    from training.external import BUILTIN_META
-
-    if name in BUILTIN_META:
-        return DatasetMeta(name, *BUILTIN_META[name])
-    ext = external_open(name, data_dir)
-    return DatasetMeta(name, ext.classes, ext.channels, ext.image_size)
 
 
 def data_plan(name: str, data_dir: Path, data_path: str | None) -> DataPlan:
