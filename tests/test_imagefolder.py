@@ -211,3 +211,22 @@ def test_meta_is_known_before_loading(tmp_path: Path) -> None:
     images = data.train.images
     expected = images.to(torch.float64).mean(dim=(0, 2, 3)) / 255
     assert torch.allclose(torch.tensor(data.mean, dtype=torch.float64), expected, atol=1e-5)
+
+
+def test_tensor_images_decode_as_files_do() -> None:
+    """A plug-in may give uint8 or float tensors instead of PIL images: same pixels out."""
+    from PIL import Image
+
+    from training.data import split_mnist_sample
+    from training.images import image_decode
+
+    digit = torch.from_numpy(split_mnist_sample()[("train", "images")][0])  # 28 x 28, uint8
+    as_file = image_decode(Image.fromarray(digit.numpy(), mode="L"), 3, 28)
+    assert as_file.shape == (3, 28, 28) and torch.equal(as_file[0], digit)
+    assert torch.equal(image_decode(digit.unsqueeze(0), 3, 28), as_file)
+    assert torch.equal(image_decode(digit.float().div(255).unsqueeze(0), 1, 28)[0], digit)
+    tinted = torch.stack([digit, digit // 2, 255 - digit])
+    pil_gray = image_decode(Image.fromarray(tinted.permute(1, 2, 0).numpy(), mode="RGB"), 1, 28)
+    tensor_gray = image_decode(tinted, 1, 28)
+    assert (pil_gray.int() - tensor_gray.int()).abs().max() <= 1  # PIL's luma, rounded
+    assert image_decode(digit.unsqueeze(0), 1, 14).shape == (1, 14, 14)

@@ -102,6 +102,13 @@ class StreamSplit:
 AnySplit = Split | StreamSplit
 
 
+def resident(split: AnySplit) -> Split:
+    """``split`` as the resident tensors it must be here (TypeError where it streams)."""
+    if not isinstance(split, Split):
+        raise TypeError("this split streams from its files; it has no tensors in memory")
+    return split
+
+
 @dataclass(frozen=True)
 class DatasetMeta:
     """What the model is built from, known before the data loads (``dataset_meta``)."""

@@ -101,15 +101,12 @@ def folder_layout(data_path: str | None) -> Layout:
 
 def _scan(split: Path) -> tuple[tuple[str, ...], list[tuple[str, int]]]:
     """Sorted class names with images, and (file relative to ``split``'s parent, index)."""
-    names = sorted(
-        e.name
-        for e in os.scandir(split)
-        if e.is_dir() and not e.name.startswith(".") and _images_in(Path(e.path))
-    )
-    samples = []
-    for index, name in enumerate(names):
-        for f in _images_in(split / name):
-            samples.append((str(split / name / f), index))
+    folders = sorted(e.name for e in os.scandir(split) if e.is_dir() and not e.name.startswith("."))
+    files = {name: _images_in(split / name) for name in folders}
+    names = [name for name in folders if files[name]]
+    samples = [
+        (str(split / name / f), index) for index, name in enumerate(names) for f in files[name]
+    ]
     return tuple(names), samples
 
 
@@ -127,8 +124,10 @@ def _holdout(
     rng = np.random.default_rng(HOLDOUT_SEED)
     train: list[tuple[str, int]] = []
     test: list[tuple[str, int]] = []
-    for index in range(classes):
-        mine = [s for s in samples if s[1] == index]
+    by_class: list[list[tuple[str, int]]] = [[] for _ in range(classes)]
+    for sample in samples:
+        by_class[sample[1]].append(sample)
+    for mine in by_class:
         order = rng.permutation(len(mine))
         held = max(1, round(len(mine) * HOLDOUT)) if len(mine) > 1 else 0
         test += [mine[i] for i in sorted(order[:held])]
@@ -171,11 +170,12 @@ def image_decode(img: Any, channels: int, size: int) -> torch.Tensor:
     if isinstance(img, torch.Tensor):
         t = img if img.dtype == torch.uint8 else (img.float() * 255).round().clamp(0, 255)
         t = t.to(torch.uint8)
-        if t.ndim == 2:
-            t = t.unsqueeze(0)
-        if t.shape[0] != channels:
-            t = t.expand(3, -1, -1) if channels == 3 else t[:3].float().mean(0, keepdim=True)
-            t = t.round().to(torch.uint8) if t.dtype != torch.uint8 else t
+        t = t.unsqueeze(0) if t.ndim == 2 else t
+        if channels == 3 and t.shape[0] != 3:  # gray to RGB; RGBA drops its alpha
+            t = t[:3] if t.shape[0] > 3 else t[:1].expand(3, -1, -1)
+        elif channels == 1 and t.shape[0] != 1:  # PIL's "L": ITU-R 601-2 luma
+            luma = torch.tensor([0.299, 0.587, 0.114]).view(3, 1, 1)
+            t = (t[:3].float() * luma).sum(0, keepdim=True).round().clamp(0, 255).to(torch.uint8)
         if tuple(t.shape[1:]) != (size, size):
             t = TF.center_crop(TF.resize(t, [size], antialias=True), [size, size])
         return t.contiguous()
@@ -202,9 +202,6 @@ class FolderReader(TorchDataset[tuple[torch.Tensor, int]]):
         file, label = self.samples[i]
         with Image.open(file) as img:
             return image_decode(img, self.channels, self.size), label
-
-    def labels(self) -> torch.Tensor:
-        return torch.tensor([label for _, label in self.samples], dtype=torch.int64)
 
 
 class DecodedView(TorchDataset[tuple[torch.Tensor, int]]):

@@ -15,7 +15,8 @@ keeps its files until a ``torch_shm_manager`` daemon, a process of its own, sees
 gone. A file we name and unlink ourselves needs no extra process, is mapped by path, and its
 lifetime is explicit:
 
-- it exists only between creation and the moment every process has mapped it (seconds);
+- it exists only between creation and the moment every process has mapped it (seconds, longer
+  while an image folder decodes into it);
 - SIGTERM in that window raises SystemExit in the owner (see ``training.cli``), whose
   ``finally`` unlinks it;
 - after a SIGKILL in that window the file is named after the owning process

@@ -294,7 +294,8 @@ def dataset_open(
     one (Hogwild's processes follow their parent's choice), else the budget decides."""
     plan = data_plan(name, data_dir, data_path)
     chosen, note = mode_choose(plan)
-    if mode is not None and mode != chosen:
+    # IDX files (no readers) are always resident.
+    if mode is not None and mode != chosen and plan.readers is not None:
         chosen, note = mode, f"Data path: {mode} (as the run's first process chose)."
     if chosen == "streaming":
         return streaming_dataset(plan, note, workers)
