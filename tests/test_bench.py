@@ -48,6 +48,21 @@ def test_engine_bench_prints_its_ratio(sample_data: Path) -> None:
     assert "ours / dataloader loop:" in table
 
 
+def test_engine_bench_image_folder_workload(sample_data: Path) -> None:
+    """The second workload, small: 200 real MNIST-sample digits written as PNG files, the
+    engine's resident and streaming paths beside a plain ImageFolder + DataLoader loop."""
+    lines = bench(
+        sample_data, "engine", "--workload", "imagefolder", "--dataset", "mnist",
+        "--folder-per-class", "20", "--steps", "2", "--rounds", "2", "--folder-workers", "1",
+    )  # fmt: skip
+    assert re.match(r"^imagefolder ratio: \d+\.\d{3}$", lines[-1])
+    table = "\n".join(lines)
+    for loop in ("resident", "streaming", "imagefolder"):
+        assert re.search(rf"^{loop} +\d+\.\d", table, re.MULTILINE)
+    assert "streaming / resident:" in table and "engine ratio" not in table
+    assert len(list(sample_data.glob("bench-imagefolder-mnist-20/train/class_*/*.png"))) == 200
+
+
 @pytest.mark.slow  # a whole benchmark run
 def test_memory_bench_prints_its_ratio(sample_data: Path) -> None:
     """Slow (about 300 s on the loaded 2-core development machine, 185 s for ddp alone): six

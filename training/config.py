@@ -9,6 +9,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from training.catalogue import (
+    DATASET_NAMES_KNOWN,
+    IMAGEFOLDER,
+    dataset_plugins,
+    image_folder_facts,
+)
 from training.registry import (
     MULTIPROCESS_STRATEGIES,
     REGISTRY,
@@ -20,7 +26,8 @@ from training.registry import (
     option_strategies,
 )
 
-DATASETS = ("mnist", "fashion-mnist")
+DATASETS = ("mnist", "fashion-mnist")  # the IDX datasets; dataset_choices() has them all
+WORKERS_DEFAULT = 2
 OPTIMIZERS = ("adam", "sgd")
 
 
@@ -54,6 +61,8 @@ class TrainConfig:
     local_addr: str | None = None
     # Stop after the first epoch whose test accuracy reaches this (a study's stop-at-target).
     target_accuracy: float | None = None
+    data_path: str | None = None  # --data-path: the image folder of --dataset imagefolder
+    workers: int = WORKERS_DEFAULT  # DataLoader workers where the data streams
 
     @property
     def step_limit(self) -> int | None:
@@ -149,7 +158,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=(),
         help='GPU ids, e.g. "0,1" (default: none, train on the CPU)',
     )
-    p.add_argument("--dataset", choices=DATASETS, default="mnist")
+    _data_arguments(p)
     p.add_argument(
         "--data-dir",
         default=os.environ.get("TRAINYARD_DATA_DIR") or "./var/data",
@@ -206,6 +215,59 @@ def build_parser() -> argparse.ArgumentParser:
         _option_argument(p, option)
     _multinode_arguments(p)
     return p
+
+
+def dataset_choices() -> list[str]:
+    """--dataset's choices: the known names (training.catalogue), then installed plug-ins."""
+    return [*DATASET_NAMES_KNOWN, *(n for n in dataset_plugins() if n not in DATASET_NAMES_KNOWN)]
+
+
+def _data_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--dataset", choices=dataset_choices(), default="mnist")
+    p.add_argument(
+        "--data-path",
+        default=None,
+        metavar="DIR",
+        help="the image folder for --dataset imagefolder (train/ and val/ or test/ of class "
+        "folders, or class folders directly)",
+    )
+    p.add_argument(
+        "-j",
+        "--workers",
+        type=_int_in(0, 64),
+        default=WORKERS_DEFAULT,
+        help="DataLoader worker processes where the data streams rather than staying in "
+        f"memory (default: {WORKERS_DEFAULT})",
+    )
+
+
+def _data_check(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> str | None:
+    """--data-path resolved; refused where the dataset does not take one, required (and looked
+    at, without decoding) where it does. The engine checks the rest (train/val classes)."""
+    if ns.dataset != IMAGEFOLDER:
+        if ns.data_path is not None:
+            parser.error(
+                f"argument --data-path: only with --dataset {IMAGEFOLDER}, not {ns.dataset} "
+                "(its files are found under --data-dir)"
+            )
+        return None
+    if not ns.data_path:
+        parser.error(f"argument --data-path: required with --dataset {IMAGEFOLDER}")
+    path = Path(ns.data_path).expanduser().resolve()
+    if not path.exists():
+        parser.error(f"argument --data-path: no such folder: {ns.data_path}")
+    facts = image_folder_facts(path) if path.is_dir() else None
+    if facts is None:
+        parser.error(
+            f"argument --data-path: {ns.data_path} is not an image folder (class folders of "
+            "images, directly or under train/ and val/ or test/)"
+        )
+    if facts.classes < 2:
+        parser.error(
+            f"argument --data-path: {ns.data_path} has {facts.classes} class folder(s) with "
+            "images; classifying needs at least two"
+        )
+    return str(path)
 
 
 def _option_argument(p: argparse.ArgumentParser, option: StrategyOption) -> None:
@@ -306,6 +368,7 @@ def parse_args(argv: Sequence[str], parser: argparse.ArgumentParser | None = Non
         parser.error(f"argument --resume: no checkpoint file at {ns.resume}")
     options = _options_check(ns, parser)
     _multinode_check(ns, parser)
+    data_path = _data_check(ns, parser)
     return TrainConfig(
         strategy=ns.strategy,
         nproc=ns.nproc if ns.nproc is not None else _default_nproc(ns.strategy, ns.gpus),
@@ -334,6 +397,8 @@ def parse_args(argv: Sequence[str], parser: argparse.ArgumentParser | None = Non
         rdzv_id=ns.rdzv_id,
         rdzv_host=ns.rdzv_host,
         local_addr=ns.local_addr,
+        data_path=data_path,
+        workers=ns.workers,
         **options,
     )
 

@@ -1,11 +1,12 @@
-"""Datasets as in-memory tensors, and where they come from.
+"""Datasets as in-memory tensors, and where MNIST and Fashion-MNIST come from.
 
-Each split is loaded once as uint8 images (N x 28 x 28) and int64 labels; batches are taken by
-indexing and normalised on the fly, on the training device. That keeps per-sample PIL transforms
-and DataLoader worker processes out of the picture (workers cannot start inside daemonic Celery
-children, and 28x28 images do not need them). The IDX files (the layout torchvision keeps them
-in) are read here straight into the tensors' memory, which may be a shared-memory mapping
-(``training.shared_data``): loading never holds a second copy.
+Each split is loaded once as uint8 images (N x C x H x W) and int64 labels; batches are taken by
+indexing and normalised per channel on the fly, on the training device, with the mean and std
+computed from the training split. That keeps per-sample PIL transforms and DataLoader worker
+processes out of the picture where the decoded data fits in memory (``training.sources`` decides;
+larger data streams through a DataLoader, ``training.streaming``). The IDX files (the layout
+torchvision keeps them in) are read here straight into the tensors' memory, which may be a
+shared-memory mapping (``training.shared_data``): loading never holds a second copy.
 
 Sources, first that works:
 
@@ -34,23 +35,25 @@ import gzip
 import logging
 import os
 import shutil
-import socket
 import struct
 import tempfile
-import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
-from urllib.parse import urlsplit
 
 import numpy as np
 import torch
+from torch.utils.data import Dataset as TorchDataset
 from torchvision.datasets import MNIST, FashionMNIST
+
+from training.catalogue import IMAGEFOLDER
+from training.downloads import downloads_disabled, reachable_mirror
+from training.external import BUILTIN_META, external_open
+from training.images import folder_layout
 
 log = logging.getLogger(__name__)
 
-NORMALISATION = {"mnist": (0.1307, 0.3081), "fashion-mnist": (0.2860, 0.3530)}
 DEBIAN_FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
 SAMPLE_DIRNAME = "mnist-sample"
 SAMPLE_SOURCE_PREFIX = "MNIST sample"
@@ -58,8 +61,8 @@ SAMPLE_TRAIN_PER_CLASS = 400
 SAMPLE_TEST_PER_CLASS = 100
 # Fixed, so every run and every rank sees the same sample split.
 SAMPLE_SPLIT_SEED = 20240601
-CONNECT_TIMEOUT_S = 3.0
 SPLITS = ("train", "test")
+IDX_NAMES = ("mnist", "fashion-mnist")
 IDX_FILES = {
     ("train", "images"): "train-images-idx3-ubyte",
     ("train", "labels"): "train-labels-idx1-ubyte",
@@ -68,9 +71,15 @@ IDX_FILES = {
 }
 
 
+IDX_IMAGE_SIZE = 28
+IDX_CLASSES = 10
+
+
 @dataclass(frozen=True)
 class Split:
-    images: torch.Tensor  # uint8, N x 28 x 28
+    """A split resident in memory (this process's, or a shared-memory mapping)."""
+
+    images: torch.Tensor  # uint8, N x C x H x W
     labels: torch.Tensor  # int64, N
 
     def __len__(self) -> int:
@@ -78,14 +87,52 @@ class Split:
 
 
 @dataclass(frozen=True)
+class StreamSplit:
+    """A split read from its files batch by batch (``training.streaming``): ``reader[i]`` is
+    (uint8 C x H x W image, int label), decoded to the dataset's size and channels."""
+
+    reader: TorchDataset[tuple[torch.Tensor, int]]
+    size: int
+    workers: int  # DataLoader worker processes (0: decoded in the training process)
+
+    def __len__(self) -> int:
+        return self.size
+
+
+AnySplit = Split | StreamSplit
+
+
+def resident(split: AnySplit) -> Split:
+    """``split`` as the resident tensors it must be here (TypeError where it streams)."""
+    if not isinstance(split, Split):
+        raise TypeError("this split streams from its files; it has no tensors in memory")
+    return split
+
+
+@dataclass(frozen=True)
+class DatasetMeta:
+    """What the model is built from, known before the data loads (``dataset_meta``)."""
+
+    name: str
+    classes: int
+    channels: int
+    image_size: int
+
+
+@dataclass(frozen=True)
 class Dataset:
     name: str
-    train: Split
-    test: Split
+    train: AnySplit
+    test: AnySplit
     source: str  # a plain sentence for the user
-    mean: float
-    std: float
+    mean: tuple[float, ...]  # per channel, of the training split's pixels in 0..1
+    std: tuple[float, ...]
     substitute: bool  # True for the MNIST sample, which stands in for the full MNIST
+    classes: int = IDX_CLASSES
+    channels: int = 1
+    image_size: int = IDX_IMAGE_SIZE
+    mode: str = "resident"  # started.data_mode: "resident" or "streaming"
+    notes: tuple[str, ...] = ()  # for started.notes: which data path, and why
 
 
 @dataclass(frozen=True)
@@ -120,22 +167,50 @@ def dataset_files(name: str, data_dir: Path) -> DatasetFiles:
     return DatasetFiles(name, raw, source, source.startswith(SAMPLE_SOURCE_PREFIX))
 
 
+def dataset_meta(name: str, data_dir: Path, data_path: str | None) -> DatasetMeta:
+    """Classes, channels and image size of the dataset, cheaply (headers and a few files, no
+    decoding of the whole set): the model is built from them before the data loads."""
+    if name in IDX_NAMES:
+        return DatasetMeta(name, IDX_CLASSES, 1, IDX_IMAGE_SIZE)
+    if name == IMAGEFOLDER:
+        layout = folder_layout(data_path)
+        return DatasetMeta(name, len(layout.classes), layout.channels, layout.image_size)
+    if name in BUILTIN_META:
+        return DatasetMeta(name, *BUILTIN_META[name])
+    ext = external_open(name, data_dir)
+    return DatasetMeta(name, ext.classes, ext.channels, ext.image_size)
+
+
 def load_dataset(name: str, data_dir: Path) -> Dataset:
-    """The dataset in this process's own memory (``training.shared_data`` shares one copy)."""
+    """MNIST or Fashion-MNIST in this process's own memory (``training.sources.dataset_open``
+    opens every dataset, ``training.shared_data`` shares one copy between processes)."""
     files = dataset_files(name, data_dir)
-    splits = {}
-    for split in ("train", "test"):
-        images = torch.empty(files.shape(split, "images"), dtype=torch.uint8)
-        labels = torch.empty(files.shape(split, "labels"), dtype=torch.int64)
-        idx_read_into(files.path(split, "images"), images)
-        idx_read_into(files.path(split, "labels"), labels)
-        splits[split] = Split(images, labels)
-    return dataset_from(files, splits["train"], splits["test"])
+    tensors = {
+        key: torch.empty(shape, dtype=torch.uint8 if key.endswith("images") else torch.int64)
+        for key, shape in idx_shapes(files).items()
+    }
+    idx_tensors_fill(files, tensors)
+    mean, std = channel_stats(tensors["train.images"])
+    train = Split(tensors["train.images"], tensors["train.labels"])
+    test = Split(tensors["test.images"], tensors["test.labels"])
+    return Dataset(name, train, test, files.source, mean, std, files.substitute)
 
 
-def dataset_from(files: DatasetFiles, train: Split, test: Split) -> Dataset:
-    mean, std = NORMALISATION[files.name]
-    return Dataset(files.name, train, test, files.source, mean, std, files.substitute)
+def idx_tensors_fill(files: DatasetFiles, tensors: dict[str, torch.Tensor]) -> None:
+    """Read the four IDX files into ``tensors`` ("train.images", ... "test.labels")."""
+    for split in SPLITS:
+        for kind in ("images", "labels"):
+            idx_read_into(files.path(split, kind), tensors[f"{split}.{kind}"])
+
+
+def idx_shapes(files: DatasetFiles) -> dict[str, tuple[int, ...]]:
+    """The four tensors' shapes, images with their channel axis (N x 1 x 28 x 28)."""
+    shapes: dict[str, tuple[int, ...]] = {}
+    for split in SPLITS:
+        n, h, w = files.shape(split, "images")
+        shapes[f"{split}.images"] = (n, 1, h, w)
+        shapes[f"{split}.labels"] = files.shape(split, "labels")
+    return shapes
 
 
 def idx_header(path: Path) -> tuple[tuple[int, ...], int]:
@@ -161,7 +236,9 @@ def idx_read_into(path: Path, out: torch.Tensor) -> None:
     intermediate copy of the images, so loading never holds the dataset twice.
     """
     shape, offset = idx_header(path)
-    if tuple(out.shape) != shape or not out.is_contiguous():
+    numel = int(np.prod(shape))
+    # The images' tensor may carry a channel axis the file does not: same bytes, same order.
+    if out.numel() != numel or not out.is_contiguous():
         raise ValueError(f"{path} holds {shape}, the target is {tuple(out.shape)}")
     with open(path, "rb") as f:
         f.seek(offset)
@@ -172,22 +249,35 @@ def idx_read_into(path: Path, out: torch.Tensor) -> None:
         else:
             # Labels only (a few KB): uint8 on disk, int64 in memory.
             raw = np.frombuffer(f.read(), dtype=np.uint8)
-            out.copy_(torch.from_numpy(raw.copy()).view(shape))
+            out.view(-1).copy_(torch.from_numpy(raw.copy()))
 
 
 def to_batch(
     split: Split,
     idx: torch.Tensor,
     device: torch.device,
-    mean: float,
-    std: float,
+    mean: Sequence[float],
+    std: Sequence[float],
     label_device: torch.device | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Images (float, B x 1 x 28 x 28, normalised) on ``device`` and labels for ``idx`` on
+    """Images (float, B x C x H x W, normalised) on ``device`` and labels for ``idx`` on
     ``label_device`` (default ``device``; differs where the model's last stage sits elsewhere)."""
-    label_device = device if label_device is None else label_device
     x = split.images.index_select(0, idx)
     y = split.labels.index_select(0, idx)
+    return batch_to(x, y, device, mean, std, label_device)
+
+
+def batch_to(
+    x: torch.Tensor,
+    y: torch.Tensor,
+    device: torch.device,
+    mean: Sequence[float],
+    std: Sequence[float],
+    label_device: torch.device | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A batch of uint8 images (B x C x H x W) and labels, from either data path, as the model
+    takes it: float, normalised per channel, on ``device``; labels on ``label_device``."""
+    label_device = device if label_device is None else label_device
     if device.type == "cuda":
         # Copy uint8 (4x less than float) from pinned memory, normalise on the GPU. pin_memory()
         # takes its buffer from the caching host allocator, which does not hand it out again
@@ -197,8 +287,33 @@ def to_batch(
         y = y.pin_memory().to(label_device, non_blocking=True)
     elif y.device != label_device:
         y = y.to(label_device)
-    x = x.to(torch.float32).div_(255.0).sub_(mean).div_(std).unsqueeze_(1)
-    return x, y
+    x = x.to(torch.float32).div_(255.0)
+    if len(mean) == 1:
+        return x.sub_(mean[0]).div_(std[0]), y
+    shape = (1, len(mean), 1, 1)
+    m = torch.tensor(mean, dtype=torch.float32).view(shape).to(x.device, non_blocking=True)
+    s = torch.tensor(std, dtype=torch.float32).view(shape).to(x.device, non_blocking=True)
+    return x.sub_(m).div_(s), y
+
+
+def channel_stats(images: torch.Tensor) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """Per-channel mean and std of uint8 images (N x C x H x W) as pixels in 0..1, summed in
+    float64 over chunks (no float copy of the whole split)."""
+    channels = images.shape[1]
+    total = torch.zeros(channels, dtype=torch.float64)
+    squares = torch.zeros(channels, dtype=torch.float64)
+    for chunk in images.split(2048):
+        c = chunk.to(torch.float64)
+        total += c.sum(dim=(0, 2, 3))
+        squares += c.square().sum(dim=(0, 2, 3))
+    count = max(1, images.numel() // max(1, channels))
+    mean = total / count
+    std = (squares / count - mean.square()).clamp_min(1e-12).sqrt()
+    # A constant image set has no spread; 1.0 leaves it unscaled rather than dividing by ~0.
+    std = torch.where(std < 1e-6, torch.full_like(std, 255.0), std)
+    return tuple(round(float(v) / 255, 6) for v in mean), tuple(
+        round(float(v) / 255, 6) for v in std
+    )
 
 
 # --- MNIST -------------------------------------------------------------------------------------
@@ -209,7 +324,7 @@ def _locate_mnist(data_dir: Path) -> tuple[Path, str]:
     if found:
         return found, f"torchvision MNIST from {data_dir} ({_sizes(found)})"
     reason = f"the full MNIST was not found under {data_dir}"
-    host = _reachable_mirror(MNIST.mirrors)
+    host = reachable_mirror(MNIST.mirrors)
     if downloads_disabled():
         reason += " and downloads are turned off (TRAINYARD_NO_DOWNLOAD)"
     elif host:
@@ -297,7 +412,7 @@ def _locate_fashion(data_dir: Path) -> tuple[Path, str]:
                 f"({DEBIAN_FASHION_DIR}; {_sizes(found)})"
             )
             return found, source
-    host = _reachable_mirror(FashionMNIST.mirrors)
+    host = reachable_mirror(FashionMNIST.mirrors)
     if host:
         downloaded = _download(FashionMNIST, data_dir)
         if downloaded:
@@ -352,39 +467,6 @@ def _download(cls: type[MNIST], root: Path) -> Path | None:
         log.warning("downloading %s failed: %s", cls.__name__, exc)
         return None
     return _find_idx(cls, root)
-
-
-def downloads_disabled() -> bool:
-    return os.environ.get("TRAINYARD_NO_DOWNLOAD", "").lower() not in ("", "0", "false", "no")
-
-
-def _reachable_mirror(mirrors: list[str]) -> str | None:
-    if downloads_disabled():
-        return None
-    for url in mirrors:
-        parts = urlsplit(url)
-        if parts.hostname and _can_connect(
-            parts.hostname, parts.port or (443 if parts.scheme == "https" else 80)
-        ):
-            return parts.hostname
-    return None
-
-
-def _can_connect(host: str, port: int, timeout: float = CONNECT_TIMEOUT_S) -> bool:
-    # In a thread because name resolution ignores socket timeouts and can hang offline.
-    result: list[bool] = []
-
-    def attempt() -> None:
-        try:
-            socket.create_connection((host, port), timeout=timeout).close()
-            result.append(True)
-        except OSError:
-            result.append(False)
-
-    thread = threading.Thread(target=attempt, daemon=True)
-    thread.start()
-    thread.join(timeout)
-    return bool(result and result[0])
 
 
 def _sizes(raw: Path) -> str:

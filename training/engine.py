@@ -28,7 +28,7 @@ from training.checkpoint import (
     resume_apply,
 )
 from training.config import TrainConfig
-from training.data import Dataset, load_dataset
+from training.data import Dataset
 from training.epochs import EpochStart, Ranks, epochs_drive, model_build, started_emit
 from training.loop import Tested, evaluate, steps_run
 from training.meter import Window, window_report
@@ -37,6 +37,7 @@ from training.reporting import epoch_emit
 from training.run_requests import checkpoint_request_pending, checkpoint_request_take
 from training.runtime import Runtime, all_gather, all_reduce_sum, machine_name
 from training.shared_data import dataset_for_ranks
+from training.sources import dataset_open
 from training.strategies import Plan, own_trainer, plan_build
 
 
@@ -84,7 +85,7 @@ def _setup(cfg: TrainConfig, rt: Runtime) -> _Run:
             global_batch=cfg.batch_size * rt.world_size,
             per_epoch=per_epoch,
         )
-    notes = [*plan.notes, *resumed.notes]
+    notes = [*plan.notes, *data.notes, *resumed.notes]
     return _Run(plan, data, shared_tensors, per_epoch, resumed.point, notes)
 
 
@@ -226,7 +227,8 @@ def checkpoint_asked(plan: Plan, rt: Runtime) -> bool:
 
 def dataset_for(cfg: TrainConfig, rt: Runtime) -> tuple[Dataset, list[SharedTensor]]:
     """The run's data and ``started.shared_tensors``: under torchrun one shared copy per
-    machine, else this process's own (nothing to share with)."""
+    machine (where it stays resident), else this process's own (nothing to share with)."""
     if rt.distributed:
-        return dataset_for_ranks(cfg.dataset, Path(cfg.data_dir), rt)
-    return load_dataset(cfg.dataset, Path(cfg.data_dir)), []
+        return dataset_for_ranks(cfg.dataset, Path(cfg.data_dir), rt, cfg.data_path, cfg.workers)
+    data = dataset_open(cfg.dataset, Path(cfg.data_dir), cfg.data_path, workers=cfg.workers)
+    return data, []

@@ -13,9 +13,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from training.data import Dataset, Split, to_batch
+from training.data import Dataset, batch_to
 from training.meter import StepTiming, finite
 from training.runtime import Runtime, all_reduce_sum
+from training.streaming import split_batches
 
 # One optimizer step on a batch (images, labels); returns the loss, not yet read. Each strategy
 # makes its own (training.strategies.common.step_default for most).
@@ -31,15 +32,18 @@ def steps_run(
     label_device: torch.device | None = None,
 ) -> Iterator[StepTiming]:
     """One optimizer step per batch of indices into ``data.train``, timed: the loop every
-    strategy runs (Hogwild's processes too), public so that tests drive it as the engine does."""
+    strategy runs (Hogwild's processes too), public so that tests drive it as the engine does.
+    The data time is the wait for the batch, from memory or from the DataLoader's workers."""
     clock = time.perf_counter
-    for idx in batches:
-        t0 = clock()
-        x, y = to_batch(data.train, idx, input_device, data.mean, data.std, label_device)
+    source = split_batches(data.train, batches)
+    t0 = clock()
+    for images, labels in source:
+        x, y = batch_to(images, labels, input_device, data.mean, data.std, label_device)
         t1 = clock()
         loss = step(x, y)
         t2 = clock()
-        yield StepTiming(loss, len(idx), t1 - t0, t2 - t1)
+        yield StepTiming(loss, len(labels), t1 - t0, t2 - t1)
+        t0 = clock()
 
 
 @torch.no_grad()
@@ -59,12 +63,11 @@ def evaluate(
     input_device = rt.device if input_device is None else input_device
     label_device = input_device if label_device is None else label_device
     net.eval()
-    test: Split = data.test
-    mine = torch.arange(rt.rank, len(test), rt.world_size)
+    mine = torch.arange(rt.rank, len(data.test), rt.world_size)
     loss_sum = torch.zeros((), dtype=torch.float64, device=label_device)
     correct = torch.zeros((), dtype=torch.int64, device=label_device)
-    for idx in mine.split(batch_size):
-        x, y = to_batch(test, idx, input_device, data.mean, data.std, label_device)
+    for images, labels in split_batches(data.test, mine.split(batch_size)):
+        x, y = batch_to(images, labels, input_device, data.mean, data.std, label_device)
         logits = net(x)
         loss_sum += F.cross_entropy(logits, y, reduction="sum").to(torch.float64)
         correct += (logits.argmax(dim=1) == y).sum()

@@ -31,6 +31,8 @@ def started_fields(
         "device": rt.device_label,
         "dataset": cfg.dataset,
         "dataset_source": data.source,
+        "data_path": cfg.data_path,
+        "data_mode": data.mode,
         "train_size": len(data.train),
         "test_size": len(data.test),
         "epochs": cfg.epochs,

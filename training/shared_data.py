@@ -1,8 +1,10 @@
 """One copy of the dataset in shared memory for every process of a run on this machine.
 
 The owner (local rank 0 under torchrun, the parent for Hogwild) creates a file in /dev/shm sized
-for the four tensors (train/test images as uint8, labels as int64), maps it, and reads the IDX
-files straight into the mapping. The other processes on the machine map the same file with
+for the tensors it is given (by shape and dtype: for a dataset, train/test images as uint8 and
+labels as int64), maps it, and has a fill function write them in place (IDX files read straight
+into the mapping, or images decoded into it; ``training.sources`` plans which).
+The other processes on the machine map the same file with
 ``torch.UntypedStorage.from_file(path, shared=True)``; once every process has mapped it, the owner
 unlinks it. The memory lives on until the last process unmaps it, and nothing is left in /dev/shm.
 
@@ -13,7 +15,8 @@ keeps its files until a ``torch_shm_manager`` daemon, a process of its own, sees
 gone. A file we name and unlink ourselves needs no extra process, is mapped by path, and its
 lifetime is explicit:
 
-- it exists only between creation and the moment every process has mapped it (seconds);
+- it exists only between creation and the moment every process has mapped it (seconds, longer
+  while an image folder decodes into it);
 - SIGTERM in that window raises SystemExit in the owner (see ``training.cli``), whose
   ``finally`` unlinks it;
 - after a SIGKILL in that window the file is named after the owning process
@@ -32,24 +35,27 @@ import logging
 import os
 import re
 import shutil
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import cast
 
 import torch
 
-from training.data import (
-    Dataset,
-    DatasetFiles,
-    Split,
-    dataset_files,
-    dataset_from,
-    idx_read_into,
-    load_dataset,
-)
+from training.data import Dataset, Split
 from training.protocol import SharedTensor
 from training.runtime import Runtime, all_gather
+from training.sources import (
+    DataInfo,
+    DataPlan,
+    data_plan,
+    mode_choose,
+    resident_dataset,
+    resident_info,
+    streaming_dataset,
+    tensors_empty,
+    workers_usable,
+)
 
 log = logging.getLogger(__name__)
 
@@ -57,12 +63,7 @@ SHM_DIR = Path("/dev/shm")
 PREFIX = "trainyard-data-"
 _NAME = re.compile(rf"^{re.escape(PREFIX)}(\d+)-")
 _ALIGN = 64  # bytes; every tensor starts on a cache line, int64 labels stay aligned
-_TENSORS = (  # name, dtype, IDX (split, kind)
-    ("train.images", torch.uint8, ("train", "images")),
-    ("test.images", torch.uint8, ("test", "images")),
-    ("train.labels", torch.int64, ("train", "labels")),
-    ("test.labels", torch.int64, ("test", "labels")),
-)
+Shapes = Mapping[str, tuple[tuple[int, ...], torch.dtype]]  # tensor name -> (shape, dtype)
 
 
 @dataclass(frozen=True)
@@ -87,7 +88,7 @@ class Segment:
     path: str
     nbytes: int
     tensors: tuple[TensorSpec, ...]
-    files: DatasetFiles
+    info: DataInfo | None = None  # a dataset's facts (mean, std, notes), set once it is filled
 
 
 def segment_path(owner_pid: int, tag: str) -> Path:
@@ -95,17 +96,18 @@ def segment_path(owner_pid: int, tag: str) -> Path:
     return SHM_DIR / f"{PREFIX}{owner_pid}-{safe}"
 
 
-def segment_create(name: str, data_dir: Path, path: Path) -> tuple[Dataset, Segment]:
-    """Load the dataset into a new shared file at ``path``; the caller unlinks it."""
-    files = dataset_files(name, data_dir)
+def segment_create(
+    path: Path, shapes: Shapes, fill: Callable[[dict[str, torch.Tensor]], None]
+) -> tuple[dict[str, torch.Tensor], Segment]:
+    """A new shared file at ``path`` holding tensors of ``shapes``, which ``fill`` writes in
+    place; the caller unlinks it. OSError where /dev/shm cannot hold them (nothing is mapped
+    then: the caller loads a private copy)."""
     specs: list[TensorSpec] = []
     offset = 0
-    for tensor_name, dtype, key in _TENSORS:
-        specs.append(
-            TensorSpec(tensor_name, str(dtype).removeprefix("torch."), files.shape(*key), offset)
-        )
+    for tensor_name, (shape, dtype) in shapes.items():
+        specs.append(TensorSpec(tensor_name, str(dtype).removeprefix("torch."), shape, offset))
         offset += -(-specs[-1].nbytes // _ALIGN) * _ALIGN
-    segment = Segment(str(path), offset, tuple(specs), files)
+    segment = Segment(str(path), max(offset, _ALIGN), tuple(specs))
     free = shutil.disk_usage(SHM_DIR).free
     if free < segment.nbytes:
         raise OSError(f"{SHM_DIR} has {free:,} bytes free, the dataset needs {segment.nbytes:,}")
@@ -115,9 +117,25 @@ def segment_create(name: str, data_dir: Path, path: Path) -> tuple[Dataset, Segm
     finally:
         os.close(fd)
     tensors = _map(segment)
-    for tensor_name, _, key in _TENSORS:
-        idx_read_into(files.path(*key), tensors[tensor_name])
-    return _dataset(segment, tensors), segment
+    fill(tensors)
+    return tensors, segment
+
+
+def dataset_segment_create(
+    plan: DataPlan, note: str, path: Path, workers: int = 0
+) -> tuple[Dataset, Segment]:
+    """The planned dataset, filled into a new shared file at ``path``; the caller unlinks it."""
+    usable = workers_usable(workers)[0]
+    tensors, segment = segment_create(path, plan.shapes, lambda t: plan.fill(t, usable))
+    info = resident_info(plan, tensors, note)
+    return resident_dataset(info, tensors), replace(segment, info=info)
+
+
+def resident_private(plan: DataPlan, note: str, workers: int = 0) -> Dataset:
+    """The planned dataset in this process's own memory."""
+    tensors = tensors_empty(plan)
+    plan.fill(tensors, workers_usable(workers)[0])
+    return resident_dataset(resident_info(plan, tensors, note), tensors)
 
 
 def segment_attach(segment: Segment) -> Dataset:
@@ -125,7 +143,9 @@ def segment_attach(segment: Segment) -> Dataset:
     size = os.stat(segment.path).st_size
     if size != segment.nbytes:
         raise RuntimeError(f"{segment.path} has {size} bytes, expected {segment.nbytes}")
-    return _dataset(segment, _map(segment))
+    if segment.info is None:
+        raise RuntimeError(f"{segment.path} carries no dataset facts")
+    return resident_dataset(segment.info, _map(segment))
 
 
 def segment_remove(path: Path | str | None) -> None:
@@ -199,6 +219,9 @@ def tensor_entry(name: str, t: torch.Tensor, shared: bool) -> SharedTensor:
 
 
 def dataset_tensors(data: Dataset) -> dict[str, torch.Tensor]:
+    """The resident tensors (none where the data streams)."""
+    if not isinstance(data.train, Split) or not isinstance(data.test, Split):
+        return {}
     return {
         "train.images": data.train.images,
         "train.labels": data.train.labels,
@@ -237,12 +260,6 @@ def _contiguous(shape: tuple[int, ...]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
-def _dataset(segment: Segment, tensors: dict[str, torch.Tensor]) -> Dataset:
-    train = Split(tensors["train.images"], tensors["train.labels"])
-    test = Split(tensors["test.images"], tensors["test.labels"])
-    return dataset_from(segment.files, train, test)
-
-
 def _dtype(name: str) -> torch.dtype:
     dtype = getattr(torch, name)
     assert isinstance(dtype, torch.dtype)
@@ -259,15 +276,24 @@ def _alive(pid: int) -> bool:
     return True
 
 
-def dataset_for_ranks(name: str, data_dir: Path, rt: Runtime) -> tuple[Dataset, list[SharedTensor]]:
-    """The dataset for a torchrun rank: one shared copy per machine, or a private one per rank
-    when /dev/shm cannot hold it (logged). Returns it with ``started.shared_tensors``.
+def dataset_for_ranks(
+    name: str, data_dir: Path, rt: Runtime, data_path: str | None = None, workers: int = 0
+) -> tuple[Dataset, list[SharedTensor]]:
+    """The dataset for a torchrun rank: resident as one shared copy per machine (or a private
+    one per rank when /dev/shm cannot hold it, logged), or streaming on every rank where it
+    does not fit the budget; rank 0's choice holds for all. Returns it with
+    ``started.shared_tensors`` (none when streaming).
 
     Local rank 0 creates the segment; an all-gather then works as the barrier after which every
     rank maps the segment of its machine's local rank 0 (torchrun numbers the ranks of a machine
     contiguously, so that is global rank ``rank - local_rank``); a second all-gather collects
     every rank's is_shared() flags and marks the point after which local rank 0 may unlink.
     """
+    plan = data_plan(name, data_dir, data_path)
+    chosen: tuple[str, str] = all_gather(rt, mode_choose(plan))[0]
+    mode, note = chosen
+    if mode == "streaming":
+        return streaming_dataset(plan, note, workers), []
     # Under torchrun the ranks' parent is the machine's agent: its pid names the file, so a
     # stale one can be told from a live one, and the run id keeps concurrent runs apart.
     path = segment_path(os.getppid(), f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}-{name}")
@@ -279,14 +305,18 @@ def dataset_for_ranks(name: str, data_dir: Path, rt: Runtime) -> tuple[Dataset, 
             stale_segments_remove()
             cleanup.enter_context(segment_owned(path))
             try:
-                data, mine = segment_create(name, data_dir, path)
+                data, mine = dataset_segment_create(plan, note, path, workers)
             except OSError as exc:
                 log.warning("no shared copy of the dataset (%s); each rank loads its own", exc)
                 segment_remove(path)
         segments: list[Segment | None] = all_gather(rt, mine)
         local = segments[rt.rank - rt.local_rank]
         if data is None:
-            data = segment_attach(with_path(local, path)) if local else load_dataset(name, data_dir)
+            data = (
+                segment_attach(with_path(local, path))
+                if local
+                else resident_private(plan, note, workers)
+            )
         gathered: list[list[bool]] = all_gather(rt, shared_flags(data))
     everywhere = [all(flags[i] for flags in gathered) for i in range(len(gathered[0]))]
     log.info(

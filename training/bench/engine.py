@@ -18,6 +18,11 @@ steps each, after a few warm-up steps, so that the machine's noise falls on all 
 For each loop the table shows the median images/s over the rounds; the ratios are medians of the
 per-round ratios (each round's loops ran back to back). The last line, ``engine ratio``, is
 ours / compute-only: 1.0 means the data path costs nothing.
+
+A second workload (``--workload imagefolder``, or ``both``, the default, which runs it first)
+trains on an image folder of real images written out as PNG files: the engine's resident and
+streaming paths beside a plain ``ImageFolder`` + ``DataLoader`` loop, measured the same way
+(``training.bench.imagefolder``); its last line is ``imagefolder ratio``, streaming / plain.
 """
 
 from __future__ import annotations
@@ -37,18 +42,20 @@ from torchvision.datasets import MNIST, FashionMNIST
 
 from training.allocator import allocator_tune
 from training.batching import rank_batches
+from training.bench import imagefolder
 from training.data import (
     DEBIAN_FASHION_DIR,
     Dataset,
+    batch_to,
     dataset_files,
     idx_root,
     load_dataset,
-    to_batch,
 )
 from training.loop import StepFn, steps_run
 from training.meter import Window
 from training.model import SimpleCNN
 from training.strategies.common import step_default
+from training.streaming import split_batches
 
 WARMUP_STEPS = 3
 LOOPS = ("ours", "dataloader", "compute")
@@ -72,15 +79,40 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workers", type=int, default=0, help="DataLoader worker processes")
     p.add_argument("--device", default="cuda:0" if torch.cuda.is_available() else "cpu")
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--workload", choices=("both", "idx", "imagefolder"), default="both")
+    p.add_argument(
+        "--model", choices=("simple-cnn",), default="simple-cnn", help="the model every loop trains"
+    )
+    p.add_argument(
+        "--folder-workers",
+        type=int,
+        default=2,
+        help="DataLoader workers of the image-folder workload's streaming and plain loops",
+    )
+    p.add_argument(
+        "--folder-per-class",
+        type=int,
+        default=imagefolder.PER_CLASS,
+        help="training images per class in the image folder (a fifth as many for val)",
+    )
     return p
 
 
 def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
-    # As python -m training does; it applies to all three loops alike.
+    # As python -m training does; it applies to all loops alike.
     tuned = allocator_tune()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
+    malloc = "tuned as in training.allocator" if tuned else "as the environment sets it"
+    if args.workload in ("both", "imagefolder"):
+        _folder_workload(args, device, malloc)
+    if args.workload in ("both", "idx"):
+        _idx_workload(args, device, malloc)
+    return 0
+
+
+def _idx_workload(args: argparse.Namespace, device: torch.device, malloc: str) -> None:
     data = load_dataset(args.dataset, args.data_dir.expanduser().resolve())
     files = dataset_files(args.dataset, args.data_dir.expanduser().resolve())
     loops = {
@@ -88,39 +120,66 @@ def main(argv: Sequence[str]) -> int:
         "dataloader": _dataloader(files.raw, args, data.mean, data.std, device),
         "compute": _compute(data, args.batch_size, args.seed, device),
     }
-    models = {}
-    for name in LOOPS:
-        torch.manual_seed(args.seed)
-        model = SimpleCNN().to(device)
-        models[name] = step_default(model, torch.optim.Adam(model.parameters(), lr=1e-3)), model
-    for name in LOOPS:  # warm-up: first-step allocations, lazy initialisation
-        loops[name](models[name][0], WARMUP_STEPS)
-    rates: dict[str, list[float]] = {name: [] for name in LOOPS}
-    for _ in range(args.rounds):
-        for name in LOOPS:
-            models[name][1].train()
-            _sync(device)
-            t0 = time.perf_counter()
-            images = loops[name](models[name][0], args.steps)
-            _sync(device)
-            rates[name].append(images / (time.perf_counter() - t0))
-
+    rates = rounds_run(loops, args, device)
     print(
-        f"engine benchmark: {data.source}; SimpleCNN, Adam, batch {args.batch_size}, "
+        f"engine benchmark: {data.source}; {args.model}, Adam, batch {args.batch_size}, "
         f"{args.threads} thread(s), device {device}, {args.rounds} round(s) of {args.steps} "
-        f"steps per loop, alternating {' / '.join(LOOPS)}; malloc "
-        f"{'tuned as in training.allocator' if tuned else 'as the environment sets it'}"
+        f"steps per loop, alternating {' / '.join(LOOPS)}; malloc {malloc}"
     )
-    print(f"{'loop':<12} {'median img/s':>13}  per round")
-    for name in LOOPS:
-        per_round = " ".join(f"{r:8.1f}" for r in rates[name])
-        print(f"{name:<12} {statistics.median(rates[name]):13.1f}  {per_round}")
+    rates_print(rates)
     vs_loader = _paired(rates["ours"], rates["dataloader"])
     vs_compute = _paired(rates["ours"], rates["compute"])
     print(f"ours / dataloader loop:   {vs_loader:.3f}")
     print(f"ours / compute-only loop: {vs_compute:.3f}")
     print(f"engine ratio: {vs_compute:.3f}")
-    return 0
+
+
+def _folder_workload(args: argparse.Namespace, device: torch.device, malloc: str) -> None:
+    data_dir = args.data_dir.expanduser().resolve()
+    root, what = imagefolder.folder_ready(data_dir, args.dataset, args.folder_per_class)
+    loops, _ = imagefolder.loops_make(args, root, device)
+    rates = rounds_run(loops, args, device)
+    print(
+        f"image-folder benchmark: {what}; {args.model}, Adam, batch {args.batch_size}, "
+        f"{args.threads} thread(s), {args.folder_workers} DataLoader worker(s), device {device}, "
+        f"{args.rounds} round(s) of {args.steps} steps per loop, alternating "
+        f"{' / '.join(loops)}; malloc {malloc}"
+    )
+    rates_print(rates)
+    print(f"resident / imagefolder loop:  {_paired(rates['resident'], rates['imagefolder']):.3f}")
+    print(f"streaming / resident:         {_paired(rates['streaming'], rates['resident']):.3f}")
+    print(f"imagefolder ratio: {_paired(rates['streaming'], rates['imagefolder']):.3f}")
+
+
+def rounds_run(
+    loops: dict[str, Loop], args: argparse.Namespace, device: torch.device
+) -> dict[str, list[float]]:
+    """images/s of each loop per round: the loops alternate, each on its own copy of the model
+    (same initial weights), after a warm-up."""
+    models = {}
+    for name in loops:
+        torch.manual_seed(args.seed)
+        model = SimpleCNN().to(device)
+        models[name] = step_default(model, torch.optim.Adam(model.parameters(), lr=1e-3)), model
+    for name, loop in loops.items():  # warm-up: first-step allocations, lazy initialisation
+        loop(models[name][0], WARMUP_STEPS)
+    rates: dict[str, list[float]] = {name: [] for name in loops}
+    for _ in range(args.rounds):
+        for name, loop in loops.items():
+            models[name][1].train()
+            _sync(device)
+            t0 = time.perf_counter()
+            images = loop(models[name][0], args.steps)
+            _sync(device)
+            rates[name].append(images / (time.perf_counter() - t0))
+    return rates
+
+
+def rates_print(rates: dict[str, list[float]]) -> None:
+    print(f"{'loop':<12} {'median img/s':>13}  per round")
+    for name, per in rates.items():
+        per_round = " ".join(f"{r:8.1f}" for r in per)
+        print(f"{name:<12} {statistics.median(per):13.1f}  {per_round}")
 
 
 Loop = Callable[[StepFn, int], int]  # (step, steps) -> images trained on
@@ -141,7 +200,11 @@ def _ours(data: Dataset, batch_size: int, seed: int, device: torch.device) -> Lo
 
 
 def _dataloader(
-    raw: Path, args: argparse.Namespace, mean: float, std: float, device: torch.device
+    raw: Path,
+    args: argparse.Namespace,
+    mean: Sequence[float],
+    std: Sequence[float],
+    device: torch.device,
 ) -> Loop:
     cls = FashionMNIST if args.dataset == "fashion-mnist" else MNIST
     dataset = cls(
@@ -149,7 +212,7 @@ def _dataloader(
         train=True,
         download=False,
         transform=transforms.Compose(
-            [transforms.ToTensor(), transforms.Normalize((mean,), (std,))]
+            [transforms.ToTensor(), transforms.Normalize(list(mean), list(std))]
         ),
     )
     loader = DataLoader(
@@ -167,8 +230,10 @@ def _dataloader(
 def _compute(data: Dataset, batch_size: int, seed: int, device: torch.device) -> Loop:
     # Enough distinct batches that caches do not flatter it; built once, before timing.
     ready = [
-        to_batch(data.train, idx, device, data.mean, data.std)
-        for idx in rank_batches(len(data.train), batch_size, 1, 0, seed, 1)[:64]
+        batch_to(x, y, device, data.mean, data.std)
+        for x, y in split_batches(
+            data.train, rank_batches(len(data.train), batch_size, 1, 0, seed, 1)[:64]
+        )
     ]
     return _batches_loop(itertools.cycle(ready), None)
 

@@ -24,6 +24,7 @@ class ProcessArgs:
     optimizer_state: dict[str, Any] | None
     threads: int
     parent_pid: int
+    data_mode: str = "resident"  # the parent's choice; "streaming": each process reads the files
 
 
 @dataclass(frozen=True)

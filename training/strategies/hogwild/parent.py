@@ -54,7 +54,9 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
         per_epoch = steps_per_epoch(len(data.train), cfg.batch_size, cfg.nproc, cfg.step_limit)
         resumed, optimizer_states = resume_plan(cfg, state, per_epoch)
         threads = max(1, torch.get_num_threads() // cfg.nproc)
-        ready = _processes_start(processes, cfg, model, segment, optimizer_states, threads)
+        ready = _processes_start(
+            processes, cfg, model, segment, optimizer_states, threads, data.mode
+        )
         # Every process has mapped the data: the name can go, the memory stays until all unmap.
         segment_remove(path)
         ranks = Ranks(
@@ -62,7 +64,7 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
             pids=[m.pid for m in ready],
             machines=[machine_name()] * len(ready),  # one machine: this process's
             launcher_pid=os.getpid(),
-            notes=[_processes_note(cfg, threads), *resumed.notes],
+            notes=[_processes_note(cfg, threads), *data.notes, *resumed.notes],
             shared_tensors=shared_tensors(model, data, ready),
             world=cfg.nproc,
         )
@@ -93,10 +95,13 @@ def _processes_start(
     segment: Segment | None,
     optimizer_states: list[dict[str, object] | None],
     threads: int,
+    data_mode: str,
 ) -> list[Ready]:
     """Spawn ``cfg.nproc`` processes over the shared ``model``; their Ready, in rank order."""
     for rank in range(cfg.nproc):
-        args = ProcessArgs(rank, cfg, segment, optimizer_states[rank], threads, os.getpid())
+        args = ProcessArgs(
+            rank, cfg, segment, optimizer_states[rank], threads, os.getpid(), data_mode
+        )
         processes.start(args, model)
     return processes.ready()
 

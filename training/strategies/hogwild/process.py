@@ -20,12 +20,13 @@ from torch import nn
 from training import checkpoint
 from training.allocator import allocator_tune
 from training.batching import rank_batches, steps_per_epoch
-from training.data import Dataset, load_dataset
+from training.data import Dataset
 from training.epochs import EpochStart
 from training.loop import StepFn, steps_run
 from training.meter import Window
 from training.processes import parent_death_signal_set
 from training.shared_data import segment_attach, shared_flags
+from training.sources import dataset_open
 from training.strategies.common import optimizer_make, step_default
 from training.strategies.hogwild.messages import (
     CheckpointCopy,
@@ -49,7 +50,9 @@ def process_main(
         data = (
             segment_attach(args.segment)
             if args.segment is not None
-            else load_dataset(cfg.dataset, Path(cfg.data_dir))
+            else dataset_open(
+                cfg.dataset, Path(cfg.data_dir), cfg.data_path, workers=0, mode=args.data_mode
+            )
         )
         optimizer = optimizer_make(cfg, model)
         if args.optimizer_state is not None:

@@ -5,6 +5,7 @@ which tensors every one of them sees shared."""
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -13,17 +14,19 @@ from torch import nn
 from training import checkpoint
 from training.checkpoint import Resumed, ResumePoint
 from training.config import TrainConfig
-from training.data import Dataset, load_dataset
+from training.data import Dataset
 from training.protocol import SharedTensor
 from training.shared_data import (
     Segment,
-    segment_create,
+    dataset_segment_create,
+    resident_private,
     segment_remove,
     shared_flags,
     shared_tensors_report,
     stale_segments_remove,
     tensor_entry,
 )
+from training.sources import data_plan, mode_choose, streaming_dataset
 from training.strategies.hogwild.messages import Ready
 
 log = logging.getLogger(__name__)
@@ -34,14 +37,27 @@ PROCESS_OPTIMIZERS = "worker_optimizers"
 
 
 def dataset_owned(cfg: TrainConfig, path: Path) -> tuple[Dataset, Segment | None]:
-    """The run's data, as one shared copy at ``path`` where it can be made."""
+    """The run's data: where it stays resident, as one shared copy at ``path`` where it can be
+    made; where it streams, the parent's reader (each process opens its own, no segment)."""
+    plan = data_plan(cfg.dataset, Path(cfg.data_dir), cfg.data_path)
+    mode, note = mode_choose(plan)
+    if mode == "streaming":
+        # The parent may start workers (it is no daemon); its processes cannot, and say so.
+        data = streaming_dataset(plan, note, cfg.workers)
+        if cfg.workers:
+            note = (
+                f"Hogwild's {cfg.nproc} processes read batches without DataLoader workers: "
+                "they are daemonic processes, which cannot have children."
+            )
+            data = replace(data, notes=(*data.notes, note))
+        return data, None
     stale_segments_remove()
     try:
-        return segment_create(cfg.dataset, Path(cfg.data_dir), path)
+        return dataset_segment_create(plan, note, path, cfg.workers)
     except OSError as exc:
         segment_remove(path)
         log.warning("no shared copy of the dataset (%s); each process loads its own", exc)
-        return load_dataset(cfg.dataset, Path(cfg.data_dir)), None
+        return resident_private(plan, note, cfg.workers), None
 
 
 def resume_plan(
