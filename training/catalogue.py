@@ -260,3 +260,10 @@ def _detail(name: str, path: Path, source: str) -> dict[str, Any]:
         "bytes": sum(p.stat().st_size for p in files),
         "source": source,
     }
+
+
+if __name__ == "__main__":  # python -m training.catalogue: this machine's report, as JSON
+    import json
+
+    _data_dir = Path(os.environ.get("TRAINYARD_DATA_DIR") or "./var/data")
+    print(json.dumps(catalogue_collect(data_dir=_data_dir), indent=2))

@@ -9,8 +9,11 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from training.catalogue import MODEL_DEFAULT
 from training.registry import (
     MULTIPROCESS_STRATEGIES,
+    SYNC_BATCHNORM_CPU_REASON,
+    SYNC_BATCHNORM_STRATEGIES,
     REGISTRY,
     STRATEGY_NAMES,
     STRATEGY_OPTIONS,
@@ -54,6 +57,11 @@ class TrainConfig:
     local_addr: str | None = None
     # Stop after the first epoch whose test accuracy reaches this (a study's stop-at-target).
     target_accuracy: float | None = None
+    # The catalogue's name (training.catalogue); a checkpoint records it, resume checks it.
+    model: str = MODEL_DEFAULT
+    data_path: str | None = None  # the contract's field; the data side's --data-path fills it
+    weights: str | None = None  # a local state-dict file loaded into the model as built
+    sync_batchnorm: bool = False  # ddp on GPUs: BatchNorm statistics over all ranks
 
     @property
     def step_limit(self) -> int | None:
@@ -130,8 +138,9 @@ def _run_id(text: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m training",
-        description="Train a small CNN on MNIST or Fashion-MNIST with one of several parallel "
-        "strategies. Events go to stdout as JSON lines, logs to stderr.",
+        description="Train a model (the built-in simple-cnn, a torchvision classifier or a "
+        "trainyard.models plug-in) on a dataset with one of several parallel strategies. "
+        "Events go to stdout as JSON lines, logs to stderr.",
         epilog="strategies:\n" + "\n".join(f"  {spec.name:15} {spec.summary}" for spec in REGISTRY),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -148,6 +157,27 @@ def build_parser() -> argparse.ArgumentParser:
         type=_gpu_ids,
         default=(),
         help='GPU ids, e.g. "0,1" (default: none, train on the CPU)',
+    )
+    p.add_argument(
+        "--model",
+        default=MODEL_DEFAULT,
+        metavar="NAME",
+        help=f"what to train: {MODEL_DEFAULT} (the default), a torchvision classifier such as "
+        "resnet18, or an installed trainyard.models plug-in (python -m training.catalogue "
+        "lists them); adapted to the dataset's channels, classes and image size",
+    )
+    p.add_argument(
+        "--weights",
+        default=None,
+        metavar="PATH",
+        help="a local state-dict file (or a checkpoint) for the model as built for the dataset; "
+        "nothing is fetched from a hub",
+    )
+    p.add_argument(
+        "--sync-batchnorm",
+        action="store_true",
+        help="convert BatchNorm to SyncBatchNorm, statistics over all ranks "
+        f"(--strategy {' or '.join(SYNC_BATCHNORM_STRATEGIES)} on GPUs only)",
     )
     p.add_argument("--dataset", choices=DATASETS, default="mnist")
     p.add_argument(
@@ -304,8 +334,11 @@ def parse_args(argv: Sequence[str], parser: argparse.ArgumentParser | None = Non
     ns = parser.parse_args(list(argv))
     if ns.resume is not None and not Path(ns.resume).is_file():
         parser.error(f"argument --resume: no checkpoint file at {ns.resume}")
+    if ns.weights is not None and not Path(ns.weights).is_file():
+        parser.error(f"argument --weights: no file at {ns.weights}")
     options = _options_check(ns, parser)
     _multinode_check(ns, parser)
+    _model_check(ns, parser)
     return TrainConfig(
         strategy=ns.strategy,
         nproc=ns.nproc if ns.nproc is not None else _default_nproc(ns.strategy, ns.gpus),
@@ -334,8 +367,32 @@ def parse_args(argv: Sequence[str], parser: argparse.ArgumentParser | None = Non
         rdzv_id=ns.rdzv_id,
         rdzv_host=ns.rdzv_host,
         local_addr=ns.local_addr,
+        model=ns.model,
+        weights=str(Path(ns.weights).expanduser().resolve()) if ns.weights else None,
+        sync_batchnorm=ns.sync_batchnorm,
         **options,
     )
+
+
+def _model_check(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """--model names a model of the catalogue (close matches said where not); --sync-batchnorm
+    only where it can run."""
+    if ns.sync_batchnorm and ns.strategy not in SYNC_BATCHNORM_STRATEGIES:
+        parser.error(
+            f"argument --sync-batchnorm: applies to --strategy "
+            f"{' or '.join(SYNC_BATCHNORM_STRATEGIES)} only, not {ns.strategy}"
+        )
+    if ns.sync_batchnorm and not ns.gpus:
+        parser.error(f"argument --sync-batchnorm: {SYNC_BATCHNORM_CPU_REASON}")
+    if ns.model == MODEL_DEFAULT:
+        return  # the built-in: no need to import torchvision to know it
+    from training import catalogue
+
+    names = catalogue.model_names()
+    if ns.model not in names:
+        from training.models import unknown_model_message
+
+        parser.error(f"argument --model: {unknown_model_message(ns.model, names)}")
 
 
 def _default_nproc(strategy: str, gpus: Sequence[int]) -> int:

@@ -436,3 +436,23 @@ def _file_lock(path: Path) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # releases the lock
+
+
+# provisional: replaced by the data side -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DatasetMeta:
+    """What a model is built for: the dataset's classes, channels and (square) image size."""
+
+    name: str
+    classes: int
+    channels: int
+    image_size: int
+
+
+def dataset_meta(name: str, data_dir: Path, data_path: str | None = None) -> DatasetMeta:
+    # provisional: replaced by the data side
+    if name not in ("mnist", "fashion-mnist"):
+        raise ValueError(f"unknown dataset {name!r}")
+    return DatasetMeta(name, classes=10, channels=1, image_size=28)

@@ -1,10 +1,10 @@
-"""The event protocol between a training run and whoever watches it (version 1.5).
+"""The event protocol between a training run and whoever watches it (version 1.6).
 
 A run writes one JSON object per line on standard output; rank 0 alone writes them. Every object
 has the envelope (``Envelope`` below)
 
     v      protocol major version (int, 1)
-    minor  protocol minor version (int, 5); absent before 1.3, so a 1.0 to 1.2 writer is "1.x"
+    minor  protocol minor version (int, 6); absent before 1.3, so a 1.0 to 1.2 writer is "1.x"
     run    the run id given with --run-id ("" when none was given)
     seq    sequence number, 1, 2, 3, ... in the order written, with no gaps
     type   one of ``EventType``: started, step, epoch, log, checkpoint, finished, failed
@@ -19,7 +19,7 @@ higher major (``parse_event`` raises ``ProtocolVersionError``). Standard error i
 the training's own log lines carry ``LOG_LINE_MARKER`` (``log_line_format``, ``log_line_read``).
 
 docs/protocol.md has the whole description: the types, the reading rules, the stderr marker and
-the history of each minor version (what 1.1 to 1.5 added).
+the history of each minor version (what 1.1 to 1.6 added).
 """
 
 # No ``from __future__ import annotations`` here: on Python 3.11 it hides ``NotRequired`` from
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Final, Literal, NotRequired, TypedDict, Unpack, cast, get_args, overload
 
 PROTOCOL_VERSION: Final = 1  # the major version, "v" on the wire
-PROTOCOL_MINOR: Final = 5  # the minor version, "minor" on the wire (since 1.3)
+PROTOCOL_MINOR: Final = 6  # the minor version, "minor" on the wire (since 1.3)
 
 EventType = Literal["started", "step", "epoch", "log", "checkpoint", "finished", "failed"]
 EVENT_TYPES: Final = frozenset(get_args(EventType))
@@ -81,6 +81,20 @@ class Stage(TypedDict):
 
     name: str
     device: str
+    children: NotRequired[list[str]]  # 1.6: the model's top-level parts placed on it, in order
+    parameters: NotRequired[int]  # 1.6: how many of the model's parameters it holds
+
+
+class ModelInfo(TypedDict):
+    """1.6: the model a run trains, as built for its dataset (``training.models``)."""
+
+    name: str  # its catalogue name: "simple-cnn", a torchvision name, a plug-in's name
+    source: str  # "built in", "torchvision" or "plug-in <distribution>"
+    parameters: int
+    in_channels: int  # the dataset's channels, which its first layer takes
+    num_classes: int
+    image_size: int  # the dataset's image size (square), which it was built for
+    input_size: int  # the size its layers see: image_size, or what each batch is resized to
 
 
 class RankReport(TypedDict):
@@ -131,6 +145,9 @@ class StartedFields(TypedDict):
     requests_pid: NotRequired[int]
     # 1.5: each rank's machine (TRAINYARD_WORKER_NAME where set, else the host name), rank order
     machines: NotRequired[list[str]]
+    # 1.6: the model's catalogue name ("simple-cnn" before 1.6) and what was built
+    model: NotRequired[str]
+    model_info: NotRequired[ModelInfo]
 
 
 class StepFields(TypedDict):
