@@ -22,7 +22,7 @@ from tests.conftest import need
 from tests.test_exactness import assert_same_parameters
 from tests.test_training import ROOT, Result, assert_well_formed, run_cli
 from training import cli
-from training.data import dataset_meta, load_dataset, to_batch
+from training.data import DatasetMeta, dataset_meta, load_dataset, to_batch
 from training.models import InputResize, ModelRefused, model_build_for
 
 pytestmark = pytest.mark.usefixtures("no_processes_left")
@@ -36,7 +36,7 @@ def _mnist_batch(sample_data: Path, n: int = 8) -> tuple[torch.Tensor, torch.Ten
     return to_batch(data.test, torch.arange(n), torch.device("cpu"), data.mean, data.std)
 
 
-def _meta(sample_data: Path):  # type: ignore[no-untyped-def]
+def _meta(sample_data: Path) -> DatasetMeta:
     return dataset_meta("mnist", sample_data, None)
 
 
@@ -116,9 +116,7 @@ def _state(path: Path) -> dict[str, torch.Tensor]:
 def test_weights_round_trip_and_another_models_checkpoint(
     sample_data: Path, tmp_path: Path
 ) -> None:
-    first = run_cli(
-        sample_data, *SHORT, "--checkpoint-dir", str(tmp_path / "a"), "--run-id", "w1"
-    )
+    first = run_cli(sample_data, *SHORT, "--checkpoint-dir", str(tmp_path / "a"), "--run-id", "w1")
     assert_well_formed(first, "w1")
     assert first.started["model"] == "simple-cnn"
     checkpoint = Path(first.of_type("checkpoint")[-1]["path"])

@@ -12,11 +12,11 @@ from typing import Any
 from training.catalogue import MODEL_DEFAULT
 from training.registry import (
     MULTIPROCESS_STRATEGIES,
-    SYNC_BATCHNORM_CPU_REASON,
-    SYNC_BATCHNORM_STRATEGIES,
     REGISTRY,
     STRATEGY_NAMES,
     STRATEGY_OPTIONS,
+    SYNC_BATCHNORM_CPU_REASON,
+    SYNC_BATCHNORM_STRATEGIES,
     TORCHRUN_STRATEGIES,
     ZERO_STAGE,
     StrategyOption,
@@ -336,7 +336,7 @@ def parse_args(argv: Sequence[str], parser: argparse.ArgumentParser | None = Non
         parser.error(f"argument --resume: no checkpoint file at {ns.resume}")
     if ns.weights is not None and not Path(ns.weights).is_file():
         parser.error(f"argument --weights: no file at {ns.weights}")
-    options = _options_check(ns, parser)
+    options: dict[str, Any] = dict(_options_check(ns, parser))
     _multinode_check(ns, parser)
     _model_check(ns, parser)
     return TrainConfig(

@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from training import checkpoint
 from training.checkpoint import ResumePoint

@@ -83,6 +83,7 @@ def model_build_for(*, name: str, meta: DatasetMeta, weights: str | None = None)
     entry = entries.get(name)
     if entry is None:
         raise ModelRefused(unknown_model_message(name, list(entries)))
+    model: nn.Module
     if entry.source == "built in":
         model = SimpleCNN(meta.classes, meta.channels, meta.image_size)
         notes = [f"{name}: {_channels(meta.channels)}, {meta.classes} classes, "
@@ -180,10 +181,12 @@ def first_conv_adapt(model: nn.Module, channels: int, *, name: str) -> None:
             f"{name}'s first convolution ({path}) is grouped ({conv.groups} groups); it cannot "
             f"be made to take {_channels(channels)}"
         )
-    new = nn.Conv2d(
-        channels, conv.out_channels, conv.kernel_size, conv.stride, conv.padding,  # type: ignore[arg-type]
-        conv.dilation, bias=conv.bias is not None, padding_mode=conv.padding_mode,
-    )  # fmt: skip
+    shape: dict[str, Any] = {
+        "kernel_size": conv.kernel_size, "stride": conv.stride, "padding": conv.padding,
+        "dilation": conv.dilation, "bias": conv.bias is not None,
+        "padding_mode": conv.padding_mode,
+    }  # fmt: skip
+    new = nn.Conv2d(channels, conv.out_channels, **shape)
     with torch.no_grad():
         new.weight.copy_(conv.weight[:, [i % conv.in_channels for i in range(channels)]])
         if conv.bias is not None and new.bias is not None:
@@ -211,7 +214,11 @@ def _first_conv_note(name: str, model: nn.Module, meta: DatasetMeta) -> str:
 
 
 def _resize_note(name: str, given: int, size: int, *, built_for: bool) -> str:
-    how = f"built for {size}x{size}" if built_for else f"the smallest size tried it takes is {size}x{size}"
+    how = (
+        f"built for {size}x{size}"
+        if built_for
+        else f"the smallest size tried it takes is {size}x{size}"
+    )
     return (
         f"{name} does not take {given}x{given} images ({how}): each batch is resized to "
         f"{size}x{size} on the fly (bilinear, a parameter-free input stage; the weights are "
@@ -239,7 +246,9 @@ def _plugin_build(name: str, meta: DatasetMeta) -> nn.Module:
             num_classes=meta.classes, in_channels=meta.channels, image_size=meta.image_size
         )
     except Exception as exc:
-        raise ModelRefused(f"the plug-in model {name} ({point.value}) failed to build: {exc}") from exc
+        raise ModelRefused(
+            f"the plug-in model {name} ({point.value}) failed to build: {exc}"
+        ) from exc
     if not isinstance(model, nn.Module):
         raise ModelRefused(
             f"the plug-in model {name} ({point.value}) returned {type(model).__name__}, not a "
@@ -288,7 +297,9 @@ def weights_load(model: nn.Module, path: Path, *, name: str) -> str:
         # weights_only: a weights file is data; it must not run code when loaded.
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise ModelRefused(f"--weights {path}: not a state-dict file torch can read ({exc})") from exc
+        raise ModelRefused(
+            f"--weights {path}: not a state-dict file torch can read ({exc})"
+        ) from exc
     what = "state dict"
     if isinstance(state, dict) and state.get("format") == FORMAT:
         state, what = state.get("model"), "Trainyard checkpoint's model"

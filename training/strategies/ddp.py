@@ -2,9 +2,10 @@
 the CPU); gradients are averaged over ranks during backward.
 
 BatchNorm is the one layer whose forward differs from a single process's at the same global
-batch: each rank normalises with its own shard's batch statistics, and the running ones are rank 0's
-(DDP broadcasts its buffers every step). The run says so; on GPUs ``--sync-batchnorm`` converts it to ``SyncBatchNorm``,
-statistics over all ranks (the CLI refuses it on the CPU, where torch's does not run)."""
+batch: each rank normalises with its own shard's batch statistics, and the running ones are
+rank 0's (DDP broadcasts its buffers every step). The run says so; on GPUs ``--sync-batchnorm``
+converts it to ``SyncBatchNorm``, statistics over all ranks (the CLI refuses it on the CPU,
+where torch's does not run)."""
 
 from __future__ import annotations
 
