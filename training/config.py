@@ -390,9 +390,7 @@ def _model_check(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
 
     names = catalogue.model_names()
     if ns.model not in names:
-        from training.models import unknown_model_message
-
-        parser.error(f"argument --model: {unknown_model_message(ns.model, names)}")
+        parser.error(f"argument --model: {catalogue.unknown_model_message(ns.model, names)}")
 
 
 def _default_nproc(strategy: str, gpus: Sequence[int]) -> int:

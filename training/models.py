@@ -24,7 +24,6 @@ with the error of the dataset's size.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -82,7 +81,7 @@ def model_build_for(*, name: str, meta: DatasetMeta, weights: str | None = None)
     entries = {entry.name: entry for entry in catalogue.model_entries()}
     entry = entries.get(name)
     if entry is None:
-        raise ModelRefused(unknown_model_message(name, list(entries)))
+        raise ModelRefused(catalogue.unknown_model_message(name, list(entries)))
     model: nn.Module
     if entry.source == "built in":
         model = SimpleCNN(meta.classes, meta.channels, meta.image_size)
@@ -108,15 +107,6 @@ def model_build_for(*, name: str, meta: DatasetMeta, weights: str | None = None)
         "input_size": size,
     }
     return BuiltModel(model, info, notes)
-
-
-def unknown_model_message(name: str, names: list[str]) -> str:
-    close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
-    hint = f"; did you mean {' or '.join(close)}?" if close else ""
-    return (
-        f"unknown model {name!r}: not simple-cnn, a torchvision classifier or an installed "
-        f"{catalogue.MODEL_GROUP} plug-in{hint} (python -m training.catalogue lists them)"
-    )
 
 
 # --- torchvision ---------------------------------------------------------------------------
