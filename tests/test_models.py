@@ -259,16 +259,20 @@ def test_model_parallel_splits_resnet18(sample_data: Path, tmp_path: Path) -> No
     assert keys == tv_models.resnet18().state_dict().keys()
 
 
-def test_hogwild_trains_resnet18(sample_data: Path) -> None:
+def test_hogwild_trains_inception_v3_resized(sample_data: Path) -> None:
     result = run_cli(
-        sample_data, "--model", "resnet18", "--strategy", "hogwild", "--nproc", "2",
-        "--dry-run", "--run-id", "hw18",
+        sample_data, "--model", "inception_v3", "--strategy", "hogwild", "--nproc", "2",
+        "--dry-run", "--batch-size", "8", "--run-id", "hwi",
     )  # fmt: skip
-    assert_well_formed(result, "hw18")
-    assert result.started["model"] == "resnet18"
-    # The processes train the parent's model as built (shared), not a model of their own.
-    shared = [t for t in result.started["shared_tensors"] if t["name"] == "model.conv1.weight"]
-    assert shared and shared[0]["is_shared"] and shared[0]["shape"] == [64, 1, 7, 7]
+    assert_well_formed(result, "hwi")
+    assert result.started["model_info"]["input_size"] == 75
+    # The processes train the parent's model as built (shared, its input stage pickled along),
+    # not a model of their own.
+    [conv] = [
+        t for t in result.started["shared_tensors"]
+        if t["name"] == "model.Conv2d_1a_3x3.conv.weight"
+    ]  # fmt: skip
+    assert conv["is_shared"] and conv["shape"] == [32, 1, 3, 3]
 
 
 def test_ddp_on_resnet18_says_batchnorm_is_per_rank(sample_data: Path) -> None:
