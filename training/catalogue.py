@@ -21,6 +21,7 @@ Datasets
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -98,6 +99,16 @@ def model_splittable(entry: ModelEntry) -> bool:
 
 def model_names() -> list[str]:
     return [entry.name for entry in model_entries()]
+
+
+def unknown_model_message(name: str, names: list[str]) -> str:
+    """Why ``name`` is not a model here, with the closest names of ``names``."""
+    close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    return (
+        f"unknown model {name!r}: not simple-cnn, a torchvision classifier or an installed "
+        f"{MODEL_GROUP} plug-in{hint} (python -m training.catalogue lists them)"
+    )
 
 
 def dataset_plugins() -> dict[str, metadata.EntryPoint]:
@@ -262,3 +273,10 @@ def _detail(name: str, path: Path, source: str) -> dict[str, Any]:
         "bytes": sum(p.stat().st_size for p in files),
         "source": source,
     }
+
+
+if __name__ == "__main__":  # python -m training.catalogue: this machine's report, as JSON
+    import json
+
+    _data_dir = Path(os.environ.get("TRAINYARD_DATA_DIR") or "./var/data")
+    print(json.dumps(catalogue_collect(data_dir=_data_dir), indent=2))

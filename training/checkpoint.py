@@ -113,6 +113,13 @@ def load_for(cfg: TrainConfig) -> dict[str, Any]:
     assert cfg.resume is not None
     state = load(Path(cfg.resume))
     saved: dict[str, Any] = state.get("config", {})
+    # Checkpoints from before --model hold the built-in's weights.
+    saved_model = saved.get("model", "simple-cnn")
+    if saved_model != cfg.model:
+        raise ValueError(
+            f"the checkpoint {cfg.resume} holds the weights of --model {saved_model}, not of "
+            f"--model {cfg.model}; resume it with --model {saved_model}"
+        )
     if (
         state.get("optimizer") is not None
         and saved.get("optimizer", cfg.optimizer) != cfg.optimizer

@@ -12,6 +12,7 @@ from typing import Any
 from training.catalogue import (
     DATASET_NAMES_KNOWN,
     IMAGEFOLDER,
+    MODEL_DEFAULT,
     dataset_plugins,
     image_folder_facts,
 )
@@ -20,6 +21,8 @@ from training.registry import (
     REGISTRY,
     STRATEGY_NAMES,
     STRATEGY_OPTIONS,
+    SYNC_BATCHNORM_CPU_REASON,
+    SYNC_BATCHNORM_STRATEGIES,
     TORCHRUN_STRATEGIES,
     ZERO_STAGE,
     StrategyOption,
@@ -63,6 +66,10 @@ class TrainConfig:
     target_accuracy: float | None = None
     data_path: str | None = None  # --data-path: the image folder of --dataset imagefolder
     workers: int = WORKERS_DEFAULT  # DataLoader workers where the data streams
+    # The catalogue's name (training.catalogue); a checkpoint records it, resume checks it.
+    model: str = MODEL_DEFAULT
+    weights: str | None = None  # a local state-dict file loaded into the model as built
+    sync_batchnorm: bool = False  # ddp on GPUs: BatchNorm statistics over all ranks
 
     @property
     def step_limit(self) -> int | None:
@@ -139,8 +146,9 @@ def _run_id(text: str) -> str:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m training",
-        description="Train a small CNN on MNIST or Fashion-MNIST with one of several parallel "
-        "strategies. Events go to stdout as JSON lines, logs to stderr.",
+        description="Train a model (the built-in simple-cnn, a torchvision classifier or a "
+        "trainyard.models plug-in) on a dataset with one of several parallel strategies. "
+        "Events go to stdout as JSON lines, logs to stderr.",
         epilog="strategies:\n" + "\n".join(f"  {spec.name:15} {spec.summary}" for spec in REGISTRY),
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -157,6 +165,27 @@ def build_parser() -> argparse.ArgumentParser:
         type=_gpu_ids,
         default=(),
         help='GPU ids, e.g. "0,1" (default: none, train on the CPU)',
+    )
+    p.add_argument(
+        "--model",
+        default=MODEL_DEFAULT,
+        metavar="NAME",
+        help=f"what to train: {MODEL_DEFAULT} (the default), a torchvision classifier such as "
+        "resnet18, or an installed trainyard.models plug-in (python -m training.catalogue "
+        "lists them); adapted to the dataset's channels, classes and image size",
+    )
+    p.add_argument(
+        "--weights",
+        default=None,
+        metavar="PATH",
+        help="a local state-dict file (or a checkpoint) for the model as built for the dataset; "
+        "nothing is fetched from a hub",
+    )
+    p.add_argument(
+        "--sync-batchnorm",
+        action="store_true",
+        help="convert BatchNorm to SyncBatchNorm, statistics over all ranks "
+        f"(--strategy {' or '.join(SYNC_BATCHNORM_STRATEGIES)} on GPUs only)",
     )
     _data_arguments(p)
     p.add_argument(
@@ -366,9 +395,12 @@ def parse_args(argv: Sequence[str], parser: argparse.ArgumentParser | None = Non
     ns = parser.parse_args(list(argv))
     if ns.resume is not None and not Path(ns.resume).is_file():
         parser.error(f"argument --resume: no checkpoint file at {ns.resume}")
-    options = _options_check(ns, parser)
+    if ns.weights is not None and not Path(ns.weights).is_file():
+        parser.error(f"argument --weights: no file at {ns.weights}")
+    options: dict[str, Any] = dict(_options_check(ns, parser))
     _multinode_check(ns, parser)
     data_path = _data_check(ns, parser)
+    _model_check(ns, parser)
     return TrainConfig(
         strategy=ns.strategy,
         nproc=ns.nproc if ns.nproc is not None else _default_nproc(ns.strategy, ns.gpus),
@@ -399,8 +431,30 @@ def parse_args(argv: Sequence[str], parser: argparse.ArgumentParser | None = Non
         local_addr=ns.local_addr,
         data_path=data_path,
         workers=ns.workers,
+        model=ns.model,
+        weights=str(Path(ns.weights).expanduser().resolve()) if ns.weights else None,
+        sync_batchnorm=ns.sync_batchnorm,
         **options,
     )
+
+
+def _model_check(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """--model names a model of the catalogue (close matches said where not); --sync-batchnorm
+    only where it can run."""
+    if ns.sync_batchnorm and ns.strategy not in SYNC_BATCHNORM_STRATEGIES:
+        parser.error(
+            f"argument --sync-batchnorm: applies to --strategy "
+            f"{' or '.join(SYNC_BATCHNORM_STRATEGIES)} only, not {ns.strategy}"
+        )
+    if ns.sync_batchnorm and not ns.gpus:
+        parser.error(f"argument --sync-batchnorm: {SYNC_BATCHNORM_CPU_REASON}")
+    if ns.model == MODEL_DEFAULT:
+        return  # the built-in: no need to import torchvision to know it
+    from training import catalogue
+
+    names = catalogue.model_names()
+    if ns.model not in names:
+        parser.error(f"argument --model: {catalogue.unknown_model_message(ns.model, names)}")
 
 
 def _default_nproc(strategy: str, gpus: Sequence[int]) -> int:

@@ -32,6 +32,7 @@ from training.data import Dataset
 from training.epochs import EpochStart, Ranks, epochs_drive, model_build, started_emit
 from training.loop import Tested, evaluate, steps_run
 from training.meter import Window, window_report
+from training.models import BuiltModel
 from training.protocol import EventWriter, SharedTensor
 from training.reporting import epoch_emit
 from training.run_requests import checkpoint_request_pending, checkpoint_request_take
@@ -62,6 +63,7 @@ class _Run:
     """What a run trains with, made ready before its ``started`` event."""
 
     plan: Plan
+    built: BuiltModel  # the model as built for the dataset, and how (started.model_info)
     data: Dataset
     shared_tensors: list[SharedTensor]  # started.shared_tensors
     per_epoch: int  # optimizer steps per epoch
@@ -70,9 +72,9 @@ class _Run:
 
 
 def _setup(cfg: TrainConfig, rt: Runtime) -> _Run:
-    model, state = model_build(cfg)
+    built, state = model_build(cfg)
     data, shared_tensors = dataset_for(cfg, rt)
-    plan = plan_build(cfg, rt, model)
+    plan = plan_build(cfg, rt, built.model)
     per_epoch = steps_per_epoch(len(data.train), cfg.batch_size, rt.world_size, cfg.step_limit)
     resumed = Resumed(ResumePoint(), ())
     if state is not None:
@@ -86,7 +88,7 @@ def _setup(cfg: TrainConfig, rt: Runtime) -> _Run:
             per_epoch=per_epoch,
         )
     notes = [*plan.notes, *data.notes, *resumed.notes]
-    return _Run(plan, data, shared_tensors, per_epoch, resumed.point, notes)
+    return _Run(plan, built, data, shared_tensors, per_epoch, resumed.point, notes)
 
 
 def _started_emit(cfg: TrainConfig, rt: Runtime, events: EventWriter, run: _Run) -> None:
@@ -104,7 +106,7 @@ def _started_emit(cfg: TrainConfig, rt: Runtime, events: EventWriter, run: _Run)
         warnings=run.plan.warnings,
     )
     started_emit(
-        cfg, rt, events, data=run.data, per_epoch=run.per_epoch,
+        cfg, rt, events, data=run.data, built=run.built, per_epoch=run.per_epoch,
         start_epoch=run.resume.start_epoch, ranks=ranks,
     )  # fmt: skip
 

@@ -11,17 +11,17 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import torch
-from torch import nn
 
 from training import checkpoint
 from training.checkpoint import ResumePoint
 from training.config import TrainConfig
-from training.data import Dataset
+from training.data import Dataset, dataset_meta
 from training.loop import Tested
-from training.model import SimpleCNN
+from training.models import BuiltModel, model_build_for, weights_mismatch
 from training.protocol import EventWriter, SharedTensor
 from training.reporting import (
     data_source_log,
@@ -45,16 +45,29 @@ class EpochStart:
 EpochTrain = Callable[[EpochStart], tuple[int, Tested]]  # returns (global step, test figures)
 
 
-def model_build(cfg: TrainConfig) -> tuple[nn.Module, dict[str, Any] | None]:
-    """The model, with the checkpoint's weights when resuming; and the checkpoint."""
+def model_build(cfg: TrainConfig) -> tuple[BuiltModel, dict[str, Any] | None]:
+    """The model built for the run's dataset (``training.models``), with the checkpoint's
+    weights when resuming (else those of --weights); and the checkpoint."""
+    # Before the model and the data: a bad --resume (another model's) fails at once.
+    state = checkpoint.load_for(cfg) if cfg.resume else None
     # Same seed on every rank: identical initial weights (DDP also broadcasts rank 0's).
     torch.manual_seed(cfg.seed)
-    model = SimpleCNN()
-    # Before the data: a bad --resume fails before seconds are spent loading it.
-    state = checkpoint.load_for(cfg) if cfg.resume else None
+    meta = dataset_meta(cfg.dataset, Path(cfg.data_dir), cfg.data_path)
+    weights = cfg.weights if state is None else None
+    built = model_build_for(name=cfg.model, meta=meta, weights=weights)
     if state is not None:
-        model.load_state_dict(state["model"])
-    return model, state
+        mismatch = weights_mismatch(built.model.state_dict(), state["model"])
+        if mismatch:
+            raise ValueError(
+                f"the checkpoint {cfg.resume} does not fit {cfg.model} as built for "
+                f"{cfg.dataset}: {mismatch}"
+            )
+        built.model.load_state_dict(state["model"])
+        if cfg.weights:
+            built.notes.append(
+                f"--weights {cfg.weights} was not loaded: the checkpoint's weights are resumed."
+            )
+    return built, state
 
 
 @dataclass(frozen=True)
@@ -78,6 +91,7 @@ def started_emit(
     events: EventWriter,
     *,
     data: Dataset,
+    built: BuiltModel,
     per_epoch: int,
     start_epoch: int,
     ranks: Ranks,
@@ -86,13 +100,15 @@ def started_emit(
     events.emit(
         "started",
         **started_fields(cfg, rt, data, per_epoch, start_epoch, world=ranks.world),
+        model=cfg.model,
+        model_info=built.info,
         devices=ranks.devices,
         pids=ranks.pids,
         machines=ranks.machines,
         launcher_pid=ranks.launcher_pid,
         # The process that writes the events takes the checkpoint requests (SIGUSR1).
         requests_pid=os.getpid(),
-        notes=ranks.notes,
+        notes=[*built.notes, *ranks.notes],
         shared_tensors=ranks.shared_tensors,
         **ranks.extra,
     )

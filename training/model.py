@@ -1,4 +1,4 @@
-"""The network every strategy trains."""
+"""The built-in network, ``simple-cnn`` (``training.models`` builds it and every other)."""
 
 from __future__ import annotations
 
@@ -7,12 +7,18 @@ from torch import nn
 
 
 class SimpleCNN(nn.Module):
-    """Two 3x3 convolutions, one 2x2 max-pool, two linear layers; 10 logits for 28x28 input."""
+    """Two 3x3 convolutions, one 2x2 max-pool, two linear layers.
 
-    def __init__(self, num_classes: int = 10) -> None:
+    The defaults are MNIST's (1 channel, 28x28, 10 classes); the first linear layer's width
+    follows ``image_size``, so the state dict at the defaults is the one checkpoints always held.
+    """
+
+    def __init__(self, num_classes: int = 10, in_channels: int = 1, image_size: int = 28) -> None:
         super().__init__()
+        if image_size < 2:
+            raise ValueError(f"simple-cnn needs images of at least 2x2 pixels, got {image_size}")
         self.features = nn.Sequential(
-            nn.Conv2d(1, 32, 3, padding=1),
+            nn.Conv2d(in_channels, 32, 3, padding=1),
             nn.ReLU(),
             nn.Conv2d(32, 64, 3, padding=1),
             nn.ReLU(),
@@ -20,7 +26,7 @@ class SimpleCNN(nn.Module):
         )
         self.classifier = nn.Sequential(
             nn.Flatten(),
-            nn.Linear(64 * 14 * 14, 128),
+            nn.Linear(64 * (image_size // 2) ** 2, 128),
             nn.ReLU(),
             nn.Linear(128, num_classes),
         )

@@ -81,6 +81,20 @@ class Stage(TypedDict):
 
     name: str
     device: str
+    children: NotRequired[list[str]]  # 1.6: the model's top-level parts placed on it, in order
+    parameters: NotRequired[int]  # 1.6: how many of the model's parameters it holds
+
+
+class ModelInfo(TypedDict):
+    """1.6: the model a run trains, as built for its dataset (``training.models``)."""
+
+    name: str  # its catalogue name: "simple-cnn", a torchvision name, a plug-in's name
+    source: str  # "built in", "torchvision" or "plug-in <distribution>"
+    parameters: int
+    in_channels: int  # the dataset's channels, which its first layer takes
+    num_classes: int
+    image_size: int  # the dataset's image size (square), which it was built for
+    input_size: int  # the size its layers see: image_size, or what each batch is resized to
 
 
 class RankReport(TypedDict):
@@ -131,7 +145,10 @@ class StartedFields(TypedDict):
     requests_pid: NotRequired[int]
     # 1.5: each rank's machine (TRAINYARD_WORKER_NAME where set, else the host name), rank order
     machines: NotRequired[list[str]]
-    # 1.6: --data-path (an image folder's, else null), and whether the decoded images stay in
+    # 1.6: the model's catalogue name ("simple-cnn" before 1.6) and what was built
+    model: NotRequired[str]
+    model_info: NotRequired[ModelInfo]
+    # 1.6 too: --data-path (an image folder's, else null), and whether the decoded images stay in
     # memory ("resident", shared under torchrun and Hogwild) or stream through a DataLoader
     # ("streaming"); the notes say why, with the figures.
     data_path: NotRequired[str | None]

@@ -151,8 +151,8 @@ REGISTRY: tuple[StrategySpec, ...] = (
         name="model-parallel",
         label="Model parallel",
         short="MP",
-        summary="The model split in two stages (convolutions, classifier) on two devices, "
-        "activations moved between them.",
+        summary="The model split in two stages (its top-level parts, balanced by parameters) "
+        "on two devices, activations moved between them.",
         help="The model cut in two stages on different devices (0, 1 or 2 GPUs, the rest on "
         "the CPU), activations passed between them: for models too big for one device.",
         module="model_parallel",
@@ -196,6 +196,15 @@ STRATEGY_NAMES: tuple[str, ...] = tuple(STRATEGIES)
 TORCHRUN_STRATEGIES: tuple[str, ...] = tuple(s.name for s in REGISTRY if s.torchrun)
 MULTIPROCESS_STRATEGIES: tuple[str, ...] = tuple(s.name for s in REGISTRY if s.processes)
 # Every strategy's own settings, once each, in the order the registry declares them.
+# --sync-batchnorm: the strategies that convert BatchNorm to SyncBatchNorm, and why not on the CPU
+# (checked with torch 2.14.1 and 2 Gloo ranks: its forward raises "SyncBatchNorm expected input
+# tensor to be on GPU or XPU or privateuseone").
+SYNC_BATCHNORM_STRATEGIES = ("ddp",)
+SYNC_BATCHNORM_CPU_REASON = (
+    "needs GPUs (--gpus): torch's SyncBatchNorm does not run on CPU tensors, so Gloo ranks on "
+    "the CPU cannot sync BatchNorm statistics"
+)
+
 STRATEGY_OPTIONS: tuple[StrategyOption, ...] = tuple(
     dict.fromkeys(option for spec in REGISTRY for option in spec.options)
 )

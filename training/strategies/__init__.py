@@ -34,7 +34,7 @@ def own_trainer(cfg: TrainConfig) -> Trainer | None:
 
 
 def plan_build(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> Plan:
-    """Place ``model`` (a bare SimpleCNN, weights already loaded) and wrap it for ``cfg``."""
+    """Place ``model`` (built for the dataset, weights loaded) and wrap it for ``cfg``."""
     module = strategy_module(cfg.strategy)
     if not hasattr(module, "plan_build"):
         raise ValueError(f"no training plan for strategy {cfg.strategy!r}")

@@ -16,7 +16,7 @@ from training.loop import StepFn
 
 @dataclass
 class Plan:
-    model: nn.Module  # the bare SimpleCNN: its state dict is what checkpoints hold
+    model: nn.Module  # the bare model as built (training.models): checkpoints hold its state dict
     net: nn.Module  # what the training step calls (a wrapper, or the model itself)
     eval_net: nn.Module  # what evaluation calls
     optimizer: torch.optim.Optimizer

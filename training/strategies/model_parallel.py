@@ -1,8 +1,11 @@
 """``model-parallel``: the model split in two stages on two devices, activations moved between.
 
-Stage 1 is the convolutions (``features``), stage 2 the classifier. The devices come from
---gpus: two GPUs put one stage on each; one GPU puts the convolutions, where most of the compute
-is, on it and the classifier on the CPU (PyTorch's multi-GPU examples mix CPU and GPU the same
+The stages are the model's top-level children (a plug-in may declare its own, see
+``training.models.model_stages``), cut in two where their parameter counts are closest: the
+built-in's are its convolutions (``features``) and its classifier. Each part goes to its stage's
+device with a forward pre-hook that moves its inputs there, so the model's own forward runs as
+written. The devices come from --gpus: two GPUs put one stage on each; one GPU puts the first
+stage on it and the second on the CPU (PyTorch's multi-GPU examples mix CPU and GPU the same
 way); without GPUs both stages are on the CPU, which runs but gives no parallelism, and the run
 says so. Stages run one after the other for each batch (no pipelining), so this trades speed for
 memory: each device holds only its stage.
@@ -10,39 +13,23 @@ memory: each device holds only its stage.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from functools import partial
+from typing import Any
+
 import torch
 from torch import nn
 
 from training.config import TrainConfig
-from training.model import SimpleCNN
+from training.models import Part, model_stages, stages_balance
+from training.protocol import Stage
 from training.runtime import Runtime
 from training.strategies.common import Plan, optimizer_make, step_default
 
 BOTH_ON_CPU = (
     "Model parallelism needs devices to split over and no GPU was given, so both stages "
-    "(convolutions and classifier) ran on the CPU, one after the other: no parallelism."
+    "ran on the CPU, one after the other: no parallelism."
 )
-
-
-class TwoStageCNN(nn.Module):
-    """SimpleCNN's ``features`` on one device, its ``classifier`` on another.
-
-    The submodules are the model's own, so the bare model's state dict (checkpoints) is
-    unchanged and any strategy can resume it.
-    """
-
-    def __init__(self, model: SimpleCNN, first: torch.device, second: torch.device) -> None:
-        super().__init__()
-        self.first, self.second = first, second
-        self.features = model.features.to(first)
-        self.classifier = model.classifier.to(second)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.features(x.to(self.first, non_blocking=True))
-        # A copy off a GPU must be synchronous: the CPU would otherwise read it unfinished.
-        h = h.to(self.second, non_blocking=self.first.type == "cpu")
-        out: torch.Tensor = self.classifier(h)
-        return out
 
 
 def stage_devices(cfg: TrainConfig) -> tuple[torch.device, torch.device]:
@@ -53,29 +40,68 @@ def stage_devices(cfg: TrainConfig) -> tuple[torch.device, torch.device]:
     return torch.device("cpu"), torch.device("cpu")
 
 
+def _inputs_to(
+    device: torch.device, module: nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """A forward pre-hook: a part's tensor inputs moved to its stage's device."""
+    move: Callable[[Any], Any] = partial(_to, device)
+    return tuple(move(a) for a in args), {k: move(v) for k, v in kwargs.items()}
+
+
+def _to(device: torch.device, value: Any) -> Any:
+    if isinstance(value, torch.Tensor) and value.device != device:
+        # A copy off a GPU must be synchronous: the CPU would otherwise read it unfinished.
+        return value.to(device, non_blocking=value.device.type == "cpu")
+    return value
+
+
+def stages_place(
+    model: nn.Module, stages: tuple[list[Part], list[Part]], devices: tuple[torch.device, ...]
+) -> None:
+    """Put each part on its stage's device, with a hook that moves its inputs there: the
+    model's own forward runs unchanged, and its state dict (checkpoints) keeps its keys.
+    Parameters of the model itself, outside its parts, go with the first stage."""
+    model.to(devices[0])
+    for parts, device in zip(stages, devices, strict=True):
+        for _, module in parts:
+            module.to(device)
+            module.register_forward_pre_hook(partial(_inputs_to, device), with_kwargs=True)
+
+
+def stage_table(stages: tuple[list[Part], list[Part]], labels: list[str]) -> list[Stage]:
+    """started.stages: each stage's parts (children) and device."""
+    table: list[Stage] = []
+    for parts, label in zip(stages, labels, strict=True):
+        names = [name for name, _ in parts]
+        table.append(
+            {
+                "name": names[0] if len(names) == 1 else f"{names[0]} .. {names[-1]}",
+                "device": label,
+                "children": names,
+                "parameters": sum(p.numel() for _, m in parts for p in m.parameters()),
+            }
+        )
+    return table
+
+
 def plan_build(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> Plan:
-    assert isinstance(model, SimpleCNN)
+    stages = stages_balance(model_stages(cfg.model, model))
     first, second = stage_devices(cfg)
-    net = TwoStageCNN(model, first, second)
+    stages_place(model, stages, (first, second))
     # After placing the stages: a resumed optimizer state follows each parameter's device.
     optimizer = optimizer_make(cfg, model)
     labels = [str(first), str(second)]
     notes = [BOTH_ON_CPU] if not cfg.gpus else []
     return Plan(
         model=model,
-        net=net,
-        eval_net=net,
+        net=model,
+        eval_net=model,
         optimizer=optimizer,
-        step=step_default(net, optimizer),
+        step=step_default(model, optimizer),
         input_device=first,
         output_device=second,
         devices=labels,
         notes=notes,
         warnings=list(notes),
-        started={
-            "stages": [
-                {"name": "features", "device": labels[0]},
-                {"name": "classifier", "device": labels[1]},
-            ]
-        },
+        started={"stages": stage_table(stages, labels)},
     )

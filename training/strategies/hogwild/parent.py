@@ -44,7 +44,8 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
     t_start = time.monotonic()
     if rt.device.type != "cpu":
         raise RuntimeError("hogwild trains on the CPU (the CLI refuses --gpus for it)")
-    model, state = model_build(cfg)
+    built, state = model_build(cfg)
+    model = built.model
     # Before spawning: the processes receive handles to these storages, not copies.
     model.share_memory()
     path = segment_path(os.getpid(), f"hogwild-{uuid.uuid4().hex[:12]}-{cfg.dataset}")
@@ -69,7 +70,7 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
             world=cfg.nproc,
         )
         started_emit(
-            cfg, rt, events, data=data, per_epoch=per_epoch,
+            cfg, rt, events, data=data, built=built, per_epoch=per_epoch,
             start_epoch=resumed.point.start_epoch, ranks=ranks,
         )  # fmt: skip
         # The parent alone evaluates; the processes wait for an epoch that is never sent.
