@@ -199,12 +199,20 @@ def json_request_body(schema: type[Schema], *, description: str) -> dict[str, An
     return {"requestBody": {"content": content, "description": description, "required": False}}
 
 
-def query_params(*params: tuple[str, dict[str, Any], str]) -> dict[str, Any]:
+def query_params(
+    *params: tuple[str, dict[str, Any], str], required: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """Documented query parameters (name, JSON schema, description), for openapi_extra. The
     route reads request.GET itself, so that its checks (and their messages) stay the only ones."""
     return {
         "parameters": [
-            {"in": "query", "name": name, "required": False, "schema": schema, "description": why}
+            {
+                "in": "query",
+                "name": name,
+                "required": name in required,
+                "schema": schema,
+                "description": why,
+            }
             for name, schema, why in params
         ]
     }
