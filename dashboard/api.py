@@ -47,6 +47,8 @@ BAD_TOKEN = "invalid or revoked API token"
 TOO_BIG = f"request body over {MAX_BODY_BYTES} bytes"
 MAX_ID = 2**63 - 1  # the largest primary key a database column holds
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+# A body Django cannot parse, or a request it finds suspect (too many fields, ...): the API's 400.
+UNREADABLE = (MultiPartParserError, SuspiciousOperation, BadRequest)
 
 View = Callable[..., HttpResponse]
 
@@ -197,12 +199,20 @@ def json_request_body(schema: type[Schema], *, description: str) -> dict[str, An
     return {"requestBody": {"content": content, "description": description, "required": False}}
 
 
-def query_params(*params: tuple[str, dict[str, Any], str]) -> dict[str, Any]:
+def query_params(
+    *params: tuple[str, dict[str, Any], str], required: tuple[str, ...] = ()
+) -> dict[str, Any]:
     """Documented query parameters (name, JSON schema, description), for openapi_extra. The
     route reads request.GET itself, so that its checks (and their messages) stay the only ones."""
     return {
         "parameters": [
-            {"in": "query", "name": name, "required": False, "schema": schema, "description": why}
+            {
+                "in": "query",
+                "name": name,
+                "required": name in required,
+                "schema": schema,
+                "description": why,
+            }
             for name, schema, why in params
         ]
     }
@@ -244,6 +254,10 @@ def handlers_install(api: NinjaAPI) -> None:
     api.add_exception_handler(ValidationError, _validation_failed)
     api.add_exception_handler(AuthenticationError, lambda r, e: error_response(401, LOGIN_NEEDED))
     api.add_exception_handler(RequestDataTooBig, lambda r, e: error_response(413, TOO_BIG))
+    # Raised inside an operation (request.FILES): ninja's own handler for these is its default
+    # one, which with DEBUG on answers a text/plain 500 traceback before the gate can catch them.
+    for unreadable in UNREADABLE:
+        api.add_exception_handler(unreadable, _unreadable)
 
 
 def api_error_response(exc: Any) -> HttpResponse:
@@ -254,6 +268,35 @@ def api_error_response(exc: Any) -> HttpResponse:
 
 def _unreadable(request: HttpRequest, exc: Any) -> HttpResponse:
     return error_response(400, f"the request body cannot be read: {str(exc)[:200]}")
+
+
+def api_answers_json(get_response: View) -> View:
+    """Middleware, first in MIDDLEWARE: an error under /api/ that Django answered itself (an
+    unknown path's 404, a refused Host's 400, its debug pages) becomes the API's JSON shape,
+    the same status and headers, as every operation's own refusals are."""
+
+    def middleware(request: HttpRequest) -> HttpResponse:
+        response = get_response(request)
+        if response.status_code < 400 or not _is_api_path(request.path):
+            return response
+        if response.get("Content-Type", "").startswith("application/json"):
+            return response
+        message = f"no such API path {request.path[:80]}" if response.status_code == 404 else ""
+        answer = error_response(response.status_code, message or _reason(response))
+        for name, value in response.items():
+            if name.lower() not in {"content-type", "content-length"}:
+                answer[name] = value
+        return answer
+
+    return middleware
+
+
+def _is_api_path(path: str) -> bool:
+    return path == "/api" or path.startswith("/api/")
+
+
+def _reason(response: HttpResponse) -> str:
+    return str(response.reason_phrase or "error").lower()
 
 
 # ---- the API object and its URLs ----
@@ -299,7 +342,7 @@ def gate(view: PathView) -> View:
             # Django refuses the body (Content-Length over DATA_UPLOAD_MAX_MEMORY_SIZE) when
             # something first reads it: a JSON 413, not an HTML 400.
             return error_response(413, TOO_BIG)
-        except (MultiPartParserError, SuspiciousOperation, BadRequest) as exc:
+        except UNREADABLE as exc:
             # An unreadable upload, or a request Django finds suspect (too many fields, ...):
             # Django's own answer is its 400 page, not the API's JSON.
             return _unreadable(request, exc)

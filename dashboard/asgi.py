@@ -14,8 +14,12 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from channels.security.websocket import AllowedHostsOriginValidator  # noqa: E402
 
+from dashboard import http_server  # noqa: E402
 from dashboard.accounts.ws_auth import TokenAuthMiddleware  # noqa: E402
 from dashboard.experiments.routing import websocket_urlpatterns  # noqa: E402
+
+# daphne's refusals under /api/ in the API's JSON, and Twisted's multipart parsing off.
+http_server.install()
 
 application = ProtocolTypeRouter(
     {

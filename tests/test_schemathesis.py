@@ -1,6 +1,8 @@
 """Schemathesis against the live stack: requests generated from /api/schema/, for every route,
 with a Bearer token; no 5xx, and every answer matches the schema (its status code, content type
-and body).
+and body). Twice: the suite's own loop over every operation (positive and negative cases, the
+path ids pointed at seeded rows), and Schemathesis' own runner with its default phases
+(coverage, fuzzing, stateful) and checks, as a user would run it.
 
 The stack's worker is stopped while it runs, so the runs the generated launches and studies
 queue never train; they are stopped at the end (a queued run is cancelled at once) and the
@@ -12,6 +14,8 @@ what Schemathesis drew (a 404).
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -24,6 +28,7 @@ import requests
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from schemathesis.checks import not_a_server_error
+from schemathesis.core.result import Ok
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     response_schema_conformance,
@@ -82,7 +87,6 @@ print(json.dumps({"run": run.pk, "step": 20, "queued": queued.pk}))
 class Tally:
     cases: Counter[str] = field(default_factory=Counter)
     statuses: Counter[int] = field(default_factory=Counter)
-    server_refusals: Counter[str] = field(default_factory=Counter)
     failures: dict[str, list[str]] = field(default_factory=dict)
 
 
@@ -109,12 +113,13 @@ def live(stack: Stack) -> Iterator[tuple[Stack, str, dict[str, int]]]:
 
 
 def _queued_runs_stop(stack: Stack, auth: dict[str, str]) -> None:
-    listing = requests.get(
+    # A page at a time until none is left: the stateful phase may queue more than a page.
+    while runs := requests.get(
         f"{stack.base_url}/api/experiments/?status=queued&limit=500", headers=auth, timeout=60
-    )
-    for run in listing.json()["experiments"]:
-        stop = requests.post(run_url(stack, run["id"]) + "stop/", headers=auth, timeout=30)
-        assert stop.status_code == 202, stop.text
+    ).json()["experiments"]:
+        for run in runs:
+            stop = requests.post(run_url(stack, run["id"]) + "stop/", headers=auth, timeout=30)
+            assert stop.status_code == 202, stop.text
 
 
 def run_url(stack: Stack, pk: int) -> str:
@@ -161,14 +166,8 @@ def operation_fuzz(operation: Any, *, live: Any, tally: Tally, mode: Any) -> Non
             timeout=60,
         )
         tally.statuses[response.status_code] += 1
-        headers = {name.lower() for name in response.headers}
-        if response.status_code == 400 and "x-frame-options" not in headers:
-            # Twisted (daphne's HTTP server) answers a request it cannot parse (a header name
-            # or a multipart body it refuses) with a bare 400 before Django sees it: no app
-            # header, no body. Counted, and not the app's to answer.
-            assert not response.content, response.content[:200]
-            tally.server_refusals[label] += 1
-            return
+        # No exception for the server's own refusals: daphne's and Twisted's are the API's JSON
+        # under /api/ too (dashboard/http_server.py), so the checks below hold for them.
         try:
             case.validate_response(response, checks=CHECKS)
         except (Exception, BaseExceptionGroup) as failure:  # gathered, shown all at once
@@ -190,7 +189,9 @@ def test_schemathesis_every_route(live: Any) -> None:
     ARTIFACT.parent.mkdir(exist_ok=True)
     ARTIFACT.write_text("")
     started = time.monotonic()
-    operations = [result.ok() for result in schema.get_all_operations()]
+    results = list(schema.get_all_operations())
+    operations = [result.ok() for result in results if isinstance(result, Ok)]
+    assert len(operations) == len(results), [r for r in results if not isinstance(r, Ok)]
     for operation in operations:
         for mode in (schemathesis.GenerationMode.POSITIVE, schemathesis.GenerationMode.NEGATIVE):
             operation_fuzz(operation, live=live, tally=tally, mode=mode)
@@ -198,13 +199,43 @@ def test_schemathesis_every_route(live: Any) -> None:
     print(
         f"\nSchemathesis: {sum(tally.cases.values())} cases over {len(operations)} operations "
         f"({len(schema.raw_schema['paths'])} paths) in {seconds:.0f} s; statuses "
-        f"{dict(sorted(tally.statuses.items()))} ({sum(tally.server_refusals.values())} of the "
-        f"400s from daphne before the app); failures in {len(tally.failures)} operations"
+        f"{dict(sorted(tally.statuses.items()))}; failures in {len(tally.failures)} operations"
     )
     assert len(operations) >= 20
-    assert sum(tally.server_refusals.values()) < sum(tally.cases.values()) / 4
     assert set(tally.cases) == {f"{o.method.upper()} {o.path}" for o in operations}
     assert not any(status >= 500 for status in tally.statuses)
     assert not tally.failures, "\n\n".join(
         f"{label}:\n  " + "\n  ".join(found[:3]) for label, found in tally.failures.items()
     )
+
+
+# Schemathesis' own run, as a user would start it (`schemathesis run URL/api/schema/ -H
+# "Authorization: Bearer KEY"`): its default phases (examples, coverage, fuzzing, stateful: links
+# between operations, e.g. a launch's id into stop and logs) and its default checks. One check
+# is left out: positive_data_acceptance (a schema-valid request must be accepted) cannot hold
+# for rules OpenAPI does not express, which the API keeps where they are (the launch form, the
+# study grid): `from` not above `to`, GPU ids this worker has, page cursors the list gave, a
+# file that is a TensorBoard log or a CSV. negative_data_rejection (a request the schema calls
+# invalid must be refused) stays: each parameter documents what the route takes.
+DEFAULT_RUN_FLAGS = ["-n", "25", "--seed", "20", "--exclude-checks", "positive_data_acceptance"]
+
+
+def test_schemathesis_default_phases(live: Any, tmp_path: Path) -> None:
+    """Its own runner, 25 examples per operation; ~60-80 s of requests on two loaded cores."""
+    stack, key, _ = live
+    command = [
+        sys.executable, "-m", "schemathesis.cli", "run", f"{stack.base_url}/api/schema/",
+        "-H", f"Authorization: Bearer {key}", *DEFAULT_RUN_FLAGS,
+        "--report", "junit", "--report-dir", str(tmp_path), "--output-truncate", "false",
+    ]  # fmt: skip
+    started = time.monotonic()
+    result = subprocess.run(  # noqa: S603
+        command, capture_output=True, text=True, timeout=600, check=False, cwd=tmp_path
+    )
+    summary = result.stdout.split("SUMMARY", 1)[-1].strip()
+    print(f"\nSchemathesis run in {time.monotonic() - started:.0f} s:\n{summary[-1500:]}")
+    ARTIFACT.parent.mkdir(exist_ok=True)
+    ARTIFACT.with_name("schemathesis-run.txt").write_text(result.stdout + result.stderr)
+    for phase in ("Coverage", "Fuzzing", "Stateful"):
+        assert f"✅ {phase}" in summary, f"{phase} did not pass:\n{result.stdout[-6000:]}"
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]

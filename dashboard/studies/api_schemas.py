@@ -11,22 +11,31 @@ from typing import Any
 
 from ninja import Schema
 from pydantic import ConfigDict, Field
+from pydantic.json_schema import SkipJsonSchema
+
+from dashboard.studies.grid import AXIS_FIELDS, NAME_MAX
+from dashboard.studies.models import BatchMode
 
 
 class StudyIn(Schema):
     model_config = ConfigDict(extra="forbid")
 
-    name: str
+    name: str = Field(min_length=1, max_length=NAME_MAX, pattern=r"\S")
     base: dict[str, Any] = Field(
         default_factory=dict,
         description="launch fields every run shares (as POST /api/experiments/)",
     )
     axes: dict[str, list[Any]] = Field(
-        default_factory=dict, description="launch field -> the values to sweep; one run a cell"
+        default_factory=dict,
+        description="launch field -> the values to sweep; one run a cell",
+        json_schema_extra={"propertyNames": {"enum": list(AXIS_FIELDS)}},
     )
-    target_accuracy: float = Field(description="the test accuracy to reach, above 0, at most 1")
+    target_accuracy: float = Field(gt=0, le=1, description="the test accuracy to reach")
     stop_at_target: bool = False
-    batch_mode: str | None = None
+    # May be left out (per_process); null is refused.
+    batch_mode: SkipJsonSchema[None] | str = Field(
+        None, json_schema_extra={"enum": list(BatchMode.values)}
+    )
 
 
 class StudySummaryOut(Schema):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Iterable
 from typing import Any
 from urllib.parse import urlencode
 
@@ -16,6 +17,7 @@ from django.http import (
 )
 from ninja import Router, Schema
 from pydantic import ConfigDict, Field, create_model
+from pydantic.json_schema import SkipJsonSchema
 
 from dashboard.api import (
     ApiError,
@@ -31,7 +33,7 @@ from dashboard.experiments.core.checkpoints import (
     checkpoint_file_response,
     checkpoint_where_text,
 )
-from dashboard.experiments.core.forms import FIELDS, MAX_GPU_IDS, ExperimentForm
+from dashboard.experiments.core.forms import FIELDS, LIMITS, LR_MAX, MAX_GPU_IDS, ExperimentForm
 from dashboard.experiments.core.labels import experiment_labels_update, labels_check
 from dashboard.experiments.core.limits import LaunchLimited
 from dashboard.experiments.metrics.logs import (
@@ -43,7 +45,7 @@ from dashboard.experiments.metrics.logs import (
     log_ranks,
     log_text_lines,
 )
-from dashboard.experiments.models import ACTIVE_STATUSES, Experiment
+from dashboard.experiments.models import ACTIVE_STATUSES, Experiment, Status, Strategy
 from dashboard.experiments.selectors import experiment_as_dict
 from dashboard.experiments.services import (
     experiment_checkpoint_request,
@@ -61,6 +63,8 @@ from dashboard.experiments.web.api_schemas import (
 )
 from dashboard.experiments.web.params import query_int
 from dashboard.experiments.web.run_list import (
+    LIST_PAGE_MAX,
+    SORT_FIELDS,
     ListQueryError,
     list_query_params,
     list_query_parse,
@@ -98,6 +102,7 @@ MAX_PATH_CHARS = 1000  # data_path: Experiment.data_path's column
 router = Router(tags=["runs"])
 STRING = {"type": "string"}
 WHOLE = {"type": "integer", "minimum": 0}
+LOG_FORMATS = ("json", "text")
 
 
 def _launch_field(name: str, allowed: tuple[type, ...]) -> tuple[Any, Any]:
@@ -111,11 +116,29 @@ def _launch_field(name: str, allowed: tuple[type, ...]) -> tuple[Any, Any]:
         field = Experiment._meta.get_field(name)
     except LookupError:
         return kind, None  # a field the form adds (the docs say only its type)
-    extra: Any = {"enum": [value for value, _ in field.choices]} if field.choices else None
-    default = ... if not field.has_default() else field.get_default()
+    extra: dict[str, Any] = {"enum": [value for value, _ in field.choices]} if field.choices else {}
+    if extra and name in NULLABLE_FIELDS:
+        extra["enum"].append(None)  # the enum sits beside anyOf: null must be one of it too
+    if not extra:
+        extra = _launch_bounds(name)
+    # Every field may be omitted (the form's default), the name included.
+    default = field.get_default() if field.has_default() else None
     if name in NULLABLE_FIELDS:
         default = None  # decided by the strategy and the GPUs (data_path: no image folder)
-    return kind, Field(default, description=str(field.help_text) or None, json_schema_extra=extra)
+    why = str(field.help_text) or None
+    return kind, Field(default, description=why, json_schema_extra=extra or None)
+
+
+def _launch_bounds(name: str) -> dict[str, Any]:
+    """The form's bounds of one field (forms.LIMITS, LR_MAX) and the API's string cap."""
+    if name in LIMITS:
+        low, high = LIMITS[name]
+        return {"minimum": low, "maximum": high}
+    if name == "lr":
+        return {"exclusiveMinimum": 0, "maximum": LR_MAX}
+    if FIELD_TYPES[name] == (str,):
+        return {"maxLength": MAX_STRING_CHARS}
+    return {}
 
 
 # The launch body for the docs only, derived from FIELD_TYPES (the API's type check) and the
@@ -132,28 +155,39 @@ LaunchIn: type[Schema] = create_model(  # type: ignore[call-overload]
 
 
 class LabelsIn(Closed):
-    tags: list[str] | None = Field(None, description="replaces the run's tags")
-    note: str | None = Field(None, description="replaces the run's note")
+    # Either may be left out; null is no value for either (labels_check refuses it).
+    tags: list[str] | SkipJsonSchema[None] = Field(None, description="replaces the run's tags")
+    note: str | SkipJsonSchema[None] = Field(None, description="replaces the run's note")
+
+
+def _one_of(values: Iterable[str]) -> dict[str, Any]:
+    """A list filter's values; empty is no filter (the default sort), as it always was."""
+    return {"type": "string", "enum": ["", *values]}
 
 
 LIST_PARAMS = query_params(
     ("q", STRING, "words in the name, tags or note"),
-    ("status", STRING, "one status"),
-    ("strategy", STRING, "one strategy"),
+    ("status", _one_of(Status.values), "one status"),
+    ("strategy", _one_of(Strategy.values), "one strategy"),
+    # Open sets: torchvision's models, plug-ins and image folders are the workers' to list.
     ("model", STRING, "one model"),
     ("dataset", STRING, "one dataset"),
     ("owner", STRING, "a user name (staff)"),
     ("tag", STRING, "one tag, exactly"),
-    ("sort", STRING, "created, name, status, accuracy or duration; '-' first to reverse"),
-    ("limit", {"type": "integer", "minimum": 1}, "rows a page"),
+    (
+        "sort",
+        _one_of(f"{way}{key}" for key in SORT_FIELDS for way in ("", "-")),
+        "created, name, status, accuracy or duration; '-' first to reverse",
+    ),
+    ("limit", {"type": "integer", "minimum": 1, "maximum": LIST_PAGE_MAX}, "rows a page"),
     ("page", STRING, "the cursor in the last page's `next`"),
 )
 LOGS_EXTRA = query_params(
-    ("rank", WHOLE, "only this rank's lines"),
-    ("level", STRING, "this level or worse"),
-    ("after", WHOLE, "lines after this seq (the last page's last)"),
-    ("limit", {"type": "integer", "minimum": 1}, "lines a page"),
-    ("format", {"type": "string", "enum": ["json", "text"]}, "text: download all as a file"),
+    ("rank", {**WHOLE, "maximum": MAX_RANK}, "only this rank's lines"),
+    ("level", {"type": "string", "enum": list(LEVEL_SEVERITY)}, "this level or worse"),
+    ("after", {**WHOLE, "maximum": MAX_JSON_INT}, "lines after this seq (the last page's last)"),
+    ("limit", {**WHOLE, "maximum": LOG_PAGE_MAX}, "lines a page (0 is read as 1)"),
+    ("format", {"type": "string", "enum": list(LOG_FORMATS)}, "text: download all as a file"),
 ) | {
     "responses": {
         200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
@@ -350,7 +384,14 @@ def experiment_logs(request: HttpRequest, pk: int) -> HttpResponse:
     ``rank`` and ``level`` (that level or worse); ``format=text`` downloads them all."""
     experiment = _visible(request, pk)
     where = log_filter_parse(request.GET)
-    if request.GET.get("format") == "text":
+    kind = request.GET.get("format") or "json"
+    if kind not in LOG_FORMATS:
+        message = f"format must be one of {', '.join(LOG_FORMATS)}"
+        raise ApiError(400, message, {"format": [message]})
+    # Checked for the text download as well, which reads neither: a bad one is a 400 in both.
+    after = query_int(request.GET, "after", default=None, lo=0, hi=MAX_JSON_INT)
+    limit = query_int(request.GET, "limit", default=LOG_PAGE_DEFAULT, lo=0, hi=LOG_PAGE_MAX) or 1
+    if kind == "text":
         lines = log_text_lines(experiment=experiment, where=where)
         # streamed(): a plain iterator would be read whole into memory under daphne.
         response = StreamingHttpResponse(
@@ -358,8 +399,6 @@ def experiment_logs(request: HttpRequest, pk: int) -> HttpResponse:
         )
         response["Content-Disposition"] = f'attachment; filename="run-{pk}-log.txt"'
         return response
-    after = query_int(request.GET, "after", default=None, lo=0, hi=MAX_JSON_INT)
-    limit = query_int(request.GET, "limit", default=LOG_PAGE_DEFAULT, lo=0, hi=LOG_PAGE_MAX) or 1
     page = log_lines_page(experiment=experiment, where=where, after=after, limit=limit)
     following = None
     if page.more:

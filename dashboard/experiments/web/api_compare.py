@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.http import HttpRequest, JsonResponse
 from ninja import Router
 
-from dashboard.api import ApiError, errors, query_params
+from dashboard.api import MAX_ID, ApiError, errors, query_params
 from dashboard.experiments.metrics.scaling import BASELINE_RULE, compare_ids_parse, comparison_build
 from dashboard.experiments.web.api_schemas import CompareOut
 
@@ -13,9 +13,10 @@ router = Router(tags=["runs"])
 IDS = query_params(
     (
         "ids",
-        {"type": "array", "items": {"type": "integer", "minimum": 0}},
+        {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": MAX_ID}},
         "the runs: ?ids=1,2,3 or ?ids=1&ids=2",
-    )
+    ),
+    required=("ids",),
 )
 
 

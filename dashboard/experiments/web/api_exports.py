@@ -13,7 +13,14 @@ from django.core.files.uploadhandler import FileUploadHandler
 from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from ninja import Router
 
-from dashboard.api import ApiError, errors, file_response, query_params, with_upload_handler
+from dashboard.api import (
+    MAX_ID,
+    ApiError,
+    errors,
+    file_response,
+    query_params,
+    with_upload_handler,
+)
 from dashboard.experiments.core.access import experiments_visible_to
 from dashboard.experiments.metrics.archives import ImportRefused
 from dashboard.experiments.metrics.exports import (
@@ -65,7 +72,12 @@ EXPORT_EXTRA = query_params(
     }
 }
 COMPARE_EXTRA = query_params(
-    ("ids", {"type": "array", "items": {"type": "integer", "minimum": 0}}, "the runs"),
+    (
+        "ids",
+        {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": MAX_ID}},
+        "the runs",
+    ),
+    required=("ids",),
 ) | file_response("application/zip", "the runs as one TensorBoard log, a folder a run")
 IMPORT_BODY = {
     "requestBody": {

@@ -29,7 +29,8 @@ from dashboard.experiments.web.params import query_int
 
 STEP = {"type": "integer", "minimum": 0, "maximum": MAX_STEP}
 METRICS_PARAMS = query_params(
-    ("raw", {"type": "string", "enum": ["1", "true"]}, "raw points a page at a time"),
+    # Any other value (0, false, ...) is the bucketed answer, as no `raw` is.
+    ("raw", {"type": "string"}, "1 or true: raw points a page at a time"),
     ("keys", {"type": "string"}, "series keys, comma-separated (default: all)"),
     ("buckets", {"type": "integer", "minimum": 1, "maximum": MAX_BUDGET}, "buckets a series"),
     ("from", STEP, "zoom: the first step"),
@@ -51,8 +52,11 @@ def _global_batch_size(experiment: Experiment) -> int | None:
 
 
 def metrics_response(*, request: HttpRequest, experiment: Experiment) -> JsonResponse:
+    # Every documented parameter is checked in either mode, so that a bad one is a 400 even
+    # where this mode does not read it.
+    raw_page = _raw_page_params(request)
     if request.GET.get("raw") in {"1", "true"}:
-        return _raw_response(request=request, experiment=experiment)
+        return _raw_response(request=request, experiment=experiment, page_params=raw_page)
     budget = query_int(request.GET, "buckets", default=DEFAULT_BUDGET, lo=1, hi=MAX_BUDGET)
     lo = query_int(request.GET, "from", default=None, lo=0, hi=MAX_STEP)
     hi = query_int(request.GET, "to", default=None, lo=0, hi=MAX_STEP)
@@ -75,9 +79,16 @@ def metrics_response(*, request: HttpRequest, experiment: Experiment) -> JsonRes
     return JsonResponse(body)
 
 
-def _raw_response(*, request: HttpRequest, experiment: Experiment) -> JsonResponse:
+def _raw_page_params(request: HttpRequest) -> tuple[int | None, int | None]:
     after = query_int(request.GET, "after", default=None, lo=-1, hi=MAX_STEP)
     limit = query_int(request.GET, "limit", default=RAW_PAGE_ROWS, lo=1, hi=RAW_PAGE_ROWS * 10)
+    return after, limit
+
+
+def _raw_response(
+    *, request: HttpRequest, experiment: Experiment, page_params: tuple[int | None, int | None]
+) -> JsonResponse:
+    after, limit = page_params
     page = series_raw(
         experiment=experiment, keys=_keys(request), after_step=after, limit=limit or RAW_PAGE_ROWS
     )
