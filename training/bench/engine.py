@@ -1,7 +1,7 @@
 """``python -m training.bench engine``: how fast the engine's data path feeds training.
 
-Three loops train the same model (SimpleCNN, same initial weights, Adam), with the same batch
-size, thread count and number of steps, in one process:
+Three loops train the same model (``--model``, SimpleCNN by default; same initial weights,
+Adam), with the same batch size, thread count and number of steps, in one process:
 
 ours        the engine's own loop (``training.loop.steps_run`` with the strategies' step and
             the engine's per-step accounting): uint8 tensors resident in memory, batches taken
@@ -43,17 +43,20 @@ from torchvision.datasets import MNIST, FashionMNIST
 from training.allocator import allocator_tune
 from training.batching import rank_batches
 from training.bench import imagefolder
+from training.catalogue import IMAGEFOLDER, MODEL_DEFAULT
 from training.data import (
     DEBIAN_FASHION_DIR,
     Dataset,
+    DatasetMeta,
     batch_to,
     dataset_files,
+    dataset_meta,
     idx_root,
     load_dataset,
 )
 from training.loop import StepFn, steps_run
 from training.meter import Window
-from training.model import SimpleCNN
+from training.models import model_build_for
 from training.strategies.common import step_default
 from training.streaming import split_batches
 
@@ -81,7 +84,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--workload", choices=("both", "idx", "imagefolder"), default="both")
     p.add_argument(
-        "--model", choices=("simple-cnn",), default="simple-cnn", help="the model every loop trains"
+        "--model",
+        default=MODEL_DEFAULT,
+        help="the model every loop trains: any name of python -m training.catalogue "
+        f"(default: {MODEL_DEFAULT})",
     )
     p.add_argument(
         "--folder-workers",
@@ -120,7 +126,8 @@ def _idx_workload(args: argparse.Namespace, device: torch.device, malloc: str) -
         "dataloader": _dataloader(files.raw, args, data.mean, data.std, device),
         "compute": _compute(data, args.batch_size, args.seed, device),
     }
-    rates = rounds_run(loops, args, device)
+    meta = dataset_meta(args.dataset, args.data_dir.expanduser().resolve(), None)
+    rates = rounds_run(loops, args, device, meta)
     print(
         f"engine benchmark: {data.source}; {args.model}, Adam, batch {args.batch_size}, "
         f"{args.threads} thread(s), device {device}, {args.rounds} round(s) of {args.steps} "
@@ -138,7 +145,7 @@ def _folder_workload(args: argparse.Namespace, device: torch.device, malloc: str
     data_dir = args.data_dir.expanduser().resolve()
     root, what = imagefolder.folder_ready(data_dir, args.dataset, args.folder_per_class)
     loops, _ = imagefolder.loops_make(args, root, device)
-    rates = rounds_run(loops, args, device)
+    rates = rounds_run(loops, args, device, dataset_meta(IMAGEFOLDER, data_dir, str(root)))
     print(
         f"image-folder benchmark: {what}; {args.model}, Adam, batch {args.batch_size}, "
         f"{args.threads} thread(s), {args.folder_workers} DataLoader worker(s), device {device}, "
@@ -152,14 +159,14 @@ def _folder_workload(args: argparse.Namespace, device: torch.device, malloc: str
 
 
 def rounds_run(
-    loops: dict[str, Loop], args: argparse.Namespace, device: torch.device
+    loops: dict[str, Loop], args: argparse.Namespace, device: torch.device, meta: DatasetMeta
 ) -> dict[str, list[float]]:
     """images/s of each loop per round: the loops alternate, each on its own copy of the model
-    (same initial weights), after a warm-up."""
+    (same initial weights, built for the workload's data as a run builds it), after a warm-up."""
     models = {}
     for name in loops:
         torch.manual_seed(args.seed)
-        model = SimpleCNN().to(device)
+        model = model_build_for(name=args.model, meta=meta).model.to(device)
         models[name] = step_default(model, torch.optim.Adam(model.parameters(), lr=1e-3)), model
     for name, loop in loops.items():  # warm-up: first-step allocations, lazy initialisation
         loop(models[name][0], WARMUP_STEPS)
