@@ -9,6 +9,7 @@ from a real image folder of Fashion-MNIST images written as PNG files."""
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -148,6 +149,17 @@ def test_an_image_folder_of_one_class_is_refused(alice: Client, host_a: WorkerMa
     body = {"strategy": "single", "dataset": "imagefolder", "data_path": ONE_CLASS}
     why = refused(post(alice, body), "data_path")
     assert f"{ONE_CLASS} has 1 class" in why and "at least two" in why
+
+
+def test_an_image_folder_the_engine_would_refuse_is_refused_with_its_problem(
+    alice: Client,
+) -> None:
+    report = catalogue_report()
+    report["image_folders"][0]["problem"] = "train/ and val/ have different classes (...)"
+    machine("host-a", report)
+    body = {"strategy": "single", "dataset": "imagefolder", "data_path": PETS}
+    why = refused(post(alice, body), "data_path")
+    assert why == f"{PETS} cannot be trained: train/ and val/ have different classes (...)"
 
 
 def test_model_parallel_refuses_a_model_without_stages(alice: Client, launched: list[int]) -> None:
@@ -338,6 +350,18 @@ def test_a_workers_report_lists_its_models_datasets_and_image_folders(
     (folder,) = report["image_folders"]
     assert folder["path"] == str(digits.resolve()) and folder["classes"] == 3
     assert folder["images"] == 12 and folder["layout"] == "train/val"
+    # Folders the engine would refuse are reported with why, as the launch checks read them.
+    assert folder["problem"] == ""
+    mixed = png_folder(tmp_path / "data" / "imagefolders" / "mixed", classes=2, per_class=2)
+    (mixed / "val" / "1").rename(mixed / "val" / "7")
+    single = tmp_path / "data" / "imagefolders" / "single"
+    for label in ("a", "b"):
+        (single / label).mkdir(parents=True)
+        shutil.copy(next((digits / "train" / "0").iterdir()), single / label / "only.png")
+    report = machine_facts_collect(with_torch=True)
+    problems = {Path(f["path"]).name: f["problem"] for f in report["image_folders"]}
+    assert problems["mixed"].startswith("train/ and val/ have different classes"), problems
+    assert problems["single"].startswith("every class folder has a single image"), problems
     # Without torch (the web process), no catalogue: the dashboard reads that as the built-ins.
     assert "models" not in machine_facts_collect(with_torch=False)
 
@@ -356,6 +380,10 @@ def test_the_training_command_gains_model_and_data_path_only_when_set(
     assert command[command.index("--model") + 1] == "resnet18"
     assert command[command.index("--dataset") + 1] == "imagefolder"
     assert command[command.index("--data-path") + 1] == PETS
+    # A path on a run of another dataset (an import, an admin clone) is not passed on: the
+    # engine refuses --data-path for a dataset that reads none.
+    other = experiment_factory(owner=owner, dataset="mnist", data_path=PETS)
+    assert "--data-path" not in training_command(experiment=other)
 
 
 @pytest.mark.django_db(transaction=True)

@@ -230,3 +230,30 @@ def test_tensor_images_decode_as_files_do() -> None:
     tensor_gray = image_decode(tinted, 1, 28)
     assert (pil_gray.int() - tensor_gray.int()).abs().max() <= 1  # PIL's luma, rounded
     assert image_decode(digit.unsqueeze(0), 1, 14).shape == (1, 14, 14)
+
+
+def test_one_image_a_class_in_one_folder_is_refused(tmp_path: Path) -> None:
+    """Nothing could be held out for testing: refused before training (not a division by zero
+    after the first epoch)."""
+    from training.images import DataRefused
+
+    path = image_folder_write(tmp_path / "f", per_class=1, classes=2, layout="one folder")
+    with pytest.raises(DataRefused, match="every class folder has a single image"):
+        dataset_meta("imagefolder", tmp_path, str(path))
+
+
+def test_a_short_last_batch_leaves_no_rank_a_single_image() -> None:
+    """BatchNorm cannot train on one image; a folder of 64 x N + 1 images ended every epoch
+    with such a batch (resnet18: "Expected more than 1 value per channel")."""
+    from training.batching import global_batches, rank_batches, steps_per_epoch
+
+    assert [len(b) for b in global_batches(129, 64, 1, 1)] == [64, 64]
+    assert steps_per_epoch(129, 64, 1, None) == 2
+    assert [len(b) for b in global_batches(130, 64, 1, 1)] == [64, 64, 2]
+    # Two ranks: a last global batch of 3 would give one rank a single image.
+    assert [len(b) for b in rank_batches(131, 64, 2, 1, 1, 1)] == [64]
+    assert steps_per_epoch(131, 64, 2, None) == 1
+    assert [len(b) for b in rank_batches(132, 64, 2, 1, 1, 1)] == [64, 2]
+    assert steps_per_epoch(132, 64, 2, None) == 2
+    # --batch-size 1 keeps its batches of one (the user's choice).
+    assert len(global_batches(3, 1, 1, 1)) == 3

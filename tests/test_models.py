@@ -329,3 +329,15 @@ def test_ddp_equals_single_on_vit(sample_data: Path, tmp_path: Path) -> None:
     initial = model_build_for(name="vit_b_16", meta=_meta(sample_data)).model.state_dict()
     head = "heads.head.weight"
     assert not torch.allclose(_state(ours)[head], initial[head])
+
+
+def test_simple_cnn_pools_large_images_instead_of_growing() -> None:
+    """At 224x224 its first linear layer would hold 103M weights; pooled to 14x14 it keeps
+    the 28x28 model's size, and the 28x28 state dict is unchanged."""
+    from training.model import SimpleCNN
+
+    small, large = SimpleCNN(), SimpleCNN(10, 3, 224)
+    size = sum(p.numel() for p in large.parameters())
+    assert size < 1.01 * sum(p.numel() for p in small.parameters())
+    assert large(torch.zeros(2, 3, 224, 224)).shape == (2, 10)
+    assert list(small.state_dict()) == list(large.state_dict())

@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
 RUN_TIMEOUT = 420
 FINAL = {"succeeded", "failed", "stopped", "lost"}
-PLUGIN = '''
+PLUGIN = """
 from torch import nn
 
 
@@ -28,7 +28,7 @@ def build(*, num_classes, in_channels, image_size):
         nn.Conv2d(in_channels, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4),
         nn.Flatten(), nn.Linear(8 * 16, num_classes),
     )
-'''
+"""
 
 
 def machine(stack: Stack, session: Any) -> dict[str, Any]:
@@ -76,7 +76,9 @@ def test_resnet18_on_an_image_folder_single_and_ddp(stack: Stack, folder: Path) 
     alice = stack.login("alice")
     assert "imagefolder" in machine(stack, alice)["datasets"]
     common = {"model": "resnet18", "dataset": "imagefolder", "data_path": str(folder), "epochs": 3}
-    single = launch(alice, stack, name="resnet18 single", strategy="single", batch_size=32, **common)
+    single = launch(
+        alice, stack, name="resnet18 single", strategy="single", batch_size=32, **common
+    )
     ddp = launch(
         alice, stack, name="resnet18 ddp", strategy="ddp", processes=2, batch_size=16, **common
     )
@@ -115,7 +117,9 @@ def plugin_installed(stack: Stack, tmp_path: Path) -> Iterator[Path]:
     info = tmp_path / "trainyard_tinynet-0.1.dist-info"
     info.mkdir()
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: trainyard-tinynet\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[trainyard.models]\ntinynet = trainyard_tinynet:build\n")
+    (info / "entry_points.txt").write_text(
+        "[trainyard.models]\ntinynet = trainyard_tinynet:build\n"
+    )
     before = stack.env.get("PYTHONPATH")
     worker_restart(stack, PYTHONPATH=":".join(p for p in (str(tmp_path), before) if p))
     yield tmp_path

@@ -25,13 +25,20 @@ def global_batches(
 ) -> list[torch.Tensor]:
     """The epoch's global batches, in order.
 
-    A last batch with fewer images than ``world_size`` is dropped: some rank would get none, and
-    an empty batch has no mean loss.
+    A short last batch that would give some rank fewer than two images is dropped (fewer than
+    one where the batch size is 1): an empty batch has no mean loss, and BatchNorm (every
+    torchvision ResNet) cannot train on a batch of one image ("Expected more than 1 value per
+    channel"), which a folder of N x 64 + 1 images would otherwise end each epoch with.
     """
     batches = list(epoch_order(num_images, seed, epoch).split(global_batch_size))
-    if batches and len(batches[-1]) < world_size:
+    if batches and len(batches[-1]) < last_batch_min(global_batch_size, world_size):
         batches.pop()
     return batches
+
+
+def last_batch_min(global_batch_size: int, world_size: int) -> int:
+    """The fewest images a short last global batch keeps (``global_batches``)."""
+    return world_size * min(2, max(1, global_batch_size // world_size))
 
 
 def rank_batches(
@@ -54,5 +61,5 @@ def steps_per_epoch(num_images: int, batch_size: int, world_size: int, limit: in
     """Optimizer steps each rank takes per epoch, after ``--steps-per-epoch`` (``limit``)."""
     global_size = batch_size * world_size
     full, rest = divmod(num_images, global_size)
-    count = full + (1 if rest >= world_size else 0)
+    count = full + (1 if rest >= last_batch_min(global_size, world_size) else 0)
     return count if limit is None else min(count, limit)

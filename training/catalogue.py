@@ -24,7 +24,7 @@ from __future__ import annotations
 import difflib
 import os
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -67,6 +67,9 @@ class ImageFolderFacts:
     bytes: int  # the files' size on disk
     # "train/val" (or "train/test"): its own splits; "one folder": split with the seed
     layout: str
+    # Why it cannot be trained, where it cannot ("" where it can): the launch checks refuse
+    # it with this, as the engine would (training.images).
+    problem: str = ""
 
 
 def model_entries() -> list[ModelEntry]:
@@ -131,8 +134,42 @@ def image_roots(data_dir: Path) -> list[Path]:
 
 def image_folder_facts(path: Path) -> ImageFolderFacts | None:
     """``path`` as an image folder (``train/`` and ``val/`` or ``test/`` of class folders, or
-    class folders directly), or None where it is not one. A folder of one class is still one:
-    the launch checks refuse it with that reason."""
+    class folders directly), or None where it is not one. A folder that cannot be trained (one
+    class, train and val with other classes, nothing to hold out) is still one, with its
+    ``problem``: the launch checks refuse it with that reason. Cached by the folders' mtimes:
+    a worker reports every few seconds, and a large folder's files are not counted again
+    until a class folder changes."""
+    try:
+        key = _folder_signature(path)
+    except OSError:
+        return None
+    cached = _FACTS_CACHE.get(str(path))
+    if cached is not None and cached[0] == key:
+        return cached[1]
+    facts = _folder_facts_count(path)
+    _FACTS_CACHE[str(path)] = (key, facts)
+    return facts
+
+
+_FACTS_CACHE: dict[str, tuple[tuple[tuple[str, int], ...], ImageFolderFacts | None]] = {}
+
+
+def _folder_signature(path: Path) -> tuple[tuple[str, int], ...]:
+    """The mtimes of ``path``, its split folders and their class folders: adding or removing
+    an image changes its class folder's."""
+    folders = [path]
+    for split in (path / "train", *(path / s for s in EVAL_SPLITS)):
+        if split.is_dir():
+            folders.append(split)
+    signature = []
+    for folder in folders:
+        signature.append((str(folder), folder.stat().st_mtime_ns))
+        with os.scandir(folder) as entries:
+            signature += [(e.path, e.stat().st_mtime_ns) for e in entries if e.is_dir()]
+    return tuple(sorted(signature))
+
+
+def _folder_facts_count(path: Path) -> ImageFolderFacts | None:
     try:
         train = path / "train"
         if train.is_dir():
@@ -151,7 +188,29 @@ def image_folder_facts(path: Path) -> ImageFolderFacts | None:
     if not classes or images == 0:
         return None
     size = sum(nbytes for part in parts for _, nbytes in part.values())
-    return ImageFolderFacts(str(path.resolve()), len(classes), images, size, layout)
+    facts = ImageFolderFacts(str(path.resolve()), len(classes), images, size, layout)
+    return replace(facts, problem=_folder_problem(parts, layout))
+
+
+def _folder_problem(parts: list[dict[str, tuple[int, int]]], layout: str) -> str:
+    """Why the engine would refuse this folder (training.images says the same)."""
+    classes = {name for part in parts for name in part}
+    if len(classes) < 2:
+        return f"it has {len(classes)} class folder with images; a classifier needs at least two"
+    if len(parts) == 2 and set(parts[0]) != set(parts[1]):
+        split = layout.split("/")[1]
+        only_train = sorted(set(parts[0]) - set(parts[1]))
+        only_eval = sorted(set(parts[1]) - set(parts[0]))
+        return (
+            f"train/ and {split}/ have different classes (only in train/: {only_train}; only in "
+            f"{split}/: {only_eval})"
+        )
+    if len(parts) == 1 and all(count < 2 for count, _ in parts[0].values()):
+        return (
+            "every class folder has a single image: with no val/ or test/ folder, a class needs "
+            "two images or more to hold one out for testing"
+        )
+    return ""
 
 
 def image_folders(roots: Sequence[Path]) -> list[ImageFolderFacts]:

@@ -72,6 +72,7 @@ def main(argv: Sequence[str] | None = None, *, events_stream: IO[str] | None = N
     try:
         rt = runtime.start(cfg)
         engine.train(cfg, rt, events)
+        runtime.finish(rt)
         return 0
     except SystemExit as exc:
         reason = "stopped by SIGTERM" if exc.code == EXIT_SIGTERM else f"exited ({exc.code})"

@@ -70,6 +70,11 @@ def folder_layout(data_path: str | None) -> Layout:
     if facts.layout == "one folder":
         classes, samples = _scan(path)
         train, test = _holdout(samples, len(classes))
+        if not test and len(classes) >= 2:
+            raise DataRefused(
+                f"--data-path {data_path}: every class folder has a single image; with no val/ "
+                "or test/ folder a class needs two images or more to hold one out for testing"
+            )
         split_note = (
             f"{path} has no train/val folders: {HOLDOUT:.0%} of each class held out for testing "
             f"(seed {HOLDOUT_SEED}), {len(train):,} train / {len(test):,} test images."

@@ -74,4 +74,6 @@ def evaluate(
     total_loss, total_correct, total = all_reduce_sum(
         rt, [float(loss_sum.item()), float(correct.item()), float(len(mine))]
     )
+    if total == 0:  # refused before training where it can be known (training.images)
+        raise ValueError("the test split is empty: there is nothing to evaluate on")
     return finite(total_loss / total), round(total_correct / total, 6)

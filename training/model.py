@@ -5,12 +5,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+POOLED_SIDE = 14  # the feature map's side for images over 28x28
+
 
 class SimpleCNN(nn.Module):
     """Two 3x3 convolutions, one 2x2 max-pool, two linear layers.
 
     The defaults are MNIST's (1 channel, 28x28, 10 classes); the first linear layer's width
-    follows ``image_size``, so the state dict at the defaults is the one checkpoints always held.
+    follows ``image_size`` up to 28 (the state dict at the defaults is the one checkpoints
+    always held). Larger images are pooled to 14x14 after the convolutions: at 224x224 the
+    first linear layer would otherwise hold 103M weights.
     """
 
     def __init__(self, num_classes: int = 10, in_channels: int = 1, image_size: int = 28) -> None:
@@ -24,9 +28,13 @@ class SimpleCNN(nn.Module):
             nn.ReLU(),
             nn.MaxPool2d(2),
         )
+        side = image_size // 2
+        if side > POOLED_SIDE:
+            self.features.append(nn.AdaptiveAvgPool2d(POOLED_SIDE))  # no weights: keys unchanged
+            side = POOLED_SIDE
         self.classifier = nn.Sequential(
             nn.Flatten(),
-            nn.Linear(64 * (image_size // 2) ** 2, 128),
+            nn.Linear(64 * side**2, 128),
             nn.ReLU(),
             nn.Linear(128, num_classes),
         )

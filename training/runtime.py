@@ -61,6 +61,15 @@ def start(cfg: TrainConfig) -> Runtime:
     return Runtime(rank, local_rank, world_size, device, label, distributed=True)
 
 
+def finish(rt: Runtime) -> None:
+    """After a run that ended well on this rank: wait for every rank before the process group
+    goes. A rank that tore Gloo down while another still had a collective of DeepSpeed's in
+    flight aborted at exit ("terminate called without an active exception") now and then.
+    Not on the failure path: there the other ranks may never come."""
+    if rt.distributed and dist.is_initialized():
+        dist.barrier()
+
+
 def stop(rt: Runtime | None) -> None:
     if rt is not None and rt.distributed and dist.is_initialized():
         dist.destroy_process_group()

@@ -100,6 +100,9 @@ def _data_path_check(*, data_path: str, catalogues: list[MachineCatalogue]) -> l
         return [
             f"no online worker reports an image folder at {data_path}; {folders_text(catalogues)}"
         ]
+    problems = [str(f["problem"]) for f in found if f.get("problem")]
+    if len(problems) == len(found):
+        return [f"{data_path} cannot be trained: {problems[0]}"]
     classes = max(int(f.get("classes") or 0) for f in found)
     if classes < 2:
         return [

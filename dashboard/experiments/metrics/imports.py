@@ -45,6 +45,7 @@ from dashboard.experiments.metrics.archives import ImportRefused, tar_unpack, zi
 from dashboard.experiments.metrics.exports import RUN_FIELDS, RUN_TEXT_TAG
 from dashboard.experiments.metrics.series import MAX_KEY_CHARS, MAX_STEP
 from dashboard.experiments.models import Experiment, SeriesPoint, Status, Strategy
+from training.catalogue import IMAGEFOLDER
 
 MAX_NAME_CHARS = Experiment._meta.get_field("name").max_length or 200
 WRITE_BATCH = 5000
@@ -379,6 +380,8 @@ def experiment_import(
     last_time = max(time for points in found.points.values() for _, time, _ in points)
     given = run_fields_parse(json.dumps(fields or {}))
     launch = {**found.run_fields, **{key: value for key, value in given.items() if value}}
+    if launch.get("dataset") != IMAGEFOLDER:  # a path means something to an image folder only
+        launch.pop("data_path", None)
     with transaction.atomic():
         experiment = Experiment.objects.create(
             owner=owner,

@@ -51,7 +51,7 @@ from dashboard.experiments.runs.sink import MAX_RANKS, EventSink
 from dashboard.experiments.runs.state import AttemptState
 from dashboard.experiments.runs.survival import supervisor_started
 from dashboard.experiments.scheduling.allocation import machine_local, run_cpu_threads
-from training.catalogue import MODEL_DEFAULT
+from training.catalogue import IMAGEFOLDER, MODEL_DEFAULT
 from training.protocol import Event
 from training.registry import strategy_get
 
@@ -92,7 +92,8 @@ def training_command(*, experiment: Experiment) -> list[str]:
     # Said only when not the default: an engine from before the catalogue has no --model.
     if experiment.model and experiment.model != MODEL_DEFAULT:
         command += ["--model", experiment.model]
-    if experiment.data_path:
+    # Only an image folder reads a path (the engine refuses --data-path for the others).
+    if experiment.data_path and experiment.dataset == IMAGEFOLDER:
         command += ["--data-path", experiment.data_path]
     if experiment.strategy in PROCESS_STRATEGIES:
         command += ["--nproc", str(experiment.processes)]
