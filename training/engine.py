@@ -31,6 +31,7 @@ from training.config import TrainConfig
 from training.data import Dataset
 from training.epochs import EpochStart, Ranks, epochs_drive, model_build, started_emit
 from training.loop import Tested, evaluate, steps_run
+from training.memory import memory_report
 from training.meter import Window, window_report
 from training.models import BuiltModel
 from training.protocol import EventWriter, SharedTensor
@@ -125,10 +126,12 @@ def _epoch_train(
         batches=batches[done_before:], epoch=epoch, step=step, done_before=done_before,
     )  # fmt: skip
     report = window_report(rt, whole)
+    # Before evaluation, which may free or gather (FSDP2 reshards): what training held.
+    memory = memory_report(rt, model=run.plan.model, optimizer=run.plan.optimizer)
     test_loss, test_accuracy = _evaluate(cfg, rt, run)
     epoch_emit(
         events, rt, epoch=epoch, step=step, test_loss=test_loss, test_accuracy=test_accuracy,
-        report=report,
+        report=report, memory=memory,
     )  # fmt: skip
     if cfg.checkpoint_dir:
         # It answers a request made during the epoch's last step or evaluation.
