@@ -202,12 +202,16 @@ def _checkpoint_save(
     step: int,
     images_into_epoch: int | None = None,
 ) -> None:
-    """Every rank calls this (ZeRO's gather is a collective); rank 0 takes the pending request,
-    which this checkpoint answers, and writes."""
+    """Every rank calls this (ZeRO's and FSDP2's gathers are collectives); rank 0 takes the
+    pending request, which this checkpoint answers, and writes."""
+    # Gathers are collectives, taken in this order on every rank.
+    model_state = plan.model_gather() if plan.model_gather is not None else None
     optimizer_state = optimizer_state_of(plan, rt)
     if rt.is_main:
+        if model_state is None:
+            model_state = plan.model.state_dict()
         checkpoint_write(
-            cfg, events, model_state=plan.model.state_dict(), optimizer_state=optimizer_state,
+            cfg, events, model_state=model_state, optimizer_state=optimizer_state,
             epoch=epoch, step=step, answers_request=checkpoint_request_take(),
             images_into_epoch=images_into_epoch,
         )  # fmt: skip

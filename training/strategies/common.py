@@ -34,6 +34,9 @@ class Plan:
     optimizer_gather: Callable[[], dict[str, Any] | None] | None = None
     # ... and what takes such a state back on resume; returns a note for the user.
     optimizer_restore: Callable[[dict[str, Any]], str] | None = None
+    # Where the parameters are sharded (FSDP2): a collective every rank joins at a checkpoint,
+    # returning on rank 0 the plain model's whole state dict (None on the others).
+    model_gather: Callable[[], dict[str, Any] | None] | None = None
 
 
 def optimizer_make(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
