@@ -141,9 +141,10 @@ def _epoch_train(
 
 def _evaluate(cfg: TrainConfig, rt: Runtime, run: _Run) -> Tested:
     plan = run.plan
-    return evaluate(
-        plan.eval_net, run.data, rt, cfg.test_batch_size, plan.input_device, plan.output_device
-    )
+    with plan.evaluating():
+        return evaluate(
+            plan.eval_net, run.data, rt, cfg.test_batch_size, plan.input_device, plan.output_device
+        )
 
 
 def epoch_run(

@@ -22,6 +22,8 @@ needs nothing here; the optimizer state is set back with ``set_optimizer_state_d
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -33,7 +35,7 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import fully_shard
+from torch.distributed.fsdp import FSDPModule, fully_shard
 
 from training.checkpoint import holds_torch_optimizer
 from training.config import TrainConfig
@@ -65,6 +67,7 @@ def plan_build(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> Plan:
         input_device=rt.device,
         output_device=rt.device,
         notes=[_shard_note(cfg, rt, model, blocks)],
+        evaluating=lambda: _gathered(model, cfg),
         model_gather=lambda: _model_gather(model, rt),
         optimizer_gather=lambda: _optimizer_gather(model, optimizer, rt),
         optimizer_restore=lambda saved: _optimizer_restore(cfg, model, optimizer, saved),
@@ -93,6 +96,23 @@ def _shard_note(cfg: TrainConfig, rt: Runtime, model: nn.Module, blocks: list[st
         f"gathered parameters are {reshard}. Batches of {cfg.batch_size} per rank, "
         f"{cfg.batch_size * rt.world_size} a step."
     )
+
+
+@contextlib.contextmanager
+def _gathered(model: nn.Module, cfg: TrainConfig) -> Iterator[None]:
+    """The whole model on every rank while it evaluates: each rank takes every world_size-th
+    test image, so their batch counts may differ, and a forward that all-gathers would then
+    wait forever for a rank that has none left."""
+    sharded = [m for m in model.modules() if isinstance(m, FSDPModule)]
+    for module in sharded:  # every block's own all-gather, the same order on every rank
+        module.set_reshard_after_forward(False, recurse=False)
+        module.unshard()
+    try:
+        yield
+    finally:
+        for module in sharded:
+            module.reshard()
+            module.set_reshard_after_forward(cfg.reshard_after_forward, recurse=False)
 
 
 def _model_gather(model: nn.Module, rt: Runtime) -> dict[str, Any] | None:
