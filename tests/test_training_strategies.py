@@ -228,7 +228,7 @@ def test_dp_primitives_refused_without_two_gpus(capsys: pytest.CaptureFixture[st
 @pytest.mark.parametrize(
     ("argv", "expected"),
     [
-        (["--strategy", "nope"], "'model-parallel', 'hogwild', 'deepspeed')"),
+        (["--strategy", "nope"], "'model-parallel', 'hogwild', 'deepspeed'"),
         (["--strategy", "hogwild", "--gpus", "0"], "hogwild keeps the model in shared host"),
         (["--strategy", "model-parallel", "--gpus", "0,1,2"], "give at most two GPUs"),
         (["--strategy", "ddp", "--zero-stage", "2"], "applies to --strategy deepspeed only"),

@@ -19,6 +19,7 @@ from training.catalogue import (
 from training.registry import (
     MULTIPROCESS_STRATEGIES,
     REGISTRY,
+    RESHARD_STRATEGIES,
     STRATEGY_NAMES,
     STRATEGY_OPTIONS,
     SYNC_BATCHNORM_CPU_REASON,
@@ -70,6 +71,7 @@ class TrainConfig:
     model: str = MODEL_DEFAULT
     weights: str | None = None  # a local state-dict file loaded into the model as built
     sync_batchnorm: bool = False  # ddp on GPUs: BatchNorm statistics over all ranks
+    reshard_after_forward: bool = True  # fsdp: free gathered parameters after each forward
 
     @property
     def step_limit(self) -> int | None:
@@ -242,6 +244,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for option in STRATEGY_OPTIONS:
         _option_argument(p, option)
+    _reshard_argument(p)
     _multinode_arguments(p)
     return p
 
@@ -329,6 +332,25 @@ def _options_check(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> d
     return values
 
 
+def _reshard_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--no-reshard-after-forward",
+        dest="reshard_after_forward",
+        action="store_false",
+        help="keep each block's gathered parameters from its forward until its backward: more "
+        "memory, one all-gather fewer per block "
+        f"(--strategy {' or '.join(RESHARD_STRATEGIES)} only)",
+    )
+
+
+def _reshard_check(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    if not ns.reshard_after_forward and ns.strategy not in RESHARD_STRATEGIES:
+        parser.error(
+            "argument --no-reshard-after-forward: applies to --strategy "
+            f"{' or '.join(RESHARD_STRATEGIES)} only, not {ns.strategy}"
+        )
+
+
 def _multinode_arguments(p: argparse.ArgumentParser) -> None:
     """torchrun's own names for a run over several machines (its elastic quickstart's flags)."""
     g = p.add_argument_group(
@@ -399,6 +421,7 @@ def parse_args(argv: Sequence[str], parser: argparse.ArgumentParser | None = Non
         parser.error(f"argument --weights: no file at {ns.weights}")
     options: dict[str, Any] = dict(_options_check(ns, parser))
     _multinode_check(ns, parser)
+    _reshard_check(ns, parser)
     data_path = _data_check(ns, parser)
     _model_check(ns, parser)
     return TrainConfig(
@@ -434,6 +457,7 @@ def parse_args(argv: Sequence[str], parser: argparse.ArgumentParser | None = Non
         model=ns.model,
         weights=str(Path(ns.weights).expanduser().resolve()) if ns.weights else None,
         sync_batchnorm=ns.sync_batchnorm,
+        reshard_after_forward=ns.reshard_after_forward,
         **options,
     )
 

@@ -31,6 +31,7 @@ from training.config import TrainConfig
 from training.data import Dataset
 from training.epochs import EpochStart, Ranks, epochs_drive, model_build, started_emit
 from training.loop import Tested, evaluate, steps_run
+from training.memory import memory_report
 from training.meter import Window, window_report
 from training.models import BuiltModel
 from training.protocol import EventWriter, SharedTensor
@@ -125,10 +126,12 @@ def _epoch_train(
         batches=batches[done_before:], epoch=epoch, step=step, done_before=done_before,
     )  # fmt: skip
     report = window_report(rt, whole)
+    # Before evaluation, which may free or gather (FSDP2 reshards): what training held.
+    memory = memory_report(rt, model=run.plan.model, optimizer=run.plan.optimizer)
     test_loss, test_accuracy = _evaluate(cfg, rt, run)
     epoch_emit(
         events, rt, epoch=epoch, step=step, test_loss=test_loss, test_accuracy=test_accuracy,
-        report=report,
+        report=report, memory=memory,
     )  # fmt: skip
     if cfg.checkpoint_dir:
         # It answers a request made during the epoch's last step or evaluation.
@@ -138,9 +141,10 @@ def _epoch_train(
 
 def _evaluate(cfg: TrainConfig, rt: Runtime, run: _Run) -> Tested:
     plan = run.plan
-    return evaluate(
-        plan.eval_net, run.data, rt, cfg.test_batch_size, plan.input_device, plan.output_device
-    )
+    with plan.evaluating():
+        return evaluate(
+            plan.eval_net, run.data, rt, cfg.test_batch_size, plan.input_device, plan.output_device
+        )
 
 
 def epoch_run(
@@ -199,12 +203,16 @@ def _checkpoint_save(
     step: int,
     images_into_epoch: int | None = None,
 ) -> None:
-    """Every rank calls this (ZeRO's gather is a collective); rank 0 takes the pending request,
-    which this checkpoint answers, and writes."""
+    """Every rank calls this (ZeRO's and FSDP2's gathers are collectives); rank 0 takes the
+    pending request, which this checkpoint answers, and writes."""
+    # Gathers are collectives, taken in this order on every rank.
+    model_state = plan.model_gather() if plan.model_gather is not None else None
     optimizer_state = optimizer_state_of(plan, rt)
     if rt.is_main:
+        if model_state is None:
+            model_state = plan.model.state_dict()
         checkpoint_write(
-            cfg, events, model_state=plan.model.state_dict(), optimizer_state=optimizer_state,
+            cfg, events, model_state=model_state, optimizer_state=optimizer_state,
             epoch=epoch, step=step, answers_request=checkpoint_request_take(),
             images_into_epoch=images_into_epoch,
         )  # fmt: skip

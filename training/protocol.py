@@ -1,10 +1,10 @@
-"""The event protocol between a training run and whoever watches it (version 1.6).
+"""The event protocol between a training run and whoever watches it (version 1.7).
 
 A run writes one JSON object per line on standard output; rank 0 alone writes them. Every object
 has the envelope (``Envelope`` below)
 
     v      protocol major version (int, 1)
-    minor  protocol minor version (int, 6); absent before 1.3, so a 1.0 to 1.2 writer is "1.x"
+    minor  protocol minor version (int, 7); absent before 1.3, so a 1.0 to 1.2 writer is "1.x"
     run    the run id given with --run-id ("" when none was given)
     seq    sequence number, 1, 2, 3, ... in the order written, with no gaps
     type   one of ``EventType``: started, step, epoch, log, checkpoint, finished, failed
@@ -19,7 +19,7 @@ higher major (``parse_event`` raises ``ProtocolVersionError``). Standard error i
 the training's own log lines carry ``LOG_LINE_MARKER`` (``log_line_format``, ``log_line_read``).
 
 docs/protocol.md has the whole description: the types, the reading rules, the stderr marker and
-the history of each minor version (what 1.1 to 1.6 added).
+the history of each minor version (what 1.1 to 1.7 added).
 """
 
 # No ``from __future__ import annotations`` here: on Python 3.11 it hides ``NotRequired`` from
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Final, Literal, NotRequired, TypedDict, Unpack, cast, get_args, overload
 
 PROTOCOL_VERSION: Final = 1  # the major version, "v" on the wire
-PROTOCOL_MINOR: Final = 6  # the minor version, "minor" on the wire (since 1.3)
+PROTOCOL_MINOR: Final = 7  # the minor version, "minor" on the wire (since 1.3)
 
 EventType = Literal["started", "step", "epoch", "log", "checkpoint", "finished", "failed"]
 EVENT_TYPES: Final = frozenset(get_args(EventType))
@@ -105,6 +105,17 @@ class RankReport(TypedDict):
     data_seconds: float  # taking the batch and moving it to the device
     compute_seconds: float  # forward, backward and optimizer step
     rss_bytes: int  # resident memory
+
+
+class MemoryEntry(TypedDict):
+    """1.7: what one rank holds at the end of an epoch (``training.memory``). Bytes it holds
+    itself: of a sharded parameter (FSDP2's DTensor), its local shard."""
+
+    rank: int
+    parameter_bytes: int
+    gradient_bytes: int  # the .grad tensors left from the last step (0 where none are kept)
+    optimizer_state_bytes: int  # the optimizer's per-parameter state tensors
+    peak_bytes: int  # CUDA's max_memory_allocated on a GPU, else the process's peak RSS
 
 
 # ---- the fields of each type (what ``EventWriter.emit`` takes) ---------------------------------
@@ -183,6 +194,7 @@ class EpochFields(TypedDict):
     compute_seconds: NotRequired[float]  # 1.1
     rss_bytes: NotRequired[int]  # 1.1
     ranks: NotRequired[list[RankReport]]  # 1.1
+    memory: NotRequired[list[MemoryEntry]]  # 1.7: one per rank (Hogwild: per process)
 
 
 class LogFields(TypedDict):

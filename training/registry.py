@@ -189,6 +189,20 @@ REGISTRY: tuple[StrategySpec, ...] = (
         options=(ZERO_STAGE,),
         requires=DEEPSPEED,
     ),
+    StrategySpec(
+        name="fsdp",
+        label="FSDP2 (fully_shard)",
+        short="FSDP",
+        summary="FSDP2 (fully_shard) under torchrun: parameters, gradients and optimizer state "
+        "sharded over ranks, each block gathered for its forward and backward.",
+        help="FSDP2: like DDP, one process per rank, but each rank holds only its shard of the "
+        "parameters, gradients and optimizer state (1/N of each), gathering a block's "
+        "parameters when it runs; Gloo on CPU, NCCL on GPUs.",
+        module="fsdp",
+        processes=True,
+        torchrun=True,
+        nodes=True,
+    ),
 )
 
 STRATEGIES: dict[str, StrategySpec] = {spec.name: spec for spec in REGISTRY}
@@ -204,6 +218,11 @@ SYNC_BATCHNORM_CPU_REASON = (
     "needs GPUs (--gpus): torch's SyncBatchNorm does not run on CPU tensors, so Gloo ranks on "
     "the CPU cannot sync BatchNorm statistics"
 )
+
+# --no-reshard-after-forward: FSDP2 keeps each block's gathered parameters from its forward
+# until its backward (more memory, one all-gather fewer per block); a flag, not a StrategyOption
+# (those take numbered choices).
+RESHARD_STRATEGIES = ("fsdp",)
 
 STRATEGY_OPTIONS: tuple[StrategyOption, ...] = tuple(
     dict.fromkeys(option for spec in REGISTRY for option in spec.options)

@@ -14,7 +14,7 @@ import torch
 
 from training.config import TrainConfig
 from training.data import Dataset
-from training.protocol import EventWriter
+from training.protocol import EventWriter, MemoryEntry
 from training.runtime import Runtime, all_reduce_sum
 
 log = logging.getLogger(__name__)
@@ -58,11 +58,15 @@ def epoch_emit(
     test_loss: float | None,
     test_accuracy: float,
     report: dict[str, Any],
+    memory: list[MemoryEntry] | None = None,
 ) -> None:
-    """The ``epoch`` event, and its line in the log (rank 0)."""
+    """The ``epoch`` event, and its line in the log (rank 0); ``memory``: what each rank holds
+    (``training.memory``)."""
+    extra: dict[str, Any] = {} if memory is None else {"memory": memory}
     events.emit(
-        "epoch", epoch=epoch, step=step, test_loss=test_loss, test_accuracy=test_accuracy, **report
-    )
+        "epoch", epoch=epoch, step=step, test_loss=test_loss, test_accuracy=test_accuracy,
+        **report, **extra,
+    )  # fmt: skip
     if rt.is_main:
         log.info("epoch %d: test loss %s, accuracy %.4f", epoch, test_loss, test_accuracy)
 

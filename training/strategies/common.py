@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +35,12 @@ class Plan:
     optimizer_gather: Callable[[], dict[str, Any] | None] | None = None
     # ... and what takes such a state back on resume; returns a note for the user.
     optimizer_restore: Callable[[dict[str, Any]], str] | None = None
+    # Where the parameters are sharded (FSDP2): a collective every rank joins at a checkpoint,
+    # returning on rank 0 the plain model's whole state dict (None on the others).
+    model_gather: Callable[[], dict[str, Any] | None] | None = None
+    # Entered around evaluation: where ranks may run different numbers of test batches, FSDP2
+    # gathers its parameters once here, so that no forward needs a collective.
+    evaluating: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
 
 
 def optimizer_make(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:

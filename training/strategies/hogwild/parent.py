@@ -133,6 +133,7 @@ def _epoch_train(
     reporting.epoch_emit(
         events, rt, epoch=work.epoch, step=step, test_loss=test_loss,
         test_accuracy=test_accuracy, report=report_from_rows([d.row for d in done]),
+        memory=[d.memory for d in done if d.memory is not None],
     )  # fmt: skip
     if cfg.checkpoint_dir:
         # Process 0's optimizer is the one other strategies resume; Hogwild takes each.

@@ -23,6 +23,7 @@ from training.batching import rank_batches, steps_per_epoch
 from training.data import Dataset
 from training.epochs import EpochStart
 from training.loop import StepFn, steps_run
+from training.memory import memory_entry
 from training.meter import Window
 from training.processes import parent_death_signal_set
 from training.shared_data import segment_attach, shared_flags
@@ -70,7 +71,10 @@ def process_main(
             # A copy: pickling would otherwise move the live state into shared memory, and the
             # parent would write a checkpoint of tensors this process goes on changing.
             state = copy.deepcopy(optimizer.state_dict()) if cfg.checkpoint_dir else None
-            results.put(EpochDone(args.rank, work.epoch, whole.row(), state))
+            held = memory_entry(
+                rank=args.rank, parameters=model.parameters(), optimizer=optimizer, device=_CPU
+            )
+            results.put(EpochDone(args.rank, work.epoch, whole.row(), state, held))
     except BaseException:
         with contextlib.suppress(Exception):
             results.put(ProcessFailed(args.rank, traceback.format_exc()))
