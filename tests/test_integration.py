@@ -65,6 +65,16 @@ def test_ddp_run_streams_live_and_succeeds(stack: Stack) -> None:
     assert detail["test_accuracy"] > 0.8, detail
     # A one-machine run's placement lists its ranks too (it said "ranks": []).
     assert [(p["worker"], p["ranks"]) for p in detail["placement"]] == [("test-worker", [0, 1])]
+    # What each rank held at the epoch's end (protocol 1.7): DDP's full copy on both.
+    memory = detail["memory"]
+    assert [m["rank"] for m in memory] == [0, 1], memory
+    assert memory[0]["parameter_bytes"] == memory[1]["parameter_bytes"] > 6_000_000
+    # Adam: two moments a parameter, and a step count a tensor.
+    assert all(
+        2 * m["parameter_bytes"] <= m["optimizer_state_bytes"] < 2 * m["parameter_bytes"] + 1024
+        for m in memory
+    ), memory
+    assert all(m["peak_bytes"] > m["parameter_bytes"] for m in memory)
     metrics = alice.get(f"{stack.base_url}/api/experiments/{run['id']}/metrics/", timeout=10)
     series = metrics.json()["series"]
     assert any(b[7] is not None for b in series["train_loss"]["buckets"])

@@ -84,3 +84,16 @@ def test_a_launcher_killed_from_outside_fails_with_its_stderr_tail() -> None:
     assert outcome.status == Status.FAILED
     assert outcome.error.startswith("training was ended by SIGKILL from outside the dashboard")
     assert outcome.error.endswith("\nlast words")
+
+
+def test_an_epochs_memory_is_stored_as_counts_only() -> None:
+    """Protocol 1.7's per-rank memory, as the sink keeps it for the read JSON: a malformed
+    entry (a missing figure, a string, a negative count) is left out, not stored."""
+    from dashboard.experiments.runs.sink import memory_entries
+
+    good = {"rank": 0, "parameter_bytes": 10, "gradient_bytes": 10, "optimizer_state_bytes": 20,
+            "peak_bytes": 99}  # fmt: skip
+    assert memory_entries([good, {**good, "rank": 1}]) == [good, {**good, "rank": 1}]
+    assert memory_entries([{**good, "peak_bytes": "x"}, {**good, "rank": -1}, {"rank": 2}]) == []
+    assert memory_entries({"rank": 0}) == []
+    assert memory_entries([{**good, "extra": "<script>"}]) == [good]

@@ -138,6 +138,12 @@ class Experiment(models.Model):
     # The latest per-rank figures ({step, epoch, time, ranks: [...]}), overwritten per flush so
     # that a reloaded page shows them without replaying every event.
     rank_stats = models.JSONField(default=dict, blank=True, help_text="latest per-rank figures")
+    memory = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="what each rank held at the last epoch: parameter, gradient and optimizer "
+        "state bytes, and its peak memory",
+    )
 
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     cancelled_by = _who_asked()

@@ -95,5 +95,7 @@ def experiment_as_dict(experiment: Experiment) -> dict[str, Any]:
         imported=experiment.imported,
         # The machines of the current (or last) attempt, node 0 first, with the ranks each ran.
         placement=experiment.placement,
+        # Each rank's bytes at the last epoch (parameters, gradients, optimizer state, peak).
+        memory=experiment.memory,
     )
     return data

@@ -205,6 +205,8 @@ class EventSink:
         self._add_values(values, step=step, time_=time_)
         self.step = step
         self.updates.update(step=step, epoch=epoch if is_count(epoch) else 0)
+        if message["type"] == "epoch" and "memory" in message:
+            self.updates["memory"] = memory_entries(message["memory"])
         stats = rank_stats_from_event(message)
         if stats is not None:
             self.updates["rank_stats"] = stats
@@ -320,3 +322,19 @@ class EventSink:
         "checkpoint": _checkpoint_store,
         "failed": _failed_store,
     }
+
+
+MEMORY_KEYS = ("rank", "parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "peak_bytes")
+MAX_MEMORY_RANKS = 1024
+
+
+def memory_entries(reported: Any) -> list[dict[str, int]]:
+    """The epoch event's ``memory`` (protocol 1.7) as stored: counts only, bounded in length,
+    so that a malformed event cannot put anything else in the row."""
+    if not isinstance(reported, list):
+        return []
+    entries = []
+    for entry in reported[:MAX_MEMORY_RANKS]:
+        if isinstance(entry, dict) and all(is_count(entry.get(key)) for key in MEMORY_KEYS):
+            entries.append({key: int(entry[key]) for key in MEMORY_KEYS})
+    return entries

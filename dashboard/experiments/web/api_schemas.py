@@ -68,6 +68,9 @@ class ExperimentOut(Open):
     nodes: int
     machines: list[str]
     placement: list[dict[str, Any]]
+    # One entry per rank at the last epoch: rank, parameter_bytes, gradient_bytes,
+    # optimizer_state_bytes, peak_bytes (empty before the first epoch).
+    memory: list[dict[str, int]] = []
     # The queue and studies, where given.
     priority: int | None = None
     target_accuracy: float | None = None
