@@ -20,6 +20,7 @@ from dashboard.devices.capacity import capacity_check, capacity_summary
 from dashboard.devices.facts import machine_facts_collect
 from dashboard.devices.models import WorkerMachine
 from dashboard.devices.reporter import MachineReporter, machine_report_save
+from training.registry import STRATEGY_NAMES
 
 
 def nvml_gpu_count() -> int:
@@ -490,9 +491,9 @@ def test_capacity_check_gpu_on_a_cpu_only_worker() -> None:
 def test_capacity_check_rejects_malformed_requests() -> None:
     machine_make(hostname="gpu-node-1", gpu_ids=(0, 1))
 
-    assert capacity_check(strategy="fsdp", processes=1, gpus=[]) == [
-        "unknown strategy 'fsdp': use one of single, dp, ddp, dp-primitives, model-parallel, "
-        "hogwild, deepspeed"
+    # The known names come from the registry, which grows: matched on its own list.
+    assert capacity_check(strategy="megatron", processes=1, gpus=[]) == [
+        f"unknown strategy 'megatron': use one of {', '.join(STRATEGY_NAMES)}"
     ]
     assert capacity_check(strategy="ddp", processes=0, gpus=[]) == [
         "processes must be at least 1, not 0"
