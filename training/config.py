@@ -17,16 +17,19 @@ from training.catalogue import (
     image_folder_facts,
 )
 from training.registry import (
+    COUNT,
     MULTIPROCESS_STRATEGIES,
+    OPTIONS_DECLARED,
     REGISTRY,
     RESHARD_STRATEGIES,
     STRATEGY_NAMES,
-    STRATEGY_OPTIONS,
+    SWITCH,
     SYNC_BATCHNORM_CPU_REASON,
     SYNC_BATCHNORM_STRATEGIES,
     TORCHRUN_STRATEGIES,
-    ZERO_STAGE,
+    OptionValue,
     StrategyOption,
+    option_refusals,
     option_strategies,
 )
 
@@ -53,7 +56,15 @@ class TrainConfig:
     run_id: str
     checkpoint_dir: str | None
     resume: str | None
-    zero_stage: int = ZERO_STAGE.default  # the registry's options (ZERO_STAGE) fill these
+    # The registry's options (OPTIONS_DECLARED) fill these; the defaults are theirs.
+    zero_stage: int = 1  # deepspeed
+    comm_hook: str = "none"  # ddp: DDP's communication hook
+    shard_optimizer: bool = False  # ddp: ZeroRedundancyOptimizer
+    accumulate: int = 1  # batches a step (no_sync between)
+    compile: bool = False  # torch.compile the model
+    precision: str = "fp32"  # fp32, bf16 autocast, fp16 autocast + scaler (GPUs)
+    pipeline_schedule: str = "gpipe"  # pipeline: gpipe or 1f1b
+    microbatches: int = 4  # pipeline: micro-batches a batch
     keep_checkpoints: int = 2
     keep_requested_checkpoints: int = 5
     steps_per_epoch: int | None = None  # at most this many optimizer steps per epoch
@@ -242,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep the last N checkpoints written on request (SIGUSR1), delete older ones "
         "(default: 5; 0 keeps all)",
     )
-    for option in STRATEGY_OPTIONS:
+    for option in OPTIONS_DECLARED:
         _option_argument(p, option)
     _reshard_argument(p)
     _multinode_arguments(p)
@@ -305,31 +316,53 @@ def _data_check(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> str 
 def _option_argument(p: argparse.ArgumentParser, option: StrategyOption) -> None:
     """A strategy's own setting, as the registry declares it; None when not given, so that
     giving it to a strategy that does not read it is refused (``_options_check``)."""
+    takers = option_strategies(option)
+    where = f"--strategy {' or '.join(takers)} only" if takers else "no strategy yet"
+    default = "" if option.kind == SWITCH else f"; default: {option.default}"
+    help_text = f"{option.help} ({where}{default})"
+    if option.kind == SWITCH:
+        p.add_argument(
+            option.flag,
+            dest=option.name,
+            action="store_const",
+            const=True,
+            default=None,
+            help=help_text,
+        )
+        return
+    if option.kind == COUNT:
+        low, high = option.bounds
+        p.add_argument(
+            option.flag,
+            dest=option.name,
+            type=_int_in(low, high),
+            default=None,
+            metavar="K",
+            help=help_text,
+        )
+        return
     p.add_argument(
         option.flag,
         dest=option.name,
-        type=int,
+        type=type(option.default),
         choices=option.values,
         default=None,
-        help=f"{option.help} (--strategy {' or '.join(option_strategies(option))} only; "
-        f"default: {option.default})",
+        help=help_text,
     )
 
 
-def _options_check(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> dict[str, int]:
+def _options_check(
+    ns: argparse.Namespace, parser: argparse.ArgumentParser
+) -> dict[str, OptionValue]:
     """The strategies' own settings for TrainConfig: the given ones where the strategy reads
-    them (refused where it does not), else their defaults."""
-    values = {}
-    for option in STRATEGY_OPTIONS:
-        given = getattr(ns, option.name)
-        takers = option_strategies(option)
-        if given is not None and ns.strategy not in takers:
-            parser.error(
-                f"argument {option.flag}: applies to --strategy {' or '.join(takers)} only, "
-                f"not {ns.strategy}"
-            )
-        values[option.name] = option.default if given is None else given
-    return values
+    them (refused where it does not, or where a value needs GPUs), else their defaults."""
+    given = {option.name: getattr(ns, option.name) for option in OPTIONS_DECLARED}
+    for option, reason in option_refusals(ns.strategy, values=given, gpus=ns.gpus):
+        parser.error(f"argument {option.flag}: {reason}")
+    return {
+        option.name: option.default if given[option.name] is None else given[option.name]
+        for option in OPTIONS_DECLARED
+    }
 
 
 def _reshard_argument(p: argparse.ArgumentParser) -> None:

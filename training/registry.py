@@ -15,34 +15,66 @@ This module imports nothing heavy (no torch): the web process reads it at start-
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 DEEPSPEED_REQUIREMENT = "deepspeed==0.19.8"
 
 
+OptionValue = int | str | bool
+
+# How an option is given: one of named values (``--comm-hook fp16``), a switch
+# (``--shard-optimizer``), or a whole number within bounds (``--accumulate 4``).
+CHOICE, SWITCH, COUNT = "choice", "switch", "count"
+
+
 @dataclass(frozen=True)
 class StrategyOption:
-    """A setting that only the strategies declaring it read (ZeRO's stage): its flag, the
-    ``TrainConfig`` attribute and ``Experiment`` field it fills, its choices and default."""
+    """A setting that only the strategies declaring it read (ZeRO's stage, DDP's comm hook): its
+    flag, the ``TrainConfig`` attribute and ``Experiment`` field it fills, its values and
+    default. A strategy that does not declare it refuses it (the CLI exits 2, the API says 400)."""
 
     name: str  # the TrainConfig attribute, the Experiment field and the API key
     flag: str  # the CLI's flag
     label: str  # for people: "ZeRO stage"
     help: str  # one line for --help and the launch form
-    choices: tuple[tuple[int, str], ...]  # (value, label), in order
-    default: int  # what a strategy that reads it trains with when none is given
+    default: OptionValue  # what a strategy that reads it trains with when none is given
+    kind: str = CHOICE  # CHOICE, SWITCH or COUNT
+    choices: tuple[tuple[OptionValue, str], ...] = ()  # CHOICE: (value, label), in order
+    bounds: tuple[int, int] = (1, 1)  # COUNT: the lowest and highest value
     not_offered: str = ""  # why the values past the choices are refused, said when they are
+    # Values that need GPUs (NCCL, CUDA's autocast), with the reason said on the CPU.
+    gpu_only: tuple[tuple[OptionValue, str], ...] = ()
 
     @property
-    def values(self) -> tuple[int, ...]:
+    def values(self) -> tuple[OptionValue, ...]:
+        """Every value it takes: the choices, (False, True) for a switch, the bounds' range."""
+        if self.kind == SWITCH:
+            return (False, True)
+        if self.kind == COUNT:
+            return tuple(range(self.bounds[0], self.bounds[1] + 1))
         return tuple(value for value, _ in self.choices)
 
     def invalid_text(self) -> str:
         """ "the ZeRO stage is 1 or 2 (stage 3 is not offered)"."""
+        if self.kind == COUNT:
+            low, high = self.bounds
+            return f"the {self.label} is a whole number from {low} to {high}"
+        if self.kind == SWITCH:
+            return f"{self.label} is true or false"
         values = " or ".join(str(v) for v in self.values)
         why = f" ({self.not_offered})" if self.not_offered else ""
         return f"the {self.label} is {values}{why}"
+
+    def cli_args(self, value: OptionValue) -> list[str]:
+        """The command-line words that ask for ``value``: a switch is its flag or nothing."""
+        if self.kind == SWITCH:
+            return [self.flag] if value else []
+        return [self.flag, str(value)]
+
+    def gpu_reason(self, value: OptionValue) -> str | None:
+        """Why ``value`` needs GPUs, or None when it runs on the CPU too."""
+        return dict(self.gpu_only).get(value)
 
 
 @dataclass(frozen=True)
@@ -62,12 +94,107 @@ ZERO_STAGE = StrategyOption(
     flag="--zero-stage",
     label="ZeRO stage",
     help="DeepSpeed ZeRO stage: 1 partitions optimizer state, 2 also gradients",
+    default=1,
     choices=(
         (1, "ZeRO-1: optimizer state sharded"),
         (2, "ZeRO-2: optimizer state and gradients sharded"),
     ),
-    default=1,
     not_offered="stage 3 is not offered",
+)
+# Issue 18's options. Each is attached to the strategies that read it (``StrategySpec.options``);
+# declared here once, so the CLI, the form, the API and studies all take the same values.
+COMM_HOOK = StrategyOption(
+    name="comm_hook",
+    flag="--comm-hook",
+    label="communication hook",
+    help="DDP's gradient communication hook: fp16 compresses each bucket to half precision, "
+    "PowerSGD to a low-rank approximation; none all-reduces full-precision gradients",
+    default="none",
+    choices=(
+        ("none", "none: full-precision all-reduce"),
+        ("fp16", "fp16: buckets compressed to float16"),
+        ("powersgd", "PowerSGD: low-rank gradient compression"),
+        ("bf16", "bf16: buckets compressed to bfloat16 (NCCL only)"),
+    ),
+    gpu_only=(
+        (
+            "bf16",
+            "the bf16 compression hook fails on Gloo, the CPU's backend (\"Invalid scalar "
+            'type", pytorch#111131); it needs NCCL (--gpus)',
+        ),
+    ),
+)
+SHARD_OPTIMIZER = StrategyOption(
+    name="shard_optimizer",
+    flag="--shard-optimizer",
+    label="shard the optimizer",
+    help="ZeroRedundancyOptimizer (PyTorch's own ZeRO-1): each rank keeps and steps 1/N of the "
+    "optimizer state, then broadcasts its parameters",
+    default=False,
+    kind=SWITCH,
+)
+ACCUMULATE = StrategyOption(
+    name="accumulate",
+    flag="--accumulate",
+    label="gradient accumulation steps",
+    help="batches whose gradients add up before each optimizer step (K batches, one step; "
+    "DDP synchronises only on the last, no_sync between)",
+    default=1,
+    kind=COUNT,
+    bounds=(1, 1024),
+)
+COMPILE = StrategyOption(
+    name="compile",
+    flag="--compile",
+    label="torch.compile",
+    help="compile the model with torch.compile first; the compile time is reported apart from "
+    "the training time",
+    default=False,
+    kind=SWITCH,
+)
+PRECISION = StrategyOption(
+    name="precision",
+    flag="--precision",
+    label="precision",
+    help="fp32, bf16 autocast, or fp16 autocast with a gradient scaler (GPUs only)",
+    default="fp32",
+    choices=(
+        ("fp32", "fp32: full precision"),
+        ("bf16", "bf16: bfloat16 autocast"),
+        ("fp16", "fp16: float16 autocast with a gradient scaler (GPUs)"),
+    ),
+    gpu_only=(("fp16", "fp16 autocast with a gradient scaler runs on GPUs only (--gpus)"),),
+)
+PIPELINE_SCHEDULE = StrategyOption(
+    name="pipeline_schedule",
+    flag="--pipeline-schedule",
+    label="pipeline schedule",
+    help="GPipe runs every micro-batch's forward, then every backward; 1F1B interleaves them "
+    "(less activation memory)",
+    default="gpipe",
+    choices=(("gpipe", "GPipe"), ("1f1b", "1F1B")),
+)
+MICROBATCHES = StrategyOption(
+    name="microbatches",
+    flag="--microbatches",
+    label="micro-batches",
+    help="micro-batches each batch is cut into for the pipeline (more: less idle time, smaller "
+    "pieces)",
+    default=4,
+    kind=COUNT,
+    bounds=(1, 256),
+)
+# Every declared option, attached to a strategy or not yet: the CLI takes each flag (refused
+# where no strategy reads it) and TrainConfig has each attribute.
+OPTIONS_DECLARED: tuple[StrategyOption, ...] = (
+    ZERO_STAGE,
+    COMM_HOOK,
+    SHARD_OPTIMIZER,
+    ACCUMULATE,
+    COMPILE,
+    PRECISION,
+    PIPELINE_SCHEDULE,
+    MICROBATCHES,
 )
 DEEPSPEED = Requirement(
     module="deepspeed",
@@ -294,6 +421,27 @@ def strategy_refusals(name: str, *, processes: int, gpus: Sequence[int]) -> list
         refusals.append(_refusal_max_gpus(spec, spec.max_gpus, gpus=gpus))
     if len(gpus) < spec.min_gpus:
         refusals.append(_refusal_min_gpus(spec, gpus=gpus))
+    return refusals
+
+
+def option_refusals(
+    name: str, *, values: Mapping[str, OptionValue | None], gpus: Sequence[int]
+) -> list[tuple[StrategyOption, str]]:
+    """What ``name`` refuses among the options given (``values``: name -> value, None or absent
+    for not given), in words both audiences share: an option the strategy does not read, a value
+    that needs GPUs on the CPU. The CLI prefixes its flag, the dashboard names its field."""
+    spec = strategy_get(name)
+    refusals = []
+    for option in OPTIONS_DECLARED:
+        value = values.get(option.name)
+        if value is None or (option not in spec.options and value == option.default):
+            continue
+        if option not in spec.options:
+            takers = option_strategies(option)
+            where = f"--strategy {' or '.join(takers)} only" if takers else "no strategy yet"
+            refusals.append((option, f"applies to {where}, not {name}"))
+        elif not gpus and (reason := option.gpu_reason(value)):
+            refusals.append((option, f"{value}: {reason}"))
     return refusals
 
 

@@ -116,6 +116,28 @@ class Experiment(models.Model):
         blank=True,
         help_text="DeepSpeed ZeRO stage; empty for the other strategies",
     )
+    # The other strategies' own options (training.registry declares their values and which
+    # strategies read them; the launch checks validate them there). Empty: the strategy does not
+    # read it, or its default.
+    comm_hook = models.CharField(
+        max_length=16, null=True, blank=True, help_text="DDP's communication hook"
+    )
+    shard_optimizer = models.BooleanField(
+        null=True, blank=True, help_text="DDP with ZeroRedundancyOptimizer"
+    )
+    accumulate = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="gradient accumulation steps (batches a step)"
+    )
+    compile = models.BooleanField(null=True, blank=True, help_text="torch.compile the model")
+    precision = models.CharField(
+        max_length=8, null=True, blank=True, help_text="fp32, bf16 or fp16 (autocast)"
+    )
+    pipeline_schedule = models.CharField(
+        max_length=16, null=True, blank=True, help_text="the pipeline's schedule"
+    )
+    microbatches = models.PositiveSmallIntegerField(
+        null=True, blank=True, help_text="micro-batches a batch, for the pipeline"
+    )
 
     status = models.CharField(
         max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True

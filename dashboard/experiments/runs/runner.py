@@ -99,7 +99,8 @@ def training_command(*, experiment: Experiment) -> list[str]:
         command += ["--nproc", str(experiment.processes)]
     # The strategy's own settings (ZeRO's stage), with the flags the registry declares.
     for option in strategy_get(experiment.strategy).options:
-        command += [option.flag, str(getattr(experiment, option.name) or option.default)]
+        value = getattr(experiment, option.name)
+        command += option.cli_args(option.default if value is None else value)
     if experiment.gpus:
         command += ["--gpus", ",".join(str(g) for g in experiment.gpus)]
     if experiment.target_accuracy is not None:  # a study's stop-at-target
