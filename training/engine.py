@@ -35,7 +35,7 @@ from training.memory import memory_report
 from training.meter import Window, window_report
 from training.models import BuiltModel
 from training.protocol import EventWriter, SharedTensor
-from training.reporting import epoch_emit
+from training.reporting import epoch_emit, log_to
 from training.run_requests import checkpoint_request_pending, checkpoint_request_take
 from training.runtime import Runtime, all_gather, all_reduce_sum, machine_name
 from training.shared_data import dataset_for_ranks
@@ -76,7 +76,9 @@ def _setup(cfg: TrainConfig, rt: Runtime) -> _Run:
     built, state = model_build(cfg)
     data, shared_tensors = dataset_for(cfg, rt)
     plan = plan_build(cfg, rt, built.model)
-    per_epoch = steps_per_epoch(len(data.train), cfg.batch_size, rt.world_size, cfg.step_limit)
+    per_epoch = steps_per_epoch(
+        len(data.train), cfg.batch_size, rt.world_size, cfg.step_limit, cfg.accumulate
+    )
     resumed = Resumed(ResumePoint(), ())
     if state is not None:
         resumed = resume_apply(
@@ -85,11 +87,18 @@ def _setup(cfg: TrainConfig, rt: Runtime) -> _Run:
             optimizer=plan.optimizer,
             takes_optimizer=plan.saves_optimizer,
             restore=plan.optimizer_restore,
-            global_batch=cfg.batch_size * rt.world_size,
+            global_batch=_step_images(cfg, rt),
             per_epoch=per_epoch,
         )
+        if plan.scaler is not None and state.get("scaler"):
+            plan.scaler.load_state_dict(state["scaler"])  # fp16: the loss scale it had reached
     notes = [*plan.notes, *data.notes, *resumed.notes]
     return _Run(plan, built, data, shared_tensors, per_epoch, resumed.point, notes)
+
+
+def _step_images(cfg: TrainConfig, rt: Runtime) -> int:
+    """Images in one optimizer step over all ranks: --accumulate batches per rank."""
+    return cfg.batch_size * cfg.accumulate * rt.world_size
 
 
 def _started_emit(cfg: TrainConfig, rt: Runtime, events: EventWriter, run: _Run) -> None:
@@ -118,8 +127,9 @@ def _epoch_train(
     """Train, evaluate and checkpoint one epoch; returns (global step, its test figures)."""
     epoch, step, done_before = work.epoch, work.step_base, work.skip
     batches = rank_batches(
-        len(run.data.train), cfg.batch_size, rt.world_size, rt.rank, cfg.seed, epoch
-    )[: run.per_epoch]
+        len(run.data.train), cfg.batch_size, rt.world_size, rt.rank, cfg.seed, epoch,
+        cfg.accumulate,
+    )[: run.per_epoch]  # fmt: skip
     run.plan.net.train()
     step, whole = epoch_run(
         cfg=cfg, rt=rt, events=events, plan=run.plan, data=run.data,
@@ -133,6 +143,11 @@ def _epoch_train(
         events, rt, epoch=epoch, step=step, test_loss=test_loss, test_accuracy=test_accuracy,
         report=report, memory=memory,
     )  # fmt: skip
+    if "compile_seconds" in report:
+        log_to(
+            events, rt, f"torch.compile took {report['compile_seconds']:.1f} s in epoch "
+            f"{epoch}, reported apart from its compute time and images/s.",
+        )  # fmt: skip
     if cfg.checkpoint_dir:
         # It answers a request made during the epoch's last step or evaluation.
         _checkpoint_save(cfg, rt, events, run.plan, epoch=epoch, step=step)
@@ -141,7 +156,7 @@ def _epoch_train(
 
 def _evaluate(cfg: TrainConfig, rt: Runtime, run: _Run) -> Tested:
     plan = run.plan
-    with plan.evaluating():
+    with plan.evaluating(), plan.autocast():
         return evaluate(
             plan.eval_net, run.data, rt, cfg.test_batch_size, plan.input_device, plan.output_device
         )
@@ -164,7 +179,9 @@ def epoch_run(
     window)."""
     # On the output device: that is where the loss is (model-parallel: the last stage's).
     interval, whole = Window(plan.output_device), Window(plan.output_device)
-    timings = steps_run(plan.step, data, batches, plan.input_device, plan.output_device)
+    timings = steps_run(
+        plan.step, data, batches, plan.input_device, plan.output_device, plan.compile_clock
+    )
     for i, timing in enumerate(timings):
         step += 1
         interval.add(timing)
@@ -186,7 +203,7 @@ def epoch_run(
                 checkpoint_request_take()
                 checkpoint_request_refuse(events, step=step)
         elif not last:
-            trained = (done_before + i + 1) * cfg.batch_size * rt.world_size
+            trained = (done_before + i + 1) * _step_images(cfg, rt)
             _checkpoint_save(
                 cfg, rt, events, plan, epoch=epoch, step=step, images_into_epoch=trained
             )
@@ -211,10 +228,12 @@ def _checkpoint_save(
     if rt.is_main:
         if model_state is None:
             model_state = plan.model.state_dict()
+        # fp16's loss scale, so that a resumed run does not search for it again.
+        scaler = {"scaler": plan.scaler.state_dict()} if plan.scaler is not None else None
         checkpoint_write(
             cfg, events, model_state=model_state, optimizer_state=optimizer_state,
             epoch=epoch, step=step, answers_request=checkpoint_request_take(),
-            images_into_epoch=images_into_epoch,
+            images_into_epoch=images_into_epoch, extra=scaler,
         )  # fmt: skip
 
 

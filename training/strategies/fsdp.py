@@ -9,8 +9,17 @@ and gathered again for backward: less memory, one more all-gather per block;
 ``--no-reshard-after-forward`` keeps them until backward.
 
 The mesh is passed explicitly: without it, FSDP2 on Gloo on a machine with visible GPUs moves
-the model to CUDA (pytorch#132471). Mixed precision is not offered yet: this branch has no
-``--precision`` (fp32 only).
+the model to CUDA (pytorch#132471).
+
+``--precision bf16`` (and ``fp16`` on GPUs) is FSDP2's own idiom rather than autocast: a
+``MixedPrecisionPolicy`` that all-gathers parameters in bfloat16 (half the bytes sent), computes
+in it, and reduce-scatters gradients in float32; the sharded parameters, the optimizer state and
+checkpoints stay float32 (checked on the CPU's Gloo too, so one path is tested everywhere). The
+root returns float32 logits, so the loss and evaluation are taken in float32. ``fp16`` adds
+``torch.amp.GradScaler``, which takes DTensor gradients (pytorch#132816). ``--accumulate K``
+turns gradient reduction off (``set_requires_gradient_sync(False)``) for all micro-batches but a
+step's last: each rank keeps its unsharded gradients until then. ``--compile`` is not offered
+here (per-block compile of sharded blocks is left for later): the CLI refuses it.
 
 Checkpoints hold the plain model's state: the full model and optimizer state are gathered on
 rank 0 (``torch.distributed.checkpoint.state_dict``, full and offloaded to the CPU), the
@@ -35,13 +44,14 @@ from torch.distributed.checkpoint.state_dict import (
     set_optimizer_state_dict,
 )
 from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.fsdp import FSDPModule, fully_shard
+from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from training.checkpoint import holds_torch_optimizer
 from training.config import TrainConfig
 from training.memory import tensor_bytes
 from training.runtime import Runtime
 from training.strategies.common import Plan, optimizer_make, step_default
+from training.strategies.stepping import AUTOCAST_DTYPES, step_notes, step_options
 
 # Gathered whole, on rank 0 only, in host memory: what a plain model's checkpoint holds.
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -53,25 +63,73 @@ def plan_build(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> Plan:
     blocks = [name for name, child in model.named_children() if _holds_parameters(child)]
     for name in blocks:
         fully_shard(
-            model.get_submodule(name), mesh=mesh, reshard_after_forward=cfg.reshard_after_forward
-        )
-    fully_shard(model, mesh=mesh, reshard_after_forward=cfg.reshard_after_forward)
+            model.get_submodule(name), mesh=mesh, reshard_after_forward=cfg.reshard_after_forward,
+            mp_policy=_precision_policy(cfg),
+        )  # fmt: skip
+    root = fully_shard(
+        model, mesh=mesh, reshard_after_forward=cfg.reshard_after_forward,
+        mp_policy=_precision_policy(cfg, output_dtype=torch.float32),
+    )  # fmt: skip
     # After sharding: the optimizer steps the DTensor shards, so its state is sharded too.
     optimizer = optimizer_make(cfg, model)
+    # The policy casts; autocast would only cast again.
+    options = step_options(cfg, rt.device, no_sync=lambda: _no_gradient_sync(root), autocast=False)
+    synchronised = "gradients are reduce-scattered once, after the last"
     return Plan(
         model=model,
         net=model,
         eval_net=model,
         optimizer=optimizer,
-        step=step_default(model, optimizer),
+        step=step_default(model, optimizer, options),
         input_device=rt.device,
         output_device=rt.device,
-        notes=[_shard_note(cfg, rt, model, blocks)],
+        notes=[
+            _shard_note(cfg, rt, model, blocks),
+            *step_notes(cfg, synchronised, autocast=False),
+            *_precision_notes(cfg),
+        ],
+        scaler=options.scaler,
         evaluating=lambda: _gathered(model, cfg),
         model_gather=lambda: _model_gather(model, rt),
         optimizer_gather=lambda: _optimizer_gather(model, optimizer, rt),
         optimizer_restore=lambda saved: _optimizer_restore(cfg, model, optimizer, saved),
     )
+
+
+def _precision_policy(
+    cfg: TrainConfig, output_dtype: torch.dtype | None = None
+) -> MixedPrecisionPolicy:
+    """--precision as FSDP2's policy: gathered parameters in the low precision, gradients
+    reduced in float32; fp32 is the default policy (no casts)."""
+    dtype = AUTOCAST_DTYPES.get(cfg.precision)
+    if dtype is None:
+        return MixedPrecisionPolicy()
+    return MixedPrecisionPolicy(
+        param_dtype=dtype, reduce_dtype=torch.float32, output_dtype=output_dtype
+    )
+
+
+def _precision_notes(cfg: TrainConfig) -> list[str]:
+    if cfg.precision not in AUTOCAST_DTYPES:
+        return []
+    scaler = ", a GradScaler scaling the loss" if cfg.precision == "fp16" else ""
+    return [
+        f"--precision {cfg.precision}: FSDP2's MixedPrecisionPolicy gathers the parameters in "
+        f"{AUTOCAST_DTYPES[cfg.precision]} and computes in it (evaluation too), reduces "
+        f"gradients in float32{scaler}; the sharded weights, optimizer state and checkpoints "
+        "stay float32."
+    ]
+
+
+@contextlib.contextmanager
+def _no_gradient_sync(model: FSDPModule) -> Iterator[None]:
+    """FSDP2's ``no_sync``: gradients stay on each rank, unsharded, until a step's last
+    micro-batch reduce-scatters their sum."""
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
 
 
 def _holds_parameters(module: nn.Module) -> bool:
