@@ -20,6 +20,7 @@ epoch, a step event for each.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,21 @@ COMMON = (
     "--log-interval", "1",
 )  # fmt: skip
 BF16_MARGIN = 0.03  # test accuracy, fp32's minus bf16's, after the same STEPS steps
+TWO_RANKS = ("--nproc", "2")
+# Every run the module compares, trained once each, when a test first asks for it.
+PLANS = {
+    "single": ("--strategy", "single", "--batch-size", "64", "--epochs", "2"),
+    "single-acc": ("--strategy", "single", "--batch-size", "32", "--accumulate", "2"),
+    "ddp": ("--strategy", "ddp", *TWO_RANKS, "--batch-size", "32"),
+    "ddp-acc": ("--strategy", "ddp", *TWO_RANKS, "--batch-size", "16", "--accumulate", "2"),
+    "fsdp-acc": ("--strategy", "fsdp", *TWO_RANKS, "--batch-size", "16", "--accumulate", "2"),
+    # bf16 under DDP (autocast, the path single takes too) and FSDP2 (its own policy). Not on
+    # single: with two threads, bfloat16 convolutions are 5x slower than float32's on a CPU
+    # without native bfloat16 (150 s for this run on the loaded machine, ddp's 25 s).
+    "ddp-bf16": ("--strategy", "ddp", *TWO_RANKS, "--batch-size", "32", "--precision", "bf16"),
+    "fsdp-bf16": ("--strategy", "fsdp", *TWO_RANKS, "--batch-size", "32", "--precision", "bf16"),
+}
+Runs = Callable[[str], Result]
 
 pytestmark = pytest.mark.usefixtures("no_processes_left")
 slow = pytest.mark.slow
@@ -52,41 +68,31 @@ def _run(sample_data: Path, out: Path, run_id: str, *args: str) -> Result:
     return result
 
 
+@pytest.fixture(scope="module")
+def runs(sample_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    """name -> its run's events, trained on first use (so each test's time is its own runs')."""
+    done: dict[str, Result] = {}
+
+    def run(name: str) -> Result:
+        if name not in done:
+            done[name] = _run(sample_data, tmp_path_factory.mktemp(name), name, *PLANS[name])
+        return done[name]
+
+    return run
+
+
+def _relative_differences(a: Path, b: Path) -> dict[str, float]:
+    """Each parameter's difference, relative to its norm in ``b``."""
+    pa, pb = (torch.load(path, weights_only=True)["model"] for path in (a, b))
+    return {name: float((pa[name] - pb[name]).norm() / pb[name].norm()) for name in pb}
+
+
 def _checkpoint(result: Result, epoch: int = 1) -> Path:
     return Path(next(c["path"] for c in result.of_type("checkpoint") if c["epoch"] == epoch))
 
 
 def _losses(result: Result, epoch: int = 1) -> list[float]:
     return [e["train_loss"] for e in result.of_type("step") if e["epoch"] == epoch]
-
-
-@pytest.fixture(scope="module")
-def runs(sample_data: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Result]:
-    """Every run the module compares, each once: name -> its events."""
-    plans = {
-        "single": ("--strategy", "single", "--batch-size", "64", "--epochs", "2"),
-        "single-acc": ("--strategy", "single", "--batch-size", "32", "--accumulate", "2"),
-        "ddp": ("--strategy", "ddp", "--nproc", "2", "--batch-size", "32"),
-        "ddp-acc": ("--strategy", "ddp", "--nproc", "2", "--batch-size", "16", "--accumulate", "2"),
-        "fsdp-acc": (
-            "--strategy", "fsdp", "--nproc", "2", "--batch-size", "16", "--accumulate", "2",
-        ),  # fmt: skip
-        "single-bf16": ("--strategy", "single", "--batch-size", "64", "--precision", "bf16"),
-        "fsdp-bf16": (
-            "--strategy", "fsdp", "--nproc", "2", "--batch-size", "32", "--precision", "bf16",
-        ),  # fmt: skip
-    }
-    results = {
-        name: _run(sample_data, tmp_path_factory.mktemp(name), name, *args)
-        for name, args in plans.items()
-    }
-    # Compiled, from the reference's uncompiled epoch 1: its epoch 2 must be the reference's.
-    results["single-compiled"] = _run(
-        sample_data, tmp_path_factory.mktemp("compiled"), "compiled", "--strategy", "single",
-        "--batch-size", "64", "--epochs", "2", "--compile",
-        "--resume", str(_checkpoint(results["single"], 1)),
-    )  # fmt: skip
-    return results
 
 
 # --- which images a step takes ------------------------------------------------------------------
@@ -138,53 +144,53 @@ def test_the_step_options_are_refused_where_they_cannot_run(
 
 
 @slow
-def test_single_accumulating_2_batches_of_32_equals_single_at_64(runs: dict[str, Result]) -> None:
-    single, accumulated = runs["single"], runs["single-acc"]
+def test_single_accumulating_2_batches_of_32_equals_single_at_64(runs: Runs) -> None:
+    single, accumulated = runs("single"), runs("single-acc")
     started = accumulated.started
     assert (started["accumulate"], started["global_batch_size"]) == (2, 64)
     assert started["steps_per_epoch"] == STEPS  # optimizer steps, each of 2 batches
     assert any("adds up the gradients of 2 batches of 32" in n for n in started["notes"])
     assert _losses(accumulated) == pytest.approx(_losses(single), abs=1e-5)
     assert_same_parameters(_checkpoint(accumulated), _checkpoint(single), rtol=1e-5)
-    # images/s counts every image: 64 a step, as the reference's.
-    assert accumulated.of_type("epoch")[0]["images_per_second"] > 0
 
 
 @slow
-def test_ddp_accumulating_equals_ddp_at_twice_the_batch(runs: dict[str, Result]) -> None:
-    ddp, accumulated = runs["ddp"], runs["ddp-acc"]
+def test_ddp_accumulating_equals_ddp_at_twice_the_batch(runs: Runs) -> None:
+    ddp, accumulated = runs("ddp"), runs("ddp-acc")
     assert accumulated.started["global_batch_size"] == ddp.started["global_batch_size"] == 64
     assert any("all-reduced once, after the last" in n for n in accumulated.started["notes"])
     assert _losses(accumulated) == pytest.approx(_losses(ddp), abs=1e-5)
     assert_same_parameters(_checkpoint(accumulated), _checkpoint(ddp), rtol=1e-5)
     # And both are the single process's step at 64.
-    assert_same_parameters(_checkpoint(accumulated), _checkpoint(runs["single"]), rtol=1e-5)
+    assert_same_parameters(_checkpoint(accumulated), _checkpoint(runs("single")), rtol=1e-5)
 
 
 @slow
-def test_fsdp_accumulating_equals_single_at_the_global_batch(runs: dict[str, Result]) -> None:
-    accumulated = runs["fsdp-acc"]
+def test_fsdp_accumulating_equals_single_at_the_global_batch(runs: Runs) -> None:
+    accumulated = runs("fsdp-acc")
     assert any("reduce-scattered once" in n for n in accumulated.started["notes"])
-    assert _losses(accumulated) == pytest.approx(_losses(runs["single"]), abs=1e-5)
-    assert_same_parameters(_checkpoint(accumulated), _checkpoint(runs["single"]), rtol=1e-5)
+    assert _losses(accumulated) == pytest.approx(_losses(runs("single")), abs=1e-5)
+    assert_same_parameters(_checkpoint(accumulated), _checkpoint(runs("single")), rtol=1e-5)
 
 
 # --- precision ----------------------------------------------------------------------------------
 
 
 @slow
-@pytest.mark.parametrize(("name", "fp32"), [("single-bf16", "single"), ("fsdp-bf16", "ddp")])
-def test_bf16_trains_near_fp32_with_other_losses(
-    runs: dict[str, Result], name: str, fp32: str
-) -> None:
-    bf16, reference = runs[name], runs[fp32]
+@pytest.mark.parametrize("name", ["ddp-bf16", "fsdp-bf16"])
+def test_bf16_trains_near_fp32_with_other_losses(runs: Runs, name: str) -> None:
+    bf16, fp32 = runs(name), runs("ddp")
     assert bf16.started["precision"] == "bf16"
     assert any("bf16" in n and "float32" in n for n in bf16.started["notes"])
-    # Autocast ran: bfloat16 moves every loss by far more than float32's order of sums does.
-    differences = [abs(a - b) for a, b in zip(_losses(bf16), _losses(reference), strict=True)]
-    assert min(differences[1:]) > 1e-4, differences
+    # It ran in bfloat16: its gradients are off by 0.2-9% (relative, per tensor), so after
+    # STEPS steps the parameters part by far more than float32's order of sums parts them (1e-7
+    # here, 1e-5 allowed above); the mean losses, averaging the rounding out, by less.
+    parted = _relative_differences(_checkpoint(bf16), _checkpoint(fp32))
+    assert max(parted.values()) > 1e-3, parted
+    differences = [abs(a - b) for a, b in zip(_losses(bf16), _losses(fp32), strict=True)]
+    assert max(differences) > 1e-5, differences
     accuracy = bf16.of_type("epoch")[0]["test_accuracy"]
-    expected = reference.of_type("epoch")[0]["test_accuracy"]
+    expected = fp32.of_type("epoch")[0]["test_accuracy"]
     assert accuracy > 0.3 and abs(accuracy - expected) <= BF16_MARGIN, (accuracy, expected)
     # Checkpoints keep float32 weights.
     state = torch.load(_checkpoint(bf16), weights_only=True)["model"]
@@ -196,16 +202,21 @@ def test_bf16_trains_near_fp32_with_other_losses(
 
 @slow
 def test_a_compiled_run_equals_the_eager_one_and_reports_its_compile_time(
-    runs: dict[str, Result],
+    runs: Runs, sample_data: Path, tmp_path: Path
 ) -> None:
-    compiled, eager = runs["single-compiled"], runs["single"]
+    eager = runs("single")
+    # Compiled, resuming the reference's uncompiled epoch 1: its epoch 2 must be the reference's.
+    compiled = _run(
+        sample_data, tmp_path, "compiled", *PLANS["single"], "--compile",
+        "--resume", str(_checkpoint(eager, 1)),
+    )  # fmt: skip
     assert compiled.started["compile"] is True and compiled.started["start_epoch"] == 2
     assert _losses(compiled, 2) == pytest.approx(_losses(eager, 2), abs=1e-4)
     (epoch,) = compiled.of_type("epoch")
-    assert epoch["compile_seconds"] > 0
-    # Taken out of the compute time: what is left is a few eager steps' worth, not a compile.
-    assert epoch["compute_seconds"] < epoch["compile_seconds"]
-    assert compiled.of_type("step")[0]["compile_seconds"] > 0
+    first = compiled.of_type("step")[0]
+    assert epoch["compile_seconds"] >= first["compile_seconds"] > 0
+    # Taken out of the first step's compute time: what is left is a step, not a compile.
+    assert first["compute_seconds"] < first["compile_seconds"]
     assert not any("compile_seconds" in e for e in eager.events)
     assert any("torch.compile took" in e["message"] for e in compiled.of_type("log"))
     # The checkpoint holds the plain model's keys (no _orig_mod.): it loads uncompiled.

@@ -74,7 +74,8 @@ def step_default(
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
-        pieces = list(zip(x.tensor_split(options.accumulate), y.tensor_split(options.accumulate)))
+        k = options.accumulate
+        pieces = list(zip(x.tensor_split(k), y.tensor_split(k), strict=True))
         total = torch.zeros((), device=y.device)
         for i, (xi, yi) in enumerate(pieces):
             # Only the last micro-batch's backward reduces gradients over the ranks.

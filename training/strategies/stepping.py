@@ -42,7 +42,9 @@ class StepOptions:
     accumulate: int = 1  # micro-batches a step
     autocast: ContextFactory = contextlib.nullcontext  # entered around each forward and loss
     scaler: torch.amp.GradScaler | None = None  # fp16: loss scaling
-    no_sync: ContextFactory = contextlib.nullcontext  # entered around every micro-batch but the last
+    no_sync: ContextFactory = (
+        contextlib.nullcontext
+    )  # entered around every micro-batch but the last
 
 
 def autocast_for(precision: str, device: torch.device) -> ContextFactory:
