@@ -27,7 +27,7 @@ import pytest
 import torch
 
 from tests.test_exactness import assert_same_parameters
-from tests.test_training import Result, assert_well_formed, run_cli
+from tests.test_training import Result, assert_ran, run_cli
 from training.batching import global_batches, rank_batches, steps_per_epoch
 from training.config import parse_args
 from training.model import SimpleCNN
@@ -60,11 +60,7 @@ slow = pytest.mark.slow
 
 def _run(sample_data: Path, out: Path, run_id: str, *args: str) -> Result:
     result = run_cli(sample_data, *COMMON, "--checkpoint-dir", str(out), "--run-id", run_id, *args)
-    if "--resume" in args:  # its epochs start at 2, which assert_well_formed does not expect
-        assert result.returncode == 0, result.stderr[-3000:]
-        assert result.events[-1]["type"] == "finished"
-    else:
-        assert_well_formed(result, run_id)
+    assert_ran(result, run_id, resumed="--resume" in args)
     return result
 
 

@@ -85,7 +85,8 @@ def variant_parse(text: str) -> Variant:
     for pair in pairs:
         key, _, word = pair.partition("=")
         if key not in taken:
-            raise ValueError(f"{name} takes no option {key!r} (it takes: {', '.join(taken)})")
+            takes = f"it takes {', '.join(taken)}" if taken else "it takes none"
+            raise ValueError(f"{name} takes no option {key!r} ({takes})")
         option = taken[key]
         value = next((v for v in option.values if str(v).lower() == word.lower()), None)
         if value is None:
