@@ -31,6 +31,8 @@ from tests.test_training import Result, assert_ran, run_cli
 from training.batching import global_batches, rank_batches, steps_per_epoch
 from training.config import parse_args
 from training.model import SimpleCNN
+from training.strategies.common import step_default
+from training.strategies.stepping import StepOptions, autocast_for, scaler_for
 
 STEPS = 8
 COMMON = (
@@ -114,6 +116,43 @@ def test_a_short_last_step_keeps_two_images_for_every_micro_batch_of_every_rank(
     assert len(global_batches(4000, 64, 7, 1, world_size=2, accumulate=16)) == 62
     # Batches of 1 are what the user asked for: one image per micro-batch, none empty.
     assert steps_per_epoch(9, 1, 1, None, accumulate=4) == 2
+
+
+def _twins() -> tuple[list[SimpleCNN], list[torch.optim.Optimizer]]:
+    torch.manual_seed(0)
+    models = [SimpleCNN(), SimpleCNN()]
+    models[1].load_state_dict(models[0].state_dict())
+    return models, [torch.optim.SGD(m.parameters(), lr=0.1, momentum=0.9) for m in models]
+
+
+def test_uneven_micro_batches_are_weighted_by_their_share() -> None:
+    """A short last step cuts 10 images into 4, 3 and 3: each mean weighted by its share is the
+    mean over the 10 (weighting each by a third would not be)."""
+    (plain, pieces), (plain_opt, pieces_opt) = _twins()
+    x, y = torch.randn(10, 1, 28, 28), torch.randint(0, 10, (10,))
+    whole = step_default(plain, plain_opt)(x, y)
+    summed = step_default(pieces, pieces_opt, StepOptions(accumulate=3))(x, y)
+    assert float(summed) == pytest.approx(float(whole), abs=1e-6)
+    for a, b in zip(plain.parameters(), pieces.parameters(), strict=True):
+        assert torch.allclose(a, b, rtol=1e-5, atol=1e-7)
+
+
+def test_the_fp16_step_scales_its_loss_and_unscales_before_the_update() -> None:
+    """The CLI refuses fp16 on the CPU (a GPU's precision), but torch runs it here: the step's
+    own scaler path, checked where no GPU is."""
+    (plain, scaled), (plain_opt, scaled_opt) = _twins()
+    x, y = torch.randn(16, 1, 28, 28), torch.randint(0, 10, (16,))
+    cpu = torch.device("cpu")
+    scaler = scaler_for("fp16", cpu)
+    assert scaler is not None and scaler_for("bf16", cpu) is None
+    options = StepOptions(autocast=autocast_for("fp16", cpu), scaler=scaler)
+    step_default(plain, plain_opt)(x, y)
+    step_default(scaled, scaled_opt, options)(x, y)
+    # The loss went backward scaled by 2**16 and the step was taken (no overflow) ...
+    assert scaler.get_scale() == 2.0**16 and scaler.state_dict()["_growth_tracker"] == 1
+    # ... after unscaling: fp32's update to float16's rounding, not 65,536 times it.
+    for a, b in zip(plain.parameters(), scaled.parameters(), strict=True):
+        assert float((a - b).detach().norm() / a.detach().norm()) < 1e-2
 
 
 # --- refused where they cannot run, in the registry's words -------------------------------------
