@@ -71,22 +71,31 @@ window.TrainyardCharts = (function () {
     (out[key] = out[key] || []).push([step, time, value]);
   };
 
+  /** rank/<r>/<field> of each row of a message's per-rank list (a step's `ranks`, an epoch's
+   * `memory`). */
+  function putRanks(out, rows, fields, step, time) {
+    for (const r of Array.isArray(rows) ? rows : []) {
+      if (!r || !isNum(r.rank)) continue;
+      for (const field of fields) put(out, "rank/" + r.rank + "/" + field, step, time, r[field]);
+    }
+  }
+
   /** The series points a live message carries: {key: [[step, time, value], ...]}, under the
-   * keys the sink stores them (the contract's step_series, rank_fields, epoch_series): step
-   * events carry the run's and each rank's figures; epoch events the test figures and their own
-   * images/s; `series` messages the rest (machine and GPU samples). */
+   * keys the sink stores them (the contract's step_series, rank_fields, epoch_series,
+   * memory_fields): step events carry the run's and each rank's figures; epoch events the test
+   * figures, their own images/s and what each rank holds; `series` messages the rest (machine
+   * and GPU samples). */
   function messagePoints(msg) {
     const out = {};
     if (!msg || !isNum(msg.step)) return msg && msg.type === "series" ? msg.points || {} : out;
     const t = isNum(msg.time) ? msg.time : null;
     if (msg.type === "step") {
       for (const [field, key] of Object.entries(contract.step_series)) put(out, key, msg.step, t, msg[field]);
-      for (const r of Array.isArray(msg.ranks) ? msg.ranks : []) {
-        if (!r || !isNum(r.rank)) continue;
-        for (const field of contract.rank_fields) put(out, "rank/" + r.rank + "/" + field, msg.step, t, r[field]);
-      }
+      putRanks(out, msg.ranks, contract.rank_fields, msg.step, t);
     } else if (msg.type === "epoch") {
       for (const [field, key] of Object.entries(contract.epoch_series)) put(out, key, msg.step, t, msg[field]);
+      // What each rank holds at the epoch's end (protocol 1.7's `memory`, as the sink stored it).
+      putRanks(out, msg.memory, contract.memory_fields, msg.step, t);
     }
     return out;
   }
