@@ -28,7 +28,7 @@ window.TrainyardCharts = (function () {
   // The series contract (dashboard/experiments/metrics/series_contract.py), sent in the page
   // facts: which series a chart draws, by key (`match`, a regular expression); `line` names one
   // line of a chart with several (per rank, machine, GPU; $1, $2: match's groups); `log` offers
-  // the log scale; `factor` turns fractions into percent.
+  // the log scale; `factor` turns fractions into percent; `zero` starts the y axis at 0.
   const contract = window.Trainyard.facts.series;
   const lineName = (template) => (m) => template.replace(/\$(\d)/g, (_, i) => m[i]);
   const SPECS = contract.charts.map((spec) =>
@@ -61,7 +61,7 @@ window.TrainyardCharts = (function () {
     const found = specOf(key);
     if (found && !found.spec.line) return found.spec;
     const title = found ? found.spec.title + " · " + found.line : key;
-    return { id: key, title, unit: found ? found.spec.unit : undefined, log: /loss/.test(key) };
+    return { id: key, title, unit: found ? found.spec.unit : undefined, zero: found ? found.spec.zero : undefined, log: /loss/.test(key) };
   }
 
   // ---- live messages -> points ---------------------------------------------------------------
@@ -335,7 +335,7 @@ window.TrainyardCharts = (function () {
         legend: { show: false },
         // The scale is set here (onSelect), after reading the selection in the old one.
         cursor: { drag: { x: true, y: false, setScale: false }, points: { show: false } },
-        scales: { x: { time: this.xMode === "wall" }, y: { distr: this.log ? 3 : 1 } },
+        scales: { x: { time: this.xMode === "wall" }, y: this.yScale() },
         axes: [
           Object.assign({}, axis, this.xMode === "wall" ? {} : { values: (u, ticks) => ticks.map((t) => (Math.abs(t) >= 1e4 ? (t / 1000).toFixed(0) + "k" : String(+t.toPrecision(6)))) }),
           // Bytes read "928.8 MiB": wider than plain numbers.
@@ -346,6 +346,14 @@ window.TrainyardCharts = (function () {
           setCursor: [(u) => this.onCursor(u)],
         },
       });
+    }
+
+    /** The y scale: log when toggled; from 0 for sizes (`zero`), whose level is the point: an
+     * auto range would blow a few bytes' difference between ranks up to the chart's height. */
+    yScale() {
+      if (this.log) return { distr: 3 };
+      if (!this.spec.zero) return { distr: 1 };
+      return { distr: 1, range: (u, min, max) => [0, max > 0 ? max * 1.1 : 1] };
     }
 
     /** Draw from scratch: the series' styles depend on smoothing and the scale on the toggle. */

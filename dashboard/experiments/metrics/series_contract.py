@@ -47,11 +47,14 @@ class ChartSpec(TypedDict):
     line: NotRequired[str]
     log: NotRequired[bool]  # the log scale is offered
     unit: NotRequired[str]  # "%" or "bytes"
+    zero: NotRequired[bool]  # the y axis starts at 0: a size's level, not its wiggle, matters
     factor: NotRequired[float]  # fractions shown as percent
     color: NotRequired[str]  # a CSS variable of the stylesheet
 
 
-def _per_rank(chart_id: str, field: str, title: str, unit: str | None = None) -> ChartSpec:
+def _per_rank(
+    chart_id: str, field: str, title: str, unit: str | None = None, *, zero: bool = False
+) -> ChartSpec:
     """The chart of one of RANK_FIELDS or MEMORY_FIELDS, a line per rank."""
     spec: ChartSpec = {
         "id": chart_id,
@@ -61,6 +64,8 @@ def _per_rank(chart_id: str, field: str, title: str, unit: str | None = None) ->
     }
     if unit:
         spec["unit"] = unit
+    if zero:
+        spec["zero"] = True
     return spec
 
 
@@ -81,10 +86,14 @@ CHARTS: Final[tuple[ChartSpec, ...]] = (
     _per_rank("rank_data", "data_seconds", "Waiting for data per rank (s)"),
     _per_rank("rank_compute", "compute_seconds", "Compute per rank (s)"),
     _per_rank("rank_rss", "rss_bytes", "Memory (RSS) per rank", unit="bytes"),
-    _per_rank("rank_parameters", "parameter_bytes", "Parameters held per rank", unit="bytes"),
-    _per_rank("rank_gradients", "gradient_bytes", "Gradients held per rank", unit="bytes"),
+    # What each rank holds changes little over epochs: from 0, so that DDP's whole copy and
+    # FSDP's 1/N read as levels.
+    _per_rank("rank_parameters", "parameter_bytes", "Parameters held per rank", unit="bytes",
+              zero=True),
+    _per_rank("rank_gradients", "gradient_bytes", "Gradients held per rank", unit="bytes",
+              zero=True),
     _per_rank("rank_optimizer", "optimizer_state_bytes", "Optimizer state held per rank",
-              unit="bytes"),
+              unit="bytes", zero=True),
     _per_rank("rank_peak", "peak_bytes", "Peak memory per rank", unit="bytes"),
     {"id": "cpu", "title": "Machine CPU", "match": r"^machine/(.+)/cpu_percent$", "unit": "%",
      "line": "$1"},
