@@ -60,7 +60,7 @@ def memory_row(entry: Mapping[str, int], *, model_bytes: int | None) -> dict[str
     held = entry["parameter_bytes"] + entry["gradient_bytes"] + entry["optimizer_state_bytes"]
     share = entry["parameter_bytes"] / model_bytes if model_bytes else None
     peak = bytes_text(entry["peak_bytes"])
-    share_said = "" if share is None else f" ({_share_title(share)})"
+    share_said = "" if share is None else f" · {_share_text(share)}"
     return {
         **entry,
         "held_bytes": held,
@@ -75,7 +75,7 @@ def memory_row(entry: Mapping[str, int], *, model_bytes: int | None) -> dict[str
         "share_text": _share_text(share),
         "share_title": _share_title(share),
         # The rank in one line (the compare page's list of every rank).
-        "line_text": f"rank {entry['rank']}: {bytes_text(held)} held{share_said}, peak {peak}",
+        "line_text": f"rank {entry['rank']}: {bytes_text(held)} held{share_said} · peak {peak}",
     }
 
 
