@@ -8,7 +8,7 @@ memory cell and the study table's. static/js places these texts and formats none
 A rank *holds* its parameters, gradients and optimizer state: what a strategy can shard. Its
 *share* is its parameter bytes against one whole copy of the model's, the ``started`` event's
 parameter count (``model_info``, counted before any sharding) at 4 bytes each: every strategy
-trains in float32. So DDP shows 100% on every rank and FSDP about 1/N; DeepSpeed's ZeRO keeps
+keeps its parameters in float32. So DDP shows 100% on every rank and FSDP about 1/N; DeepSpeed's ZeRO keeps
 whole parameters (100%) and shards the optimizer state (and at stage 2 the gradients), which the
 held bytes show; a model-parallel stage holds its part.
 """
@@ -21,7 +21,9 @@ from typing import Any, Final
 from dashboard.experiments.models import Experiment
 from dashboard.texts import bytes_text
 
-PARAMETER_BYTES_EACH: Final = 4  # float32, what every strategy trains in
+# float32: every strategy keeps its parameters so (--precision's autocast computes in bf16 or
+# fp16 but keeps them); a model built in another dtype would make the share off by that factor.
+PARAMETER_BYTES_EACH: Final = 4
 
 MEMORY_RULE: Final = (
     "Held: parameters + gradients + optimizer state, what a strategy can shard. Share: a rank's "
