@@ -8,9 +8,9 @@ memory cell and the study table's. static/js places these texts and formats none
 A rank *holds* its parameters, gradients and optimizer state: what a strategy can shard. Its
 *share* is its parameter bytes against one whole copy of the model's, the ``started`` event's
 parameter count (``model_info``, counted before any sharding) at 4 bytes each: every strategy
-keeps its parameters in float32. So DDP shows 100% on every rank and FSDP about 1/N; DeepSpeed's ZeRO keeps
-whole parameters (100%) and shards the optimizer state (and at stage 2 the gradients), which the
-held bytes show; a model-parallel stage holds its part.
+keeps its parameters in float32. So DDP shows 100% on every rank and FSDP about 1/N;
+DeepSpeed's ZeRO keeps whole parameters (100%) and shards the optimizer state (and at stage 2
+the gradients), which the held bytes show; a model-parallel stage holds its part.
 """
 
 from __future__ import annotations
