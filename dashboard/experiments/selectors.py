@@ -9,6 +9,7 @@ from typing import Any
 
 from dashboard.experiments.core.checkpoints import checkpoint_as_dict
 from dashboard.experiments.core.forms import FIELDS
+from dashboard.experiments.core.memory import experiment_memory_rows
 from dashboard.experiments.core.messages import SnapshotMessage
 from dashboard.experiments.core.run_facts import snapshot_texts
 from dashboard.experiments.metrics.series import series_snapshot
@@ -51,7 +52,12 @@ def experiment_snapshot_build(*, experiment: Experiment, log_lines: int) -> Snap
         "run": run,
         "rank_stats": rank_stats,
         "checkpoints": checkpoints,
-        "texts": snapshot_texts(run=run, rank_stats=rank_stats, checkpoints=checkpoints),
+        "texts": snapshot_texts(
+            run=run,
+            rank_stats=rank_stats,
+            checkpoints=checkpoints,
+            memory=experiment_memory_rows(experiment),
+        ),
     }
 
 

@@ -23,7 +23,8 @@ PROGRESS_KEYS = ("queued", "running", "succeeded", "failed", "cancelled")
 CELL_CSV_COLUMNS = (
     "strategy", "processes", "nodes", "world_size", "global_batch", "seeds", "runs",
     "time_to_target_seconds", "images_to_target", "runs_reached", "final_accuracy_mean",
-    "final_accuracy_std", "images_per_second", "speedup", "efficiency",
+    "final_accuracy_std", "images_per_second", "speedup", "efficiency", "memory_held_bytes",
+    "memory_peak_bytes",
 )  # fmt: skip
 
 

@@ -154,6 +154,12 @@ class CompareRowOut(Open):
     speedup: float | None
     efficiency: float | None
     test_accuracy: float | None
+    # The run's memory at its last epoch: each rank's entry (as the run's read JSON), and the
+    # largest rank's parameter + gradient + optimizer-state bytes and the highest peak (null
+    # before the first epoch).
+    memory: list[dict[str, int]] = []
+    memory_held_bytes: int | None = None
+    memory_peak_bytes: int | None = None
 
 
 class CompareOut(Schema):

@@ -23,6 +23,7 @@ from dashboard.experiments.core.checkpoints import (
 )
 from dashboard.experiments.core.forms import FIELDS, ExperimentForm, experiment_clone_fields
 from dashboard.experiments.core.limits import LaunchLimited
+from dashboard.experiments.core.memory import MEMORY_RULE
 from dashboard.experiments.core.messages import socket_path
 from dashboard.experiments.metrics.scaling import (
     BASELINE_RULE,
@@ -228,6 +229,8 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
         # The snapshot's texts (run_facts.py), which the page's script places the same way.
         "facts": {**initial["run"], **initial["texts"]},
         "rank_rows": initial["texts"]["ranks"],
+        "memory_rows": initial["texts"]["memory"],
+        "memory_rule": MEMORY_RULE,
         "checkpoints": initial["texts"]["checkpoints"],
         "scaling": scaling,
         "scaling_note": baseline_batch_note(scaling),
@@ -300,5 +303,6 @@ def experiment_compare(request: HttpRequest) -> HttpResponse:
         "baseline_rule": BASELINE_RULE,
         "no_baseline": NO_BASELINE,
         "world_size_rule": WORLD_SIZE_RULE,
+        "memory_rule": MEMORY_RULE,
     }
     return render(request, "experiments/compare.html", context)
