@@ -7,6 +7,8 @@ from typing import Any
 
 from django.test import Client
 
+from training.registry import StrategyOption
+
 
 def form_data(**fields: Any) -> dict[str, str]:
     """A valid launch form post (as the browser sends it), with `fields` changed."""
@@ -21,10 +23,15 @@ def form_data(**fields: Any) -> dict[str, str]:
         "lr": "0.001",
         "optimizer": "adam",
         "seed": "1",
-        "zero_stage": "",
     }
     data.update({key: str(value) for key, value in fields.items()})
     return data
+
+
+def value_off_default(option: StrategyOption) -> Any:
+    """A value of `option` other than its default that runs on the CPU too: what a test asks
+    for to see the option taken (or refused by a strategy that does not read it)."""
+    return next(v for v in option.values if v != option.default and not option.gpu_reason(v))
 
 
 def logged_in(user: Any) -> Client:

@@ -11,15 +11,17 @@ from __future__ import annotations
 from typing import Any
 
 from ninja import Schema
-from pydantic import ConfigDict
+from pydantic import ConfigDict, create_model
+
+from training.registry import OPTIONS_DECLARED
 
 
 class Open(Schema):
     model_config = ConfigDict(extra="allow")
 
 
-class ExperimentOut(Open):
-    """A run, as every route that answers with one gives it."""
+class ExperimentFields(Open):
+    """A run's own fields; ExperimentOut adds the strategy options."""
 
     id: int
     name: str
@@ -34,7 +36,6 @@ class ExperimentOut(Open):
     lr: float
     optimizer: str
     seed: int
-    zero_stage: int | None
     owner: str
     status: str
     created_at: str | None
@@ -74,6 +75,19 @@ class ExperimentOut(Open):
     # The queue and studies, where given.
     priority: int | None = None
     target_accuracy: float | None = None
+    # The strategy's name with its options that are not at their default, in the registry's
+    # words: "DistributedDataParallel (PowerSGD, ZeRO-1 optimizer)".
+    strategy_label: str = ""
+
+
+# Every declared strategy option (training/registry.py), typed as its values: what the run
+# trains with where its strategy reads it, null where it does not.
+ExperimentOut: type[Open] = create_model(  # type: ignore[call-overload]
+    "ExperimentOut",
+    __base__=ExperimentFields,
+    __doc__="A run, as every route that answers with one gives it.",
+    **{option.name: (type(option.default) | None, ...) for option in OPTIONS_DECLARED},
+)
 
 
 class ExperimentListOut(Schema):
