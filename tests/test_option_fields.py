@@ -11,7 +11,6 @@ strategies take their options.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from typing import Any
 
@@ -24,34 +23,13 @@ from dashboard.experiments.models import Experiment
 from dashboard.experiments.runs.runner import training_command
 from dashboard.experiments.selectors import experiment_as_dict
 from dashboard.experiments.templatetags import page_facts
-from tests.factories import form_data, value_off_default
+from tests.factories import CPU_STRATEGIES, form_data, reader_attach, value_off_default
 from tests.test_devices import machine_make
-from training import registry
 from training.registry import COUNT, OPTIONS_DECLARED, SWITCH, StrategyOption, option_strategies
 
 pytestmark = pytest.mark.django_db
 
-# Strategies a CPU test machine launches without more (no GPUs, no optional package), in the
-# order a reader or a non-reader is picked.
-CPU_STRATEGIES = ("ddp", "single", "fsdp", "deepspeed", "model-parallel", "hogwild")
 GPU_ONLY = [option for option in OPTIONS_DECLARED if option.gpu_only]
-
-
-def reader_attach(option: StrategyOption, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A strategy that reads `option` and runs on the CPU: the registry's, else ddp with the
-    option attached for this test alone (no strategy reads it on this branch yet)."""
-    readers = option_strategies(option)
-    found = next((name for name in CPU_STRATEGIES if name in readers), None)
-    if found is not None:
-        return found
-    spec = registry.STRATEGIES["ddp"]
-    attached = dataclasses.replace(spec, options=(*spec.options, option))
-    monkeypatch.setitem(registry.STRATEGIES, "ddp", attached)
-    patched = tuple(attached if s.name == "ddp" else s for s in registry.REGISTRY)
-    # The modules that bound the registry's tuple by name read the attached spec too.
-    for module in (registry, page_facts):
-        monkeypatch.setattr(module, "REGISTRY", patched)
-    return "ddp"
 
 
 @pytest.fixture(params=OPTIONS_DECLARED, ids=lambda option: option.name)

@@ -26,7 +26,12 @@ from dashboard.studies.services import (
     study_runs,
     study_stop,
 )
-from dashboard.studies.texts import ACCURACY_RULE, SPEEDUP_RULE, TIME_TO_TARGET_RULE
+from dashboard.studies.texts import (
+    ACCURACY_RULE,
+    SKIPPED_RULE,
+    SPEEDUP_RULE,
+    TIME_TO_TARGET_RULE,
+)
 from training.registry import strategy_get
 
 
@@ -75,6 +80,7 @@ def study_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "scaling": data["scaling"]["chart"],
         },
         "rules": [TIME_TO_TARGET_RULE, ACCURACY_RULE, SPEEDUP_RULE],
+        "skipped_rule": SKIPPED_RULE,
         "live": {"api_url": reverse("api-study", args=[study.pk])},
     }
     return render(request, "studies/detail.html", context)
