@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from django.test import Client
 from django.urls import reverse
+from django.utils.html import escape
 
 from dashboard.experiments.core.forms import ExperimentForm, experiment_clone_fields
 from dashboard.experiments.models import Experiment
@@ -25,7 +26,14 @@ from dashboard.experiments.selectors import experiment_as_dict
 from dashboard.experiments.templatetags import page_facts
 from tests.factories import CPU_STRATEGIES, form_data, reader_attach, value_off_default
 from tests.test_devices import machine_make
-from training.registry import COUNT, OPTIONS_DECLARED, SWITCH, StrategyOption, option_strategies
+from training.registry import (
+    COUNT,
+    OPTIONS_DECLARED,
+    SWITCH,
+    StrategyOption,
+    option_strategies,
+    option_value_text,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -204,3 +212,30 @@ def test_launch_again_copies_it(
     source = experiment_factory(owner=user_factory(), strategy=reader, **{option.name: value})
     assert experiment_clone_fields(source=source)[option.name] == value
     assert source.options_label and source.options_label in source.strategy_label
+
+
+# --- where a run is described: its page, the compare page, the list, the admin ------------------
+
+
+def test_every_page_that_describes_the_run_says_its_options(
+    option: StrategyOption, pair: tuple[str, str], user_factory: Any, experiment_factory: Any
+) -> None:
+    reader, other = pair
+    value = value_off_default(option)
+    owner = user_factory(staff=True, is_superuser=True)
+    client = Client()
+    client.force_login(owner)
+    run = experiment_factory(owner=owner, name="with it", strategy=reader, **{option.name: value})
+    plain = experiment_factory(owner=owner, name="without", strategy=other)
+    label = option_value_text(option, value)
+    assert run.strategy_label == f"{run.get_strategy_display()} ({run.options_label})"
+    assert label in run.options_label and plain.options_label == ""
+    # The run page: a fact per option its strategy reads, none for the others.
+    page = client.get(run.get_absolute_url()).content.decode()
+    assert f'data-option="{option.name}"' in page
+    assert f'data-option="{option.name}"' not in client.get(plain.get_absolute_url()).content.decode()
+    compare = client.get(reverse("experiment-compare") + f"?ids={run.pk},{plain.pk}").content
+    assert f'<td data-field="strategy">{escape(run.strategy_label)}</td>' in compare.decode()
+    assert f'title="{escape(run.strategy_label)}"' in client.get(reverse("experiment-list")).content.decode()
+    admin = client.get(f"/admin/experiments/experiment/?{option.name}={value}").content.decode()
+    assert "with it" in admin and "without" not in admin and escape(run.options_label) in admin
