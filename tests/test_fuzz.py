@@ -290,9 +290,11 @@ form_cases = st.one_of(
     st.dictionaries(
         # Not a field's name: "compile" or "precision" are letters only, and fields.
         letters.filter(
-            lambda k: k not in VALID_FORM
-            and k not in FIELD_TYPES
-            and k not in {"clone", "csrfmiddlewaretoken"}
+            lambda k: (
+                k not in VALID_FORM
+                and k not in FIELD_TYPES
+                and k not in {"clone", "csrfmiddlewaretoken"}
+            )
         ),
         letters,
         min_size=1,

@@ -156,7 +156,11 @@ def test_the_api_refuses_a_bad_type_or_value_naming_the_field(
     assert response.json()["errors"][option.name][0].startswith("must be ")
     if option.kind == SWITCH:
         return  # true and false are all a switch has
-    bad = option.bounds[1] + 1 if option.kind == COUNT else {int: 99, str: "warp"}[type(option.default)]
+    bad = (
+        option.bounds[1] + 1
+        if option.kind == COUNT
+        else {int: 99, str: "warp"}[type(option.default)]
+    )
     response = api_post(api, {"strategy": reader, option.name: bad})
     assert response.status_code == 400
     assert option.invalid_text() in response.json()["errors"][option.name][0]
@@ -233,9 +237,14 @@ def test_every_page_that_describes_the_run_says_its_options(
     # The run page: a fact per option its strategy reads, none for the others.
     page = client.get(run.get_absolute_url()).content.decode()
     assert f'data-option="{option.name}"' in page
-    assert f'data-option="{option.name}"' not in client.get(plain.get_absolute_url()).content.decode()
+    assert (
+        f'data-option="{option.name}"' not in client.get(plain.get_absolute_url()).content.decode()
+    )
     compare = client.get(reverse("experiment-compare") + f"?ids={run.pk},{plain.pk}").content
     assert f'<td data-field="strategy">{escape(run.strategy_label)}</td>' in compare.decode()
-    assert f'title="{escape(run.strategy_label)}"' in client.get(reverse("experiment-list")).content.decode()
+    assert (
+        f'title="{escape(run.strategy_label)}"'
+        in client.get(reverse("experiment-list")).content.decode()
+    )
     admin = client.get(f"/admin/experiments/experiment/?{option.name}={value}").content.decode()
     assert "with it" in admin and "without" not in admin and escape(run.options_label) in admin

@@ -135,8 +135,9 @@ class Experiment(models.Model):
     )
     # The other strategies' own options (training.registry declares their values and which
     # strategies read them; the launch checks validate them there). Empty: the strategy does not
-    # read it, or its default.
-    comm_hook = models.CharField(
+    # read it, or its default. Null, not "", for the string ones too: like the others, null says
+    # "not read" (the read JSON's null), and "" is no value of any option.
+    comm_hook = models.CharField(  # noqa: DJ001
         max_length=16, null=True, blank=True, help_text="DDP's communication hook"
     )
     shard_optimizer = models.BooleanField(
@@ -146,10 +147,10 @@ class Experiment(models.Model):
         null=True, blank=True, help_text="gradient accumulation steps (batches a step)"
     )
     compile = models.BooleanField(null=True, blank=True, help_text="torch.compile the model")
-    precision = models.CharField(
+    precision = models.CharField(  # noqa: DJ001
         max_length=8, null=True, blank=True, help_text="fp32, bf16 or fp16 (autocast)"
     )
-    pipeline_schedule = models.CharField(
+    pipeline_schedule = models.CharField(  # noqa: DJ001
         max_length=16, null=True, blank=True, help_text="the pipeline's schedule"
     )
     microbatches = models.PositiveSmallIntegerField(

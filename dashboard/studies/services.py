@@ -29,7 +29,6 @@ CELL_CSV_COLUMNS = (
 )  # fmt: skip
 
 
-
 def studies_visible_to(user: Any) -> QuerySet[Study]:
     queryset = Study.objects.select_related("owner")
     if getattr(user, "is_staff", False):
@@ -48,10 +47,10 @@ def run_name(*, study_name: str, fields: dict[str, Any], values: dict[str, Any])
     if fields.get("nodes", 1) != 1:
         parts.append(f"{fields['nodes']} nodes")
     for key in AXIS_FIELDS:
+        named = key in values and key not in {"strategy", "processes", "nodes", "seed"}
         # An option the cell's strategy does not read (None) says nothing of the run.
-        if key in values and key not in {"strategy", "processes", "nodes", "seed"}:
-            if fields[key] is not None:
-                parts.append(f"{key.replace('_', ' ')} {fields[key]}")
+        if named and fields[key] is not None:
+            parts.append(f"{key.replace('_', ' ')} {fields[key]}")
     parts.append(f"seed {fields['seed']}")
     return " · ".join([study_name, *parts])[:200]
 
@@ -152,9 +151,7 @@ def study_as_dict(study: Study) -> dict[str, Any]:
         "run_details": [_run_row(link) for link in links],
         "cells": cells,
         # Cells not run: their strategy does not read an option they set (grid.py).
-        "skipped": [
-            cell.as_dict() for cell in cells_skipped(base=study.base, axes=study.axes)
-        ],
+        "skipped": [cell.as_dict() for cell in cells_skipped(base=study.base, axes=study.axes)],
         "scaling": scaling_build(cells, {e.pk: e for e in runs}),
     }
 

@@ -51,9 +51,7 @@ SKIPPED_RULE = (
 
 
 def all_skipped_text(cells: int) -> str:
-    return (
-        f"every cell ({cells}) sets an option its strategy does not read; nothing was created"
-    )
+    return f"every cell ({cells}) sets an option its strategy does not read; nothing was created"
 
 
 def runs_text(count: int) -> str:

@@ -41,8 +41,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from dashboard.env import env_int
-from dashboard.experiments.metrics.archives import ImportRefused, tar_unpack, zip_unpack
 from dashboard.experiments.core.forms import LIMITS
+from dashboard.experiments.metrics.archives import ImportRefused, tar_unpack, zip_unpack
 from dashboard.experiments.metrics.exports import RUN_FIELDS, RUN_TEXT_TAG
 from dashboard.experiments.metrics.series import MAX_KEY_CHARS, MAX_STEP
 from dashboard.experiments.models import Experiment, SeriesPoint, Status, Strategy
@@ -379,7 +379,10 @@ def run_launch_parse(raw: dict[str, Any]) -> dict[str, Any]:
     spec = STRATEGIES.get(name) if isinstance(name, str) else None
     if spec is None or type(processes) is not int or not low <= processes <= high:
         return {}
-    fields: dict[str, Any] = {"strategy": spec.name, "processes": processes if spec.processes else 1}
+    fields: dict[str, Any] = {
+        "strategy": spec.name,
+        "processes": processes if spec.processes else 1,
+    }
     for option in spec.options:
         value = raw.get(option.name)
         if type(value) is type(option.default) and value in option.values:

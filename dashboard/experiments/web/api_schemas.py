@@ -8,7 +8,7 @@ schema, and a client reading the documented keys keeps working.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ninja import Schema
 from pydantic import ConfigDict, create_model
@@ -20,8 +20,21 @@ class Open(Schema):
     model_config = ConfigDict(extra="allow")
 
 
-class ExperimentFields(Open):
-    """A run's own fields; ExperimentOut adds the strategy options."""
+# Every declared strategy option (training/registry.py), typed as its values: what the run
+# trains with where its strategy reads it, null where it does not. Made from the registry, so an
+# option declared there is documented here with no edit.
+if TYPE_CHECKING:
+    OptionsOut = Open
+else:
+    OptionsOut = create_model(
+        "OptionsOut",
+        __base__=Open,
+        **{option.name: (type(option.default) | None, ...) for option in OPTIONS_DECLARED},
+    )
+
+
+class ExperimentOut(OptionsOut):
+    """A run, as every route that answers with one gives it."""
 
     id: int
     name: str
@@ -78,16 +91,6 @@ class ExperimentFields(Open):
     # The strategy's name with its options that are not at their default, in the registry's
     # words: "DistributedDataParallel (PowerSGD, ZeRO-1 optimizer)".
     strategy_label: str = ""
-
-
-# Every declared strategy option (training/registry.py), typed as its values: what the run
-# trains with where its strategy reads it, null where it does not.
-ExperimentOut: type[Open] = create_model(  # type: ignore[call-overload]
-    "ExperimentOut",
-    __base__=ExperimentFields,
-    __doc__="A run, as every route that answers with one gives it.",
-    **{option.name: (type(option.default) | None, ...) for option in OPTIONS_DECLARED},
-)
 
 
 class ExperimentListOut(Schema):
