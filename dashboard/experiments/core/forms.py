@@ -296,10 +296,13 @@ class ExperimentForm(forms.ModelForm):
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         strategy, gpus = data.get("strategy"), data.get("gpus", [])
+        # The options are judged with the other fields' mistakes, not a round after them (a
+        # GPU-only value needs the GPU ids, though).
+        if strategy is not None and "gpus" not in self.errors:
+            self._options_clean(data, strategy_get(strategy), gpus)
         if strategy is None or self.errors:
             return data
         spec = strategy_get(strategy)
-        self._options_clean(data, spec, gpus)
         if not spec.processes:
             data["processes"] = 1
         elif data.get("processes") is None:
