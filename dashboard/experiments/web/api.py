@@ -170,8 +170,8 @@ def _launch_bounds(name: str) -> dict[str, Any]:
         return {"minimum": low, "maximum": high}
     if name == "lr":
         return {"exclusiveMinimum": 0, "maximum": LR_MAX}
-    if FIELD_TYPES[name] == (str,):
-        return {"maxLength": MAX_STRING_CHARS}
+    if FIELD_TYPES[name] == (str,):  # as launch_payload_bounds_check caps them
+        return {"maxLength": MAX_PATH_CHARS if name == "data_path" else MAX_STRING_CHARS}
     return {}
 
 
