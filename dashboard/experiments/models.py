@@ -254,7 +254,7 @@ class Experiment(models.Model):
 
     def options_read(self) -> list[tuple[StrategyOption, OptionValue]]:
         """Each option its strategy reads, with the value it trains with: the stored one, else
-        the option's default (a row from before the option, or a study's cell that left it)."""
+        the option's default (a row from before the option was declared, or made by the admin)."""
         spec = STRATEGIES.get(self.strategy)  # None: a name no longer in the registry
         read = []
         for option in spec.options if spec else ():
