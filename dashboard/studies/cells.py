@@ -39,11 +39,14 @@ from dashboard.experiments.metrics.scaling import (
 from dashboard.experiments.models import Experiment, SeriesPoint, Status
 from dashboard.studies.grid import world_size_of
 from dashboard.studies.texts import cell_texts, reached_text
+from training.registry import OPTIONS_DECLARED
 
-# A cell's config: the launch fields that make runs differ, the seed left out.
+OPTION_NAMES = tuple(option.name for option in OPTIONS_DECLARED)
+# A cell's config: the launch fields that make runs differ, the seed left out; the strategy
+# options as the runs train with them (null where the strategy does not read one).
 CONFIG_FIELDS = (
     "model", "dataset", "data_path", "strategy", "processes", "nodes", "gpus", "epochs",
-    "batch_size", "lr", "optimizer", "zero_stage",
+    "batch_size", "lr", "optimizer", *OPTION_NAMES,
 )  # fmt: skip
 ENDED = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.LOST)
 
@@ -56,7 +59,8 @@ class Reached:
 
 
 def config_of(experiment: Experiment) -> dict[str, Any]:
-    return {name: getattr(experiment, name) for name in CONFIG_FIELDS}
+    options = experiment.option_values()
+    return {name: options.get(name, getattr(experiment, name)) for name in CONFIG_FIELDS}
 
 
 def reached_read(*, runs: Sequence[Experiment], target: float) -> dict[int, Reached]:
@@ -153,6 +157,8 @@ def cells_build(*, runs: Sequence[Experiment], target: float) -> list[dict[str, 
         first, config = members[0], config_of(members[0])
         cell: dict[str, Any] = {
             "strategy": first.strategy, "processes": first.processes, "nodes": first.nodes,
+            # Its options off their default, in the registry's words ("PowerSGD").
+            "options_label": first.options_label,
             "world_size": world_size_of(config), "global_batch": experiment_global_batch(first),
             "config": config, "runs": [e.pk for e in members],
             "seeds": [e.seed for e in members],

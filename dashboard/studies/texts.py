@@ -50,6 +50,17 @@ STOP_AT_TARGET_HELP = (
 )
 
 
+SKIPPED_RULE = (
+    "Skipped cells: a cell that sets an option its strategy does not read (to a value other "
+    "than the option's default) is not run, as a launch of it would be refused; the rest of the "
+    "study runs."
+)
+
+
+def all_skipped_text(cells: int) -> str:
+    return f"every cell ({cells}) sets an option its strategy does not read; nothing was created"
+
+
 def runs_text(count: int) -> str:
     return f"{count} run{'' if count == 1 else 's'}"
 

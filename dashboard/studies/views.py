@@ -30,6 +30,7 @@ from dashboard.studies.services import (
 from dashboard.studies.texts import (
     ACCURACY_RULE,
     MEMORY_CELL_RULE,
+    SKIPPED_RULE,
     SPEEDUP_RULE,
     TIME_TO_TARGET_RULE,
 )
@@ -86,6 +87,7 @@ def study_detail(request: HttpRequest, pk: int) -> HttpResponse:
             SPEEDUP_RULE,
             f"{MEMORY_CELL_RULE} {MEMORY_RULE}",
         ],  # fmt: skip
+        "skipped_rule": SKIPPED_RULE,
         "live": {"api_url": reverse("api-study", args=[study.pk])},
     }
     return render(request, "studies/detail.html", context)

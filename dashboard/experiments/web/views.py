@@ -48,7 +48,7 @@ from dashboard.experiments.web.run_list import (
     runs_page,
 )
 from dashboard.texts import format_duration, words_joined
-from training.registry import REGISTRY, STRATEGIES, ZERO_STAGE, option_strategies
+from training.registry import REGISTRY, STRATEGIES
 
 # The detail page embeds the stored curve so that it draws before the socket opens; the log box
 # shows only the tail.
@@ -205,8 +205,6 @@ def experiment_new(request: HttpRequest) -> HttpResponse:
         "strategy_help": REGISTRY,
         "process_strategies": " ".join(str(value) for value in PROCESS_STRATEGIES),
         **_form_help(),
-        # The strategies that read ZeRO's stage (the field shows for them alone).
-        "deepspeed_value": " ".join(option_strategies(ZERO_STAGE)),
     }
     response = render(request, "experiments/form.html", context, status=status)
     if retry_after is not None:
