@@ -18,6 +18,7 @@ from dashboard.experiments.core.catalogue_options import (
     model_choices,
 )
 from dashboard.experiments.models import Experiment, option_title
+from dashboard.texts import words_joined
 from training.catalogue import MODEL_DEFAULT
 from training.registry import (
     COUNT,
@@ -77,7 +78,7 @@ MACHINE_NAME_MAX_CHARS = 255  # WorkerMachine.hostname
 
 def spanning_labels() -> str:
     """The strategies that can span machines (training/registry.py), for people."""
-    return " and ".join(spec.label for spec in REGISTRY if spec.nodes)
+    return words_joined([spec.label for spec in REGISTRY if spec.nodes])
 
 
 class CommaListField(forms.Field):
