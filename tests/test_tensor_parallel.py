@@ -79,8 +79,9 @@ def tp(sample_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Result:
 @pytest.fixture(scope="module")
 def fsdp_tp(sample_data: Path, single: Result, tmp_path_factory: pytest.TempPathFactory) -> Result:
     out = tmp_path_factory.mktemp("fsdp-tp")
+    resume = ("--epochs", "2", "--resume", str(_checkpoint(single, 1)))
     return _run(sample_data, out, "fsdp-tp", "--strategy", "fsdp-tp", "--nproc", "4",
-                "--batch-size", "32", "--epochs", "2", "--resume", str(_checkpoint(single, 1)))  # fmt: skip
+                "--batch-size", "32", *resume)  # fmt: skip
 
 
 # --- tensor-parallel over 2 ranks ---------------------------------------------------------------
@@ -124,8 +125,9 @@ def test_tensor_parallel_ranks_hold_half_of_the_split_layers(single: Result, tp:
 def test_tensor_parallel_checkpoint_resumes_under_single(
     sample_data: Path, single: Result, tp: Result, tmp_path: Path
 ) -> None:
+    resume = ("--epochs", "2", "--resume", str(_checkpoint(tp, 1)))
     resumed = _run(sample_data, tmp_path, "r-single", "--strategy", "single",
-                   "--batch-size", "64", "--epochs", "2", "--resume", str(_checkpoint(tp, 1)))  # fmt: skip
+                   "--batch-size", "64", *resume)  # fmt: skip
     assert resumed.started["start_epoch"] == 2
     assert not any("afresh" in note for note in resumed.started["notes"])
     assert _losses(resumed, 2) == pytest.approx(_losses(single, 2), abs=1e-5)

@@ -457,9 +457,16 @@ def strategy_refusals(name: str, *, processes: int, gpus: Sequence[int]) -> list
         refusals.append(_refusal_max_gpus(spec, spec.max_gpus, gpus=gpus))
     if len(gpus) < spec.min_gpus:
         refusals.append(_refusal_min_gpus(spec, gpus=gpus))
-    if spec.tensor_ranks > 1 and (processes % spec.tensor_ranks or processes < 2 * spec.tensor_ranks):
+    if not _mesh_fits(spec, processes):
         refusals.append(_refusal_mesh(spec, processes=processes))
     return refusals
+
+
+def _mesh_fits(spec: StrategySpec, processes: int) -> bool:
+    """Whether ``processes`` ranks lay out on the strategy's 2-D mesh, where it has one: groups
+    of ``tensor_ranks``, and 2 groups or more (a 1 x N mesh is tensor-parallel's)."""
+    tensor = spec.tensor_ranks
+    return tensor <= 1 or (processes % tensor == 0 and processes >= 2 * tensor)
 
 
 def mesh_shape(name: str, processes: int) -> tuple[int, int]:

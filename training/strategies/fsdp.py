@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
 
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
