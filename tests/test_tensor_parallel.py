@@ -11,9 +11,16 @@ One configuration, Adam at its default rate, 4 steps an epoch on the MNIST sampl
   epoch-1 checkpoint and must end epoch 2 where the reference did (its optimizer state was
   split back over the 2-D mesh, and it trained the reference's steps).
 
-Tolerance as tests/test_fsdp.py's: the split layers' sums (the row-wise layer's all-reduce, the
-column-wise layer's split matmul) are taken in another order than one process takes them, so
-1e-5 relative to each tensor's norm, losses 1e-5 absolute.
+Tolerance: the split layers' sums (the row-wise layer's all-reduce, the gradient of the
+column-wise layer's input gathered from both halves) are taken in another order than one
+process takes them, so gradients differ by 1e-7 to 1e-6 relative. Adam divides each gradient by
+its running RMS: where a gradient is almost nothing (a channel whose ReLU is nearly always shut),
+its value is rounding noise, and Adam turns that noise into an update of up to its learning
+rate. Measured here: 5.5e-7 relative for tensor-parallel against single, but 6.6e-5 on one
+convolution (94 weights of one output channel) for fsdp-tp resumed from single, as for fsdp
+resumed from it. We require 2e-4 relative to each tensor's norm for parameters (a lost
+all-reduce, a missing optimizer state or another batch move them by 1e-3 or more in one step),
+and 1e-5 absolute for losses and test loss (measured: at most 1e-6).
 """
 
 from __future__ import annotations
@@ -62,6 +69,16 @@ def _epoch(result: Result, epoch: int) -> dict[str, Any]:
     return next(e for e in result.of_type("epoch") if e["epoch"] == epoch)
 
 
+def assert_same_epoch(ours: Result, theirs: Result, epoch: int) -> None:
+    """The same training in ``epoch``: its losses, its test figures and where it ended."""
+    assert len(_losses(ours, epoch)) == STEPS
+    assert _losses(ours, epoch) == pytest.approx(_losses(theirs, epoch), abs=1e-5)
+    tested, expected = _epoch(ours, epoch), _epoch(theirs, epoch)
+    assert tested["test_accuracy"] == expected["test_accuracy"]
+    assert tested["test_loss"] == pytest.approx(expected["test_loss"], abs=1e-5)
+    assert_same_parameters(_checkpoint(ours, epoch), _checkpoint(theirs, epoch), rtol=2e-4)
+
+
 @pytest.fixture(scope="module")
 def single(sample_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Result:
     out = tmp_path_factory.mktemp("single")
@@ -93,13 +110,8 @@ def test_tensor_parallel_two_ranks_equal_single(single: Result, tp: Result) -> N
     [note] = [n for n in tp.started["notes"] if n.startswith("Tensor parallel")]
     assert "classifier.1 column-wise, classifier.3 row-wise" in note
     assert "the global batch is --batch-size (64)" in note
-    assert len(_losses(tp, 1)) == STEPS
-    assert _losses(tp, 1) == pytest.approx(_losses(single, 1), abs=1e-5)
-    assert_same_parameters(_checkpoint(tp, 1), _checkpoint(single, 1), rtol=1e-5)
     # Every rank evaluated the whole test split through the split layers: single's figures.
-    ours, theirs = _epoch(tp, 1), _epoch(single, 1)
-    assert ours["test_accuracy"] == theirs["test_accuracy"]
-    assert ours["test_loss"] == pytest.approx(theirs["test_loss"], abs=1e-5)
+    assert_same_epoch(tp, single, 1)
 
 
 @slow
@@ -130,8 +142,7 @@ def test_tensor_parallel_checkpoint_resumes_under_single(
                    "--batch-size", "64", *resume)  # fmt: skip
     assert resumed.started["start_epoch"] == 2
     assert not any("afresh" in note for note in resumed.started["notes"])
-    assert _losses(resumed, 2) == pytest.approx(_losses(single, 2), abs=1e-5)
-    assert_same_parameters(_checkpoint(resumed, 2), _checkpoint(single, 2), rtol=1e-5)
+    assert_same_epoch(resumed, single, 2)
 
 
 # --- fsdp-tp over 4 ranks -----------------------------------------------------------------------
@@ -145,11 +156,8 @@ def test_fsdp_tp_four_ranks_resume_single_and_equal_it(single: Result, fsdp_tp: 
     [note] = [n for n in started["notes"] if n.startswith("FSDP2 + tensor parallel")]
     assert "dp 2 x tp 2" in note and "64 a step over 2 pairs" in note
     assert any("sharded over the ranks" in n for n in started["notes"])
-    assert _losses(fsdp_tp, 2) == pytest.approx(_losses(single, 2), abs=1e-5)
-    assert_same_parameters(_checkpoint(fsdp_tp, 2), _checkpoint(single, 2), rtol=1e-5)
-    ours, theirs = _epoch(fsdp_tp, 2), _epoch(single, 2)
-    assert ours["test_accuracy"] == theirs["test_accuracy"]
-    assert ours["test_loss"] == pytest.approx(theirs["test_loss"], abs=1e-5)
+    # Each pair evaluated its half of the test split, its FSDP2 shards gathered.
+    assert_same_epoch(fsdp_tp, single, 2)
 
 
 @slow

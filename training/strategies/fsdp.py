@@ -29,28 +29,19 @@ from torch.distributed.fsdp import FSDPModule, fully_shard
 from training.config import TrainConfig
 from training.memory import tensor_bytes
 from training.runtime import Runtime
-from training.strategies.common import Plan, optimizer_make, step_default
-from training.strategies.full_state import full_state_hooks
+from training.strategies.common import Plan
+from training.strategies.full_state import plan_sharded
 
 
 def plan_build(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> Plan:
     model.to(rt.device)
     mesh = init_device_mesh(rt.device.type, (rt.world_size,))
     blocks = blocks_shard(model, mesh, reshard_after_forward=cfg.reshard_after_forward)
-    # After sharding: the optimizer steps the DTensor shards, so its state is sharded too.
-    optimizer = optimizer_make(cfg, model)
-    return Plan(
-        model=model,
-        net=model,
-        eval_net=model,
-        optimizer=optimizer,
-        step=step_default(model, optimizer),
-        input_device=rt.device,
-        output_device=rt.device,
+    return plan_sharded(
+        cfg, rt, model,
         notes=[_shard_note(cfg, rt, model, blocks)],
         evaluating=lambda: gathered(model, cfg),
-        **full_state_hooks(cfg, rt, model, optimizer),
-    )
+    )  # fmt: skip
 
 
 def blocks_shard(model: nn.Module, mesh: DeviceMesh, *, reshard_after_forward: bool) -> list[str]:

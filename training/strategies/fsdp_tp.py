@@ -27,9 +27,9 @@ from training.batching import DataShard
 from training.config import TrainConfig
 from training.registry import mesh_shape
 from training.runtime import Runtime
-from training.strategies.common import Plan, optimizer_make, step_default
+from training.strategies.common import Plan
 from training.strategies.fsdp import blocks_shard, gathered
-from training.strategies.full_state import full_state_hooks
+from training.strategies.full_state import plan_sharded
 from training.strategies.tensor_parallel import backend_name, held_text, plan_text, tensor_split
 
 
@@ -39,7 +39,6 @@ def plan_build(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> Plan:
     mesh = init_device_mesh(rt.device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
     plan = tensor_split(cfg.model, model, mesh["tp"])
     blocks = blocks_shard(model, mesh["dp"], reshard_after_forward=cfg.reshard_after_forward)
-    optimizer = optimizer_make(cfg, model)
     note = (
         f"FSDP2 + tensor parallel on a 2-D mesh of {rt.world_size} ranks ({backend_name(rt)}, "
         f"dp {dp} x tp {tp}; tp is 2, neighbouring ranks, dp the rest): tensor parallel within "
@@ -47,16 +46,9 @@ def plan_build(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> Plan:
         f"over dp; {held_text(model)}. Each pair trains on one batch of --batch-size "
         f"({cfg.batch_size}): {cfg.batch_size * dp} a step over {dp} pairs."
     )
-    return Plan(
-        model=model,
-        net=model,
-        eval_net=model,
-        optimizer=optimizer,
-        step=step_default(model, optimizer),
-        input_device=rt.device,
-        output_device=rt.device,
+    return plan_sharded(
+        cfg, rt, model,
         notes=[note],
         evaluating=lambda: gathered(model, cfg),
         data_shard=DataShard(mesh["dp"].get_local_rank(), dp),
-        **full_state_hooks(cfg, rt, model, optimizer),
-    )
+    )  # fmt: skip

@@ -11,6 +11,7 @@ set back here, each rank taking its own shards of it.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any, TypedDict
 
@@ -26,9 +27,17 @@ from torch.distributed.checkpoint.state_dict import (
 from training.checkpoint import holds_torch_optimizer
 from training.config import TrainConfig
 from training.runtime import Runtime
+from training.strategies.common import Plan, plan_simple
 
 # Gathered whole, on rank 0 only, in host memory: what a plain model's checkpoint holds.
 _FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+
+
+def plan_sharded(cfg: TrainConfig, rt: Runtime, model: nn.Module, **extra: Any) -> Plan:
+    """The plan of a model already split into ``DTensor`` shards on ``rt.device``: its optimizer
+    made now (it steps the shards, so its state is sharded too), its checkpoints gathered."""
+    plan = plan_simple(cfg, model, model, rt.device, **extra)
+    return dataclasses.replace(plan, **full_state_hooks(cfg, rt, model, plan.optimizer))
 
 
 class FullStateHooks(TypedDict):

@@ -33,8 +33,8 @@ from training.config import TrainConfig
 from training.memory import tensor_bytes
 from training.models import model_tensor_plan, tensor_plan_widths_check
 from training.runtime import Runtime
-from training.strategies.common import Plan, optimizer_make, step_default
-from training.strategies.full_state import full_state_hooks
+from training.strategies.common import Plan
+from training.strategies.full_state import plan_sharded
 
 # The plan's words (training.models.TENSOR_STYLES), as torch's styles.
 STYLES: dict[str, type[ParallelStyle]] = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
@@ -44,8 +44,6 @@ def plan_build(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> Plan:
     model.to(rt.device)
     mesh = init_device_mesh(rt.device.type, (rt.world_size,))
     plan = tensor_split(cfg.model, model, mesh)
-    # After splitting: the optimizer steps the DTensor shards, so its state is split too.
-    optimizer = optimizer_make(cfg, model)
     note = (
         f"Tensor parallel (parallelize_module) over {rt.world_size} rank(s) "
         f"({backend_name(rt)}, a 1-D mesh of {rt.world_size}): {plan_text(plan)}, the rest "
@@ -53,18 +51,7 @@ def plan_build(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> Plan:
         f"all train on the same batch, so the global batch is --batch-size ({cfg.batch_size}) "
         "whatever the number of ranks."
     )
-    return Plan(
-        model=model,
-        net=model,
-        eval_net=model,
-        optimizer=optimizer,
-        step=step_default(model, optimizer),
-        input_device=rt.device,
-        output_device=rt.device,
-        notes=[note],
-        data_shard=DataShard(0, 1),
-        **full_state_hooks(cfg, rt, model, optimizer),
-    )
+    return plan_sharded(cfg, rt, model, notes=[note], data_shard=DataShard(0, 1))
 
 
 def tensor_split(name: str, model: nn.Module, mesh: DeviceMesh) -> dict[str, str]:
