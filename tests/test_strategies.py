@@ -28,7 +28,9 @@ from training.registry import (
 
 pytestmark = pytest.mark.django_db
 
-NEW_STRATEGIES = ("dp-primitives", "model-parallel", "hogwild", "deepspeed", "fsdp")
+NEW_STRATEGIES = (
+    "dp-primitives", "model-parallel", "hogwild", "deepspeed", "fsdp", "tensor-parallel", "fsdp-tp",
+)  # fmt: skip
 
 
 @pytest.fixture
@@ -58,7 +60,7 @@ def test_form_page_shows_zero_stage_for_deepspeed_only(client: Client, user_fact
     html = client.get(reverse("experiment-new")).content.decode()
     assert 'name="zero_stage"' in html
     assert 'class="field deepspeed-only"' in html
-    assert 'data-process-strategies="ddp hogwild deepspeed fsdp"' in html
+    assert 'data-process-strategies="ddp hogwild deepspeed fsdp tensor-parallel fsdp-tp"' in html
     for value in NEW_STRATEGIES:
         assert f'<option value="{value}"' in html
 
