@@ -45,6 +45,7 @@ class StrategyOption:
     not_offered: str = ""  # why the values past the choices are refused, said when they are
     # Values that need GPUs (NCCL, CUDA's autocast), with the reason said on the CPU.
     gpu_only: tuple[tuple[OptionValue, str], ...] = ()
+    short: str = ""  # a switch's words where space is short (a compare cell); the label else
 
     @property
     def values(self) -> tuple[OptionValue, ...]:
@@ -132,6 +133,7 @@ SHARD_OPTIMIZER = StrategyOption(
     "optimizer state, then broadcasts its parameters",
     default=False,
     kind=SWITCH,
+    short="ZeRO-1 optimizer",
 )
 ACCUMULATE = StrategyOption(
     name="accumulate",
@@ -389,6 +391,18 @@ TENSOR_PARALLEL_STRATEGIES: tuple[str, ...] = tuple(s.name for s in REGISTRY if 
 STRATEGY_OPTIONS: tuple[StrategyOption, ...] = tuple(
     dict.fromkeys(option for spec in REGISTRY for option in spec.options)
 )
+
+
+def option_value_text(option: StrategyOption, value: OptionValue) -> str:
+    """A value in few words, for a label beside the strategy's: "PowerSGD" (a choice's label
+    before its colon), "ZeRO-1 optimizer" (a switch that is on), "8 micro-batches"."""
+    if option.kind == SWITCH:
+        words = option.short or option.label
+        return words if value else f"no {words}"
+    if option.kind == COUNT:
+        return f"{value} {option.short or option.label}"
+    label = dict(option.choices).get(value, str(value))
+    return label.split(":", 1)[0]
 
 
 def option_strategies(option: StrategyOption) -> tuple[str, ...]:
