@@ -356,8 +356,8 @@ REGISTRY: tuple[StrategySpec, ...] = (
         summary="2-D parallelism under torchrun: tensor parallel within pairs of ranks, FSDP2 "
         "across the pairs (a dp x tp mesh, tp = 2); --nproc even, 4 or more.",
         help="FSDP2 and tensor parallel on a 2-D mesh: each pair of ranks splits the model's "
-        "declared linear layers (tensor parallel, one batch a pair) and the pairs shard "
-        "everything over FSDP2, each on its own data; an even number of processes, 4 or more.",
+        "declared linear layers (one batch a pair), and the pairs shard everything with FSDP2, "
+        "each on its own data; an even number of processes, 4 or more.",
         module="fsdp_tp",
         processes=True,
         torchrun=True,
