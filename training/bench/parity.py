@@ -2,8 +2,11 @@
 
 Runs ``python -m training`` once per strategy and seed (``--seeds``, default 1,2,3) with the same
 dataset, epochs and GLOBAL batch (``--global-batch``, default 64): single, dp and model-parallel
-take the whole global batch in one process; ddp, hogwild and deepspeed run ``--nproc`` processes
-(default 2) with ``--batch-size`` global batch / nproc each. Each run's accuracy is the
+take the whole global batch in one process; ddp, hogwild, deepspeed and fsdp run ``--nproc``
+processes (default 2) with ``--batch-size`` global batch / nproc each; the ranks of
+tensor-parallel train on one batch together (the whole global batch), and fsdp-tp's pairs
+each on global batch / (nproc / 2), so it runs where ``--nproc`` is even and 4 or more (skipped,
+with why, otherwise). Each run's accuracy is the
 ``test_accuracy`` of its ``finished`` event.
 
 Per strategy the table shows the per-process batch, the processes, the accuracy for each seed,
@@ -32,7 +35,13 @@ from training.bench.launch import training_command, training_env
 from training.cli import package_available
 from training.config import DATASETS
 from training.protocol import parse_event
-from training.registry import MULTIPROCESS_STRATEGIES, STRATEGY_NAMES, strategy_get
+from training.registry import (
+    MULTIPROCESS_STRATEGIES,
+    STRATEGY_NAMES,
+    mesh_shape,
+    strategy_get,
+    strategy_refusals,
+)
 
 # Every strategy the registry has (single first: the others are compared with it).
 DEFAULT_STRATEGIES = STRATEGY_NAMES
@@ -156,8 +165,13 @@ def _table_print(rows: list[Row], seeds: list[int], base: float | None) -> None:
 def _plan(strategy: str, args: argparse.Namespace, gpus: int) -> tuple[Row, list[str]]:
     """The row for ``strategy`` (batch, processes; skipped with why) and its extra flags."""
     if strategy in MULTIPROCESS_STRATEGIES:
-        row = Row(strategy, args.global_batch // args.nproc, args.nproc)
+        # Ranks that split the model share a batch: the global batch is split over the rest.
+        slices, _ = mesh_shape(strategy, args.nproc)
+        row = Row(strategy, args.global_batch // slices, args.nproc)
         extra = ["--nproc", str(args.nproc)]
+        mesh = [r.cli_message for r in strategy_refusals(strategy, processes=args.nproc, gpus=[])]
+        if mesh:
+            row.problem = f"skipped: {mesh[0]}"
     else:
         row, extra = Row(strategy, args.global_batch, 1), []
     spec = strategy_get(strategy)
