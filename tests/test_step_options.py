@@ -193,7 +193,9 @@ def test_single_accumulating_2_batches_of_32_equals_single_at_64(runs: Runs) -> 
 def test_ddp_accumulating_equals_ddp_at_twice_the_batch(runs: Runs) -> None:
     ddp, accumulated = runs("ddp"), runs("ddp-acc")
     assert accumulated.started["global_batch_size"] == ddp.started["global_batch_size"] == 64
-    assert any("all-reduced once, after the last" in n for n in accumulated.started["notes"])
+    assert any(
+        "reduced over the ranks once, after the last" in n for n in accumulated.started["notes"]
+    )
     assert _losses(accumulated) == pytest.approx(_losses(ddp), abs=1e-5)
     assert_same_parameters(_checkpoint(accumulated), _checkpoint(ddp), rtol=1e-5)
     # And both are the single process's step at 64.
@@ -203,7 +205,7 @@ def test_ddp_accumulating_equals_ddp_at_twice_the_batch(runs: Runs) -> None:
 @slow
 def test_fsdp_accumulating_equals_single_at_the_global_batch(runs: Runs) -> None:
     accumulated = runs("fsdp-acc")
-    assert any("reduce-scattered once" in n for n in accumulated.started["notes"])
+    assert any("reduced over the ranks once" in n for n in accumulated.started["notes"])
     assert _losses(accumulated) == pytest.approx(_losses(runs("single")), abs=1e-5)
     assert_same_parameters(_checkpoint(accumulated), _checkpoint(runs("single")), rtol=1e-5)
 

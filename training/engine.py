@@ -76,8 +76,9 @@ def _setup(cfg: TrainConfig, rt: Runtime) -> _Run:
     built, state = model_build(cfg)
     data, shared_tensors = dataset_for(cfg, rt)
     plan = plan_build(cfg, rt, built.model)
+    shard = plan.shard(rt.rank, rt.world_size)
     per_epoch = steps_per_epoch(
-        len(data.train), cfg.batch_size, rt.world_size, cfg.step_limit, cfg.accumulate
+        len(data.train), cfg.batch_size, shard.count, cfg.step_limit, cfg.accumulate
     )
     resumed = Resumed(ResumePoint(), ())
     if state is not None:
@@ -87,7 +88,7 @@ def _setup(cfg: TrainConfig, rt: Runtime) -> _Run:
             optimizer=plan.optimizer,
             takes_optimizer=plan.saves_optimizer,
             restore=plan.optimizer_restore,
-            global_batch=_step_images(cfg, rt),
+            global_batch=_step_images(cfg, shard.count),
             per_epoch=per_epoch,
         )
         if plan.scaler is not None and state.get("scaler"):
@@ -96,9 +97,10 @@ def _setup(cfg: TrainConfig, rt: Runtime) -> _Run:
     return _Run(plan, built, data, shared_tensors, per_epoch, resumed.point, notes)
 
 
-def _step_images(cfg: TrainConfig, rt: Runtime) -> int:
-    """Images in one optimizer step over all ranks: --accumulate batches per rank."""
-    return cfg.batch_size * cfg.accumulate * rt.world_size
+def _step_images(cfg: TrainConfig, slices: int) -> int:
+    """Images in one optimizer step over the ``slices`` the data is cut into (the ranks, or
+    tensor-parallel groups): --accumulate batches each."""
+    return cfg.batch_size * cfg.accumulate * slices
 
 
 def _started_emit(cfg: TrainConfig, rt: Runtime, events: EventWriter, run: _Run) -> None:
@@ -114,6 +116,7 @@ def _started_emit(cfg: TrainConfig, rt: Runtime, events: EventWriter, run: _Run)
         shared_tensors=run.shared_tensors,
         extra=run.plan.started,
         warnings=run.plan.warnings,
+        batch_ranks=run.plan.shard(rt.rank, rt.world_size).count,
     )
     started_emit(
         cfg, rt, events, data=run.data, built=run.built, per_epoch=run.per_epoch,
@@ -126,8 +129,9 @@ def _epoch_train(
 ) -> tuple[int, Tested]:
     """Train, evaluate and checkpoint one epoch; returns (global step, its test figures)."""
     epoch, step, done_before = work.epoch, work.step_base, work.skip
+    shard = run.plan.shard(rt.rank, rt.world_size)
     batches = rank_batches(
-        len(run.data.train), cfg.batch_size, rt.world_size, rt.rank, cfg.seed, epoch,
+        len(run.data.train), cfg.batch_size, shard.count, shard.rank, cfg.seed, epoch,
         cfg.accumulate,
     )[: run.per_epoch]  # fmt: skip
     run.plan.net.train()
@@ -135,7 +139,7 @@ def _epoch_train(
         cfg=cfg, rt=rt, events=events, plan=run.plan, data=run.data,
         batches=batches[done_before:], epoch=epoch, step=step, done_before=done_before,
     )  # fmt: skip
-    report = window_report(rt, whole)
+    report = window_report(rt, whole, replicas(run.plan, rt))
     # Before evaluation, which may free or gather (FSDP2 reshards): what training held.
     memory = memory_report(rt, model=run.plan.model, optimizer=run.plan.optimizer)
     test_loss, test_accuracy = _evaluate(cfg, rt, run)
@@ -158,8 +162,9 @@ def _evaluate(cfg: TrainConfig, rt: Runtime, run: _Run) -> Tested:
     plan = run.plan
     with plan.evaluating(), plan.autocast():
         return evaluate(
-            plan.eval_net, run.data, rt, cfg.test_batch_size, plan.input_device, plan.output_device
-        )
+            plan.eval_net, run.data, rt, cfg.test_batch_size, plan.input_device,
+            plan.output_device, shard=plan.shard(rt.rank, rt.world_size),
+        )  # fmt: skip
 
 
 def epoch_run(
@@ -179,6 +184,7 @@ def epoch_run(
     window)."""
     # On the output device: that is where the loss is (model-parallel: the last stage's).
     interval, whole = Window(plan.output_device), Window(plan.output_device)
+    slices = plan.shard(rt.rank, rt.world_size).count
     timings = steps_run(
         plan.step, data, batches, plan.input_device, plan.output_device, plan.compile_clock
     )
@@ -190,7 +196,7 @@ def epoch_run(
         # Step 1 too (as pytorch/examples logs batch 0): the first point shows without waiting.
         if step % cfg.log_interval == 0 or step == 1 or last:
             # Every rank takes this branch at the same step: the all-gather inside matches up.
-            report = window_report(rt, interval)
+            report = window_report(rt, interval, replicas(plan, rt))
             lr = float(plan.optimizer.param_groups[0]["lr"])
             events.emit("step", epoch=epoch, step=step, lr=lr, **report)
             interval = Window(plan.output_device)
@@ -203,11 +209,16 @@ def epoch_run(
                 checkpoint_request_take()
                 checkpoint_request_refuse(events, step=step)
         elif not last:
-            trained = (done_before + i + 1) * _step_images(cfg, rt)
+            trained = (done_before + i + 1) * _step_images(cfg, slices)
             _checkpoint_save(
                 cfg, rt, events, plan, epoch=epoch, step=step, images_into_epoch=trained
             )
     return step, whole
+
+
+def replicas(plan: Plan, rt: Runtime) -> int:
+    """How many ranks train on each image together (a tensor-parallel group), else 1."""
+    return rt.world_size // plan.shard(rt.rank, rt.world_size).count
 
 
 def _checkpoint_save(

@@ -21,9 +21,11 @@ log = logging.getLogger(__name__)
 
 
 def started_fields(
-    cfg: TrainConfig, rt: Runtime, data: Dataset, per_epoch: int, start_epoch: int, world: int = 0
-) -> dict[str, Any]:
-    """The ``started`` fields every strategy fills the same way."""
+    cfg: TrainConfig, rt: Runtime, data: Dataset, per_epoch: int, start_epoch: int, world: int = 0,
+    batch_ranks: int = 0,
+) -> dict[str, Any]:  # fmt: skip
+    """The ``started`` fields every strategy fills the same way; ``batch_ranks``: the ranks
+    with a batch of their own, where not all (tensor-parallel groups share one)."""
     world = world or rt.world_size
     return {
         "strategy": cfg.strategy,
@@ -38,8 +40,8 @@ def started_fields(
         "epochs": cfg.epochs,
         "start_epoch": start_epoch,
         "batch_size": cfg.batch_size,
-        # Images per optimizer step: --accumulate batches on every rank.
-        "global_batch_size": cfg.batch_size * cfg.accumulate * world,
+        # Images per optimizer step: --accumulate batches on every rank (or group).
+        "global_batch_size": cfg.batch_size * cfg.accumulate * (batch_ranks or world),
         "accumulate": cfg.accumulate,
         "precision": cfg.precision,
         "compile": cfg.compile,

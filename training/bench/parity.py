@@ -2,8 +2,11 @@
 
 Runs ``python -m training`` once per strategy and seed (``--seeds``, default 1,2,3) with the same
 dataset, epochs and GLOBAL batch (``--global-batch``, default 64): single, dp and model-parallel
-take the whole global batch in one process; ddp, hogwild and deepspeed run ``--nproc`` processes
-(default 2) with ``--batch-size`` global batch / nproc each. Each run's accuracy is the
+take the whole global batch in one process; ddp, hogwild, deepspeed and fsdp run ``--nproc``
+processes (default 2) with ``--batch-size`` global batch / nproc each; the ranks of
+tensor-parallel train on one batch together (the whole global batch), and fsdp-tp's pairs
+each on global batch / (nproc / 2), so it runs where ``--nproc`` is even and 4 or more (skipped,
+with why, otherwise). Each run's accuracy is the
 ``test_accuracy`` of its ``finished`` event.
 
 A strategy may carry its options (``training/registry.py``) as ``name:option=value``, each such
@@ -43,7 +46,9 @@ from training.registry import (
     STRATEGY_NAMES,
     OptionValue,
     StrategyOption,
+    mesh_shape,
     strategy_get,
+    strategy_refusals,
 )
 
 # Every strategy the registry has (single first: the others are compared with it), then the
@@ -222,8 +227,13 @@ def _plan(variant: Variant, args: argparse.Namespace, gpus: int) -> tuple[Row, l
     """The row for ``variant`` (batch, processes; skipped with why) and its extra flags."""
     strategy, accumulate = variant.strategy, variant.accumulate
     if strategy in MULTIPROCESS_STRATEGIES:
-        row = Row(variant.label, args.global_batch // args.nproc // accumulate, args.nproc)
+        # Ranks that split the model share a batch: the global batch is split over the rest.
+        slices, _ = mesh_shape(strategy, args.nproc)
+        row = Row(variant.label, args.global_batch // slices // accumulate, args.nproc)
         extra = ["--nproc", str(args.nproc)]
+        mesh = [r.cli_message for r in strategy_refusals(strategy, processes=args.nproc, gpus=[])]
+        if mesh:
+            row.problem = f"skipped: {mesh[0]}"
     else:
         row, extra = Row(variant.label, args.global_batch // accumulate, 1), []
     spec = strategy_get(strategy)

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from training.batching import DataShard
 from training.config import TrainConfig
 from training.loop import StepFn
 from training.strategies.stepping import (
@@ -56,6 +57,13 @@ class Plan:
     scaler: torch.amp.GradScaler | None = None
     # --compile: reads the seconds spent compiling so far, so the meter reports them apart.
     compile_clock: Callable[[], float] | None = None
+    # Where ranks train on one batch together (tensor parallel): the slice of the data this
+    # rank's group takes. None: its own slice, as the runtime's rank of its world.
+    data_shard: DataShard | None = None
+
+    def shard(self, rank: int, world_size: int) -> DataShard:
+        """The slice of each global batch and of the test split this rank takes."""
+        return self.data_shard or DataShard(rank, world_size)
 
 
 def optimizer_make(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
@@ -98,20 +106,30 @@ def step_default(
 
 
 def plan_simple(
-    cfg: TrainConfig, model: nn.Module, net: nn.Module, device: torch.device, **extra: Any
+    cfg: TrainConfig,
+    model: nn.Module,
+    net: nn.Module,
+    device: torch.device,
+    *,
+    no_sync: ContextFactory | None = None,
+    autocast: bool = True,
+    **extra: Any,
 ) -> Plan:
     """A plan whose model sits on one device; ``net`` may wrap it. The step's options apply
     where the strategy declares them (the CLI refuses them elsewhere): a wrapper that reduces
-    gradients in backward (DDP) skips that for all micro-batches but the last (its
-    ``no_sync``), and ``--compile`` compiles ``net``, the wrapper included (PyTorch's recipe
-    for DDP: its graph breaks at the buckets, so communication still overlaps backward)."""
+    gradients in backward skips that for all micro-batches but the last (``no_sync``: DDP's
+    own where not given), and ``--compile`` compiles ``net``, the wrapper included (PyTorch's
+    recipe for DDP: its graph breaks at the buckets, so communication still overlaps
+    backward). ``autocast`` False: the strategy casts by itself (FSDP2's policy)."""
     optimizer = optimizer_make(cfg, model)
-    no_sync = getattr(net, "no_sync", None)
-    options = step_options(cfg, device, no_sync=no_sync or contextlib.nullcontext)
-    synchronised = "the gradients are all-reduced once, after the last (no_sync before)"
+    no_sync = no_sync or getattr(net, "no_sync", None)
+    options = step_options(
+        cfg, device, no_sync=no_sync or contextlib.nullcontext, autocast=autocast
+    )
+    synchronised = "gradients are reduced over the ranks once, after the last"
     notes = [
         *extra.pop("notes", []),
-        *step_notes(cfg, synchronised if no_sync else ""),
+        *step_notes(cfg, synchronised if no_sync else "", autocast=autocast),
     ]
     if cfg.compile:
         notes.append(compile_note(type(net).__name__))
