@@ -86,7 +86,7 @@ def test_parity_bench_prints_its_table_and_ratio(sample_data: Path) -> None:
         "--steps-per-epoch",
         "3",
         "--strategies",
-        "single,ddp",
+        "single,ddp,ddp:accumulate=2",
     )
     assert RATIO.match(lines[-1]) and lines[-1].startswith("parity ratio: ")
     table = "\n".join(lines)
@@ -95,7 +95,11 @@ def test_parity_bench_prints_its_table_and_ratio(sample_data: Path) -> None:
     acc = r"[01]\.\d{4}"
     # Two seeds: two accuracies, their mean and their spread (no longer 0 by construction).
     assert re.search(rf"^single +64 +1 +{acc} +{acc} +{acc} +{acc} +\+0\.0000$", table, re.M)
-    assert re.search(rf"^ddp +32 +2 +{acc} +{acc} +{acc} +{acc} +[+-]{acc}$", table, re.M)
+    ddp = re.search(rf"^ddp +32 +2 +({acc} +{acc}) +{acc} +{acc} +[+-]{acc}$", table, re.M)
+    # Two batches of 16 a step on each rank: the very images of ddp's 32, so its accuracies.
+    row = rf"^ddp accumulate=2 +16 +2 +({acc} +{acc}) +{acc} +{acc} +[+-]{acc}$"
+    accumulated = re.search(row, table, re.M)
+    assert ddp and accumulated and accumulated[1] == ddp[1], table
 
 
 def test_bench_usage() -> None:

@@ -127,6 +127,13 @@ def test_reported_world_size_and_global_batch_win(alice: Any, client: Client) ->
     assert row["speedup"] == pytest.approx(3.5) and row["efficiency"] == pytest.approx(0.875)
 
 
+def test_an_accumulating_runs_global_batch_counts_its_batches(alice: Any, client: Client) -> None:
+    # Not yet started (no run_info): the configuration says 2 ranks x 2 batches of 32 a step.
+    accumulating = run_make(alice, ips=[300], strategy="ddp", processes=2, accumulate=2)
+    [row] = compare(client, accumulating, api=True).json()["runs"]
+    assert row["global_batch"] == 2 * 2 * CONFIG["batch_size"]
+
+
 def test_compare_page_renders_the_table(client: Client, runs: dict[str, Experiment]) -> None:
     response = compare(client, runs["single"], runs["ddp"], runs["single_bob"])
     assert response.status_code == 200

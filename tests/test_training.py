@@ -137,6 +137,15 @@ def run_cli_asking_checkpoint(
     return Result(proc.returncode, events, "".join(stderr), proc.pid)
 
 
+def assert_ran(result: Result, run_id: str, *, resumed: bool = False) -> None:
+    """``assert_well_formed``; a resumed run, whose epochs do not start at 1, only ended well."""
+    if resumed:
+        assert result.returncode == 0, result.stderr[-3000:]
+        assert result.events[-1]["type"] == "finished"
+    else:
+        assert_well_formed(result, run_id)
+
+
 def assert_well_formed(result: Result, run_id: str) -> None:
     assert result.returncode == 0, result.stderr[-3000:]
     events = result.events

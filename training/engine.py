@@ -35,7 +35,7 @@ from training.memory import memory_report
 from training.meter import Window, window_report
 from training.models import BuiltModel
 from training.protocol import EventWriter, SharedTensor
-from training.reporting import epoch_emit
+from training.reporting import epoch_emit, log_to
 from training.run_requests import checkpoint_request_pending, checkpoint_request_take
 from training.runtime import Runtime, all_gather, all_reduce_sum, machine_name
 from training.shared_data import dataset_for_ranks
@@ -77,7 +77,9 @@ def _setup(cfg: TrainConfig, rt: Runtime) -> _Run:
     data, shared_tensors = dataset_for(cfg, rt)
     plan = plan_build(cfg, rt, built.model)
     shard = plan.shard(rt.rank, rt.world_size)
-    per_epoch = steps_per_epoch(len(data.train), cfg.batch_size, shard.count, cfg.step_limit)
+    per_epoch = steps_per_epoch(
+        len(data.train), cfg.batch_size, shard.count, cfg.step_limit, cfg.accumulate
+    )
     resumed = Resumed(ResumePoint(), ())
     if state is not None:
         resumed = resume_apply(
@@ -86,11 +88,19 @@ def _setup(cfg: TrainConfig, rt: Runtime) -> _Run:
             optimizer=plan.optimizer,
             takes_optimizer=plan.saves_optimizer,
             restore=plan.optimizer_restore,
-            global_batch=cfg.batch_size * shard.count,
+            global_batch=_step_images(cfg, shard.count),
             per_epoch=per_epoch,
         )
+        if plan.scaler is not None and state.get("scaler"):
+            plan.scaler.load_state_dict(state["scaler"])  # fp16: the loss scale it had reached
     notes = [*plan.notes, *data.notes, *resumed.notes]
     return _Run(plan, built, data, shared_tensors, per_epoch, resumed.point, notes)
+
+
+def _step_images(cfg: TrainConfig, slices: int) -> int:
+    """Images in one optimizer step over the ``slices`` the data is cut into (the ranks, or
+    tensor-parallel groups): --accumulate batches each."""
+    return cfg.batch_size * cfg.accumulate * slices
 
 
 def _started_emit(cfg: TrainConfig, rt: Runtime, events: EventWriter, run: _Run) -> None:
@@ -121,8 +131,9 @@ def _epoch_train(
     epoch, step, done_before = work.epoch, work.step_base, work.skip
     shard = run.plan.shard(rt.rank, rt.world_size)
     batches = rank_batches(
-        len(run.data.train), cfg.batch_size, shard.count, shard.rank, cfg.seed, epoch
-    )[: run.per_epoch]
+        len(run.data.train), cfg.batch_size, shard.count, shard.rank, cfg.seed, epoch,
+        cfg.accumulate,
+    )[: run.per_epoch]  # fmt: skip
     run.plan.net.train()
     step, whole = epoch_run(
         cfg=cfg, rt=rt, events=events, plan=run.plan, data=run.data,
@@ -136,6 +147,11 @@ def _epoch_train(
         events, rt, epoch=epoch, step=step, test_loss=test_loss, test_accuracy=test_accuracy,
         report=report, memory=memory,
     )  # fmt: skip
+    if "compile_seconds" in report:
+        log_to(
+            events, rt, f"torch.compile took {report['compile_seconds']:.1f} s in epoch "
+            f"{epoch}, reported apart from its compute time and images/s.",
+        )  # fmt: skip
     if cfg.checkpoint_dir:
         # It answers a request made during the epoch's last step or evaluation.
         _checkpoint_save(cfg, rt, events, run.plan, epoch=epoch, step=step)
@@ -144,7 +160,7 @@ def _epoch_train(
 
 def _evaluate(cfg: TrainConfig, rt: Runtime, run: _Run) -> Tested:
     plan = run.plan
-    with plan.evaluating():
+    with plan.evaluating(), plan.autocast():
         return evaluate(
             plan.eval_net, run.data, rt, cfg.test_batch_size, plan.input_device,
             plan.output_device, shard=plan.shard(rt.rank, rt.world_size),
@@ -169,7 +185,9 @@ def epoch_run(
     # On the output device: that is where the loss is (model-parallel: the last stage's).
     interval, whole = Window(plan.output_device), Window(plan.output_device)
     slices = plan.shard(rt.rank, rt.world_size).count
-    timings = steps_run(plan.step, data, batches, plan.input_device, plan.output_device)
+    timings = steps_run(
+        plan.step, data, batches, plan.input_device, plan.output_device, plan.compile_clock
+    )
     for i, timing in enumerate(timings):
         step += 1
         interval.add(timing)
@@ -191,7 +209,7 @@ def epoch_run(
                 checkpoint_request_take()
                 checkpoint_request_refuse(events, step=step)
         elif not last:
-            trained = (done_before + i + 1) * cfg.batch_size * slices
+            trained = (done_before + i + 1) * _step_images(cfg, slices)
             _checkpoint_save(
                 cfg, rt, events, plan, epoch=epoch, step=step, images_into_epoch=trained
             )
@@ -221,10 +239,12 @@ def _checkpoint_save(
     if rt.is_main:
         if model_state is None:
             model_state = plan.model.state_dict()
+        # fp16's loss scale, so that a resumed run does not search for it again.
+        scaler = {"scaler": plan.scaler.state_dict()} if plan.scaler is not None else None
         checkpoint_write(
             cfg, events, model_state=model_state, optimizer_state=optimizer_state,
             epoch=epoch, step=step, answers_request=checkpoint_request_take(),
-            images_into_epoch=images_into_epoch,
+            images_into_epoch=images_into_epoch, extra=scaler,
         )  # fmt: skip
 
 

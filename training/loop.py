@@ -31,19 +31,25 @@ def steps_run(
     batches: Sequence[torch.Tensor],
     input_device: torch.device,
     label_device: torch.device | None = None,
+    compile_clock: Callable[[], float] | None = None,
 ) -> Iterator[StepTiming]:
     """One optimizer step per batch of indices into ``data.train``, timed: the loop every
     strategy runs (Hogwild's processes too), public so that tests drive it as the engine does.
-    The data time is the wait for the batch, from memory or from the DataLoader's workers."""
+    The data time is the wait for the batch, from memory or from the DataLoader's workers;
+    ``compile_clock`` (--compile) the seconds spent compiling so far, taken out of the step's
+    compute time."""
     clock = time.perf_counter
+    compiling = compile_clock or (lambda: 0.0)
     source = split_batches(data.train, batches)
     t0 = clock()
     for images, labels in source:
         x, y = batch_to(images, labels, input_device, data.mean, data.std, label_device)
+        compiled_before = compiling()
         t1 = clock()
         loss = step(x, y)
         t2 = clock()
-        yield StepTiming(loss, len(labels), t1 - t0, t2 - t1)
+        compiled = compiling() - compiled_before
+        yield StepTiming(loss, len(labels), t1 - t0, t2 - t1 - compiled, compiled)
         t0 = clock()
 
 

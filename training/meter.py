@@ -6,6 +6,10 @@ Together they show why a strategy is slow: waiting for data, computing, or (for 
 wall time) waiting for other ranks. Times are host-side: on a GPU the work is queued
 asynchronously, so a step's compute time includes waiting for the GPU only when the queue is
 full, and the loss read at each report (``Window.row``) is where the host catches up.
+
+With ``--compile`` a step's time spent compiling (torch.compile's own clock, read around the
+step) is taken out of its compute time and out of the window's elapsed time, and reported apart
+as ``compile_seconds``: the images/s of the epoch that compiled are those of training alone.
 """
 
 from __future__ import annotations
@@ -21,7 +25,10 @@ import torch
 from training.runtime import Runtime, all_gather_floats
 
 _PROCESS = psutil.Process()
-ROW_FIELDS = ("loss_sum", "steps", "images", "data_seconds", "compute_seconds", "elapsed", "rss")
+ROW_FIELDS = (
+    "loss_sum", "steps", "images", "data_seconds", "compute_seconds", "elapsed", "rss",
+    "compile_seconds",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -29,7 +36,8 @@ class StepTiming:
     loss: torch.Tensor  # on the device; read only when a report is made
     images: int
     data_seconds: float
-    compute_seconds: float
+    compute_seconds: float  # without compile_seconds
+    compile_seconds: float = 0.0  # torch.compile compiling during the step (--compile)
 
 
 @dataclass
@@ -43,6 +51,7 @@ class Window:
     images: int = 0
     data_seconds: float = 0.0
     compute_seconds: float = 0.0
+    compile_seconds: float = 0.0
     started: float = field(default_factory=time.perf_counter)
 
     def __post_init__(self) -> None:
@@ -54,10 +63,12 @@ class Window:
         self.images += timing.images
         self.data_seconds += timing.data_seconds
         self.compute_seconds += timing.compute_seconds
+        self.compile_seconds += timing.compile_seconds
 
     def row(self) -> list[float]:
         """This process's figures, in ROW_FIELDS order (what ranks exchange)."""
-        elapsed = max(time.perf_counter() - self.started, 1e-9)
+        # Compiling is reported apart: the window's throughput is that of training alone.
+        elapsed = max(time.perf_counter() - self.started - self.compile_seconds, 1e-9)
         return [
             float(self.loss_sum.item()),
             float(self.steps),
@@ -66,6 +77,7 @@ class Window:
             self.compute_seconds,
             elapsed,
             float(rss_bytes()),
+            self.compile_seconds,
         ]
 
 
@@ -80,9 +92,9 @@ def window_report(rt: Runtime, window: Window, replicas: int = 1) -> dict[str, A
 
 def report_from_rows(rows: list[list[float]], replicas: int = 1) -> dict[str, Any]:
     """train_loss, images_per_second (all ranks), rank 0's data_seconds, compute_seconds and
-    rss_bytes, and ``ranks``: the same per rank (row ``i`` is rank ``i``). Where ``replicas``
-    ranks train on each image together (a tensor-parallel group), each counts it: the total
-    counts it once."""
+    rss_bytes, and ``ranks``: the same per rank (row ``i`` is rank ``i``); rank 0's
+    compile_seconds where some rank compiled in the window. Where ``replicas`` ranks train on
+    each image together (a tensor-parallel group), each counts it: the total counts it once."""
     per_rank = [dict(zip(ROW_FIELDS, row, strict=True)) for row in rows]
     loss_sum = sum(r["loss_sum"] for r in per_rank)
     steps = sum(r["steps"] for r in per_rank)
@@ -96,6 +108,7 @@ def report_from_rows(rows: list[list[float]], replicas: int = 1) -> dict[str, An
         }
         for i, r in enumerate(per_rank)
     ]
+    compiling = any(r["compile_seconds"] > 0 for r in per_rank)
     return {
         "train_loss": finite(loss_sum / steps if steps else math.nan),
         "images_per_second": round(sum(r["images_per_second"] for r in ranks) / replicas, 1),
@@ -103,6 +116,7 @@ def report_from_rows(rows: list[list[float]], replicas: int = 1) -> dict[str, An
         "compute_seconds": ranks[0]["compute_seconds"],
         "rss_bytes": ranks[0]["rss_bytes"],
         "ranks": ranks,
+        **({"compile_seconds": round(per_rank[0]["compile_seconds"], 3)} if compiling else {}),
     }
 
 

@@ -1,10 +1,10 @@
-"""The event protocol between a training run and whoever watches it (version 1.7).
+"""The event protocol between a training run and whoever watches it (version 1.8).
 
 A run writes one JSON object per line on standard output; rank 0 alone writes them. Every object
 has the envelope (``Envelope`` below)
 
     v      protocol major version (int, 1)
-    minor  protocol minor version (int, 7); absent before 1.3, so a 1.0 to 1.2 writer is "1.x"
+    minor  protocol minor version (int, 8); absent before 1.3, so a 1.0 to 1.2 writer is "1.x"
     run    the run id given with --run-id ("" when none was given)
     seq    sequence number, 1, 2, 3, ... in the order written, with no gaps
     type   one of ``EventType``: started, step, epoch, log, checkpoint, finished, failed
@@ -19,7 +19,7 @@ higher major (``parse_event`` raises ``ProtocolVersionError``). Standard error i
 the training's own log lines carry ``LOG_LINE_MARKER`` (``log_line_format``, ``log_line_read``).
 
 docs/protocol.md has the whole description: the types, the reading rules, the stderr marker and
-the history of each minor version (what 1.1 to 1.7 added).
+the history of each minor version (what 1.1 to 1.8 added).
 """
 
 # No ``from __future__ import annotations`` here: on Python 3.11 it hides ``NotRequired`` from
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Final, Literal, NotRequired, TypedDict, Unpack, cast, get_args, overload
 
 PROTOCOL_VERSION: Final = 1  # the major version, "v" on the wire
-PROTOCOL_MINOR: Final = 7  # the minor version, "minor" on the wire (since 1.3)
+PROTOCOL_MINOR: Final = 8  # the minor version, "minor" on the wire (since 1.3)
 
 EventType = Literal["started", "step", "epoch", "log", "checkpoint", "finished", "failed"]
 EVENT_TYPES: Final = frozenset(get_args(EventType))
@@ -135,7 +135,7 @@ class StartedFields(TypedDict):
     epochs: int
     start_epoch: int  # > 1 after --resume
     batch_size: int
-    global_batch_size: int  # batch_size x world_size
+    global_batch_size: int  # images per optimizer step: batch_size x world_size (x accumulate)
     steps_per_epoch: int
     total_steps: int
     optimizer: str
@@ -164,6 +164,12 @@ class StartedFields(TypedDict):
     # ("streaming"); the notes say why, with the figures.
     data_path: NotRequired[str | None]
     data_mode: NotRequired[Literal["resident", "streaming"]]
+    # 1.8: the step's options as run (defaults where the strategy reads none): batches per rank
+    # whose gradients add up before each optimizer step, the precision ("fp32", "bf16" or
+    # "fp16") and whether the model was compiled with torch.compile.
+    accumulate: NotRequired[int]
+    precision: NotRequired[str]
+    compile: NotRequired[bool]
 
 
 class StepFields(TypedDict):
@@ -179,6 +185,9 @@ class StepFields(TypedDict):
     rss_bytes: NotRequired[int]
     ranks: NotRequired[list[RankReport]]  # 1.1: every rank or Hogwild process
     lr: NotRequired[float]  # 1.4: the optimizer's (first parameter group's) learning rate
+    # 1.8, --compile only, where some rank compiled in the window: rank 0's seconds in
+    # torch.compile, taken out of compute_seconds and images_per_second.
+    compile_seconds: NotRequired[float]
 
 
 class EpochFields(TypedDict):
@@ -195,6 +204,7 @@ class EpochFields(TypedDict):
     rss_bytes: NotRequired[int]  # 1.1
     ranks: NotRequired[list[RankReport]]  # 1.1
     memory: NotRequired[list[MemoryEntry]]  # 1.7: one per rank (Hogwild: per process)
+    compile_seconds: NotRequired[float]  # 1.8: as the step event's, over the epoch
 
 
 class LogFields(TypedDict):

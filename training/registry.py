@@ -186,6 +186,9 @@ MICROBATCHES = StrategyOption(
     kind=COUNT,
     bounds=(1, 256),
 )
+# What one optimizer step does (training.strategies.stepping): the strategies whose step is
+# training.strategies.common.step_default read them.
+STEP_OPTIONS: tuple[StrategyOption, ...] = (ACCUMULATE, COMPILE, PRECISION)
 # Every declared option, attached to a strategy or not yet: the CLI takes each flag (refused
 # where no strategy reads it) and TrainConfig has each attribute.
 OPTIONS_DECLARED: tuple[StrategyOption, ...] = (
@@ -243,6 +246,7 @@ REGISTRY: tuple[StrategySpec, ...] = (
         module="single",
         max_gpus=1,
         max_gpus_reason="a single-device run uses one GPU",
+        options=STEP_OPTIONS,
     ),
     StrategySpec(
         name="dp",
@@ -267,6 +271,7 @@ REGISTRY: tuple[StrategySpec, ...] = (
         processes=True,
         torchrun=True,
         nodes=True,
+        options=STEP_OPTIONS,
     ),
     StrategySpec(
         name="dp-primitives",
@@ -334,6 +339,8 @@ REGISTRY: tuple[StrategySpec, ...] = (
         processes=True,
         torchrun=True,
         nodes=True,
+        # Not --compile: per-block compile of FSDP2's sharded blocks is not offered yet.
+        options=(ACCUMULATE, PRECISION),
     ),
     StrategySpec(
         name="tensor-parallel",

@@ -40,7 +40,11 @@ def started_fields(
         "epochs": cfg.epochs,
         "start_epoch": start_epoch,
         "batch_size": cfg.batch_size,
-        "global_batch_size": cfg.batch_size * (batch_ranks or world),
+        # Images per optimizer step: --accumulate batches on every rank (or group).
+        "global_batch_size": cfg.batch_size * cfg.accumulate * (batch_ranks or world),
+        "accumulate": cfg.accumulate,
+        "precision": cfg.precision,
+        "compile": cfg.compile,
         "steps_per_epoch": per_epoch,
         "total_steps": per_epoch * cfg.epochs,
         "optimizer": cfg.optimizer,

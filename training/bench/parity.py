@@ -9,6 +9,12 @@ each on global batch / (nproc / 2), so it runs where ``--nproc`` is even and 4 o
 with why, otherwise). Each run's accuracy is the
 ``test_accuracy`` of its ``finished`` event.
 
+A strategy may carry its options (``training/registry.py``) as ``name:option=value``, each such
+row beside the plain one: ``single:precision=bf16`` trains under bfloat16 autocast,
+``ddp:accumulate=2`` adds up 2 batches a step, each half the size (global batch / nproc / 2
+images), so that the step still takes the global batch. The defaults add those two and
+``ddp:precision=bf16`` to every strategy of the registry.
+
 Per strategy the table shows the per-process batch, the processes, the accuracy for each seed,
 their mean, their spread (max - min: how far seeds alone move a strategy) and the mean's
 difference from single's mean. The last line, ``parity ratio``, is the smallest
@@ -38,19 +44,66 @@ from training.protocol import parse_event
 from training.registry import (
     MULTIPROCESS_STRATEGIES,
     STRATEGY_NAMES,
+    OptionValue,
+    StrategyOption,
     mesh_shape,
     strategy_get,
     strategy_refusals,
 )
 
-# Every strategy the registry has (single first: the others are compared with it).
-DEFAULT_STRATEGIES = STRATEGY_NAMES
+# Every strategy the registry has (single first: the others are compared with it), then the
+# step's options beside fp32 and one batch a step.
+DEFAULT_STRATEGIES = (
+    *STRATEGY_NAMES,
+    "single:precision=bf16",
+    "ddp:precision=bf16",
+    "ddp:accumulate=2",
+)
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A strategy with some of its options: ``ddp:accumulate=2``."""
+
+    strategy: str
+    options: tuple[tuple[StrategyOption, OptionValue], ...] = ()
+
+    @property
+    def label(self) -> str:
+        return " ".join([self.strategy, *(f"{o.name}={v}" for o, v in self.options)])
+
+    @property
+    def accumulate(self) -> int:
+        return next((int(v) for o, v in self.options if o.name == "accumulate"), 1)
+
+    def flags(self) -> list[str]:
+        return [word for option, value in self.options for word in option.cli_args(value)]
+
+
+def variant_parse(text: str) -> Variant:
+    """``name`` or ``name:option=value[:option=value]``; a ValueError says what is wrong."""
+    name, *pairs = text.split(":")
+    if name not in STRATEGY_NAMES:
+        raise ValueError(f"unknown strategy {name}")
+    taken = {option.name: option for option in strategy_get(name).options}
+    options = []
+    for pair in pairs:
+        key, _, word = pair.partition("=")
+        if key not in taken:
+            takes = f"it takes {', '.join(taken)}" if taken else "it takes none"
+            raise ValueError(f"{name} takes no option {key!r} ({takes})")
+        option = taken[key]
+        value = next((v for v in option.values if str(v).lower() == word.lower()), None)
+        if value is None:
+            raise ValueError(f"{text}: {option.invalid_text()}")
+        options.append((option, value))
+    return Variant(name, tuple(options))
 
 
 @dataclass
 class Row:
-    strategy: str
-    batch: int  # per process
+    strategy: str  # the variant's label: "ddp accumulate=2"
+    batch: int  # per process (per micro-batch with accumulate)
     procs: int
     accuracies: list[float] = field(default_factory=list)
     problem: str = ""  # "skipped: ..." or "failed: ...", else empty
@@ -112,33 +165,41 @@ def main(argv: list[str]) -> int:
     return 0
 
 
-def _args_parse(argv: list[str]) -> tuple[argparse.Namespace, list[int], list[str]]:
-    """The options, the seeds and the strategies (single first); exits on a bad one."""
+def _args_parse(argv: list[str]) -> tuple[argparse.Namespace, list[int], list[Variant]]:
+    """The options, the seeds and the strategies (plain single first); exits on a bad one."""
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
         parser.error(f"argument --seeds: expected integers like 1,2,3, got {args.seeds!r}")
-    strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    unknown = [s for s in strategies if s not in STRATEGY_NAMES]
-    if unknown:
-        parser.error(f"argument --strategies: unknown {','.join(unknown)}")
+    try:
+        strategies = [variant_parse(s.strip()) for s in args.strategies.split(",") if s.strip()]
+    except ValueError as exc:
+        parser.error(f"argument --strategies: {exc}")
     if not seeds:
         parser.error("argument --seeds: give at least one seed")
     if args.global_batch % args.nproc:
         parser.error(f"--global-batch {args.global_batch} does not split over --nproc {args.nproc}")
-    return args, seeds, ["single", *(s for s in strategies if s != "single")]
+    for variant in strategies:
+        procs = args.nproc if variant.strategy in MULTIPROCESS_STRATEGIES else 1
+        if (args.global_batch // procs) % variant.accumulate:
+            parser.error(
+                f"argument --strategies: {variant.label}: {args.global_batch // procs} images "
+                f"a process do not split into {variant.accumulate} batches a step"
+            )
+    single = Variant("single")
+    return args, seeds, [single, *(v for v in strategies if v != single)]
 
 
-def _row_run(strategy: str, seeds: list[int], args: argparse.Namespace, gpus: int) -> Row:
-    """``strategy``'s row: one run per seed, until one fails (or skipped, with why)."""
-    row, extra = _plan(strategy, args, gpus)
+def _row_run(variant: Variant, seeds: list[int], args: argparse.Namespace, gpus: int) -> Row:
+    """``variant``'s row: one run per seed, until one fails (or skipped, with why)."""
+    row, extra = _plan(variant, args, gpus)
     if row.problem:
         return row
     for seed in seeds:
-        print(f"parity: {strategy} seed {seed} ...", file=sys.stderr, flush=True)
-        accuracy, error = run_one(strategy, seed, row.batch, extra, args)
+        print(f"parity: {variant.label} seed {seed} ...", file=sys.stderr, flush=True)
+        accuracy, error = run_one(variant.strategy, seed, row.batch, extra, args)
         if accuracy is None:
             row.problem = f"failed: {error}"
             break
@@ -149,11 +210,11 @@ def _row_run(strategy: str, seeds: list[int], args: argparse.Namespace, gpus: in
 def _table_print(rows: list[Row], seeds: list[int], base: float | None) -> None:
     seed_cols = " ".join(f"{'seed ' + str(s):>8}" for s in seeds)
     print(
-        f"{'strategy':<15} {'batch/proc':>10} {'procs':>5} {seed_cols} {'mean':>8} "
+        f"{'strategy':<24} {'batch/proc':>10} {'procs':>5} {seed_cols} {'mean':>8} "
         f"{'spread':>8} {'vs single':>9}"
     )
     for row in rows:
-        head = f"{row.strategy:<15} {row.batch:>10} {row.procs:>5}"
+        head = f"{row.strategy:<24} {row.batch:>10} {row.procs:>5}"
         if row.problem:
             print(f"{head} {row.problem}")
             continue
@@ -162,18 +223,19 @@ def _table_print(rows: list[Row], seeds: list[int], base: float | None) -> None:
         print(f"{head} {accs} {row.mean:8.4f} {row.spread:8.4f} {diff}")
 
 
-def _plan(strategy: str, args: argparse.Namespace, gpus: int) -> tuple[Row, list[str]]:
-    """The row for ``strategy`` (batch, processes; skipped with why) and its extra flags."""
+def _plan(variant: Variant, args: argparse.Namespace, gpus: int) -> tuple[Row, list[str]]:
+    """The row for ``variant`` (batch, processes; skipped with why) and its extra flags."""
+    strategy, accumulate = variant.strategy, variant.accumulate
     if strategy in MULTIPROCESS_STRATEGIES:
         # Ranks that split the model share a batch: the global batch is split over the rest.
         slices, _ = mesh_shape(strategy, args.nproc)
-        row = Row(strategy, args.global_batch // slices, args.nproc)
+        row = Row(variant.label, args.global_batch // slices // accumulate, args.nproc)
         extra = ["--nproc", str(args.nproc)]
         mesh = [r.cli_message for r in strategy_refusals(strategy, processes=args.nproc, gpus=[])]
         if mesh:
             row.problem = f"skipped: {mesh[0]}"
     else:
-        row, extra = Row(strategy, args.global_batch, 1), []
+        row, extra = Row(variant.label, args.global_batch // accumulate, 1), []
     spec = strategy_get(strategy)
     if spec.requires is not None and not package_available(spec.requires.module):
         row.problem = f"skipped: the {spec.requires.module} package is not installed"
@@ -184,7 +246,7 @@ def _plan(strategy: str, args: argparse.Namespace, gpus: int) -> tuple[Row, list
             extra = ["--gpus", ",".join(map(str, range(spec.min_gpus)))]
     if spec.gpus_where_present and gpus:
         extra = ["--gpus", ",".join(map(str, range(min(gpus, 2))))]
-    return row, extra
+    return row, [*extra, *variant.flags()]
 
 
 def run_one(

@@ -14,6 +14,15 @@ from torch import nn
 from training.batching import DataShard
 from training.config import TrainConfig
 from training.loop import StepFn
+from training.strategies.stepping import (
+    ContextFactory,
+    StepOptions,
+    compile_clock,
+    compile_note,
+    compiled,
+    step_notes,
+    step_options,
+)
 
 
 @dataclass
@@ -42,6 +51,12 @@ class Plan:
     # Entered around evaluation: where ranks may run different numbers of test batches, FSDP2
     # gathers its parameters once here, so that no forward needs a collective.
     evaluating: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
+    # --precision: entered around evaluation, as the step enters it around each forward.
+    autocast: ContextFactory = contextlib.nullcontext
+    # fp16's gradient scaler: its state goes into checkpoints and comes back on resume.
+    scaler: torch.amp.GradScaler | None = None
+    # --compile: reads the seconds spent compiling so far, so the meter reports them apart.
+    compile_clock: Callable[[], float] | None = None
     # Where ranks train on one batch together (tensor parallel): the slice of the data this
     # rank's group takes. None: its own slice, as the runtime's rank of its world.
     data_shard: DataShard | None = None
@@ -57,29 +72,79 @@ def optimizer_make(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
     return torch.optim.Adam(model.parameters(), lr=cfg.lr)
 
 
-def step_default(net: nn.Module, optimizer: torch.optim.Optimizer) -> StepFn:
+def step_default(
+    net: nn.Module, optimizer: torch.optim.Optimizer, options: StepOptions | None = None
+) -> StepFn:
+    """One optimizer step on a batch, cut into ``options.accumulate`` micro-batches
+    (``training.strategies.stepping``); returns the batch's mean loss."""
+    options = options or StepOptions()
+    scaler = options.scaler
+
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(net(x), y)
-        loss.backward()
-        optimizer.step()
-        return loss
+        k = options.accumulate
+        pieces = list(zip(x.tensor_split(k), y.tensor_split(k), strict=True))
+        total = torch.zeros((), device=y.device)
+        for i, (xi, yi) in enumerate(pieces):
+            # Only the last micro-batch's backward reduces gradients over the ranks.
+            last = i == len(pieces) - 1
+            with contextlib.nullcontext() if last else options.no_sync():
+                with options.autocast():
+                    # Weighted by its share: the sum is the whole batch's mean loss (x 1.0,
+                    # exact, without accumulation). float(): FSDP2's policy may return bf16.
+                    loss = F.cross_entropy(net(xi).float(), yi) * (len(yi) / len(y))
+                (loss if scaler is None else scaler.scale(loss)).backward()
+            total += loss.detach()
+        if scaler is None:
+            optimizer.step()
+        else:
+            scaler.step(optimizer)  # unscales first; skipped where a gradient overflowed
+            scaler.update()
+        return total
 
     return step
 
 
 def plan_simple(
-    cfg: TrainConfig, model: nn.Module, net: nn.Module, device: torch.device, **extra: Any
+    cfg: TrainConfig,
+    model: nn.Module,
+    net: nn.Module,
+    device: torch.device,
+    *,
+    no_sync: ContextFactory | None = None,
+    autocast: bool = True,
+    **extra: Any,
 ) -> Plan:
-    """A plan whose model sits on one device; ``net`` may wrap it."""
+    """A plan whose model sits on one device; ``net`` may wrap it. The step's options apply
+    where the strategy declares them (the CLI refuses them elsewhere): a wrapper that reduces
+    gradients in backward skips that for all micro-batches but the last (``no_sync``: DDP's
+    own where not given), and ``--compile`` compiles ``net``, the wrapper included (PyTorch's
+    recipe for DDP: its graph breaks at the buckets, so communication still overlaps
+    backward). ``autocast`` False: the strategy casts by itself (FSDP2's policy)."""
     optimizer = optimizer_make(cfg, model)
+    no_sync = no_sync or getattr(net, "no_sync", None)
+    options = step_options(
+        cfg, device, no_sync=no_sync or contextlib.nullcontext, autocast=autocast
+    )
+    synchronised = "gradients are reduced over the ranks once, after the last"
+    notes = [
+        *extra.pop("notes", []),
+        *step_notes(cfg, synchronised if no_sync else "", autocast=autocast),
+    ]
+    if cfg.compile:
+        notes.append(compile_note(type(net).__name__))
+        net = compiled(net)
     return Plan(
         model=model,
         net=net,
         eval_net=extra.pop("eval_net", model),
         optimizer=optimizer,
-        step=step_default(net, optimizer),
+        step=step_default(net, optimizer, options),
         input_device=device,
         output_device=device,
+        notes=notes,
+        autocast=options.autocast,
+        scaler=options.scaler,
+        compile_clock=compile_clock if cfg.compile else None,
         **extra,
     )

@@ -81,9 +81,10 @@ def experiment_global_batch(experiment: Experiment) -> int:
     reported = (experiment.run_info or {}).get("global_batch_size")
     if isinstance(reported, int) and not isinstance(reported, bool) and reported > 0:
         return reported
+    batches = experiment.accumulate or 1  # --accumulate: batches a rank adds up per step
     if experiment.strategy in PROCESS_STRATEGIES:
-        return experiment.batch_size * max(1, experiment.processes)
-    return experiment.batch_size  # DataParallel splits this one batch across its GPUs
+        return experiment.batch_size * max(1, experiment.processes) * batches
+    return experiment.batch_size * batches  # DataParallel splits this one batch across its GPUs
 
 
 def single_baseline_find(
