@@ -262,6 +262,10 @@ REGISTRY: tuple[StrategySpec, ...] = (
         processes=True,
         torchrun=True,
         nodes=True,
+        options=(
+            COMM_HOOK,
+            SHARD_OPTIMIZER,
+        ),
     ),
     StrategySpec(
         name="dp-primitives",
