@@ -78,16 +78,13 @@ def test_memory_bench_prints_its_ratio(sample_data: Path) -> None:
 
 @pytest.mark.slow  # a whole benchmark run
 def test_parity_bench_prints_its_table_and_ratio(sample_data: Path) -> None:
+    """Ten short runs: single, ddp and DDP's options as variants (ddp itself is added for
+    them to be compared with), two seeds each."""
+    variants = ("ddp+fp16", "ddp+powersgd", "ddp+shard-optimizer")
     lines = bench(
-        sample_data,
-        "parity",
-        "--seeds",
-        "1,2",
-        "--steps-per-epoch",
-        "3",
-        "--strategies",
-        "single,ddp",
-    )
+        sample_data, "parity", "--seeds", "1,2", "--steps-per-epoch", "3",
+        "--strategies", ",".join(variants),
+    )  # fmt: skip
     assert RATIO.match(lines[-1]) and lines[-1].startswith("parity ratio: ")
     table = "\n".join(lines)
     head = r"^strategy +batch/proc +procs +seed 1 +seed 2 +mean +spread +vs single$"
@@ -96,6 +93,10 @@ def test_parity_bench_prints_its_table_and_ratio(sample_data: Path) -> None:
     # Two seeds: two accuracies, their mean and their spread (no longer 0 by construction).
     assert re.search(rf"^single +64 +1 +{acc} +{acc} +{acc} +{acc} +\+0\.0000$", table, re.M)
     assert re.search(rf"^ddp +32 +2 +{acc} +{acc} +{acc} +{acc} +[+-]{acc}$", table, re.M)
+    for variant in variants:
+        row = re.escape(variant)
+        assert re.search(rf"^{row} +32 +2 +{acc} +{acc} +{acc} +{acc} +[+-]{acc}$", table, re.M)
+        assert re.search(rf"^{row} vs ddp: [+-]{acc} mean accuracy$", table, re.M)
 
 
 def test_bench_usage() -> None:

@@ -120,7 +120,7 @@ COMM_HOOK = StrategyOption(
         (
             "bf16",
             "the bf16 compression hook fails on Gloo, the CPU's backend (\"Invalid scalar "
-            'type", pytorch#111131); it needs NCCL (--gpus)',
+            'type", pytorch#111131): it needs NCCL, on GPUs (--gpus)',
         ),
     ),
 )

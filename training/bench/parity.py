@@ -6,6 +6,11 @@ take the whole global batch in one process; ddp, hogwild and deepspeed run ``--n
 (default 2) with ``--batch-size`` global batch / nproc each. Each run's accuracy is the
 ``test_accuracy`` of its ``finished`` event.
 
+Options run beside their strategy's plain row (``VARIANTS``): ``ddp+fp16`` and ``ddp+powersgd``
+(``--comm-hook``), ``ddp+shard-optimizer`` (``--shard-optimizer``); give them in ``--strategies``
+like strategies (their strategy then runs too). After the table, one line per such row gives
+its mean accuracy's difference from its strategy's: what the option costs in accuracy.
+
 Per strategy the table shows the per-process batch, the processes, the accuracy for each seed,
 their mean, their spread (max - min: how far seeds alone move a strategy) and the mean's
 difference from single's mean. The last line, ``parity ratio``, is the smallest
@@ -32,10 +37,49 @@ from training.bench.launch import training_command, training_env
 from training.cli import package_available
 from training.config import DATASETS
 from training.protocol import parse_event
-from training.registry import MULTIPROCESS_STRATEGIES, STRATEGY_NAMES, strategy_get
+from training.registry import (
+    COMM_HOOK,
+    MULTIPROCESS_STRATEGIES,
+    SHARD_OPTIMIZER,
+    STRATEGY_NAMES,
+    SWITCH,
+    OptionValue,
+    StrategyOption,
+    option_refusals,
+    strategy_get,
+)
 
-# Every strategy the registry has (single first: the others are compared with it).
-DEFAULT_STRATEGIES = STRATEGY_NAMES
+
+@dataclass(frozen=True)
+class Variant:
+    """A strategy run with one of its options set, a row beside the strategy's plain one."""
+
+    strategy: str
+    option: StrategyOption
+    value: OptionValue
+
+    @property
+    def name(self) -> str:
+        """ "ddp+fp16", "ddp+shard-optimizer": the row's name and its word in --strategies."""
+        word = self.option.flag.removeprefix("--") if self.option.kind == SWITCH else self.value
+        return f"{self.strategy}+{word}"
+
+
+# The options whose accuracy is measured (bf16's hook needs NCCL, and this trains on the CPU).
+VARIANTS = (
+    Variant("ddp", COMM_HOOK, "fp16"),
+    Variant("ddp", COMM_HOOK, "powersgd"),
+    Variant("ddp", SHARD_OPTIMIZER, True),
+)
+VARIANT_NAMES = {variant.name: variant for variant in VARIANTS}
+# Every strategy the registry has (single first: the others are compared with it), each
+# followed by its variants.
+DEFAULT_STRATEGIES = tuple(
+    name
+    for strategy in STRATEGY_NAMES
+    for name in (strategy, *(v.name for v in VARIANTS if v.strategy == strategy))
+)
+ROW_NAME_WIDTH = max(len(name) for name in DEFAULT_STRATEGIES)
 
 
 @dataclass
@@ -95,6 +139,8 @@ def main(argv: list[str]) -> int:
     single = rows[0]
     base = None if single.problem else single.mean
     _table_print(rows, seeds, base)
+    for line in variant_lines(rows):
+        print(line)
     if base is None:
         print("parity ratio: n/a (single failed)")
         return 1
@@ -112,23 +158,37 @@ def _args_parse(argv: list[str]) -> tuple[argparse.Namespace, list[int], list[st
     except ValueError:
         parser.error(f"argument --seeds: expected integers like 1,2,3, got {args.seeds!r}")
     strategies = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    unknown = [s for s in strategies if s not in STRATEGY_NAMES]
+    unknown = [s for s in strategies if s not in STRATEGY_NAMES and s not in VARIANT_NAMES]
     if unknown:
         parser.error(f"argument --strategies: unknown {','.join(unknown)}")
     if not seeds:
         parser.error("argument --seeds: give at least one seed")
     if args.global_batch % args.nproc:
         parser.error(f"--global-batch {args.global_batch} does not split over --nproc {args.nproc}")
-    return args, seeds, ["single", *(s for s in strategies if s != "single")]
+    # A variant's strategy runs too, before it: its row is what the variant is compared with.
+    ordered = ["single"]
+    for name in strategies:
+        ordered += [VARIANT_NAMES[name].strategy if name in VARIANT_NAMES else name, name]
+    return args, seeds, list(dict.fromkeys(ordered))
 
 
-def _row_run(strategy: str, seeds: list[int], args: argparse.Namespace, gpus: int) -> Row:
-    """``strategy``'s row: one run per seed, until one fails (or skipped, with why)."""
+def _row_run(name: str, seeds: list[int], args: argparse.Namespace, gpus: int) -> Row:
+    """The row of ``name``, a strategy or a variant: one run per seed, until one fails (or
+    skipped, with why)."""
+    variant = VARIANT_NAMES.get(name)
+    strategy = variant.strategy if variant else name
     row, extra = _plan(strategy, args, gpus)
+    if variant is not None:
+        row.strategy = name
+        extra += variant.option.cli_args(variant.value)
+        # The CPU's rules (gpus=[]): ddp trains on the CPU here.
+        refused = option_refusals(strategy, values={variant.option.name: variant.value}, gpus=[])
+        if refused and not row.problem:
+            row.problem = f"skipped: {refused[0][1]}"
     if row.problem:
         return row
     for seed in seeds:
-        print(f"parity: {strategy} seed {seed} ...", file=sys.stderr, flush=True)
+        print(f"parity: {name} seed {seed} ...", file=sys.stderr, flush=True)
         accuracy, error = run_one(strategy, seed, row.batch, extra, args)
         if accuracy is None:
             row.problem = f"failed: {error}"
@@ -140,17 +200,31 @@ def _row_run(strategy: str, seeds: list[int], args: argparse.Namespace, gpus: in
 def _table_print(rows: list[Row], seeds: list[int], base: float | None) -> None:
     seed_cols = " ".join(f"{'seed ' + str(s):>8}" for s in seeds)
     print(
-        f"{'strategy':<15} {'batch/proc':>10} {'procs':>5} {seed_cols} {'mean':>8} "
+        f"{'strategy':<{ROW_NAME_WIDTH}} {'batch/proc':>10} {'procs':>5} {seed_cols} {'mean':>8} "
         f"{'spread':>8} {'vs single':>9}"
     )
     for row in rows:
-        head = f"{row.strategy:<15} {row.batch:>10} {row.procs:>5}"
+        head = f"{row.strategy:<{ROW_NAME_WIDTH}} {row.batch:>10} {row.procs:>5}"
         if row.problem:
             print(f"{head} {row.problem}")
             continue
         accs = " ".join(f"{a:8.4f}" for a in row.accuracies)
         diff = f"{row.mean - base:+9.4f}" if base is not None else f"{'n/a':>9}"
         print(f"{head} {accs} {row.mean:8.4f} {row.spread:8.4f} {diff}")
+
+
+def variant_lines(rows: list[Row]) -> list[str]:
+    """ "ddp+fp16 vs ddp: -0.0031 mean accuracy", one per variant's row."""
+    plain = {row.strategy: row for row in rows}
+    lines = []
+    for row in rows:
+        variant = VARIANT_NAMES.get(row.strategy)
+        if variant is None:
+            continue
+        base = plain[variant.strategy]
+        diff = "n/a" if row.problem or base.problem else f"{row.mean - base.mean:+.4f}"
+        lines.append(f"{row.strategy} vs {variant.strategy}: {diff} mean accuracy")
+    return lines
 
 
 def _plan(strategy: str, args: argparse.Namespace, gpus: int) -> tuple[Row, list[str]]:

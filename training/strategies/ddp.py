@@ -209,7 +209,7 @@ def _optimizer_gather(optimizer: ZeroRedundancyOptimizer, rt: Runtime) -> dict[s
     state = optimizer.state_dict()
     # consolidate_state_dict keeps every rank's share on rank 0 until the next call: a whole
     # copy of the state, which sharding is there to avoid. The returned dict holds what is saved.
-    optimizer._all_state_dicts = []
+    optimizer._all_state_dicts = []  # type: ignore[attr-defined]  # private, no public way
     return state
 
 
