@@ -174,6 +174,16 @@ def assert_well_formed(result: Result, run_id: str) -> None:
         assert e["ranks"][0]["data_seconds"] == e["data_seconds"]
 
 
+def assert_ran(result: Result, run_id: str, *, resumed: bool = False) -> None:
+    """A run that ended well: well formed (``assert_well_formed``), or, ``resumed``, finished
+    (its epochs start after the checkpoint's, which ``assert_well_formed`` does not expect)."""
+    if not resumed:
+        assert_well_formed(result, run_id)
+        return
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.events[-1]["type"] == "finished"
+
+
 pytestmark = pytest.mark.usefixtures("no_processes_left")
 
 

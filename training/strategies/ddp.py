@@ -27,12 +27,16 @@ resume each other's.
 
 from __future__ import annotations
 
-from typing import Any
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
+from torch.distributed import GradBucket
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.distributed.optim import ZeroRedundancyOptimizer
+from torch.futures import Future
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.parallel import DistributedDataParallel
 
@@ -41,8 +45,11 @@ from training.config import TrainConfig
 from training.runtime import Runtime, all_gather
 from training.strategies.common import Plan, optimizer_make, plan_simple, step_default
 
+S = TypeVar("S")  # a communication hook's state
+Hook = Callable[[S, GradBucket], Future[torch.Tensor]]
+
 # PowerSGD's settings. Rank 2: each m x n gradient matrix goes as (m + n) x 2 numbers (SimpleCNN:
-# about 60x fewer than whole gradients), which trained within a point of DDP's accuracy in
+# about 60x fewer than whole gradients), which trained within 2 points of DDP's accuracy in
 # tests/test_ddp_options.py. Ten plain steps first: torch's default, 1,000, would cover most of a
 # short run, and its first two steps must be plain (DDP rebuilds its buckets after the first).
 POWERSGD_RANK = 2
@@ -71,7 +78,7 @@ def plan_build(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> Plan:
             f"covers {cfg.batch_size * rt.world_size} images.",
         )
     if cfg.comm_hook != "none":
-        notes.append(comm_hook_register(cfg.comm_hook, net, model))
+        notes.append(comm_hook_register(cfg.comm_hook, net, model, rt.device))
     if cfg.shard_optimizer:
         return plan_sharded(cfg, rt, model, net, notes)
     return plan_simple(cfg, model, net, rt.device, notes=notes)
@@ -99,7 +106,9 @@ def batchnorm_notes(cfg: TrainConfig, model: nn.Module, world: int) -> list[str]
 # --- --comm-hook ---------------------------------------------------------------------------
 
 
-def comm_hook_register(name: str, net: DistributedDataParallel, model: nn.Module) -> str:
+def comm_hook_register(
+    name: str, net: DistributedDataParallel, model: nn.Module, device: torch.device
+) -> str:
     """Register the hook ``name`` on ``net``; returns the note that says what it sends."""
     whole = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
     if name == "powersgd":
@@ -108,8 +117,11 @@ def comm_hook_register(name: str, net: DistributedDataParallel, model: nn.Module
             matrix_approximation_rank=POWERSGD_RANK,
             start_powerSGD_iter=POWERSGD_START,
         )
-        net.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
-        return _powersgd_note(model)
+        low_rank: Hook[powerSGD_hook.PowerSGDState] = powerSGD_hook.powerSGD_hook
+        if device.type != "cuda":
+            low_rank = bucket_by_bucket(low_rank)
+        net.register_comm_hook(state, low_rank)
+        return _powersgd_note(model, ordered=device.type != "cuda")
     hook, dtype = CAST_HOOKS[name]
     net.register_comm_hook(None, hook)
     return (
@@ -118,6 +130,28 @@ def comm_hook_register(name: str, net: DistributedDataParallel, model: nn.Module
         f"all-reduce sends ({whole // 2:,} instead of {whole:,} a step); the averaged gradients "
         f"keep {dtype}'s precision."
     )
+
+
+def bucket_by_bucket(hook: Hook[S]) -> Hook[S]:
+    """``hook`` with each bucket's communication done before the next bucket's hook starts.
+
+    PowerSGD's hook all-reduces its P and Q factors from the callbacks of the all-reduce before,
+    and Gloo runs those callbacks on its own threads whenever that one completes: with two
+    buckets or more, the ranks then start their all-reduces in different orders, and Gloo
+    aborts ("Received data size doesn't match expected size ... collective mismatch"; here 2 runs
+    of 5 with SimpleCNN's two buckets). NCCL marks its futures done as each all-reduce is queued
+    (CUDA events carry the wait), so their callbacks run at once, in order: GPUs keep the hook
+    as it is, and its overlap with backward."""
+
+    # wraps: DDP reads the hook's signature (its annotations must be the real types, not the
+    # strings this module's are) and logs its name: both the wrapped hook's.
+    @functools.wraps(hook)
+    def in_order(state: S, bucket: GradBucket) -> Future[torch.Tensor]:
+        done: Future[torch.Tensor] = Future()
+        done.set_result(hook(state, bucket).wait())
+        return done
+
+    return in_order
 
 
 def powersgd_numbers(model: nn.Module, rank: int) -> tuple[int, int, int]:
@@ -141,8 +175,14 @@ def powersgd_numbers(model: nn.Module, rank: int) -> tuple[int, int, int]:
     return before, after, whole
 
 
-def _powersgd_note(model: nn.Module) -> str:
+def _powersgd_note(model: nn.Module, *, ordered: bool) -> str:
     before, after, whole = powersgd_numbers(model, POWERSGD_RANK)
+    order = (
+        " On Gloo each bucket's all-reduces finish before the next bucket's start (issued in "
+        "any order, the ranks' would not match), so they no longer overlap backward."
+        if ordered
+        else ""
+    )
     return (
         f"Communication hook powersgd (powerSGD_hook, matrix_approximation_rank "
         f"{POWERSGD_RANK}, start_powerSGD_iter {POWERSGD_START}, error feedback and warm start "
@@ -150,7 +190,7 @@ def _powersgd_note(model: nn.Module) -> str:
         f"{POWERSGD_START + 1} each gradient matrix goes as two rank-{POWERSGD_RANK} factors, "
         f"{after:,} numbers a step instead of {before:,} ({before / max(after, 1):.0f}x fewer; "
         f"{whole} tensor(s) too small to gain, such as biases, still go whole). Each rank "
-        "adds what compression left out to its next step's gradient."
+        f"adds what compression left out to its next step's gradient.{order}"
     )
 
 
