@@ -42,18 +42,18 @@ from torch.nn.parallel import DistributedDataParallel
 
 from training.checkpoint import holds_torch_optimizer, optimizer_state_load
 from training.config import TrainConfig
+from training.registry import POWERSGD_RANK, POWERSGD_START
 from training.runtime import Runtime, all_gather
 from training.strategies.common import Plan, optimizer_make, plan_simple, step_default
 
 S = TypeVar("S")  # a communication hook's state
 Hook = Callable[[S, GradBucket], Future[torch.Tensor]]
 
-# PowerSGD's settings. Rank 2: each m x n gradient matrix goes as (m + n) x 2 numbers (SimpleCNN:
-# about 60x fewer than whole gradients), which trained within 2 points of DDP's accuracy in
-# tests/test_ddp_options.py. Ten plain steps first: torch's default, 1,000, would cover most of a
-# short run, and its first two steps must be plain (DDP rebuilds its buckets after the first).
-POWERSGD_RANK = 2
-POWERSGD_START = 10
+# PowerSGD's settings (training.registry: --help and the form say them). Rank 2: each m x n
+# gradient matrix goes as (m + n) x 2 numbers (SimpleCNN: about 60x fewer than whole gradients),
+# which trained within 2 points of DDP's accuracy in tests/test_ddp_options.py. Ten plain steps
+# first: torch's default, 1,000, would cover most of a short run, and its first two steps must be
+# plain (DDP rebuilds its buckets after the first).
 # The hooks that cast each bucket to a 16-bit type for its all-reduce, and that type's name.
 CAST_HOOKS = {
     "fp16": (default_hooks.fp16_compress_hook, "float16"),
