@@ -2,10 +2,16 @@
 
 from __future__ import annotations
 
+import dataclasses
 import struct
 from typing import Any
 
+import pytest
 from django.test import Client
+
+from dashboard.experiments.templatetags import page_facts
+from training import registry
+from training.registry import StrategyOption, option_strategies
 
 
 def form_data(**fields: Any) -> dict[str, str]:
@@ -21,10 +27,37 @@ def form_data(**fields: Any) -> dict[str, str]:
         "lr": "0.001",
         "optimizer": "adam",
         "seed": "1",
-        "zero_stage": "",
     }
     data.update({key: str(value) for key, value in fields.items()})
     return data
+
+
+def value_off_default(option: StrategyOption) -> Any:
+    """A value of `option` other than its default that runs on the CPU too: what a test asks
+    for to see the option taken (or refused by a strategy that does not read it)."""
+    return next(v for v in option.values if v != option.default and not option.gpu_reason(v))
+
+
+# Strategies a CPU test machine launches without more (no GPUs, no optional package), in the
+# order a reader or a non-reader is picked.
+CPU_STRATEGIES = ("ddp", "single", "fsdp", "deepspeed", "model-parallel", "hogwild")
+
+
+def reader_attach(option: StrategyOption, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A strategy that reads `option` and runs on the CPU: the registry's, else ddp with the
+    option attached for this test alone (no strategy reads it on this branch yet)."""
+    readers = option_strategies(option)
+    found = next((name for name in CPU_STRATEGIES if name in readers), None)
+    if found is not None:
+        return found
+    spec = registry.STRATEGIES["ddp"]
+    attached = dataclasses.replace(spec, options=(*spec.options, option))
+    monkeypatch.setitem(registry.STRATEGIES, "ddp", attached)
+    patched = tuple(attached if s.name == "ddp" else s for s in registry.REGISTRY)
+    # The modules that bound the registry's tuple by name read the attached spec too.
+    for module in (registry, page_facts):
+        monkeypatch.setattr(module, "REGISTRY", patched)
+    return "ddp"
 
 
 def logged_in(user: Any) -> Client:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from dashboard.experiments.core.memory import memory_rows
 from tests.chart_runs import SPIKE_VALUE
 from tests.stack import Stack
 from tests.test_browser import browser, log_in, page, screenshot, start_run  # noqa: F401 (fixtures)
@@ -277,12 +278,29 @@ CONTRACT = """() => ({
   points: TrainyardCharts.messagePoints({ type: "step", step: 3, time: 1.5, train_loss: 0.5,
                                           ranks: [{ rank: 1, images_per_second: 9 }] }),
   epoch: TrainyardCharts.messagePoints({ type: "epoch", step: 4, images_per_second: 7 }),
+  memory: TrainyardCharts.messagePoints({ type: "epoch", step: 4, time: 2, memory: [{
+    rank: 1, parameter_bytes: 8, gradient_bytes: 8, optimizer_state_bytes: 20, peak_bytes: 99 }] }),
+  memoryChart: [TrainyardCharts.specOf("rank/1/parameter_bytes").spec.id,
+                TrainyardCharts.specOf("rank/1/parameter_bytes").line,
+                TrainyardCharts.specOf("rank/1/parameter_bytes").spec.zero],
   rank: [TrainyardCharts.specOf("rank/1/rss_bytes").spec.id,
          TrainyardCharts.specOf("rank/1/rss_bytes").line],
   gpu: TrainyardCharts.specOf("gpu/host-a/0/memory_bytes").line,
   ids: TrainyardCharts.SPECS.map((s) => s.id),
   served: Trainyard.facts.series.charts.map((s) => s.id),
 })"""
+
+
+# run_facts.js places an epoch message's memory rows (the sink's, core/memory.py) as they are.
+MEMORY_LIVE = """(rows) => {
+  const table = document.getElementById("memory-table"), before = table.hidden;
+  document.getElementById("experiment-detail").dispatchEvent(new CustomEvent("run:message",
+    { detail: { type: "epoch", seq: 1e9, step: 4, epoch: 1, texts: { memory: rows } } }));
+  const cells = [...document.querySelectorAll("#memory-body tr")]
+    .map((tr) => [...tr.cells].map((td) => td.textContent.trim()));
+  return { before, after: table.hidden, cells,
+           bar: document.querySelector("#memory-body .held").style.width };
+}"""
 
 
 def test_the_charts_come_from_the_page_facts_series_contract(tab: Any, stack: Stack) -> None:
@@ -298,3 +316,16 @@ def test_the_charts_come_from_the_page_facts_series_contract(tab: Any, stack: St
     assert got["rank"] == ["rank_rss", "rank 1"]
     assert got["gpu"] == "host-a GPU 0"
     assert got["ids"] == got["served"] and got["ids"][0] == "train_loss"
+    # An epoch's memory (protocol 1.7) under the sink's keys, on a chart drawn from 0.
+    assert got["memory"] == {
+        f"rank/1/{field}": [[4, 2, value]]
+        for field, value in (("parameter_bytes", 8), ("gradient_bytes", 8),
+                             ("optimizer_state_bytes", 20), ("peak_bytes", 99))
+    }  # fmt: skip
+    assert got["memoryChart"] == ["rank_parameters", "rank 1", True]
+    # FSDP x2: each rank holds half of a 1,024-parameter model (4 KiB in float32).
+    fsdp = [{"rank": r, "parameter_bytes": 2048, "gradient_bytes": 2048,
+             "optimizer_state_bytes": 4100, "peak_bytes": 250 * 2**20} for r in (0, 1)]  # fmt: skip
+    live = tab.evaluate(MEMORY_LIVE, memory_rows(fsdp, model_bytes=4096))
+    assert (live["before"], live["after"], live["bar"]) == (True, False, "50%")
+    assert live["cells"][1] == ["1", "2.0 KiB", "50%", "2.0 KiB", "4.0 KiB", "8.0 KiB", "250.0 MiB"]

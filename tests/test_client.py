@@ -28,7 +28,9 @@ from dashboard.client.watch import (
     run_follow,
     snapshot_take,
 )
+from tests.factories import value_off_default
 from tests.stack import ROOT, Stack, wait_for
+from training.registry import CHOICE, OPTIONS_DECLARED, SWITCH, StrategyOption
 
 TRAINYARD = Path(sys.executable).parent / "trainyard"
 
@@ -139,6 +141,39 @@ def test_gpu_ids_and_watch_sequence() -> None:
     assert watch.seq == 6 and watch.status == "running"
     with pytest.raises(Resync):
         message_take(watch, {"type": "step", "seq": 9, "step": 3})
+
+
+def test_the_option_flags_are_the_engines() -> None:
+    """The client cannot import training/registry.py: its copy of the flags must agree."""
+    flags = {flag: (kind, text) for flag, kind, text in commands.OPTION_FLAGS}
+    assert list(flags) == [option.flag for option in OPTIONS_DECLARED]
+    for option in OPTIONS_DECLARED:
+        kind, text = flags[option.flag]
+        assert commands.option_field(option.flag) == option.name
+        assert kind is (None if option.kind == SWITCH else type(option.default))
+        if option.kind == CHOICE:
+            assert all(str(value) in text for value in option.values), option.flag
+
+
+@pytest.mark.parametrize("option", OPTIONS_DECLARED, ids=lambda option: option.name)
+def test_launch_sends_each_option_flag(
+    option: StrategyOption, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sent: list[dict[str, Any]] = []
+
+    class Recorder:
+        def launch(self, fields: dict[str, Any]) -> dict[str, Any]:
+            sent.append(fields)
+            return {"id": 7, "url": "/experiments/7/"}
+
+    monkeypatch.setattr(commands, "api_of", lambda args: Recorder())
+    value = value_off_default(option)
+    assert cli.main(["launch", "--strategy", "ddp", *option.cli_args(value)]) == 0
+    assert sent == [{"strategy": "ddp", option.name: value}]
+    assert capsys.readouterr().out == "7\n"
+    # Not given: not sent, so that the server's default (or a strategy's refusal) holds.
+    assert cli.main(["launch", "--strategy", "ddp"]) == 0
+    assert sent[-1] == {"strategy": "ddp"}
 
 
 @pytest.mark.parametrize(("status", "code"), [("succeeded", 0), ("failed", 1), ("cancelled", 3)])

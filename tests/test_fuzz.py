@@ -90,7 +90,9 @@ valid_base = st.fixed_dictionaries(
 def is_wrong_type(field: str, value: Any) -> bool:
     if value is None:
         return field not in NULLABLE_FIELDS
-    return isinstance(value, bool) or not isinstance(value, FIELD_TYPES[field])
+    # Booleans are never numbers; only a switch's field takes them (and only them).
+    wants_bool = FIELD_TYPES[field] == (bool,)
+    return isinstance(value, bool) != wants_bool or not isinstance(value, FIELD_TYPES[field])
 
 
 @st.composite
@@ -286,7 +288,14 @@ form_cases = st.one_of(
     .flatmap(lambda f: st.tuples(st.just(f), bad_form_value(f)))
     .map(lambda t: ({t[0]: t[1]}, t[0])),
     st.dictionaries(
-        letters.filter(lambda k: k not in VALID_FORM and k not in {"clone", "csrfmiddlewaretoken"}),
+        # Not a field's name: "compile" or "precision" are letters only, and fields.
+        letters.filter(
+            lambda k: (
+                k not in VALID_FORM
+                and k not in FIELD_TYPES
+                and k not in {"clone", "csrfmiddlewaretoken"}
+            )
+        ),
         letters,
         min_size=1,
         max_size=3,

@@ -28,28 +28,28 @@ def fashion_installed() -> bool:
     )
 
 
-@pytest.mark.slow  # every strategy trained once (210 s on a loaded 2-core machine)
-@pytest.mark.timeout(900)  # DDP's options added three trainings: 600 s ran out at load 7
+@pytest.mark.slow  # every strategy trained once (about 300 s on a loaded 2-core machine)
+@pytest.mark.timeout(1200)  # DDP's four option rows came after: 600 s ran out at load 7
 def test_the_device_check_runs_every_strategy_and_reads_the_machine(tmp_path: Path) -> None:
-    """Slow (210 s on a loaded 2-core machine before DDP's three options came, each 35-45 s at
-    load 7): one new interpreter per strategy, each importing torch and starting its own
-    processes (ranks, workers), one batch per epoch of Fashion-MNIST, then the engine benchmark:
-    the CPU trial of what a GPU machine runs."""
+    """Slow (210 s on a loaded 2-core machine before tensor parallel and DDP's options came; a
+    DDP option's row takes 35-45 s at load 7): one new interpreter per strategy, each importing
+    torch and starting its own processes (ranks, workers), one batch per epoch of
+    Fashion-MNIST, then the engine benchmark: the CPU trial of what a GPU machine runs."""
     need(fashion_installed(), "Debian's dataset-fashion-mnist package is not installed")
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "run", "--dry-run", "--out", str(out)],
-        capture_output=True, text=True, cwd=ROOT, timeout=880,
+        capture_output=True, text=True, cwd=ROOT, timeout=1180,
         env={**os.environ, "TMPDIR": str(tmp_path)},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = (out / "summary.txt").read_text()
-    rows = {line.split()[0]: line for line in summary.splitlines()[3:14]}
+    rows = {line.split()[0]: line for line in summary.splitlines()[3:16]}
     assert set(rows) == {"single", "dp", "ddp", "dp-primitives", "model-parallel", "hogwild",
-                         "deepspeed", "ddp+fp16", "ddp+bf16", "ddp+powersgd",
-                         "ddp+shard-optimizer"}  # fmt: skip
-    for strategy in ("single", "dp", "ddp", "model-parallel", "hogwild", "ddp+fp16",
-                     "ddp+powersgd", "ddp+shard-optimizer"):  # fmt: skip
+                         "deepspeed", "tensor-parallel", "fsdp-tp", "ddp+fp16", "ddp+bf16",
+                         "ddp+powersgd", "ddp+shard-optimizer"}  # fmt: skip
+    for strategy in ("single", "dp", "ddp", "model-parallel", "hogwild", "tensor-parallel",
+                     "fsdp-tp", "ddp+fp16", "ddp+powersgd", "ddp+shard-optimizer"):  # fmt: skip
         assert " yes " in rows[strategy] and "img/s" in rows[strategy], rows[strategy]
     assert "refused:" in rows["dp-primitives"] and "2 or more GPUs" in rows["dp-primitives"]
     # DDP's bf16 hook fails on Gloo: refused on the CPU with the reason, run on NCCL.

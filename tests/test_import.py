@@ -6,6 +6,7 @@ shows on every page a run appears on; export -> import gives the same series bac
 from __future__ import annotations
 
 import io
+import json
 import tarfile
 import zipfile
 from collections.abc import Callable
@@ -19,8 +20,10 @@ from torch.utils.tensorboard import SummaryWriter
 
 from dashboard.accounts.models import ApiToken
 from dashboard.experiments.metrics import archives, imports
+from dashboard.experiments.metrics.imports import run_launch_parse
 from dashboard.experiments.models import Experiment, SeriesPoint
 from tests.factories import float32, logged_in
+from training.registry import OPTIONS_DECLARED
 
 pytestmark = pytest.mark.django_db
 
@@ -401,3 +404,50 @@ def test_only_scalars_are_kept_while_reading(tmp_path: Path) -> None:
     assert tags["scalars"] == ["old"] and tags["tensors"] == ["new"]
     assert tags["images"] == [] and tags["histograms"] == []
     assert imports._folder_scalars(tmp_path, imports._PointBudget()).keys() == {"old", "new"}
+
+
+def test_our_export_brings_back_the_strategy_and_its_options(
+    client: Client, django_user_model: Any, experiment_factory: Any
+) -> None:
+    """The TensorBoard export carries the run's strategy, processes and options (the JSON's head
+    too); its import takes back those the registry knows, so the run reads as it trained."""
+    alice = django_user_model.objects.get(username="alice")
+    source = experiment_factory(owner=alice, status="succeeded", strategy="deepspeed", zero_stage=2)
+    SeriesPoint.objects.create(experiment=source, key="train_loss", step=1, time=0.5, value=0.25)
+    head = json.loads(b"".join(client.get(f"/api/experiments/{source.pk}/export/?format=json")
+                               .streaming_content))  # fmt: skip
+    assert head["strategy"] == "deepspeed" and head["processes"] == 2
+    assert {option.name: head[option.name] for option in OPTIONS_DECLARED} == (
+        source.option_values()
+    )
+    archive = b"".join(
+        client.get(f"/api/experiments/{source.pk}/export/?format=tensorboard").streaming_content
+    )
+    imported = upload(client, "export.zip", archive).json()
+    assert (imported["strategy"], imported["processes"], imported["zero_stage"]) == (
+        "deepspeed", 2, 2,
+    )  # fmt: skip
+    assert imported["strategy_label"] == source.strategy_label == "DeepSpeed ZeRO (ZeRO-2)"
+
+
+@pytest.mark.parametrize(
+    ("written", "read"),
+    [
+        ({"strategy": "warp-drive", "processes": 2}, {}),
+        ({"strategy": ["ddp"], "processes": 2}, {}),
+        ({"strategy": "ddp", "processes": True}, {}),
+        ({"strategy": "ddp", "processes": 999}, {}),
+        ({"strategy": "single", "processes": 4}, {"strategy": "single", "processes": 1}),
+        # An option the strategy does not read, or a value it does not take, is left out.
+        ({"strategy": "single", "processes": 1, "comm_hook": "fp16"}, {"strategy": "single",
+                                                                       "processes": 1}),
+        ({"strategy": "deepspeed", "processes": 2, "zero_stage": 3}, {"strategy": "deepspeed",
+                                                                      "processes": 2}),
+        ({"strategy": "deepspeed", "processes": 2, "zero_stage": True}, {"strategy": "deepspeed",
+                                                                         "processes": 2}),
+    ],
+)  # fmt: skip
+def test_only_a_launch_the_registry_knows_is_taken_back(
+    written: dict[str, Any], read: dict[str, Any]
+) -> None:
+    assert run_launch_parse(written) == read

@@ -23,7 +23,7 @@ from tests.test_exactness import assert_same_parameters
 from tests.test_training import ROOT, Result, assert_well_formed, run_cli
 from training import cli
 from training.data import DatasetMeta, dataset_meta, load_dataset, to_batch
-from training.models import InputResize, ModelRefused, model_build_for
+from training.models import InputResize, ModelRefused, model_build_for, model_tensor_plan
 
 pytestmark = pytest.mark.usefixtures("no_processes_left")
 slow = pytest.mark.slow
@@ -172,6 +172,7 @@ def build(*, num_classes, in_channels, image_size):
 
 
 build.stages = lambda model: [("body", model.body), ("head", model.head)]
+build.tensor_parallel = lambda model: {"body.1": "colwise", "head": "rowwise"}
 
 
 def build_plain(*, num_classes, in_channels, image_size):
@@ -214,6 +215,8 @@ def test_a_plugin_package_is_listed_and_trained(sample_data: Path, plugin_path: 
     assert listed["model_sources"]["tiny-net"] == "plug-in tinynet"
     assert "tiny-net" in listed["models_splittable"]
     assert "tiny-plain" not in listed["models_splittable"]
+    assert "tiny-net" in listed["models_tensor_parallel"]
+    assert "tiny-plain" not in listed["models_tensor_parallel"]
     single = _with_plugin(
         sample_data, plugin_path, "training", "--model", "tiny-net", "--run-id", "p",
         "--epochs", "1", "--steps-per-epoch", "20",
@@ -236,6 +239,19 @@ def test_a_plugin_package_is_listed_and_trained(sample_data: Path, plugin_path: 
     )  # fmt: skip
     assert plain.returncode == 1
     assert "its build declares no stages" in plain.events[-1]["error"]
+
+
+def test_a_plugin_declares_its_tensor_parallel_plan(
+    plugin_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What tensor-parallel and fsdp-tp split a plug-in's model by: its build's own plan."""
+    monkeypatch.syspath_prepend(str(plugin_path))  # its entry points are found on sys.path
+    import tinynet  # type: ignore[import-not-found]
+
+    model = tinynet.build(num_classes=10, in_channels=1, image_size=28)
+    assert model_tensor_plan("tiny-net", model) == {"body.1": "colwise", "head": "rowwise"}
+    with pytest.raises(ModelRefused, match="tiny-plain declares none"):
+        model_tensor_plan("tiny-plain", model)
 
 
 # --- every strategy on a torchvision model -------------------------------------------------------

@@ -13,14 +13,15 @@ from dashboard.devices.capacity import capacity_check
 from dashboard.experiments.core.forms import ExperimentForm
 from dashboard.experiments.models import Experiment, Strategy, ZeroStage
 from dashboard.experiments.runs.runner import training_command
-from tests.factories import form_data
+from dashboard.experiments.templatetags.page_facts import page_facts_build
+from tests.factories import form_data, value_off_default
 from tests.test_devices import machine_make
 from training import cli
 from training.config import parse_args
 from training.registry import (
+    OPTIONS_DECLARED,
     REGISTRY,
     RULE_MIN_GPUS,
-    STRATEGY_OPTIONS,
     ZERO_STAGE,
     StrategySpec,
     strategy_refusals,
@@ -28,7 +29,9 @@ from training.registry import (
 
 pytestmark = pytest.mark.django_db
 
-NEW_STRATEGIES = ("dp-primitives", "model-parallel", "hogwild", "deepspeed", "fsdp")
+NEW_STRATEGIES = (
+    "dp-primitives", "model-parallel", "hogwild", "deepspeed", "fsdp", "tensor-parallel", "fsdp-tp",
+)  # fmt: skip
 
 
 @pytest.fixture
@@ -53,12 +56,14 @@ def test_every_strategy_is_a_choice_with_one_help_line() -> None:
         assert "\n" not in line and 40 < len(line) < 240
 
 
-def test_form_page_shows_zero_stage_for_deepspeed_only(client: Client, user_factory: Any) -> None:
+def test_form_page_has_a_field_per_declared_option(client: Client, user_factory: Any) -> None:
     client.force_login(user_factory())
-    html = client.get(reverse("experiment-new")).content.decode()
-    assert 'name="zero_stage"' in html
-    assert 'class="field deepspeed-only"' in html
-    assert 'data-process-strategies="ddp hogwild deepspeed fsdp"' in html
+    response = client.get(reverse("experiment-new"))
+    html = response.content.decode()
+    for option in OPTIONS_DECLARED:
+        assert f'name="{option.name}"' in html
+    assert html.count('class="field strategy-option"') == len(OPTIONS_DECLARED)
+    assert 'data-process-strategies="ddp hogwild deepspeed fsdp tensor-parallel fsdp-tp"' in html
     for value in NEW_STRATEGIES:
         assert f'<option value="{value}"' in html
 
@@ -74,8 +79,9 @@ def test_form_page_shows_zero_stage_for_deepspeed_only(client: Client, user_fact
         ({"strategy": "hogwild", "processes": 1}, 1, None),
         ({"strategy": "deepspeed"}, 2, 1),
         ({"strategy": "deepspeed", "zero_stage": 2}, 2, 2),
-        # A stage chosen before switching away from DeepSpeed is dropped, like processes.
-        ({"strategy": "ddp", "zero_stage": 2}, 2, None),
+        # A stage left at its default while switching away from DeepSpeed is dropped, like
+        # processes; another one is refused (test_option_fields).
+        ({"strategy": "ddp", "zero_stage": 1}, 2, None),
         ({"strategy": "single", "processes": 5}, 1, None),
     ],
 )
@@ -300,9 +306,7 @@ def test_cli_says_a_gpu_minimum_with_this_machines_gpus(
 # --- a strategy's own options (ZeRO's stage), declared in the registry alone ------------------
 
 
-def test_zero_stage_is_declared_with_deepspeed_and_every_reader_follows(
-    client: Client, user_factory: Any
-) -> None:
+def test_zero_stage_is_declared_with_deepspeed_and_every_reader_follows() -> None:
     assert [spec.name for spec in REGISTRY if ZERO_STAGE in spec.options] == ["deepspeed"]
     # The model's choices are a copy kept for its migrations: they must not drift.
     assert ZeroStage.choices == list(ZERO_STAGE.choices)
@@ -310,19 +314,15 @@ def test_zero_stage_is_declared_with_deepspeed_and_every_reader_follows(
     assert field.choices == [("", f"default ({ZERO_STAGE.default})"), *ZERO_STAGE.choices]
     assert field.help_text == ZERO_STAGE.help
     assert field.error_messages["invalid_choice"].startswith(ZERO_STAGE.invalid_text())
-    client.force_login(user_factory())
-    html = client.get(reverse("experiment-new")).content.decode()
-    assert 'data-deepspeed-value="deepspeed"' in html
+    assert page_facts_build()["strategies"]["deepspeed"]["options"] == ["zero_stage"]
 
 
 @pytest.mark.parametrize("spec", REGISTRY, ids=lambda spec: spec.name)
 def test_an_option_is_taken_where_declared_and_refused_elsewhere(
     spec: StrategySpec, user_factory: Any, experiment_factory: Any
 ) -> None:
-    for option in STRATEGY_OPTIONS:
-        # The last value this CPU-only machine takes (bf16's hook needs GPUs), in the words the
-        # runner passes (a switch is its flag alone).
-        value = [v for v in option.values if option.gpu_reason(v) is None][-1]
+    for option in OPTIONS_DECLARED:
+        value = value_off_default(option)
         argv = ["--strategy", spec.name, *option.cli_args(value)]
         if option in spec.options:
             assert getattr(parse_args(argv), option.name) == value
@@ -331,8 +331,9 @@ def test_an_option_is_taken_where_declared_and_refused_elsewhere(
                 parse_args(argv)
     experiment = experiment_factory(owner=user_factory(), strategy=spec.name)
     command = training_command(experiment=experiment)
-    for option in STRATEGY_OPTIONS:
-        # A strategy's options at their defaults (a switch off: no flag), the others absent.
+    for option in OPTIONS_DECLARED:
+        # A strategy that reads an option is told its default (a switch's off is no words).
         words = option.cli_args(option.default) if option in spec.options else []
-        assert _flags(command).get(option.flag) == (words[1] if len(words) > 1 else None)
+        at = command.index(option.flag) if option.flag in command else 0
+        assert command[at : at + len(words)] == words
         assert (option.flag in command) == bool(words)

@@ -15,7 +15,10 @@ from django.test import Client
 from django.urls import reverse
 
 from dashboard.experiments.models import Experiment, SeriesPoint, Status
+from dashboard.studies.forms import StudyForm
 from dashboard.studies.models import Study, StudyRun
+from tests.factories import CPU_STRATEGIES, reader_attach
+from training.registry import COMM_HOOK, OPTIONS_DECLARED, option_strategies
 
 pytestmark = pytest.mark.django_db
 
@@ -313,3 +316,67 @@ def test_the_admin_lists_a_study_with_its_runs(
     assert listed.status_code == 200 and "2x2" in listed.content.decode()
     change = staff.get(reverse("admin:studies_study_change", args=[pk]))
     assert change.status_code == 200 and "2x2 · DDP ×2 · seed 2" in change.content.decode()
+
+
+# --- strategy options as axes -------------------------------------------------------------------
+
+
+def test_an_option_axis_runs_where_read_and_skips_the_cells_that_do_not_read_it(
+    client: Client, launched: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reader = reader_attach(COMM_HOOK, monkeypatch)
+    other = next(name for name in CPU_STRATEGIES if name not in option_strategies(COMM_HOOK))
+    hooks = ["none", "fp16", "powersgd"]
+    body = {**TWO_BY_TWO, "axes": {"strategy": [reader, other], "comm_hook": hooks}}
+    response = post(client, body)
+    assert response.status_code == 201, response.content
+    study = response.json()
+    runs = Experiment.objects.filter(pk__in=study["runs"]).order_by("pk")
+    # The reader at every hook; the other strategy once, at the default it does not read.
+    assert [(e.strategy, e.comm_hook) for e in runs] == [
+        *((reader, hook) for hook in hooks), (other, None),
+    ]  # fmt: skip
+    assert runs[2].name.endswith("comm hook powersgd · seed 1")
+    assert [cell["text"] for cell in study["skipped"]] == [
+        f"strategy={other}, comm_hook=fp16", f"strategy={other}, comm_hook=powersgd",
+    ]  # fmt: skip
+    assert all(f"comm_hook applies to --strategy {reader}" in c["reason"] for c in study["skipped"])
+    # The table says each cell's options off their default, as the compare page does.
+    assert [c["options_label"] for c in study["cells"]] == ["", "fp16", "PowerSGD", ""]
+    page = client.get(reverse("study-detail", args=[study["id"]])).content.decode()
+    assert "Skipped cells" in page and "(PowerSGD)" in page
+    export = client.get(reverse("api-study-export", args=[study["id"]]))
+    rows = list(csv.DictReader(io.StringIO(export.content.decode())))
+    assert [row["comm_hook"] for row in rows] == [*hooks, ""]
+
+
+def test_a_study_whose_every_cell_is_skipped_is_refused(
+    client: Client, launched: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reader_attach(COMM_HOOK, monkeypatch)
+    other = next(name for name in CPU_STRATEGIES if name not in option_strategies(COMM_HOOK))
+    response = post(client, {**TWO_BY_TWO, "axes": {"strategy": [other], "comm_hook": ["fp16"]}})
+    assert response.status_code == 400
+    assert "sets an option its strategy does not read" in response.json()["error"]
+    assert not Study.objects.exists() and not launched
+
+
+def test_the_axes_editor_reads_each_option_as_its_kind(client: Client, launched: Any) -> None:
+    page = client.get(reverse("study-new")).content.decode()
+    for option in OPTIONS_DECLARED:
+        assert f'name="axis_{option.name}"' in page
+    form = StudyForm(
+        {
+            "name": "kinds", "dataset": "mnist", "epochs": "1", "batch_size": "64",
+            "lr": "0.001", "optimizer": "adam", "target_accuracy": "0.9",
+            "batch_mode": "per_process", "mode": "axes", "axis_shard_optimizer": "false, on",
+            "axis_accumulate": "1, 4", "axis_precision": "fp32, bf16",
+        }
+    )  # fmt: skip
+    assert form.is_valid(), form.errors
+    assert form.cleaned_data["axes"] == {
+        "shard_optimizer": [False, True], "accumulate": [1, 4], "precision": ["fp32", "bf16"],
+    }  # fmt: skip
+    typo = StudyForm({"mode": "axes", "axis_compile": "maybe"})
+    assert not typo.is_valid()
+    assert typo.errors["axis_compile"] == ["'maybe' is not true or false"]

@@ -6,12 +6,26 @@ of ``batch_size x world_size`` images. Rank ``r`` of ``world_size`` takes the ``
 slice of each global batch. Hence DDP with 2 ranks of 32 is fed exactly the two halves of the
 batches of 64 that a single process with ``--batch-size 64`` trains on, which is what makes DDP
 checkable for exactness (tests/test_exactness.py) rather than merely "close"; Hogwild's processes
-take their shard the same way.
+take their shard the same way. Ranks that train on one batch together (a tensor-parallel group)
+take one slice between them (``DataShard``): --batch-size is then per group.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+
+
+@dataclass(frozen=True)
+class DataShard:
+    """Which slice of each global batch, and of the test split, a rank takes: slice ``rank`` of
+    ``count``. Each rank its own (its rank of the world) where ranks split the data only; where
+    they split the model's layers (tensor parallel) the ranks of one group train on one batch
+    together, so they share a slice and ``count`` is the number of groups."""
+
+    rank: int
+    count: int
 
 
 def epoch_order(num_images: int, seed: int, epoch: int) -> torch.Tensor:

@@ -100,6 +100,33 @@ def model_splittable(entry: ModelEntry) -> bool:
         return False
 
 
+def model_tensor_parallel(entry: ModelEntry) -> bool:
+    """Whether ``tensor-parallel`` and ``fsdp-tp`` can split this model: the built-in declares
+    its plan (``SimpleCNN.tensor_parallel_plan``), torchvision's declare none, and a plug-in can
+    where its ``build`` has a ``tensor_parallel`` attribute, a callable
+    ``tensor_parallel(model) -> {module path: "colwise" | "rowwise"}``."""
+    if entry.source == "built in":
+        return True
+    if not entry.source.startswith("plug-in"):
+        return False
+    point = model_plugins().get(entry.name)
+    try:
+        return point is not None and callable(getattr(point.load(), "tensor_parallel", None))
+    except Exception:  # a broken plug-in declares nothing; building it says why
+        return False
+
+
+def no_tensor_plan_message(name: str) -> str:
+    """Why a model with no declared tensor-parallel plan is refused: by the engine, the CLI and
+    the launch checks alike."""
+    return (
+        f"tensor parallel splits the linear layers a model's plan names, and {name} declares "
+        "none (simple-cnn does; torchvision's models do not; a plug-in's build declares one as "
+        "build.tensor_parallel(model) -> {module path: 'colwise' | 'rowwise'}); pick another "
+        "strategy or model"
+    )
+
+
 def model_names() -> list[str]:
     return [entry.name for entry in model_entries()]
 
@@ -265,6 +292,7 @@ def catalogue_collect(*, data_dir: Path) -> dict[str, Any]:
         "models": [entry.name for entry in entries],
         "model_sources": {entry.name: entry.source for entry in entries},
         "models_splittable": [entry.name for entry in entries if model_splittable(entry)],
+        "models_tensor_parallel": [e.name for e in entries if model_tensor_parallel(e)],
         "datasets": [d["name"] for d in details],
         "dataset_details": details,
         "image_folders": [asdict(f) for f in folders],

@@ -26,6 +26,7 @@ from training.registry import (
     SWITCH,
     SYNC_BATCHNORM_CPU_REASON,
     SYNC_BATCHNORM_STRATEGIES,
+    TENSOR_PARALLEL_STRATEGIES,
     TORCHRUN_STRATEGIES,
     OptionValue,
     StrategyOption,
@@ -208,7 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--epochs", type=_int_in(1, 1000), default=1)
     p.add_argument(
-        "--batch-size", type=_int_in(1, 8192), default=64, help="per process (default: 64)"
+        "--batch-size",
+        type=_int_in(1, 8192),
+        default=64,
+        help="per process, or per tensor-parallel group, whose ranks train on one batch "
+        f"({', '.join(TENSOR_PARALLEL_STRATEGIES)}) (default: 64)",
     )
     p.add_argument("--test-batch-size", type=_int_in(1, 8192), default=1000)
     p.add_argument("--lr", type=_learning_rate, default=1e-3)
@@ -496,8 +501,9 @@ def parse_args(argv: Sequence[str], parser: argparse.ArgumentParser | None = Non
 
 
 def _model_check(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    """--model names a model of the catalogue (close matches said where not); --sync-batchnorm
-    only where it can run."""
+    """--model names a model of the catalogue (close matches said where not), one that declares
+    a tensor-parallel plan for the strategies that split by it; --sync-batchnorm only where it
+    can run."""
     if ns.sync_batchnorm and ns.strategy not in SYNC_BATCHNORM_STRATEGIES:
         parser.error(
             f"argument --sync-batchnorm: applies to --strategy "
@@ -509,9 +515,14 @@ def _model_check(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> Non
         return  # the built-in: no need to import torchvision to know it
     from training import catalogue
 
-    names = catalogue.model_names()
-    if ns.model not in names:
-        parser.error(f"argument --model: {catalogue.unknown_model_message(ns.model, names)}")
+    entries = {entry.name: entry for entry in catalogue.model_entries()}
+    if ns.model not in entries:
+        message = catalogue.unknown_model_message(ns.model, list(entries))
+        parser.error(f"argument --model: {message}")
+    if ns.strategy in TENSOR_PARALLEL_STRATEGIES and not catalogue.model_tensor_parallel(
+        entries[ns.model]
+    ):
+        parser.error(f"argument --model: {catalogue.no_tensor_plan_message(ns.model)}")
 
 
 def _default_nproc(strategy: str, gpus: Sequence[int]) -> int:

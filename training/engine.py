@@ -76,7 +76,8 @@ def _setup(cfg: TrainConfig, rt: Runtime) -> _Run:
     built, state = model_build(cfg)
     data, shared_tensors = dataset_for(cfg, rt)
     plan = plan_build(cfg, rt, built.model)
-    per_epoch = steps_per_epoch(len(data.train), cfg.batch_size, rt.world_size, cfg.step_limit)
+    shard = plan.shard(rt.rank, rt.world_size)
+    per_epoch = steps_per_epoch(len(data.train), cfg.batch_size, shard.count, cfg.step_limit)
     resumed = Resumed(ResumePoint(), ())
     if state is not None:
         resumed = resume_apply(
@@ -85,7 +86,7 @@ def _setup(cfg: TrainConfig, rt: Runtime) -> _Run:
             optimizer=plan.optimizer,
             takes_optimizer=plan.saves_optimizer,
             restore=plan.optimizer_restore,
-            global_batch=cfg.batch_size * rt.world_size,
+            global_batch=cfg.batch_size * shard.count,
             per_epoch=per_epoch,
         )
     notes = [*plan.notes, *data.notes, *resumed.notes]
@@ -105,6 +106,7 @@ def _started_emit(cfg: TrainConfig, rt: Runtime, events: EventWriter, run: _Run)
         shared_tensors=run.shared_tensors,
         extra=run.plan.started,
         warnings=run.plan.warnings,
+        batch_ranks=run.plan.shard(rt.rank, rt.world_size).count,
     )
     started_emit(
         cfg, rt, events, data=run.data, built=run.built, per_epoch=run.per_epoch,
@@ -117,15 +119,16 @@ def _epoch_train(
 ) -> tuple[int, Tested]:
     """Train, evaluate and checkpoint one epoch; returns (global step, its test figures)."""
     epoch, step, done_before = work.epoch, work.step_base, work.skip
+    shard = run.plan.shard(rt.rank, rt.world_size)
     batches = rank_batches(
-        len(run.data.train), cfg.batch_size, rt.world_size, rt.rank, cfg.seed, epoch
+        len(run.data.train), cfg.batch_size, shard.count, shard.rank, cfg.seed, epoch
     )[: run.per_epoch]
     run.plan.net.train()
     step, whole = epoch_run(
         cfg=cfg, rt=rt, events=events, plan=run.plan, data=run.data,
         batches=batches[done_before:], epoch=epoch, step=step, done_before=done_before,
     )  # fmt: skip
-    report = window_report(rt, whole)
+    report = window_report(rt, whole, replicas(run.plan, rt))
     # Before evaluation, which may free or gather (FSDP2 reshards): what training held.
     memory = memory_report(rt, model=run.plan.model, optimizer=run.plan.optimizer)
     test_loss, test_accuracy = _evaluate(cfg, rt, run)
@@ -143,8 +146,9 @@ def _evaluate(cfg: TrainConfig, rt: Runtime, run: _Run) -> Tested:
     plan = run.plan
     with plan.evaluating():
         return evaluate(
-            plan.eval_net, run.data, rt, cfg.test_batch_size, plan.input_device, plan.output_device
-        )
+            plan.eval_net, run.data, rt, cfg.test_batch_size, plan.input_device,
+            plan.output_device, shard=plan.shard(rt.rank, rt.world_size),
+        )  # fmt: skip
 
 
 def epoch_run(
@@ -164,6 +168,7 @@ def epoch_run(
     window)."""
     # On the output device: that is where the loss is (model-parallel: the last stage's).
     interval, whole = Window(plan.output_device), Window(plan.output_device)
+    slices = plan.shard(rt.rank, rt.world_size).count
     timings = steps_run(plan.step, data, batches, plan.input_device, plan.output_device)
     for i, timing in enumerate(timings):
         step += 1
@@ -173,7 +178,7 @@ def epoch_run(
         # Step 1 too (as pytorch/examples logs batch 0): the first point shows without waiting.
         if step % cfg.log_interval == 0 or step == 1 or last:
             # Every rank takes this branch at the same step: the all-gather inside matches up.
-            report = window_report(rt, interval)
+            report = window_report(rt, interval, replicas(plan, rt))
             lr = float(plan.optimizer.param_groups[0]["lr"])
             events.emit("step", epoch=epoch, step=step, lr=lr, **report)
             interval = Window(plan.output_device)
@@ -186,11 +191,16 @@ def epoch_run(
                 checkpoint_request_take()
                 checkpoint_request_refuse(events, step=step)
         elif not last:
-            trained = (done_before + i + 1) * cfg.batch_size * rt.world_size
+            trained = (done_before + i + 1) * cfg.batch_size * slices
             _checkpoint_save(
                 cfg, rt, events, plan, epoch=epoch, step=step, images_into_epoch=trained
             )
     return step, whole
+
+
+def replicas(plan: Plan, rt: Runtime) -> int:
+    """How many ranks train on each image together (a tensor-parallel group), else 1."""
+    return rt.world_size // plan.shard(rt.rank, rt.world_size).count
 
 
 def _checkpoint_save(

@@ -83,6 +83,8 @@ class Ranks:
     world: int = 0  # world_size where it is not the runtime's (Hogwild's processes)
     extra: dict[str, Any] = field(default_factory=dict)  # the strategy's own started fields
     warnings: list[str] = field(default_factory=list)  # logged after the event
+    # Ranks with a batch of their own, where not every rank (a tensor-parallel group shares one).
+    batch_ranks: int = 0
 
 
 def started_emit(
@@ -99,7 +101,9 @@ def started_emit(
     """The ``started`` event and the logs that follow it."""
     events.emit(
         "started",
-        **started_fields(cfg, rt, data, per_epoch, start_epoch, world=ranks.world),
+        **started_fields(
+            cfg, rt, data, per_epoch, start_epoch, world=ranks.world, batch_ranks=ranks.batch_ranks
+        ),
         model=cfg.model,
         model_info=built.info,
         devices=ranks.devices,

@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from training.batching import DataShard
 from training.data import Dataset, batch_to
 from training.meter import StepTiming, finite
 from training.runtime import Runtime, all_reduce_sum
@@ -54,16 +55,20 @@ def evaluate(
     batch_size: int,
     input_device: torch.device | None = None,
     label_device: torch.device | None = None,
+    shard: DataShard | None = None,
 ) -> Tested:
     """Test loss (mean per image) and accuracy over the whole test split.
 
     Each rank takes every world_size-th image, with no padding, and the sums are reduced, so
-    the figures are exact for any number of ranks.
+    the figures are exact for any number of ranks. Where ranks share a ``shard`` (a
+    tensor-parallel group) each of them counts its images, losses and hits alike: the ratios
+    stay exact.
     """
     input_device = rt.device if input_device is None else input_device
     label_device = input_device if label_device is None else label_device
+    shard = shard or DataShard(rt.rank, rt.world_size)
     net.eval()
-    mine = torch.arange(rt.rank, len(data.test), rt.world_size)
+    mine = torch.arange(shard.rank, len(data.test), shard.count)
     loss_sum = torch.zeros((), dtype=torch.float64, device=label_device)
     correct = torch.zeros((), dtype=torch.int64, device=label_device)
     for images, labels in split_batches(data.test, mine.split(batch_size)):

@@ -73,14 +73,16 @@ def rss_bytes() -> int:
     return int(_PROCESS.memory_info().rss)
 
 
-def window_report(rt: Runtime, window: Window) -> dict[str, Any]:
+def window_report(rt: Runtime, window: Window, replicas: int = 1) -> dict[str, Any]:
     """The event fields for ``window`` over all ranks (one all-gather when distributed)."""
-    return report_from_rows(all_gather_floats(rt, window.row()))
+    return report_from_rows(all_gather_floats(rt, window.row()), replicas)
 
 
-def report_from_rows(rows: list[list[float]]) -> dict[str, Any]:
+def report_from_rows(rows: list[list[float]], replicas: int = 1) -> dict[str, Any]:
     """train_loss, images_per_second (all ranks), rank 0's data_seconds, compute_seconds and
-    rss_bytes, and ``ranks``: the same per rank (row ``i`` is rank ``i``)."""
+    rss_bytes, and ``ranks``: the same per rank (row ``i`` is rank ``i``). Where ``replicas``
+    ranks train on each image together (a tensor-parallel group), each counts it: the total
+    counts it once."""
     per_rank = [dict(zip(ROW_FIELDS, row, strict=True)) for row in rows]
     loss_sum = sum(r["loss_sum"] for r in per_rank)
     steps = sum(r["steps"] for r in per_rank)
@@ -96,7 +98,7 @@ def report_from_rows(rows: list[list[float]]) -> dict[str, Any]:
     ]
     return {
         "train_loss": finite(loss_sum / steps if steps else math.nan),
-        "images_per_second": round(sum(r["images_per_second"] for r in ranks), 1),
+        "images_per_second": round(sum(r["images_per_second"] for r in ranks) / replicas, 1),
         "data_seconds": ranks[0]["data_seconds"],
         "compute_seconds": ranks[0]["compute_seconds"],
         "rss_bytes": ranks[0]["rss_bytes"],

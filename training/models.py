@@ -19,7 +19,8 @@ and every other model's are unchanged. A model that takes none of the sizes trie
 with the error of the dataset's size.
 
 ``model_stages`` gives a model's parts for ``model-parallel``: a plug-in's own
-``build.stages(model)``, else the model's top-level children.
+``build.stages(model)``, else the model's top-level children. ``model_tensor_plan`` gives the
+linear layers ``tensor-parallel`` and ``fsdp-tp`` split, as the model declares them.
 """
 
 from __future__ import annotations
@@ -376,3 +377,61 @@ def stages_balance(parts: list[Part]) -> tuple[list[Part], list[Part]]:
 
 def _params(module: nn.Module) -> int:
     return sum(p.numel() for p in module.parameters())
+
+
+# --- the tensor-parallel plan, for tensor-parallel and fsdp-tp ---------------------------------
+
+TENSOR_STYLES = ("colwise", "rowwise")  # a linear layer split by output, or by input features
+
+
+def model_tensor_plan(name: str, model: nn.Module) -> dict[str, str]:
+    """The plan ``tensor-parallel`` and ``fsdp-tp`` split ``model`` by: module path -> "colwise"
+    or "rowwise", as the model declares it (``training.catalogue.model_tensor_parallel``): the
+    built-in's ``tensor_parallel_plan``, a plug-in's ``build.tensor_parallel(model)``. Refused
+    (ModelRefused) where none is declared, or where it names what is not a linear layer."""
+    declared = getattr(model, "tensor_parallel_plan", None)
+    point = catalogue.model_plugins().get(name)
+    if point is not None and name not in catalogue.BUILTIN_MODELS:
+        builder = getattr(point.load(), "tensor_parallel", None)
+        declared = builder(model) if callable(builder) else None
+    if not isinstance(declared, dict) or not declared:
+        raise ModelRefused(catalogue.no_tensor_plan_message(name))
+    plan = {str(path): str(style) for path, style in declared.items()}
+    for path, style in plan.items():
+        _tensor_layer_check(name, model, path, style)
+    return plan
+
+
+def _tensor_layer_check(name: str, model: nn.Module, path: str, style: str) -> None:
+    if style not in TENSOR_STYLES:
+        raise ModelRefused(
+            f"{name}'s tensor-parallel plan gives {path} the style {style!r}, not one of "
+            f"{', '.join(TENSOR_STYLES)}"
+        )
+    try:
+        module: nn.Module | None = model.get_submodule(path)
+    except AttributeError:
+        module = None
+    if not isinstance(module, nn.Linear):
+        what = "no module" if module is None else f"a {type(module).__name__}"
+        raise ModelRefused(
+            f"{name}'s tensor-parallel plan names {path}, which is {what}; it splits nn.Linear "
+            "layers only"
+        )
+
+
+def tensor_plan_widths_check(name: str, model: nn.Module, plan: dict[str, str], ranks: int) -> None:
+    """Refused (ModelRefused) where ``ranks`` does not divide a width the plan splits: the output
+    features of a column-wise layer, the input features of a row-wise one."""
+    for path, style in plan.items():
+        layer = model.get_submodule(path)
+        assert isinstance(layer, nn.Linear)
+        width, what = (
+            (layer.out_features, "output") if style == "colwise" else (layer.in_features, "input")
+        )
+        if width % ranks:
+            raise ModelRefused(
+                f"tensor parallel over {ranks} ranks cannot split {name}'s {path}: its "
+                f"{width} {what} features do not divide by {ranks} (a {style} split); use a "
+                "number of ranks that divides every width the plan splits"
+            )

@@ -45,6 +45,7 @@ class StrategyOption:
     not_offered: str = ""  # why the values past the choices are refused, said when they are
     # Values that need GPUs (NCCL, CUDA's autocast), with the reason said on the CPU.
     gpu_only: tuple[tuple[OptionValue, str], ...] = ()
+    short: str = ""  # a switch's words where space is short (a compare cell); the label else
 
     @property
     def values(self) -> tuple[OptionValue, ...]:
@@ -139,6 +140,7 @@ SHARD_OPTIMIZER = StrategyOption(
     "dominates), then broadcasts them",
     default=False,
     kind=SWITCH,
+    short="ZeRO-1 optimizer",
 )
 ACCUMULATE = StrategyOption(
     name="accumulate",
@@ -233,6 +235,9 @@ class StrategySpec:
     gpus_where_present: bool = False
     options: tuple[StrategyOption, ...] = ()  # the settings only it reads
     requires: Requirement | None = None  # an optional package it imports
+    # Ranks that split the model's layers between them and so train on one batch together
+    # (tensor parallel): 1 none, 0 all of them, N groups of N (fsdp-tp's tensor dimension).
+    tensor_ranks: int = 1
 
 
 REGISTRY: tuple[StrategySpec, ...] = (
@@ -341,6 +346,34 @@ REGISTRY: tuple[StrategySpec, ...] = (
         torchrun=True,
         nodes=True,
     ),
+    StrategySpec(
+        name="tensor-parallel",
+        label="Tensor parallel",
+        short="TP",
+        summary="Tensor parallel (parallelize_module) under torchrun: the model's declared linear "
+        "layers split column- then row-wise over the ranks, which train on one batch together.",
+        help="Tensor parallel: the linear layers the model's plan names are split over the ranks "
+        "(each holds 1/N of their weights, one all-reduce per pair of layers), the rest "
+        "replicated; every rank sees the same batch. Gloo on CPU, NCCL on GPUs.",
+        module="tensor_parallel",
+        processes=True,
+        torchrun=True,
+        tensor_ranks=0,
+    ),
+    StrategySpec(
+        name="fsdp-tp",
+        label="FSDP2 + tensor parallel (2-D)",
+        short="FSDP+TP",
+        summary="2-D parallelism under torchrun: tensor parallel within pairs of ranks, FSDP2 "
+        "across the pairs (a dp x tp mesh, tp = 2); --nproc even, 4 or more.",
+        help="FSDP2 and tensor parallel on a 2-D mesh: each pair of ranks splits the model's "
+        "declared linear layers (one batch a pair), and the pairs shard everything with FSDP2, "
+        "each on its own data; an even number of processes, 4 or more.",
+        module="fsdp_tp",
+        processes=True,
+        torchrun=True,
+        tensor_ranks=2,
+    ),
 )
 
 STRATEGIES: dict[str, StrategySpec] = {spec.name: spec for spec in REGISTRY}
@@ -362,9 +395,25 @@ SYNC_BATCHNORM_CPU_REASON = (
 # (those take numbered choices).
 RESHARD_STRATEGIES = ("fsdp",)
 
+# The strategies that split layers by the model's declared tensor-parallel plan: they take only
+# models that declare one (training.models.model_tensor_plan, a worker's models_tensor_parallel).
+TENSOR_PARALLEL_STRATEGIES: tuple[str, ...] = tuple(s.name for s in REGISTRY if s.tensor_ranks != 1)
+
 STRATEGY_OPTIONS: tuple[StrategyOption, ...] = tuple(
     dict.fromkeys(option for spec in REGISTRY for option in spec.options)
 )
+
+
+def option_value_text(option: StrategyOption, value: OptionValue) -> str:
+    """A value in few words, for a label beside the strategy's: "PowerSGD" (a choice's label
+    before its colon), "ZeRO-1 optimizer" (a switch that is on), "8 micro-batches"."""
+    if option.kind == SWITCH:
+        words = option.short or option.label
+        return words if value else f"no {words}"
+    if option.kind == COUNT:
+        return f"{value} {option.short or option.label}"
+    label = dict(option.choices).get(value, str(value))
+    return label.split(":", 1)[0]
 
 
 def option_strategies(option: StrategyOption) -> tuple[str, ...]:
@@ -388,6 +437,7 @@ RULE_PER_GPU = "per_gpu"  # torchrun strategies with GPUs: one process per GPU
 RULE_CPU_ONLY = "cpu_only"  # no GPU ids at all
 RULE_MAX_GPUS = "max_gpus"
 RULE_MIN_GPUS = "min_gpus"  # callers that know the machine say more (which one has enough)
+RULE_MESH = "mesh"  # a 2-D mesh (fsdp-tp): the ranks must factor into its two dimensions
 NUMBER_WORDS = ("no", "one", "two", "three", "four")
 
 
@@ -432,7 +482,25 @@ def strategy_refusals(name: str, *, processes: int, gpus: Sequence[int]) -> list
         refusals.append(_refusal_max_gpus(spec, spec.max_gpus, gpus=gpus))
     if len(gpus) < spec.min_gpus:
         refusals.append(_refusal_min_gpus(spec, gpus=gpus))
+    if not _mesh_fits(spec, processes):
+        refusals.append(_refusal_mesh(spec, processes=processes))
     return refusals
+
+
+def _mesh_fits(spec: StrategySpec, processes: int) -> bool:
+    """Whether ``processes`` ranks lay out on the strategy's 2-D mesh, where it has one: groups
+    of ``tensor_ranks``, and 2 groups or more (a 1 x N mesh is tensor-parallel's)."""
+    tensor = spec.tensor_ranks
+    return tensor <= 1 or (processes % tensor == 0 and processes >= 2 * tensor)
+
+
+def mesh_shape(name: str, processes: int) -> tuple[int, int]:
+    """(data-parallel, tensor-parallel) sizes of ``name`` over ``processes`` ranks. The ranks of
+    one tensor-parallel group train on one batch together, so --batch-size is per group and a
+    step's global batch is --batch-size x the data-parallel size: (N, 1) for the strategies that
+    split data only, (1, N) for tensor-parallel, (N/2, 2) for fsdp-tp."""
+    tensor = strategy_get(name).tensor_ranks or processes
+    return max(processes // tensor, 1), tensor
 
 
 def option_refusals(
@@ -492,6 +560,20 @@ def _refusal_max_gpus(spec: StrategySpec, most: int, *, gpus: Sequence[int]) -> 
         "gpus",
         f"{reason}, not {len(gpus)} ({gpu_ids_text(gpus)})",
         f"argument --gpus: {reason}; give at most {most_text} (got {len(gpus)}: {_ids(gpus)})",
+    )
+
+
+def _refusal_mesh(spec: StrategySpec, *, processes: int) -> Refusal:
+    tensor = spec.tensor_ranks
+    shape = f"data-parallel groups of {tensor} tensor-parallel ranks"
+    return Refusal(
+        RULE_MESH,
+        "processes",
+        f"{spec.short} lays its processes on a 2-D mesh ({shape}): give a multiple of {tensor}, "
+        f"{2 * tensor} or more, so that both dimensions have 2 (got {processes})",
+        f"argument --nproc: {spec.name} lays its ranks on a 2-D mesh ({shape}), so --nproc "
+        f"must be a multiple of {tensor} and at least {2 * tensor}, both dimensions 2 or more "
+        f"(got --nproc {processes}); for tensor parallel alone use --strategy tensor-parallel",
     )
 
 

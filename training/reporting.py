@@ -21,9 +21,11 @@ log = logging.getLogger(__name__)
 
 
 def started_fields(
-    cfg: TrainConfig, rt: Runtime, data: Dataset, per_epoch: int, start_epoch: int, world: int = 0
-) -> dict[str, Any]:
-    """The ``started`` fields every strategy fills the same way."""
+    cfg: TrainConfig, rt: Runtime, data: Dataset, per_epoch: int, start_epoch: int, world: int = 0,
+    batch_ranks: int = 0,
+) -> dict[str, Any]:  # fmt: skip
+    """The ``started`` fields every strategy fills the same way; ``batch_ranks``: the ranks
+    with a batch of their own, where not all (tensor-parallel groups share one)."""
     world = world or rt.world_size
     return {
         "strategy": cfg.strategy,
@@ -38,7 +40,7 @@ def started_fields(
         "epochs": cfg.epochs,
         "start_epoch": start_epoch,
         "batch_size": cfg.batch_size,
-        "global_batch_size": cfg.batch_size * world,
+        "global_batch_size": cfg.batch_size * (batch_ranks or world),
         "steps_per_epoch": per_epoch,
         "total_steps": per_epoch * cfg.epochs,
         "optimizer": cfg.optimizer,

@@ -50,7 +50,11 @@ def _launch_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     launch.add_argument("--lr", type=float)
     launch.add_argument("--optimizer", help="adam or sgd")
     launch.add_argument("--seed", type=int)
-    launch.add_argument("--zero-stage", type=int, help="DeepSpeed's ZeRO stage, 1 or 2")
+    for flag, kind, text in commands.OPTION_FLAGS:
+        if kind is None:  # a switch: true when given, else not sent (the default, off)
+            launch.add_argument(flag, action="store_const", const=True, default=None, help=text)
+        else:
+            launch.add_argument(flag, type=kind, help=text)
     launch.add_argument("--watch", action="store_true", help="follow it to the end")
     launch.add_argument("--logs", action="store_true", help="with --watch: print its log too")
     launch.set_defaults(handler=commands.cmd_launch)

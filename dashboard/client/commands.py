@@ -36,6 +36,27 @@ METRIC_COLUMNS = (
     "images_per_second",
     "time",
 )
+# The strategy options, with the engine's flag names (training/registry.py OPTIONS_DECLARED,
+# which this client never imports: tests/test_client.py checks that they agree): the flag, its
+# value's type (None: a switch, sent as true when given) and its values for --help. The server
+# refuses an option the run's strategy does not read, and a value that needs GPUs on the CPU.
+OPTION_FLAGS: tuple[tuple[str, type | None, str], ...] = (
+    ("--zero-stage", int, "DeepSpeed's ZeRO stage: 1 or 2"),
+    ("--comm-hook", str, "DDP's communication hook: none, fp16, powersgd, bf16 (GPUs)"),
+    ("--shard-optimizer", None, "DDP with ZeroRedundancyOptimizer (PyTorch's ZeRO-1)"),
+    ("--accumulate", int, "gradient accumulation steps: batches an optimizer step, 1 to 1024"),
+    ("--compile", None, "torch.compile the model first"),
+    ("--precision", str, "fp32, bf16 or fp16 (GPUs)"),
+    ("--pipeline-schedule", str, "the pipeline's schedule: gpipe or 1f1b"),
+    ("--microbatches", int, "micro-batches a batch is cut into for the pipeline, 1 to 256"),
+)
+
+
+def option_field(flag: str) -> str:
+    """ "--comm-hook" -> "comm_hook": the API field, as the engine names its attribute."""
+    return flag.removeprefix("--").replace("-", "_")
+
+
 # Launch flags and the API fields they fill; flags not given are not sent (the form's defaults).
 LAUNCH_FIELDS = {
     "name": "name",
@@ -52,7 +73,7 @@ LAUNCH_FIELDS = {
     "lr": "lr",
     "optimizer": "optimizer",
     "seed": "seed",
-    "zero_stage": "zero_stage",
+    **{option_field(flag): option_field(flag) for flag, _, _ in OPTION_FLAGS},
 }
 
 

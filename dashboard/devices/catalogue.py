@@ -26,6 +26,7 @@ class MachineCatalogue:
     # path -> {path, classes, images, bytes, layout}
     image_folders: dict[str, dict[str, Any]] = field(default_factory=dict)
     models_splittable: tuple[str, ...] = ()
+    models_tensor_parallel: tuple[str, ...] = ()  # those that declare a tensor-parallel plan
     model_sources: dict[str, str] = field(default_factory=dict)
     dataset_details: tuple[dict[str, Any], ...] = ()
     reported: bool = True  # False: an old report, taken as the built-ins only
@@ -46,6 +47,7 @@ def catalogue_from_report(*, hostname: str, report: dict[str, Any] | None) -> Ma
             models=BUILTIN_MODELS,
             datasets=BUILTIN_DATASETS,
             models_splittable=BUILTIN_MODELS,
+            models_tensor_parallel=BUILTIN_MODELS,
             model_sources={name: "built in" for name in BUILTIN_MODELS},
             reported=False,
         )
@@ -60,6 +62,7 @@ def catalogue_from_report(*, hostname: str, report: dict[str, Any] | None) -> Ma
         datasets=_names(report["datasets"]),
         image_folders={str(f["path"]): f for f in folders},
         models_splittable=_names(report.get("models_splittable")),
+        models_tensor_parallel=_names(report.get("models_tensor_parallel")),
         model_sources=dict(sources) if isinstance(sources, dict) else {},
         dataset_details=tuple(details),
     )

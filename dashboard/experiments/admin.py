@@ -16,6 +16,7 @@ from dashboard.experiments.services import (
     experiment_clone,
     experiment_stop,
 )
+from training.registry import OPTIONS_DECLARED
 
 
 class ReadOnlyInline(admin.TabularInline):
@@ -45,10 +46,15 @@ class CheckpointInline(ReadOnlyInline):
 @admin.register(Experiment)
 class ExperimentAdmin(admin.ModelAdmin):
     list_display = (
-        "name", "status", "strategy", "model", "dataset", "owner", "priority", "accuracy",
-        "duration", "created_at",
+        "name", "status", "strategy", "options", "model", "dataset", "owner", "priority",
+        "accuracy", "duration", "created_at",
     )  # fmt: skip
-    list_filter = ("status", "strategy", "model", "dataset", "owner", "priority")
+    # Every strategy option the registry declares filters too (null: its strategy does not
+    # read it).
+    list_filter = (
+        "status", "strategy", *(option.name for option in OPTIONS_DECLARED), "model", "dataset",
+        "owner", "priority",
+    )  # fmt: skip
     search_fields = ("name",)
     date_hierarchy = "created_at"
     actions = ("stop_runs", "checkpoint_runs", "clone_and_relaunch")
@@ -83,6 +89,11 @@ class ExperimentAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+    @admin.display(description="options")
+    def options(self, obj: Experiment) -> str:
+        """The strategy options off their default, in the registry's words ("PowerSGD")."""
+        return obj.options_label or "–"
 
     @admin.display(description="test accuracy", ordering="test_accuracy")
     def accuracy(self, obj: Experiment) -> str:

@@ -5,9 +5,20 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 from django.urls import reverse
+from django.utils.text import capfirst
 
 from training.catalogue import MODEL_DEFAULT
-from training.registry import MULTIPROCESS_STRATEGIES, REGISTRY
+from training.registry import (
+    CHOICE,
+    MULTIPROCESS_STRATEGIES,
+    OPTIONS_DECLARED,
+    REGISTRY,
+    STRATEGIES,
+    SWITCH,
+    OptionValue,
+    StrategyOption,
+    option_value_text,
+)
 
 
 class Status(models.TextChoices):
@@ -50,6 +61,12 @@ PROCESS_STRATEGIES = MULTIPROCESS_STRATEGIES
 class ZeroStage(models.IntegerChoices):
     ONE = 1, "ZeRO-1: optimizer state sharded"
     TWO = 2, "ZeRO-2: optimizer state and gradients sharded"
+
+
+def option_title(option: StrategyOption) -> str:
+    """An option's label as a field's or a fact's title: "Communication hook"; a name with a
+    dot keeps its case ("torch.compile")."""
+    return option.label if "." in option.label.split()[0] else capfirst(option.label)
 
 
 class Optimizer(models.TextChoices):
@@ -118,8 +135,9 @@ class Experiment(models.Model):
     )
     # The other strategies' own options (training.registry declares their values and which
     # strategies read them; the launch checks validate them there). Empty: the strategy does not
-    # read it, or its default.
-    comm_hook = models.CharField(
+    # read it, or its default. Null, not "", for the string ones too: like the others, null says
+    # "not read" (the read JSON's null), and "" is no value of any option.
+    comm_hook = models.CharField(  # noqa: DJ001
         max_length=16, null=True, blank=True, help_text="DDP's communication hook"
     )
     shard_optimizer = models.BooleanField(
@@ -129,10 +147,10 @@ class Experiment(models.Model):
         null=True, blank=True, help_text="gradient accumulation steps (batches a step)"
     )
     compile = models.BooleanField(null=True, blank=True, help_text="torch.compile the model")
-    precision = models.CharField(
+    precision = models.CharField(  # noqa: DJ001
         max_length=8, null=True, blank=True, help_text="fp32, bf16 or fp16 (autocast)"
     )
-    pipeline_schedule = models.CharField(
+    pipeline_schedule = models.CharField(  # noqa: DJ001
         max_length=16, null=True, blank=True, help_text="the pipeline's schedule"
     )
     microbatches = models.PositiveSmallIntegerField(
@@ -233,6 +251,53 @@ class Experiment(models.Model):
         if self.dataset in Dataset.values:
             return str(Dataset(self.dataset).label)
         return f"{self.dataset} {self.data_path}" if self.data_path else self.dataset
+
+    def options_read(self) -> list[tuple[StrategyOption, OptionValue]]:
+        """Each option its strategy reads, with the value it trains with: the stored one, else
+        the option's default (a row from before the option was declared, or made by the admin)."""
+        spec = STRATEGIES.get(self.strategy)  # None: a name no longer in the registry
+        read = []
+        for option in spec.options if spec else ():
+            value = getattr(self, option.name)
+            read.append((option, option.default if value is None else value))
+        return read
+
+    def option_values(self) -> dict[str, OptionValue | None]:
+        """Every declared option by name: what the run trains with where its strategy reads
+        it, None where it does not (the read JSON, exports)."""
+        values: dict[str, OptionValue | None] = dict.fromkeys(o.name for o in OPTIONS_DECLARED)
+        values.update((option.name, value) for option, value in self.options_read())
+        return values
+
+    @property
+    def options_label(self) -> str:
+        """ "PowerSGD, ZeRO-1 optimizer": the options it reads that are not at their default
+        (empty when none), in the registry's words."""
+        return ", ".join(
+            option_value_text(option, value)
+            for option, value in self.options_read()
+            if value != option.default
+        )
+
+    @property
+    def strategy_label(self) -> str:
+        """ "DistributedDataParallel (PowerSGD)": the strategy and its options off default."""
+        label = self.get_strategy_display()
+        return f"{label} ({self.options_label})" if self.options_label else label
+
+    @property
+    def option_facts(self) -> list[dict[str, str]]:
+        """The run page's rows: every option its strategy reads, as people read it."""
+        rows = []
+        for option, value in self.options_read():
+            if option.kind == CHOICE:
+                text = str(dict(option.choices).get(value, value))
+            elif option.kind == SWITCH:
+                text = "on" if value else "off"
+            else:
+                text = str(value)
+            rows.append({"name": option.name, "label": option_title(option), "value": text})
+        return rows
 
     def devices_label(self) -> str:
         # `processes` and `gpus` are per machine: say so when the run spans several.

@@ -9,6 +9,7 @@ from typing import Any
 
 from dashboard.experiments.core.checkpoints import checkpoint_as_dict
 from dashboard.experiments.core.forms import FIELDS
+from dashboard.experiments.core.memory import experiment_memory_rows
 from dashboard.experiments.core.messages import SnapshotMessage
 from dashboard.experiments.core.run_facts import snapshot_texts
 from dashboard.experiments.metrics.series import series_snapshot
@@ -51,7 +52,12 @@ def experiment_snapshot_build(*, experiment: Experiment, log_lines: int) -> Snap
         "run": run,
         "rank_stats": rank_stats,
         "checkpoints": checkpoints,
-        "texts": snapshot_texts(run=run, rank_stats=rank_stats, checkpoints=checkpoints),
+        "texts": snapshot_texts(
+            run=run,
+            rank_stats=rank_stats,
+            checkpoints=checkpoints,
+            memory=experiment_memory_rows(experiment),
+        ),
     }
 
 
@@ -63,6 +69,9 @@ def experiment_as_dict(experiment: Experiment) -> dict[str, Any]:
     data: dict[str, Any] = {"id": experiment.pk}
     data.update({name: getattr(experiment, name) for name in FIELDS})
     data["data_path"] = experiment.data_path or None  # the API's null: no image folder
+    # The strategy options: what the run trains with where its strategy reads one (a row from
+    # before an option was declared gets its default), null where it does not.
+    data.update(experiment.option_values())
     data.update(
         owner=experiment.owner.get_username(),
         status=experiment.status,
@@ -97,5 +106,7 @@ def experiment_as_dict(experiment: Experiment) -> dict[str, Any]:
         placement=experiment.placement,
         # Each rank's bytes at the last epoch (parameters, gradients, optimizer state, peak).
         memory=experiment.memory,
+        # "DistributedDataParallel (PowerSGD)": the strategy with its options off default.
+        strategy_label=experiment.strategy_label,
     )
     return data

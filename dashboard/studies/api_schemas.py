@@ -64,6 +64,9 @@ class StudyOut(StudySummaryOut):
     runs: list[int]
     run_details: list[dict[str, Any]]
     cells: list[dict[str, Any]]
+    # Cells not run, each {values, text, reason}: their strategy does not read an option they
+    # set (grid.py).
+    skipped: list[dict[str, Any]] = []
     scaling: Any
 
 

@@ -7,6 +7,10 @@ over its runs, and only when every one of its runs reached the target (a mean ov
 happened to get there would flatter the cell); otherwise null, with a note saying how many did.
 A run resumed after a lost attempt gives images but no seconds (its clock restarted).
 
+Memory: what the rank that holds the most held at its run's last epoch (parameters, gradients
+and optimizer state; core/memory.py), the largest over the cell's runs and ranks, with its share
+of the model's parameters, and the highest peak: what the config needs, whichever seed.
+
 Throughput, speedup and efficiency are scaling.py's: the mean images/s of a run's step events,
 speedup against the study's own single cell (see `baseline_find`), efficiency = speedup / world
 size. Each cell becomes one ScalingRow, so that the chart and the warning about differing global
@@ -20,6 +24,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dashboard.experiments.core.memory import (
+    SUMMARY_FIGURES,
+    experiment_memory_rows,
+    memory_summary,
+)
 from dashboard.experiments.metrics.scaling import (
     ScalingRow,
     batch_warning_text,
@@ -30,11 +39,14 @@ from dashboard.experiments.metrics.scaling import (
 from dashboard.experiments.models import Experiment, SeriesPoint, Status
 from dashboard.studies.grid import world_size_of
 from dashboard.studies.texts import cell_texts, reached_text
+from training.registry import OPTIONS_DECLARED
 
-# A cell's config: the launch fields that make runs differ, the seed left out.
+OPTION_NAMES = tuple(option.name for option in OPTIONS_DECLARED)
+# A cell's config: the launch fields that make runs differ, the seed left out; the strategy
+# options as the runs train with them (null where the strategy does not read one).
 CONFIG_FIELDS = (
     "model", "dataset", "data_path", "strategy", "processes", "nodes", "gpus", "epochs",
-    "batch_size", "lr", "optimizer", "zero_stage",
+    "batch_size", "lr", "optimizer", *OPTION_NAMES,
 )  # fmt: skip
 ENDED = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.LOST)
 
@@ -47,7 +59,8 @@ class Reached:
 
 
 def config_of(experiment: Experiment) -> dict[str, Any]:
-    return {name: getattr(experiment, name) for name in CONFIG_FIELDS}
+    options = experiment.option_values()
+    return {name: options.get(name, getattr(experiment, name)) for name in CONFIG_FIELDS}
 
 
 def reached_read(*, runs: Sequence[Experiment], target: float) -> dict[int, Reached]:
@@ -117,10 +130,17 @@ def _cell_figures(cell: dict[str, Any], runs: list[Experiment], target: float, f
             finished=sum(e.status in ENDED or e.pk in reached for e in runs),
             resumed=resumed,
         ),  # fmt: skip
+        **_cell_memory(runs),
         final_accuracy_mean=_mean(finals),
         final_accuracy_std=statistics.stdev(finals) if len(finals) > 1 else None,
         images_per_second=_mean(ips),
     )
+
+
+def _cell_memory(runs: list[Experiment]) -> dict[str, Any]:
+    """The cell's memory figures: see the module docstring."""
+    summary = memory_summary(row for e in runs for row in experiment_memory_rows(e))
+    return {f"memory_{name}": summary[name] for name in SUMMARY_FIGURES}
 
 
 def cells_build(*, runs: Sequence[Experiment], target: float) -> list[dict[str, Any]]:
@@ -137,6 +157,8 @@ def cells_build(*, runs: Sequence[Experiment], target: float) -> list[dict[str, 
         first, config = members[0], config_of(members[0])
         cell: dict[str, Any] = {
             "strategy": first.strategy, "processes": first.processes, "nodes": first.nodes,
+            # Its options off their default, in the registry's words ("PowerSGD").
+            "options_label": first.options_label,
             "world_size": world_size_of(config), "global_batch": experiment_global_batch(first),
             "config": config, "runs": [e.pk for e in members],
             "seeds": [e.seed for e in members],

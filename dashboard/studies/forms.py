@@ -3,32 +3,64 @@ the same request POST /api/studies/ takes; the runs' own checks are the launch's
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from django import forms
 
-from dashboard.experiments.models import Dataset, Optimizer
+from dashboard.experiments.models import Dataset, Optimizer, option_title
 from dashboard.studies.grid import AXIS_FIELDS, NAME_MAX
 from dashboard.studies.models import BatchMode
 from dashboard.studies.texts import AXES_HELP, BATCH_MODE_HELP, PRESET_HELP, STOP_AT_TARGET_HELP
 from training.catalogue import MODEL_DEFAULT
-from training.registry import REGISTRY
+from training.registry import COUNT, OPTIONS_DECLARED, REGISTRY, StrategyOption
 
 MODE_SCALING, MODE_AXES = "scaling", "axes"
-# How the axes editor reads each field's comma-separated values.
-AXIS_TYPES: dict[str, type] = {
+SWITCH_WORDS = {"true": True, "on": True, "yes": True, "false": False, "off": False, "no": False}
+
+
+def switch_parse(text: str) -> bool:
+    """ "true" or "false" (also on/off, yes/no): a switch's value in the axes editor."""
+    try:
+        return SWITCH_WORDS[text.lower()]
+    except KeyError:
+        raise ValueError(text) from None
+
+
+def option_placeholder(option: StrategyOption) -> str:
+    """A strategy option's axis as an example: "none, fp16, powersgd", "false, true", "1, 2"."""
+    if option.kind == COUNT:
+        return f"{option.default}, {option.default * 2}"
+    return ", ".join(str(value).lower() for value in option.values[:3])
+
+
+OPTIONS = {option.name: option for option in OPTIONS_DECLARED}
+# How the axes editor reads each field's comma-separated values; a strategy option's as its
+# values are typed (a switch by switch_parse).
+AXIS_TYPES: dict[str, Callable[[str], Any]] = {
     "model": str, "dataset": str, "strategy": str, "processes": int, "nodes": int,
     "batch_size": int, "lr": float, "optimizer": str, "seed": int,
+    **{name: switch_parse if isinstance(o.default, bool) else type(o.default)
+       for name, o in OPTIONS.items()},
 }  # fmt: skip
-AXIS_LABELS = {"lr": "Learning rate", "processes": "Processes (per node)"}
+AXIS_LABELS = {
+    "lr": "Learning rate", "processes": "Processes (per node)",
+    **{name: option_title(option) for name, option in OPTIONS.items()},
+}  # fmt: skip
 AXIS_PLACEHOLDERS = {
     "model": "simple-cnn, resnet18", "dataset": "mnist, fashion-mnist",
     "strategy": "single, ddp", "processes": "2, 4", "nodes": "1", "batch_size": "32, 64",
     "lr": "0.001, 0.01", "optimizer": "adam, sgd", "seed": "1, 2",
+    **{name: option_placeholder(option) for name, option in OPTIONS.items()},
 }  # fmt: skip
+VALUE_NOUNS: dict[Callable[[str], Any], str] = {
+    int: "a whole number",
+    float: "a number",
+    switch_parse: "true or false",
+}
 
 
-def values_parse(text: str, kind: type) -> list[Any]:
+def values_parse(text: str, kind: Callable[[str], Any]) -> list[Any]:
     """'1, 2' -> [1, 2]; raises ValidationError naming the value that is not a `kind`."""
     values: list[Any] = []
     for part in (p.strip() for p in text.split(",")):
@@ -37,7 +69,7 @@ def values_parse(text: str, kind: type) -> list[Any]:
         try:
             values.append(kind(part))
         except ValueError:
-            noun = {int: "a whole number", float: "a number"}.get(kind, "a value")
+            noun = VALUE_NOUNS.get(kind, "a value")
             raise forms.ValidationError(f"{part!r} is not {noun}") from None
     return values
 
@@ -82,6 +114,9 @@ class StudyForm(forms.Form):
                 required=False,
                 label=AXIS_LABELS.get(key, key.replace("_", " ").capitalize()),
                 widget=forms.TextInput(attrs={"placeholder": AXIS_PLACEHOLDERS[key]}),
+                # A strategy option's help is the registry's; the cells of strategies that do
+                # not read it are skipped (grid.py).
+                help_text=OPTIONS[key].help if key in OPTIONS else "",
             )
         self.fields["mode"].help_text = AXES_HELP
 
@@ -94,7 +129,7 @@ class StudyForm(forms.Form):
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         axes: dict[str, list[Any]] = {}
-        typed: dict[str, type]
+        typed: dict[str, Callable[[str], Any]]
         if data.get("mode") == MODE_SCALING:
             sources = {"strategy": "strategies", "processes": "process_counts", "seed": "seeds"}
             typed = {"processes": int, "seed": int}

@@ -1,6 +1,13 @@
 """A study request read and expanded: the product of its axes, each cell checked by exactly the
 checks one launch gets (POST /api/experiments/: the JSON types, then the launch form), before
-anything is stored. One bad cell refuses the whole study, naming the cell."""
+anything is stored. One bad cell refuses the whole study, naming the cell.
+
+But one kind of cell is skipped, not refused: a strategy given an option it does not read (a
+value other than the option's default), as `strategy [ddp, fsdp] x comm_hook [none, fp16]`
+gives fsdp with fp16. Such a cell is a question the grid asked by its shape, not a mistake;
+running it at the default would repeat the default's cell under another name. The study says
+which cells it skipped and why (``cells_skipped``: worked out again from the axes when read, so
+nothing more is stored). A study whose every cell is skipped is refused."""
 
 from __future__ import annotations
 
@@ -14,11 +21,13 @@ from dashboard.experiments.core.forms import ExperimentForm
 from dashboard.experiments.models import PROCESS_STRATEGIES
 from dashboard.experiments.web.api import launch_form_data, launch_payload_check
 from dashboard.studies.models import BatchMode
-from dashboard.studies.texts import MAX_RUNS, runs_text
-from training.registry import strategy_get
+from dashboard.studies.texts import MAX_RUNS, all_skipped_text, runs_text
+from training.registry import OPTIONS_DECLARED, STRATEGIES, option_refusals, strategy_get
 
 AXIS_FIELDS = (
     "model", "dataset", "strategy", "processes", "nodes", "batch_size", "lr", "optimizer", "seed",
+    # Every strategy option the registry declares: "ddp x comm_hook [none, fp16, powersgd]".
+    *(option.name for option in OPTIONS_DECLARED),
 )  # fmt: skip
 REQUEST_KEYS = ("name", "base", "axes", "target_accuracy", "stop_at_target", "batch_mode")
 NAME_MAX = 120
@@ -44,6 +53,15 @@ class StudyRequest:
     target_accuracy: float
     stop_at_target: bool
     batch_mode: str
+
+
+@dataclass(frozen=True)
+class SkippedCell:
+    values: dict[str, Any]  # the axes' values of this cell, as asked
+    reason: str  # "comm_hook applies to --strategy ddp only, not fsdp"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"values": self.values, "text": cell_values_text(self.values), "reason": self.reason}
 
 
 @dataclass(frozen=True)
@@ -149,6 +167,39 @@ def _cell_check(request: StudyRequest, values: dict[str, Any]) -> tuple[dict[str
     return _launch_check({**request.base, **values, "batch_size": whole // world})
 
 
+def grid_cells(axes: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    """Each cell's values, in grid order (the product of the axes)."""
+    keys = list(axes)
+    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*axes.values())]
+
+
+def cell_skip_reason(*, base: dict[str, Any], values: dict[str, Any]) -> str | None:
+    """Why the cell is skipped: its strategy does not read an option it gives a value other
+    than the default (the registry's option_refusals, its "not read" kind). None otherwise,
+    and where the cell's types or strategy are wrong: the launch checks refuse those."""
+    payload = {**base, **values}
+    strategy = launch_form_data(payload)["strategy"]
+    if launch_payload_check(payload) or strategy not in STRATEGIES:
+        return None
+    read = STRATEGIES[strategy].options
+    reasons = [
+        f"{option.name} {reason}"
+        for option, reason in option_refusals(strategy, values=payload, gpus=[])
+        if option not in read
+    ]
+    return "; ".join(reasons) or None
+
+
+def cells_skipped(*, base: dict[str, Any], axes: dict[str, list[Any]]) -> list[SkippedCell]:
+    """The study's skipped cells, in grid order (see the module docstring)."""
+    skipped = []
+    for values in grid_cells(axes):
+        reason = cell_skip_reason(base=base, values=values)
+        if reason is not None:
+            skipped.append(SkippedCell(values, reason))
+    return skipped
+
+
 def cell_values_text(values: dict[str, Any]) -> str:
     return ", ".join(f"{key}={value}" for key, value in values.items()) or "the base config"
 
@@ -156,13 +207,12 @@ def cell_values_text(values: dict[str, Any]) -> str:
 def study_plan(request: StudyRequest) -> list[PlannedRun]:
     """The study's runs in grid order, each checked as one launch; raises StudyRefused naming the
     first bad cell. Cells that the launch checks make identical (the processes of a one-process
-    strategy are normalised to 1) are one run."""
-    keys = list(request.axes)
-    grid = [
-        dict(zip(keys, combo, strict=True)) for combo in itertools.product(*request.axes.values())
-    ]
+    strategy are normalised to 1) are one run; skipped cells (``cells_skipped``) are none."""
+    grid = grid_cells(request.axes)
     planned: dict[str, PlannedRun] = {}
     for index, values in enumerate(grid, start=1):
+        if cell_skip_reason(base=request.base, values=values) is not None:
+            continue
         fields, errors = _cell_check(request, values)
         if errors:
             where = f"cell {index} of {len(grid)} ({cell_values_text(values)})"
@@ -174,5 +224,10 @@ def study_plan(request: StudyRequest) -> list[PlannedRun]:
         fields.pop("name", None)
         planned.setdefault(
             json.dumps(fields, sort_keys=True, default=str), PlannedRun(values, fields)
+        )
+    if not planned:
+        skipped = cells_skipped(base=request.base, axes=request.axes)
+        raise StudyRefused(
+            all_skipped_text(len(skipped)), {"axes": [cell.reason for cell in skipped[:3]]}
         )
     return list(planned.values())

@@ -14,16 +14,19 @@ from django.utils import timezone
 from dashboard.experiments.core.limits import launch_slot_claim
 from dashboard.experiments.models import Experiment, Status
 from dashboard.experiments.services import experiment_launch, experiment_stop
-from dashboard.studies.cells import cells_build, scaling_build
-from dashboard.studies.grid import AXIS_FIELDS, StudyRequest, study_plan
+from dashboard.studies.cells import OPTION_NAMES, cells_build, scaling_build
+from dashboard.studies.grid import AXIS_FIELDS, StudyRequest, cells_skipped, study_plan
 from dashboard.studies.models import Study, StudyRun
 from training.registry import strategy_get
 
 PROGRESS_KEYS = ("queued", "running", "succeeded", "failed", "cancelled")
+# The strategy options last (added after the others: a script reading columns by place keeps
+# working), each as the cell's runs train with it, empty where the strategy does not read it.
 CELL_CSV_COLUMNS = (
     "strategy", "processes", "nodes", "world_size", "global_batch", "seeds", "runs",
     "time_to_target_seconds", "images_to_target", "runs_reached", "final_accuracy_mean",
-    "final_accuracy_std", "images_per_second", "speedup", "efficiency",
+    "final_accuracy_std", "images_per_second", "speedup", "efficiency", "memory_held_bytes",
+    "memory_peak_bytes", *OPTION_NAMES,
 )  # fmt: skip
 
 
@@ -45,7 +48,9 @@ def run_name(*, study_name: str, fields: dict[str, Any], values: dict[str, Any])
     if fields.get("nodes", 1) != 1:
         parts.append(f"{fields['nodes']} nodes")
     for key in AXIS_FIELDS:
-        if key in values and key not in {"strategy", "processes", "nodes", "seed"}:
+        named = key in values and key not in {"strategy", "processes", "nodes", "seed"}
+        # An option the cell's strategy does not read (None) says nothing of the run.
+        if named and fields[key] is not None:
             parts.append(f"{key.replace('_', ' ')} {fields[key]}")
     parts.append(f"seed {fields['seed']}")
     return " · ".join([study_name, *parts])[:200]
@@ -146,6 +151,8 @@ def study_as_dict(study: Study) -> dict[str, Any]:
         "runs": [e.pk for e in runs],
         "run_details": [_run_row(link) for link in links],
         "cells": cells,
+        # Cells not run: their strategy does not read an option they set (grid.py).
+        "skipped": [cell.as_dict() for cell in cells_skipped(base=study.base, axes=study.axes)],
         "scaling": scaling_build(cells, {e.pk: e for e in runs}),
     }
 
@@ -166,7 +173,7 @@ def study_cells_csv(study: Study) -> str:
     writer = csv.writer(out)
     writer.writerow(CELL_CSV_COLUMNS)
     for cell in cells:
-        row = [cell[key] for key in CELL_CSV_COLUMNS]
+        row = [cell[key] if key in cell else cell["config"][key] for key in CELL_CSV_COLUMNS]
         writer.writerow(
             [
                 " ".join(map(str, v)) if isinstance(v, list) else ("" if v is None else v)

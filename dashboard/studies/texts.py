@@ -3,6 +3,9 @@ the page and the JSON say the same thing."""
 
 from __future__ import annotations
 
+from typing import Any
+
+from dashboard.experiments.core.memory import SUMMARY_FIGURES, memory_summary_texts
 from dashboard.studies.models import BatchMode
 
 MAX_RUNS = 48
@@ -28,6 +31,10 @@ SPEEDUP_RULE = (
 )
 ACCURACY_RULE = "Final accuracy: the mean of the succeeded runs' last test accuracy, ± their "
 ACCURACY_RULE += "standard deviation over seeds."
+MEMORY_CELL_RULE = (
+    "Memory per rank: the rank that holds the most at its run's last epoch, over the cell's runs, "
+    "and the highest peak."
+)
 PRESET_HELP = (
     "A scaling study: every chosen strategy at every process count, each with every seed. "
     "Strategies that run one process (single, DataParallel) run once per seed."
@@ -41,6 +48,17 @@ STOP_AT_TARGET_HELP = (
     "Each run ends after the first epoch whose test accuracy reaches the target: the table's "
     "time to target stays the same and the study finishes sooner."
 )
+
+
+SKIPPED_RULE = (
+    "Skipped cells: a cell that sets an option its strategy does not read (to a value other "
+    "than the option's default) is not run, as a launch of it would be refused; the rest of the "
+    "study runs."
+)
+
+
+def all_skipped_text(cells: int) -> str:
+    return f"every cell ({cells}) sets an option its strategy does not read; nothing was created"
 
 
 def runs_text(count: int) -> str:
@@ -73,7 +91,10 @@ def cell_texts(cell: dict[str, object]) -> dict[str, str]:
     accuracy = f"{mean:.2%}" if isinstance(mean, float) else "—"
     if isinstance(std, float):
         accuracy += f" ± {std:.2%}"
+    # The cell's memory_* figures (cells.py), in core/memory.py's words.
+    memory: dict[str, Any] = {name: cell[f"memory_{name}"] for name in SUMMARY_FIGURES}
     return {
+        **{f"memory_{line}": text for line, text in memory_summary_texts(**memory).items()},
         "time_to_target": f"{seconds:.1f} s" if isinstance(seconds, float) else "—",
         "images_to_target": f"{images:,.0f} images" if isinstance(images, float) else "",
         "reached": str(cell["reached_text"]),

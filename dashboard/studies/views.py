@@ -12,6 +12,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_POST
 
 from dashboard.experiments.core.limits import LaunchLimited
+from dashboard.experiments.core.memory import MEMORY_RULE
 from dashboard.experiments.metrics.scaling import experiment_global_batch
 from dashboard.experiments.web.views import chart_run
 from dashboard.studies.forms import StudyForm
@@ -26,7 +27,13 @@ from dashboard.studies.services import (
     study_runs,
     study_stop,
 )
-from dashboard.studies.texts import ACCURACY_RULE, SPEEDUP_RULE, TIME_TO_TARGET_RULE
+from dashboard.studies.texts import (
+    ACCURACY_RULE,
+    MEMORY_CELL_RULE,
+    SKIPPED_RULE,
+    SPEEDUP_RULE,
+    TIME_TO_TARGET_RULE,
+)
 from training.registry import strategy_get
 
 
@@ -74,7 +81,13 @@ def study_detail(request: HttpRequest, pk: int) -> HttpResponse:
             "runs": [_chart_run(e) for e in study_runs(study)],
             "scaling": data["scaling"]["chart"],
         },
-        "rules": [TIME_TO_TARGET_RULE, ACCURACY_RULE, SPEEDUP_RULE],
+        "rules": [
+            TIME_TO_TARGET_RULE,
+            ACCURACY_RULE,
+            SPEEDUP_RULE,
+            f"{MEMORY_CELL_RULE} {MEMORY_RULE}",
+        ],  # fmt: skip
+        "skipped_rule": SKIPPED_RULE,
         "live": {"api_url": reverse("api-study", args=[study.pk])},
     }
     return render(request, "studies/detail.html", context)

@@ -28,7 +28,7 @@ window.TrainyardCharts = (function () {
   // The series contract (dashboard/experiments/metrics/series_contract.py), sent in the page
   // facts: which series a chart draws, by key (`match`, a regular expression); `line` names one
   // line of a chart with several (per rank, machine, GPU; $1, $2: match's groups); `log` offers
-  // the log scale; `factor` turns fractions into percent.
+  // the log scale; `factor` turns fractions into percent; `zero` starts the y axis at 0.
   const contract = window.Trainyard.facts.series;
   const lineName = (template) => (m) => template.replace(/\$(\d)/g, (_, i) => m[i]);
   const SPECS = contract.charts.map((spec) =>
@@ -61,7 +61,7 @@ window.TrainyardCharts = (function () {
     const found = specOf(key);
     if (found && !found.spec.line) return found.spec;
     const title = found ? found.spec.title + " · " + found.line : key;
-    return { id: key, title, unit: found ? found.spec.unit : undefined, log: /loss/.test(key) };
+    return { id: key, title, unit: found ? found.spec.unit : undefined, zero: found ? found.spec.zero : undefined, log: /loss/.test(key) };
   }
 
   // ---- live messages -> points ---------------------------------------------------------------
@@ -71,22 +71,31 @@ window.TrainyardCharts = (function () {
     (out[key] = out[key] || []).push([step, time, value]);
   };
 
+  /** rank/<r>/<field> of each row of a message's per-rank list (a step's `ranks`, an epoch's
+   * `memory`). */
+  function putRanks(out, rows, fields, step, time) {
+    for (const r of Array.isArray(rows) ? rows : []) {
+      if (!r || !isNum(r.rank)) continue;
+      for (const field of fields) put(out, "rank/" + r.rank + "/" + field, step, time, r[field]);
+    }
+  }
+
   /** The series points a live message carries: {key: [[step, time, value], ...]}, under the
-   * keys the sink stores them (the contract's step_series, rank_fields, epoch_series): step
-   * events carry the run's and each rank's figures; epoch events the test figures and their own
-   * images/s; `series` messages the rest (machine and GPU samples). */
+   * keys the sink stores them (the contract's step_series, rank_fields, epoch_series,
+   * memory_fields): step events carry the run's and each rank's figures; epoch events the test
+   * figures, their own images/s and what each rank holds; `series` messages the rest (machine
+   * and GPU samples). */
   function messagePoints(msg) {
     const out = {};
     if (!msg || !isNum(msg.step)) return msg && msg.type === "series" ? msg.points || {} : out;
     const t = isNum(msg.time) ? msg.time : null;
     if (msg.type === "step") {
       for (const [field, key] of Object.entries(contract.step_series)) put(out, key, msg.step, t, msg[field]);
-      for (const r of Array.isArray(msg.ranks) ? msg.ranks : []) {
-        if (!r || !isNum(r.rank)) continue;
-        for (const field of contract.rank_fields) put(out, "rank/" + r.rank + "/" + field, msg.step, t, r[field]);
-      }
+      putRanks(out, msg.ranks, contract.rank_fields, msg.step, t);
     } else if (msg.type === "epoch") {
       for (const [field, key] of Object.entries(contract.epoch_series)) put(out, key, msg.step, t, msg[field]);
+      // What each rank holds at the epoch's end (protocol 1.7's `memory`, as the sink stored it).
+      putRanks(out, msg.memory, contract.memory_fields, msg.step, t);
     }
     return out;
   }
@@ -326,7 +335,7 @@ window.TrainyardCharts = (function () {
         legend: { show: false },
         // The scale is set here (onSelect), after reading the selection in the old one.
         cursor: { drag: { x: true, y: false, setScale: false }, points: { show: false } },
-        scales: { x: { time: this.xMode === "wall" }, y: { distr: this.log ? 3 : 1 } },
+        scales: { x: { time: this.xMode === "wall" }, y: this.yScale() },
         axes: [
           Object.assign({}, axis, this.xMode === "wall" ? {} : { values: (u, ticks) => ticks.map((t) => (Math.abs(t) >= 1e4 ? (t / 1000).toFixed(0) + "k" : String(+t.toPrecision(6)))) }),
           // Bytes read "928.8 MiB": wider than plain numbers.
@@ -337,6 +346,14 @@ window.TrainyardCharts = (function () {
           setCursor: [(u) => this.onCursor(u)],
         },
       });
+    }
+
+    /** The y scale: log when toggled; from 0 for sizes (`zero`), whose level is the point: an
+     * auto range would blow a few bytes' difference between ranks up to the chart's height. */
+    yScale() {
+      if (this.log) return { distr: 3 };
+      if (!this.spec.zero) return { distr: 1 };
+      return { distr: 1, range: (u, min, max) => [0, max > 0 ? max * 1.1 : 1] };
     }
 
     /** Draw from scratch: the series' styles depend on smoothing and the scale on the toggle. */

@@ -1,7 +1,8 @@
 // Launch form: shows the help line of the chosen strategy only, dims the processes field unless
 // the strategy starts several processes and the machines field unless it can span machines, and
-// shows the ZeRO stage for DeepSpeed only. Without this script every line and field stays
-// visible (the server ignores what a strategy does not use, and refuses more machines).
+// shows each strategy option (ZeRO's stage, DDP's comm hook, ...) for the strategies that read
+// it. Without this script every line and field stays visible (the server ignores what a
+// strategy does not use at its default, and refuses the rest with the reason).
 (function () {
   "use strict";
 
@@ -10,13 +11,13 @@
   const strategy = form.elements.namedItem("strategy");
   const helpList = document.getElementById("strategy-help");
   const processesField = form.querySelector(".ddp-only");
-  const zeroStageField = form.querySelector(".deepspeed-only");
+  const optionFields = form.querySelectorAll(".strategy-option");
+  const optionsSet = document.getElementById("strategy-options");
   // Machines: only strategies that can span several (the page facts' `nodes`) read it.
   const nodesField = document.getElementById("field-nodes");
   // Attributes through getAttribute: `form.dataset` is the form's "dataset" field, not its data-*.
   // The strategies that take a process count (training/registry.py), written by the server.
   const processStrategies = new Set((form.getAttribute("data-process-strategies") || "").split(" "));
-  const deepspeedValue = form.getAttribute("data-deepspeed-value");
   if (!strategy) return;
 
   function sync() {
@@ -45,11 +46,22 @@
     nodesField.classList.toggle("is-dimmed", !(spec && spec.nodes));
   }
 
-  function syncZeroStage() {
-    if (!zeroStageField) return;
-    // Hidden, not dimmed: no other strategy has anything like it.
-    // The strategies that declare the option, space-separated (training/registry.py).
-    zeroStageField.hidden = !deepspeedValue.split(" ").includes(strategy.value);
+  function syncOptions() {
+    if (!window.Trainyard) return;
+    // The options the chosen strategy reads (training/registry.py, from the page facts).
+    const spec = Trainyard.facts.strategies[strategy.value];
+    const read = new Set(spec ? spec.options : []);
+    let shown = 0;
+    for (const field of optionFields) {
+      const input = field.querySelector("[name]");
+      const relevant = Boolean(input) && read.has(input.name);
+      // Hidden, not dimmed, and disabled so that it is not sent: the server refuses an option
+      // set for a strategy that does not read it. Its value stays for a switch back.
+      field.hidden = !relevant;
+      if (input) input.disabled = !relevant;
+      if (relevant) shown += 1;
+    }
+    if (optionsSet) optionsSet.hidden = shown === 0;
   }
 
   // Models, datasets and image folders: what the online workers have, as the server sent it
@@ -85,8 +97,8 @@
   }
   syncCatalogue();
 
-  strategy.addEventListener("change", syncZeroStage);
-  syncZeroStage();
+  strategy.addEventListener("change", syncOptions);
+  syncOptions();
   strategy.addEventListener("change", syncNodes);
   syncNodes();
   strategy.addEventListener("change", sync);

@@ -90,7 +90,9 @@
     const facts = strategy(e.strategy);
     const abbr = field(row, "strategy");
     setText(abbr, facts.short);
-    if (abbr.title !== facts.label) abbr.title = facts.label;
+    // The full name, with the options off their default, in the server's words.
+    const title = e.strategy_label || facts.label;
+    if (abbr.title !== title) abbr.title = title;
     const model = field(row, "model");
     setText(model, e.model || "");
     model.title = "on " + (e.dataset || "") + (e.data_path ? " " + e.data_path : "");

@@ -1,5 +1,5 @@
 // The run page's fact panels (templates/experiments/_run_facts.html): scaling, per-rank figures,
-// shared tensors, model stages and checkpoints. experiment_detail.js owns the socket and hands
+// memory per rank, shared tensors, model stages and checkpoints. experiment_detail.js owns the socket and hands
 // every snapshot and event to this script as a "run:message" DOM event on #experiment-detail.
 // Built with DOM nodes (textContent), never HTML strings: every value comes from a run's report.
 (function () {
@@ -84,6 +84,33 @@
     $("ranks-body").replaceChildren(...rows.map(rankRow));
     show("ranks-table", "ranks-empty", rows.length > 0);
     setText($("ranks-when"), isNum(step) && rows.length ? "at step " + step : "");
+  }
+
+  // ---- memory per rank: what each rank holds at an epoch's end ------------------------------
+
+  // Rows as dashboard/experiments/core/memory.py wrote them (the epoch message's and the
+  // snapshot's `texts.memory`).
+  function memoryRow(m) {
+    const share = m.share_title ?? "";
+    const bar = el("div", { class: "split-bar", role: "img", "aria-label": share, title: share },
+      isNum(m.share_percent) ? el("span", { class: "held", style: "width: " + m.share_percent + "%" }) : null);
+    const bytes = (text, value) => el("td", { class: "num", title: String(value ?? "") + " bytes" }, text ?? "—");
+    return el("tr", { "data-rank": String(m.rank) }, [
+      el("td", {}, String(m.rank)),
+      bytes(m.parameters_text, m.parameter_bytes),
+      el("td", { class: "col-share" }, el("div", { class: "share" }, [bar, el("span", { class: "num" }, m.share_text ?? "—")])),
+      bytes(m.gradients_text, m.gradient_bytes),
+      bytes(m.optimizer_text, m.optimizer_state_bytes),
+      bytes(m.held_text, m.held_bytes),
+      bytes(m.peak_text, m.peak_bytes),
+    ]);
+  }
+
+  function renderMemory(rows) {
+    if (!Array.isArray(rows)) return;
+    rows = rows.filter((r) => r && typeof r === "object");
+    $("memory-body").replaceChildren(...rows.map(memoryRow));
+    show("memory-table", "memory-empty", rows.length > 0);
   }
 
   // ---- shared tensors and stages ------------------------------------------------------------
@@ -254,6 +281,7 @@
     renderTensors(texts);
     renderStages((msg.run || {}).stages);
     renderRanks(texts.ranks, (msg.rank_stats || {}).step);
+    renderMemory(texts.memory || []);
     renderCheckpoints(texts.checkpoints);
     if (msg.experiment) {
       // The row keeps a request until the training's checkpoint answers it.
@@ -281,6 +309,8 @@
     addThroughput(msg.type, msg.images_per_second);
     renderScaling();
     if (msg.texts && msg.texts.ranks) renderRanks(msg.texts.ranks, msg.step);
+    // Epoch events only: a step's leave the last epoch's figures in place.
+    if (msg.texts && msg.texts.memory) renderMemory(msg.texts.memory);
   }
 
   function onCheckpoint(msg) {

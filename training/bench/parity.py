@@ -2,8 +2,11 @@
 
 Runs ``python -m training`` once per strategy and seed (``--seeds``, default 1,2,3) with the same
 dataset, epochs and GLOBAL batch (``--global-batch``, default 64): single, dp and model-parallel
-take the whole global batch in one process; ddp, hogwild and deepspeed run ``--nproc`` processes
-(default 2) with ``--batch-size`` global batch / nproc each. Each run's accuracy is the
+take the whole global batch in one process; ddp, hogwild, deepspeed and fsdp run ``--nproc``
+processes (default 2) with ``--batch-size`` global batch / nproc each; the ranks of
+tensor-parallel train on one batch together (the whole global batch), and fsdp-tp's pairs
+each on global batch / (nproc / 2), so it runs where ``--nproc`` is even and 4 or more (skipped,
+with why, otherwise). Each run's accuracy is the
 ``test_accuracy`` of its ``finished`` event.
 
 Options run beside their strategy's plain row (``VARIANTS``): ``ddp+fp16`` and ``ddp+powersgd``
@@ -45,8 +48,10 @@ from training.registry import (
     SWITCH,
     OptionValue,
     StrategyOption,
+    mesh_shape,
     option_refusals,
     strategy_get,
+    strategy_refusals,
 )
 
 
@@ -230,8 +235,13 @@ def variant_lines(rows: list[Row]) -> list[str]:
 def _plan(strategy: str, args: argparse.Namespace, gpus: int) -> tuple[Row, list[str]]:
     """The row for ``strategy`` (batch, processes; skipped with why) and its extra flags."""
     if strategy in MULTIPROCESS_STRATEGIES:
-        row = Row(strategy, args.global_batch // args.nproc, args.nproc)
+        # Ranks that split the model share a batch: the global batch is split over the rest.
+        slices, _ = mesh_shape(strategy, args.nproc)
+        row = Row(strategy, args.global_batch // slices, args.nproc)
         extra = ["--nproc", str(args.nproc)]
+        mesh = [r.cli_message for r in strategy_refusals(strategy, processes=args.nproc, gpus=[])]
+        if mesh:
+            row.problem = f"skipped: {mesh[0]}"
     else:
         row, extra = Row(strategy, args.global_batch, 1), []
     spec = strategy_get(strategy)

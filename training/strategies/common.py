@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from training.batching import DataShard
 from training.config import TrainConfig
 from training.loop import StepFn
 
@@ -41,6 +42,13 @@ class Plan:
     # Entered around evaluation: where ranks may run different numbers of test batches, FSDP2
     # gathers its parameters once here, so that no forward needs a collective.
     evaluating: Callable[[], contextlib.AbstractContextManager[None]] = contextlib.nullcontext
+    # Where ranks train on one batch together (tensor parallel): the slice of the data this
+    # rank's group takes. None: its own slice, as the runtime's rank of its world.
+    data_shard: DataShard | None = None
+
+    def shard(self, rank: int, world_size: int) -> DataShard:
+        """The slice of each global batch and of the test split this rank takes."""
+        return self.data_shard or DataShard(rank, world_size)
 
 
 def optimizer_make(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:

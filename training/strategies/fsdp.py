@@ -12,66 +12,48 @@ The mesh is passed explicitly: without it, FSDP2 on Gloo on a machine with visib
 the model to CUDA (pytorch#132471). Mixed precision is not offered yet: this branch has no
 ``--precision`` (fp32 only).
 
-Checkpoints hold the plain model's state: the full model and optimizer state are gathered on
-rank 0 (``torch.distributed.checkpoint.state_dict``, full and offloaded to the CPU), the
-optimizer's keyed by parameter number as a torch optimizer's is; so an ``fsdp`` checkpoint
-resumes under ``fsdp``, ``single`` or ``ddp``, and theirs under ``fsdp``. The model is sharded
-after the checkpoint's weights are loaded (``training.epochs.model_build``), so resuming them
-needs nothing here; the optimizer state is set back with ``set_optimizer_state_dict``.
+Checkpoints hold the plain model's state, gathered on rank 0 (``training.strategies.full_state``,
+shared with tensor parallel): an ``fsdp`` checkpoint resumes under ``fsdp``, ``single`` or
+``ddp``, and theirs under ``fsdp``.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator
-from typing import Any
 
-import torch
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, fully_shard
 
-from training.checkpoint import holds_torch_optimizer
 from training.config import TrainConfig
 from training.memory import tensor_bytes
 from training.runtime import Runtime
-from training.strategies.common import Plan, optimizer_make, step_default
-
-# Gathered whole, on rank 0 only, in host memory: what a plain model's checkpoint holds.
-_FULL = StateDictOptions(full_state_dict=True, cpu_offload=True)
+from training.strategies.common import Plan
+from training.strategies.full_state import plan_sharded
 
 
 def plan_build(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> Plan:
     model.to(rt.device)
     mesh = init_device_mesh(rt.device.type, (rt.world_size,))
+    blocks = blocks_shard(model, mesh, reshard_after_forward=cfg.reshard_after_forward)
+    return plan_sharded(
+        cfg, rt, model,
+        notes=[_shard_note(cfg, rt, model, blocks)],
+        evaluating=lambda: gathered(model, cfg),
+    )  # fmt: skip
+
+
+def blocks_shard(model: nn.Module, mesh: DeviceMesh, *, reshard_after_forward: bool) -> list[str]:
+    """``fully_shard`` each top-level block that holds parameters, then the root; returns the
+    blocks' names."""
     blocks = [name for name, child in model.named_children() if _holds_parameters(child)]
     for name in blocks:
         fully_shard(
-            model.get_submodule(name), mesh=mesh, reshard_after_forward=cfg.reshard_after_forward
+            model.get_submodule(name), mesh=mesh, reshard_after_forward=reshard_after_forward
         )
-    fully_shard(model, mesh=mesh, reshard_after_forward=cfg.reshard_after_forward)
-    # After sharding: the optimizer steps the DTensor shards, so its state is sharded too.
-    optimizer = optimizer_make(cfg, model)
-    return Plan(
-        model=model,
-        net=model,
-        eval_net=model,
-        optimizer=optimizer,
-        step=step_default(model, optimizer),
-        input_device=rt.device,
-        output_device=rt.device,
-        notes=[_shard_note(cfg, rt, model, blocks)],
-        evaluating=lambda: _gathered(model, cfg),
-        model_gather=lambda: _model_gather(model, rt),
-        optimizer_gather=lambda: _optimizer_gather(model, optimizer, rt),
-        optimizer_restore=lambda saved: _optimizer_restore(cfg, model, optimizer, saved),
-    )
+    fully_shard(model, mesh=mesh, reshard_after_forward=reshard_after_forward)
+    return blocks
 
 
 def _holds_parameters(module: nn.Module) -> bool:
@@ -99,7 +81,7 @@ def _shard_note(cfg: TrainConfig, rt: Runtime, model: nn.Module, blocks: list[st
 
 
 @contextlib.contextmanager
-def _gathered(model: nn.Module, cfg: TrainConfig) -> Iterator[None]:
+def gathered(model: nn.Module, cfg: TrainConfig) -> Iterator[None]:
     """The whole model on every rank while it evaluates: each rank takes every world_size-th
     test image, so their batch counts may differ, and a forward that all-gathers would then
     wait forever for a rank that has none left."""
@@ -113,66 +95,3 @@ def _gathered(model: nn.Module, cfg: TrainConfig) -> Iterator[None]:
         for module in sharded:
             module.reshard()
             module.set_reshard_after_forward(cfg.reshard_after_forward, recurse=False)
-
-
-def _model_gather(model: nn.Module, rt: Runtime) -> dict[str, Any] | None:
-    """The whole model's state on rank 0 (None on the others): a collective."""
-    state = get_model_state_dict(model, options=_FULL)
-    return state if rt.is_main else None
-
-
-def _optimizer_gather(
-    model: nn.Module, optimizer: torch.optim.Optimizer, rt: Runtime
-) -> dict[str, Any] | None:
-    """The whole optimizer state on rank 0, as the plain model's optimizer would hold it."""
-    state = get_optimizer_state_dict(model, optimizer, options=_FULL)
-    return by_number(state, _names(model)) if rt.is_main else None
-
-
-def _optimizer_restore(
-    cfg: TrainConfig, model: nn.Module, optimizer: torch.optim.Optimizer, saved: dict[str, Any]
-) -> str:
-    if not holds_torch_optimizer({"optimizer": saved}):
-        return (
-            "The checkpoint's optimizer state is not a torch optimizer's (another strategy "
-            "wrote it); the optimizer starts afresh."
-        )
-    # Every rank loaded the checkpoint: each takes its own shards of the full state.
-    set_optimizer_state_dict(
-        model,
-        optimizer,
-        optim_state_dict=by_name(saved, _names(model)),
-        options=StateDictOptions(full_state_dict=True),
-    )
-    for group in optimizer.param_groups:
-        group["lr"] = cfg.lr  # the saved learning rate would silently override --lr
-    return "The optimizer state was resumed and sharded over the ranks."
-
-
-def _names(model: nn.Module) -> list[str]:
-    """Parameter names in the optimizer's order (``optimizer_make`` takes model.parameters())."""
-    return [name for name, _ in model.named_parameters()]
-
-
-def by_number(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
-    """A name-keyed optimizer state (torch.distributed.checkpoint's) keyed by parameter number,
-    as ``optimizer.state_dict()`` of the plain model is."""
-    number = {name: i for i, name in enumerate(names)}
-    return {
-        "state": {number[name]: value for name, value in state["state"].items()},
-        "param_groups": [
-            {**group, "params": [number[name] for name in group["params"]]}
-            for group in state["param_groups"]
-        ],
-    }
-
-
-def by_name(state: dict[str, Any], names: list[str]) -> dict[str, Any]:
-    """The inverse of ``by_number``."""
-    return {
-        "state": {names[int(i)]: value for i, value in state["state"].items()},
-        "param_groups": [
-            {**group, "params": [names[int(i)] for i in group["params"]]}
-            for group in state["param_groups"]
-        ],
-    }

@@ -19,8 +19,8 @@ from dashboard.devices.catalogue import (
     catalogues_online,
     close_names,
 )
-from training.catalogue import IMAGEFOLDER, SPLIT_STRATEGIES
-from training.registry import plural
+from training.catalogue import IMAGEFOLDER, SPLIT_STRATEGIES, no_tensor_plan_message
+from training.registry import TENSOR_PARALLEL_STRATEGIES, plural
 
 Errors = dict[str, list[str]]
 LISTED_MAX = 8  # names said in a message before "and N more"
@@ -123,6 +123,17 @@ def _split_check(*, model: str, strategy: str, catalogues: list[MachineCatalogue
     ]
 
 
+def _tensor_plan_check(
+    *, model: str, strategy: str, catalogues: list[MachineCatalogue]
+) -> list[str]:
+    if strategy not in TENSOR_PARALLEL_STRATEGIES:
+        return []
+    having = [c for c in catalogues if model in c.models]
+    if model in _union(having, "models_tensor_parallel"):
+        return []
+    return [no_tensor_plan_message(model)]
+
+
 def _together_check(
     *, need: dict[str, str], catalogues: list[MachineCatalogue], nodes: int, machines: list[str]
 ) -> Errors:
@@ -159,7 +170,8 @@ def launch_catalogue_check(
     errors: Errors = {}
     checks: dict[str, Any] = {
         "model": _model_check(model=model, catalogues=catalogues)
-        or _split_check(model=model, strategy=strategy, catalogues=catalogues),
+        or _split_check(model=model, strategy=strategy, catalogues=catalogues)
+        or _tensor_plan_check(model=model, strategy=strategy, catalogues=catalogues),
         "dataset": _dataset_check(dataset=dataset, catalogues=catalogues),
     }
     if dataset == IMAGEFOLDER and not checks["dataset"]:

@@ -17,14 +17,18 @@ from dashboard.experiments.core.catalogue_options import (
     folder_choices,
     model_choices,
 )
-from dashboard.experiments.models import Experiment
+from dashboard.experiments.models import Experiment, option_title
+from dashboard.texts import words_joined
 from training.catalogue import MODEL_DEFAULT
 from training.registry import (
+    COUNT,
+    OPTIONS_DECLARED,
     REGISTRY,
     RULE_PER_GPU,
-    STRATEGY_OPTIONS,
-    ZERO_STAGE,
+    SWITCH,
+    StrategyOption,
     StrategySpec,
+    option_refusals,
     plural,
     strategy_get,
     strategy_refusals,
@@ -54,7 +58,8 @@ FIELDS = (
     "lr",
     "optimizer",
     "seed",
-    "zero_stage",
+    # Every strategy option the registry declares (ZeRO's stage, DDP's comm hook, ...).
+    *(option.name for option in OPTIONS_DECLARED),
 )
 
 
@@ -73,7 +78,7 @@ MACHINE_NAME_MAX_CHARS = 255  # WorkerMachine.hostname
 
 def spanning_labels() -> str:
     """The strategies that can span machines (training/registry.py), for people."""
-    return " and ".join(spec.label for spec in REGISTRY if spec.nodes)
+    return words_joined([spec.label for spec in REGISTRY if spec.nodes])
 
 
 class CommaListField(forms.Field):
@@ -141,6 +146,42 @@ class GpuListField(CommaListField):
         return ids
 
 
+def option_field(option: StrategyOption) -> forms.Field:
+    """The launch field of a declared option, typed by its kind and in the registry's words:
+    a select with "default (X)" first, a checkbox, or a number within the bounds. Empty (None)
+    is not given: the strategies that read it train with its default."""
+    common: dict[str, Any] = {
+        "required": False,
+        "label": option_title(option),
+        "help_text": option.help,
+    }
+    if option.kind == SWITCH:
+        return forms.BooleanField(**common)
+    if option.kind == COUNT:
+        low, high = option.bounds
+        field = forms.IntegerField(
+            min_value=low,
+            max_value=high,
+            widget=forms.NumberInput(attrs={"placeholder": f"default ({option.default})"}),
+            **common,
+        )
+        # Said in one way whatever is wrong: not a number, or out of bounds.
+        field.error_messages.update(
+            invalid=option.invalid_text(),
+            min_value=f"{option.invalid_text()}, not %(value)s",
+            max_value=f"{option.invalid_text()}, not %(value)s",
+        )
+        return field
+    field = forms.TypedChoiceField(
+        choices=[("", f"default ({option.default})"), *option.choices],
+        coerce=type(option.default),
+        empty_value=None,
+        **common,
+    )
+    field.error_messages["invalid_choice"] = f"{option.invalid_text()}, not %(value)s"
+    return field
+
+
 class ExperimentForm(forms.ModelForm):
     gpus = GpuListField(
         required=False,
@@ -170,12 +211,8 @@ class ExperimentForm(forms.ModelForm):
             f"Machines the run spans ({spanning_labels()} only); Processes are the ranks on "
             "each machine."
         )
-        zero_stage = self.fields[ZERO_STAGE.name]
-        zero_stage.error_messages["invalid_choice"] = f"{ZERO_STAGE.invalid_text()}, not %(value)s"
-        zero_stage.label, zero_stage.help_text = ZERO_STAGE.label, ZERO_STAGE.help
-        assert isinstance(zero_stage, forms.TypedChoiceField)
-        # Only the strategies declaring it read it: without a choice they train with its default.
-        zero_stage.choices = [("", f"default ({ZERO_STAGE.default})"), *ZERO_STAGE.choices]
+        for option in OPTIONS_DECLARED:
+            self.fields[option.name] = option_field(option)
         for name, (low, high) in LIMITS.items():
             field = self.fields[name]
             field.min_value = low
@@ -185,6 +222,12 @@ class ExperimentForm(forms.ModelForm):
                 validators.MaxValueValidator(high),
             ]
             field.widget.attrs.update(min=low, max=high)
+
+    @property
+    def option_fields(self) -> list[forms.BoundField]:
+        """The strategy options' fields, in the registry's order (the page shows each for the
+        strategies that read it, from the page facts)."""
+        return [self[option.name] for option in OPTIONS_DECLARED]
 
     def options_apply(self, options: dict[str, Any]) -> None:
         """Offer what the online workers have (catalogue_options.launch_options), for the page;
@@ -236,17 +279,31 @@ class ExperimentForm(forms.ModelForm):
             return False
         return True
 
+    def _options_clean(self, data: dict[str, Any], spec: StrategySpec, gpus: list[int]) -> None:
+        """The registry's option_refusals, as the CLI asks them: a value other than the default
+        for a strategy that does not read the option, a GPU-only value on the CPU; each said on
+        its field. Then each option holds what the run trains with where the strategy reads it
+        and None elsewhere: a value left at its default is dropped, not refused, as the user
+        switches strategies."""
+        given = {option.name: data.get(option.name) for option in OPTIONS_DECLARED}
+        for option, reason in option_refusals(spec.name, values=given, gpus=gpus):
+            self.add_error(option.name, reason)
+        for option in OPTIONS_DECLARED:
+            value = given[option.name]
+            if option.name not in self.errors:
+                read = option in spec.options
+                data[option.name] = (option.default if value is None else value) if read else None
+
     def clean(self) -> dict[str, Any]:
         data = super().clean() or {}
         strategy, gpus = data.get("strategy"), data.get("gpus", [])
+        # The options are judged with the other fields' mistakes, not a round after them (a
+        # GPU-only value needs the GPU ids, though).
+        if strategy is not None and "gpus" not in self.errors:
+            self._options_clean(data, strategy_get(strategy), gpus)
         if strategy is None or self.errors:
             return data
         spec = strategy_get(strategy)
-        # Fields a strategy does not read are normalised, not refused: the form keeps them
-        # (dimmed or hidden) while the user switches strategies.
-        for option in STRATEGY_OPTIONS:
-            taken = option in spec.options
-            data[option.name] = (data.get(option.name) or option.default) if taken else None
         if not spec.processes:
             data["processes"] = 1
         elif data.get("processes") is None:

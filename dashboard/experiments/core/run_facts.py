@@ -1,4 +1,5 @@
-"""The run page's fact panels as text: per-rank figures, shared tensors, checkpoints.
+"""The run page's fact panels as text: per-rank figures, shared tensors, checkpoints (each
+rank's memory: core/memory.py).
 
 Written here only: the page renders them on the server (templates/experiments/_run_facts.html),
 and the messages that keep it live carry the same texts (``texts``: the snapshot, built in
@@ -85,12 +86,18 @@ def checkpoint_rows(checkpoints: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def snapshot_texts(
-    *, run: Mapping[str, Any], rank_stats: Mapping[str, Any], checkpoints: list[dict[str, Any]]
+    *,
+    run: Mapping[str, Any],
+    rank_stats: Mapping[str, Any],
+    checkpoints: list[dict[str, Any]],
+    memory: list[dict[str, Any]],
 ) -> dict[str, Any]:
-    """The snapshot's ``texts``: its panels' rows, formatted (keyed as the live messages')."""
+    """The snapshot's ``texts``: its panels' rows, formatted (keyed as the live messages');
+    ``memory``: the last epoch's rows, as core/memory.py writes them."""
     tensors = tensor_rows(run.get("shared_tensors"))
     return {
         "ranks": rank_rows(rank_stats),
+        "memory": memory,
         "shared_tensors": tensors,
         "shared_total_text": shared_total_text(tensors),
         "checkpoints": checkpoint_rows(checkpoints),

@@ -25,7 +25,7 @@ import zipfile
 from collections.abc import Iterator, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from dashboard.env import env_int
 from dashboard.experiments.models import Experiment, SeriesPoint
@@ -37,6 +37,10 @@ CSV_HEADER = ("key", "step", "time", "value")
 RUN_TAG = "trainyard/run"
 RUN_TEXT_TAG = f"{RUN_TAG}/text_summary"
 RUN_FIELDS = {"model": 200, "dataset": 100, "data_path": 1000}
+# Beside them, how the run was spread: its strategy, processes and strategy options (what it
+# trained with, null where the strategy does not read one), which an import takes back where the
+# registry knows them (imports.run_launch_parse).
+RUN_LAUNCH_FIELDS = ("strategy", "processes")
 # Rows fetched from the database at a time, and characters gathered before a chunk is sent.
 READ_CHUNK_ROWS = 2000
 SEND_CHUNK_CHARS = 64 * 1024
@@ -116,8 +120,11 @@ def export_csv_chunks(*, experiment: Experiment) -> Iterator[str]:
     yield buffer.getvalue()
 
 
-def run_fields_of(experiment: Experiment) -> dict[str, str]:
-    return {name: getattr(experiment, name) for name in RUN_FIELDS}
+def run_fields_of(experiment: Experiment) -> dict[str, Any]:
+    return {
+        **{name: getattr(experiment, name) for name in (*RUN_FIELDS, *RUN_LAUNCH_FIELDS)},
+        **experiment.option_values(),
+    }
 
 
 def _started(experiment: Experiment) -> datetime:
@@ -126,9 +133,9 @@ def _started(experiment: Experiment) -> datetime:
 
 
 def export_json_chunks(*, experiment: Experiment) -> Iterator[str]:
-    """`{"id", "name", "started_at", "model", "dataset", "data_path", "series": {key: [[step,
-    time, value], ...]}}`: the shape of the metrics API's `?raw=1`, every point, written one
-    series at a time."""
+    """`{"id", "name", "started_at", "model", "dataset", "data_path", "strategy", "processes",
+    <each strategy option>, "series": {key: [[step, time, value], ...]}}`: the shape of the
+    metrics API's `?raw=1`, every point, written one series at a time."""
     started = _started(experiment).isoformat()
     head = {
         "id": experiment.pk,

@@ -41,11 +41,13 @@ from django.db import transaction
 from django.utils import timezone
 
 from dashboard.env import env_int
+from dashboard.experiments.core.forms import LIMITS
 from dashboard.experiments.metrics.archives import ImportRefused, tar_unpack, zip_unpack
 from dashboard.experiments.metrics.exports import RUN_FIELDS, RUN_TEXT_TAG
 from dashboard.experiments.metrics.series import MAX_KEY_CHARS, MAX_STEP
 from dashboard.experiments.models import Experiment, SeriesPoint, Status, Strategy
 from training.catalogue import IMAGEFOLDER
+from training.registry import STRATEGIES
 
 MAX_NAME_CHARS = Experiment._meta.get_field("name").max_length or 200
 WRITE_BATCH = 5000
@@ -84,8 +86,9 @@ class ImportedSeries:
     points: dict[str, list[tuple[int, float, float | None]]] = field(default_factory=dict)
     start: float | None = None
     count: int = 0
-    # model, dataset, data_path as our TensorBoard export wrote them (empty from elsewhere)
-    run_fields: dict[str, str] = field(default_factory=dict)
+    # model, dataset, data_path, strategy, processes and options as our TensorBoard export
+    # wrote them (empty from elsewhere)
+    run_fields: dict[str, Any] = field(default_factory=dict)
 
     def add(self, key: str, step: int, time: float, value: float | None) -> None:
         if not key or len(key) > MAX_KEY_CHARS:
@@ -328,7 +331,7 @@ def _point_rows(experiment: Experiment, found: ImportedSeries) -> Iterator[Serie
             yield SeriesPoint(experiment=experiment, key=key, step=step, time=time, value=value)
 
 
-def run_fields_read(*, files: Iterable[Path]) -> dict[str, str]:
+def run_fields_read(*, files: Iterable[Path]) -> dict[str, Any]:
     """The launch fields our export wrote as the first summary of its event file (exports.py
     RUN_TAG); only the first events of each file are looked at, so a log from elsewhere costs
     nothing. Empty where no file has them."""
@@ -347,9 +350,10 @@ def run_fields_read(*, files: Iterable[Path]) -> dict[str, str]:
     return {}
 
 
-def run_fields_parse(text: str) -> dict[str, str]:
-    """The launch fields our export wrote (exports.run_fields_of), those of RUN_FIELDS that
-    are strings of a sane length; anything else in the text is ignored."""
+def run_fields_parse(text: str) -> dict[str, Any]:
+    """The launch fields our export wrote (exports.run_fields_of): those of RUN_FIELDS that
+    are strings of a sane length, and the run's strategy, processes and options where they make
+    sense together (run_launch_parse); anything else in the text is ignored."""
     try:
         raw = json.loads(text) if text else {}
     except ValueError:
@@ -357,10 +361,33 @@ def run_fields_parse(text: str) -> dict[str, str]:
     if not isinstance(raw, dict):
         return {}
     return {
-        key: raw[key]
-        for key, most in RUN_FIELDS.items()
-        if isinstance(raw.get(key), str) and len(raw[key]) <= most
+        **{
+            key: raw[key]
+            for key, most in RUN_FIELDS.items()
+            if isinstance(raw.get(key), str) and len(raw[key]) <= most
+        },
+        **run_launch_parse(raw),
     }
+
+
+def run_launch_parse(raw: dict[str, Any]) -> dict[str, Any]:
+    """The strategy, processes and strategy options our export wrote: a strategy the registry
+    knows, processes within the form's bounds (1 for a one-process strategy), and each option
+    that strategy reads with one of its values, typed as they are. Empty otherwise: the run is
+    then a single-device one, as a log from elsewhere."""
+    name, processes, (low, high) = raw.get("strategy"), raw.get("processes"), LIMITS["processes"]
+    spec = STRATEGIES.get(name) if isinstance(name, str) else None
+    if spec is None or type(processes) is not int or not low <= processes <= high:
+        return {}
+    fields: dict[str, Any] = {
+        "strategy": spec.name,
+        "processes": processes if spec.processes else 1,
+    }
+    for option in spec.options:
+        value = raw.get(option.name)
+        if type(value) is type(option.default) and value in option.values:
+            fields[option.name] = value
+    return fields
 
 
 def experiment_import(
@@ -368,7 +395,8 @@ def experiment_import(
 ) -> Experiment:
     """A finished run of `owner` holding every series of the upload, or ImportRefused (and
     nothing stored). Its model, dataset and data path: `fields` (the request's), else what our
-    own TensorBoard export wrote, else the defaults."""
+    own TensorBoard export wrote, else the defaults; its strategy, processes and strategy
+    options: what our own export wrote, else one device (single)."""
     if upload.size is not None and upload.size > import_max_bytes():
         raise ImportRefused(413, f"the file is {upload.size} bytes, over {import_max_bytes()}")
     with tempfile.TemporaryDirectory(prefix="trainyard-import-") as scratch:
@@ -385,10 +413,9 @@ def experiment_import(
     with transaction.atomic():
         experiment = Experiment.objects.create(
             owner=owner,
-            **launch,
+            # One device, unless our own export said how the run was spread.
+            **{"strategy": Strategy.SINGLE, "processes": 1, **launch},
             name=(name.strip() or filename.split(".")[0] or "imported run")[:MAX_NAME_CHARS],
-            strategy=Strategy.SINGLE,
-            processes=1,
             status=Status.SUCCEEDED,
             started_at=started,
             finished_at=started + timedelta(seconds=max(0.0, last_time)),

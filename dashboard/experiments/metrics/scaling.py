@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from dashboard.experiments.core.access import experiments_visible_to
+from dashboard.experiments.core.memory import experiment_memory_rows, memory_summary
 from dashboard.experiments.metrics.series import series_mean
 from dashboard.experiments.models import (
     PROCESS_STRATEGIES,
@@ -143,6 +144,16 @@ class ScalingRow:
         return self.experiment.test_accuracy
 
     @property
+    def memory_rows(self) -> list[dict[str, Any]]:
+        """What each rank held at the run's last epoch, as core/memory.py writes it."""
+        return experiment_memory_rows(self.experiment)
+
+    @property
+    def memory(self) -> dict[str, Any]:
+        """The largest rank's held bytes and the highest peak: the compare page's memory cell."""
+        return memory_summary(self.memory_rows)
+
+    @property
     def texts(self) -> dict[str, str]:
         """The figures as the pages show them (static/js/run_facts.js writes the same)."""
         speedup, efficiency = self.speedup, self.efficiency
@@ -155,7 +166,7 @@ class ScalingRow:
         }
 
     def as_dict(self) -> dict[str, Any]:
-        e, base = self.experiment, self.baseline
+        e, base, memory = self.experiment, self.baseline, self.memory
         return {
             "id": e.pk,
             "name": e.name,
@@ -179,6 +190,11 @@ class ScalingRow:
             "speedup": self.speedup,
             "efficiency": self.efficiency,
             "test_accuracy": self.accuracy,
+            # Each rank's entry at the last epoch, as the run's read JSON has it, and the
+            # largest rank's parameter + gradient + optimizer bytes and the highest peak.
+            "memory": e.memory,
+            "memory_held_bytes": memory["held_bytes"],
+            "memory_peak_bytes": memory["peak_bytes"],
         }
 
 

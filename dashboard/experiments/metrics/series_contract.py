@@ -31,6 +31,9 @@ EPOCH_SERIES: Final = {
 }
 # Each rank's figures of a step (its `ranks`), stored as rank/<r>/<field>.
 RANK_FIELDS: Final = ("images_per_second", "data_seconds", "compute_seconds", "rss_bytes")
+# What each rank holds at an epoch's end (its `memory`, protocol 1.7's MemoryEntry less `rank`),
+# stored as rank/<r>/<field> at the epoch's step: sharded strategies' 1/N over the epochs.
+MEMORY_FIELDS: Final = ("parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "peak_bytes")
 
 
 class ChartSpec(TypedDict):
@@ -44,12 +47,15 @@ class ChartSpec(TypedDict):
     line: NotRequired[str]
     log: NotRequired[bool]  # the log scale is offered
     unit: NotRequired[str]  # "%" or "bytes"
+    zero: NotRequired[bool]  # the y axis starts at 0: a size's level, not its wiggle, matters
     factor: NotRequired[float]  # fractions shown as percent
     color: NotRequired[str]  # a CSS variable of the stylesheet
 
 
-def _per_rank(chart_id: str, field: str, title: str, unit: str | None = None) -> ChartSpec:
-    """The chart of one of RANK_FIELDS, a line per rank."""
+def _per_rank(
+    chart_id: str, field: str, title: str, unit: str | None = None, *, zero: bool = False
+) -> ChartSpec:
+    """The chart of one of RANK_FIELDS or MEMORY_FIELDS, a line per rank."""
     spec: ChartSpec = {
         "id": chart_id,
         "title": title,
@@ -58,6 +64,8 @@ def _per_rank(chart_id: str, field: str, title: str, unit: str | None = None) ->
     }
     if unit:
         spec["unit"] = unit
+    if zero:
+        spec["zero"] = True
     return spec
 
 
@@ -78,6 +86,15 @@ CHARTS: Final[tuple[ChartSpec, ...]] = (
     _per_rank("rank_data", "data_seconds", "Waiting for data per rank (s)"),
     _per_rank("rank_compute", "compute_seconds", "Compute per rank (s)"),
     _per_rank("rank_rss", "rss_bytes", "Memory (RSS) per rank", unit="bytes"),
+    # What each rank holds changes little over epochs: from 0, so that DDP's whole copy and
+    # FSDP's 1/N read as levels.
+    _per_rank("rank_parameters", "parameter_bytes", "Parameters held per rank", unit="bytes",
+              zero=True),
+    _per_rank("rank_gradients", "gradient_bytes", "Gradients held per rank", unit="bytes",
+              zero=True),
+    _per_rank("rank_optimizer", "optimizer_state_bytes", "Optimizer state held per rank",
+              unit="bytes", zero=True),
+    _per_rank("rank_peak", "peak_bytes", "Peak memory per rank", unit="bytes"),
     {"id": "cpu", "title": "Machine CPU", "match": r"^machine/(.+)/cpu_percent$", "unit": "%",
      "line": "$1"},
     {"id": "gpu_util", "title": "GPU utilisation", "match": r"^gpu/(.+)/(\d+)/utilization$",
@@ -94,4 +111,5 @@ def series_contract_facts() -> dict[str, Any]:
         "step_series": STEP_SERIES,
         "epoch_series": EPOCH_SERIES,
         "rank_fields": list(RANK_FIELDS),
+        "memory_fields": list(MEMORY_FIELDS),
     }

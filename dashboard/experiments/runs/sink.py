@@ -11,9 +11,11 @@ page receives are typed in `messages.py`.
 Every figure of a step or epoch event is stored as a series (`SeriesPoint`, keys as listed in
 `series.py`'s contract): the step's train_loss, images_per_second, lr and rank 0's data/compute
 seconds and rss; each rank's figures from `ranks` as rank/<r>/...; the epoch's test_loss and
-test_accuracy, and its mean images/s as epoch/images_per_second (a coarser figure over a whole
-epoch: scaling.py reads it only for a run with no step event). The supervisor's machine samples
-come through `add_series`.
+test_accuracy, its mean images/s as epoch/images_per_second (a coarser figure over a whole
+epoch: scaling.py reads it only for a run with no step event), and what each rank holds (its
+`memory`, protocol 1.7) as rank/<r>/parameter_bytes and the like, the last epoch's also on the
+row (`Experiment.memory`, the read JSON's). The supervisor's machine samples come through
+`add_series`.
 
 The sink is the unit of work (add, due, flush, numbering under the row lock); the bounds it
 reads fields within are bounds.py's, checkpoint rows and retention retention.py's, the channel
@@ -31,6 +33,7 @@ from typing import Any, ClassVar, cast
 from channels.layers import get_channel_layer
 from django.db import transaction
 
+from dashboard.experiments.core.memory import memory_rows, model_bytes_of
 from dashboard.experiments.core.messages import (
     Body,
     LogBody,
@@ -41,7 +44,12 @@ from dashboard.experiments.core.messages import (
 )
 from dashboard.experiments.core.run_facts import checkpoint_texts, rank_rows, started_texts
 from dashboard.experiments.metrics.series import MAX_KEY_CHARS
-from dashboard.experiments.metrics.series_contract import EPOCH_SERIES, RANK_FIELDS, STEP_SERIES
+from dashboard.experiments.metrics.series_contract import (
+    EPOCH_SERIES,
+    MEMORY_FIELDS,
+    RANK_FIELDS,
+    STEP_SERIES,
+)
 from dashboard.experiments.models import Checkpoint, Experiment, LogLine, SeriesPoint
 from dashboard.experiments.runs.bounds import is_count, number_or_none
 from dashboard.experiments.runs.broadcast import checkpoint_saved_text, events_broadcast
@@ -104,8 +112,9 @@ def rank_stats_from_event(message: dict[str, Any]) -> RankStats | None:
     }
 
 
-def _rank_series(ranks: Any) -> dict[str, float | None]:
-    """rank/<r>/<figure> for each rank's figures of a step event (protocol 1.1 `ranks`)."""
+def _rank_series(ranks: Any, *, fields: tuple[str, ...]) -> dict[str, float | None]:
+    """rank/<r>/<field> for each rank's figures: a step event's `ranks` (protocol 1.1), an
+    epoch event's `memory` (1.7)."""
     if not isinstance(ranks, list):
         return {}
     values: dict[str, float | None] = {}
@@ -113,7 +122,7 @@ def _rank_series(ranks: Any) -> dict[str, float | None]:
         number = row.get("rank") if isinstance(row, dict) else None
         if is_count(number):
             values.update(
-                {f"rank/{number}/{name}": number_or_none(row.get(name)) for name in RANK_FIELDS}
+                {f"rank/{number}/{name}": number_or_none(row.get(name)) for name in fields}
             )
     return values
 
@@ -130,6 +139,9 @@ class EventSink:
         self.pruned: set[int] = set()
         self.channel_layer = get_channel_layer()
         self.step = experiment.step  # the run's latest step: where a machine sample is placed
+        # One whole copy of the model's parameters, which each rank's memory share is of: the
+        # started event's, kept here since the row's run_info is written only at the flush.
+        self.model_bytes = model_bytes_of(experiment.run_info)
         self.sent_at = -math.inf  # time.monotonic() of the last flush
 
     def due_in(self, now: float) -> float | None:
@@ -159,6 +171,7 @@ class EventSink:
         self.add(output_body(line, level=level, rank=rank, machine=machine))
 
     def _started_store(self, message: dict[str, Any]) -> None:
+        self.model_bytes = model_bytes_of(message)
         self.updates.update(
             run_info={k: v for k, v in message.items() if k not in {"seq", "type"}},
             notes=list(message.get("notes") or []),
@@ -200,17 +213,32 @@ class EventSink:
             for name, key in fields.items()
             if name in message
         }
+        texts: dict[str, Any] = {}  # the page places them as they are
         if message["type"] == "step":
-            values.update(_rank_series(message.get("ranks")))
+            values.update(_rank_series(message.get("ranks"), fields=RANK_FIELDS))
+        elif "memory" in message:
+            memory, texts["memory"] = self._memory_store(message)
+            values.update(memory)
         self._add_values(values, step=step, time_=time_)
         self.step = step
         self.updates.update(step=step, epoch=epoch if is_count(epoch) else 0)
-        if message["type"] == "epoch" and "memory" in message:
-            self.updates["memory"] = memory_entries(message["memory"])
         stats = rank_stats_from_event(message)
         if stats is not None:
             self.updates["rank_stats"] = stats
-            message["texts"] = {"ranks": rank_rows(stats)}  # the page places them as they are
+            texts["ranks"] = rank_rows(stats)
+        if texts:
+            message["texts"] = texts
+
+    def _memory_store(
+        self, message: dict[str, Any]
+    ) -> tuple[dict[str, float | None], list[dict[str, Any]]]:
+        """An epoch's `memory` (protocol 1.7), checked and kept on the row (the read JSON's):
+        returns its series and the memory panel's rows."""
+        # The page charts the entries the row keeps: the same points live as on a reload.
+        message["memory"] = entries = memory_entries(message["memory"])
+        self.updates["memory"] = entries
+        rows = memory_rows(entries, model_bytes=self.model_bytes)
+        return _rank_series(entries, fields=MEMORY_FIELDS), rows
 
     def _add_values(self, values: dict[str, float | None], *, step: int, time_: float) -> None:
         self.points.extend(
@@ -324,8 +352,7 @@ class EventSink:
     }
 
 
-MEMORY_KEYS = ("rank", "parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "peak_bytes")
-MAX_MEMORY_RANKS = 1024
+MEMORY_KEYS = ("rank", *MEMORY_FIELDS)
 
 
 def memory_entries(reported: Any) -> list[dict[str, int]]:
@@ -334,7 +361,7 @@ def memory_entries(reported: Any) -> list[dict[str, int]]:
     if not isinstance(reported, list):
         return []
     entries = []
-    for entry in reported[:MAX_MEMORY_RANKS]:
+    for entry in reported[:MAX_RANKS]:
         if isinstance(entry, dict) and all(is_count(entry.get(key)) for key in MEMORY_KEYS):
             entries.append({key: int(entry[key]) for key in MEMORY_KEYS})
     return entries

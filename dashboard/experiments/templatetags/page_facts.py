@@ -37,6 +37,8 @@ def page_facts_build() -> dict[str, Any]:
                 "cpu_only": spec.cpu_only,
                 "min_gpus": spec.min_gpus,
                 "max_gpus": spec.max_gpus,
+                # The options it reads (the launch form shows their fields for it alone).
+                "options": [option.name for option in spec.options],
             }
             for spec in REGISTRY
         },

@@ -71,8 +71,15 @@ from dashboard.experiments.web.run_list import (
     runs_page,
 )
 from dashboard.streaming import streamed
+from training.registry import (
+    COUNT,
+    OPTIONS_DECLARED,
+    SWITCH,
+    StrategyOption,
+    option_strategies,
+)
 
-# JSON types each field accepts; booleans are never numbers here.
+# JSON types each field accepts; booleans are never numbers here (but a switch's values).
 FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "name": (str,),
     "model": (str,),
@@ -88,11 +95,21 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "lr": (int, float),
     "optimizer": (str,),
     "seed": (int,),
-    "zero_stage": (int,),
+    # The strategy options (training/registry.py), typed as their defaults: a switch true or
+    # false, a count an integer, a choice its values' type (ZeRO's stage 1, a comm hook "fp16").
+    **{option.name: (type(option.default),) for option in OPTIONS_DECLARED},
 }
-# Fields where null means "the default for the strategy".
-NULLABLE_FIELDS = frozenset({"processes", "nodes", "zero_stage", "data_path"})
-TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", list: "a list"}
+# Fields where null means "the default for the strategy" (an option: not given).
+NULLABLE_FIELDS = frozenset(
+    {"processes", "nodes", "data_path", *(option.name for option in OPTIONS_DECLARED)}
+)
+TYPE_NAMES = {
+    str: "a string",
+    int: "an integer",
+    float: "a number",
+    list: "a list",
+    bool: "true or false",
+}
 # Bounds checked before the form sees a value (see launch_payload_bounds_check).
 MAX_JSON_INT = 2**63 - 1
 MAX_RANK = 999_999
@@ -100,6 +117,7 @@ MAX_STRING_CHARS = 200
 MAX_PATH_CHARS = 1000  # data_path: Experiment.data_path's column
 
 router = Router(tags=["runs"])
+OPTIONS_BY_NAME = {option.name: option for option in OPTIONS_DECLARED}
 STRING = {"type": "string"}
 WHOLE = {"type": "integer", "minimum": 0}
 LOG_FORMATS = ("json", "text")
@@ -107,11 +125,13 @@ LOG_FORMATS = ("json", "text")
 
 def _launch_field(name: str, allowed: tuple[type, ...]) -> tuple[Any, Any]:
     """One launch field as the docs show it: its JSON type, the model's choices and help."""
-    kind: Any = {str: str, int: int, float: float, list: list[int]}[allowed[-1]]
+    kind: Any = {str: str, int: int, float: float, list: list[int], bool: bool}[allowed[-1]]
     if name == "machines":
         kind = list[str]  # worker names
     if name in NULLABLE_FIELDS:
         kind = kind | None
+    if name in OPTIONS_BY_NAME:
+        return kind, _option_schema_field(OPTIONS_BY_NAME[name])
     try:
         field = Experiment._meta.get_field(name)
     except LookupError:
@@ -129,6 +149,20 @@ def _launch_field(name: str, allowed: tuple[type, ...]) -> tuple[Any, Any]:
     return kind, Field(default, description=why, json_schema_extra=extra or None)
 
 
+def _option_schema_field(option: StrategyOption) -> Any:
+    """A strategy option as the docs show it: the registry's help, the strategies that read
+    it, its values (null: not given) or bounds."""
+    readers = option_strategies(option)
+    where = f"read by {', '.join(readers)}" if readers else "no strategy reads it yet"
+    extra: dict[str, Any] = {}
+    if option.kind == COUNT:
+        extra = {"minimum": option.bounds[0], "maximum": option.bounds[1]}
+    elif option.kind != SWITCH:
+        extra = {"enum": [*option.values, None]}  # beside anyOf: null is one of them too
+    why = f"{option.help} ({where}; default {json.dumps(option.default)}; null: not given)"
+    return Field(None, description=why, json_schema_extra=extra or None)
+
+
 def _launch_bounds(name: str) -> dict[str, Any]:
     """The form's bounds of one field (forms.LIMITS, LR_MAX) and the API's string cap."""
     if name in LIMITS:
@@ -136,8 +170,8 @@ def _launch_bounds(name: str) -> dict[str, Any]:
         return {"minimum": low, "maximum": high}
     if name == "lr":
         return {"exclusiveMinimum": 0, "maximum": LR_MAX}
-    if FIELD_TYPES[name] == (str,):
-        return {"maxLength": MAX_STRING_CHARS}
+    if FIELD_TYPES[name] == (str,):  # as launch_payload_bounds_check caps them
+        return {"maxLength": MAX_PATH_CHARS if name == "data_path" else MAX_STRING_CHARS}
     return {}
 
 
@@ -204,7 +238,7 @@ def launch_payload_check(payload: dict[str, Any]) -> dict[str, list[str]]:
         if key not in payload or (key in NULLABLE_FIELDS and payload[key] is None):
             continue
         value = payload[key]
-        if isinstance(value, bool) or not isinstance(value, allowed):
+        if isinstance(value, bool) != (allowed == (bool,)) or not isinstance(value, allowed):
             errors[key] = [f"must be {TYPE_NAMES[allowed[-1]]}"]  # (int, float): a number
     gpus = payload.get("gpus")
     if isinstance(gpus, list) and any(isinstance(g, bool) or not isinstance(g, int) for g in gpus):

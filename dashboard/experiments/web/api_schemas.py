@@ -8,17 +8,32 @@ schema, and a client reading the documented keys keeps working.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ninja import Schema
-from pydantic import ConfigDict
+from pydantic import ConfigDict, create_model
+
+from training.registry import OPTIONS_DECLARED
 
 
 class Open(Schema):
     model_config = ConfigDict(extra="allow")
 
 
-class ExperimentOut(Open):
+# Every declared strategy option (training/registry.py), typed as its values: what the run
+# trains with where its strategy reads it, null where it does not. Made from the registry, so an
+# option declared there is documented here with no edit.
+if TYPE_CHECKING:
+    OptionsOut = Open
+else:
+    OptionsOut = create_model(
+        "OptionsOut",
+        __base__=Open,
+        **{option.name: (type(option.default) | None, ...) for option in OPTIONS_DECLARED},
+    )
+
+
+class ExperimentOut(OptionsOut):
     """A run, as every route that answers with one gives it."""
 
     id: int
@@ -34,7 +49,6 @@ class ExperimentOut(Open):
     lr: float
     optimizer: str
     seed: int
-    zero_stage: int | None
     owner: str
     status: str
     created_at: str | None
@@ -74,6 +88,9 @@ class ExperimentOut(Open):
     # The queue and studies, where given.
     priority: int | None = None
     target_accuracy: float | None = None
+    # The strategy's name with its options that are not at their default, in the registry's
+    # words: "DistributedDataParallel (PowerSGD, ZeRO-1 optimizer)".
+    strategy_label: str = ""
 
 
 class ExperimentListOut(Schema):
@@ -154,6 +171,12 @@ class CompareRowOut(Open):
     speedup: float | None
     efficiency: float | None
     test_accuracy: float | None
+    # The run's memory at its last epoch: each rank's entry (as the run's read JSON), and the
+    # largest rank's parameter + gradient + optimizer-state bytes and the highest peak (null
+    # before the first epoch).
+    memory: list[dict[str, int]] = []
+    memory_held_bytes: int | None = None
+    memory_peak_bytes: int | None = None
 
 
 class CompareOut(Schema):

@@ -23,6 +23,7 @@ from dashboard.experiments.core.checkpoints import (
 )
 from dashboard.experiments.core.forms import FIELDS, ExperimentForm, experiment_clone_fields
 from dashboard.experiments.core.limits import LaunchLimited
+from dashboard.experiments.core.memory import MEMORY_RULE
 from dashboard.experiments.core.messages import socket_path
 from dashboard.experiments.metrics.scaling import (
     BASELINE_RULE,
@@ -47,7 +48,7 @@ from dashboard.experiments.web.run_list import (
     runs_page,
 )
 from dashboard.texts import format_duration, words_joined
-from training.registry import REGISTRY, STRATEGIES, ZERO_STAGE, option_strategies
+from training.registry import REGISTRY, STRATEGIES, TENSOR_PARALLEL_STRATEGIES
 
 # The detail page embeds the stored curve so that it draws before the socket opens; the log box
 # shows only the tail.
@@ -159,11 +160,13 @@ def form_unknown_keys(*, data: Any, form: ExperimentForm) -> str:
 def _form_help() -> dict[str, str]:
     """Help lines that name the strategies with processes ("DDP, Hogwild and DeepSpeed")."""
     names = words_joined([STRATEGIES[name].short for name in PROCESS_STRATEGIES])
+    shared = words_joined([STRATEGIES[name].short for name in TENSOR_PARALLEL_STRATEGIES])
     return {
         "processes_help": f"Processes of {names} (the others run one); leave empty for one per "
         "GPU, or 2 on the CPU.",
         "batch_size_help": f"Per process: {names} processes each take a batch this size; "
-        "DataParallel splits it across its GPUs.",
+        f"the ranks of a tensor-parallel group ({shared}) share one; DataParallel splits it "
+        "across its GPUs.",
     }
 
 
@@ -204,8 +207,6 @@ def experiment_new(request: HttpRequest) -> HttpResponse:
         "strategy_help": REGISTRY,
         "process_strategies": " ".join(str(value) for value in PROCESS_STRATEGIES),
         **_form_help(),
-        # The strategies that read ZeRO's stage (the field shows for them alone).
-        "deepspeed_value": " ".join(option_strategies(ZERO_STAGE)),
     }
     response = render(request, "experiments/form.html", context, status=status)
     if retry_after is not None:
@@ -228,6 +229,8 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
         # The snapshot's texts (run_facts.py), which the page's script places the same way.
         "facts": {**initial["run"], **initial["texts"]},
         "rank_rows": initial["texts"]["ranks"],
+        "memory_rows": initial["texts"]["memory"],
+        "memory_rule": MEMORY_RULE,
         "checkpoints": initial["texts"]["checkpoints"],
         "scaling": scaling,
         "scaling_note": baseline_batch_note(scaling),
@@ -300,5 +303,6 @@ def experiment_compare(request: HttpRequest) -> HttpResponse:
         "baseline_rule": BASELINE_RULE,
         "no_baseline": NO_BASELINE,
         "world_size_rule": WORLD_SIZE_RULE,
+        "memory_rule": MEMORY_RULE,
     }
     return render(request, "experiments/compare.html", context)
