@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import torch
+from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from training.protocol import MemoryEntry
 from training.runtime import Runtime, all_gather
@@ -32,8 +33,13 @@ def _tensors_bytes(tensors: Iterable[Any]) -> int:
 
 
 def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
-    """The tensors of the optimizer's per-parameter state (Adam's moments, SGD's momentum)."""
-    return sum(_tensors_bytes(state.values()) for state in optimizer.state.values())
+    """The tensors of the optimizer's per-parameter state (Adam's moments, SGD's momentum).
+
+    A ZeroRedundancyOptimizer's are those of its local optimizer (``.optim``), which holds and
+    steps this rank's share: the wrapper's own ``state`` is empty, and after ``load_state_dict``
+    holds None for the other ranks' parameters."""
+    local = optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
+    return sum(_tensors_bytes(state.values()) for state in local.state.values() if state)
 
 
 def peak_bytes(device: torch.device) -> int:

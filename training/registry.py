@@ -104,12 +104,18 @@ ZERO_STAGE = StrategyOption(
 )
 # Issue 18's options. Each is attached to the strategies that read it (``StrategySpec.options``);
 # declared here once, so the CLI, the form, the API and studies all take the same values.
+# PowerSGD's matrix approximation rank and the steps of plain all-reduce before it starts
+# (training/strategies/ddp.py says why these).
+POWERSGD_RANK = 2
+POWERSGD_START = 10
 COMM_HOOK = StrategyOption(
     name="comm_hook",
     flag="--comm-hook",
     label="communication hook",
-    help="DDP's gradient communication hook: fp16 compresses each bucket to half precision, "
-    "PowerSGD to a low-rank approximation; none all-reduces full-precision gradients",
+    help="DDP's gradient communication hook: fp16 (bf16 on NCCL) all-reduces each bucket in half "
+    f"precision, half the bytes; powersgd sends rank-{POWERSGD_RANK} factors of each gradient "
+    f"matrix after {POWERSGD_START} plain steps, the error fed back; none all-reduces "
+    "full-precision gradients",
     default="none",
     choices=(
         ("none", "none: full-precision all-reduce"),
@@ -121,7 +127,7 @@ COMM_HOOK = StrategyOption(
         (
             "bf16",
             "the bf16 compression hook fails on Gloo, the CPU's backend (\"Invalid scalar "
-            'type", pytorch#111131); it needs NCCL (--gpus)',
+            'type", pytorch#111131): it needs NCCL, on GPUs (--gpus)',
         ),
     ),
 )
@@ -129,8 +135,9 @@ SHARD_OPTIMIZER = StrategyOption(
     name="shard_optimizer",
     flag="--shard-optimizer",
     label="shard the optimizer",
-    help="ZeroRedundancyOptimizer (PyTorch's own ZeRO-1): each rank keeps and steps 1/N of the "
-    "optimizer state, then broadcasts its parameters",
+    help="ZeroRedundancyOptimizer (PyTorch's own ZeRO-1): each rank keeps and steps the "
+    "optimizer state of its share of the parameters (whole ones: about 1/N where none "
+    "dominates), then broadcasts them",
     default=False,
     kind=SWITCH,
     short="ZeRO-1 optimizer",
@@ -271,7 +278,7 @@ REGISTRY: tuple[StrategySpec, ...] = (
         processes=True,
         torchrun=True,
         nodes=True,
-        options=STEP_OPTIONS,
+        options=(*STEP_OPTIONS, COMM_HOOK, SHARD_OPTIMIZER),
     ),
     StrategySpec(
         name="dp-primitives",
