@@ -38,6 +38,7 @@ from ninja.utils import normalize_path, replace_path_param_notation
 from pydantic import ConfigDict
 
 from dashboard.accounts.services import token_authenticate
+from dashboard.text_input import texts_fault
 
 # The same figure as settings.DATA_UPLOAD_MAX_MEMORY_SIZE (tests/test_fuzz.py checks), so that
 # Django's own check and this one refuse the same bodies.
@@ -189,6 +190,9 @@ def json_body(request: HttpRequest) -> dict[str, Any]:
         raise ApiError(400, "body is not valid JSON: nested too deeply") from None
     if not isinstance(data, dict):
         raise ApiError(400, "body must be a JSON object")
+    refused = texts_fault(data)
+    if refused:
+        raise ApiError(400, "body has text that cannot be stored", refused)
     return data
 
 

@@ -54,17 +54,21 @@ CHOICE_FIELDS = [f for f in FIELD_TYPES if f not in LIMITS and choices_of(f)]
 
 # --- JSON payloads, invalid by construction ----------------------------------------------------
 
+# Text a column can hold: a NUL or a lone surrogate anywhere in a body is refused for that alone
+# (dashboard/text_input.py), which would hide the field a case plants; out_of_range plants them.
+storable = st.characters(exclude_characters="\x00", exclude_categories=("Cs",))
 json_scalars = (
     st.none()
     | st.booleans()
     | st.integers()
     | st.floats(allow_nan=False, allow_infinity=False)
-    | st.text(max_size=20)
+    | st.text(storable, max_size=20)
 )
 json_values = st.recursive(
     json_scalars,
     lambda inner: (
-        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+        st.lists(inner, max_size=4)
+        | st.dictionaries(st.text(storable, max_size=8), inner, max_size=4)
     ),
     max_leaves=8,
 )
@@ -125,7 +129,9 @@ def out_of_range(draw: Any) -> tuple[dict[str, Any], str]:
         )
     elif field == "name":
         value = draw(
-            st.text(min_size=201, max_size=300) | st.text(max_size=20).map(lambda t: t + "\x00")
+            st.text(min_size=201, max_size=300)
+            | st.text(max_size=20).map(lambda t: t + "\x00")
+            | st.text(max_size=20).map(lambda t: t + "\udc80")  # a lone surrogate
         )
     elif field == "gpus":
         value = draw(bad_gpu_lists)
@@ -150,7 +156,7 @@ bad_gpu_lists = (
 def unknown_fields(draw: Any) -> tuple[dict[str, Any], str]:
     extra = draw(
         st.dictionaries(
-            st.text(max_size=30).filter(lambda k: k not in FIELD_TYPES),
+            st.text(storable, max_size=30).filter(lambda k: k not in FIELD_TYPES),
             json_values,
             min_size=1,
             max_size=3,

@@ -46,6 +46,7 @@ from dashboard.experiments.metrics.archives import ImportRefused, tar_unpack, zi
 from dashboard.experiments.metrics.exports import RUN_FIELDS, RUN_TEXT_TAG
 from dashboard.experiments.metrics.series import MAX_KEY_CHARS, MAX_STEP
 from dashboard.experiments.models import Experiment, SeriesPoint, Status, Strategy
+from dashboard.text_input import text_fault
 from training.catalogue import IMAGEFOLDER
 from training.registry import STRATEGIES
 
@@ -93,6 +94,8 @@ class ImportedSeries:
     def add(self, key: str, step: int, time: float, value: float | None) -> None:
         if not key or len(key) > MAX_KEY_CHARS:
             raise ImportRefused(400, f"series name {key[:80]!r} is empty or over 200 characters")
+        if why := text_fault(key):
+            raise ImportRefused(400, f"series name {key[:80]!r} {why}")
         if not 0 <= step <= MAX_STEP:
             raise ImportRefused(400, f"series {key!r}: step {step} is not in 0..{MAX_STEP}")
         self.count += 1
@@ -364,7 +367,7 @@ def run_fields_parse(text: str) -> dict[str, Any]:
         **{
             key: raw[key]
             for key, most in RUN_FIELDS.items()
-            if isinstance(raw.get(key), str) and len(raw[key]) <= most
+            if isinstance(raw.get(key), str) and len(raw[key]) <= most and not text_fault(raw[key])
         },
         **run_launch_parse(raw),
     }
@@ -403,7 +406,8 @@ def experiment_import(
         found, kind = import_read(upload=upload, folder=Path(scratch))
     if not found.count:
         raise ImportRefused(400, "the file holds no points")
-    filename = PurePosixPath(upload.name or "upload").name
+    # Only the notes say it; a character no column stores is dropped rather than refused.
+    filename = "".join(c for c in PurePosixPath(upload.name or "upload").name if not text_fault(c))
     started = datetime.fromtimestamp(found.start, tz=UTC) if found.start else timezone.now()
     last_time = max(time for points in found.points.values() for _, time, _ in points)
     given = run_fields_parse(json.dumps(fields or {}))

@@ -38,6 +38,7 @@ from dashboard.experiments.models import Experiment
 from dashboard.experiments.selectors import experiment_as_dict
 from dashboard.experiments.web.api_schemas import ExperimentOut
 from dashboard.streaming import streamed
+from dashboard.text_input import texts_fault
 
 EXPORT_FORMATS = ("csv", "json", "tensorboard")
 
@@ -210,6 +211,9 @@ def experiment_import_view(request: HttpRequest) -> JsonResponse:
     upload = request.FILES.get("file")
     if upload is None:
         raise ApiError(400, "send the file as the multipart field `file`", {"file": ["required"]})
+    unstorable = texts_fault({key: request.POST.getlist(key) for key in request.POST})
+    if unstorable:
+        raise ApiError(400, "a field has text that cannot be stored", unstorable)
     name = request.POST.get("name", "")
     # What was trained, where the file does not say (our own TensorBoard export does).
     fields = {key: request.POST.get(key, "") for key in RUN_FIELDS}
