@@ -37,8 +37,13 @@ worker: setup
 # PostgreSQL server the tests start themselves (tests/conftest.py's --database); one alone:
 # `.venv/bin/pytest` or `.venv/bin/pytest --database=postgres`.
 # Each pass prints its 25 slowest tests and its wall time (a test over 2 minutes says why in its
-# docstring).
-PYTEST_TIMED = TRAINYARD_TESTS_NEED_ALL=1 $(VENV)/bin/pytest --durations=25 --durations-min=1
+# docstring). Each runs in two pytest-xdist workers, a test file to a worker (its module's stack
+# and machines stay together): most of the stack's tests wait on heartbeats, rendezvous and process
+# start-up, so a pass takes about half its one-process time on 2 cores. Every worker has its own
+# home, test database, ports and namespace names (tests/conftest.py, tests/netns.py).
+TEST_WORKERS ?= 2
+PYTEST_TIMED = TRAINYARD_TESTS_NEED_ALL=1 $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile \
+  --durations=25 --durations-min=1
 
 test:
 	@start=$$(date +%s); .ci/system-packages test && $(MAKE) --no-print-directory setup; rc=$$?; \

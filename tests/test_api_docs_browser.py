@@ -15,7 +15,13 @@ from dashboard.serving import CHROMIUM, CHROMIUM_ARGS
 from tests.conftest import need
 from tests.stack import ROOT, Stack
 
-pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(300)]
+# sqlite_only: the docs page draws the schema, which no database engine changes.
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.integration,
+    pytest.mark.sqlite_only,
+    pytest.mark.timeout(300),
+]
 
 HTTP_METHODS = {"get", "post", "put", "patch", "delete"}
 

@@ -17,7 +17,12 @@ from dashboard.serving import CHROMIUM, CHROMIUM_ARGS
 from tests.conftest import need
 from tests.test_catalogue_launch import PETS, catalogue_report, machine
 
-pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+# sqlite_only: the form's catalogue comes from the workers' reports, read alike on either engine.
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.django_db(transaction=True),
+    pytest.mark.sqlite_only,
+]
 
 
 @pytest.fixture

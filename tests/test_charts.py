@@ -18,7 +18,14 @@ from tests.chart_runs import SPIKE_VALUE
 from tests.stack import Stack
 from tests.test_browser import browser, log_in, page, screenshot, start_run  # noqa: F401 (fixtures)
 
-pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(400)]
+# sqlite_only: what a chart draws from the buckets is the same on either engine; the buckets' SQL
+# is checked on PostgreSQL by tests/test_series.py (test_the_same_buckets_on_postgres).
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.integration,
+    pytest.mark.sqlite_only,
+    pytest.mark.timeout(400),
+]
 
 READY = "main[data-charts-ready='true']"
 TRAIN = "train_loss"

@@ -181,7 +181,8 @@ def test_checkpoint_now_writes_one_mid_epoch(stack: Stack) -> None:
     assert second["url"].endswith(f"/checkpoints/{second['step']}/")
 
     download = alice.get(stack.base_url + second["url"], timeout=30)
-    assert download.status_code == 200 and len(download.content) == second["size"] > 100_000
+    assert download.status_code == 200, (download.text[:300], second)
+    assert len(download.content) == second["size"] > 100_000
     detail = alice.get(f"{api}/", timeout=10).json()
     assert detail["checkpoint_requested"] is False  # passed on, and cleared
     assert alice.post(f"{api}/stop/", timeout=10).status_code == 202

@@ -173,7 +173,10 @@ def queue_pages_check(stack: Stack, browser: Any, *, ids: list[int]) -> None:  #
         extra = launch(stack.login("alice"), stack, "to cancel")
         page.wait_for_selector(f"#queue-rows tr[data-id='{extra}']", timeout=20_000)
         page.locator(f"#queue-rows tr[data-id='{extra}'] .queue-cancel").click()
-        page.wait_for_selector(f"#queue-rows tr[data-id='{extra}']", state="detached")
+        # The page hears of the cancel and redraws; on two loaded cores that took over 30 s once.
+        page.wait_for_selector(
+            f"#queue-rows tr[data-id='{extra}']", state="detached", timeout=60_000
+        )
         assert run(stack, stack.login("alice"), extra)["status"] == "cancelled"
         context.clear_cookies()
         log_in(page, stack, "bob")
