@@ -107,7 +107,7 @@ def test_parity_bench_prints_its_table_and_ratio(sample_data: Path) -> None:
 
 
 @pytest.mark.slow  # five trainings of 3 steps, four of them 2 ranks (26 s on 2 idle cores)
-def test_parity_bench_ddp_variants_margin_throughput_and_memory(sample_data: Path) -> None:
+def test_parity_bench_ddp_variants_margin_and_figures_per_rank(sample_data: Path) -> None:
     """DDP's communication options beside plain ddp (added though not listed), each judged
     against it; the bf16 hook skipped with the registry's reason; the second table's figures
     taken from the runs' epoch events."""

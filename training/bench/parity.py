@@ -313,7 +313,7 @@ def _table_print(rows: list[Row], seeds: list[int], base: float | None, margin: 
         f"{'strategy':<24} {'batch/proc':>10} {'procs':>5} {seed_cols} {'mean':>8} "
         f"{'spread':>8} {'vs single':>9} {'vs plain':>9} {'margin':>8}"
     )
-    means = {row.variant: row.mean for row in rows if not row.problem}
+    means = _means(rows)
     for row in rows:
         head = f"{row.strategy:<24} {row.batch:>10} {row.procs:>5}"
         if row.problem:
@@ -336,8 +336,12 @@ def _vs_plain(row: Row, means: dict[Variant, float], margin: float) -> str:
     return f"{diff:+9.4f} {'within' if abs(diff) <= margin else 'OUTSIDE':>8}"
 
 
+def _means(rows: list[Row]) -> dict[Variant, float]:
+    return {row.variant: row.mean for row in rows if not row.problem}
+
+
 def _margin_print(rows: list[Row], margin: float) -> None:
-    means = {row.variant: row.mean for row in rows if not row.problem}
+    means = _means(rows)
     judged = [
         row
         for row in rows
