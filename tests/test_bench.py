@@ -15,7 +15,9 @@ import pytest
 
 from tests.conftest import need
 from tests.test_training import ROOT
+from training.bench import parity
 from training.data import DEBIAN_FASHION_DIR
+from training.registry import STRATEGY_NAMES
 
 RATIO = re.compile(r"^(engine|memory|parity) ratio: \d+\.\d{3}$")
 
@@ -90,16 +92,109 @@ def test_parity_bench_prints_its_table_and_ratio(sample_data: Path) -> None:
     )
     assert RATIO.match(lines[-1]) and lines[-1].startswith("parity ratio: ")
     table = "\n".join(lines)
-    head = r"^strategy +batch/proc +procs +seed 1 +seed 2 +mean +spread +vs single$"
+    head = (
+        r"^strategy +batch/proc +procs +seed 1 +seed 2 +mean +spread +vs single +vs plain +margin$"
+    )
     assert re.search(head, table, re.M)
     acc = r"[01]\.\d{4}"
     # Two seeds: two accuracies, their mean and their spread (no longer 0 by construction).
-    assert re.search(rf"^single +64 +1 +{acc} +{acc} +{acc} +{acc} +\+0\.0000$", table, re.M)
-    ddp = re.search(rf"^ddp +32 +2 +({acc} +{acc}) +{acc} +{acc} +[+-]{acc}$", table, re.M)
+    assert re.search(rf"^single +64 +1 +{acc} +{acc} +{acc} +{acc} +\+0\.0000 +- +-$", table, re.M)
+    ddp = re.search(rf"^ddp +32 +2 +({acc} +{acc}) +{acc} +{acc} +[+-]{acc} +- +-$", table, re.M)
     # Two batches of 16 a step on each rank: the very images of ddp's 32, so its accuracies.
-    row = rf"^ddp accumulate=2 +16 +2 +({acc} +{acc}) +{acc} +{acc} +[+-]{acc}$"
+    row = rf"^ddp accumulate=2 +16 +2 +({acc} +{acc}) +{acc} +{acc} +[+-]{acc} +\+0\.0000 +within$"
     accumulated = re.search(row, table, re.M)
     assert ddp and accumulated and accumulated[1] == ddp[1], table
+
+
+@pytest.mark.slow  # five trainings of 3 steps, four of them 2 ranks (26 s on 2 idle cores)
+def test_parity_bench_ddp_variants_margin_and_figures_per_rank(sample_data: Path) -> None:
+    """DDP's communication options beside plain ddp (added though not listed), each judged
+    against it; the bf16 hook skipped with the registry's reason; the second table's figures
+    taken from the runs' epoch events."""
+    lines = bench(
+        sample_data, "parity", "--seeds", "1", "--steps-per-epoch", "3", "--strategies",
+        "single,ddp:comm_hook=fp16,ddp:shard_optimizer,ddp:comm_hook=bf16",
+    )  # fmt: skip
+    assert RATIO.match(lines[-1]) and lines[-1].startswith("parity ratio: ")
+    table = "\n".join(lines)
+    acc = r"[01]\.\d{4}"
+    assert re.search(rf"^ddp +32 +2 +{acc} +{acc} +0\.0000 +[+-]{acc} +- +-$", table, re.M), table
+    verdicts = {}
+    for label in ("ddp comm_hook=fp16", "ddp shard_optimizer"):
+        row = rf"^{label} +32 +2 +{acc} +{acc} +0\.0000 +[+-]{acc} +([+-]{acc}) +(within|OUTSIDE)$"
+        found = re.search(row, table, re.M)
+        assert found, table
+        assert (abs(float(found[1])) <= 0.02) == (found[2] == "within"), found[0]
+        verdicts[label] = found[2] == "within"
+    assert re.search(
+        r"^ddp comm_hook=bf16 +32 +2 skipped: --comm-hook bf16: .*Gloo.*NCCL", table, re.M
+    ), table
+    within = sum(verdicts.values())
+    margin = f"margin 0.0200 (2 accuracy points) of the plain strategy's mean: {within} of 2 "
+    assert any(line.startswith(margin) for line in lines), table
+    # Throughput and memory per rank: positive images/s, sizes in binary units, ratios to single.
+    head = r"^strategy +images/s +x single +params +grads +optimizer +state x single +peak$"
+    assert re.search(head, table, re.M), table
+    size = r"\d+(?:\.\d)? (?:B|KiB|MiB|GiB)"
+    figures = {}
+    for label in ("single", "ddp", "ddp comm_hook=fp16", "ddp shard_optimizer"):
+        sizes = rf"({size}) +({size}) +({size})"
+        row = rf"^{label} +(\d+\.\d) +(\d+\.\d\d) +{sizes} +(\d+\.\d\d) +({size})$"
+        found = re.search(row, table, re.M)
+        assert found and float(found[1]) > 0, (label, table)
+        figures[label] = found.groups()
+    assert figures["single"][1] == "1.00" and figures["single"][5] == "1.00"
+    # Every DDP rank holds the whole model: single's parameters, gradients and (plain) state.
+    assert figures["ddp"][2:5] == figures["single"][2:5]
+    assert figures["ddp comm_hook=fp16"][2:4] == figures["single"][2:4]
+    assert re.search(r"^ddp comm_hook=bf16 +skipped$", table, re.M)
+    # ZeRO-1's ranks keep different shares of the optimizer state: each rank's line says so.
+    ranks = re.search(
+        rf"^  ddp shard_optimizer: rank 0 {size} / {size} / ({size}); rank 1 {size} / {size} / "
+        rf"({size}) \(params / grads / optimizer\)$",
+        table,
+        re.M,
+    )
+    assert ranks and ranks[1] != ranks[2], table
+
+
+def test_parity_variants_parse_plan_and_judge() -> None:
+    """Without training: the variant syntax (a switch by its name or =true), each variant's plain
+    strategy added before it, the registry's refusal as the skip reason, the margin verdict."""
+    switch = parity.variant_parse("ddp:shard_optimizer")
+    assert switch == parity.variant_parse("ddp:shard_optimizer=TRUE")
+    assert switch.label == "ddp shard_optimizer" and switch.flags() == ["--shard-optimizer"]
+    assert parity.variant_parse("ddp:shard_optimizer=false").flags() == []
+    hook = parity.variant_parse("ddp:comm_hook=powersgd:accumulate=2")
+    assert hook.flags() == ["--comm-hook", "powersgd", "--accumulate", "2"]
+    with pytest.raises(ValueError, match="the communication hook is none or fp16"):
+        parity.variant_parse("ddp:comm_hook=int8")
+    with pytest.raises(ValueError, match="single takes no option 'comm_hook'"):
+        parity.variant_parse("single:comm_hook=fp16")
+    for default in parity.DEFAULT_STRATEGIES:  # every default row parses
+        parity.variant_parse(default)
+    assert {"ddp:comm_hook=fp16", "ddp:comm_hook=powersgd", "ddp:shard_optimizer"} <= set(
+        parity.DEFAULT_STRATEGIES
+    )
+    assert set(STRATEGY_NAMES) <= set(parity.DEFAULT_STRATEGIES)  # a new strategy by itself
+    args, _, order = parity._args_parse(["--strategies", "ddp:comm_hook=fp16,fsdp:accumulate=2"])
+    assert [v.label for v in order] == [
+        "single", "ddp", "ddp comm_hook=fp16", "fsdp", "fsdp accumulate=2",
+    ]  # fmt: skip
+    row, _ = parity._plan(parity.variant_parse("ddp:comm_hook=bf16"), args, gpus=0)
+    assert row.problem.startswith("skipped: --comm-hook bf16: ") and "Gloo" in row.problem
+    row, flags = parity._plan(switch, args, gpus=0)
+    assert not row.problem and flags == ["--nproc", "2", "--shard-optimizer"]
+    plain = parity.Row(parity.Variant("ddp"), 32, 2, [parity.RunResult(0.90, 100.0)])
+    means = {plain.variant: plain.mean}
+    near = parity.Row(hook, 16, 2, [parity.RunResult(0.885, 90.0)])
+    far = parity.Row(switch, 32, 2, [parity.RunResult(0.87, 90.0)])
+    assert parity._vs_plain(near, means, 0.02).split() == ["-0.0150", "within"]
+    assert parity._vs_plain(far, means, 0.02).split() == ["-0.0300", "OUTSIDE"]
+    assert parity._vs_plain(plain, means, 0.02).split() == ["-", "-"]
+    assert parity._vs_plain(near, {}, 0.02).split() == ["n/a", "n/a"]
+    sizes = [parity.size_text(n) for n in (512, 161_900, 6_503_464, 3 * 2**30)]
+    assert sizes == ["512 B", "158.1 KiB", "6.2 MiB", "3.0 GiB"]
 
 
 def test_bench_usage() -> None:

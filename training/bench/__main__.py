@@ -15,7 +15,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"usage: python -m training.bench {{{','.join(commands)}}} [options]\n"
             "  engine  images/s of the engine's data path vs a DataLoader loop and compute only\n"
             "  memory  peak memory of N ranks sharing the dataset vs one process\n"
-            "  parity  test accuracy per strategy at the same global batch, over seeds",
+            "  parity  per strategy and option at one global batch: test accuracy over seeds,\n"
+            "          images/s and memory per rank",
             file=sys.stderr,
         )
         return 2
