@@ -42,15 +42,15 @@ def test_the_device_check_runs_every_strategy_and_reads_the_machine(tmp_path: Pa
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = (out / "summary.txt").read_text()
-    rows = {line.split()[0]: line for line in summary.splitlines()[3:13]}
+    rows = {line.split()[0]: line for line in summary.splitlines()[3:14]}
     assert set(rows) == {"single", "dp", "ddp", "dp-primitives", "model-parallel", "hogwild",
-                         "deepspeed", "tensor-parallel", "fsdp-tp", "fsdp"}  # fmt: skip
+                         "deepspeed", "tensor-parallel", "fsdp-tp", "fsdp", "pipeline"}  # fmt: skip
     for strategy in ("single", "dp", "ddp", "model-parallel", "hogwild", "tensor-parallel",
-                     "fsdp-tp", "fsdp"):  # fmt: skip
+                     "fsdp-tp", "fsdp", "pipeline"):  # fmt: skip
         assert " yes " in rows[strategy] and "img/s" in rows[strategy], rows[strategy]
     assert "refused:" in rows["dp-primitives"] and "2 or more GPUs" in rows["dp-primitives"]
     # The step's options: fp16 refused without a GPU, the rest left to tests/test_step_options.
-    variants = {line.split()[0]: line for line in summary.splitlines()[13:20]}
+    variants = {line.split()[0]: line for line in summary.splitlines()[14:21]}
     assert "refused:" in variants["ddp/fp16"] and "GPUs only" in variants["ddp/fp16"]
     assert " yes " in variants["single/compile"] and "skipped: no GPU" in variants["single/compile"]
     assert proc.stdout.strip().splitlines()[-1] == "gpu-check: all as expected"
