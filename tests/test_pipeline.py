@@ -67,8 +67,7 @@ def test_gpipe_two_stages_equal_single(single: Result, gpipe: Result) -> None:
 def test_each_stage_holds_its_part_only(single: Result, gpipe: Result) -> None:
     model = SimpleCNN()
     held = [
-        sum(p.numel() * 4 for p in part.parameters())
-        for part in (model.features, model.classifier)
+        sum(p.numel() * 4 for p in part.parameters()) for part in (model.features, model.classifier)
     ]
     (full,) = _epoch(single, 1)["memory"]
     memory = _epoch(gpipe, 1)["memory"]

@@ -332,7 +332,7 @@ def _channels(n: int) -> str:
     return f"{n} channel" + ("" if n == 1 else "s")
 
 
-# --- stages, for model-parallel and pipeline ----------------------------------------------------------------
+# --- stages, for model-parallel and pipeline ------------------------------------------------
 
 
 def model_stages(

@@ -570,7 +570,7 @@ def pipeline_refusals(
     spec = strategy_get(name)
     if not spec.stages:
         return []
-    m = MICROBATCHES.default if microbatches is None else int(microbatches)
+    m = int(MICROBATCHES.default if microbatches is None else microbatches)
     refusals = []
     if processes < 2:
         refusals.append(

@@ -221,8 +221,11 @@ class Pipe:
                     module.to("meta")
 
     def model_gather(self) -> dict[str, Any] | None:
+        """The whole model's state on rank 0 (None on the others): every rank joins."""
         with self.gathered():
-            return {k: v.cpu() for k, v in self.model.state_dict().items()} if self.rt.is_main else None
+            if not self.rt.is_main:
+                return None
+            return {k: v.cpu() for k, v in self.model.state_dict().items()}
 
     def optimizer_gather(self) -> dict[str, Any] | None:
         """The whole model's optimizer state on rank 0, numbered as its optimizer would."""
@@ -232,9 +235,7 @@ class Pipe:
             return None
         merged = {
             "state": {k: v for s in states for k, v in s["state"].items()},
-            "param_groups": [
-                {**states[0]["param_groups"][0], "params": list(self.names)}
-            ],
+            "param_groups": [{**states[0]["param_groups"][0], "params": list(self.names)}],
         }
         return by_number(merged, self.names)
 

@@ -165,8 +165,8 @@ def _form_help() -> dict[str, str]:
         "processes_help": f"Processes of {names} (the others run one); leave empty for one per "
         "GPU, or 2 on the CPU.",
         "batch_size_help": f"Per process: {names} processes each take a batch this size; "
-        f"the ranks of a tensor-parallel group or a pipeline ({shared}) share one; DataParallel splits it "
-        "across its GPUs.",
+        f"the ranks of a tensor-parallel group or a pipeline ({shared}) share one; DataParallel "
+        "splits it across its GPUs.",
     }
 
 
