@@ -59,16 +59,18 @@ def test_the_device_check_runs_every_strategy_and_reads_the_machine(tmp_path: Pa
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     summary = (out / "summary.txt").read_text()
-    rows = {line.split()[0]: line for line in summary.splitlines()[3:13]}
+    rows = {line.split()[0]: line for line in summary.splitlines()[3:14]}
     assert set(rows) == {"single", "dp", "ddp", "dp-primitives", "model-parallel", "hogwild",
-                         "deepspeed", "tensor-parallel", "fsdp-tp", "fsdp"}  # fmt: skip
+                         "deepspeed", "tensor-parallel", "fsdp-tp", "fsdp", "pipeline"}  # fmt: skip
     for strategy in ("single", "dp", "ddp", "model-parallel", "hogwild", "tensor-parallel",
-                     "fsdp-tp", "fsdp"):  # fmt: skip
+                     "fsdp-tp", "fsdp", "pipeline"):  # fmt: skip
         assert " yes " in rows[strategy] and "img/s" in rows[strategy], rows[strategy]
     assert "refused:" in rows["dp-primitives"] and "2 or more GPUs" in rows["dp-primitives"]
     # The step's and DDP's options: those needing a GPU refused without one, the rest left to
     # tests/test_step_options.py and tests/test_ddp_options.py.
-    variants = {line.split()[0]: line for line in summary.splitlines()[13:24]}
+    variants = {
+        line.split()[0]: line for line in summary.splitlines()[14 : 14 + len(gpu_check.VARIANTS)]
+    }
     assert set(variants) == {label for label, _, _ in gpu_check.VARIANTS}
     assert "refused:" in variants["ddp/fp16"] and "GPUs only" in variants["ddp/fp16"]
     assert "refused:" in variants["ddp/hook-bf16"] and "Gloo" in variants["ddp/hook-bf16"]

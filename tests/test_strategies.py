@@ -29,7 +29,8 @@ from training.registry import (
 pytestmark = pytest.mark.django_db
 
 NEW_STRATEGIES = (
-    "dp-primitives", "model-parallel", "hogwild", "deepspeed", "fsdp", "tensor-parallel", "fsdp-tp",
+    "dp-primitives", "model-parallel", "hogwild", "deepspeed", "fsdp", "pipeline",
+    "tensor-parallel", "fsdp-tp",
 )  # fmt: skip
 
 
@@ -51,7 +52,8 @@ def test_form_page_has_a_field_per_declared_option(client: Client, user_factory:
     for option in OPTIONS_DECLARED:
         assert f'name="{option.name}"' in html
     assert html.count('class="field strategy-option"') == len(OPTIONS_DECLARED)
-    assert 'data-process-strategies="ddp hogwild deepspeed fsdp tensor-parallel fsdp-tp"' in html
+    processes = "ddp hogwild deepspeed fsdp pipeline tensor-parallel fsdp-tp"
+    assert f'data-process-strategies="{processes}"' in html
     for value in NEW_STRATEGIES:
         assert f'<option value="{value}"' in html
 

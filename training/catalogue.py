@@ -48,7 +48,7 @@ EVAL_SPLITS = ("val", "test")
 IMAGE_ROOTS_ENV = "TRAINYARD_IMAGE_FOLDERS"
 IMAGE_ROOTS_SUBDIR = "imagefolders"
 # Strategies that split the model into stages: they take only a worker's models_splittable.
-SPLIT_STRATEGIES = ("model-parallel",)
+SPLIT_STRATEGIES = ("model-parallel", "pipeline")
 
 
 @dataclass(frozen=True)

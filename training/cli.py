@@ -20,6 +20,7 @@ from training.registry import (
     REGISTRY,
     RULE_MIN_GPUS,
     TORCHRUN_STRATEGIES,
+    pipeline_refusals,
     strategy_get,
     strategy_refusals,
 )
@@ -109,6 +110,8 @@ def _validate(cfg: TrainConfig, parser: argparse.ArgumentParser) -> TrainConfig:
         if refusal not in too_few:
             parser.error(refusal.cli_message)
     spec = strategy_get(cfg.strategy)
+    if spec.stages:
+        _validate_pipeline(cfg, parser)
     if spec.requires is not None and not package_available(spec.requires.module):
         parser.error(
             f"--strategy {spec.name} needs the optional {spec.requires.label} package, which "
@@ -128,6 +131,21 @@ def _validate(cfg: TrainConfig, parser: argparse.ArgumentParser) -> TrainConfig:
             f"{too_few[0].cli_message} (this machine has {count} GPUs, e.g. --gpus {example})"
         )
     return cfg
+
+
+def _validate_pipeline(cfg: TrainConfig, parser: argparse.ArgumentParser) -> None:
+    """The pipeline's stages, micro-batches and batch. The model's stage count is known by
+    building it on the meta device (torch imported for it); the launcher asks, its ranks not."""
+    stages = None
+    if not under_torchrun() and cfg.nproc >= 2:
+        from training.models import model_stage_limit
+
+        stages = model_stage_limit(cfg.model)
+    for refusal in pipeline_refusals(
+        cfg.strategy, processes=cfg.nproc, batch_size=cfg.batch_size,
+        microbatches=cfg.microbatches, schedule=cfg.pipeline_schedule, stages=stages,
+    ):  # fmt: skip
+        parser.error(refusal.cli_message)
 
 
 # What a machine without (enough) GPUs can run instead, from the registry.

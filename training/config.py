@@ -22,6 +22,7 @@ from training.registry import (
     OPTIONS_DECLARED,
     REGISTRY,
     RESHARD_STRATEGIES,
+    SHARED_BATCH_STRATEGIES,
     STRATEGY_NAMES,
     SWITCH,
     SYNC_BATCHNORM_CPU_REASON,
@@ -212,8 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--batch-size",
         type=_int_in(1, 8192),
         default=64,
-        help="per process, or per tensor-parallel group, whose ranks train on one batch "
-        f"({', '.join(TENSOR_PARALLEL_STRATEGIES)}) (default: 64)",
+        help="per process, or per tensor-parallel group or pipeline, whose ranks train on one "
+        f"batch ({', '.join(SHARED_BATCH_STRATEGIES)}) (default: 64)",
     )
     p.add_argument("--test-batch-size", type=_int_in(1, 8192), default=1000)
     p.add_argument("--lr", type=_learning_rate, default=1e-3)

@@ -23,7 +23,10 @@ from training.runtime import Runtime, all_gather
 
 
 def tensor_bytes(tensor: torch.Tensor) -> int:
-    """Bytes this process holds of ``tensor``: a DTensor's local shard, else the tensor."""
+    """Bytes this process holds of ``tensor``: a DTensor's local shard, else the tensor; none
+    on the meta device (a pipeline stage's view of the other stages' parameters)."""
+    if tensor.is_meta:
+        return 0
     local = tensor.to_local() if hasattr(tensor, "to_local") else tensor
     return int(local.numel() * local.element_size())
 

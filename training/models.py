@@ -18,7 +18,7 @@ resizes each batch to it, and the notes say so. The hook sits on that model alon
 and every other model's are unchanged. A model that takes none of the sizes tried is refused
 with the error of the dataset's size.
 
-``model_stages`` gives a model's parts for ``model-parallel``: a plug-in's own
+``model_stages`` gives a model's parts for ``model-parallel`` and ``pipeline``: a plug-in's own
 ``build.stages(model)``, else the model's top-level children. ``model_tensor_plan`` gives the
 linear layers ``tensor-parallel`` and ``fsdp-tp`` split, as the model declares them.
 """
@@ -332,47 +332,83 @@ def _channels(n: int) -> str:
     return f"{n} channel" + ("" if n == 1 else "s")
 
 
-# --- stages, for model-parallel ----------------------------------------------------------------
+# --- stages, for model-parallel and pipeline ------------------------------------------------
 
 
-def model_stages(name: str, model: nn.Module) -> list[Part]:
-    """The parts ``model-parallel`` places: a plug-in's declared ``build.stages(model)``, else
-    the model's top-level children. Refused (ModelRefused) where fewer than two have
-    parameters, or a plug-in declares none."""
+def model_stages(
+    name: str, model: nn.Module, *, stages: int = 2, strategy: str = "model-parallel"
+) -> list[Part]:
+    """The parts ``model-parallel`` places and ``pipeline`` runs one after another: a plug-in's
+    declared ``build.stages(model)``, else the model's top-level children. Refused
+    (ModelRefused) where fewer than ``stages`` have parameters (each stage needs some), or a
+    plug-in declares none."""
     point = catalogue.model_plugins().get(name)
     if point is not None and name not in catalogue.BUILTIN_MODELS:
         declared = getattr(point.load(), "stages", None)
         if not callable(declared):
             raise ModelRefused(
-                f"model-parallel cannot split the plug-in model {name}: its build declares no "
+                f"{strategy} cannot split the plug-in model {name}: its build declares no "
                 "stages (build.stages(model) -> [(name, module), ...])"
             )
         parts: list[Part] = list(declared(model))
     else:
         parts = list(model.named_children())
     with_params = [part for part, module in parts if _params(module)]
-    if len(with_params) < 2:
+    if len(with_params) < stages:
         raise ModelRefused(
-            f"model-parallel cannot split {name}: it has {len(with_params)} top-level part(s) "
-            f"with parameters ({', '.join(with_params) or 'none'}), and two stages need two"
+            f"{strategy} cannot split {name} into {stages} stages: it has "
+            f"{len(with_params)} top-level part(s) with parameters "
+            f"({', '.join(with_params) or 'none'}), and each stage needs one"
         )
     return parts
+
+
+def model_stage_count(parts: list[Part]) -> int:
+    """The most stages ``parts`` cut into: one per part that holds parameters."""
+    return sum(1 for _, module in parts if _params(module))
+
+
+def model_stage_limit(name: str) -> int | None:
+    """The most stages ``name`` cuts into (``model_stage_count``), from the model built for
+    MNIST on the meta device (no memory, no weights): the CLI refuses more pipeline ranks
+    before any starts. None where it cannot tell (the model fails to build so); the engine
+    refuses then."""
+    try:
+        with torch.device("meta"):
+            model = model_build_for(name=name, meta=DatasetMeta("mnist", 10, 1, 28)).model
+            return model_stage_count(model_stages(name, model, stages=1))
+    except Exception:  # building it for the run says why
+        return None
 
 
 def stages_balance(parts: list[Part]) -> tuple[list[Part], list[Part]]:
     """``parts`` cut in two, in order, where the parameter counts of the two sides are closest;
     each side holds parameters."""
+    first, second = stages_split(parts, 2)
+    return first, second
+
+
+def stages_split(parts: list[Part], count: int) -> list[list[Part]]:
+    """``parts`` cut into ``count`` stages, in order, each holding parameters, the largest
+    stage as small as it can be (by parameters; the earliest such cuts). ``count`` must not
+    exceed ``model_stage_count(parts)``."""
     counts = [_params(module) for _, module in parts]
-    total = sum(counts)
-    best, best_gap = 1, None
-    for cut in range(1, len(parts)):
-        first = sum(counts[:cut])
-        if first == 0 or first == total:
-            continue
-        gap = abs(total - 2 * first)
-        if best_gap is None or gap < best_gap:
-            best, best_gap = cut, gap
-    return parts[:best], parts[best:]
+    # best[k][i]: (the largest stage, the cuts) of parts[:i] in k stages, each with parameters.
+    best: dict[tuple[int, int], tuple[int, list[int]]] = {(0, 0): (0, [])}
+    for k in range(1, count + 1):
+        for i in range(1, len(parts) + 1):
+            options = [
+                (max(best[k - 1, j][0], sum(counts[j:i])), [*best[k - 1, j][1], j])
+                for j in range(i)
+                if (k - 1, j) in best and sum(counts[j:i]) > 0
+            ]
+            if options:
+                best[k, i] = min(options, key=lambda option: option[0])
+    if (count, len(parts)) not in best:
+        raise ValueError(f"{len(parts)} parts do not cut into {count} stages with parameters")
+    cuts = [*best[count, len(parts)][1][1:], len(parts)]
+    starts = [0, *cuts[:-1]]
+    return [parts[a:b] for a, b in zip(starts, cuts, strict=True)]
 
 
 def _params(module: nn.Module) -> int:

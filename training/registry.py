@@ -239,8 +239,12 @@ class StrategySpec:
     options: tuple[StrategyOption, ...] = ()  # the settings only it reads
     requires: Requirement | None = None  # an optional package it imports
     # Ranks that split the model's layers between them and so train on one batch together
-    # (tensor parallel): 1 none, 0 all of them, N groups of N (fsdp-tp's tensor dimension).
+    # (tensor parallel, pipeline): 1 none, 0 all of them, N groups of N (fsdp-tp's tensor
+    # dimension).
     tensor_ranks: int = 1
+    # Splits the model into stages, one a rank, by its declared split (pipeline), not by a
+    # tensor-parallel plan.
+    stages: bool = False
 
 
 REGISTRY: tuple[StrategySpec, ...] = (
@@ -350,6 +354,23 @@ REGISTRY: tuple[StrategySpec, ...] = (
         options=(ACCUMULATE, PRECISION),
     ),
     StrategySpec(
+        name="pipeline",
+        label="Pipeline (GPipe, 1F1B)",
+        short="Pipeline",
+        summary="Pipeline parallel (torch.distributed.pipelining) under torchrun: the model's "
+        "declared stages one a rank, each batch run through them in --microbatches pieces "
+        "(--pipeline-schedule gpipe or 1f1b).",
+        help="Pipeline parallel: the model cut into one stage per rank (its declared split, as "
+        "model parallel's), each batch cut into micro-batches that flow through the stages, "
+        "GPipe or 1F1B; each rank holds only its stage. Gloo on CPU, NCCL on GPUs.",
+        module="pipeline",
+        processes=True,
+        torchrun=True,
+        options=(PIPELINE_SCHEDULE, MICROBATCHES),
+        tensor_ranks=0,
+        stages=True,
+    ),
+    StrategySpec(
         name="tensor-parallel",
         label="Tensor parallel",
         short="TP",
@@ -400,7 +421,12 @@ RESHARD_STRATEGIES = ("fsdp",)
 
 # The strategies that split layers by the model's declared tensor-parallel plan: they take only
 # models that declare one (training.models.model_tensor_plan, a worker's models_tensor_parallel).
-TENSOR_PARALLEL_STRATEGIES: tuple[str, ...] = tuple(s.name for s in REGISTRY if s.tensor_ranks != 1)
+TENSOR_PARALLEL_STRATEGIES: tuple[str, ...] = tuple(
+    s.name for s in REGISTRY if s.tensor_ranks != 1 and not s.stages
+)
+# The strategies whose ranks (or groups of them) train on one batch together: --batch-size is
+# per group, not per rank.
+SHARED_BATCH_STRATEGIES: tuple[str, ...] = tuple(s.name for s in REGISTRY if s.tensor_ranks != 1)
 
 STRATEGY_OPTIONS: tuple[StrategyOption, ...] = tuple(
     dict.fromkeys(option for spec in REGISTRY for option in spec.options)
@@ -441,6 +467,7 @@ RULE_CPU_ONLY = "cpu_only"  # no GPU ids at all
 RULE_MAX_GPUS = "max_gpus"
 RULE_MIN_GPUS = "min_gpus"  # callers that know the machine say more (which one has enough)
 RULE_MESH = "mesh"  # a 2-D mesh (fsdp-tp): the ranks must factor into its two dimensions
+RULE_PIPELINE = "pipeline"  # stages, micro-batches and the batch must fit together
 NUMBER_WORDS = ("no", "one", "two", "three", "four")
 
 
@@ -524,6 +551,65 @@ def option_refusals(
             refusals.append((option, f"applies to {where}, not {name}"))
         elif not gpus and (reason := option.gpu_reason(value)):
             refusals.append((option, f"{value}: {reason}"))
+    return refusals
+
+
+def pipeline_refusals(
+    name: str,
+    *,
+    processes: int,
+    batch_size: int,
+    microbatches: int | None,
+    schedule: str | None,
+    stages: int | None = None,
+) -> list[Refusal]:
+    """What a pipeline (a strategy that splits the model into stages) refuses in this request:
+    fewer than two stages, more stages than the model has parts (``stages``, where the caller
+    knows it), a batch that does not cut into equal micro-batches, and 1F1B with fewer
+    micro-batches than stages (torch's Schedule1F1B requires as many). Empty elsewhere."""
+    spec = strategy_get(name)
+    if not spec.stages:
+        return []
+    m = int(MICROBATCHES.default if microbatches is None else microbatches)
+    refusals = []
+    if processes < 2:
+        refusals.append(
+            Refusal(
+                RULE_PIPELINE, "processes",
+                f"a pipeline needs 2 stages or more, one a process (got {processes})",
+                f"argument --nproc: {name} runs one stage per rank and needs 2 or more "
+                f"(got --nproc {processes})",
+            )
+        )  # fmt: skip
+    elif stages is not None and processes > stages:
+        refusals.append(
+            Refusal(
+                RULE_PIPELINE, "processes",
+                f"the model splits into at most {stages} stages (its parts that hold "
+                f"parameters), one a process: give {stages} processes or fewer (got {processes})",
+                f"argument --nproc: {name} runs one stage per rank, and the model splits into at "
+                f"most {stages} stages (its parts that hold parameters); got --nproc {processes}",
+            )
+        )  # fmt: skip
+    if batch_size % m:
+        refusals.append(
+            Refusal(
+                RULE_PIPELINE, "microbatches",
+                f"the batch size {batch_size} does not cut into {m} equal micro-batches: give "
+                "a number of micro-batches that divides it",
+                f"argument --microbatches: --batch-size {batch_size} does not cut into {m} equal "
+                "micro-batches; give a number that divides it",
+            )
+        )  # fmt: skip
+    if (schedule or PIPELINE_SCHEDULE.default) == "1f1b" and m < processes:
+        refusals.append(
+            Refusal(
+                RULE_PIPELINE, "microbatches",
+                f"1F1B needs at least as many micro-batches as stages: {m} for {processes}",
+                f"argument --microbatches: --pipeline-schedule 1f1b needs at least as many "
+                f"micro-batches as stages (--nproc): got {m} for {processes}",
+            )
+        )  # fmt: skip
     return refusals
 
 

@@ -5,11 +5,12 @@ Runs ``python -m training`` once per strategy and seed (``--seeds``, default 1,2
 dataset, epochs and GLOBAL batch (``--global-batch``, default 64): single, dp and model-parallel
 take the whole global batch in one process; ddp, hogwild, deepspeed and fsdp run ``--nproc``
 processes (default 2) with ``--batch-size`` global batch / nproc each; the ranks of
-tensor-parallel train on one batch together (the whole global batch), and fsdp-tp's pairs
-each on global batch / (nproc / 2), so it runs where ``--nproc`` is even and 4 or more (skipped,
-with why, otherwise). The default list is every strategy of the registry (``training/registry.py``),
-so a strategy added there appears here by itself. Each run's accuracy is the ``test_accuracy`` of
-its ``finished`` event.
+tensor-parallel and the stages of pipeline train on one batch together (the whole global batch;
+pipeline in its default 4 micro-batches, GPipe, over as many stages as ``--nproc``: the built-in
+model has 2), and fsdp-tp's pairs each on global batch / (nproc / 2), so it runs where
+``--nproc`` is even and 4 or more (skipped, with why, otherwise). The default list is every
+strategy of the registry (``training/registry.py``), so a strategy added there appears here by
+itself. Each run's accuracy is the ``test_accuracy`` of its ``finished`` event.
 
 A strategy may carry its options (``training/registry.py``) as ``name:option=value``, each such
 row beside the plain one (added where the list lacks it): ``single:precision=bf16`` trains under
@@ -70,6 +71,7 @@ from training.registry import (
     StrategyOption,
     mesh_shape,
     option_refusals,
+    pipeline_refusals,
     strategy_get,
     strategy_refusals,
 )
@@ -416,6 +418,13 @@ def _plan(variant: Variant, args: argparse.Namespace, gpus: int) -> tuple[Row, l
         row = Row(variant, args.global_batch // slices // accumulate, args.nproc)
         extra = ["--nproc", str(args.nproc)]
         mesh = [r.cli_message for r in strategy_refusals(strategy, processes=args.nproc, gpus=[])]
+        mesh += [
+            r.cli_message
+            for r in pipeline_refusals(
+                strategy, processes=args.nproc, batch_size=row.batch,
+                microbatches=None, schedule=None,
+            )
+        ]  # fmt: skip
         if mesh:
             row.problem = f"skipped: {mesh[0]}"
     else:

@@ -13,7 +13,7 @@ memory: each device holds only its stage.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
 
@@ -68,7 +68,7 @@ def stages_place(
             module.register_forward_pre_hook(partial(_inputs_to, device), with_kwargs=True)
 
 
-def stage_table(stages: tuple[list[Part], list[Part]], labels: list[str]) -> list[Stage]:
+def stage_table(stages: Sequence[list[Part]], labels: list[str]) -> list[Stage]:
     """started.stages: each stage's parts (children) and device."""
     table: list[Stage] = []
     for parts, label in zip(stages, labels, strict=True):

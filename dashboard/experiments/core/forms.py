@@ -29,6 +29,7 @@ from training.registry import (
     StrategyOption,
     StrategySpec,
     option_refusals,
+    pipeline_refusals,
     plural,
     strategy_get,
     strategy_refusals,
@@ -313,7 +314,12 @@ class ExperimentForm(forms.ModelForm):
             if refusal.rule == RULE_PER_GPU:
                 self.add_error("processes", refusal.message)
                 return data
-        if not self._nodes_clean(data, spec):
+        for refusal in pipeline_refusals(
+            strategy, processes=data["processes"], batch_size=data.get("batch_size") or 1,
+            microbatches=data.get("microbatches"), schedule=data.get("pipeline_schedule"),
+        ):  # fmt: skip
+            self.add_error(refusal.field, refusal.message)
+        if not self._nodes_clean(data, spec) or self.errors:
             return data
         if not self._catalogue_clean(data):
             return data

@@ -48,7 +48,7 @@ from dashboard.experiments.web.run_list import (
     runs_page,
 )
 from dashboard.texts import format_duration, words_joined
-from training.registry import REGISTRY, STRATEGIES, TENSOR_PARALLEL_STRATEGIES
+from training.registry import REGISTRY, SHARED_BATCH_STRATEGIES, STRATEGIES
 
 # The detail page embeds the stored curve so that it draws before the socket opens; the log box
 # shows only the tail.
@@ -160,13 +160,13 @@ def form_unknown_keys(*, data: Any, form: ExperimentForm) -> str:
 def _form_help() -> dict[str, str]:
     """Help lines that name the strategies with processes ("DDP, Hogwild and DeepSpeed")."""
     names = words_joined([STRATEGIES[name].short for name in PROCESS_STRATEGIES])
-    shared = words_joined([STRATEGIES[name].short for name in TENSOR_PARALLEL_STRATEGIES])
+    shared = words_joined([STRATEGIES[name].short for name in SHARED_BATCH_STRATEGIES])
     return {
         "processes_help": f"Processes of {names} (the others run one); leave empty for one per "
         "GPU, or 2 on the CPU.",
         "batch_size_help": f"Per process: {names} processes each take a batch this size; "
-        f"the ranks of a tensor-parallel group ({shared}) share one; DataParallel splits it "
-        "across its GPUs.",
+        f"the ranks of a tensor-parallel group or a pipeline ({shared}) share one; DataParallel "
+        "splits it across its GPUs.",
     }
 
 
