@@ -18,13 +18,13 @@ another order: we require tensor-parallel's tolerances (measured here: equal to 
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.test import Client
 
+from tests.factories import api_post
 from tests.test_catalogue_launch import catalogue_report, machine
 from tests.test_tensor_parallel import _checkpoint, _epoch, _run, assert_same_epoch
 from tests.test_training import Result
@@ -155,23 +155,40 @@ def test_pipeline_refusals_are_the_registrys() -> None:
     assert refusal.rule == RULE_PIPELINE and refusal.field == "processes"
 
 
-def _post(client: Client, body: dict[str, Any]) -> Any:
-    return client.post("/api/experiments/", json.dumps(body), content_type="application/json")
-
-
 @pytest.mark.django_db
 def test_api_refuses_what_the_cli_refuses(user_factory: Any, launched: list[int]) -> None:
     machine("host-a", catalogue_report())
     client = Client()
     client.force_login(user_factory())
-    response = _post(client, {"strategy": "pipeline", "batch_size": 30, "microbatches": 4})
+    response = api_post(client, {"strategy": "pipeline", "batch_size": 30, "microbatches": 4})
     assert response.status_code == 400, response.content
     assert "does not cut into 4 equal micro-batches" in response.json()["errors"]["microbatches"][0]
-    response = _post(client, {"strategy": "pipeline", "accumulate": 2})
+    response = api_post(client, {"strategy": "pipeline", "accumulate": 2})
     assert response.status_code == 400, response.content
     assert "applies to --strategy" in response.json()["errors"]["accumulate"][0]
     body = {"strategy": "pipeline", "pipeline_schedule": "1f1b", "microbatches": 8}
-    response = _post(client, body)
+    response = api_post(client, body)
     assert response.status_code == 201, response.content
     read = client.get(f"/api/experiments/{response.json()['id']}/").json()
     assert (read["pipeline_schedule"], read["microbatches"]) == ("1f1b", 8)
+
+
+@pytest.mark.django_db
+def test_api_refuses_more_stages_than_the_model_has(user_factory: Any, launched: list[int]) -> None:
+    """The web server builds a built-in or torchvision model on the meta device to count its
+    stages, as the CLI does (simple-cnn: 2, resnet18: 7); a plug-in's model is the worker's to
+    count, at start."""
+    splittable = ("simple-cnn", "resnet18", "mobilenet_v2", "my-net")
+    machine("host-a", catalogue_report(plugins=("my-net",), splittable=splittable))
+    client = Client()
+    client.force_login(user_factory())
+    for model, stages in (("simple-cnn", 2), ("resnet18", 7)):
+        body = {"strategy": "pipeline", "model": model, "processes": stages + 1}
+        response = api_post(client, body)
+        assert response.status_code == 400, response.content
+        why = response.json()["errors"]["processes"][0]
+        assert f"splits into at most {stages} stages" in why, why
+    body = {"strategy": "pipeline", "model": "resnet18", "processes": 3, "microbatches": 4}
+    assert api_post(client, body).status_code == 201
+    plugin = api_post(client, {**body, "model": "my-net", "processes": 4})
+    assert plugin.status_code == 201, plugin.content

@@ -8,6 +8,7 @@ worker will ever have it."""
 
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any
 
@@ -181,3 +182,21 @@ def launch_catalogue_check(
         return errors
     need = {"model": model, "dataset": dataset, "data_path": data_path}
     return _together_check(need=need, catalogues=catalogues, nodes=nodes, machines=machines or [])
+
+
+def pipeline_stage_limit(*, model: str) -> int | None:
+    """The most pipeline stages ``model`` cuts into, where this server can tell: the built-in
+    and torchvision's models, built on the meta device (no memory, no weights) once per process,
+    so torch is imported here only when a pipeline is launched. A plug-in's model is on the
+    workers alone: None, and its run refuses more stages than it has at start, with the reason."""
+    sources = {c.model_sources.get(model) for c in catalogues_online()}
+    if model not in BUILTIN_MODELS and "torchvision" not in sources:
+        return None
+    return _stage_limit(model)
+
+
+@functools.cache
+def _stage_limit(model: str) -> int | None:
+    from training.models import model_stage_limit
+
+    return model_stage_limit(model)

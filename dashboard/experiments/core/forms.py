@@ -11,6 +11,7 @@ from dashboard.devices.capacity import capacity_check
 from dashboard.experiments.core.catalogue_checks import (
     data_path_normalise,
     launch_catalogue_check,
+    pipeline_stage_limit,
 )
 from dashboard.experiments.core.catalogue_options import (
     dataset_choices,
@@ -314,9 +315,15 @@ class ExperimentForm(forms.ModelForm):
             if refusal.rule == RULE_PER_GPU:
                 self.add_error("processes", refusal.message)
                 return data
+        stages = (
+            pipeline_stage_limit(model=data.get("model") or MODEL_DEFAULT)
+            if spec.stages and data["processes"] >= 2
+            else None
+        )
         for refusal in pipeline_refusals(
             strategy, processes=data["processes"], batch_size=data.get("batch_size") or 1,
             microbatches=data.get("microbatches"), schedule=data.get("pipeline_schedule"),
+            stages=stages,
         ):  # fmt: skip
             self.add_error(refusal.field, refusal.message)
         if not self._nodes_clean(data, spec) or self.errors:
