@@ -188,8 +188,8 @@ def test_compared_runs_as_one_tensorboard_log(
     with zipfile.ZipFile(io.BytesIO(body(response))) as archive:
         archive.extractall(tmp_path)
     # A folder per run of the caller's (bob's is left out): TensorBoard overlays them.
-    folders = sorted(p.name for p in tmp_path.iterdir())
-    assert folders == [f"trainyard-{run.pk}-ddp-2-ranks", f"trainyard-{other.pk}-single"]
+    folders = [f"trainyard-{run.pk}-ddp-2-ranks", f"trainyard-{other.pk}-single"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(folders)  # "10" sorts before "9"
     single = tensorboard_read(tmp_path / folders[1])
     assert [(e.step, e.value) for e in single["train_loss"]] == [(3, 0.25)]
     assert len(tensorboard_read(tmp_path / folders[0])["train_loss"]) == 2500

@@ -61,9 +61,14 @@ def folder(stack: Stack, data_dir: Path) -> Path:
     """Fashion-MNIST items as PNG files where the worker looks: <data dir>/imagefolders."""
     root = data_dir / "imagefolders" / "fashion-png"
     if not root.exists():
+        # Written outside the folders the worker scans, then moved in at once: a report taken
+        # while it was written once saw class_9 in train/ and not yet in val/ (a refused launch).
+        partial = data_dir / "fashion-png.partial"
         image_folder_write(
-            root, per_class=60, test_per_class=20, source="fashion-mnist", data_dir=data_dir
+            partial, per_class=60, test_per_class=20, source="fashion-mnist", data_dir=data_dir
         )
+        root.parent.mkdir(parents=True, exist_ok=True)
+        partial.rename(root)
     alice = stack.login("alice")
     wait_for(
         lambda: str(root.resolve()) in [f["path"] for f in machine(stack, alice)["report"].get(
