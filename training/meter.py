@@ -22,12 +22,13 @@ from typing import Any
 import psutil
 import torch
 
+from training.phases import CLOCK, CLOCK_PHASES
 from training.runtime import Runtime, all_gather_floats
 
 _PROCESS = psutil.Process()
 ROW_FIELDS = (
     "loss_sum", "steps", "images", "data_seconds", "compute_seconds", "elapsed", "rss",
-    "compile_seconds",
+    "compile_seconds", *CLOCK_PHASES, "communication_bytes", "wall",
 )  # fmt: skip
 
 
@@ -53,6 +54,8 @@ class Window:
     compute_seconds: float = 0.0
     compile_seconds: float = 0.0
     started: float = field(default_factory=time.perf_counter)
+    # The phase clock's totals at the start (training.phases): the window's are the difference.
+    clock_start: tuple[float, ...] = field(default_factory=CLOCK.read)
 
     def __post_init__(self) -> None:
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -67,8 +70,11 @@ class Window:
 
     def row(self) -> list[float]:
         """This process's figures, in ROW_FIELDS order (what ranks exchange)."""
-        # Compiling is reported apart: the window's throughput is that of training alone.
-        elapsed = max(time.perf_counter() - self.started - self.compile_seconds, 1e-9)
+        # Compiling is reported apart: the window's throughput is that of training alone. The
+        # phases add up to the whole wall time (compiling falls in forward and backward).
+        wall = max(time.perf_counter() - self.started, 1e-9)
+        elapsed = max(wall - self.compile_seconds, 1e-9)
+        phases = [now - then for now, then in zip(CLOCK.read(), self.clock_start, strict=True)]
         return [
             float(self.loss_sum.item()),
             float(self.steps),
@@ -78,6 +84,8 @@ class Window:
             elapsed,
             float(rss_bytes()),
             self.compile_seconds,
+            *phases,
+            wall,
         ]
 
 
@@ -105,6 +113,7 @@ def report_from_rows(rows: list[list[float]], replicas: int = 1) -> dict[str, An
             "data_seconds": round(r["data_seconds"], 4),
             "compute_seconds": round(r["compute_seconds"], 4),
             "rss_bytes": int(r["rss"]),
+            **phase_fields(r),
         }
         for i, r in enumerate(per_rank)
     ]
@@ -117,6 +126,18 @@ def report_from_rows(rows: list[list[float]], replicas: int = 1) -> dict[str, An
         "rss_bytes": ranks[0]["rss_bytes"],
         "ranks": ranks,
         **({"compile_seconds": round(per_rank[0]["compile_seconds"], 3)} if compiling else {}),
+    }
+
+
+def phase_fields(row: dict[str, float]) -> dict[str, Any]:
+    """A rank's phases of its window (protocol 1.9, ``training.phases``): seconds each, other
+    what the rest leaves of the wall time (never below 0), and the bytes it sent."""
+    seconds = {name: max(row[name], 0.0) for name in CLOCK_PHASES}
+    other = max(row["wall"] - row["data_seconds"] - sum(seconds.values()), 0.0)
+    return {
+        **{f"{name}_seconds": round(value, 4) for name, value in seconds.items()},
+        "other_seconds": round(other, 4),
+        "communication_bytes": int(row["communication_bytes"]),
     }
 
 
