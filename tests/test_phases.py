@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
-from dashboard.experiments.metrics.breakdown import PHASES
+from dashboard.experiments.metrics.breakdown import PHASES, experiment_straggler
 from dashboard.experiments.models import SeriesPoint
 from dashboard.experiments.runs.sink import EventSink
 from tests.test_training import Result, run_cli
@@ -157,6 +157,38 @@ def test_the_sink_stores_the_phases_and_the_read_json_breaks_them_down(
     # communication 0.4, other 0.1 of 2.1 s.
     assert breakdown[1]["communication"] == pytest.approx(0.4 / 2.1, abs=1e-3)
     assert breakdown[0]["communication"] == 0
+    # Rank 1 only waits longer in its collectives: no straggler.
+    assert body["straggler"] is None
     # The metrics API carries the series as any other.
     series = api.get(f"/api/experiments/{run.pk}/metrics/").json()["series"]
     assert {f"rank/{r}/{name}" for r in (0, 1) for name in SECONDS} <= series.keys()
+
+
+def _step(step: int, forwards: list[float]) -> dict[str, Any]:
+    """A step event whose ranks differ in forward time; communication fills the wall (0.5 s)."""
+    ranks = [
+        {"rank": r, "images_per_second": 50.0, "data_seconds": 0.0, "compute_seconds": 0.0,
+         "rss_bytes": 1, "forward_seconds": f, "backward_seconds": 0.1, "optimizer_seconds": 0.0,
+         "communication_seconds": 0.4 - f, "other_seconds": 0.0, "communication_bytes": 0}
+        for r, f in enumerate(forwards)
+    ]  # fmt: skip
+    return {"type": "step", "epoch": 1, "step": step, "time": float(step), "train_loss": 1.0,
+            "images_per_second": 150.0, "ranks": ranks}  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_a_rank_markedly_slower_than_the_others_is_named_an_even_run_names_nobody(
+    experiment_factory: Any, user_factory: Any
+) -> None:
+    owner = user_factory()
+    even, uneven = experiment_factory(owner=owner), experiment_factory(owner=owner)
+    for run, slow in ((even, 0.11), (uneven, 0.3)):
+        sink = EventSink(run)
+        for step in range(1, 9):
+            # From step 3 rank 2 is slow (uneven): busy 0.4 s against the others' 0.2 s.
+            sink.add(_step(step, [0.1, 0.1, slow if step >= 3 else 0.1]))  # type: ignore[arg-type]
+        sink.flush()
+    assert experiment_straggler(experiment=even) is None
+    named = experiment_straggler(experiment=uneven)
+    # Over the 8 windows: (2 x 0.2 + 6 x 0.4) / (8 x 0.2) - 1.
+    assert named == {"rank": 2, "slower_by": 0.75, "since_step": 3}

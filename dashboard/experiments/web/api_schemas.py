@@ -43,6 +43,12 @@ class PhaseShares(Schema):
     other: float
 
 
+class StragglerOut(Schema):
+    rank: int
+    slower_by: float
+    since_step: int
+
+
 class ExperimentOut(OptionsOut):
     """A run, as every route that answers with one gives it."""
 
@@ -106,6 +112,10 @@ class ExperimentOut(OptionsOut):
     # `communication` (blocked in collectives computation does not hide) and `other`, adding up
     # to 1. Empty for a run from before 1.9, and in the list of runs.
     breakdown: list[PhaseShares] = []
+    # The rank whose busy time (every phase but communication) over the latest 20 step events
+    # is more than 1.5x the median of the other ranks' (metrics/breakdown.py), or null:
+    # `slower_by` that ratio minus 1, `since_step` where its latest run of slow windows began.
+    straggler: StragglerOut | None = None
 
 
 class ExperimentListOut(Schema):
