@@ -7,6 +7,10 @@ wall time) waiting for other ranks. Times are host-side: on a GPU the work is qu
 asynchronously, so a step's compute time includes waiting for the GPU only when the queue is
 full, and the loss read at each report (``Window.row``) is where the host catches up.
 
+Each rank also reports where the window's wall time went (protocol 1.9): the phase clock's
+forward, backward, optimizer and communication seconds and bytes sent (``training.phases``),
+with ``data`` and ``other`` (the rest of the wall time) they add up to it.
+
 With ``--compile`` a step's time spent compiling (torch.compile's own clock, read around the
 step) is taken out of its compute time and out of the window's elapsed time, and reported apart
 as ``compile_seconds``: the images/s of the epoch that compiled are those of training alone.
