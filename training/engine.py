@@ -34,6 +34,7 @@ from training.loop import Tested, evaluate, steps_run
 from training.memory import memory_report
 from training.meter import Window, window_report
 from training.models import BuiltModel
+from training.phases import clock_for, collectives_time
 from training.protocol import EventWriter, SharedTensor
 from training.reporting import epoch_emit, log_to
 from training.run_requests import checkpoint_request_pending, checkpoint_request_take
@@ -50,6 +51,9 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
         trainer(cfg, rt, events)
         return
     t_start = time.monotonic()
+    clock_for(rt.device)
+    if rt.distributed:
+        collectives_time()  # the communication phase and bytes (training.phases)
     run = _setup(cfg, rt)
     _started_emit(cfg, rt, events, run)
     epochs_drive(

@@ -7,6 +7,10 @@ wall time) waiting for other ranks. Times are host-side: on a GPU the work is qu
 asynchronously, so a step's compute time includes waiting for the GPU only when the queue is
 full, and the loss read at each report (``Window.row``) is where the host catches up.
 
+Each rank also reports where the window's wall time went (protocol 1.9): the phase clock's
+forward, backward, optimizer and communication seconds and bytes sent (``training.phases``),
+with ``data`` and ``other`` (the rest of the wall time) they add up to it.
+
 With ``--compile`` a step's time spent compiling (torch.compile's own clock, read around the
 step) is taken out of its compute time and out of the window's elapsed time, and reported apart
 as ``compile_seconds``: the images/s of the epoch that compiled are those of training alone.
@@ -22,12 +26,13 @@ from typing import Any
 import psutil
 import torch
 
+from training.phases import CLOCK, CLOCK_PHASES
 from training.runtime import Runtime, all_gather_floats
 
 _PROCESS = psutil.Process()
 ROW_FIELDS = (
     "loss_sum", "steps", "images", "data_seconds", "compute_seconds", "elapsed", "rss",
-    "compile_seconds",
+    "compile_seconds", *CLOCK_PHASES, "communication_bytes", "wall",
 )  # fmt: skip
 
 
@@ -53,6 +58,8 @@ class Window:
     compute_seconds: float = 0.0
     compile_seconds: float = 0.0
     started: float = field(default_factory=time.perf_counter)
+    # The phase clock's totals at the start (training.phases): the window's are the difference.
+    clock_start: tuple[float, ...] = field(default_factory=CLOCK.read)
 
     def __post_init__(self) -> None:
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -67,8 +74,11 @@ class Window:
 
     def row(self) -> list[float]:
         """This process's figures, in ROW_FIELDS order (what ranks exchange)."""
-        # Compiling is reported apart: the window's throughput is that of training alone.
-        elapsed = max(time.perf_counter() - self.started - self.compile_seconds, 1e-9)
+        # Compiling is reported apart: the window's throughput is that of training alone. The
+        # phases add up to the whole wall time (compiling falls in forward and backward).
+        wall = max(time.perf_counter() - self.started, 1e-9)
+        elapsed = max(wall - self.compile_seconds, 1e-9)
+        phases = [now - then for now, then in zip(CLOCK.read(), self.clock_start, strict=True)]
         return [
             float(self.loss_sum.item()),
             float(self.steps),
@@ -78,6 +88,8 @@ class Window:
             elapsed,
             float(rss_bytes()),
             self.compile_seconds,
+            *phases,
+            wall,
         ]
 
 
@@ -105,6 +117,7 @@ def report_from_rows(rows: list[list[float]], replicas: int = 1) -> dict[str, An
             "data_seconds": round(r["data_seconds"], 4),
             "compute_seconds": round(r["compute_seconds"], 4),
             "rss_bytes": int(r["rss"]),
+            **phase_fields(r),
         }
         for i, r in enumerate(per_rank)
     ]
@@ -117,6 +130,18 @@ def report_from_rows(rows: list[list[float]], replicas: int = 1) -> dict[str, An
         "rss_bytes": ranks[0]["rss_bytes"],
         "ranks": ranks,
         **({"compile_seconds": round(per_rank[0]["compile_seconds"], 3)} if compiling else {}),
+    }
+
+
+def phase_fields(row: dict[str, float]) -> dict[str, Any]:
+    """A rank's phases of its window (protocol 1.9, ``training.phases``): seconds each, other
+    what the rest leaves of the wall time (never below 0), and the bytes it sent."""
+    seconds = {name: max(row[name], 0.0) for name in CLOCK_PHASES}
+    other = max(row["wall"] - row["data_seconds"] - sum(seconds.values()), 0.0)
+    return {
+        **{f"{name}_seconds": round(value, 4) for name, value in seconds.items()},
+        "other_seconds": round(other, 4),
+        "communication_bytes": int(row["communication_bytes"]),
     }
 
 

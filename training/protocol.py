@@ -1,10 +1,10 @@
-"""The event protocol between a training run and whoever watches it (version 1.8).
+"""The event protocol between a training run and whoever watches it (version 1.9).
 
 A run writes one JSON object per line on standard output; rank 0 alone writes them. Every object
 has the envelope (``Envelope`` below)
 
     v      protocol major version (int, 1)
-    minor  protocol minor version (int, 8); absent before 1.3, so a 1.0 to 1.2 writer is "1.x"
+    minor  protocol minor version (int, 9); absent before 1.3, so a 1.0 to 1.2 writer is "1.x"
     run    the run id given with --run-id ("" when none was given)
     seq    sequence number, 1, 2, 3, ... in the order written, with no gaps
     type   one of ``EventType``: started, step, epoch, log, checkpoint, finished, failed
@@ -19,7 +19,7 @@ higher major (``parse_event`` raises ``ProtocolVersionError``). Standard error i
 the training's own log lines carry ``LOG_LINE_MARKER`` (``log_line_format``, ``log_line_read``).
 
 docs/protocol.md has the whole description: the types, the reading rules, the stderr marker and
-the history of each minor version (what 1.1 to 1.8 added).
+the history of each minor version (what 1.1 to 1.9 added).
 """
 
 # No ``from __future__ import annotations`` here: on Python 3.11 it hides ``NotRequired`` from
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from typing import IO, Any, Final, Literal, NotRequired, TypedDict, Unpack, cast, get_args, overload
 
 PROTOCOL_VERSION: Final = 1  # the major version, "v" on the wire
-PROTOCOL_MINOR: Final = 8  # the minor version, "minor" on the wire (since 1.3)
+PROTOCOL_MINOR: Final = 9  # the minor version, "minor" on the wire (since 1.3)
 
 EventType = Literal["started", "step", "epoch", "log", "checkpoint", "finished", "failed"]
 EVENT_TYPES: Final = frozenset(get_args(EventType))
@@ -105,6 +105,17 @@ class RankReport(TypedDict):
     data_seconds: float  # taking the batch and moving it to the device
     compute_seconds: float  # forward, backward and optimizer step
     rss_bytes: int  # resident memory
+    # 1.9: where the window's wall time went (training.phases says what each phase holds per
+    # strategy): data_seconds, these five and other_seconds add up to it; compute_seconds is
+    # forward, backward and optimizer with the communication inside them, as before.
+    forward_seconds: NotRequired[float]
+    backward_seconds: NotRequired[float]  # less DDP's wait for its last all-reduces
+    optimizer_seconds: NotRequired[float]  # zero_grad and the update
+    communication_seconds: NotRequired[float]  # blocked in collectives, not hidden
+    other_seconds: NotRequired[float]  # the rest of the wall time (reports, requests), >= 0
+    # 1.9: bytes this rank sent in the window, by the ring algorithms' count of the tensors
+    # handed to collectives (an all-reduce of B bytes over N ranks: 2(N-1)/N x B).
+    communication_bytes: NotRequired[int]
 
 
 class MemoryEntry(TypedDict):

@@ -12,6 +12,7 @@ from dashboard.experiments.core.forms import FIELDS
 from dashboard.experiments.core.memory import experiment_memory_rows
 from dashboard.experiments.core.messages import SnapshotMessage
 from dashboard.experiments.core.run_facts import snapshot_texts
+from dashboard.experiments.metrics.breakdown import experiment_breakdown, experiment_straggler
 from dashboard.experiments.metrics.series import series_snapshot
 from dashboard.experiments.models import Experiment
 
@@ -65,7 +66,9 @@ def iso_or_none(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def experiment_as_dict(experiment: Experiment) -> dict[str, Any]:
+def experiment_as_dict(experiment: Experiment, *, breakdown: bool = True) -> dict[str, Any]:
+    """The run's read JSON; ``breakdown`` False leaves its queries over the series out (a
+    list of runs: ``breakdown`` empty and ``straggler`` null there)."""
     data: dict[str, Any] = {"id": experiment.pk}
     data.update({name: getattr(experiment, name) for name in FIELDS})
     data["data_path"] = experiment.data_path or None  # the API's null: no image folder
@@ -108,5 +111,9 @@ def experiment_as_dict(experiment: Experiment) -> dict[str, Any]:
         memory=experiment.memory,
         # "DistributedDataParallel (PowerSGD)": the strategy with its options off default.
         strategy_label=experiment.strategy_label,
+        # Each rank's shares of its wall time over the run so far, by phase (protocol 1.9).
+        breakdown=experiment_breakdown(experiment=experiment) if breakdown else [],
+        # The rank markedly slower than the others over the latest windows, or null.
+        straggler=experiment_straggler(experiment=experiment) if breakdown else None,
     )
     return data

@@ -14,6 +14,7 @@ from torch import nn
 from training.batching import DataShard
 from training.config import TrainConfig
 from training.loop import StepFn
+from training.phases import phase
 from training.strategies.stepping import (
     ContextFactory,
     StepOptions,
@@ -80,8 +81,10 @@ def step_default(
     options = options or StepOptions()
     scaler = options.scaler
 
+    # The phases each part is timed as (training.phases): where each rank's time goes.
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        optimizer.zero_grad(set_to_none=True)
+        with phase("optimizer"):
+            optimizer.zero_grad(set_to_none=True)
         k = options.accumulate
         pieces = list(zip(x.tensor_split(k), y.tensor_split(k), strict=True))
         total = torch.zeros((), device=y.device)
@@ -89,17 +92,19 @@ def step_default(
             # Only the last micro-batch's backward reduces gradients over the ranks.
             last = i == len(pieces) - 1
             with contextlib.nullcontext() if last else options.no_sync():
-                with options.autocast():
+                with phase("forward"), options.autocast():
                     # Weighted by its share: the sum is the whole batch's mean loss (x 1.0,
                     # exact, without accumulation). float(): FSDP2's policy may return bf16.
                     loss = F.cross_entropy(net(xi).float(), yi) * (len(yi) / len(y))
-                (loss if scaler is None else scaler.scale(loss)).backward()
+                with phase("backward"):
+                    (loss if scaler is None else scaler.scale(loss)).backward()
             total += loss.detach()
-        if scaler is None:
-            optimizer.step()
-        else:
-            scaler.step(optimizer)  # unscales first; skipped where a gradient overflowed
-            scaler.update()
+        with phase("optimizer"):
+            if scaler is None:
+                optimizer.step()
+            else:
+                scaler.step(optimizer)  # unscales first; skipped where a gradient overflowed
+                scaler.update()
         return total
 
     return step

@@ -42,6 +42,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from training.checkpoint import holds_torch_optimizer, optimizer_state_load
 from training.config import TrainConfig
+from training.phases import hook_timed
 from training.registry import POWERSGD_RANK, POWERSGD_START
 from training.runtime import Runtime, all_gather
 from training.strategies.common import Plan, optimizer_make, plan_simple, step_default
@@ -79,6 +80,9 @@ def plan_build(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> Plan:
         )
     if cfg.comm_hook != "none":
         notes.append(comm_hook_register(cfg.comm_hook, net, model, rt.device))
+    else:
+        # The default all-reduce, as a Python hook: the phases see it (training.phases).
+        net.register_comm_hook(None, hook_timed(default_hooks.allreduce_hook))
     if cfg.shard_optimizer:
         return plan_sharded(cfg, rt, model, net, notes)
     return plan_simple(cfg, model, net, rt.device, notes=notes)
@@ -120,10 +124,10 @@ def comm_hook_register(
         low_rank: Hook[powerSGD_hook.PowerSGDState] = powerSGD_hook.powerSGD_hook
         if device.type != "cuda":
             low_rank = bucket_by_bucket(low_rank)
-        net.register_comm_hook(state, low_rank)
+        net.register_comm_hook(state, hook_timed(low_rank))
         return _powersgd_note(model, ordered=device.type != "cuda")
     hook, dtype = CAST_HOOKS[name]
-    net.register_comm_hook(None, hook)
+    net.register_comm_hook(None, hook_timed(hook))
     return (
         f"Communication hook {name} ({hook.__name__}): each gradient bucket is cast to {dtype} "
         f"for its all-reduce and back after, so {name} compression halves the bytes each "

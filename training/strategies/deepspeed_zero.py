@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from training.config import TrainConfig
+from training.phases import phase
 from training.registry import DEEPSPEED
 from training.runtime import Runtime
 from training.strategies.common import Plan, optimizer_make
@@ -65,9 +66,12 @@ def plan_build(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> Plan:
     )
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        loss = F.cross_entropy(engine(x), y)
-        engine.backward(loss)
-        engine.step()
+        with phase("forward"):
+            loss = F.cross_entropy(engine(x), y)
+        with phase("backward"):
+            engine.backward(loss)
+        with phase("optimizer"):
+            engine.step()
         return loss
 
     return Plan(

@@ -31,6 +31,13 @@ EPOCH_SERIES: Final = {
 }
 # Each rank's figures of a step (its `ranks`), stored as rank/<r>/<field>.
 RANK_FIELDS: Final = ("images_per_second", "data_seconds", "compute_seconds", "rss_bytes")
+# Where each rank's wall time went and what it sent (protocol 1.9, training/phases.py), stored as
+# rank/<r>/<field> where a step's `ranks` carry them: with data_seconds the six *_seconds add up
+# to the rank's wall time of the window (the read JSON's `breakdown` sums them over the run).
+PHASE_FIELDS: Final = (
+    "forward_seconds", "backward_seconds", "optimizer_seconds", "communication_seconds",
+    "other_seconds", "communication_bytes",
+)  # fmt: skip
 # What each rank holds at an epoch's end (its `memory`, protocol 1.7's MemoryEntry less `rank`),
 # stored as rank/<r>/<field> at the epoch's step: sharded strategies' 1/N over the epochs.
 MEMORY_FIELDS: Final = ("parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "peak_bytes")
@@ -111,5 +118,6 @@ def series_contract_facts() -> dict[str, Any]:
         "step_series": STEP_SERIES,
         "epoch_series": EPOCH_SERIES,
         "rank_fields": list(RANK_FIELDS),
+        "phase_fields": list(PHASE_FIELDS),
         "memory_fields": list(MEMORY_FIELDS),
     }

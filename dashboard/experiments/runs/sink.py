@@ -10,7 +10,8 @@ page receives are typed in `messages.py`.
 
 Every figure of a step or epoch event is stored as a series (`SeriesPoint`, keys as listed in
 `series.py`'s contract): the step's train_loss, images_per_second, lr and rank 0's data/compute
-seconds and rss; each rank's figures from `ranks` as rank/<r>/...; the epoch's test_loss and
+seconds and rss; each rank's figures from `ranks` as rank/<r>/... (its phases and bytes sent
+too, protocol 1.9); the epoch's test_loss and
 test_accuracy, its mean images/s as epoch/images_per_second (a coarser figure over a whole
 epoch: scaling.py reads it only for a run with no step event), and what each rank holds (its
 `memory`, protocol 1.7) as rank/<r>/parameter_bytes and the like, the last epoch's also on the
@@ -47,6 +48,7 @@ from dashboard.experiments.metrics.series import MAX_KEY_CHARS
 from dashboard.experiments.metrics.series_contract import (
     EPOCH_SERIES,
     MEMORY_FIELDS,
+    PHASE_FIELDS,
     RANK_FIELDS,
     STEP_SERIES,
 )
@@ -112,9 +114,12 @@ def rank_stats_from_event(message: dict[str, Any]) -> RankStats | None:
     }
 
 
-def _rank_series(ranks: Any, *, fields: tuple[str, ...]) -> dict[str, float | None]:
+def _rank_series(
+    ranks: Any, *, fields: tuple[str, ...], given: bool = False
+) -> dict[str, float | None]:
     """rank/<r>/<field> for each rank's figures: a step event's `ranks` (protocol 1.1), an
-    epoch event's `memory` (1.7)."""
+    epoch event's `memory` (1.7); ``given``: only the fields a rank's entry has (the phases of
+    1.9, which an older run never reported)."""
     if not isinstance(ranks, list):
         return {}
     values: dict[str, float | None] = {}
@@ -122,7 +127,11 @@ def _rank_series(ranks: Any, *, fields: tuple[str, ...]) -> dict[str, float | No
         number = row.get("rank") if isinstance(row, dict) else None
         if is_count(number):
             values.update(
-                {f"rank/{number}/{name}": number_or_none(row.get(name)) for name in fields}
+                {
+                    f"rank/{number}/{name}": number_or_none(row.get(name))
+                    for name in fields
+                    if not given or name in row
+                }
             )
     return values
 
@@ -216,6 +225,7 @@ class EventSink:
         texts: dict[str, Any] = {}  # the page places them as they are
         if message["type"] == "step":
             values.update(_rank_series(message.get("ranks"), fields=RANK_FIELDS))
+            values.update(_rank_series(message.get("ranks"), fields=PHASE_FIELDS, given=True))
         elif "memory" in message:
             memory, texts["memory"] = self._memory_store(message)
             values.update(memory)

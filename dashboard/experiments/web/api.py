@@ -318,7 +318,7 @@ def experiments_list_response(request: HttpRequest) -> HttpResponse:
     body: dict[str, Any] = {
         "count": page.count,
         "next": _query_url(request, {**params, "page": page.next}) if page.next else None,
-        "experiments": [experiment_as_dict(e) for e in page.rows],
+        "experiments": [experiment_as_dict(e, breakdown=False) for e in page.rows],
     }
     etag = _list_etag(body)
     headers = {"ETag": etag, "Cache-Control": "private, no-cache", "Vary": "Cookie, Authorization"}

@@ -33,6 +33,22 @@ else:
     )
 
 
+class PhaseShares(Schema):
+    rank: int
+    data: float
+    forward: float
+    backward: float
+    optimizer: float
+    communication: float
+    other: float
+
+
+class StragglerOut(Schema):
+    rank: int
+    slower_by: float
+    since_step: int
+
+
 class ExperimentOut(OptionsOut):
     """A run, as every route that answers with one gives it."""
 
@@ -91,6 +107,15 @@ class ExperimentOut(OptionsOut):
     # The strategy's name with its options that are not at their default, in the registry's
     # words: "DistributedDataParallel (PowerSGD, ZeRO-1 optimizer)".
     strategy_label: str = ""
+    # One entry per rank that reported its phases (protocol 1.9): `rank` and the shares of its
+    # wall time over the run so far spent in `data`, `forward`, `backward`, `optimizer`,
+    # `communication` (blocked in collectives computation does not hide) and `other`, adding up
+    # to 1. Empty for a run from before 1.9, and in the list of runs.
+    breakdown: list[PhaseShares] = []
+    # The rank whose busy time (every phase but communication) over the latest 20 step events
+    # is more than 1.5x the median of the other ranks' (metrics/breakdown.py), or null:
+    # `slower_by` that ratio minus 1, `since_step` where its latest run of slow windows began.
+    straggler: StragglerOut | None = None
 
 
 class ExperimentListOut(Schema):

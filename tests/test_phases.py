@@ -1,0 +1,194 @@
+"""Where each rank's time goes (protocol 1.9, training/phases.py): the phases of real runs add
+up to their wall time, DDP's communication and bytes, the sink's series and the read JSON's
+breakdown."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.test import Client
+
+from dashboard.experiments.metrics.breakdown import PHASES, experiment_straggler
+from dashboard.experiments.models import SeriesPoint
+from dashboard.experiments.runs.sink import EventSink
+from tests.test_training import Result, run_cli
+from training.phases import PhaseClock
+
+SECONDS = [f"{name}_seconds" for name in PHASES]
+STEPS, INTERVAL = 12, 6
+# The phases must explain the wall time: what no phase marks (``other``) stays under this share.
+OTHER_AT_MOST = 0.10
+
+
+# ---- the clock ----------------------------------------------------------------------------
+
+
+def test_nested_phases_charge_the_innermost_and_a_hand_over_ends_in_communication() -> None:
+    clock = PhaseClock()
+    with clock.phase("backward"):
+        time.sleep(0.02)
+        with clock.phase("communication"):  # a hook's own call
+            time.sleep(0.02)
+        clock.handed_over()
+        time.sleep(0.03)  # waiting for what was handed over
+    with clock.phase("optimizer"):
+        time.sleep(0.01)
+    forward, backward, optimizer, communication, sent = clock.read()
+    assert forward == 0 and sent == 0
+    assert 0.02 <= backward < 0.035  # the wait after the hand-over is not backward's
+    assert 0.05 <= communication < 0.07
+    assert 0.01 <= optimizer < 0.02
+
+
+# ---- real runs ----------------------------------------------------------------------------
+
+
+def _run(sample_data: Path, *strategy: str) -> Result:
+    result = run_cli(
+        sample_data, "--strategy", *strategy, "--epochs", "1", "--steps-per-epoch", str(STEPS),
+        "--log-interval", str(INTERVAL), "--run-id", "phases",
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+def _windows(result: Result) -> list[tuple[int, dict[str, Any]]]:
+    """(steps in the window, one rank's report) for every step event's every rank."""
+    found, before = [], 0
+    for event in result.of_type("step"):
+        found += [(event["step"] - before, rank) for rank in event["ranks"]]
+        before = event["step"]
+    return found
+
+
+def assert_phases_add_up(result: Result) -> None:
+    """Each window's phases sum to its wall time (the images over images/s: within rounding
+    and 3%), and ``other`` is a small part of it."""
+    batch = result.started["batch_size"]
+    for steps, rank in _windows(result):
+        wall = steps * batch / rank["images_per_second"]
+        total = sum(rank[name] for name in SECONDS)
+        assert all(rank[name] >= 0 for name in SECONDS), rank
+        assert abs(total - wall) <= 0.03 * wall + 0.002, (rank, wall)
+        assert rank["other_seconds"] <= OTHER_AT_MOST * wall, (rank, wall)
+        assert rank["forward_seconds"] > 0 and rank["backward_seconds"] > 0, rank
+
+
+def test_single_spends_no_time_and_no_bytes_communicating(sample_data: Path) -> None:
+    result = _run(sample_data, "single")
+    assert_phases_add_up(result)
+    for _, rank in _windows(result):
+        assert rank["communication_seconds"] == 0 and rank["communication_bytes"] == 0
+
+
+def test_ddp_communicates_and_sends_the_ring_all_reduce_bytes(sample_data: Path) -> None:
+    """Bytes counted: what the ring all-reduce of DDP's buckets sends, 2(N-1)/N x the
+    gradients' bytes a step (float32: 4 a parameter), exactly: the buckets hold every
+    gradient and nothing else."""
+    result = _run(sample_data, "ddp", "--nproc", "2")
+    assert_phases_add_up(result)
+    n = result.started["world_size"]
+    gradient_bytes = 4 * result.started["model_info"]["parameters"]
+    windows = _windows(result)
+    assert len(windows) == 3 * n  # steps 1, 6, 12 on each rank
+    for steps, rank in windows:
+        assert rank["communication_bytes"] == pytest.approx(
+            steps * 2 * (n - 1) / n * gradient_bytes, rel=1e-6
+        )
+    assert all(rank["communication_seconds"] > 0 for _, rank in windows)
+
+
+def test_fsdp_phases_add_up_and_count_its_gathers(sample_data: Path) -> None:
+    """FSDP2's all-gathers and reduce-scatters are synchronous on Gloo: all communication.
+    Each step all-gathers every parameter twice (forward, and again for backward after
+    resharding) and reduce-scatters every gradient: over 2 ranks about 1.5x the model's bytes
+    (the shards are padded, so at least that)."""
+    result = _run(sample_data, "fsdp", "--nproc", "2")
+    assert_phases_add_up(result)
+    gradient_bytes = 4 * result.started["model_info"]["parameters"]
+    for steps, rank in _windows(result):
+        assert rank["communication_seconds"] > 0
+        assert 1.5 * steps * gradient_bytes <= rank["communication_bytes"]
+        assert rank["communication_bytes"] <= 1.6 * steps * gradient_bytes
+
+
+# ---- the dashboard ------------------------------------------------------------------------
+
+
+def _ranks(forward: float) -> list[dict[str, Any]]:
+    return [
+        {"rank": r, "images_per_second": 50.0, "data_seconds": 0.1, "compute_seconds": 0.6,
+         "rss_bytes": 1000, "forward_seconds": forward, "backward_seconds": 0.3,
+         "optimizer_seconds": 0.1, "communication_seconds": 0.2 * r, "other_seconds": 0.05,
+         "communication_bytes": 4000 * r}
+        for r in (0, 1)
+    ]  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_the_sink_stores_the_phases_and_the_read_json_breaks_them_down(
+    experiment_factory: Any, user_factory: Any
+) -> None:
+    owner = user_factory()
+    run = experiment_factory(owner=owner)
+    api = Client()
+    api.force_login(owner)
+    assert api.get(f"/api/experiments/{run.pk}/").json()["breakdown"] == []  # no phases yet
+    sink = EventSink(run)
+    for step, forward in ((1, 0.2), (2, 0.4)):
+        sink.add({"type": "step", "epoch": 1, "step": step, "time": float(step),
+                  "train_loss": 2.0, "images_per_second": 100.0, "ranks": _ranks(forward)})  # type: ignore[typeddict-item]  # fmt: skip
+    sink.flush()
+    stored = {(p.key, p.step): p.value for p in SeriesPoint.objects.filter(experiment=run)}
+    for name in (*SECONDS[1:], "communication_bytes"):
+        assert (f"rank/1/{name}", 2) in stored, name
+    assert stored[("rank/1/communication_bytes", 2)] == 4000
+    assert stored[("rank/0/forward_seconds", 1)] == 0.2
+
+    body = api.get(f"/api/experiments/{run.pk}/").json()
+    breakdown = body["breakdown"]
+    assert [entry["rank"] for entry in breakdown] == [0, 1]
+    for entry in breakdown:
+        assert abs(sum(entry[name] for name in PHASES) - 1) <= 0.05
+    # Rank 1 over both steps: data 0.2, forward 0.6, backward 0.6, optimizer 0.2,
+    # communication 0.4, other 0.1 of 2.1 s.
+    assert breakdown[1]["communication"] == pytest.approx(0.4 / 2.1, abs=1e-3)
+    assert breakdown[0]["communication"] == 0
+    # Rank 1 only waits longer in its collectives: no straggler.
+    assert body["straggler"] is None
+    # The metrics API carries the series as any other.
+    series = api.get(f"/api/experiments/{run.pk}/metrics/").json()["series"]
+    assert {f"rank/{r}/{name}" for r in (0, 1) for name in SECONDS} <= series.keys()
+
+
+def _step(step: int, forwards: list[float]) -> dict[str, Any]:
+    """A step event whose ranks differ in forward time; communication fills the wall (0.5 s)."""
+    ranks = [
+        {"rank": r, "images_per_second": 50.0, "data_seconds": 0.0, "compute_seconds": 0.0,
+         "rss_bytes": 1, "forward_seconds": f, "backward_seconds": 0.1, "optimizer_seconds": 0.0,
+         "communication_seconds": 0.4 - f, "other_seconds": 0.0, "communication_bytes": 0}
+        for r, f in enumerate(forwards)
+    ]  # fmt: skip
+    return {"type": "step", "epoch": 1, "step": step, "time": float(step), "train_loss": 1.0,
+            "images_per_second": 150.0, "ranks": ranks}  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_a_rank_markedly_slower_than_the_others_is_named_an_even_run_names_nobody(
+    experiment_factory: Any, user_factory: Any
+) -> None:
+    owner = user_factory()
+    even, uneven = experiment_factory(owner=owner), experiment_factory(owner=owner)
+    for run, slow in ((even, 0.11), (uneven, 0.3)):
+        sink = EventSink(run)
+        for step in range(1, 9):
+            # From step 3 rank 2 is slow (uneven): busy 0.4 s against the others' 0.2 s.
+            sink.add(_step(step, [0.1, 0.1, slow if step >= 3 else 0.1]))  # type: ignore[arg-type]
+        sink.flush()
+    assert experiment_straggler(experiment=even) is None
+    named = experiment_straggler(experiment=uneven)
+    # Over the 8 windows: (2 x 0.2 + 6 x 0.4) / (8 x 0.2) - 1.
+    assert named == {"rank": 2, "slower_by": 0.75, "since_step": 3}

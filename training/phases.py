@@ -1,0 +1,246 @@
+"""Where each rank's time goes: the phases of its steps, and the bytes it sends.
+
+Every process keeps one ``PhaseClock`` (``CLOCK``). A phase is entered as a context
+(``phase("forward")``); phases nest, and time is charged to the innermost one only, so the
+phases never count a second twice. The loop's step functions mark ``forward``, ``backward`` and
+``optimizer`` (``training.strategies.common.step_default`` and DeepSpeed's step); the meter
+(``training.meter.Window``) reads the clock at a window's start and end. ``data`` is the loop's
+own measure (``StepTiming.data_seconds``) and ``other`` is what is left of the window's wall
+time: reporting, checkpoint requests, the parts of a step no phase marks.
+
+``communication`` is time a rank is blocked in a collective that computation does not hide:
+
+- Every collective the process calls through ``torch.distributed`` (``all_reduce``,
+  ``all_gather``, ``reduce_scatter``, ``broadcast``, ``send``, ``recv``, ``barrier`` and their
+  ``_tensor``/``_single`` forms) is wrapped on torchrun's ranks (``collectives_time``): a
+  synchronous call's whole duration is communication (FSDP2's all-gathers and reduce-scatters,
+  ZeRO's broadcasts, the ranks' all-reduces of figures); an asynchronous one's launch only, its
+  wait stays in the phase that waits (so DeepSpeed's and ZeroRedundancyOptimizer's overlapped
+  broadcasts count in ``optimizer``).
+- DDP's reducer all-reduces its gradient buckets asynchronously while backward goes on. Its
+  communication hook (the default all-reduce or ``--comm-hook``'s) is wrapped (``hook_timed``):
+  the hook's own call is communication (PowerSGD's bucket-by-bucket waits on Gloo), and the time
+  from the last bucket's hand-over to the end of backward, when the reducer waits for the
+  all-reduces still running and unpacks them, is taken out of backward as communication. What
+  overlaps backward is hidden, as the name says; on the CPU Gloo's threads share the rank's
+  cores with backward, so hidden communication still slows backward down.
+- Collectives torch calls below Python (tensor parallel's DTensor redistributions, DDP's buffer
+  broadcast, pipeline stages' sends through the C++ API) are not seen: they stay in the phase
+  that called them.
+
+``communication_bytes`` are the bytes this rank sends by the ring algorithms' count, from the
+tensors handed to the collectives: an all-reduce of B bytes over N ranks sends 2(N-1)/N x B (a
+reduce-scatter then an all-gather), an all-gather (N-1) x its input, a reduce-scatter (N-1)/N x
+its input, a broadcast B from its source (forwarding by the others is not counted), a send B.
+DDP's buckets hold every gradient: a DDP step of a model of P float32 parameters sends
+2(N-1)/N x 4P bytes (with ``--comm-hook fp16`` half of it; PowerSGD's factors are what its
+all-reduces take).
+
+On a GPU the host's clock would read the time to queue the work: each phase change there waits
+for the device (``torch.cuda.synchronize``), which costs the overlap of consecutive kernels
+across a phase boundary. CUDA events would keep it (left for later).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, Final, TypeVar
+
+import torch
+import torch.distributed as dist
+
+# The phases the clock keeps (data and other are the meter's).
+CLOCK_PHASES: Final = ("forward", "backward", "optimizer", "communication")
+# Every phase a report gives, in the order they are shown.
+PHASES: Final = ("data", *CLOCK_PHASES, "other")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class PhaseClock:
+    """Seconds per phase (innermost phase charged) and bytes sent, in this process. Only the
+    thread that made it keeps time (collectives called from Gloo's threads add their bytes)."""
+
+    def __init__(self) -> None:
+        self.totals = dict.fromkeys(CLOCK_PHASES, 0.0)
+        self.sent_bytes = 0
+        self.synchronize: Callable[[], None] | None = None  # on a GPU: wait for the device
+        self._stack: list[str] = []
+        self._since = time.perf_counter()
+        self._owner = threading.get_ident()
+        self._lock = threading.Lock()
+        # (when, depth): DDP's last bucket was handed to its all-reduce at that stack depth.
+        self._handed: tuple[float, int] | None = None
+
+    def _charge(self) -> float:
+        if self.synchronize is not None:
+            self.synchronize()
+        now = time.perf_counter()
+        if self._stack:
+            self.totals[self._stack[-1]] += now - self._since
+        self._since = now
+        return now
+
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        if threading.get_ident() != self._owner:
+            yield
+            return
+        self._charge()
+        self._stack.append(name)
+        try:
+            yield
+        finally:
+            now = self._charge()
+            self._stack.pop()
+            self._handover_settle(now, name)
+
+    def handed_over(self) -> None:
+        """Asynchronous communication was handed over: until the enclosing phase ends, what it
+        does is waiting for it (DDP's reducer, after its last bucket)."""
+        if threading.get_ident() == self._owner:
+            self._handed = (time.perf_counter(), len(self._stack))
+
+    def _handover_settle(self, now: float, name: str) -> None:
+        if self._handed is None or self._handed[1] != len(self._stack) + 1:
+            return
+        tail = min(now - self._handed[0], self.totals[name])
+        self.totals[name] -= tail
+        self.totals["communication"] += tail
+        self._handed = None
+
+    def sent(self, count: float) -> None:
+        with self._lock:
+            self.sent_bytes += int(count)
+
+    def read(self) -> tuple[float, ...]:
+        """The totals so far, CLOCK_PHASES order, then the bytes sent: a window subtracts two."""
+        with self._lock:
+            sent = self.sent_bytes
+        return (*(self.totals[name] for name in CLOCK_PHASES), float(sent))
+
+
+CLOCK = PhaseClock()
+
+
+def phase(name: str) -> contextlib.AbstractContextManager[None]:
+    """Time the enclosed work as ``name`` (one of CLOCK_PHASES) on this process's clock."""
+    return CLOCK.phase(name)
+
+
+def clock_for(device: torch.device) -> None:
+    """Phase changes wait for a GPU's queue (host timers would read the time to queue)."""
+    CLOCK.synchronize = torch.cuda.synchronize if device.type == "cuda" else None
+
+
+# --- what each collective sends (ring algorithms) ---------------------------------------------
+
+
+def _arg(args: tuple[Any, ...], kwargs: dict[str, Any], index: int, *names: str) -> Any:
+    for name in names:
+        if name in kwargs:
+            return kwargs[name]
+    return args[index] if len(args) > index else None
+
+
+def _bytes(value: Any) -> int:
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (list, tuple)):
+        return sum(_bytes(v) for v in value)
+    return 0
+
+
+def _ranks(kwargs: dict[str, Any]) -> int:
+    return int(dist.get_world_size(kwargs.get("group")))
+
+
+def _all_reduce(args: tuple[Any, ...], kwargs: dict[str, Any]) -> float:
+    n = _ranks(kwargs)
+    return 2 * (n - 1) / n * _bytes(_arg(args, kwargs, 0, "tensor"))
+
+
+def _all_gather(args: tuple[Any, ...], kwargs: dict[str, Any]) -> float:
+    # all_gather(tensor_list, tensor), all_gather_into_tensor(output, input): the input, to
+    # every other rank.
+    return (_ranks(kwargs) - 1) * _bytes(_arg(args, kwargs, 1, "tensor", "input_tensor", "input"))
+
+
+def _reduce_scatter(args: tuple[Any, ...], kwargs: dict[str, Any]) -> float:
+    # reduce_scatter(output, input_list), reduce_scatter_tensor(output, input): (N-1)/N of the
+    # input, the other ranks' shares.
+    n = _ranks(kwargs)
+    return (n - 1) / n * _bytes(_arg(args, kwargs, 1, "input_list", "input"))
+
+
+def _broadcast(args: tuple[Any, ...], kwargs: dict[str, Any]) -> float:
+    source = _arg(args, kwargs, 1, "src")
+    return _bytes(_arg(args, kwargs, 0, "tensor")) if source == dist.get_rank() else 0
+
+
+def _send(args: tuple[Any, ...], kwargs: dict[str, Any]) -> float:
+    return _bytes(_arg(args, kwargs, 0, "tensor"))
+
+
+def _nothing(args: tuple[Any, ...], kwargs: dict[str, Any]) -> float:
+    return 0
+
+
+SENDS: Final[dict[str, Callable[[tuple[Any, ...], dict[str, Any]], float]]] = {
+    "all_reduce": _all_reduce,
+    "all_gather": _all_gather,
+    "all_gather_into_tensor": _all_gather,
+    "all_gather_single": _all_gather,
+    "reduce_scatter": _reduce_scatter,
+    "reduce_scatter_tensor": _reduce_scatter,
+    "reduce_scatter_single": _reduce_scatter,
+    "broadcast": _broadcast,
+    "send": _send,
+    "isend": _send,
+    "recv": _nothing,
+    "irecv": _nothing,
+    "barrier": _nothing,
+}
+
+
+def _timed(name: str, collective: F) -> F:
+    counted = SENDS[name]
+
+    @functools.wraps(collective)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        with contextlib.suppress(Exception):  # counting never fails a collective
+            CLOCK.sent(counted(args, kwargs))
+        with CLOCK.phase("communication"):
+            return collective(*args, **kwargs)
+
+    timed.__trainyard_timed__ = True  # type: ignore[attr-defined]
+    return timed  # type: ignore[return-value]
+
+
+def collectives_time() -> None:
+    """Wrap ``torch.distributed``'s collectives in this process (a torchrun rank), once: every
+    caller that looks them up as ``dist.<name>`` (the strategies, FSDP2, DDP's Python hooks,
+    ZeRO, DeepSpeed's comm) is timed and counted."""
+    for name in SENDS:
+        collective = getattr(dist, name, None)
+        if collective is not None and not getattr(collective, "__trainyard_timed__", False):
+            setattr(dist, name, _timed(name, collective))
+
+
+def hook_timed(hook: F) -> F:
+    """A DDP communication hook whose call is communication and whose hand-over marks the
+    start of backward's wait for it (see the module's docstring)."""
+
+    # wraps: DDP reads the hook's signature (through __wrapped__) and logs its name.
+    @functools.wraps(hook)
+    def timed(state: Any, bucket: Any) -> Any:
+        with CLOCK.phase("communication"):
+            future = hook(state, bucket)
+        CLOCK.handed_over()
+        return future
+
+    return timed  # type: ignore[return-value]
