@@ -115,6 +115,19 @@ def test_fsdp_phases_add_up_and_count_its_gathers(sample_data: Path) -> None:
         assert rank["communication_bytes"] <= 1.6 * steps * gradient_bytes
 
 
+def test_a_pipeline_runs_timed_and_counts_its_stages_sends(sample_data: Path) -> None:
+    """Pipelining hands torch's own isend/irecv to P2POp, which refuses any other function:
+    their batch is what is timed and counted. Each stage sends (activations forward, gradients
+    back); the schedule's own time is "other" (its phases are not split yet)."""
+    result = _run(sample_data, "pipeline", "--nproc", "2")
+    batch, windows = result.started["batch_size"], _windows(result)
+    assert {rank["rank"] for _, rank in windows} == {0, 1}, windows
+    for steps, rank in windows:
+        wall = steps * batch / rank["images_per_second"]
+        assert abs(sum(rank[name] for name in SECONDS) - wall) <= 0.03 * wall + 0.002, rank
+        assert rank["communication_bytes"] > 0 and rank["optimizer_seconds"] > 0, rank
+
+
 # ---- the dashboard ------------------------------------------------------------------------
 
 

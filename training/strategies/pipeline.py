@@ -46,6 +46,7 @@ from training.config import TrainConfig
 from training.data import dataset_meta
 from training.memory import tensor_bytes
 from training.models import ModelRefused, Part, model_stages, stages_split
+from training.phases import phase
 from training.runtime import Runtime, all_gather
 from training.strategies.common import Plan, optimizer_make
 from training.strategies.full_state import by_name, by_number
@@ -186,7 +187,11 @@ class Pipe:
         return summed / self.images
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        self.optimizer.zero_grad(set_to_none=True)
+        # The schedule interleaves the micro-batches' forwards and backwards with the stages'
+        # sends and receives: its time is "other" but for the sends (communication, at their
+        # launch); the optimizer's is its own.
+        with phase("optimizer"):
+            self.optimizer.zero_grad(set_to_none=True)
         self.images = len(y)
         short = self.cfg.batch_size - len(y)
         if short > 0:  # the epoch's last batch: padded, the padding's labels ignored
@@ -196,7 +201,8 @@ class Pipe:
         args = (x,) if self.first else ()
         target = y if self.last else None
         self.schedule.step(*args, target=target, losses=losses if self.last else None)
-        self.optimizer.step()
+        with phase("optimizer"):
+            self.optimizer.step()
         loss = torch.stack(losses).sum().detach() if self.last else torch.zeros((), device=y.device)
         if self.rt.distributed:
             dist.broadcast(loss, src=self.rt.world_size - 1)  # the last stage's, to rank 0
