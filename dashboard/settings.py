@@ -48,9 +48,10 @@ INSTALLED_APPS = [
 MIDDLEWARE = [
     # Outermost, so that it sees every answer under /api/, the other middleware's refusals too.
     "dashboard.api.api_answers_json",
-    # Before any view filters the database with a query parameter no column can hold.
-    "dashboard.text_input.query_text_guard",
     "django.middleware.security.SecurityMiddleware",
+    # Before any view filters the database with a query parameter no column can hold (inside
+    # SecurityMiddleware, so that its 400 has the security headers too).
+    "dashboard.text_input.query_text_guard",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",

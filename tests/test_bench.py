@@ -185,6 +185,10 @@ def test_parity_variants_parse_plan_and_judge() -> None:
     assert row.problem.startswith("skipped: --comm-hook bf16: ") and "Gloo" in row.problem
     row, flags = parity._plan(switch, args, gpus=0)
     assert not row.problem and flags == ["--nproc", "2", "--shard-optimizer"]
+    # simple-cnn cuts into 2 stages: a pipeline of 4 is skipped with the reason, not run to fail.
+    four, _, _ = parity._args_parse(["--strategies", "pipeline", "--nproc", "4"])
+    row, _ = parity._plan(parity.variant_parse("pipeline"), four, gpus=0)
+    assert row.problem.startswith("skipped: ") and "at most 2 stages" in row.problem, row.problem
     plain = parity.Row(parity.Variant("ddp"), 32, 2, [parity.RunResult(0.90, 100.0)])
     means = {plain.variant: plain.mean}
     near = parity.Row(hook, 16, 2, [parity.RunResult(0.885, 90.0)])

@@ -4,8 +4,8 @@ breakdown."""
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -15,32 +15,45 @@ from dashboard.experiments.metrics.breakdown import PHASES, experiment_straggler
 from dashboard.experiments.models import SeriesPoint
 from dashboard.experiments.runs.sink import EventSink
 from tests.test_training import Result, run_cli
+from training import phases
 from training.phases import PhaseClock
 
 SECONDS = [f"{name}_seconds" for name in PHASES]
 STEPS, INTERVAL = 12, 6
-# The phases must explain the wall time: what no phase marks (``other``) stays under this share.
-OTHER_AT_MOST = 0.10
+# The phases must explain the wall time: what no phase marks (``other``) stays under this share
+# (about 0.5% measured; the bound leaves room for a preemption on shared cores).
+OTHER_AT_MOST = 0.25
 
 
 # ---- the clock ----------------------------------------------------------------------------
 
 
-def test_nested_phases_charge_the_innermost_and_a_hand_over_ends_in_communication() -> None:
+def test_nested_phases_charge_the_innermost_and_a_hand_over_ends_in_communication(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a clock the test moves (no sleeps: timings on shared cores vary): a hook's own call
+    is communication, and so is backward's wait after the last bucket was handed over."""
+    now = [100.0]
+    monkeypatch.setattr(phases, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+
+    def spend(seconds: float) -> None:
+        now[0] += seconds
+
     clock = PhaseClock()
     with clock.phase("backward"):
-        time.sleep(0.02)
+        spend(0.02)
         with clock.phase("communication"):  # a hook's own call
-            time.sleep(0.02)
+            spend(0.02)
         clock.handed_over()
-        time.sleep(0.03)  # waiting for what was handed over
+        spend(0.03)  # waiting for what was handed over
+    spend(0.5)  # between phases: nobody's
     with clock.phase("optimizer"):
-        time.sleep(0.01)
+        spend(0.01)
     forward, backward, optimizer, communication, sent = clock.read()
     assert forward == 0 and sent == 0
-    assert 0.02 <= backward < 0.035  # the wait after the hand-over is not backward's
-    assert 0.05 <= communication < 0.07
-    assert 0.01 <= optimizer < 0.02
+    assert backward == pytest.approx(0.02)  # the wait after the hand-over is not backward's
+    assert communication == pytest.approx(0.05)
+    assert optimizer == pytest.approx(0.01)
 
 
 # ---- real runs ----------------------------------------------------------------------------
@@ -61,6 +74,7 @@ def _windows(result: Result) -> list[tuple[int, dict[str, Any]]]:
     for event in result.of_type("step"):
         found += [(event["step"] - before, rank) for rank in event["ranks"]]
         before = event["step"]
+    assert found, "no step event carried its ranks' reports"
     return found
 
 

@@ -149,6 +149,12 @@ def test_same_global_batch_splits_the_batch_over_processes(client: Client, launc
     refused = post(client, {**body, "base": {"batch_size": 127}})
     assert refused.status_code == 400
     assert "127 does not split over 2 processes" in refused.json()["errors"]["batch_size"][0]
+    # Ranks that split the model share one batch: the whole global batch, not a share each.
+    shared = {**body, "axes": {"strategy": ["pipeline", "tensor-parallel"], "processes": [2]}}
+    runs = Experiment.objects.filter(pk__in=post(client, shared).json()["runs"])
+    assert sorted((e.strategy, e.batch_size) for e in runs) == [
+        ("pipeline", 128), ("tensor-parallel", 128),
+    ]  # fmt: skip
 
 
 def test_a_study_is_one_launch_for_the_limits(client: Client, launched: Any, settings: Any) -> None:

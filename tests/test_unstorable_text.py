@@ -6,6 +6,7 @@ this file runs in the PostgreSQL pass too, where each case was that 500."""
 
 from __future__ import annotations
 
+import base64
 import json
 from typing import Any
 
@@ -102,3 +103,29 @@ def test_an_import_refuses_unstorable_fields_and_series_names(user_factory: Any)
     assert series.status_code == 400 and "NUL" in series.json()["error"]
     assert not Experiment.objects.exists()
     assert send(b"step,loss\n1,2\n", name="fine").status_code == 201
+
+
+def test_a_forged_page_cursor_is_a_400_not_a_database_error(
+    user_factory: Any, experiment_factory: Any
+) -> None:
+    """The run list's cursor is base64 JSON: the query-parameter guard sees only its letters,
+    so its value is checked when read (a NUL, or a string against a number column, was a 500
+    on PostgreSQL)."""
+    alice = user_factory()
+    for _ in range(3):
+        experiment_factory(owner=alice)
+    client = logged_in(alice)
+    following = client.get("/api/experiments/?limit=1&sort=name").json()["next"]
+    assert client.get(following).status_code == 200  # a cursor the list gave still reads
+
+    def forged(sort: str, value: Any, pk: Any = 1) -> str:
+        raw = json.dumps({"s": sort, "v": value, "i": pk}).encode()
+        return base64.urlsafe_b64encode(raw).decode().rstrip("=")
+
+    for sort, value, pk in (
+        ("name", NUL, 1), ("name", 5, 1), ("accuracy", "x", 1), ("accuracy", True, 1),
+        ("duration", [1], 1), ("created", LONE, 1), ("name", "a", 2**70), ("name", "a", 0),
+    ):  # fmt: skip
+        answer = client.get("/api/experiments/", {"sort": sort, "page": forged(sort, value, pk)})
+        assert answer.status_code == 400, (sort, value, pk, answer.content)
+        assert "cursor" in answer.json()["error"]

@@ -22,7 +22,13 @@ from dashboard.experiments.models import PROCESS_STRATEGIES
 from dashboard.experiments.web.api import launch_form_data, launch_payload_check
 from dashboard.studies.models import BatchMode
 from dashboard.studies.texts import MAX_RUNS, all_skipped_text, runs_text
-from training.registry import OPTIONS_DECLARED, STRATEGIES, option_refusals, strategy_get
+from training.registry import (
+    OPTIONS_DECLARED,
+    STRATEGIES,
+    mesh_shape,
+    option_refusals,
+    strategy_get,
+)
 
 AXIS_FIELDS = (
     "model", "dataset", "strategy", "processes", "nodes", "batch_size", "lr", "optimizer", "seed",
@@ -158,13 +164,14 @@ def _cell_check(request: StudyRequest, values: dict[str, Any]) -> tuple[dict[str
         or fields["strategy"] not in PROCESS_STRATEGIES
     ):
         return fields, errors
-    # The base batch is the global one: each of the run's processes takes its share.
+    # The base batch is the global one: each data-parallel slice takes its share; the ranks
+    # that split the model (tensor-parallel's, a pipeline's stages) share their slice's batch.
     world, whole = world_size_of(fields), fields["batch_size"]
-    if whole % world:
-        return {}, {
-            "batch_size": [f"a global batch of {whole} does not split over {world} processes"]
-        }
-    return _launch_check({**request.base, **values, "batch_size": whole // world})
+    slices = mesh_shape(fields["strategy"], world)[0]
+    if whole % slices:
+        over = f"{world} processes" if slices == world else f"{slices} data-parallel groups"
+        return {}, {"batch_size": [f"a global batch of {whole} does not split over {over}"]}
+    return _launch_check({**request.base, **values, "batch_size": whole // slices})
 
 
 def grid_cells(axes: dict[str, list[Any]]) -> list[dict[str, Any]]:

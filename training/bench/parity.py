@@ -60,8 +60,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from training.bench.launch import training_command, training_env
+from training.catalogue import MODEL_DEFAULT
 from training.cli import package_available
 from training.config import DATASETS
+from training.models import model_stage_limit
 from training.protocol import MemoryEntry, parse_event
 from training.registry import (
     MULTIPROCESS_STRATEGIES,
@@ -423,6 +425,8 @@ def _plan(variant: Variant, args: argparse.Namespace, gpus: int) -> tuple[Row, l
             for r in pipeline_refusals(
                 strategy, processes=args.nproc, batch_size=row.batch,
                 microbatches=None, schedule=None,
+                # The bench trains the default model: more stages than it has are skipped.
+                stages=model_stage_limit(MODEL_DEFAULT) if strategy_get(strategy).stages else None,
             )
         ]  # fmt: skip
         if mesh:

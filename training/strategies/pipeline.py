@@ -113,7 +113,7 @@ def composition_check(
                 x = module(x)
         same = x.shape == expected.shape and torch.allclose(x, expected, atol=1e-5, rtol=1e-4)
         problem = "" if same else "gives other outputs"
-    except (RuntimeError, ValueError) as exc:
+    except (RuntimeError, ValueError, TypeError) as exc:
         problem = f"fails ({str(exc).splitlines()[0][:200]})"
     finally:
         model.train(was_training)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import binascii
 import json
+import math
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any, Final
@@ -19,7 +20,9 @@ from django.db import connection
 from django.db.models import BooleanField, DurationField, ExpressionWrapper, F, Q, QuerySet
 from django.db.models.expressions import RawSQL
 
+from dashboard.api import MAX_ID
 from dashboard.experiments.models import Experiment, Status, Strategy
+from dashboard.text_input import text_fault
 
 LIST_PAGE_DEFAULT: Final = 500  # what /api/experiments/ answered before it had pages
 LIST_PAGE_MAX: Final = 500
@@ -121,6 +124,10 @@ def cursor_read(cursor: str, *, sort: str) -> tuple[Any, int]:
     if cursor_sort != sort:
         raise ListQueryError("page belongs to another sort: start again from the first page")
     field = SORT_FIELDS[sort.lstrip("-")]
+    if not _cursor_value_fits(field, value) or not 0 < pk <= MAX_ID:
+        # A forged cursor must not reach the query: a NUL, or a string compared with a number
+        # column, is an error of PostgreSQL's (a 500), not of the list's.
+        raise ListQueryError("page is not a cursor this list gave")
     try:
         if value is not None and field == "created_at":
             value = datetime.fromisoformat(value)
@@ -129,6 +136,17 @@ def cursor_read(cursor: str, *, sort: str) -> tuple[Any, int]:
     except (TypeError, ValueError):
         raise ListQueryError("page is not a cursor this list gave") from None
     return value, pk
+
+
+def _cursor_value_fits(field: str, value: Any) -> bool:
+    """What cursor_write writes for the field: a string (name, status, an ISO time), a number
+    (accuracy, a duration's seconds), or null."""
+    if value is None:
+        return True
+    if field in {"name", "status", "created_at"}:
+        return isinstance(value, str) and not text_fault(value)
+    numeric = isinstance(value, int | float) and not isinstance(value, bool)
+    return numeric and math.isfinite(value) and abs(value) < MAX_ID
 
 
 def _tag_filter(tag: str) -> Q:
