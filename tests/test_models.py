@@ -18,6 +18,7 @@ import pytest
 import torch
 from torchvision import models as tv_models
 
+from dashboard.devices.facts import plugin_stages_count
 from tests.conftest import need
 from tests.test_exactness import assert_same_parameters
 from tests.test_training import ROOT, Result, assert_well_formed, run_cli
@@ -252,6 +253,19 @@ def test_a_plugin_declares_its_tensor_parallel_plan(
     assert model_tensor_plan("tiny-net", model) == {"body.1": "colwise", "head": "rowwise"}
     with pytest.raises(ModelRefused, match="tiny-plain declares none"):
         model_tensor_plan("tiny-plain", model)
+
+
+def test_a_worker_counts_its_plugins_pipeline_stages(
+    plugin_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the workers have a plug-in: their report says how many stages each splittable one
+    cuts into, for the launch checks (tests/test_pipeline.py reads it there)."""
+    monkeypatch.syspath_prepend(str(plugin_path))
+    report = {
+        "models_splittable": ["simple-cnn", "tiny-net"],
+        "model_sources": {"simple-cnn": "built in", "tiny-net": "plug-in tinynet"},
+    }
+    assert plugin_stages_count(report) == {"tiny-net": 2}
 
 
 # --- every strategy on a torchvision model -------------------------------------------------------

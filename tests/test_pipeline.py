@@ -178,8 +178,9 @@ def test_api_refuses_more_stages_than_the_model_has(user_factory: Any, launched:
     """The web server builds a built-in or torchvision model on the meta device to count its
     stages, as the CLI does (simple-cnn: 2, resnet18: 7); a plug-in's model is the worker's to
     count, at start."""
-    splittable = ("simple-cnn", "resnet18", "mobilenet_v2", "my-net")
-    machine("host-a", catalogue_report(plugins=("my-net",), splittable=splittable))
+    splittable = ("simple-cnn", "resnet18", "mobilenet_v2", "my-net", "their-net")
+    report = catalogue_report(plugins=("my-net", "their-net"), splittable=splittable)
+    machine("host-a", {**report, "models_stages": {"their-net": 3}})
     client = Client()
     client.force_login(user_factory())
     for model, stages in (("simple-cnn", 2), ("resnet18", 7)):
@@ -190,5 +191,10 @@ def test_api_refuses_more_stages_than_the_model_has(user_factory: Any, launched:
         assert f"splits into at most {stages} stages" in why, why
     body = {"strategy": "pipeline", "model": "resnet18", "processes": 3, "microbatches": 4}
     assert api_post(client, body).status_code == 201
-    plugin = api_post(client, {**body, "model": "my-net", "processes": 4})
-    assert plugin.status_code == 201, plugin.content
+    # A plug-in's count comes from the workers that have it (dashboard.devices.facts); one
+    # no worker counted is left to its run.
+    plugin = api_post(client, {**body, "model": "their-net", "processes": 4})
+    assert plugin.status_code == 400, plugin.content
+    assert "at most 3 stages" in plugin.json()["errors"]["processes"][0]
+    assert api_post(client, {**body, "model": "their-net", "processes": 3}).status_code == 201
+    assert api_post(client, {**body, "model": "my-net", "processes": 4}).status_code == 201

@@ -27,6 +27,7 @@ class MachineCatalogue:
     image_folders: dict[str, dict[str, Any]] = field(default_factory=dict)
     models_splittable: tuple[str, ...] = ()
     models_tensor_parallel: tuple[str, ...] = ()  # those that declare a tensor-parallel plan
+    models_stages: dict[str, int] = field(default_factory=dict)  # a plug-in's pipeline stages
     model_sources: dict[str, str] = field(default_factory=dict)
     dataset_details: tuple[dict[str, Any], ...] = ()
     reported: bool = True  # False: an old report, taken as the built-ins only
@@ -35,6 +36,16 @@ class MachineCatalogue:
 
 def _names(value: Any) -> tuple[str, ...]:
     return tuple(str(v) for v in value) if isinstance(value, list) else ()
+
+
+def _counts(value: Any) -> dict[str, int]:
+    if not isinstance(value, dict):
+        return {}
+    return {
+        str(k): v
+        for k, v in value.items()
+        if isinstance(v, int) and not isinstance(v, bool) and v > 0
+    }
 
 
 def catalogue_from_report(*, hostname: str, report: dict[str, Any] | None) -> MachineCatalogue:
@@ -63,6 +74,7 @@ def catalogue_from_report(*, hostname: str, report: dict[str, Any] | None) -> Ma
         image_folders={str(f["path"]): f for f in folders},
         models_splittable=_names(report.get("models_splittable")),
         models_tensor_parallel=_names(report.get("models_tensor_parallel")),
+        models_stages=_counts(report.get("models_stages")),
         model_sources=dict(sources) if isinstance(sources, dict) else {},
         dataset_details=tuple(details),
     )

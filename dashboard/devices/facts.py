@@ -263,7 +263,30 @@ def catalogue_facts_collect() -> dict[str, Any]:
     from training.catalogue import catalogue_collect
 
     try:
-        return catalogue_collect(data_dir=Path(settings.TRAINYARD_DATA_DIR))
+        report = catalogue_collect(data_dir=Path(settings.TRAINYARD_DATA_DIR))
     except Exception as exc:  # a broken plug-in or folder must not silence the whole report
         logger.exception("the catalogue of models and datasets failed")
         return {"catalogue_error": f"{type(exc).__name__}: {exc}"}
+    report["models_stages"] = plugin_stages_count(report)
+    return report
+
+
+def plugin_stages_count(report: dict[str, Any]) -> dict[str, int]:
+    """The most pipeline stages each splittable plug-in model cuts into: only the workers have
+    a plug-in, so they count it for the launch checks (the web server counts the built-in and
+    torchvision's models itself, dashboard/experiments/core/catalogue_checks.py)."""
+    sources = report.get("model_sources") or {}
+    counts = {
+        name: _stages_of(name)
+        for name in report.get("models_splittable") or []
+        if str(sources.get(name, "")).startswith("plug-in")
+    }
+    return {name: count for name, count in counts.items() if count is not None}
+
+
+@functools.cache
+def _stages_of(name: str) -> int | None:
+    # Built once on the meta device, once a process: a plug-in changes only with a restart.
+    from training.models import model_stage_limit
+
+    return model_stage_limit(name)

@@ -188,11 +188,14 @@ def pipeline_stage_limit(*, model: str) -> int | None:
     """The most pipeline stages ``model`` cuts into, where this server can tell: the built-in
     and torchvision's models, built on the meta device (no memory, no weights) once per process,
     so torch is imported here only when a pipeline is launched. A plug-in's model is on the
-    workers alone: None, and its run refuses more stages than it has at start, with the reason."""
-    sources = {c.model_sources.get(model) for c in catalogues_online()}
-    if model not in BUILTIN_MODELS and "torchvision" not in sources:
-        return None
-    return _stage_limit(model)
+    workers alone: the fewest stages a worker that has it reports (None where none reports it:
+    its run then refuses more stages than it has at start, with the reason)."""
+    catalogues = catalogues_online()
+    sources = {c.model_sources.get(model) for c in catalogues}
+    if model in BUILTIN_MODELS or "torchvision" in sources:
+        return _stage_limit(model)
+    counts = [c.models_stages[model] for c in catalogues if model in c.models_stages]
+    return min(counts) if counts else None
 
 
 @functools.cache
