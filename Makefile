@@ -42,7 +42,10 @@ worker: setup
 # start-up, so a pass takes about half its one-process time on 2 cores. Every worker has its own
 # home, test database, ports and namespace names (tests/conftest.py, tests/netns.py).
 TEST_WORKERS ?= 2
-PYTEST_TIMED = TRAINYARD_TESTS_NEED_ALL=1 $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadfile \
+# The files go longest first (tests/file_order.py, from tests/durations.json), not xdist's
+# most-tests-first, so that both workers end together.
+XDIST = --dist loadfile --no-loadscope-reorder
+PYTEST_TIMED = TRAINYARD_TESTS_NEED_ALL=1 $(VENV)/bin/pytest -n $(TEST_WORKERS) $(XDIST) \
   --durations=25 --durations-min=1
 
 test:
@@ -62,7 +65,7 @@ test:
 FAST_TESTS = not integration and not stack and not browser and not machines and not slow
 
 test-fast: $(VENV)/.installed
-	@start=$$(date +%s); $(VENV)/bin/pytest -n 2 --dist loadfile -m "$(FAST_TESTS)" \
+	@start=$$(date +%s); $(VENV)/bin/pytest -n 2 $(XDIST) -m "$(FAST_TESTS)" \
 	  --durations=10 --durations-min=5; rc=$$?; \
 	  echo "make test-fast took $$(( $$(date +%s) - start )) s"; exit $$rc
 

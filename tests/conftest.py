@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.file_order import FileTimes, durations_load, files_longest_first
 from tests.kinds import kinds_mark
 from tests.postgres import Postgres, postgres_bin, postgres_running
 from tests.stack import IN_CI, Stack, free_port, stack_running, wait_for
@@ -39,6 +40,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="the engine of this pass: sqlite (the embedded default, every test) or postgres "
         "(a server of the session's own; only the tests that open the database)",
     )  # fmt: skip
+    parser.addoption(
+        "--store-durations", action="store_true", default=False,
+        help="write each file's seconds in this run to tests/durations.json (the order of the "
+        "files under xdist: tests/file_order.py)",
+    )  # fmt: skip
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -46,6 +52,8 @@ def pytest_configure(config: pytest.Config) -> None:
         "markers", "database: opens the test database from processes it starts itself, "
         "so it runs in the PostgreSQL pass too",
     )  # fmt: skip
+    if not hasattr(config, "workerinput"):  # the controller, or the one process without xdist
+        config.pluginmanager.register(FileTimes(config), "trainyard-file-times")
 
 
 def on_postgres(config: pytest.Config) -> bool:
@@ -68,13 +76,13 @@ def postgres_pass_runs(item: pytest.Item) -> bool:
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         kinds_mark(item)
-    if not on_postgres(config):
-        return
-    kept = [item for item in items if postgres_pass_runs(item)]
-    dropped = [item for item in items if not postgres_pass_runs(item)]
-    if dropped:
-        config.hook.pytest_deselected(items=dropped)
-        items[:] = kept
+    if on_postgres(config):
+        kept = [item for item in items if postgres_pass_runs(item)]
+        dropped = [item for item in items if not postgres_pass_runs(item)]
+        if dropped:
+            config.hook.pytest_deselected(items=dropped)
+            items[:] = kept
+    files_longest_first(items, durations_load(str(config.getoption("database"))))
 
 
 def pytest_report_header(config: pytest.Config) -> str:
