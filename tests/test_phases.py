@@ -219,3 +219,8 @@ def test_a_rank_markedly_slower_than_the_others_is_named_an_even_run_names_nobod
     named = experiment_straggler(experiment=uneven)
     # Over the 8 windows: (2 x 0.2 + 6 x 0.4) / (8 x 0.2) - 1.
     assert named == {"rank": 2, "slower_by": 0.75, "since_step": 3}
+
+
+def test_the_engine_and_the_dashboard_name_the_same_phases_in_the_same_order() -> None:
+    # Two homes on either side of the event protocol (the web server never imports torch).
+    assert phases.PHASES == PHASES

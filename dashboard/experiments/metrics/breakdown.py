@@ -17,7 +17,10 @@ from django.db.models import Sum
 
 from dashboard.experiments.models import Experiment, SeriesPoint
 
-# The phases, in the order they are shown, as the shares' names.
+# The phases, in the order they are shown, as the shares' names: the web side's one home for
+# them (the API's schema is made from it). training/phases.py names the same six for the engine;
+# the web server does not import that module, which imports torch, so the event protocol (1.9)
+# is what ties the two lists, and tests/test_phases.py checks they agree.
 PHASES: Final = ("data", "forward", "backward", "optimizer", "communication", "other")
 _KEY: Final = re.compile(r"^rank/(\d+)/(\w+)_seconds$")
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from ninja import Schema
 from pydantic import ConfigDict, create_model
 
+from dashboard.experiments.metrics.breakdown import PHASES
 from training.registry import OPTIONS_DECLARED
 
 
@@ -33,14 +34,14 @@ else:
     )
 
 
-class PhaseShares(Schema):
-    rank: int
-    data: float
-    forward: float
-    backward: float
-    optimizer: float
-    communication: float
-    other: float
+# A rank's share of its wall time in each phase (metrics/breakdown.py's PHASES, their one home
+# on the web side), made from that list as OptionsOut is from the registry.
+if TYPE_CHECKING:
+    PhaseShares = Schema
+else:
+    PhaseShares = create_model(
+        "PhaseShares", __base__=Schema, rank=(int, ...), **{name: (float, ...) for name in PHASES}
+    )
 
 
 class StragglerOut(Schema):
