@@ -26,7 +26,13 @@ from django.test import Client
 
 from tests.factories import api_post
 from tests.test_catalogue_launch import catalogue_report, machine
-from tests.test_tensor_parallel import _checkpoint, _epoch, _run, assert_same_epoch
+from tests.test_tensor_parallel import (
+    _checkpoint,
+    _run,
+    assert_ranks_hold,
+    assert_resumes_under_single,
+    assert_same_epoch,
+)
 from tests.test_training import Result
 from training import cli
 from training.model import SimpleCNN
@@ -69,26 +75,14 @@ def test_each_stage_holds_its_part_only(single: Result, gpipe: Result) -> None:
     held = [
         sum(p.numel() * 4 for p in part.parameters()) for part in (model.features, model.classifier)
     ]
-    (full,) = _epoch(single, 1)["memory"]
-    memory = _epoch(gpipe, 1)["memory"]
-    assert [m["rank"] for m in memory] == [0, 1]
-    for rank, size in zip(memory, held, strict=True):
-        assert rank["parameter_bytes"] == rank["gradient_bytes"] == size
-        ratio = rank["optimizer_state_bytes"] / full["optimizer_state_bytes"]
-        assert abs(ratio - size / full["parameter_bytes"]) < 0.001
-        assert rank["peak_bytes"] > 0
+    assert_ranks_hold(single, gpipe, held)
 
 
 @slow
 def test_gpipe_checkpoint_resumes_under_single(
     sample_data: Path, single: Result, gpipe: Result, tmp_path: Path
 ) -> None:
-    resume = ("--epochs", "2", "--resume", str(_checkpoint(gpipe, 1)))
-    resumed = _run(sample_data, tmp_path, "r-single", "--strategy", "single",
-                   "--batch-size", "64", *resume)  # fmt: skip
-    assert resumed.started["start_epoch"] == 2
-    assert not any("afresh" in note for note in resumed.started["notes"])
-    assert_same_epoch(resumed, single, 2)
+    assert_resumes_under_single(sample_data, tmp_path, single, gpipe)
 
 
 @slow

@@ -79,6 +79,30 @@ def assert_same_epoch(ours: Result, theirs: Result, epoch: int) -> None:
     assert_same_parameters(_checkpoint(ours, epoch), _checkpoint(theirs, epoch), rtol=2e-4)
 
 
+def assert_ranks_hold(single: Result, ours: Result, held: list[int]) -> None:
+    """Each rank's parameters and gradients are ``held`` bytes, its optimizer state the same share
+    of single's (Adam's moments follow their parameters), and its peak was measured."""
+    (full,) = _epoch(single, 1)["memory"]
+    memory = _epoch(ours, 1)["memory"]
+    assert [m["rank"] for m in memory] == list(range(len(held)))
+    for rank, size in zip(memory, held, strict=True):
+        assert rank["parameter_bytes"] == rank["gradient_bytes"] == size
+        ratio = rank["optimizer_state_bytes"] / full["optimizer_state_bytes"]
+        assert abs(ratio - size / full["parameter_bytes"]) < 0.001
+        assert rank["peak_bytes"] > 0
+
+
+def assert_resumes_under_single(sample_data: Path, out: Path, single: Result, ours: Result) -> None:
+    """Epoch 1's checkpoint of ``ours`` resumed by the single strategy trains epoch 2 as single
+    did: the checkpoint holds the whole model and optimizer, whatever split wrote it."""
+    resume = ("--epochs", "2", "--resume", str(_checkpoint(ours, 1)))
+    resumed = _run(sample_data, out, "r-single", "--strategy", "single",
+                   "--batch-size", "64", *resume)  # fmt: skip
+    assert resumed.started["start_epoch"] == 2
+    assert not any("afresh" in note for note in resumed.started["notes"])
+    assert_same_epoch(resumed, single, 2)
+
+
 @pytest.fixture(scope="module")
 def single(sample_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Result:
     out = tmp_path_factory.mktemp("single")
@@ -123,26 +147,14 @@ def test_tensor_parallel_ranks_hold_half_of_the_split_layers(single: Result, tp:
     held = sum(size // 2 if name in split else size for name, size in whole.items())
     (full,) = _epoch(single, 1)["memory"]
     assert full["parameter_bytes"] == sum(whole.values())
-    memory = _epoch(tp, 1)["memory"]
-    assert [m["rank"] for m in memory] == [0, 1]
-    for rank in memory:
-        assert rank["parameter_bytes"] == rank["gradient_bytes"] == held
-        # Adam's two moments follow their parameters (and a step count each).
-        ratio = rank["optimizer_state_bytes"] / full["optimizer_state_bytes"]
-        assert abs(ratio - held / full["parameter_bytes"]) < 0.001
-        assert rank["peak_bytes"] > 0
+    assert_ranks_hold(single, tp, [held, held])
 
 
 @slow
 def test_tensor_parallel_checkpoint_resumes_under_single(
     sample_data: Path, single: Result, tp: Result, tmp_path: Path
 ) -> None:
-    resume = ("--epochs", "2", "--resume", str(_checkpoint(tp, 1)))
-    resumed = _run(sample_data, tmp_path, "r-single", "--strategy", "single",
-                   "--batch-size", "64", *resume)  # fmt: skip
-    assert resumed.started["start_epoch"] == 2
-    assert not any("afresh" in note for note in resumed.started["notes"])
-    assert_same_epoch(resumed, single, 2)
+    assert_resumes_under_single(sample_data, tmp_path, single, tp)
 
 
 # --- fsdp-tp over 4 ranks -----------------------------------------------------------------------
