@@ -42,8 +42,9 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def entry(rank: int, **shares: float) -> RankBreakdown:
     rest = 1 - sum(shares.values())
-    return RankBreakdown(rank=rank, **{"forward": 0.0, "backward": 0.0, "optimizer": 0.0,
-                                       "other": rest, **shares})  # type: ignore[typeddict-item]
+    return RankBreakdown(
+        rank=rank, **{"forward": 0.0, "backward": 0.0, "optimizer": 0.0, "other": rest, **shares}
+    )  # type: ignore[typeddict-item]
 
 
 # Rank 0 sits 0.30 of its time in all-reduce, rank 1 (the slow one) 0.12: rank 1's is the
@@ -69,7 +70,9 @@ def test_one_rank_waits_for_nobody_and_no_phases_give_none() -> None:
     assert "waiting 0%" not in shares_text(alone) and shares_text(alone).endswith("0% waiting")
     assert run_shares([]) is None and shares_text(None) == "—"
     # Even ranks, within the noise: waiting but nobody named.
-    even = run_shares([entry(0, data=0.1, communication=0.205), entry(1, data=0.1, communication=0.2)])
+    even = run_shares(
+        [entry(0, data=0.1, communication=0.205), entry(1, data=0.1, communication=0.2)]
+    )
     assert even is not None and even["waiting_for"] is None and even["waiting"] == 0.0025
 
 
@@ -115,7 +118,9 @@ def test_many_runs_breakdown_in_one_query_as_each_runs_own(
 
 
 def embedded(html: str, element_id: str) -> Any:
-    found = re.search(rf'<script id="{element_id}" type="application/json">(.*?)</script>', html, re.S)
+    found = re.search(
+        rf'<script id="{element_id}" type="application/json">(.*?)</script>', html, re.S
+    )
     assert found, f"no {element_id} in the page"
     return json.loads(found[1])
 
@@ -163,9 +168,7 @@ def test_the_run_page_has_the_phases_partial_and_its_snapshot_the_points(
 def test_compare_gives_each_runs_shares_beside_its_throughput(alice_client: Client) -> None:
     measured = phase_run_make(owner="alice", name="measured", windows=2)
     old = phase_run_make(owner="alice", name="old")
-    body = alice_client.get(
-        reverse("api-experiments-compare") + f"?ids={measured},{old}"
-    ).json()
+    body = alice_client.get(reverse("api-experiments-compare") + f"?ids={measured},{old}").json()
     first, second = body["runs"]
     breakdown = experiment_breakdown(experiment=Experiment.objects.get(pk=measured))
     # By hand: the transfer is the least communication share, the waiting the mean excess.
@@ -197,7 +200,9 @@ def test_a_studys_cells_and_scaling_view_say_what_efficiency_lost_to(
     ).json()
     single, ddp = (Experiment.objects.get(pk=pk) for pk in body["runs"])
     for run, ips in ((single, 400.0), (ddp, 520.0)):
-        SeriesPoint.objects.create(experiment=run, key="images_per_second", step=1, time=1, value=ips)
+        SeriesPoint.objects.create(
+            experiment=run, key="images_per_second", step=1, time=1, value=ips
+        )
         Experiment.objects.filter(pk=run.pk).update(status=Status.SUCCEEDED)
     phase_points_add(ddp, windows=2)
     study = alice_client.get(reverse("api-study", args=[body["id"]])).json()

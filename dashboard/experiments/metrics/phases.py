@@ -58,8 +58,12 @@ def phase_facts() -> dict[str, Any]:
     """The phases as the pages' facts carry them (Trainyard.facts.phases, phases.js)."""
     return {
         "phases": [
-            {"name": name, "label": PHASE_STYLES[name][0], "color": PHASE_STYLES[name][1],
-             "field": f"{name}_seconds"}
+            {
+                "name": name,
+                "label": PHASE_STYLES[name][0],
+                "color": PHASE_STYLES[name][1],
+                "field": f"{name}_seconds",
+            }
             for name in PHASES
         ],  # fmt: skip
         "bytes_field": "communication_bytes",
@@ -72,11 +76,11 @@ def run_shares(breakdown: Sequence[RankBreakdown]) -> RunShares | None:
     if not breakdown:
         return None
     least = min(breakdown, key=lambda entry: (entry["communication"], entry["rank"]))
-    waiting = sum(e["communication"] - least["communication"] for e in breakdown) / len(breakdown)
+    waiting = _mean([e["communication"] - least["communication"] for e in breakdown])
     return RunShares(
         communication=round(least["communication"], 4),
-        data=round(sum(e["data"] for e in breakdown) / len(breakdown), 4),
-        waiting=round(waiting, 4),
+        data=_mean([e["data"] for e in breakdown]),
+        waiting=waiting,
         waiting_for=least["rank"] if waiting >= WAITING_NAMED else None,
     )
 
@@ -87,11 +91,16 @@ def shares_pooled(found: Sequence[RunShares]) -> RunShares | None:
     if not found:
         return None
     most = max(found, key=lambda shares: shares["waiting"])
-    mean = {
-        name: round(sum(s[name] for s in found) / len(found), 4)  # type: ignore[literal-required]
-        for name in ("communication", "data", "waiting")
-    }
-    return RunShares(**mean, waiting_for=most["waiting_for"])  # type: ignore[typeddict-item]
+    return RunShares(
+        communication=_mean([s["communication"] for s in found]),
+        data=_mean([s["data"] for s in found]),
+        waiting=_mean([s["waiting"] for s in found]),
+        waiting_for=most["waiting_for"],
+    )
+
+
+def _mean(values: list[float]) -> float:
+    return round(sum(values) / len(values), 4)
 
 
 def _parts(shares: RunShares) -> list[str]:

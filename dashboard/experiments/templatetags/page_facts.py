@@ -2,8 +2,8 @@
 
 The strategies come from training/registry.py, the status labels from the model's choices,
 which statuses are final from transitions.py, the socket's close codes from messages.py, the
-charts from metrics/series_contract.py and the phases from metrics/phases.py, so static/js keeps no copy of any of them
-(static/js/common.js reads them as ``Trainyard.facts``).
+charts from metrics/series_contract.py and the phases from metrics/phases.py, so static/js keeps
+no copy of any of them (static/js/common.js reads them as ``Trainyard.facts``).
 """
 
 from __future__ import annotations
