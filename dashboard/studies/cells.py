@@ -15,6 +15,11 @@ Throughput, speedup and efficiency are scaling.py's: the mean images/s of a run'
 speedup against the study's own single cell (see `baseline_find`), efficiency = speedup / world
 size. Each cell becomes one ScalingRow, so that the chart and the warning about differing global
 batches are the compare page's own.
+
+Where the time went: each run's shares of communication, data and waiting
+(experiments/metrics/phases.py, from one grouped query over the study's runs), the mean over a
+cell's runs that measured them; the scaling view says in a sentence what each cell's efficiency
+lost to (``scaling.reasons``).
 """
 
 from __future__ import annotations
@@ -29,6 +34,8 @@ from dashboard.experiments.core.memory import (
     experiment_memory_rows,
     memory_summary,
 )
+from dashboard.experiments.metrics.breakdown import experiments_breakdown
+from dashboard.experiments.metrics.phases import run_shares, shares_pooled
 from dashboard.experiments.metrics.scaling import (
     ScalingRow,
     batch_warning_text,
@@ -106,7 +113,7 @@ def baseline_find(cell: dict[str, Any], singles: list[dict[str, Any]]) -> dict[s
 
 
 def _cell_figures(cell: dict[str, Any], runs: list[Experiment], target: float, found: Any) -> None:
-    reached, throughputs = found["reached"], found["throughputs"]
+    reached, throughputs, breakdowns = found["reached"], found["throughputs"], found["breakdowns"]
     hits = [reached[e.pk] for e in runs if e.pk in reached]
     every = len(hits) == len(runs)
     finals = [
@@ -134,6 +141,9 @@ def _cell_figures(cell: dict[str, Any], runs: list[Experiment], target: float, f
         final_accuracy_mean=_mean(finals),
         final_accuracy_std=statistics.stdev(finals) if len(finals) > 1 else None,
         images_per_second=_mean(ips),
+        phase_shares=shares_pooled(
+            [shares for e in runs if (shares := run_shares(breakdowns.get(e.pk, [])))]
+        ),
     )
 
 
@@ -151,6 +161,7 @@ def cells_build(*, runs: Sequence[Experiment], target: float) -> list[dict[str, 
     found = {
         "reached": reached_read(runs=runs, target=target),
         "throughputs": throughputs_read(experiment_ids=[e.pk for e in runs]),
+        "breakdowns": experiments_breakdown(experiment_ids=[e.pk for e in runs]),
     }
     cells = []
     for members in groups.values():
@@ -204,5 +215,16 @@ def scaling_rows(cells: list[dict[str, Any]], runs: dict[int, Experiment]) -> li
 
 
 def scaling_build(cells: list[dict[str, Any]], runs: dict[int, Experiment]) -> dict[str, Any]:
+    """The scaling view: its chart, the batch warning, and per cell with an efficiency what it
+    lost to (``reasons``: {cell, text}, the cell's index in the table)."""
     rows = scaling_rows(cells, runs)
-    return {"chart": scaling_chart_build(rows), "batch_warning": batch_warning_text(rows)}
+    reasons = [
+        {"cell": i, "text": cell["texts"]["efficiency_reason"]}
+        for i, cell in enumerate(cells)
+        if cell["texts"]["efficiency_reason"]
+    ]
+    return {
+        "chart": scaling_chart_build(rows),
+        "batch_warning": batch_warning_text(rows),
+        "reasons": reasons,
+    }

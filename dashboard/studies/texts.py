@@ -3,9 +3,10 @@ the page and the JSON say the same thing."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from dashboard.experiments.core.memory import SUMMARY_FIGURES, memory_summary_texts
+from dashboard.experiments.metrics.phases import RunShares, efficiency_reason_text, shares_text
 from dashboard.studies.models import BatchMode
 
 MAX_RUNS = 48
@@ -93,6 +94,10 @@ def cell_texts(cell: dict[str, object]) -> dict[str, str]:
         accuracy += f" ± {std:.2%}"
     # The cell's memory_* figures (cells.py), in core/memory.py's words.
     memory: dict[str, Any] = {name: cell[f"memory_{name}"] for name in SUMMARY_FIGURES}
+    shares = cast(RunShares | None, cell["phase_shares"])
+    reason = efficiency_reason_text(
+        efficiency=efficiency if isinstance(efficiency, float) else None, shares=shares
+    )
     return {
         **{f"memory_{line}": text for line, text in memory_summary_texts(**memory).items()},
         "time_to_target": f"{seconds:.1f} s" if isinstance(seconds, float) else "—",
@@ -102,4 +107,6 @@ def cell_texts(cell: dict[str, object]) -> dict[str, str]:
         "images_per_second": f"{ips:,.0f} img/s" if isinstance(ips, float) else "—",
         "speedup": f"{speedup:.2f}×" if isinstance(speedup, float) else "—",
         "efficiency": f"{efficiency:.0%}" if isinstance(efficiency, float) else "—",
+        "phase_shares": shares_text(shares),
+        "efficiency_reason": reason or "",
     }

@@ -13,6 +13,7 @@ from django.views.decorators.http import require_POST
 
 from dashboard.experiments.core.limits import LaunchLimited
 from dashboard.experiments.core.memory import MEMORY_RULE
+from dashboard.experiments.metrics.phases import SHARES_RULE
 from dashboard.experiments.metrics.scaling import experiment_global_batch
 from dashboard.experiments.web.views import chart_run
 from dashboard.studies.forms import StudyForm
@@ -86,6 +87,7 @@ def study_detail(request: HttpRequest, pk: int) -> HttpResponse:
             ACCURACY_RULE,
             SPEEDUP_RULE,
             f"{MEMORY_CELL_RULE} {MEMORY_RULE}",
+            SHARES_RULE,
         ],  # fmt: skip
         "skipped_rule": SKIPPED_RULE,
         "live": {"api_url": reverse("api-study", args=[study.pk])},

@@ -81,8 +81,8 @@ window.TrainyardCharts = (function () {
   }
 
   /** The series points a live message carries: {key: [[step, time, value], ...]}, under the
-   * keys the sink stores them (the contract's step_series, rank_fields, epoch_series,
-   * memory_fields): step events carry the run's and each rank's figures; epoch events the test
+   * keys the sink stores them (the contract's step_series, rank_fields, phase_fields,
+   * epoch_series, memory_fields): step events carry the run's and each rank's figures; epoch events the test
    * figures, their own images/s and what each rank holds; `series` messages the rest (machine
    * and GPU samples). */
   function messagePoints(msg) {
@@ -91,7 +91,7 @@ window.TrainyardCharts = (function () {
     const t = isNum(msg.time) ? msg.time : null;
     if (msg.type === "step") {
       for (const [field, key] of Object.entries(contract.step_series)) put(out, key, msg.step, t, msg[field]);
-      putRanks(out, msg.ranks, contract.rank_fields, msg.step, t);
+      putRanks(out, msg.ranks, contract.rank_fields.concat(contract.phase_fields), msg.step, t);
     } else if (msg.type === "epoch") {
       for (const [field, key] of Object.entries(contract.epoch_series)) put(out, key, msg.step, t, msg[field]);
       // What each rank holds at the epoch's end (protocol 1.7's `memory`, as the sink stored it).

@@ -39,6 +39,18 @@
     window.TrainyardCharts.scalingChart(box, chart, (name) => strategy(name).short);
   }
 
+  // What each cell's efficiency lost to, as the server wrote it (studies/cells.py scaling_build).
+  function reasonsPlace(reasons) {
+    const list = document.getElementById("scaling-reasons");
+    if (!list || !reasons.length) return;
+    list.replaceChildren(...reasons.map((reason) => {
+      const li = document.createElement("li");
+      li.dataset.cell = reason.cell;
+      li.textContent = reason.text;
+      return li;
+    }));
+  }
+
   async function poll() {
     let body = null;
     try {
@@ -51,6 +63,7 @@
       progressPlace(body.progress);
       cellsPlace(body.cells);
       scalingPlace(body.scaling.chart);
+      reasonsPlace(body.scaling.reasons || []);
       const badge = document.getElementById("study-status");
       setText(badge, body.status);
       badge.className = "badge status-" + body.status;

@@ -11,6 +11,7 @@ phases: an empty list.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from typing import Final, TypedDict
 
 from django.db.models import Sum
@@ -38,18 +39,31 @@ class RankBreakdown(TypedDict):
 def experiment_breakdown(*, experiment: Experiment) -> list[RankBreakdown]:
     """One entry per rank that reported its phases, rank order: each phase's share (0..1) of
     the rank's wall time over the run so far; the shares add up to 1."""
+    return experiments_breakdown(experiment_ids=[experiment.pk]).get(experiment.pk, [])
+
+
+def experiments_breakdown(*, experiment_ids: Sequence[int]) -> dict[int, list[RankBreakdown]]:
+    """experiment_breakdown of many runs in one grouped query (the compare page's and a
+    study's runs: not one query per run); a run with no phases has no entry."""
     sums = (
         SeriesPoint.objects.filter(
-            experiment_id=experiment.pk, key__startswith="rank/", key__endswith="_seconds"
+            experiment_id__in=list(experiment_ids), key__startswith="rank/",
+            key__endswith="_seconds",
         )
-        .values("key")
+        .values("experiment_id", "key")
         .annotate(total=Sum("value"))
-    )
-    seconds: dict[int, dict[str, float]] = {}
+    )  # fmt: skip
+    seconds: dict[int, dict[int, dict[str, float]]] = {}  # run -> rank -> phase -> seconds
     for row in sums:
         found = _KEY.match(row["key"])
         if found and found[2] in PHASES:
-            seconds.setdefault(int(found[1]), {})[found[2]] = max(row["total"] or 0.0, 0.0)
+            ranks = seconds.setdefault(row["experiment_id"], {})
+            ranks.setdefault(int(found[1]), {})[found[2]] = max(row["total"] or 0.0, 0.0)
+    found_runs = {pk: _rank_shares(ranks) for pk, ranks in seconds.items()}
+    return {pk: entries for pk, entries in found_runs.items() if entries}
+
+
+def _rank_shares(seconds: dict[int, dict[str, float]]) -> list[RankBreakdown]:
     entries: list[RankBreakdown] = []
     for rank in sorted(seconds):
         phases = seconds[rank]

@@ -26,6 +26,13 @@ from typing import Any
 
 from dashboard.experiments.core.access import experiments_visible_to
 from dashboard.experiments.core.memory import experiment_memory_rows, memory_summary
+from dashboard.experiments.metrics.breakdown import experiments_breakdown
+from dashboard.experiments.metrics.phases import (
+    RunShares,
+    efficiency_reason_text,
+    run_shares,
+    shares_text,
+)
 from dashboard.experiments.metrics.series import series_mean
 from dashboard.experiments.models import (
     PROCESS_STRATEGIES,
@@ -128,6 +135,8 @@ class ScalingRow:
     baseline: Experiment | None
     baseline_throughput: float | None
     baseline_global_batch: int | None
+    # Its shares of communication, data and waiting (metrics/phases.py), None without phases.
+    shares: RunShares | None = None
 
     @property
     def speedup(self) -> float | None:
@@ -164,6 +173,9 @@ class ScalingRow:
             "speedup": "—" if speedup is None else f"{speedup:.2f}×",
             "efficiency": "—" if efficiency is None else f"{efficiency:.0%}",
             "accuracy": "—" if self.accuracy is None else f"{self.accuracy:.2%}",
+            "phase_shares": shares_text(self.shares),
+            "efficiency_reason": efficiency_reason_text(efficiency=efficiency, shares=self.shares)
+            or "",
         }
 
     def as_dict(self) -> dict[str, Any]:
@@ -196,12 +208,17 @@ class ScalingRow:
             "memory": e.memory,
             "memory_held_bytes": memory["held_bytes"],
             "memory_peak_bytes": memory["peak_bytes"],
+            # Shares of communication, data and waiting over the run (metrics/phases.py), and
+            # what its efficiency lost to, in words; null without phases (or efficiency).
+            "phase_shares": self.shares,
+            "efficiency_reason": self.texts["efficiency_reason"] or None,
         }
 
 
 def scaling_rows_build(*, experiments: Sequence[Experiment], visible: Any) -> list[ScalingRow]:
     """One row per run; `visible` is the queryset of runs the viewer may use as baselines."""
     throughputs = throughputs_read(experiment_ids=[e.pk for e in experiments])
+    breakdowns = experiments_breakdown(experiment_ids=[e.pk for e in experiments])
     rows = []
     for experiment in experiments:
         baseline = single_baseline_find(
@@ -218,6 +235,7 @@ def scaling_rows_build(*, experiments: Sequence[Experiment], visible: Any) -> li
                 baseline_global_batch=None
                 if baseline is None
                 else experiment_global_batch(baseline),
+                shares=run_shares(breakdowns.get(experiment.pk, [])),
             )
         )
     return rows

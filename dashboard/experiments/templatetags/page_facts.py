@@ -1,9 +1,9 @@
 """``{% page_facts %}``: the facts every page script reads, sent once in the page as JSON.
 
 The strategies come from training/registry.py, the status labels from the model's choices,
-which statuses are final from transitions.py, the socket's close codes from messages.py and the
-charts from metrics/series_contract.py, so static/js keeps no copy of any of them
-(static/js/common.js reads them as ``Trainyard.facts``).
+which statuses are final from transitions.py, the socket's close codes from messages.py, the
+charts from metrics/series_contract.py and the phases from metrics/phases.py, so static/js keeps
+no copy of any of them (static/js/common.js reads them as ``Trainyard.facts``).
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from django.utils.safestring import SafeString
 
 from dashboard.experiments.core.messages import SocketClose
 from dashboard.experiments.core.transitions import ENDS
+from dashboard.experiments.metrics.phases import phase_facts
 from dashboard.experiments.metrics.series_contract import series_contract_facts
 from dashboard.experiments.models import ACTIVE_STATUSES, Status
 from training.registry import REGISTRY
@@ -50,6 +51,8 @@ def page_facts_build() -> dict[str, Any]:
         "socket_close": {code.name.lower(): int(code) for code in SocketClose},
         # Which series key each figure is stored under and which chart draws it (charts.js).
         "series": series_contract_facts(),
+        # The phases' labels and colours (static/js/phases.js and the tables' small bars).
+        "phases": phase_facts(),
     }
 
 

@@ -44,6 +44,15 @@ else:
     )
 
 
+class RunSharesOut(Schema):
+    """A run's shares of its wall time (metrics/phases.py says how waiting is told apart)."""
+
+    communication: float
+    data: float
+    waiting: float
+    waiting_for: int | None
+
+
 class StragglerOut(Schema):
     rank: int
     slower_by: float
@@ -203,6 +212,10 @@ class CompareRowOut(Open):
     memory: list[dict[str, int]] = []
     memory_held_bytes: int | None = None
     memory_peak_bytes: int | None = None
+    # Shares of communication, data and waiting over the run, and what its efficiency lost to
+    # in words (null without phases; the sentence also without an efficiency).
+    phase_shares: RunSharesOut | None = None
+    efficiency_reason: str | None = None
 
 
 class CompareOut(Schema):

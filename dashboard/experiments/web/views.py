@@ -25,6 +25,7 @@ from dashboard.experiments.core.forms import FIELDS, ExperimentForm, experiment_
 from dashboard.experiments.core.limits import LaunchLimited
 from dashboard.experiments.core.memory import MEMORY_RULE
 from dashboard.experiments.core.messages import socket_path
+from dashboard.experiments.metrics.phases import SHARES_RULE
 from dashboard.experiments.metrics.scaling import (
     BASELINE_RULE,
     NO_BASELINE,
@@ -304,5 +305,6 @@ def experiment_compare(request: HttpRequest) -> HttpResponse:
         "no_baseline": NO_BASELINE,
         "world_size_rule": WORLD_SIZE_RULE,
         "memory_rule": MEMORY_RULE,
+        "shares_rule": SHARES_RULE,
     }
     return render(request, "experiments/compare.html", context)
