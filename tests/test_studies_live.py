@@ -15,7 +15,13 @@ import pytest
 import requests
 
 from tests.stack import Stack, wait_for
-from tests.test_browser import browser, log_in, page, screenshot  # noqa: F401 (fixtures)
+from tests.test_browser import (  # noqa: F401 (fixtures)
+    browser,
+    log_in,
+    mean_images_per_second,
+    page,
+    screenshot,
+)
 from training.registry import COMM_HOOK, option_strategies
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(900)]
@@ -61,12 +67,7 @@ def by_hand(stack: Stack, runs: list[int]) -> dict[str, float]:
             TARGET,
         )
         figures[f"time/{pk}"] = rows[0][0]
-        ((ips,),) = stack.query(
-            "SELECT AVG(value) FROM experiments_seriespoint WHERE experiment_id = ? AND "
-            "key = 'images_per_second' AND value IS NOT NULL",
-            pk,
-        )
-        figures[f"ips/{pk}"] = ips
+        figures[f"ips/{pk}"] = mean_images_per_second(stack, pk)
     return figures
 
 
