@@ -1,21 +1,27 @@
 """A user's path in a real Chromium: log in, start a DDP run, watch it live, look at devices,
-checkpoint a run now, stop it.
+checkpoint a run now, stop it; launch DDP, FSDP, pipeline and tensor parallel from the form and
+read their accuracy, images/s and each rank's memory side by side on the compare page.
 
 Screenshots land in test-artifacts/ for a person to look at.
 """
 
 from __future__ import annotations
 
+import re
 import shutil
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from dashboard.experiments.core.transitions import FINISHED
+from dashboard.experiments.models import option_title
 from dashboard.serving import CHROMIUM, CHROMIUM_ARGS
+from dashboard.texts import bytes_text
 from tests.conftest import need
-from tests.stack import ROOT, Stack
+from tests.stack import ROOT, Stack, wait_for
+from training.registry import MICROBATCHES, PIPELINE_SCHEDULE, StrategyOption
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(400)]
 
@@ -71,14 +77,34 @@ def screenshot(page: Any, name: str) -> None:
     page.screenshot(path=str(ARTIFACTS / name), full_page=True)
 
 
-def start_run(page: Any, stack: Stack, *, name: str, epochs: int) -> None:
+def start_run(
+    page: Any,
+    stack: Stack,
+    *,
+    name: str,
+    epochs: int,
+    strategy: str = "ddp",
+    options: Mapping[StrategyOption, str] | None = None,
+) -> int:
+    """Launch from the form, as a person does; the new run's id, from the page it lands on."""
     page.goto(f"{stack.base_url}/experiments/new/")
     page.get_by_label("Name").fill(name)
-    page.get_by_label("Strategy").select_option("ddp")
+    page.get_by_label("Strategy").select_option(strategy)
     page.get_by_label("Processes").fill("2")
     page.get_by_label("Epochs").fill(str(epochs))
+    for option, value in (options or {}).items():
+        option_fill(page.get_by_label(option_title(option), exact=True), value)
     page.get_by_role("button", name="Start").click()
     page.wait_for_url("**/experiments/*/")
+    return int(page.url.rstrip("/").rsplit("/", 1)[1])
+
+
+def option_fill(field: Any, value: str) -> None:
+    """A strategy option's field: a select of the registry's choices, or a number."""
+    if field.evaluate("node => node.tagName") == "SELECT":
+        field.select_option(value)
+    else:
+        field.fill(value)
 
 
 def test_start_ddp_and_watch_it_live(page: Any, stack: Stack) -> None:
@@ -137,3 +163,104 @@ def test_checkpoint_then_stop_a_run_from_its_page(page: Any, stack: Stack) -> No
     )
     assert not button.is_visible()  # nothing left to checkpoint
     screenshot(page, "stopped-run.png")
+
+
+# Issue 18's four ways of spreading one model over 2 processes, each launched from the form; the
+# pipeline's with its own fields (a schedule off its default; fewer micro-batches, fewer sends).
+FOUR = {
+    "ddp": {},
+    "fsdp": {},
+    "pipeline": {PIPELINE_SCHEDULE: "1f1b", MICROBATCHES: "2"},
+    "tensor-parallel": {},
+}
+PERCENT = re.compile(r"([0-9.]+)%")
+
+
+def runs_ended(stack: Stack, ids: list[int]) -> list[dict[str, Any]]:
+    """The runs' read JSON once every one has ended (they queue one after another: each takes
+    both cores)."""
+    session = stack.login("alice")
+
+    def read() -> list[dict[str, Any]]:
+        runs = [session.get(f"{stack.base_url}/api/experiments/{pk}/", timeout=30).json()
+                for pk in ids]  # fmt: skip
+        # Empty, so wait_for waits on, until every run has finished (a lost one resumes).
+        return runs if all(r["status"] in FINISHED for r in runs) else []
+
+    try:
+        found: list[dict[str, Any]] = wait_for(read, timeout=300, what="four runs", interval=2)
+    except TimeoutError:
+        raise AssertionError(stack.diagnostics()) from None
+    return found
+
+
+def mean_images_per_second(stack: Stack, pk: int) -> float:
+    """By hand from the stored step points: what the compare page's throughput means."""
+    ((ips,),) = stack.query(
+        "SELECT AVG(value) FROM experiments_seriespoint WHERE experiment_id = ? AND "
+        "key = 'images_per_second' AND value IS NOT NULL",
+        pk,
+    )
+    return float(ips)
+
+
+def shown_ranks(row: Any) -> dict[int, str]:
+    """Each rank's line of a compare row's memory cell, opened as a person opens it."""
+    row.locator('[data-field="memory"] summary').click()
+    lines = row.locator('[data-field="memory"] li[data-rank]')
+    return {
+        int(lines.nth(i).get_attribute("data-rank")): lines.nth(i).inner_text()
+        for i in range(lines.count())
+    }
+
+
+def shares_check(row: Any, memory: list[dict[str, int]], whole: int) -> list[float]:
+    """The page's line per rank says what the read JSON's memory says: the bytes the rank holds
+    and its parameters' share of one whole copy of the model. The shares, from the page."""
+    lines = shown_ranks(row)
+    assert sorted(lines) == [entry["rank"] for entry in memory]
+    shares = []
+    for entry in memory:
+        line = lines[entry["rank"]]
+        held = entry["parameter_bytes"] + entry["gradient_bytes"] + entry["optimizer_state_bytes"]
+        assert bytes_text(held) in line
+        shown = float(PERCENT.findall(line)[0])
+        assert shown == pytest.approx(100 * entry["parameter_bytes"] / whole, abs=0.5)
+        shares.append(shown)
+    return shares
+
+
+def test_four_strategies_from_the_form_side_by_side_on_compare(page: Any, stack: Stack) -> None:
+    log_in(page, stack, "alice")
+    ids = {
+        strategy: start_run(page, stack, name=f"walk {strategy}", epochs=1, strategy=strategy,
+                            options=options)
+        for strategy, options in FOUR.items()
+    }  # fmt: skip
+    runs = dict(zip(ids, runs_ended(stack, list(ids.values())), strict=True))
+    assert {name: run["status"] for name, run in runs.items()} == dict.fromkeys(ids, "succeeded")
+    # The same model and data, every option the form set read back.
+    assert len({(run["model"], run["dataset"], run["batch_size"]) for run in runs.values()}) == 1
+    pipeline_options = {option.name: runs["pipeline"][option.name] for option in FOUR["pipeline"]}
+    assert pipeline_options == {"pipeline_schedule": "1f1b", "microbatches": 2}
+
+    page.goto(f"{stack.base_url}/experiments/compare/?ids={','.join(map(str, ids.values()))}")
+    # DDP holds one whole copy of the model on every rank: the yardstick of the others' shares.
+    whole = runs["ddp"]["memory"][0]["parameter_bytes"]
+    shares = {}
+    for strategy, pk in ids.items():
+        row, run = page.locator(f'#compare-table tr[data-id="{pk}"]'), runs[strategy]
+        accuracy = float(PERCENT.findall(row.locator('[data-field="accuracy"]').inner_text())[0])
+        assert accuracy == pytest.approx(100 * run["test_accuracy"], abs=0.005)
+        throughput = row.locator('[data-field="throughput"]').inner_text()
+        shown_ips = float(throughput.split()[0].replace(",", ""))
+        assert shown_ips == pytest.approx(mean_images_per_second(stack, pk), abs=0.5)
+        shares[strategy] = shares_check(row, run["memory"], whole)
+    assert shares["ddp"] == [100.0, 100.0]
+    # FSDP and tensor parallel hold less on each rank than DDP does; the pipeline's two ranks
+    # hold different parts, which together make the model.
+    assert max(shares["fsdp"]) < 100 and max(shares["tensor-parallel"]) < 100
+    stages = [entry["parameter_bytes"] for entry in runs["pipeline"]["memory"]]
+    assert stages[0] != stages[1] and sum(stages) == whole
+    page.evaluate("() => window.scrollTo(0, 0)")  # the opened rows scrolled it: start at the top
+    screenshot(page, "compare-strategies.png")

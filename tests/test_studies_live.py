@@ -1,7 +1,9 @@
-"""A study on the real stack (Redis, daphne, a Celery worker, torchrun, Chromium): a 2x2 study
-(single and DDP, seeds 1 and 2, one epoch of the MNIST sample each) runs to its end through the
+"""A study on the real stack (Redis, daphne, a Celery worker, torchrun, Chromium): issue 18's
+`strategy [single, ddp, fsdp] x comm_hook [none, fp16]` (one epoch of the MNIST sample each; the
+cells whose strategy does not read the hook skipped, so four runs) runs to its end through the
 API; its table's time to target and speedup equal a hand computation from the same stored
-points; the study page shows them in Chromium; stopping a study ends its running and queued
+points (the pooling of seeds is tests/test_studies.py's); the study page shows them, and the
+skipped cells with their reasons, in Chromium; stopping a study ends its running and queued
 runs; another user sees neither the study nor its runs."""
 
 from __future__ import annotations
@@ -13,7 +15,14 @@ import pytest
 import requests
 
 from tests.stack import Stack, wait_for
-from tests.test_browser import browser, log_in, page, screenshot  # noqa: F401 (fixtures)
+from tests.test_browser import (  # noqa: F401 (fixtures)
+    browser,
+    log_in,
+    mean_images_per_second,
+    page,
+    screenshot,
+)
+from training.registry import COMM_HOOK, option_strategies
 
 pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(900)]
 
@@ -58,40 +67,55 @@ def by_hand(stack: Stack, runs: list[int]) -> dict[str, float]:
             TARGET,
         )
         figures[f"time/{pk}"] = rows[0][0]
-        ((ips,),) = stack.query(
-            "SELECT AVG(value) FROM experiments_seriespoint WHERE experiment_id = ? AND "
-            "key = 'images_per_second' AND value IS NOT NULL",
-            pk,
-        )
-        figures[f"ips/{pk}"] = ips
+        figures[f"ips/{pk}"] = mean_images_per_second(stack, pk)
     return figures
 
 
-def test_a_two_by_two_study_runs_to_its_table(stack: Stack, page: Any) -> None:  # noqa: F811
+def test_a_strategy_by_comm_hook_study_runs_to_its_table(
+    stack: Stack,
+    page: Any,  # noqa: F811
+) -> None:
     alice = stack.login("alice")
     created = study_post(
         alice, stack,
         {
-            "name": "live 2x2", "base": {"dataset": "mnist", "epochs": 1, "batch_size": 64},
-            "axes": {"strategy": ["single", "ddp"], "seed": [1, 2]},
+            "name": "live strategies", "base": {"dataset": "mnist", "epochs": 1, "batch_size": 64},
+            # Issue 18's question, with the single baseline that speedup is measured against.
+            "axes": {"strategy": ["single", "ddp", "fsdp"], "comm_hook": ["none", "fp16"]},
             "target_accuracy": TARGET, "stop_at_target": False,
         },
     )  # fmt: skip
+    # Only DDP reads the hook: single and FSDP at fp16 are skipped, not run.
+    readers = option_strategies(COMM_HOOK)
+    assert [cell["values"] for cell in created["skipped"]] == [
+        {"strategy": "single", "comm_hook": "fp16"}, {"strategy": "fsdp", "comm_hook": "fp16"},
+    ]  # fmt: skip
+    for cell in created["skipped"]:
+        assert cell["values"]["strategy"] not in readers and "comm_hook" in cell["reason"]
     assert len(created["runs"]) == 4
     study = study_ended(alice, stack, created["id"], timeout=720)
     assert study["status"] == "succeeded", study["run_details"]
     assert study["progress"]["succeeded"] == 4
-    single, ddp = study["cells"]
-    assert (single["strategy"], ddp["strategy"], ddp["world_size"]) == ("single", "ddp", 2)
+    assert study["skipped"] == created["skipped"]  # worked out again when read: the same
+    cells = study["cells"]
+    single, ddp, ddp_fp16, fsdp = cells
+    assert [(c["strategy"], c["config"]["comm_hook"], c["world_size"]) for c in cells] == [
+        ("single", None, 1), ("ddp", "none", 2), ("ddp", "fp16", 2), ("fsdp", None, 2),
+    ]  # fmt: skip
     hand = by_hand(stack, study["runs"])
-    for cell in (single, ddp):
+    for cell in cells:
         times = [hand[f"time/{pk}"] for pk in cell["runs"]]
         assert cell["time_to_target_seconds"] == pytest.approx(statistics.fmean(times))
         ips = statistics.fmean(hand[f"ips/{pk}"] for pk in cell["runs"])
         assert cell["images_per_second"] == pytest.approx(ips)
-    speedup = ddp["images_per_second"] / single["images_per_second"]
-    assert ddp["speedup"] == pytest.approx(speedup) and single["speedup"] == 1.0
-    assert ddp["efficiency"] == pytest.approx(speedup / 2)
+    assert single["speedup"] == 1.0
+    for cell in (ddp, ddp_fp16, fsdp):
+        speedup = cell["images_per_second"] / single["images_per_second"]
+        assert cell["speedup"] == pytest.approx(speedup)
+        assert cell["efficiency"] == pytest.approx(speedup / 2)
+    # What FSDP trades: each rank holds about half of what a DDP rank holds.
+    assert fsdp["memory_held_bytes"] < ddp["memory_held_bytes"]
+    assert fsdp["memory_share"] < ddp["memory_share"] == pytest.approx(1.0)
 
     # Another user: neither the study nor its runs.
     bob = stack.login("bob")
@@ -105,12 +129,19 @@ def test_a_two_by_two_study_runs_to_its_table(stack: Stack, page: Any) -> None: 
     page.wait_for_selector("main[data-charts-ready='true']", timeout=30_000)
     page.wait_for_selector("main[data-study-status='succeeded']", timeout=30_000)
     rows = page.locator("#cell-rows tr")
-    assert rows.count() == 2
-    for i, cell in enumerate((single, ddp)):
+    assert rows.count() == len(cells)
+    for i, cell in enumerate(cells):
         row = rows.nth(i)
-        for key in ("time_to_target", "speedup", "efficiency", "final_accuracy"):
+        for key in ("time_to_target", "speedup", "efficiency", "final_accuracy", "memory_held"):
             shown = row.locator(f'[data-text="{key}"]').inner_text().strip()
             assert shown == cell["texts"][key]
+        # The hook is named where it is off its default (DDP at fp16), as the API names it.
+        options = row.locator('[data-field="options"]')
+        assert options.all_inner_texts() == (
+            [f"({cell['options_label']})"] if cell["options_label"] else []
+        )
+    skipped = page.locator("#skipped-cells li")
+    assert skipped.all_inner_texts() == [f"{c['text']}: {c['reason']}" for c in study["skipped"]]
     assert single["texts"]["time_to_target"].endswith(" s")
     assert page.locator("#study-stop-form").is_hidden()  # nothing left to stop
     assert page.evaluate("() => TrainyardCharts.instances.size") > 0
