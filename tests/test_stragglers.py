@@ -11,6 +11,7 @@ way the dashboard signals ranks: the started event's ``pids`` through ``rank_pid
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -21,12 +22,16 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.core import mail
+from django.test import Client
 
 from dashboard.experiments.metrics.breakdown import experiment_straggler
 from dashboard.experiments.models import Experiment, LogLine, SeriesPoint
 from dashboard.experiments.runs.broadcast import experiment_group
 from dashboard.experiments.runs.nodes import rank_pids_here
 from dashboard.experiments.runs.sink import EventSink
+from dashboard.notifications.models import Delivery, Kind, NotificationSettings
+from tests.test_notifications import eager  # noqa: F401 - tasks run here, mail kept
 from tests.test_training import _kill_tree, _start
 
 STEPS, INTERVAL = 48, 2
@@ -56,10 +61,8 @@ class Pauser(threading.Thread):
     def stop(self) -> None:
         self.done.set()
         self.join(5)
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.kill(self.pid, signal.SIGCONT)  # never leave it stopped
-        except ProcessLookupError:
-            pass
 
 
 def _train_into_sink(sample_data: Path, run: Experiment, *, slow: bool) -> None:
@@ -162,3 +165,70 @@ def test_a_really_slow_rank_is_named_once_and_an_even_run_names_nobody(
     [message] = _straggler_messages(channel)
     assert message["text"] == lines[0].message and message["straggler"]["rank"] == SLOW_RANK
     assert message["seq"] == lines[0].seq + 1  # the line, then the page's message
+
+
+# ---- the change: named, another rank, cleared --------------------------------------------
+
+
+def _step(step: int, slow: int | None) -> dict[str, Any]:
+    """A step event of 3 ranks: ``slow``'s forward takes 0.3 s, the others' 0.1 s, and each
+    waits in communication for the rest of a 0.5 s step."""
+    ranks = [
+        {"rank": r, "images_per_second": 50.0, "data_seconds": 0.0, "compute_seconds": 0.0,
+         "rss_bytes": 1, "forward_seconds": f, "backward_seconds": 0.1, "optimizer_seconds": 0.0,
+         "communication_seconds": 0.4 - f, "other_seconds": 0.0, "communication_bytes": 0}
+        for r, f in enumerate(0.3 if r == slow else 0.1 for r in range(3))
+    ]  # fmt: skip
+    return {"type": "step", "epoch": 1, "step": step, "time": float(step), "train_loss": 1.0,
+            "images_per_second": 150.0, "ranks": ranks}  # fmt: skip
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_change_of_straggler_is_said_once_each_and_its_owner_is_told_if_asked(
+    experiment_factory: Any, user_factory: Any, settings: Any
+) -> None:
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels.layers.InMemoryChannelLayer",
+            "CONFIG": {"capacity": 10_000},
+        }
+    }
+    alice, bob = user_factory(email="alice@example.com"), user_factory(email="bob@example.com")
+    NotificationSettings.objects.create(user=alice, email_enabled=True, straggler_enabled=True)
+    NotificationSettings.objects.create(user=bob, email_enabled=True)  # run ends only
+    page = Client()
+    page.force_login(alice)
+    for owner in (alice, bob):
+        run = experiment_factory(owner=owner, status="running")
+        layer = get_channel_layer()
+        channel = async_to_sync(layer.new_channel)()  # type: ignore[union-attr]
+        async_to_sync(layer.group_add)(experiment_group(run.pk), channel)  # type: ignore[union-attr]
+        sink = EventSink(run)
+        # Rank 1 slow from the start, then rank 2, then nobody.
+        for step in range(1, 91):
+            sink.add(_step(step, 1 if step <= 30 else 2 if step <= 60 else None))  # type: ignore[arg-type]
+            sink.flush()
+            if owner is alice and step == 30:
+                body = page.get(f"/experiments/{run.pk}/").content.decode()
+                assert 'id="straggler-box" role="status" aria-live="polite">' in body
+                assert (
+                    "rank 1 is 2.0x slower than the median since step 1: the others spend" in body
+                )
+                alices = run.pk
+        said = [m["straggler"] and m["straggler"]["rank"] for m in _straggler_messages(channel)]
+        assert said[0] == 1 and 2 in said and said[-1] is None, said
+        assert all(a != b for a, b in zip(said, said[1:], strict=False)), said  # once per change
+        lines = LogLine.objects.filter(experiment=run, message__regex=r"^rank \d is ")
+        assert lines.count() == len(said)
+        run.refresh_from_db()
+        assert run.straggler_rank is None and run.straggler_text == ""
+    # Alice asked: one email, for the first straggler, in the log's words; Bob did not.
+    [message] = mail.outbox
+    assert message.to == ["alice@example.com"] and "straggler" in message.subject
+    # Rank 1 busy 0.4 s a step, the others 0.2 s waiting 0.3 s of their 0.5 s.
+    first = "rank 1 is 2.0x slower than the median since step 1: the others spend 60% of"
+    assert first in message.body
+    assert Delivery.objects.get().kind == Kind.STRAGGLER
+    # Cleared: the box is hidden on alice's page.
+    body = page.get(f"/experiments/{alices}/").content.decode()
+    assert 'id="straggler-box" role="status" aria-live="polite" hidden>' in body

@@ -76,9 +76,8 @@ def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     if args.dry_run:
         args.rounds, args.steps = 1, 8
-    print(
-        f"{'strategy':10} {'with':>10} {'without':>10} {'ratio':>7}   (images/s, medians of {args.rounds} rounds)"
-    )
+    header = f"{'strategy':10} {'with':>10} {'without':>10} {'ratio':>7}"
+    print(f"{header}   (images/s, medians of {args.rounds} rounds)")
     ratios = []
     for strategy in args.strategies.split(","):
         found = strategy_measure(strategy, args)
