@@ -72,8 +72,10 @@ def test_phases_bench_prints_each_strategy_with_and_without_the_clock(sample_dat
     assert RATIO.match(lines[-1]) and lines[-1].startswith("phases ratio: "), lines
     rows = {line.split()[0]: line.split()[1:] for line in lines[1:-1]}
     assert rows.keys() == {"single", "ddp"}, lines
-    for with_, without, ratio in rows.values():
+    for with_, without, ratio, spread in rows.values():
         assert float(with_) > 0 and float(without) > 0
+        # One round: its ratio is the median's, and the two medians' ratio.
+        assert spread == f"{ratio}-{ratio}"
         assert float(ratio) == pytest.approx(float(with_) / float(without), rel=0.01)
     assert float(lines[-1].split()[-1]) == min(float(r[2]) for r in rows.values())
 

@@ -8,8 +8,8 @@ side by side: each round runs both, back to back, in alternating order, so that 
 noise falls on both alike. A run's images/s is the median of its step events' after the first
 (the first window holds the warm-up). Per strategy (``--strategies``, default single and ddp
 over 2 ranks) the table shows the median images/s with and without over ``--rounds`` rounds,
-and the median of the rounds' ratios (with / without). The last line, ``phases ratio``, is the
-smallest of them: 1.0 means the breakdown costs nothing.
+the median of the rounds' ratios (with / without) and their range, the machine's noise. The last
+line, ``phases ratio``, is the smallest of the medians: 1.0 means the breakdown costs nothing.
 
 ``--dry-run``: one round of a few steps, to check that the benchmark runs (no figure to trust).
 """
@@ -76,16 +76,16 @@ def main(argv: Sequence[str]) -> int:
     args = build_parser().parse_args(list(argv))
     if args.dry_run:
         args.rounds, args.steps = 1, 8
-    header = f"{'strategy':10} {'with':>10} {'without':>10} {'ratio':>7}"
-    print(f"{header}   (images/s, medians of {args.rounds} rounds)")
+    header = f"{'strategy':10} {'with':>10} {'without':>10} {'ratio':>7} {'rounds':>13}"
+    print(f"{header}   (images/s, medians of {args.rounds} rounds; the rounds' ratios)")
     ratios = []
     for strategy in args.strategies.split(","):
         found = strategy_measure(strategy, args)
-        ratio = statistics.median(
-            w / o for w, o in zip(found["with"], found["without"], strict=True)
-        )
-        ratios.append(ratio)
+        rounds = [w / o for w, o in zip(found["with"], found["without"], strict=True)]
+        ratios.append(statistics.median(rounds))
         with_, without = (statistics.median(found[side]) for side in SIDES)
-        print(f"{strategy:10} {with_:10.1f} {without:10.1f} {ratio:7.3f}", flush=True)
+        spread = f"{min(rounds):.3f}-{max(rounds):.3f}"
+        row = f"{strategy:10} {with_:10.1f} {without:10.1f} {ratios[-1]:7.3f} {spread:>13}"
+        print(row, flush=True)
     print(f"phases ratio: {min(ratios):.3f}")
     return 0
