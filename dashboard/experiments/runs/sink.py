@@ -232,7 +232,7 @@ class EventSink:
             values.update(_rank_series(message.get("ranks"), fields=RANK_FIELDS))
             phases = _rank_series(message.get("ranks"), fields=PHASE_FIELDS, given=True)
             values.update(phases)
-            if "rank/1/other_seconds" in phases:
+            if "rank/1/other_seconds" in phases:  # a second rank's phases: one may lag
                 self.phases_added, self.phases_time = True, time_
         elif "memory" in message:
             memory, texts["memory"] = self._memory_store(message)
