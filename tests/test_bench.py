@@ -19,7 +19,7 @@ from training.bench import parity
 from training.data import DEBIAN_FASHION_DIR
 from training.registry import STRATEGY_NAMES
 
-RATIO = re.compile(r"^(engine|memory|parity) ratio: \d+\.\d{3}$")
+RATIO = re.compile(r"^(engine|memory|parity|phases) ratio: \d+\.\d{3}$")
 
 
 pytestmark = pytest.mark.usefixtures("no_processes_left")
@@ -63,6 +63,21 @@ def test_engine_bench_image_folder_workload(sample_data: Path) -> None:
         assert re.search(rf"^{loop} +\d+\.\d", table, re.MULTILINE)
     assert "streaming / resident:" in table and "engine ratio" not in table
     assert len(list(sample_data.glob("bench-imagefolder-mnist-20/train/class_*/*.png"))) == 200
+
+
+@pytest.mark.slow  # four short trainings, two of them 2 ranks
+def test_phases_bench_prints_each_strategy_with_and_without_the_clock(sample_data: Path) -> None:
+    """Single and DDP x2, each with the phase clock and with --no-phases; the ratio of each."""
+    lines = bench(sample_data, "phases", "--dry-run")
+    assert RATIO.match(lines[-1]) and lines[-1].startswith("phases ratio: "), lines
+    rows = {line.split()[0]: line.split()[1:] for line in lines[1:-1]}
+    assert rows.keys() == {"single", "ddp"}, lines
+    for with_, without, ratio, spread in rows.values():
+        assert float(with_) > 0 and float(without) > 0
+        # One round: its ratio is the median's, and the two medians' ratio.
+        assert spread == f"{ratio}-{ratio}"
+        assert float(ratio) == pytest.approx(float(with_) / float(without), rel=0.01)
+    assert float(lines[-1].split()[-1]) == min(float(r[2]) for r in rows.values())
 
 
 @pytest.mark.slow  # a whole benchmark run
@@ -206,4 +221,4 @@ def test_bench_usage() -> None:
         [sys.executable, "-m", "training.bench"], cwd=ROOT, capture_output=True, text=True
     )
     assert proc.returncode == 2 and "engine" in proc.stderr and "memory" in proc.stderr
-    assert "parity" in proc.stderr
+    assert "parity" in proc.stderr and "phases" in proc.stderr

@@ -115,6 +115,15 @@ def test_ddp_communicates_and_sends_the_ring_all_reduce_bytes(sample_data: Path)
     assert all(rank["communication_seconds"] > 0 for _, rank in windows)
 
 
+def test_no_phases_reports_none_and_ddp_still_trains(sample_data: Path) -> None:
+    """--no-phases (what the overhead bench compares with): the ranks' reports carry no phase
+    and no bytes; the rest is reported as before."""
+    result = _run(sample_data, "ddp", "--nproc", "2", "--no-phases")
+    for _, rank in _windows(result):
+        assert not {*SECONDS[1:], "communication_bytes"} & rank.keys(), rank
+        assert rank["images_per_second"] > 0 and "data_seconds" in rank
+
+
 def test_fsdp_phases_add_up_and_count_its_gathers(sample_data: Path) -> None:
     """FSDP2's all-gathers and reduce-scatters are synchronous on Gloo: all communication.
     Each step all-gathers every parameter twice (forward, and again for backward after

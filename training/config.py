@@ -85,6 +85,7 @@ class TrainConfig:
     weights: str | None = None  # a local state-dict file loaded into the model as built
     sync_batchnorm: bool = False  # ddp on GPUs: BatchNorm statistics over all ranks
     reshard_after_forward: bool = True  # fsdp: free gathered parameters after each forward
+    phases: bool = True  # time each rank's phases and report them (--no-phases: off)
 
     @property
     def step_limit(self) -> int | None:
@@ -227,6 +228,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="optimizer steps between step events (default: 10)",
     )
     p.add_argument("--dry-run", action="store_true", help="one batch per epoch, a quick check")
+    p.add_argument(
+        "--no-phases",
+        action="store_false",
+        dest="phases",
+        help="do not time where each rank's step goes (data, forward, backward, optimizer, "
+        "communication) nor report it; DDP keeps its C++ all-reduce",
+    )
     p.add_argument(
         "--steps-per-epoch",
         type=_int_in(1, 10**9),
@@ -497,6 +505,7 @@ def parse_args(argv: Sequence[str], parser: argparse.ArgumentParser | None = Non
         weights=str(Path(ns.weights).expanduser().resolve()) if ns.weights else None,
         sync_batchnorm=ns.sync_batchnorm,
         reshard_after_forward=ns.reshard_after_forward,
+        phases=ns.phases,
         **options,
     )
 

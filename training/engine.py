@@ -34,7 +34,7 @@ from training.loop import Tested, evaluate, steps_run
 from training.memory import memory_report
 from training.meter import Window, window_report
 from training.models import BuiltModel
-from training.phases import clock_for, collectives_time
+from training.phases import clock_for, clock_off, collectives_time
 from training.protocol import EventWriter, SharedTensor
 from training.reporting import epoch_emit, log_to
 from training.run_requests import checkpoint_request_pending, checkpoint_request_take
@@ -46,13 +46,15 @@ from training.strategies import Plan, own_trainer, plan_build
 
 def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
     """Train as ``cfg`` says on this rank, reporting on ``events`` (rank 0's are written)."""
+    if not cfg.phases:
+        clock_off()  # --no-phases: nothing timed, no phases reported (training.phases)
     trainer = own_trainer(cfg)
     if trainer is not None:
         trainer(cfg, rt, events)
         return
     t_start = time.monotonic()
     clock_for(rt.device)
-    if rt.distributed:
+    if rt.distributed and cfg.phases:
         collectives_time()  # the communication phase and bytes (training.phases)
     run = _setup(cfg, rt)
     _started_emit(cfg, rt, events, run)

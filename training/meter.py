@@ -117,7 +117,7 @@ def report_from_rows(rows: list[list[float]], replicas: int = 1) -> dict[str, An
             "data_seconds": round(r["data_seconds"], 4),
             "compute_seconds": round(r["compute_seconds"], 4),
             "rss_bytes": int(r["rss"]),
-            **phase_fields(r),
+            **(phase_fields(r) if CLOCK.enabled else {}),
         }
         for i, r in enumerate(per_rank)
     ]

@@ -36,6 +36,10 @@ DDP's buckets hold every gradient: a DDP step of a model of P float32 parameters
 2(N-1)/N x 4P bytes (with ``--comm-hook fp16`` half of it; PowerSGD's factors are what its
 all-reduces take).
 
+``--no-phases`` (``clock_off``) turns all of it off: no phase is timed, no collective wrapped,
+DDP keeps its C++ all-reduce, and reports carry no phases. ``python -m training.bench phases``
+measures what the clock costs against that.
+
 On a GPU the host's clock would read the time to queue the work: each phase change there waits
 for the device (``torch.cuda.synchronize``), which costs the overlap of consecutive kernels
 across a phase boundary. CUDA events would keep it (left for later).
@@ -69,6 +73,7 @@ class PhaseClock:
         self.totals = dict.fromkeys(CLOCK_PHASES, 0.0)
         self.sent_bytes = 0
         self.synchronize: Callable[[], None] | None = None  # on a GPU: wait for the device
+        self.enabled = True  # False: --no-phases (clock_off)
         self._stack: list[str] = []
         self._since = time.perf_counter()
         self._owner = threading.get_ident()
@@ -127,9 +132,17 @@ class PhaseClock:
 CLOCK = PhaseClock()
 
 
+_UNTIMED: Final = contextlib.nullcontext()
+
+
 def phase(name: str) -> contextlib.AbstractContextManager[None]:
     """Time the enclosed work as ``name`` (one of CLOCK_PHASES) on this process's clock."""
-    return CLOCK.phase(name)
+    return CLOCK.phase(name) if CLOCK.enabled else _UNTIMED
+
+
+def clock_off() -> None:
+    """--no-phases: nothing is timed from here on (call before the strategy is built)."""
+    CLOCK.enabled = False
 
 
 def clock_for(device: torch.device) -> None:
@@ -239,7 +252,10 @@ def collectives_time() -> None:
 
 def hook_timed(hook: F) -> F:
     """A DDP communication hook whose call is communication and whose hand-over marks the
-    start of backward's wait for it (see the module's docstring)."""
+    start of backward's wait for it (see the module's docstring); ``hook`` itself with the
+    clock off."""
+    if not CLOCK.enabled:
+        return hook
 
     # wraps: DDP reads the hook's signature (through __wrapped__) and logs its name.
     @functools.wraps(hook)

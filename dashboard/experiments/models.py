@@ -185,6 +185,12 @@ class Experiment(models.Model):
         "state bytes, and its peak memory",
     )
 
+    # The straggler the run's log and page announced (runs/stragglers.py): its rank, changed by
+    # one conditional update so that a line is written once per change, and the sentence the
+    # page's banner shows; null and empty while no rank is named.
+    straggler_rank = models.PositiveIntegerField(null=True, blank=True)
+    straggler_text = models.CharField(max_length=300, blank=True)
+
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     cancelled_by = _who_asked()
     # A checkpoint asked for and not yet passed on to the training (the supervisor clears it).

@@ -58,7 +58,9 @@ def experiment_snapshot_build(*, experiment: Experiment, log_lines: int) -> Snap
             rank_stats=rank_stats,
             checkpoints=checkpoints,
             memory=experiment_memory_rows(experiment),
-        ),
+        )
+        # The straggler box's sentence (runs/stragglers.py), empty while no rank is named.
+        | {"straggler": experiment.straggler_text},
     }
 
 

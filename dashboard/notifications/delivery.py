@@ -33,6 +33,7 @@ from dashboard.notifications.models import (
     Channel,
     Delivery,
     DeliveryState,
+    Kind,
     NotificationSettings,
 )
 from dashboard.notifications.webhooks import WebhookRefused, webhook_post
@@ -43,6 +44,7 @@ logger = logging.getLogger(__name__)
 SIGNATURE_HEADER = "X-Trainyard-Signature"
 DELIVERY_HEADER = "X-Trainyard-Delivery"
 EVENT = "run.ended"
+STRAGGLER_EVENT = "run.straggler"
 WEBHOOK_TIMEOUT_SECONDS = 10
 # How much of an exception's words is kept to show on the settings page.
 ERROR_CHARS = 300
@@ -108,6 +110,18 @@ def run_end_text(experiment: Experiment) -> str:
     return "\n".join(lines)
 
 
+def straggler_subject(experiment: Experiment) -> str:
+    return " ".join(f"Trainyard: run #{experiment.pk} “{experiment.name}” has a straggler".split())
+
+
+def straggler_text(delivery: Delivery) -> str:
+    """The straggler's sentence as the run's log said it, and a link to the run."""
+    experiment = delivery.experiment
+    return "\n".join(
+        [f"Run #{experiment.pk} “{experiment.name}”: {delivery.text}.", run_link(experiment)]
+    )
+
+
 def run_end_payload(*, experiment: Experiment, delivery: Delivery) -> dict[str, Any]:
     finished = experiment.finished_at.isoformat() if experiment.finished_at else None
     return {
@@ -149,8 +163,21 @@ def run_end_deliveries_create(*, experiment_id: int) -> list[int]:
     experiment = Experiment.objects.select_related("owner").filter(pk=experiment_id).first()
     if experiment is None or experiment.status not in ENDS:
         return []
+    return _deliveries_create(experiment=experiment, kind=Kind.RUN_END)
+
+
+def straggler_deliveries_create(*, experiment_id: int, text: str) -> list[int]:
+    """The deliveries to send for a run's first straggler (``text``: the log's sentence), by
+    id; none for an owner who did not ask, or a run whose first one was announced."""
+    experiment = Experiment.objects.select_related("owner").filter(pk=experiment_id).first()
+    if experiment is None:
+        return []
+    return _deliveries_create(experiment=experiment, kind=Kind.STRAGGLER, text=text)
+
+
+def _deliveries_create(*, experiment: Experiment, kind: str, text: str = "") -> list[int]:
     prefs = NotificationSettings.objects.filter(user=experiment.owner).first()
-    if prefs is None:
+    if prefs is None or (kind == Kind.STRAGGLER and not prefs.straggler_enabled):
         return []
     created = []
     for channel, target in _targets(prefs):
@@ -158,7 +185,8 @@ def run_end_deliveries_create(*, experiment_id: int) -> list[int]:
             delivery, new = Delivery.objects.get_or_create(
                 experiment=experiment,
                 channel=channel,
-                defaults={"user": experiment.owner, "target": target},
+                kind=kind,
+                defaults={"user": experiment.owner, "target": target, "text": text},
             )
         except IntegrityError:  # a twin task made it at the same moment
             continue
@@ -212,10 +240,11 @@ def delivery_give_up(*, delivery_id: int) -> None:
 
 def _email_send(delivery: Delivery) -> Attempt:
     experiment = delivery.experiment
+    straggler = delivery.kind == Kind.STRAGGLER
     try:
         send_mail(
-            run_end_subject(experiment),
-            run_end_text(experiment),
+            straggler_subject(experiment) if straggler else run_end_subject(experiment),
+            straggler_text(delivery) if straggler else run_end_text(experiment),
             None,  # DEFAULT_FROM_EMAIL
             [delivery.target],
         )
@@ -228,6 +257,8 @@ def _email_send(delivery: Delivery) -> Attempt:
 def _webhook_post(delivery: Delivery) -> Attempt:
     prefs = NotificationSettings.objects.get(user=delivery.user)
     payload = run_end_payload(experiment=delivery.experiment, delivery=delivery)
+    if delivery.kind == Kind.STRAGGLER:
+        payload.update(event=STRAGGLER_EVENT, text=straggler_text(delivery))
     body = json.dumps(payload, separators=(",", ":"), sort_keys=True).encode("utf-8")
     signature = webhook_signature(
         secret=prefs.webhook_secret, body=body, timestamp=int(timezone.now().timestamp())
@@ -262,7 +293,7 @@ def runs_unannounced() -> list[int]:
     opted_in = Q(owner__notification_settings__email_enabled=True) | Q(
         owner__notification_settings__webhook_enabled=True
     )
-    announced = Delivery.objects.filter(experiment=OuterRef("pk"))
+    announced = Delivery.objects.filter(experiment=OuterRef("pk"), kind=Kind.RUN_END)
     runs = Experiment.objects.filter(
         opted_in,
         status__in=ENDS,

@@ -1,4 +1,5 @@
-"""The run-end hook: run_ended (sent by experiments.transitions) queues the announcement."""
+"""The hooks: run_ended (sent by experiments.transitions) queues the announcement of a run's
+end, straggler_named (sent by experiments' runs/stragglers.py) that of its straggler."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 from django.db import transaction
 
-from dashboard.notifications.tasks import run_end_notify
+from dashboard.notifications.tasks import run_end_notify, straggler_notify
 
 logger = logging.getLogger(__name__)
 
@@ -37,3 +38,21 @@ def notifications_queue(*, experiment_id: int) -> None:
 def run_ended_receive(sender: Any, *, experiment_id: int, **kwargs: Any) -> None:
     """The receiver of experiments.signals.run_ended, connected in NotificationsConfig.ready."""
     notifications_queue(experiment_id=experiment_id)
+
+
+def _straggler_notify_send(experiment_id: int, text: str) -> None:
+    try:
+        # retry=False: the sink that named it must not wait for the broker; a lost one is lost
+        # (the run's log and page still say it).
+        straggler_notify.apply_async(args=[experiment_id, text], retry=False)
+    except Exception:
+        logger.exception("could not queue the straggler notification of run %s", experiment_id)
+
+
+def straggler_named_receive(sender: Any, *, experiment_id: int, text: str, **kwargs: Any) -> None:
+    """The receiver of experiments.signals.straggler_named: queued when the sink's flush commits
+    (the owner's choice is read by the task)."""
+    try:
+        transaction.on_commit(lambda: _straggler_notify_send(experiment_id, text))
+    except Exception:
+        logger.exception("could not schedule the straggler notification of run %s", experiment_id)

@@ -19,12 +19,19 @@ from dashboard.notifications.delivery import (
     delivery_give_up,
     run_end_deliveries_create,
     runs_unannounced,
+    straggler_deliveries_create,
 )
 
 
 @shared_task(name="notifications.run_end_notify", ignore_result=True)
 def run_end_notify(experiment_id: int) -> None:
     for delivery_id in run_end_deliveries_create(experiment_id=experiment_id):
+        delivery_send.delay(delivery_id)
+
+
+@shared_task(name="notifications.straggler_notify", ignore_result=True)
+def straggler_notify(experiment_id: int, text: str) -> None:
+    for delivery_id in straggler_deliveries_create(experiment_id=experiment_id, text=text):
         delivery_send.delay(delivery_id)
 
 

@@ -1,4 +1,4 @@
-"""``python -m training.bench engine|memory|parity [options]`` (``--help`` on each)."""
+"""``python -m training.bench engine|memory|parity|phases [options]`` (``--help`` on each)."""
 
 from __future__ import annotations
 
@@ -9,14 +9,15 @@ from collections.abc import Sequence
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    commands = ("engine", "memory", "parity")
+    commands = ("engine", "memory", "parity", "phases")
     if not args or args[0] not in commands:
         print(
             f"usage: python -m training.bench {{{','.join(commands)}}} [options]\n"
             "  engine  images/s of the engine's data path vs a DataLoader loop and compute only\n"
             "  memory  peak memory of N ranks sharing the dataset vs one process\n"
             "  parity  per strategy and option at one global batch: test accuracy over seeds,\n"
-            "          images/s and memory per rank",
+            "          images/s and memory per rank\n"
+            "  phases  images/s with each rank's phases timed vs without (--no-phases)",
             file=sys.stderr,
         )
         return 2

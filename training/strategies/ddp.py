@@ -80,7 +80,7 @@ def plan_build(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> Plan:
         )
     if cfg.comm_hook != "none":
         notes.append(comm_hook_register(cfg.comm_hook, net, model, rt.device))
-    else:
+    elif cfg.phases:
         # The default all-reduce, as a Python hook: the phases see it (training.phases).
         net.register_comm_hook(None, hook_timed(default_hooks.allreduce_hook))
     if cfg.shard_optimizer:

@@ -28,6 +28,8 @@ a gap: channels-redis drops messages past its capacity without a word.
     log         a line of the run's log: the training's log events, its plain output (stderr, and
                 stdout lines that are no events), the dashboard's own words (a Stop, a request,
                 the training's end, which the page shows as a line: the status is the dashboard's)
+    straggler   the dashboard's: the rank named a straggler appeared, changed or cleared
+                (runs/stragglers.py), with the sentence the page's banner shows (empty: none)
     finished    the dashboard's: the run succeeded, with its final test loss and accuracy
     failed      the dashboard's: the run failed, was stopped or was lost; error says why
     error       the consumer's answer to anything a client sends (the channel is one-way); no seq
@@ -114,6 +116,13 @@ class SeriesBody(TypedDict):
     points: dict[str, list[list[Any]]]  # key -> [[step, time, value], ...]
 
 
+class StragglerBody(TypedDict):
+    type: Literal["straggler"]
+    # The read JSON's straggler ({rank, slower_by, since_step}), None when it cleared.
+    straggler: dict[str, Any] | None
+    text: str  # the sentence the run's log got; the banner shows it while a rank is named
+
+
 class LogBody(LogFields):
     type: Literal["log"]
     time: NotRequired[float]  # the training's (seconds since it started); none for plain output
@@ -123,6 +132,10 @@ class LogBody(LogFields):
 
 
 class StatusMessage(StatusBody, Numbered):
+    pass
+
+
+class StragglerMessage(StragglerBody, Numbered):
     pass
 
 
@@ -238,7 +251,7 @@ class GroupEvents(TypedDict):
 
 
 # What EventSink.add takes: a training event (training/protocol.py) or the dashboard's own body.
-Body = StatusBody | RunFinishedBody | RunFailedBody | LogBody | SeriesBody
+Body = StatusBody | RunFinishedBody | RunFailedBody | LogBody | SeriesBody | StragglerBody
 
 Message = (
     SnapshotMessage
@@ -249,6 +262,7 @@ Message = (
     | CheckpointMessage
     | LogMessage
     | SeriesMessage
+    | StragglerMessage
     | RunFinishedMessage
     | RunFailedMessage
     | ErrorMessage

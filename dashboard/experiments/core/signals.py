@@ -11,3 +11,8 @@ from __future__ import annotations
 from django.dispatch import Signal
 
 run_ended = Signal()
+
+# `straggler_named(sender=Experiment, experiment_id=..., text=...)`: the run's log and page named
+# a rank markedly slower than the others (runs/stragglers.py), sent once per rank named, inside
+# the sink's transaction; ``text`` is the sentence they show.
+straggler_named = Signal()

@@ -56,6 +56,7 @@ from dashboard.experiments.models import Checkpoint, Experiment, LogLine, Series
 from dashboard.experiments.runs.bounds import is_count, number_or_none
 from dashboard.experiments.runs.broadcast import checkpoint_saved_text, events_broadcast
 from dashboard.experiments.runs.retention import checkpoint_row, checkpoints_gone
+from dashboard.experiments.runs.stragglers import straggler_change
 from training.protocol import Event
 
 log = logging.getLogger(__name__)
@@ -152,6 +153,10 @@ class EventSink:
         # started event's, kept here since the row's run_info is written only at the flush.
         self.model_bytes = model_bytes_of(experiment.run_info)
         self.sent_at = -math.inf  # time.monotonic() of the last flush
+        # Whether this flush stores windows of several ranks' phases: the straggler is looked
+        # for again after it (runs/stragglers.py).
+        self.phases_added = False
+        self.phases_time = 0.0  # the training's time of the latest of them
 
     def due_in(self, now: float) -> float | None:
         """Seconds until `flush` should run (0: now), or None with nothing to send. A message
@@ -225,7 +230,10 @@ class EventSink:
         texts: dict[str, Any] = {}  # the page places them as they are
         if message["type"] == "step":
             values.update(_rank_series(message.get("ranks"), fields=RANK_FIELDS))
-            values.update(_rank_series(message.get("ranks"), fields=PHASE_FIELDS, given=True))
+            phases = _rank_series(message.get("ranks"), fields=PHASE_FIELDS, given=True)
+            values.update(phases)
+            if "rank/1/other_seconds" in phases:  # a second rank's phases: one may lag
+                self.phases_added, self.phases_time = True, time_
         elif "memory" in message:
             memory, texts["memory"] = self._memory_store(message)
             values.update(memory)
@@ -306,6 +314,7 @@ class EventSink:
         with transaction.atomic():
             self._renumber()
             SeriesPoint.objects.bulk_create(self.points)
+            self._straggler_settle()
             LogLine.objects.bulk_create(self.logs)
             if self.pruned:
                 Checkpoint.objects.filter(
@@ -327,6 +336,18 @@ class EventSink:
         self.points, self.logs, self.updates, self.checkpoints = [], [], {}, []
         self.pruned = set()
         self.sent_at = time.monotonic()
+
+    def _straggler_settle(self) -> None:
+        """After a flush's windows of several ranks are stored: a straggler named, changed or
+        cleared adds its log line and page message to this flush (numbered after the rest)."""
+        if not self.phases_added:
+            return
+        self.phases_added = False
+        change = straggler_change(experiment=self.experiment, step=self.step, time=self.phases_time)
+        if change is None:
+            return
+        self.add(change.log)
+        self.add(change.message)
 
     def _renumber(self) -> None:
         """Move this flush's numbers (self.seq's last ones) to follow the run's stored last."""

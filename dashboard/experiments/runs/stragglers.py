@@ -1,0 +1,73 @@
+"""Stragglers named live: when the rank named by the stored windows appears, changes or clears,
+the run's row records it (one conditional update), its log gets one line, its page a
+``straggler`` message and, where the owner asked, a notification (``signals.straggler_named``).
+
+The sink calls ``straggler_change`` after storing a flush's step windows, inside the flush's
+transaction: the figures it reads are the ones just stored, and the line and the message are
+numbered and sent with the flush. A rank that stays named says nothing more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from dashboard.experiments.core.messages import LogBody, StragglerBody
+from dashboard.experiments.core.signals import straggler_named
+from dashboard.experiments.metrics.breakdown import experiment_straggler
+from dashboard.experiments.metrics.stragglers import (
+    others_communication_share,
+    straggler_cleared_text,
+    straggler_text,
+)
+from dashboard.experiments.models import Experiment
+
+
+@dataclass(frozen=True)
+class StragglerChange:
+    """What to add to the flush: the page's message and the log's line."""
+
+    message: StragglerBody
+    log: LogBody
+
+
+def _row_claim(*, experiment: Experiment, before: int | None, after: int | None, text: str) -> bool:
+    """before -> after on the row, only if no other writer changed it first."""
+    rows = Experiment.objects.filter(pk=experiment.pk)
+    rows = (
+        rows.filter(straggler_rank__isnull=True)
+        if before is None
+        else rows.filter(straggler_rank=before)
+    )
+    return rows.update(straggler_rank=after, straggler_text=text) == 1
+
+
+def straggler_change(*, experiment: Experiment, step: int, time: float) -> StragglerChange | None:
+    """The change since the rank the row last named (or none), recorded on the row; None when
+    nothing changed (or another writer recorded it first)."""
+    announced = (
+        Experiment.objects.filter(pk=experiment.pk).values_list("straggler_rank", flat=True).first()
+    )
+    found = experiment_straggler(experiment=experiment)
+    rank = found["rank"] if found is not None else None
+    if rank == announced:
+        return None
+    if found is None:
+        text = straggler_cleared_text(rank=announced or 0, step=step)
+    else:
+        share = others_communication_share(experiment=experiment, straggler=found)
+        text = straggler_text(found, others_share=share)
+    if not _row_claim(
+        experiment=experiment, before=announced, after=rank, text="" if found is None else text
+    ):
+        return None
+    message: StragglerBody = {
+        "type": "straggler",
+        "straggler": dict(found or {}) or None,
+        "text": text,
+    }
+    if found is not None:
+        straggler_named.send(sender=Experiment, experiment_id=experiment.pk, text=text)
+    level = "info" if found is None else "warning"
+    return StragglerChange(
+        message=message, log={"type": "log", "level": level, "message": text, "time": time}
+    )

@@ -1,0 +1,91 @@
+"""``python -m training.bench phases``: what timing each rank's phases costs (issue 19: a run
+with the breakdown on keeps at least 0.98 of its images/s).
+
+The same short training (``python -m training``, ``--steps`` steps of one epoch, one step event
+every ``--steps // 4``) runs with the phase clock (the default) and without it (``--no-phases``:
+no phase timed, no collective wrapped, DDP's C++ all-reduce instead of the timed Python hook),
+side by side: each round runs both, back to back, in alternating order, so that the machine's
+noise falls on both alike. A run's images/s is the median of its step events' after the first
+(the first window holds the warm-up). Per strategy (``--strategies``, default single and ddp
+over 2 ranks) the table shows the median images/s with and without over ``--rounds`` rounds,
+the median of the rounds' ratios (with / without) and their range, the machine's noise. The last
+line, ``phases ratio``, is the smallest of the medians: 1.0 means the breakdown costs nothing.
+
+``--dry-run``: one round of a few steps, to check that the benchmark runs (no figure to trust).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+from collections.abc import Sequence
+
+from training.bench.launch import training_command, training_env
+from training.catalogue import MODEL_DEFAULT
+from training.protocol import parse_event
+
+DEFAULT_STRATEGIES = ("single", "ddp")
+WINDOWS = 4  # step events a run reports
+SIDES = ("with", "without")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m training.bench phases", description=__doc__)
+    p.add_argument("--strategies", default=",".join(DEFAULT_STRATEGIES))
+    p.add_argument("--rounds", type=int, default=3, help="runs of each side (default: 3)")
+    p.add_argument("--steps", type=int, default=200, help="steps a run (default: 200)")
+    p.add_argument("--nproc", type=int, default=2, help="ranks of a multi-process strategy")
+    p.add_argument("--batch-size", type=int, default=64)
+    p.add_argument("--model", default=MODEL_DEFAULT)
+    p.add_argument("--dataset", default="mnist")
+    p.add_argument("--dry-run", action="store_true", help="one round of 8 steps: does it run")
+    return p
+
+
+def run_images_per_second(strategy: str, *, phases: bool, args: argparse.Namespace) -> float:
+    """One training's images/s: the median of its step events' but the first."""
+    flags = [
+        "--nproc", str(args.nproc), "--epochs", "1", "--steps-per-epoch", str(args.steps),
+        "--log-interval", str(max(args.steps // WINDOWS, 1)), "--batch-size",
+        str(args.batch_size), "--model", args.model, "--dataset", args.dataset,
+        "--test-batch-size", "1000", *([] if phases else ["--no-phases"]),
+    ]  # fmt: skip
+    proc = subprocess.run(
+        training_command(strategy, flags), env=training_env(), capture_output=True, text=True
+    )
+    if proc.returncode != 0:
+        raise RuntimeError(f"{strategy} failed: {proc.stderr.strip()[-2000:]}")
+    events = [parse_event(line) for line in proc.stdout.splitlines()]
+    figures = [e["images_per_second"] for e in events if e and e["type"] == "step"]
+    if not figures:
+        raise RuntimeError(f"{strategy} reported no step")
+    return statistics.median(figures[1:] or figures)
+
+
+def strategy_measure(strategy: str, args: argparse.Namespace) -> dict[str, list[float]]:
+    """Each side's images/s per round, both sides run back to back, order alternating."""
+    found: dict[str, list[float]] = {side: [] for side in SIDES}
+    for round_ in range(args.rounds):
+        for side in SIDES if round_ % 2 == 0 else SIDES[::-1]:
+            found[side].append(run_images_per_second(strategy, phases=side == "with", args=args))
+    return found
+
+
+def main(argv: Sequence[str]) -> int:
+    args = build_parser().parse_args(list(argv))
+    if args.dry_run:
+        args.rounds, args.steps = 1, 8
+    header = f"{'strategy':10} {'with':>10} {'without':>10} {'ratio':>7} {'rounds':>13}"
+    print(f"{header}   (images/s, medians of {args.rounds} rounds; the rounds' ratios)")
+    ratios = []
+    for strategy in args.strategies.split(","):
+        found = strategy_measure(strategy, args)
+        rounds = [w / o for w, o in zip(found["with"], found["without"], strict=True)]
+        ratios.append(statistics.median(rounds))
+        with_, without = (statistics.median(found[side]) for side in SIDES)
+        spread = f"{min(rounds):.3f}-{max(rounds):.3f}"
+        row = f"{strategy:10} {with_:10.1f} {without:10.1f} {ratios[-1]:7.3f} {spread:>13}"
+        print(row, flush=True)
+    print(f"phases ratio: {min(ratios):.3f}")
+    return 0
