@@ -29,12 +29,10 @@ from torch.profiler import ProfilerActivity, profile
 from training.config import TrainConfig
 from training.protocol import EventWriter, ProfileOp, ProfileRankSummary, ProfileTrace
 from training.registry import strategy_get
-from training.run_requests import profile_request_take
+from training.run_requests import PROFILE_MAX_STEPS, PROFILE_REQUEST_FILE, profile_request_take
 from training.runtime import Runtime, all_gather, all_reduce_sum
 from training.trace_summary import overlap_of
 
-REQUEST_FILE = "request.json"
-MAX_STEPS = 200  # the most steps a request may ask for (the API's bound too)
 TOP_OPS = 10  # operators per rank in the summary
 
 
@@ -54,16 +52,16 @@ def profile_dir_of(cfg: TrainConfig) -> str | None:
 def profile_request_read(profile_dir: Path) -> ProfileRequest | str:
     """The request in ``request.json``, or why it is not one."""
     try:
-        asked = json.loads((profile_dir / REQUEST_FILE).read_text())
+        asked = json.loads((profile_dir / PROFILE_REQUEST_FILE).read_text())
     except (OSError, ValueError) as exc:
-        return f"no readable {REQUEST_FILE} in {profile_dir}: {exc}"
+        return f"no readable {PROFILE_REQUEST_FILE} in {profile_dir}: {exc}"
     if not isinstance(asked, dict):
-        return f"{REQUEST_FILE} must hold a JSON object, got {asked!r}"
+        return f"{PROFILE_REQUEST_FILE} must hold a JSON object, got {asked!r}"
     number, steps = asked.get("profile", 0), asked.get("steps")
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (number, steps)):
-        return f"{REQUEST_FILE} must hold integers profile and steps, got {asked!r}"
-    if not 1 <= steps <= MAX_STEPS or number < 0:
-        return f"steps must be 1..{MAX_STEPS} and profile >= 0, got {asked!r}"
+        return f"{PROFILE_REQUEST_FILE} must hold integers profile and steps, got {asked!r}"
+    if not 1 <= steps <= PROFILE_MAX_STEPS or number < 0:
+        return f"steps must be 1..{PROFILE_MAX_STEPS} and profile >= 0, got {asked!r}"
     return ProfileRequest(profile=number, steps=steps)
 
 
@@ -151,7 +149,9 @@ def rank_summary(profiler: profile, path: Path, *, rank: int) -> ProfileRankSumm
     averages = sorted(profiler.key_averages(), key=lambda a: a.self_cpu_time_total, reverse=True)
     ops = [
         ProfileOp(
-            name=a.key, calls=int(a.count), self_cpu_seconds=a.self_cpu_time_total * 1e-6,
+            name=a.key,
+            calls=int(a.count),
+            self_cpu_seconds=a.self_cpu_time_total * 1e-6,
             cpu_seconds=a.cpu_time_total * 1e-6,
         )  # fmt: skip
         for a in averages[:TOP_OPS]
@@ -164,4 +164,3 @@ def rank_summary(profiler: profile, path: Path, *, rank: int) -> ProfileRankSumm
         communication_seconds=found.communication, overlap_seconds=found.overlap,
         device=found.device,
     )  # fmt: skip
-

@@ -16,6 +16,12 @@ from __future__ import annotations
 import signal
 from types import FrameType
 
+# A profile request's words, read by the training (training.profiling) and written by whoever
+# asks (the dashboard's supervisor, or a person at a shell): in the --profile-dir, this file
+# holds {"profile": N, "steps": K}, K at most PROFILE_MAX_STEPS.
+PROFILE_REQUEST_FILE = "request.json"
+PROFILE_MAX_STEPS = 200
+
 _checkpoint_requested = False
 _profile_requested = False
 
