@@ -128,6 +128,7 @@ def profiles_prune(*, experiment_id: int, keep: int) -> list[int]:
         state__in=PROFILE_IN_FLIGHT
     )
     old = list(settled.order_by("-requested_at", "-pk")[max(keep, 1) :])
+    ids = [p.pk for p in old]  # before delete() clears them
     for profile in old:
         profile.delete()  # one by one: each row's receiver deletes its files
-    return [p.pk for p in old]
+    return ids
