@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
+import signal
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -138,8 +142,10 @@ def ready_event(run: Experiment, profile: Profile, sizes: list[int]) -> dict[str
          "overlap_seconds": 0.05, "device": "cpu"}
         for r in range(len(sizes))
     ]  # fmt: skip
-    return {"type": "profile", "profile": profile.pk, "state": "ready", "steps": 4,
-            "first_step": 11, "recorded_steps": 4, "traces": traces, "summary": summary}  # fmt: skip
+    return {
+        "type": "profile", "profile": profile.pk, "state": "ready", "steps": 4, "first_step": 11,
+        "recorded_steps": 4, "traces": traces, "summary": summary,
+    }  # fmt: skip
 
 
 @pytest.mark.django_db
@@ -260,6 +266,51 @@ def test_on_a_gpu_the_kernels_alone_count() -> None:
     assert found.device == "cuda"
     assert (found.computation, found.communication, found.overlap) == pytest.approx(
         (300e-6, 300e-6, 100e-6)
+    )
+
+
+# ---- the engine alone: a single process, asked from outside as a person at a shell would -----
+
+
+def test_a_single_process_run_answers_sigusr2_with_a_profile(
+    sample_data: Path, tmp_path: Path
+) -> None:
+    folder = tmp_path / "profiles"
+    folder.mkdir()
+    (folder / "request.json").write_text(json.dumps({"profile": 4, "steps": 500}))
+    env = {**os.environ, "TRAINYARD_DATA_DIR": str(sample_data), "TRAINYARD_NO_DOWNLOAD": "1"}
+    command = [sys.executable, "-m", "training", "--strategy", "single", "--epochs", "1",
+               "--steps-per-epoch", "300", "--log-interval", "5", "--profile-dir", str(folder)]  # fmt: skip
+    proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)  # noqa: S603
+    try:
+        assert proc.stdout is not None
+        events = (json.loads(line) for line in proc.stdout if line.startswith("{"))
+        started = next(e for e in events if e["type"] == "started")
+        assert started["profile_dir"] == str(folder)
+        os.kill(started["requests_pid"], signal.SIGUSR2)
+        refused = next(e for e in events if e["type"] == "profile")
+        assert refused["state"] == "refused" and "steps" in refused["message"]
+        (folder / "request.json").write_text(json.dumps({"profile": 4, "steps": 3}))
+        os.kill(started["requests_pid"], signal.SIGUSR2)
+        recording = next(e for e in events if e["type"] == "profile")
+        ready = next(e for e in events if e["type"] == "profile")
+    finally:
+        proc.kill()
+        proc.wait()
+    assert (recording["state"], ready["state"], ready["recorded_steps"]) == (
+        "recording", "ready", 3,
+    )  # fmt: skip
+    (trace,) = ready["traces"]
+    assert trace["path"] == str(folder / "4" / "rank-0.json.gz")
+    with gzip.open(trace["path"], "rt") as f:
+        steps = {e["name"] for e in json.load(f)["traceEvents"] if "ProfilerStep#" in e["name"]}
+    assert len(steps) == 3, steps  # the profiler's own step marks: exactly the steps asked for
+    (summary,) = ready["summary"]
+    assert summary["communication_seconds"] == 0 and summary["overlap_seconds"] == 0
+    assert 0 < summary["computation_seconds"] <= summary["wall_seconds"]
+    names = [o["name"] for o in summary["ops"]]
+    assert any(n.startswith("aten::") for n in names) and not any(
+        "ProfilerStep" in n for n in names
     )
 
 

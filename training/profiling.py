@@ -22,16 +22,16 @@ import gzip
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
-from torch.profiler import ProfilerActivity, profile
+from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
 from training.config import TrainConfig
 from training.protocol import EventWriter, ProfileOp, ProfileRankSummary, ProfileTrace
 from training.registry import strategy_get
 from training.run_requests import PROFILE_MAX_STEPS, PROFILE_REQUEST_FILE, profile_request_take
 from training.runtime import Runtime, all_gather, all_reduce_sum
-from training.trace_summary import overlap_of
+from training.trace_summary import STEP_MARK, overlap_of
 
 TOP_OPS = 10  # operators per rank in the summary
 
@@ -58,11 +58,16 @@ def profile_request_read(profile_dir: Path) -> ProfileRequest | str:
     if not isinstance(asked, dict):
         return f"{PROFILE_REQUEST_FILE} must hold a JSON object, got {asked!r}"
     number, steps = asked.get("profile", 0), asked.get("steps")
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (number, steps)):
-        return f"{PROFILE_REQUEST_FILE} must hold integers profile and steps, got {asked!r}"
-    if not 1 <= steps <= PROFILE_MAX_STEPS or number < 0:
-        return f"steps must be 1..{PROFILE_MAX_STEPS} and profile >= 0, got {asked!r}"
+    if not (_is_int(number) and _is_int(steps) and 1 <= steps <= PROFILE_MAX_STEPS and number >= 0):
+        return (
+            f"{PROFILE_REQUEST_FILE} must hold integers profile (>= 0) and steps "
+            f"(1..{PROFILE_MAX_STEPS}), got {asked!r}"
+        )
     return ProfileRequest(profile=number, steps=steps)
+
+
+def _is_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 class ProfileRecorder:
@@ -79,10 +84,11 @@ class ProfileRecorder:
     def after_step(self, *, step: int, reported: bool, last: bool) -> None:
         """``step`` is done; ``reported``: every rank reports it; ``last``: the epoch's last."""
         if self.profiler is not None:
-            self.profiler.step()
             self.recorded += 1
             if self.request is not None and (self.recorded >= self.request.steps or last):
-                self._finish()
+                self._finish()  # its stop() closes the last step's mark
+            else:
+                self.profiler.step()
         elif not last and (reported or not self.rt.distributed):
             request = self._request_agreed()
             if request is not None:
@@ -119,7 +125,9 @@ class ProfileRecorder:
         if self.rt.device.type == "cuda":
             activities.append(ProfilerActivity.CUDA)
         self.request, self.first_step, self.recorded = request, first_step, 0
-        self.profiler = profile(activities=activities)
+        # A schedule that always records is the profiler's own default, but given, it makes
+        # the profiler mark each step (ProfilerStep#0, #1, ...) in the trace for the viewer.
+        self.profiler = profile(activities=activities, schedule=_always_record)
         self.profiler.start()
         self.events.emit(
             "profile", profile=request.profile, state="recording", steps=request.steps,
@@ -144,9 +152,18 @@ class ProfileRecorder:
         )  # fmt: skip
 
 
+def _always_record(step: int) -> ProfilerAction:
+    return ProfilerAction.RECORD
+
+
 def rank_summary(profiler: profile, path: Path, *, rank: int) -> ProfileRankSummary:
     """The rank's top operators by self CPU time, and communication against computation."""
-    averages = sorted(profiler.key_averages(), key=lambda a: a.self_cpu_time_total, reverse=True)
+    # The step marks' self time is the loop's own Python between operators: not an operator.
+    averages = sorted(
+        (a for a in profiler.key_averages() if not a.key.startswith(STEP_MARK)),
+        key=lambda a: a.self_cpu_time_total,
+        reverse=True,
+    )
     ops = [
         ProfileOp(
             name=a.key,

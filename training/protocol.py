@@ -1,13 +1,14 @@
-"""The event protocol between a training run and whoever watches it (version 1.9).
+"""The event protocol between a training run and whoever watches it (version 1.10).
 
 A run writes one JSON object per line on standard output; rank 0 alone writes them. Every object
 has the envelope (``Envelope`` below)
 
     v      protocol major version (int, 1)
-    minor  protocol minor version (int, 9); absent before 1.3, so a 1.0 to 1.2 writer is "1.x"
+    minor  protocol minor version (int, 10); absent before 1.3, so a 1.0 to 1.2 writer is "1.x"
     run    the run id given with --run-id ("" when none was given)
     seq    sequence number, 1, 2, 3, ... in the order written, with no gaps
-    type   one of ``EventType``: started, step, epoch, log, checkpoint, finished, failed
+    type   one of ``EventType``: started, step, epoch, log, checkpoint, profile, finished,
+           failed
     time   seconds since the run started (float)
 
 and the fields of its type's ``TypedDict`` below, each described there once. Losses are null
@@ -19,7 +20,7 @@ higher major (``parse_event`` raises ``ProtocolVersionError``). Standard error i
 the training's own log lines carry ``LOG_LINE_MARKER`` (``log_line_format``, ``log_line_read``).
 
 docs/protocol.md has the whole description: the types, the reading rules, the stderr marker and
-the history of each minor version (what 1.1 to 1.9 added).
+the history of each minor version (what 1.1 to 1.10 added).
 """
 
 # No ``from __future__ import annotations`` here: on Python 3.11 it hides ``NotRequired`` from

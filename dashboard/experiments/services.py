@@ -85,7 +85,7 @@ def experiment_profile_request(
     except IntegrityError:
         flying = experiment.profiles.filter(state__in=PROFILE_IN_FLIGHT).first()
         what = f"{flying.state}, {flying.steps} step(s)" if flying else "in flight"
-        return None, f"a profile of this run is already being recorded ({what}); ask again once it is ready"
+        return None, f"a profile is already being recorded ({what}); ask again once it is ready"
 
 
 def _not_running_text(experiment: Experiment, doing: str) -> str:

@@ -88,16 +88,17 @@ def summary_bounded(reported: Any) -> list[dict[str, Any]]:
 
 def profile_event_store(*, experiment: Experiment, message: dict[str, Any]) -> Profile | None:
     """Move the profile the event is about; returns its row as it now stands."""
-    number, state = message.get("profile"), message.get("state")
+    reported, state = message.get("profile"), message.get("state")
+    number = reported if is_count(reported) else None
     if state == "refused":
         text = str(message.get("message") or "the training refused it")
-        profile_fail(experiment_id=experiment.pk, profile_id=number or None, message=text)
-    elif state == "recording" and is_count(number):
+        profile_fail(experiment_id=experiment.pk, profile_id=number, message=text)
+    elif state == "recording" and number is not None:
         first = message.get("first_step")
         Profile.objects.filter(
             pk=number, experiment_id=experiment.pk, state=ProfileState.REQUESTED
         ).update(state=ProfileState.RECORDING, first_step=first if is_count(first) else None)
-    elif state == "ready" and is_count(number):
+    elif state == "ready" and number is not None:
         _profile_ready(experiment=experiment, number=number, message=message)
     rows = Profile.objects.filter(experiment_id=experiment.pk)
     return rows.filter(pk=number).first() if number else rows.order_by("-pk").first()
