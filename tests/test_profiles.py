@@ -279,8 +279,10 @@ def test_a_single_process_run_answers_sigusr2_with_a_profile(
     folder.mkdir()
     (folder / "request.json").write_text(json.dumps({"profile": 4, "steps": 500}))
     env = {**os.environ, "TRAINYARD_DATA_DIR": str(sample_data), "TRAINYARD_NO_DOWNLOAD": "1"}
-    command = [sys.executable, "-m", "training", "--strategy", "single", "--epochs", "1",
-               "--steps-per-epoch", "300", "--log-interval", "5", "--profile-dir", str(folder)]  # fmt: skip
+    command = [
+        sys.executable, "-m", "training", "--strategy", "single", "--epochs", "1",
+        "--steps-per-epoch", "300", "--log-interval", "5", "--profile-dir", str(folder),
+    ]  # fmt: skip
     proc = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)  # noqa: S603
     try:
         assert proc.stdout is not None
