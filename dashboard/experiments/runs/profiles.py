@@ -29,12 +29,12 @@ MAX_RANKS = 4096  # bound what one event can put on the row
 MAX_OPS = 20
 
 
-def profile_request_write(*, profile_dir: str, profile: Profile) -> str:
+def profile_request_write(*, profile_dir: str, profile_id: int, steps: int) -> str:
     """Write the request where the training reads it; returns why it could not, or ""."""
     try:
         folder = Path(profile_dir)
         folder.mkdir(parents=True, exist_ok=True)
-        asked = {"profile": profile.pk, "steps": profile.steps}
+        asked = {"profile": profile_id, "steps": steps}
         # Written whole, then renamed: the training never reads half a request.
         partial = folder / f".{PROFILE_REQUEST_FILE}.{os.getpid()}"
         partial.write_text(json.dumps(asked))

@@ -33,7 +33,7 @@ class RunRequests:
         self.process = process
 
     def requests_check(self) -> None:
-        """What the run's row asks of this run: a stop, a checkpoint (one query for both)."""
+        """What the run's row asks of this run: a stop, a checkpoint, a profile (one query)."""
         asked = Profile.objects.filter(
             experiment_id=OuterRef("pk"), state=ProfileState.REQUESTED
         ).order_by("pk")
@@ -80,8 +80,7 @@ class RunRequests:
                 "no profile_dir: an engine before protocol 1.10, or a strategy that cannot)",
             )  # fmt: skip
             return
-        profile = Profile(pk=profile_id, experiment_id=self.experiment.pk, steps=steps)
-        if failed := profile_request_write(profile_dir=folder, profile=profile):
+        if failed := profile_request_write(profile_dir=folder, profile_id=profile_id, steps=steps):
             self._profile_drop(profile_id, failed)
         elif self.process.signal_in_tree(pid=pid, signum=signal.SIGUSR2):
             self.state.profile_signalled = profile_id
