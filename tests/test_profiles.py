@@ -25,6 +25,7 @@ from dashboard.experiments.runs.lifecycle import run_finish
 from dashboard.experiments.runs.profiles import profile_event_store, profiles_prune
 from dashboard.experiments.runs.sink import EventSink
 from tests.stack import Stack, wait_for
+from tests.test_browser import browser, log_in, page  # noqa: F401 - the browser's fixtures
 from training.trace_summary import overlap_of
 
 
@@ -346,24 +347,40 @@ def test_the_run_page_offers_profile_while_running_and_says_why_not(
 # ---- the live stack: a 2-rank DDP run -----------------------------------------------------------
 
 
+@pytest.mark.browser
 @pytest.mark.integration
 @pytest.mark.timeout(420)
-def test_a_profile_of_a_ddp_run_through_the_stack(stack: Stack) -> None:
+def test_a_profile_of_a_ddp_run_through_the_stack(
+    stack: Stack, request: pytest.FixtureRequest
+) -> None:
+    """As a person does it: the run page's Profile button, its progress live, the summary."""
     from tests.test_integration import launch, socket_open
+
+    tab = request.getfixturevalue("page")  # test_browser's (a parameter would shadow the import)
 
     alice = stack.login("alice")
     run = launch(alice, stack, name="profiled", strategy="ddp", processes=2, epochs=3)
     api = f"{stack.base_url}/api/experiments/{run['id']}"
+    log_in(tab, stack, "alice")
+    tab.goto(f"{stack.base_url}/experiments/{run['id']}/")
     with socket_open(stack, alice, run["id"]) as ws:
-        wait_for(lambda: stack.experiment_row(run["id"])["status"] == "running", timeout=120,
-                 what="the run to start")  # fmt: skip
-        # Asked while the ranks still start: the supervisor waits for the started event.
-        asked = alice.post(f"{api}/profile/", json={"steps": 3}, timeout=10)
-        assert asked.status_code == 202, asked.text
+        # Enabled once the run runs (live, if the page was opened while it was queued); asked
+        # while the ranks still start, the request waits for the training's started event.
+        tab.wait_for_function(ENABLED, timeout=120_000)
+        tab.fill("#profile-steps", "3")
+        tab.click("#profile-button")
+        tab.wait_for_function(f"() => {BUTTON}.textContent === 'Profiling…' && {BUTTON}.disabled")
         again = alice.post(f"{api}/profile/", json={"steps": 3}, timeout=10)
         assert again.status_code == 409 and "already" in again.json()["error"]
         states = _profile_states_until_ready(ws, timeout=240)
     assert states[-2:] == ["recording", "ready"], states
+    tab.wait_for_function(READY_SHOWN, timeout=30_000)
+    shown = tab.locator("#profile-result")
+    assert shown.locator(".profile-rank").count() == 2
+    assert shown.locator(".profile-traces a").count() == 2
+    assert shown.locator(".profile-ops tbody tr").count() >= 3
+    assert "communication" in shown.locator(".profile-rank").first.inner_text()
+
     ready = alice.get(f"{api}/profiles/latest/", timeout=10).json()["profile"]
     assert ready["state"] == "ready" and ready["recorded_steps"] == 3
     traces = alice.get(f"{api}/profiles/", timeout=10).json()
@@ -376,15 +393,22 @@ def test_a_profile_of_a_ddp_run_through_the_stack(stack: Stack) -> None:
     for rank in ready["summary"]:
         self_times = [o["self_cpu_seconds"] for o in rank["ops"]]
         assert 0 < len(self_times) <= 10 and self_times == sorted(self_times, reverse=True)
+        assert not any(o["name"].startswith("ProfilerStep") for o in rank["ops"])
         # DDP over Gloo all-reduces every step: some communication, at most all of it hidden.
         assert 0 < rank["overlap_seconds"] <= rank["communication_seconds"] < rank["wall_seconds"]
-    page = alice.get(f"{stack.base_url}/experiments/{run['id']}/", timeout=10).text
-    assert "Ready: steps" in page and 'id="profile-latest"' in page
     assert alice.post(f"{api}/stop/", timeout=10).status_code == 202
     wait_for(lambda: stack.experiment_row(run["id"])["status"] == "cancelled", timeout=60,
              what="the cancelled status")  # fmt: skip
     refused = alice.post(f"{api}/profile/", json={"steps": 3}, timeout=10)
     assert refused.status_code == 409 and "cancelled" in refused.json()["error"]
+    # The ended run's page keeps the result and takes no more requests.
+    tab.wait_for_function("() => document.getElementById('profile-form').hidden")
+
+
+BUTTON = "document.getElementById('profile-button')"
+ENABLED = f"() => !{BUTTON}.disabled"
+READY_SHOWN = """() => document.getElementById('profile-state').textContent.startsWith('Ready')
+    && document.querySelectorAll('#profile-result .profile-rank').length === 2"""
 
 
 def _profile_states_until_ready(ws: Any, *, timeout: float) -> list[str]:

@@ -26,8 +26,9 @@ from typing import Any
 Interval = tuple[float, float]
 COMMUNICATION_MARKS = ("c10d::", "gloo:", "nccl", "record_param_comms")
 CPU_CATEGORIES = ("cpu_op", "user_annotation")
-# The profiler's own step marks span whole steps: they are not an operator's time.
-STEP_MARK = "ProfilerStep#"
+# The profiler's own step marks span whole steps: they are not an operator's time. The trace
+# names them ProfilerStep#0, #1, ...; key_averages groups them as ProfilerStep*.
+STEP_MARK = "ProfilerStep"
 
 
 @dataclass(frozen=True)
