@@ -210,7 +210,8 @@ def test_deleting_the_run_deletes_its_profiles_files(
     event = ready_event(run, profile, [100, 100])
     profile_event_store(experiment=run, message=event)
     assert all(Path(t["path"]).is_file() for t in event["traces"])
-    folder = profiles_dir(experiment_id=run.pk) / str(profile.pk)
+    folder = profiles_dir(experiment_id=run.pk)
+    (folder / "request.json").write_text('{"profile": 1, "steps": 4}')  # the last request
     run.delete()
     assert not any(Path(t["path"]).exists() for t in event["traces"])
     assert not folder.exists() and not Profile.objects.exists()

@@ -4,8 +4,9 @@ what a profile looks like outside the worker.
 The training writes each rank's trace under `<TRAINYARD_RUNS_DIR>/<id>/profiles/<profile>/` on
 the machine of that rank; as with checkpoints (core/checkpoints.py), this web server serves a
 file only where its path resolves inside this run's folder under its own TRAINYARD_RUNS_DIR.
-A profile's files go with its row (the post_delete receiver below): when the run is deleted,
-and when the worker keeps only the newest TRAINYARD_PROFILES_KEPT (runs/profiles.py).
+A profile's files go with its row (the post_delete receivers below): when the worker keeps only
+the newest TRAINYARD_PROFILES_KEPT (runs/profiles.py), and with the run, whose whole profiles
+folder goes (on the machine that deletes it: share TRAINYARD_RUNS_DIR, as for downloads).
 """
 
 from __future__ import annotations
@@ -76,6 +77,12 @@ def profile_files_delete(*, profile: Profile) -> None:
 def _profile_deleted(sender: type[Profile], instance: Profile, **kwargs: Any) -> None:
     # Also for each row a deleted run takes with it (CASCADE sends it per row).
     profile_files_delete(profile=instance)
+
+
+@receiver(post_delete, sender=Experiment, dispatch_uid="profiles_dir_delete")
+def _run_deleted(sender: type[Experiment], instance: Experiment, **kwargs: Any) -> None:
+    # What no row holds goes too: the last request.json, a profile the run ended during.
+    shutil.rmtree(profiles_dir(experiment_id=instance.pk), ignore_errors=True)
 
 
 def profile_trace_rows(*, profile: Profile) -> list[dict[str, Any]]:
