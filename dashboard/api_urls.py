@@ -5,7 +5,7 @@ from dashboard.accounts import api as accounts_api
 from dashboard.api import api_build
 from dashboard.devices import views as device_views
 from dashboard.experiments.web import api as experiment_api
-from dashboard.experiments.web import api_compare, api_exports, api_queue
+from dashboard.experiments.web import api_compare, api_exports, api_profiles, api_queue
 from dashboard.studies import api as studies_api
 
 api = api_build(
@@ -16,6 +16,7 @@ api = api_build(
         api_exports.router,
         experiment_api.router,
         api_queue.router,
+        api_profiles.router,
         studies_api.router,
     ]
 )

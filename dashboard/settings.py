@@ -190,6 +190,10 @@ TRAINYARD_WORKER_STALE_SECONDS = env_int("TRAINYARD_WORKER_STALE_SECONDS", 60)
 TRAINYARD_DEVICE_REPORT_SECONDS = env_int("TRAINYARD_DEVICE_REPORT_SECONDS", 5)
 # Seconds between SIGTERM and SIGKILL when a run is stopped.
 TRAINYARD_STOP_GRACE_SECONDS = env_int("TRAINYARD_STOP_GRACE_SECONDS", 3)
+# Profiles on request: the newest this many of a run are kept (older ones' files deleted), and
+# a rank's trace file over this many bytes (gzipped) is deleted as it comes, its summary kept.
+TRAINYARD_PROFILES_KEPT = env_int("TRAINYARD_PROFILES_KEPT", 3)
+TRAINYARD_PROFILE_MAX_BYTES = env_int("TRAINYARD_PROFILE_MAX_BYTES", 64 * 1024 * 1024)
 # A running run whose supervisor has been silent this long is `lost`, and queued again to resume
 # from its last checkpoint until it has been attempted this many times.
 TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS = env_float("TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS", 30.0)

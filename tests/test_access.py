@@ -84,6 +84,8 @@ def sample_values(*, run: Experiment, pk: int) -> dict[str, Any]:
         "content_type_id": content_type.pk,
         "epoch": 1,
         "step": 1,
+        "profile_id": 1,
+        "rank": 0,
     }
 
 
@@ -253,6 +255,7 @@ def test_session_posts_need_the_csrf_token(
         ("/api/experiments/", "{}"),
         (f"/api/experiments/{run.pk}/stop/", ""),
         (f"/api/experiments/{run.pk}/checkpoint/", ""),
+        (f"/api/experiments/{run.pk}/profile/", '{"steps": 5}'),
     ):
         response = client.post(path, body, content_type="application/json")
         assert response.status_code == 403 and "CSRF" in response.json()["error"], path

@@ -86,6 +86,7 @@ class TrainConfig:
     sync_batchnorm: bool = False  # ddp on GPUs: BatchNorm statistics over all ranks
     reshard_after_forward: bool = True  # fsdp: free gathered parameters after each forward
     phases: bool = True  # time each rank's phases and report them (--no-phases: off)
+    profile_dir: str | None = None  # where profiles asked for by SIGUSR2 go (training.profiling)
 
     @property
     def step_limit(self) -> int | None:
@@ -251,6 +252,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--run-id", type=_run_id, default="", help="echoed in every event")
     p.add_argument("--checkpoint-dir", default=None, help="write epoch-N.pt here each epoch")
+    p.add_argument(
+        "--profile-dir",
+        default=None,
+        metavar="DIR",
+        help="take profile requests: SIGUSR2 records a torch.profiler trace of the next steps "
+        "on every rank, as DIR/request.json asks (see docs/protocol.md)",
+    )
     p.add_argument("--resume", default=None, metavar="PATH", help="continue from a checkpoint")
     p.add_argument(
         "--keep-checkpoints",
@@ -490,6 +498,7 @@ def parse_args(argv: Sequence[str], parser: argparse.ArgumentParser | None = Non
             str(Path(ns.checkpoint_dir).expanduser().resolve()) if ns.checkpoint_dir else None
         ),
         resume=str(Path(ns.resume).expanduser().resolve()) if ns.resume else None,
+        profile_dir=str(Path(ns.profile_dir).expanduser().resolve()) if ns.profile_dir else None,
         keep_checkpoints=ns.keep_checkpoints,
         keep_requested_checkpoints=ns.keep_requested_checkpoints,
         steps_per_epoch=ns.steps_per_epoch,

@@ -35,6 +35,7 @@ from training.memory import memory_report
 from training.meter import Window, window_report
 from training.models import BuiltModel
 from training.phases import clock_for, clock_off, collectives_time
+from training.profiling import ProfileRecorder
 from training.protocol import EventWriter, SharedTensor
 from training.reporting import epoch_emit, log_to
 from training.run_requests import checkpoint_request_pending, checkpoint_request_take
@@ -58,9 +59,10 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
         collectives_time()  # the communication phase and bytes (training.phases)
     run = _setup(cfg, rt)
     _started_emit(cfg, rt, events, run)
+    profiles = ProfileRecorder(cfg, rt, events)  # profiles on request (SIGUSR2)
     epochs_drive(
         cfg, rt, events, resume=run.resume, t_start=t_start,
-        epoch_train=lambda work: _epoch_train(cfg, rt, events, run, work),
+        epoch_train=lambda work: _epoch_train(cfg, rt, events, run, work, profiles),
         evaluate=lambda: _evaluate(cfg, rt, run),
     )  # fmt: skip
 
@@ -131,7 +133,12 @@ def _started_emit(cfg: TrainConfig, rt: Runtime, events: EventWriter, run: _Run)
 
 
 def _epoch_train(
-    cfg: TrainConfig, rt: Runtime, events: EventWriter, run: _Run, work: EpochStart
+    cfg: TrainConfig,
+    rt: Runtime,
+    events: EventWriter,
+    run: _Run,
+    work: EpochStart,
+    profiles: ProfileRecorder | None = None,
 ) -> tuple[int, Tested]:
     """Train, evaluate and checkpoint one epoch; returns (global step, its test figures)."""
     epoch, step, done_before = work.epoch, work.step_base, work.skip
@@ -144,6 +151,7 @@ def _epoch_train(
     step, whole = epoch_run(
         cfg=cfg, rt=rt, events=events, plan=run.plan, data=run.data,
         batches=batches[done_before:], epoch=epoch, step=step, done_before=done_before,
+        profiles=profiles,
     )  # fmt: skip
     report = window_report(rt, whole, replicas(run.plan, rt))
     # Before evaluation, which may free or gather (FSDP2 reshards): what training held.
@@ -184,10 +192,11 @@ def epoch_run(
     epoch: int,
     step: int,
     done_before: int = 0,
+    profiles: ProfileRecorder | None = None,
 ) -> tuple[int, Window]:
     """Train on ``batches`` (the epoch's, after the ``done_before`` a resumed run had done),
-    emitting step events and writing requested checkpoints; returns (global step, the epoch's
-    window)."""
+    emitting step events, writing requested checkpoints and recording requested profiles;
+    returns (global step, the epoch's window)."""
     # On the output device: that is where the loss is (model-parallel: the last stage's).
     interval, whole = Window(plan.output_device), Window(plan.output_device)
     slices = plan.shard(rt.rank, rt.world_size).count
@@ -200,11 +209,16 @@ def epoch_run(
         whole.add(timing)
         last = i == len(batches) - 1
         # Step 1 too (as pytorch/examples logs batch 0): the first point shows without waiting.
-        if step % cfg.log_interval == 0 or step == 1 or last:
+        reported = step % cfg.log_interval == 0 or step == 1 or last
+        if reported:
             # Every rank takes this branch at the same step: the all-gather inside matches up.
             report = window_report(rt, interval, replicas(plan, rt))
             lr = float(plan.optimizer.param_groups[0]["lr"])
             events.emit("step", epoch=epoch, step=step, lr=lr, **report)
+        if profiles is not None:
+            # Between two windows where reported: its all-reduce counts in neither.
+            profiles.after_step(step=step, reported=reported, last=last)
+        if reported:
             interval = Window(plan.output_device)
         # Rank 0 writes: its replica is every rank's. At the epoch's last step the request
         # waits for the epoch's own checkpoint, a few seconds later.

@@ -22,6 +22,7 @@ from training.config import TrainConfig
 from training.data import Dataset, dataset_meta
 from training.loop import Tested
 from training.models import BuiltModel, model_build_for, weights_mismatch
+from training.profiling import profile_dir_of
 from training.protocol import EventWriter, SharedTensor
 from training.reporting import (
     data_source_log,
@@ -112,6 +113,7 @@ def started_emit(
         launcher_pid=ranks.launcher_pid,
         # The process that writes the events takes the checkpoint requests (SIGUSR1).
         requests_pid=os.getpid(),
+        profile_dir=profile_dir_of(cfg),
         notes=[*built.notes, *ranks.notes],
         shared_tensors=ranks.shared_tensors,
         **ranks.extra,

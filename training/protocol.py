@@ -1,13 +1,14 @@
-"""The event protocol between a training run and whoever watches it (version 1.9).
+"""The event protocol between a training run and whoever watches it (version 1.10).
 
 A run writes one JSON object per line on standard output; rank 0 alone writes them. Every object
 has the envelope (``Envelope`` below)
 
     v      protocol major version (int, 1)
-    minor  protocol minor version (int, 9); absent before 1.3, so a 1.0 to 1.2 writer is "1.x"
+    minor  protocol minor version (int, 10); absent before 1.3, so a 1.0 to 1.2 writer is "1.x"
     run    the run id given with --run-id ("" when none was given)
     seq    sequence number, 1, 2, 3, ... in the order written, with no gaps
-    type   one of ``EventType``: started, step, epoch, log, checkpoint, finished, failed
+    type   one of ``EventType``: started, step, epoch, log, checkpoint, profile, finished,
+           failed
     time   seconds since the run started (float)
 
 and the fields of its type's ``TypedDict`` below, each described there once. Losses are null
@@ -19,7 +20,7 @@ higher major (``parse_event`` raises ``ProtocolVersionError``). Standard error i
 the training's own log lines carry ``LOG_LINE_MARKER`` (``log_line_format``, ``log_line_read``).
 
 docs/protocol.md has the whole description: the types, the reading rules, the stderr marker and
-the history of each minor version (what 1.1 to 1.9 added).
+the history of each minor version (what 1.1 to 1.10 added).
 """
 
 # No ``from __future__ import annotations`` here: on Python 3.11 it hides ``NotRequired`` from
@@ -33,9 +34,11 @@ from dataclasses import dataclass
 from typing import IO, Any, Final, Literal, NotRequired, TypedDict, Unpack, cast, get_args, overload
 
 PROTOCOL_VERSION: Final = 1  # the major version, "v" on the wire
-PROTOCOL_MINOR: Final = 9  # the minor version, "minor" on the wire (since 1.3)
+PROTOCOL_MINOR: Final = 10  # the minor version, "minor" on the wire (since 1.3)
 
-EventType = Literal["started", "step", "epoch", "log", "checkpoint", "finished", "failed"]
+EventType = Literal[
+    "started", "step", "epoch", "log", "checkpoint", "profile", "finished", "failed"
+]
 EVENT_TYPES: Final = frozenset(get_args(EventType))
 
 LOG_LINE_MARKER: Final = "[trainyard] "
@@ -181,6 +184,10 @@ class StartedFields(TypedDict):
     accumulate: NotRequired[int]
     precision: NotRequired[str]
     compile: NotRequired[bool]
+    # 1.10: where profiles asked for go (--profile-dir): SIGUSR2 to requests_pid records the
+    # steps <profile_dir>/request.json asks for (a ``profile`` event answers); null where this
+    # training takes no profile requests (no --profile-dir, or a strategy that cannot).
+    profile_dir: NotRequired[str | None]
 
 
 class StepFields(TypedDict):
@@ -236,6 +243,50 @@ class CheckpointFields(TypedDict):
     answers_request: NotRequired[bool]
 
 
+class ProfileTrace(TypedDict):
+    """1.10: one rank's trace file, Chrome trace JSON, gzipped (Perfetto opens it)."""
+
+    rank: int
+    path: str
+    bytes: int
+
+
+class ProfileOp(TypedDict):
+    """1.10: an operator of a rank's trace (torch.profiler's key_averages)."""
+
+    name: str
+    calls: int
+    self_cpu_seconds: float  # time in the operator itself, not in the ones it calls
+    cpu_seconds: float  # with the ones it calls
+
+
+class ProfileRankSummary(TypedDict):
+    """1.10: what a rank's trace says (training.trace_summary says how it is computed)."""
+
+    rank: int
+    ops: list[ProfileOp]  # the top operators by self CPU time, most first
+    wall_seconds: float  # from the trace's first event to its last
+    computation_seconds: float  # time some non-communication operator (or kernel) ran
+    communication_seconds: float  # time some collective ran (c10d, gloo, nccl)
+    overlap_seconds: float  # time both ran: communication hidden behind computation
+    device: str  # "cpu": operators on the host; "cuda": kernels on the GPU
+
+
+class ProfileFields(TypedDict):
+    """1.10: a profile asked for with SIGUSR2: ``recording`` when every rank starts it,
+    ``ready`` when every rank wrote its trace, ``refused`` when it cannot be recorded."""
+
+    profile: int  # the request's number (request.json's "profile")
+    state: Literal["recording", "ready", "refused"]
+    steps: int  # the steps asked for
+    first_step: NotRequired[int]  # recording, ready: the first step recorded
+    # ready: the steps recorded, fewer than asked where the epoch ended first
+    recorded_steps: NotRequired[int]
+    traces: NotRequired[list[ProfileTrace]]  # ready: every rank's, rank order
+    summary: NotRequired[list[ProfileRankSummary]]  # ready: every rank's, rank order
+    message: NotRequired[str]  # refused: why, for people
+
+
 class FinishedFields(TypedDict):
     test_loss: float | None
     test_accuracy: float  # the last evaluation's
@@ -273,6 +324,10 @@ class CheckpointEvent(Envelope, CheckpointFields):
     type: Literal["checkpoint"]
 
 
+class ProfileEvent(Envelope, ProfileFields):
+    type: Literal["profile"]
+
+
 class FinishedEvent(Envelope, FinishedFields):
     type: Literal["finished"]
 
@@ -282,7 +337,14 @@ class FailedEvent(Envelope, FailedFields):
 
 
 Event = (
-    StartedEvent | StepEvent | EpochEvent | LogEvent | CheckpointEvent | FinishedEvent | FailedEvent
+    StartedEvent
+    | StepEvent
+    | EpochEvent
+    | LogEvent
+    | CheckpointEvent
+    | ProfileEvent
+    | FinishedEvent
+    | FailedEvent
 )
 EVENT_CLASSES: Final[dict[str, type]] = {
     "started": StartedEvent,
@@ -290,6 +352,7 @@ EVENT_CLASSES: Final[dict[str, type]] = {
     "epoch": EpochEvent,
     "log": LogEvent,
     "checkpoint": CheckpointEvent,
+    "profile": ProfileEvent,
     "finished": FinishedEvent,
     "failed": FailedEvent,
 }
@@ -322,6 +385,10 @@ class EventWriter:
     def emit(
         self, type_: Literal["checkpoint"], /, **fields: Unpack[CheckpointFields]
     ) -> CheckpointEvent | None: ...
+    @overload
+    def emit(
+        self, type_: Literal["profile"], /, **fields: Unpack[ProfileFields]
+    ) -> ProfileEvent | None: ...
     @overload
     def emit(
         self, type_: Literal["finished"], /, **fields: Unpack[FinishedFields]

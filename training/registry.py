@@ -245,6 +245,9 @@ class StrategySpec:
     # Splits the model into stages, one a rank, by its declared split (pipeline), not by a
     # tensor-parallel plan.
     stages: bool = False
+    # Why it cannot record a profile on request ("it ..."); "" where it can: every strategy of
+    # the shared loop (training.profiling hooks its steps).
+    profile_refusal: str = ""
 
 
 REGISTRY: tuple[StrategySpec, ...] = (
@@ -321,6 +324,8 @@ REGISTRY: tuple[StrategySpec, ...] = (
         cpu_only=True,
         cpu_reason="keeps the model in shared host memory, which its processes update "
         "without locks",
+        profile_refusal="it runs its own processes and loop, which the profiler's step hooks "
+        "do not reach",
     ),
     StrategySpec(
         name="deepspeed",

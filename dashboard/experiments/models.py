@@ -432,3 +432,48 @@ class Checkpoint(models.Model):
                 "api-experiment-checkpoint-file", args=[self.experiment_id, self.step]
             ),
         }
+
+
+class ProfileState(models.TextChoices):
+    REQUESTED = "requested", "requested"  # asked for; the supervisor passes it on
+    RECORDING = "recording", "recording"  # every rank records its steps
+    READY = "ready", "ready"  # the traces are written and summarised
+    FAILED = "failed", "failed"  # refused by the training, or the run ended first
+
+
+PROFILE_IN_FLIGHT = (ProfileState.REQUESTED, ProfileState.RECORDING)
+
+
+class Profile(models.Model):
+    """A torch.profiler trace asked of a running run (runs/profiles.py): the request, then its
+    recording, then every rank's trace file (on the worker's machine, under its
+    TRAINYARD_RUNS_DIR, as checkpoints are) and the summary the training computed."""
+
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="profiles")
+    steps = models.PositiveIntegerField(help_text="the steps asked for")
+    state = models.CharField(
+        max_length=16, choices=ProfileState.choices, default=ProfileState.REQUESTED
+    )
+    requested_by = _who_asked()
+    requested_at = models.DateTimeField(auto_now_add=True)
+    first_step = models.PositiveIntegerField(null=True, blank=True)
+    recorded_steps = models.PositiveIntegerField(null=True, blank=True)
+    # [{"rank", "path", "bytes", "dropped"}]: "dropped" says why a trace was not kept ("" if kept)
+    traces = models.JSONField(default=list, blank=True)
+    summary = models.JSONField(default=list, blank=True)  # the profile event's, one per rank
+    message = models.TextField(blank=True, help_text="why it failed")
+    worker = models.CharField(max_length=255, blank=True)
+
+    class Meta:
+        ordering = ["requested_at", "pk"]
+        constraints = [
+            # A second request while one is in flight is refused (a 409), whoever gets there.
+            models.UniqueConstraint(
+                fields=["experiment"],
+                condition=models.Q(state__in=["requested", "recording"]),
+                name="one_profile_in_flight",
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"profile {self.pk} ({self.state}) of #{self.experiment_id}"

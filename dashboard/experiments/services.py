@@ -1,5 +1,5 @@
-"""What can be done to experiments: launch, stop, checkpoint, clone (the writes; the reads are
-in selectors.py).
+"""What can be done to experiments: launch, stop, checkpoint, profile, clone (the writes; the
+reads are in selectors.py).
 
 Views, the API and the admin call these."""
 
@@ -8,12 +8,13 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.utils import timezone
 
 from dashboard.experiments.core.forms import experiment_clone_fields
 from dashboard.experiments.core.limits import launch_slot_claim
-from dashboard.experiments.models import Experiment, Status
+from dashboard.experiments.core.profiles import profile_refusal
+from dashboard.experiments.models import PROFILE_IN_FLIGHT, Experiment, Profile, Status
 from dashboard.experiments.runs.lifecycle import run_cancel_queued
 from dashboard.experiments.tasks import run_experiment_send
 
@@ -62,11 +63,37 @@ def experiment_checkpoint_request(*, experiment: Experiment, by: Any) -> str | N
     if requested:
         return None
     experiment.refresh_from_db()
+    return _not_running_text(experiment, "write a checkpoint")
+
+
+def experiment_profile_request(
+    *, experiment: Experiment, steps: int, by: Any
+) -> tuple[Profile | None, str]:
+    """Ask a running run for a profile of its next `steps` steps on every rank; its supervisor
+    passes it on (runs/requests.py). Returns the new profile, or None and why it cannot be."""
+    refused = profile_refusal(experiment=experiment)
+    if refused:
+        return None, refused
+    experiment.refresh_from_db()
+    if experiment.status != Status.RUNNING or experiment.cancel_requested_at is not None:
+        return None, _not_running_text(experiment, "record a profile")
+    try:
+        with transaction.atomic():
+            # The database holds one in flight per run (Profile's constraint): two requests
+            # at once, one wins.
+            return Profile.objects.create(experiment=experiment, steps=steps, requested_by=by), ""
+    except IntegrityError:
+        flying = experiment.profiles.filter(state__in=PROFILE_IN_FLIGHT).first()
+        what = f"{flying.state}, {flying.steps} step(s)" if flying else "in flight"
+        return None, f"a profile is already being recorded ({what}); ask again once it is ready"
+
+
+def _not_running_text(experiment: Experiment, doing: str) -> str:
     if experiment.status == Status.RUNNING:
         return "the run is stopping"
     if experiment.status == Status.QUEUED:
         return "the run has not started yet; ask again once it is running"
-    return f"the run is {experiment.status}; only a running run can write a checkpoint"
+    return f"the run is {experiment.status}; only a running run can {doing}"
 
 
 def experiment_clone(*, experiment: Experiment, owner: Any) -> Experiment:

@@ -21,6 +21,11 @@ a gap: channels-redis drops messages past its capacity without a word.
     checkpoint  the training's checkpoint event, plus where to download it (url, size), the
                 steps whose files the training's retention has deleted (pruned) and the run
                 log's line for it (log_text)
+    profile     a profile's progress (protocol 1.10): the training's profile event (recording,
+                ready, refused) or the dashboard's own refusal (a training that takes no
+                profile requests), plus ``view``, the profile's row as it now stands
+                (core/profiles.py's profile_as_dict: state, state_text, traces with their
+                download urls, the summary with its texts); the page shows ``view`` as it is
     series      the dashboard's: points of series that no step or epoch event carries (the
                 supervisor's samples of the worker's CPU and GPUs, keys as in series.py),
                 ``points: {key: [[step, time, value], ...]}``; the page appends each point to
@@ -51,6 +56,7 @@ from training.protocol import (
     CheckpointFields,
     EpochFields,
     LogFields,
+    ProfileFields,
     StartedFields,
     StepFields,
 )
@@ -131,6 +137,10 @@ class LogBody(LogFields):
     machine: NotRequired[str]
 
 
+class ProfileBody(ProfileFields):
+    type: Literal["profile"]
+
+
 class StatusMessage(StatusBody, Numbered):
     pass
 
@@ -198,6 +208,12 @@ class CheckpointMessage(CheckpointFields, Numbered):
     texts: dict[str, str]
 
 
+class ProfileMessage(ProfileFields, Numbered):
+    type: Literal["profile"]
+    time: NotRequired[float]  # the training's; none for the dashboard's own refusal
+    view: dict[str, Any] | None  # core/profiles.profile_as_dict; None for no row of this run
+
+
 # ---- per-rank figures, as stored and as the snapshot sends them -------------------------------
 
 
@@ -251,7 +267,15 @@ class GroupEvents(TypedDict):
 
 
 # What EventSink.add takes: a training event (training/protocol.py) or the dashboard's own body.
-Body = StatusBody | RunFinishedBody | RunFailedBody | LogBody | SeriesBody | StragglerBody
+Body = (
+    StatusBody
+    | RunFinishedBody
+    | RunFailedBody
+    | LogBody
+    | SeriesBody
+    | StragglerBody
+    | ProfileBody
+)
 
 Message = (
     SnapshotMessage
@@ -260,6 +284,7 @@ Message = (
     | StepMessage
     | EpochMessage
     | CheckpointMessage
+    | ProfileMessage
     | LogMessage
     | SeriesMessage
     | StragglerMessage

@@ -35,7 +35,13 @@ from typing import Any
 from django.db.models import F
 
 from dashboard.experiments.core.signals import run_ended
-from dashboard.experiments.models import Experiment, Status
+from dashboard.experiments.models import (
+    PROFILE_IN_FLIGHT,
+    Experiment,
+    Profile,
+    ProfileState,
+    Status,
+)
 
 # The diagram above as data: from each status, the statuses a run may move to.
 NEXT: dict[str, frozenset[str]] = {
@@ -84,6 +90,12 @@ def _move(
     moved = Experiment.objects.filter(pk=experiment_id, status=source, **(where or {})).update(
         status=target, **fields
     )
+    if moved == 1 and source == Status.RUNNING:
+        # An attempt's end ends its profile in flight: no training is left to record it.
+        Profile.objects.filter(experiment_id=experiment_id, state__in=PROFILE_IN_FLIGHT).update(
+            state=ProfileState.FAILED,
+            message=f"the run stopped ({target}) before every rank had written its trace",
+        )
     if moved == 1 and target in ENDS:
         # Every way a run ends passes here, so a receiver hears of each end exactly once. A
         # receiver that raises is skipped (send_robust logs it on django.dispatch): the run

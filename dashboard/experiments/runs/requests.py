@@ -1,8 +1,10 @@
-"""What a run's row asks of its running training: a Stop, a checkpoint now.
+"""What a run's row asks of its running training: a Stop, a checkpoint now, a profile.
 
-A person asks through services.py, which writes the request on the row; the supervisor polls
-the row (one query for both) and carries it out here: a Stop ends every process, a checkpoint
-request is passed to the process the training named for requests (`requests_pid`, SIGUSR1).
+A person asks through services.py, which writes the request on the row (a profile: a
+`requested` Profile row); the supervisor polls the row (one query for all) and carries it out
+here: a Stop ends every process, a checkpoint request is passed to the process the training
+named for requests (`requests_pid`, SIGUSR1), and so is a profile request (SIGUSR2, after
+writing what to record into the training's `profile_dir`: runs/profiles.py).
 """
 
 from __future__ import annotations
@@ -11,9 +13,11 @@ import signal
 from datetime import datetime
 
 from django.conf import settings
+from django.db.models import OuterRef, Subquery
 
-from dashboard.experiments.models import Experiment
+from dashboard.experiments.models import Experiment, Profile, ProfileState
 from dashboard.experiments.runs.process import TrainingProcess
+from dashboard.experiments.runs.profiles import profile_fail, profile_request_write
 from dashboard.experiments.runs.sink import EventSink
 from dashboard.experiments.runs.state import AttemptState
 
@@ -29,14 +33,23 @@ class RunRequests:
         self.process = process
 
     def requests_check(self) -> None:
-        """What the run's row asks of this run: a stop, a checkpoint (one query for both)."""
+        """What the run's row asks of this run: a stop, a checkpoint, a profile (one query)."""
+        asked = Profile.objects.filter(
+            experiment_id=OuterRef("pk"), state=ProfileState.REQUESTED
+        ).order_by("pk")
         row = (
             Experiment.objects.filter(pk=self.experiment.pk)
+            .annotate(
+                profile_id=Subquery(asked.values("pk")[:1]),
+                profile_steps=Subquery(asked.values("steps")[:1]),
+            )
             .values(
                 "cancel_requested_at",
                 "cancelled_by__username",
                 "checkpoint_requested_at",
                 "checkpoint_requested_by__username",
+                "profile_id",
+                "profile_steps",
             )
             .first()
         )
@@ -49,6 +62,41 @@ class RunRequests:
                 requested_at=row["checkpoint_requested_at"],
                 by=row["checkpoint_requested_by__username"] or "someone",
             )
+        if row["cancel_requested_at"] is None and row["profile_id"] not in (
+            None, self.state.profile_signalled,
+        ):  # fmt: skip
+            self.profile_request_pass(profile_id=row["profile_id"], steps=row["profile_steps"])
+
+    def profile_request_pass(self, *, profile_id: int, steps: int) -> None:
+        """Write the request where the training reads it and signal it; wait while it has not
+        started. The row stays `requested` until the training's `recording` event."""
+        started = self.state.started_event
+        if started is None:
+            return
+        pid, folder = started.get("requests_pid"), started.get("profile_dir")
+        if not isinstance(pid, int) or isinstance(pid, bool) or not isinstance(folder, str):
+            self._profile_drop(
+                profile_id, "this training takes no profile requests (its started event names "
+                "no profile_dir: an engine before protocol 1.10, or a strategy that cannot)",
+            )  # fmt: skip
+            return
+        if failed := profile_request_write(profile_dir=folder, profile_id=profile_id, steps=steps):
+            self._profile_drop(profile_id, failed)
+        elif self.process.signal_in_tree(pid=pid, signum=signal.SIGUSR2):
+            self.state.profile_signalled = profile_id
+            self.sink.add_output(
+                f"Profile of {steps} step(s) requested; every rank records from the training's "
+                "next reported step.",
+                level="info",
+            )
+        else:
+            self._profile_drop(profile_id, "the training has ended")
+
+    def _profile_drop(self, profile_id: int, reason: str) -> None:
+        """The profile cannot be recorded: the row says why, and the page hears of it."""
+        profile_fail(experiment_id=self.experiment.pk, profile_id=profile_id, message=reason)
+        self.sink.add({"type": "profile", "profile": profile_id, "state": "refused", "steps": 0,
+                       "message": reason})  # fmt: skip
 
     def checkpoint_request_pass(self, *, requested_at: datetime, by: str) -> None:
         """Signal the process the training named for requests; wait while it has not started.

@@ -24,6 +24,7 @@ from django.db import DatabaseError
 from dashboard.devices.facts import machine_samples_collect
 from dashboard.env import env_float
 from dashboard.experiments.core.messages import Body
+from dashboard.experiments.core.profiles import profiles_dir
 from dashboard.experiments.core.transitions import Outcome
 from dashboard.experiments.models import (
     PROCESS_STRATEGIES,
@@ -88,6 +89,9 @@ def training_command(*, experiment: Experiment) -> list[str]:
         str(settings.TRAINYARD_DATA_DIR),
         "--checkpoint-dir",
         str(run_dir / "checkpoints"),
+        # Profiles on request (runs/profiles.py); a strategy that cannot record them says so.
+        "--profile-dir",
+        str(profiles_dir(experiment_id=experiment.pk)),
     ]
     # Said only when not the default: an engine from before the catalogue has no --model.
     if experiment.model and experiment.model != MODEL_DEFAULT:

@@ -43,6 +43,7 @@ from dashboard.experiments.core.messages import (
     RankStats,
     SeriesBody,
 )
+from dashboard.experiments.core.profiles import profile_as_dict
 from dashboard.experiments.core.run_facts import checkpoint_texts, rank_rows, started_texts
 from dashboard.experiments.metrics.series import MAX_KEY_CHARS
 from dashboard.experiments.metrics.series_contract import (
@@ -55,6 +56,7 @@ from dashboard.experiments.metrics.series_contract import (
 from dashboard.experiments.models import Checkpoint, Experiment, LogLine, SeriesPoint
 from dashboard.experiments.runs.bounds import is_count, number_or_none
 from dashboard.experiments.runs.broadcast import checkpoint_saved_text, events_broadcast
+from dashboard.experiments.runs.profiles import profile_event_store
 from dashboard.experiments.runs.retention import checkpoint_row, checkpoints_gone
 from dashboard.experiments.runs.stragglers import straggler_change
 from training.protocol import Event
@@ -212,6 +214,13 @@ class EventSink:
         message["log_text"] = checkpoint_saved_text(message)
         self._add_log({**message, "message": message["log_text"]})
         message["texts"] = checkpoint_texts(message)
+
+    def _profile_store(self, message: dict[str, Any]) -> None:
+        # Stored at once, not at the flush: a rare event, and the row is what the API reads.
+        profile = profile_event_store(experiment=self.experiment, message=message)
+        message["view"] = profile_as_dict(profile=profile) if profile is not None else None
+        message.pop("traces", None)  # the worker's paths: the view has the download urls
+        message.pop("summary", None)  # in the view, with its texts
 
     def _failed_store(self, message: dict[str, Any]) -> None:
         if message.get("traceback"):
@@ -379,6 +388,7 @@ class EventSink:
         "epoch": _add_point,
         "log": _log_store,
         "checkpoint": _checkpoint_store,
+        "profile": _profile_store,
         "failed": _failed_store,
     }
 

@@ -27,6 +27,7 @@ class AttemptState:
     # on to the training and not yet answered by a checkpoint event.
     stopped_by: str | None = None
     checkpoint_signalled: datetime | None = None
+    profile_signalled: int | None = None  # the profile request passed on to the training
     # Liveness: this machine's processes are ended for good (the run moved on, or the database
     # is lost); the loop only drains their streams.
     taken_over: bool = False
