@@ -15,6 +15,7 @@ from django.test import Client
 from django.urls import reverse
 
 from dashboard.experiments.models import Experiment, SeriesPoint, Status
+from dashboard.studies.api_schemas import StudyOut
 from dashboard.studies.forms import StudyForm
 from dashboard.studies.models import Study, StudyRun
 from tests.factories import CPU_STRATEGIES, reader_attach
@@ -418,6 +419,7 @@ def cell_reaches(runs: list[Experiment], seconds: list[float]) -> float:
 
 def fastest_of(client: Client, pk: int) -> tuple[dict[str, Any] | None, str]:
     body = client.get(reverse("api-study", args=[pk])).json()
+    StudyOut.model_validate(body)  # the answer is what /api/schema/ says it is
     return body["fastest"], body["fastest_text"]
 
 
