@@ -70,12 +70,16 @@ def _other(i: int, cells: list[dict[str, Any]], labels: list[str]) -> FastestOth
     }
 
 
-def _ratio(seconds: float, after: list[float], tied: list[int]) -> float | None:
+def _all_ended(cells: list[dict[str, Any]]) -> bool:
+    return all(_ended(cell) for cell in cells)
+
+
+def _ratio(seconds: float, *, next_seconds: float | None, tie: bool) -> float | None:
     """How many times faster than the next cell: none without one (or at a zero time, which no
     epoch ends at), 1.0 in a tie (the table shows both times alike)."""
-    if not after or seconds <= 0:
+    if next_seconds is None or seconds <= 0:
         return None
-    return 1.0 if tied else after[0] / seconds
+    return 1.0 if tie else next_seconds / seconds
 
 
 def fastest_find(*, cells: list[dict[str, Any]], axes: dict[str, list[Any]]) -> Fastest | None:
@@ -91,18 +95,19 @@ def fastest_find(*, cells: list[dict[str, Any]], axes: dict[str, list[Any]]) -> 
     labels = [cell_label(cell=cell, values=v) for cell, v in zip(cells, values, strict=True)]
     seconds = winner["time_to_target_seconds"]
     tied = [i for i in rest if _shown(cells[i]["time_to_target_seconds"]) == _shown(seconds)]
+    after = cells[rest[0]]["time_to_target_seconds"] if rest else None
     untimed = [cell for cell in cells if cell["time_to_target_seconds"] is None]
     return {
         "cell": first, "label": labels[first], "values": values[first],
         "time_to_target_seconds": seconds,
         "runs_reached": winner["runs_reached"], "runs": len(winner["runs"]),
         "next": _other(rest[0], cells, labels) if rest else None,
-        "ratio": _ratio(seconds, [cells[i]["time_to_target_seconds"] for i in rest[:1]], tied),
+        "ratio": _ratio(seconds, next_seconds=after, tie=bool(tied)),
         "tied": [_other(i, cells, labels) for i in tied],
         "reached": len(timed),
         "not_reached": sum(_ended(cell) for cell in untimed),
         "pending": sum(not _ended(cell) for cell in untimed),
-        "final": all(_ended(cell) for cell in cells),
+        "final": _all_ended(cells),
     }  # fmt: skip
 
 
@@ -111,7 +116,7 @@ def fastest_build(
 ) -> dict[str, Any]:
     """The study JSON's `fastest` and `fastest_text` (the sentence above the page's table)."""
     fastest = fastest_find(cells=cells, axes=axes)
-    final = all(_ended(cell) for cell in cells)
+    final = _all_ended(cells)
     return {
         "fastest": fastest,
         "fastest_text": fastest_text(fastest=fastest, target=target, final=final),
