@@ -15,6 +15,7 @@ from django.test import Client
 from django.urls import reverse
 
 from dashboard.experiments.models import Experiment, SeriesPoint, Status
+from dashboard.studies.api_schemas import StudyOut
 from dashboard.studies.forms import StudyForm
 from dashboard.studies.models import Study, StudyRun
 from tests.factories import CPU_STRATEGIES, reader_attach
@@ -386,3 +387,115 @@ def test_the_axes_editor_reads_each_option_as_its_kind(client: Client, launched:
     typo = StudyForm({"mode": "axes", "axis_compile": "maybe"})
     assert not typo.is_valid()
     assert typo.errors["axis_compile"] == ["'maybe' is not true or false"]
+
+
+# --- which cell trains fastest to the target (issue 18's question) ------------------------------
+
+HOOKS_STUDY = {
+    **TWO_BY_TWO,
+    "name": "hooks",
+    "axes": {"strategy": ["ddp", "fsdp"], "comm_hook": ["none", "fp16"], "seed": [1, 2]},
+    "stop_at_target": False,
+}
+
+
+def hooks_study(client: Client) -> tuple[int, list[list[Experiment]]]:
+    """Issue 18's study (FSDP at fp16 skipped): its id and each cell's runs, in table order."""
+    created = post(client, HOOKS_STUDY).json()
+    cells = client.get(reverse("api-study", args=[created["id"]])).json()["cells"]
+    assert [(c["strategy"], c["config"]["comm_hook"]) for c in cells] == [
+        ("ddp", "none"), ("ddp", "fp16"), ("fsdp", None),
+    ]  # fmt: skip
+    return created["id"], [[Experiment.objects.get(pk=pk) for pk in c["runs"]] for c in cells]
+
+
+def cell_reaches(runs: list[Experiment], seconds: list[float]) -> float:
+    """Each run reaches the target at its seconds and succeeds; the cell's time by hand."""
+    for run, time_ in zip(runs, seconds, strict=True):
+        points_add(run, accuracies=[(30, time_ / 2, 0.5), (60, time_, 0.95)], ips=500.0)
+    Experiment.objects.filter(pk__in=[e.pk for e in runs]).update(status=Status.SUCCEEDED)
+    return statistics.fmean(seconds)
+
+
+def fastest_of(client: Client, pk: int) -> tuple[dict[str, Any] | None, str]:
+    body = client.get(reverse("api-study", args=[pk])).json()
+    StudyOut.model_validate(body)  # the answer is what /api/schema/ says it is
+    return body["fastest"], body["fastest_text"]
+
+
+def test_the_fastest_cell_to_the_target_and_by_how_much(client: Client, launched: Any) -> None:
+    pk, (ddp, ddp_fp16, fsdp) = hooks_study(client)
+    ddp_time = cell_reaches(ddp, [10.0, 14.5])
+    fp16_time = cell_reaches(ddp_fp16, [8.0, 9.5])
+    cell_reaches(fsdp[:1], [5.0])  # faster, but its other seed never got there: no time
+    points_add(fsdp[1], accuracies=[(60, 10.0, 0.85)], ips=500.0)
+    Experiment.objects.filter(pk=fsdp[1].pk).update(status=Status.SUCCEEDED)
+    fastest, text = fastest_of(client, pk)
+    assert fastest is not None
+    assert (fastest["cell"], fastest["label"]) == (1, "ddp, comm_hook fp16")
+    assert fastest["values"] == {"strategy": "ddp", "comm_hook": "fp16"}
+    assert fastest["time_to_target_seconds"] == pytest.approx(fp16_time)
+    assert (fastest["runs_reached"], fastest["runs"]) == (2, 2)
+    assert fastest["next"]["cell"] == 0 and fastest["tied"] == []
+    assert fastest["ratio"] == pytest.approx(ddp_time / fp16_time)
+    assert (fastest["reached"], fastest["not_reached"], fastest["pending"]) == (2, 1, 0)
+    assert fastest["final"] is True
+    assert text == (
+        f"Fastest to 90%: ddp, comm_hook fp16, {fp16_time:.1f} s ({ddp_time / fp16_time:.2f}× "
+        "faster than ddp, comm_hook none); 1 cell did not reach it."
+    )
+    page = client.get(reverse("study-detail", args=[pk])).content.decode()
+    assert f'<p id="study-fastest" aria-live="polite"><strong>{text}</strong></p>' in page
+
+
+def test_the_answer_is_not_final_while_a_cell_could_still_win(
+    client: Client, launched: Any
+) -> None:
+    pk, (ddp, ddp_fp16, fsdp) = hooks_study(client)
+    ddp_time = cell_reaches(ddp, [10.0, 14.0])
+    cell_reaches(ddp_fp16, [12.0, 13.0])
+    cell_reaches(fsdp[:1], [6.0])
+    Experiment.objects.filter(pk=fsdp[1].pk).update(status=Status.RUNNING)
+    fastest, text = fastest_of(client, pk)
+    assert fastest is not None and fastest["label"] == "ddp, comm_hook none"
+    assert (fastest["final"], fastest["pending"], fastest["not_reached"]) == (False, 1, 0)
+    assert text.startswith("Fastest to 90% so far: ddp, comm_hook none, ")
+    assert text.endswith("; 1 cell not finished yet.")
+    # The running seed gets there: FSDP, which was pending, wins.
+    fsdp_time = cell_reaches(fsdp, [6.0, 7.0])
+    fastest, text = fastest_of(client, pk)
+    assert fastest is not None and (fastest["cell"], fastest["label"]) == (2, "fsdp")
+    assert fastest["values"] == {"strategy": "fsdp"}  # it does not read the hook
+    assert fastest["next"]["label"] == "ddp, comm_hook none" and fastest["final"] is True
+    assert fastest["ratio"] == pytest.approx(ddp_time / fsdp_time)
+    assert text.startswith("Fastest to 90%: fsdp, ")
+    assert text.endswith("faster than ddp, comm_hook none).")
+
+
+def test_no_cell_reached_the_target(client: Client, launched: Any) -> None:
+    pk, cells = hooks_study(client)
+    assert fastest_of(client, pk) == (None, "No cell has reached 90% yet.")
+    for run in (run for runs in cells for run in runs):
+        points_add(run, accuracies=[(60, 10.0, 0.6)], ips=500.0)
+    Experiment.objects.filter(pk__in=[e.pk for runs in cells for e in runs]).update(
+        status=Status.SUCCEEDED
+    )
+    assert fastest_of(client, pk) == (None, "No cell reached 90%.")
+    page = client.get(reverse("study-detail", args=[pk])).content.decode()
+    assert "<strong>No cell reached 90%.</strong>" in page
+
+
+def test_cells_the_table_shows_alike_are_a_tie_won_by_the_earlier(
+    client: Client, launched: Any
+) -> None:
+    pk, (ddp, ddp_fp16, fsdp) = hooks_study(client)
+    ddp_time = cell_reaches(ddp, [10.0, 12.08])  # 11.04 s: shown as 11.0 s
+    fsdp_time = cell_reaches(fsdp, [11.0, 11.0])  # a little faster, shown alike
+    cell_reaches(ddp_fp16, [20.0, 22.0])
+    assert fsdp_time < ddp_time and f"{fsdp_time:.1f}" == f"{ddp_time:.1f}"
+    fastest, text = fastest_of(client, pk)
+    assert fastest is not None and fastest["cell"] == 0  # the earlier in table order
+    assert fastest["time_to_target_seconds"] == pytest.approx(ddp_time)
+    assert [other["label"] for other in fastest["tied"]] == ["fsdp"]
+    assert fastest["next"]["cell"] == 2 and fastest["ratio"] == 1.0
+    assert text == f"Fastest to 90%: ddp, comm_hook none, tied with fsdp at {ddp_time:.1f} s."

@@ -58,6 +58,30 @@ class StudiesOut(Schema):
     studies: list[StudySummaryOut]
 
 
+class FastestOtherOut(Schema):
+    cell: int = Field(description="its index in cells")
+    label: str
+    time_to_target_seconds: float
+
+
+class FastestOut(Schema):
+    """dashboard/studies/fastest.py's Fastest: the cell with the least time to target."""
+
+    cell: int = Field(description="its index in cells")
+    label: str = Field(description='its axes but the seed: "ddp, comm_hook fp16"')
+    values: dict[str, Any] = Field(description="its value of each axis but the seed")
+    time_to_target_seconds: float = Field(description="the cell's own: the mean over its seeds")
+    runs_reached: int
+    runs: int
+    next: FastestOtherOut | None = Field(description="the next cell to reach the target")
+    ratio: float | None = Field(description="next's time / this one's; 1.0 in a tie")
+    tied: list[FastestOtherOut] = Field(description="cells at the same time as shown (tenths)")
+    reached: int = Field(description="cells with a time to target")
+    not_reached: int = Field(description="cells without one whose runs all ended")
+    pending: int = Field(description="cells without one that have a run queued or running")
+    final: bool = Field(description="every run of the study has ended")
+
+
 class StudyOut(StudySummaryOut):
     base: dict[str, Any]
     axes: dict[str, list[Any]]
@@ -68,6 +92,9 @@ class StudyOut(StudySummaryOut):
     # set (grid.py).
     skipped: list[dict[str, Any]] = []
     scaling: Any
+    # Null until a cell has a time to target; the page's sentence in fastest_text either way.
+    fastest: FastestOut | None
+    fastest_text: str
 
 
 class StudyStopOut(Schema):

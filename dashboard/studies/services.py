@@ -15,6 +15,7 @@ from dashboard.experiments.core.limits import launch_slot_claim
 from dashboard.experiments.models import Experiment, Status
 from dashboard.experiments.services import experiment_launch, experiment_stop
 from dashboard.studies.cells import OPTION_NAMES, cells_build, scaling_build
+from dashboard.studies.fastest import fastest_build
 from dashboard.studies.grid import AXIS_FIELDS, StudyRequest, cells_skipped, study_plan
 from dashboard.studies.models import Study, StudyRun
 from training.registry import strategy_get
@@ -151,6 +152,8 @@ def study_as_dict(study: Study) -> dict[str, Any]:
         "runs": [e.pk for e in runs],
         "run_details": [_run_row(link) for link in links],
         "cells": cells,
+        # Which cell reached the target first, and the sentence the page says it in.
+        **fastest_build(cells=cells, axes=study.axes, target=study.target_accuracy),
         # Cells not run: their strategy does not read an option they set (grid.py).
         "skipped": [cell.as_dict() for cell in cells_skipped(base=study.base, axes=study.axes)],
         "scaling": scaling_build(cells, {e.pk: e for e in runs}),

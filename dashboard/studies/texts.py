@@ -3,6 +3,7 @@ the page and the JSON say the same thing."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, cast
 
 from dashboard.experiments.core.memory import SUMMARY_FIGURES, memory_summary_texts
@@ -10,6 +11,8 @@ from dashboard.experiments.metrics.phases import RunShares, efficiency_reason_te
 from dashboard.studies.models import BatchMode
 
 MAX_RUNS = 48
+# The table shows seconds to target in tenths: two cells it shows alike are a tie (fastest.py).
+SECONDS_DECIMALS = 1
 BATCH_MODE_HELP = {
     BatchMode.PER_PROCESS: (
         "Every process trains on the batch size below, so N processes take N times the images "
@@ -83,6 +86,41 @@ def reached_text(*, reached: int, runs: int, finished: int, target: float, resum
     return f"only {reached} of {runs} reached {target:.0%}"
 
 
+def seconds_text(seconds: float) -> str:
+    return f"{seconds:.{SECONDS_DECIMALS}f} s"
+
+
+def cells_text(count: int) -> str:
+    return f"{count} cell{'' if count == 1 else 's'}"
+
+
+def fastest_text(*, fastest: Mapping[str, Any] | None, target: float, final: bool) -> str:
+    """The study's answer above its table: "Fastest to 80%: ddp, comm_hook fp16, 41.0 s (1.30×
+    faster than fsdp); 1 cell did not reach it." `fastest` is fastest.py's (None while no cell
+    has a time to target); "so far" and the cells not finished say what could still change it."""
+    if fastest is None:
+        if final:
+            return f"No cell reached {target:.0%}."
+        return f"No cell has reached {target:.0%} yet."
+    parts = [f"Fastest to {target:.0%}{'' if final else ' so far'}: {_winner_text(fastest)}"]
+    if fastest["not_reached"]:
+        parts.append(f"{cells_text(fastest['not_reached'])} did not reach it")
+    if fastest["pending"]:
+        parts.append(f"{cells_text(fastest['pending'])} not finished yet")
+    return "; ".join(parts) + "."
+
+
+def _winner_text(fastest: Mapping[str, Any]) -> str:
+    seconds = seconds_text(fastest["time_to_target_seconds"])
+    if fastest["tied"]:
+        others = " and ".join(other["label"] for other in fastest["tied"])
+        return f"{fastest['label']}, tied with {others} at {seconds}"
+    if fastest["ratio"] is not None:
+        faster = f"{fastest['ratio']:.2f}× faster than {fastest['next']['label']}"
+        return f"{fastest['label']}, {seconds} ({faster})"
+    return f"{fastest['label']}, {seconds}"
+
+
 def cell_texts(cell: dict[str, object]) -> dict[str, str]:
     """A cell's figures as the study page shows them (the page's script places these as they
     are: it formats nothing itself)."""
@@ -100,7 +138,7 @@ def cell_texts(cell: dict[str, object]) -> dict[str, str]:
     )
     return {
         **{f"memory_{line}": text for line, text in memory_summary_texts(**memory).items()},
-        "time_to_target": f"{seconds:.1f} s" if isinstance(seconds, float) else "—",
+        "time_to_target": seconds_text(seconds) if isinstance(seconds, float) else "—",
         "images_to_target": f"{images:,.0f} images" if isinstance(images, float) else "",
         "reached": str(cell["reached_text"]),
         "final_accuracy": accuracy,

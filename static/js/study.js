@@ -1,7 +1,8 @@
 // The study page (templates/studies/detail.html), live: while any run is queued or running it
 // reads GET /api/studies/<id>/ every few seconds and places what the server wrote (progress
-// counts, each cell's texts, the status) and redraws the speedup chart; the curves are
-// compare.js's, which follows each run over its WebSocket. Nothing is formatted here.
+// counts, the sentence naming the fastest cell, each cell's texts, the status) and redraws the
+// speedup chart; the curves are compare.js's, which follows each run over its WebSocket.
+// Nothing is formatted here.
 (function () {
   "use strict";
 
@@ -61,6 +62,7 @@
     }
     if (body) {
       progressPlace(body.progress);
+      setText(document.querySelector("#study-fastest strong"), body.fastest_text);
       cellsPlace(body.cells);
       scalingPlace(body.scaling.chart);
       reasonsPlace(body.scaling.reasons || []);
