@@ -5,7 +5,8 @@ files with the most tests first (`--loadscope-reorder`), which puts a file of si
 tests (two machines, tests/test_machines.py) last: one worker ran it alone for the last eight
 minutes of a pass. Longest-processing-time-first is the classic fix for this kind of schedule,
 so the suite orders its files by their measured seconds (tests/durations.json, written by
-`pytest --store-durations`) and the Makefile turns xdist's reorder off (`--no-loadscope-reorder`).
+`pytest --store-durations`; only their ratios matter, so figures taken on a loaded machine
+serve) and the Makefile turns xdist's reorder off (`--no-loadscope-reorder`).
 A file not measured yet is estimated from the kinds of its tests (tests/kinds.py's marks): a
 wrong figure only costs balance, never a result.
 

@@ -98,7 +98,9 @@ def test_each_worker_consumes_its_own_machine_queue(
 ) -> None:
     for name in MACHINES:
         assert f"machine.{name}" in machines[name].log_tail(200), machines[name].log_tail(60)
-    sender = Celery(broker=stack.redis_url)
+    # Not the current app: shared tasks (notifications') would then be sent through it, to this
+    # stack's broker, by every later test in this process.
+    sender = Celery(broker=stack.redis_url, set_as_current=False)
     try:
         for name in MACHINES:
             pk = queued_run_create(stack)

@@ -180,14 +180,19 @@ def test_events_move_the_row_and_a_trace_over_the_cap_is_deleted(
 
 @pytest.mark.django_db
 def test_only_the_newest_profiles_are_kept_and_the_rest_deleted_with_their_files(
-    user_factory: Any, experiment_factory: Any, runs_dir: Path, settings: Any
+    user_factory: Any,
+    experiment_factory: Any,
+    runs_dir: Path,
+    settings: Any,
+    django_capture_on_commit_callbacks: Any,
 ) -> None:
     settings.TRAINYARD_PROFILES_KEPT = 3
     run = experiment_factory(owner=user_factory(), status="running")
     made = []
     for _ in range(5):
         profile = Profile.objects.create(experiment=run, steps=4)
-        profile_event_store(experiment=run, message=ready_event(run, profile, [100, 100]))
+        with django_capture_on_commit_callbacks(execute=True):  # the files go at commit
+            profile_event_store(experiment=run, message=ready_event(run, profile, [100, 100]))
         made.append(profile.pk)
     left = list(Profile.objects.filter(experiment=run).values_list("pk", flat=True))
     assert sorted(left) == made[-3:]
@@ -199,11 +204,52 @@ def test_only_the_newest_profiles_are_kept_and_the_rest_deleted_with_their_files
     assert set(Profile.objects.filter(experiment=run).values_list("pk", flat=True)) == {
         made[-1], flying.pk,
     }  # fmt: skip
+    # Failed ones (recordings stopped or refused) do not count either: two of them, newer than
+    # the one ready profile, leave it and its traces alone.
+    flying.state = ProfileState.FAILED
+    flying.save()
+    Profile.objects.create(experiment=run, steps=4, state=ProfileState.FAILED)
+    assert profiles_prune(experiment_id=run.pk, keep=1) == []
+    assert (profiles_dir(experiment_id=run.pk) / str(made[-1])).is_dir()
+
+
+@pytest.mark.django_db
+def test_an_event_naming_a_file_outside_the_profile_never_deletes_it(
+    user_factory: Any, experiment_factory: Any, runs_dir: Path, settings: Any
+) -> None:
+    settings.TRAINYARD_PROFILE_MAX_BYTES = 10
+    run = experiment_factory(owner=user_factory(), status="running")
+    profile = Profile.objects.create(experiment=run, steps=4)
+    elsewhere = runs_dir / str(run.pk) / "checkpoints" / "epoch-1.pt"
+    elsewhere.parent.mkdir(parents=True)
+    elsewhere.write_bytes(b"c" * 100)
+    event = ready_event(run, profile, [5])
+    event["traces"].append({"rank": 1, "path": str(elsewhere), "bytes": 100})
+    event["traces"].append({"rank": 2, "path": str(profiles_dir(experiment_id=run.pk) / str(
+        profile.pk) / ".." / ".." / "checkpoints" / "epoch-1.pt"), "bytes": 100})  # fmt: skip
+    stored = profile_event_store(experiment=run, message=event)
+    assert stored is not None and [bool(t["dropped"]) for t in stored.traces] == [False, True, True]
+    assert elsewhere.read_bytes() == b"c" * 100
+    # A list of traces that is not one is no traces, not a worker's TypeError.
+    other = Profile.objects.create(experiment=run, steps=4)
+    bad = {
+        **ready_event(run, other, [5]),
+        "traces": 7,
+        "summary": [{"rank": 0, "wall_seconds": "x", "ops": [{"self_cpu_seconds": [1]}]}],
+    }
+    stored = profile_event_store(experiment=run, message=bad)
+    assert stored is not None and stored.traces == []
+    # Nor is a figure that is not a number a 500 where the page does arithmetic on it.
+    assert stored.summary[0]["wall_seconds"] == 0.0
+    assert stored.summary[0]["ops"][0]["self_cpu_seconds"] == 0.0
 
 
 @pytest.mark.django_db
 def test_deleting_the_run_deletes_its_profiles_files(
-    user_factory: Any, experiment_factory: Any, runs_dir: Path
+    user_factory: Any,
+    experiment_factory: Any,
+    runs_dir: Path,
+    django_capture_on_commit_callbacks: Any,
 ) -> None:
     run = experiment_factory(owner=user_factory(), status="running")
     profile = Profile.objects.create(experiment=run, steps=4)
@@ -212,7 +258,11 @@ def test_deleting_the_run_deletes_its_profiles_files(
     assert all(Path(t["path"]).is_file() for t in event["traces"])
     folder = profiles_dir(experiment_id=run.pk)
     (folder / "request.json").write_text('{"profile": 1, "steps": 4}')  # the last request
-    run.delete()
+    with django_capture_on_commit_callbacks(execute=False) as deferred:
+        run.delete()
+    assert folder.is_dir()  # until the delete commits: one that rolls back keeps its traces
+    for callback in deferred:
+        callback()
     assert not any(Path(t["path"]).exists() for t in event["traces"])
     assert not folder.exists() and not Profile.objects.exists()
 
@@ -298,6 +348,15 @@ def test_a_single_process_run_answers_sigusr2_with_a_profile(
         os.kill(started["requests_pid"], signal.SIGUSR2)
         recording = next(e for e in events if e["type"] == "profile")
         ready = next(e for e in events if e["type"] == "profile")
+        # A trace that cannot be written (its folder's name taken by a file) is refused with
+        # the reason, and the training goes on.
+        (folder / "5").write_text("in the way")
+        (folder / "request.json").write_text(json.dumps({"profile": 5, "steps": 2}))
+        os.kill(started["requests_pid"], signal.SIGUSR2)
+        assert next(e for e in events if e["type"] == "profile")["state"] == "recording"
+        unwritten = next(e for e in events if e["type"] == "profile")
+        assert unwritten["state"] == "refused" and "could not be written" in unwritten["message"]
+        assert next(e for e in events if e["type"] == "step")
     finally:
         proc.kill()
         proc.wait()
@@ -396,7 +455,10 @@ def test_a_profile_of_a_ddp_run_through_the_stack(
         assert 0 < len(self_times) <= 10 and self_times == sorted(self_times, reverse=True)
         assert not any(o["name"].startswith("ProfilerStep") for o in rank["ops"])
         # DDP over Gloo all-reduces every step: some communication, at most all of it hidden.
-        assert 0 < rank["overlap_seconds"] <= rank["communication_seconds"] < rank["wall_seconds"]
+        # Communication is seen on every rank; how much of it backward hid depends on how the
+        # loaded cores interleave Gloo's thread with autograd's, so none hidden is possible.
+        assert 0 < rank["communication_seconds"] < rank["wall_seconds"]
+        assert 0 <= rank["overlap_seconds"] <= rank["communication_seconds"]
     assert alice.post(f"{api}/stop/", timeout=10).status_code == 202
     wait_for(lambda: stack.experiment_row(run["id"])["status"] == "cancelled", timeout=60,
              what="the cancelled status")  # fmt: skip

@@ -150,7 +150,8 @@ def test_runs_started_together_never_share_the_cores(stack: Stack) -> None:
     assert reason.startswith("waiting for 2 CPU cores on test-worker"), reason
     spans = []
     for pk in (first, second):
-        wait_for(lambda pk=pk: row(stack, pk)["status"] == "succeeded", timeout=240, what=f"#{pk}")
+        # An epoch each, one after the other: over 4 minutes when the other xdist worker trains too.
+        wait_for(lambda pk=pk: row(stack, pk)["status"] == "succeeded", timeout=480, what=f"#{pk}")
         ((started, finished),) = stack.query(
             "SELECT started_at, finished_at FROM experiments_experiment WHERE id = ?", pk
         )

@@ -89,7 +89,9 @@ class ProfileRecorder:
                 self._finish()  # its stop() closes the last step's mark
             else:
                 self.profiler.step()
-        elif not last and (reported or not self.rt.distributed):
+        elif self.dir is not None and not last and (reported or not self.rt.distributed):
+            # Without --profile-dir nothing can be asked (every rank has the same flags), so a
+            # run that takes no profiles pays no all-reduce for them.
             request = self._request_agreed()
             if request is not None:
                 self._start(request, first_step=step + 1)
@@ -140,15 +142,29 @@ class ProfileRecorder:
         self.profiler = self.request = None
         profiler.stop()
         path = self.dir / str(request.profile) / f"rank-{self.rt.rank}.json.gz"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        profiler.export_chrome_trace(str(path))
-        trace = ProfileTrace(rank=self.rt.rank, path=str(path), bytes=path.stat().st_size)
-        summary = rank_summary(profiler, path, rank=self.rt.rank)
-        gathered = all_gather(self.rt, (trace, summary))  # every rank finishes on this step
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            profiler.export_chrome_trace(str(path))
+            trace = ProfileTrace(rank=self.rt.rank, path=str(path), bytes=path.stat().st_size)
+            written: tuple[ProfileTrace, ProfileRankSummary] | str = (
+                trace,
+                rank_summary(profiler, path, rank=self.rt.rank),
+            )
+        except Exception as exc:  # a full disk, an unwritable folder: the training goes on
+            written = f"rank {self.rt.rank}: {type(exc).__name__}: {exc}"
+        gathered = all_gather(self.rt, written)  # every rank finishes on this step, failed or not
+        failures = [w for w in gathered if isinstance(w, str)]
+        if failures:
+            self.events.emit(
+                "profile", profile=request.profile, state="refused", steps=request.steps,
+                message=("the profile could not be written: " + "; ".join(failures))[:1000],
+            )  # fmt: skip
+            return
+        done = [w for w in gathered if not isinstance(w, str)]
         self.events.emit(
             "profile", profile=request.profile, state="ready", steps=request.steps,
             first_step=self.first_step, recorded_steps=self.recorded,
-            traces=[t for t, _ in gathered], summary=[s for _, s in gathered],
+            traces=[t for t, _ in done], summary=[s for _, s in done],
         )  # fmt: skip
 
 

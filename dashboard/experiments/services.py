@@ -74,11 +74,14 @@ def experiment_profile_request(
     refused = profile_refusal(experiment=experiment)
     if refused:
         return None, refused
-    experiment.refresh_from_db()
-    if experiment.status != Status.RUNNING or experiment.cancel_requested_at is not None:
-        return None, _not_running_text(experiment, "record a profile")
     try:
         with transaction.atomic():
+            # The run's row locked while it is checked and the request added: a run that ends
+            # meanwhile (its transition fails the profiles in flight) waits for this one, so
+            # no request is left on an ended run.
+            locked = Experiment.objects.select_for_update().get(pk=experiment.pk)
+            if locked.status != Status.RUNNING or locked.cancel_requested_at is not None:
+                return None, _not_running_text(locked, "record a profile")
             # The database holds one in flight per run (Profile's constraint): two requests
             # at once, one wins.
             return Profile.objects.create(experiment=experiment, steps=steps, requested_by=by), ""

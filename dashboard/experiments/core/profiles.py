@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from django.conf import settings
+from django.db import transaction
 from django.db.models.signals import post_delete
 from django.dispatch import receiver
 from django.http import FileResponse
@@ -67,22 +68,20 @@ def profile_trace_response(*, profile: Profile, rank: int, path: Path) -> FileRe
     )
 
 
-def profile_files_delete(*, profile: Profile) -> None:
-    """Delete the profile's folder on this machine (each rank's trace is in it)."""
-    folder = profiles_dir(experiment_id=profile.experiment_id) / str(profile.pk)
-    shutil.rmtree(folder, ignore_errors=True)
-
-
+# The files go once the delete commits: a delete that rolls back keeps its rows' traces.
 @receiver(post_delete, sender=Profile, dispatch_uid="profile_files_delete")
 def _profile_deleted(sender: type[Profile], instance: Profile, **kwargs: Any) -> None:
-    # Also for each row a deleted run takes with it (CASCADE sends it per row).
-    profile_files_delete(profile=instance)
+    # Also for each row a deleted run takes with it (CASCADE sends it per row). The folder is
+    # named now: delete() clears the instance's pk before the commit.
+    folder = profiles_dir(experiment_id=instance.experiment_id) / str(instance.pk)
+    transaction.on_commit(lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
 @receiver(post_delete, sender=Experiment, dispatch_uid="profiles_dir_delete")
 def _run_deleted(sender: type[Experiment], instance: Experiment, **kwargs: Any) -> None:
     # What no row holds goes too: the last request.json, a profile the run ended during.
-    shutil.rmtree(profiles_dir(experiment_id=instance.pk), ignore_errors=True)
+    folder = profiles_dir(experiment_id=instance.pk)
+    transaction.on_commit(lambda: shutil.rmtree(folder, ignore_errors=True))
 
 
 def profile_trace_rows(*, profile: Profile) -> list[dict[str, Any]]:

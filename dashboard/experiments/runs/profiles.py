@@ -19,8 +19,9 @@ from typing import Any
 
 from django.conf import settings
 
+from dashboard.experiments.core.profiles import profiles_dir
 from dashboard.experiments.models import PROFILE_IN_FLIGHT, Experiment, Profile, ProfileState
-from dashboard.experiments.runs.bounds import is_count
+from dashboard.experiments.runs.bounds import is_count, number_or_none
 from dashboard.experiments.runs.retention import MAX_PATH_CHARS, file_size
 from dashboard.texts import bytes_text
 from training.run_requests import PROFILE_REQUEST_FILE
@@ -52,9 +53,10 @@ def profile_fail(*, experiment_id: int, profile_id: int | None, message: str) ->
     return rows.update(state=ProfileState.FAILED, message=message[:2000])
 
 
-def trace_capped(entry: Any, *, max_bytes: int) -> dict[str, Any] | None:
+def trace_capped(entry: Any, *, max_bytes: int, folder: Path) -> dict[str, Any] | None:
     """A `traces` entry as stored: checked, sized by this worker where the file is here, and
-    its file deleted when over the cap (`dropped` says so); None when it is not one."""
+    its file deleted when over the cap (`dropped` says so) if it lies in ``folder``, the
+    profile's own (an event naming any other file never deletes it); None when it is not one."""
     if not isinstance(entry, dict) or not is_count(entry.get("rank")):
         return None
     path = entry.get("path")
@@ -69,8 +71,25 @@ def trace_capped(entry: Any, *, max_bytes: int) -> dict[str, Any] | None:
             f"the trace was {bytes_text(size)}, over the cap of {bytes_text(max_bytes)} "
             "(TRAINYARD_PROFILE_MAX_BYTES): deleted, its summary kept; ask for fewer steps"
         )
-        Path(path).unlink(missing_ok=True)
+        if _inside(path, folder):
+            Path(path).unlink(missing_ok=True)
     return {"rank": entry["rank"], "path": path, "bytes": size, "dropped": dropped}
+
+
+def _inside(path: str, folder: Path) -> bool:
+    try:
+        return Path(path).resolve().is_relative_to(folder.resolve())
+    except (OSError, RuntimeError, ValueError):  # a link loop, a NUL byte
+        return False
+
+
+SUMMARY_FIGURES = (
+    "wall_seconds",
+    "computation_seconds",
+    "communication_seconds",
+    "overlap_seconds",
+)
+OP_FIGURES = ("self_cpu_seconds", "cpu_seconds")
 
 
 def summary_bounded(reported: Any) -> list[dict[str, Any]]:
@@ -83,6 +102,11 @@ def summary_bounded(reported: Any) -> list[dict[str, Any]]:
         entry["ops"] = (
             [op for op in ops[:MAX_OPS] if isinstance(op, dict)] if isinstance(ops, list) else []
         )
+        # The page does arithmetic on these: a figure that is not a number is stored as 0.
+        for fields, where in ((SUMMARY_FIGURES, [entry]), (OP_FIGURES, entry["ops"])):
+            for holder in where:
+                for name in fields:
+                    holder[name] = number_or_none(holder.get(name)) or 0.0
     return entries
 
 
@@ -106,7 +130,10 @@ def profile_event_store(*, experiment: Experiment, message: dict[str, Any]) -> P
 
 def _profile_ready(*, experiment: Experiment, number: int, message: dict[str, Any]) -> None:
     cap = settings.TRAINYARD_PROFILE_MAX_BYTES
-    traces = [trace_capped(t, max_bytes=cap) for t in message.get("traces") or []][:MAX_RANKS]
+    folder = profiles_dir(experiment_id=experiment.pk) / str(number)
+    reported = message.get("traces")
+    entries = reported[:MAX_RANKS] if isinstance(reported, list) else []
+    traces = [trace_capped(t, max_bytes=cap, folder=folder) for t in entries]
     first, recorded = message.get("first_step"), message.get("recorded_steps")
     moved = Profile.objects.filter(
         pk=number, experiment_id=experiment.pk, state__in=PROFILE_IN_FLIGHT
@@ -123,12 +150,17 @@ def _profile_ready(*, experiment: Experiment, number: int, message: dict[str, An
 
 
 def profiles_prune(*, experiment_id: int, keep: int) -> list[int]:
-    """Delete all but the newest `keep` profiles of the run that are no longer in flight (their
-    files go with them); returns the ids deleted."""
-    settled = Profile.objects.filter(experiment_id=experiment_id).exclude(
-        state__in=PROFILE_IN_FLIGHT
-    )
-    old = list(settled.order_by("-requested_at", "-pk")[max(keep, 1) :])
+    """Delete all but the newest `keep` ready profiles of the run, and the failed ones older than
+    the oldest kept (their files go with them); returns the ids deleted. Failed ones do not
+    count towards `keep`: two stopped recordings must not push out the one trace there is."""
+    rows = Profile.objects.filter(experiment_id=experiment_id).order_by("-requested_at", "-pk")
+    ready = list(rows.filter(state=ProfileState.READY))
+    old = ready[max(keep, 1) :]
+    if old:
+        oldest_kept = ready[max(keep, 1) - 1]
+        old += list(
+            rows.filter(state=ProfileState.FAILED, requested_at__lte=oldest_kept.requested_at)
+        )
     ids = [p.pk for p in old]  # before delete() clears them
     for profile in old:
         profile.delete()  # one by one: each row's receiver deletes its files
