@@ -178,12 +178,21 @@ def sample_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def no_processes_left() -> Iterator[None]:
     """Fail a test that leaves a child process behind (ranks, workers, launchers). Children
-    that were there before (a test stack's servers) are not the test's."""
-    before = {p.pid for p in psutil.Process().children(recursive=True)}
+    that were there before (a test stack's servers) are not the test's, nor is what they start
+    meanwhile (the session's stack training a run another file queued)."""
+    me = psutil.Process()
+    before = {p.pid for p in me.children(recursive=True)}
     yield
 
+    def the_tests(process: psutil.Process) -> bool:
+        try:
+            return not any(parent.pid in before for parent in process.parents())
+        except psutil.Error:  # gone meanwhile
+            return False
+
     def new_children() -> list[psutil.Process]:
-        return [p for p in psutil.Process().children(recursive=True) if p.pid not in before]
+        found = [p for p in me.children(recursive=True) if p.pid not in before]
+        return [p for p in found if the_tests(p)]
 
     # A child reaped by communicate() can linger for a moment as it is torn down.
     deadline = time.monotonic() + 5
