@@ -34,6 +34,7 @@ from django.test import Client
 
 from tests.test_catalogue_launch import catalogue_report, machine
 from tests.test_exactness import assert_same_parameters
+from tests.test_phases import assert_phases_add_up
 from tests.test_training import Result, assert_well_formed, run_cli
 from training import catalogue, cli
 from training.model import SimpleCNN
@@ -131,6 +132,9 @@ def fsdp_tp(sample_data: Path, single: Result, tmp_path_factory: pytest.TempPath
 @slow
 def test_tensor_parallel_two_ranks_equal_single(single: Result, tp: Result) -> None:
     assert tp.started["world_size"] == 2 and tp.started["global_batch_size"] == 64
+    # Its DTensor collectives run below Python, inside forward and backward: the phases still
+    # add up to each rank's wall time (issue 19: every strategy with a plan).
+    assert_phases_add_up(tp)
     [note] = [n for n in tp.started["notes"] if n.startswith("Tensor parallel")]
     assert "classifier.1 column-wise, classifier.3 row-wise" in note
     assert "the global batch is --batch-size (64)" in note
@@ -164,6 +168,7 @@ def test_tensor_parallel_checkpoint_resumes_under_single(
 def test_fsdp_tp_four_ranks_resume_single_and_equal_it(single: Result, fsdp_tp: Result) -> None:
     started = fsdp_tp.started
     assert started["world_size"] == 4 and started["global_batch_size"] == 64
+    assert_phases_add_up(fsdp_tp)
     assert started["start_epoch"] == 2
     [note] = [n for n in started["notes"] if n.startswith("FSDP2 + tensor parallel")]
     assert "dp 2 x tp 2" in note and "64 a step over 2 pairs" in note
