@@ -73,8 +73,10 @@ def _run(sample_data: Path, *strategy: str) -> Result:
 
 
 def phase_windows(result: Result) -> list[tuple[int, dict[str, Any]]]:
-    """(steps in the window, one rank's report) for every step event's every rank."""
-    found, before = [], 0
+    """(steps in the window, one rank's report) for every step event's every rank. Steps are
+    counted over the run: a resumed one's first window starts after its earlier epochs."""
+    started = result.started
+    found, before = [], (started["start_epoch"] - 1) * started["steps_per_epoch"]
     for event in result.of_type("step"):
         found += [(event["step"] - before, rank) for rank in event["ranks"]]
         before = event["step"]
