@@ -135,7 +135,7 @@ def split_layers_bytes(*, batch: int, ranks: int) -> float:
     input gradient in backward (batch x its in_features), float32; the plan and widths are the
     model's own."""
     model = SimpleCNN()
-    width = {"colwise": lambda layer: layer.in_features, "rowwise": lambda layer: layer.out_features}
+    width = {"colwise": lambda lin: lin.in_features, "rowwise": lambda lin: lin.out_features}
     plan = model_tensor_plan("simple-cnn", model)
     floats = sum(width[style](model.get_submodule(path)) for path, style in plan.items())
     return 2 * (ranks - 1) / ranks * 4 * batch * floats
@@ -149,7 +149,6 @@ def assert_split_layers_communicate(result: Result, *, batch: int, ranks: int) -
     for steps, rank in phase_windows(result):
         assert rank["communication_seconds"] > 0, rank
         assert steps * expected <= rank["communication_bytes"] <= steps * (expected + 64), rank
-
 
 
 @slow

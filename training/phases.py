@@ -24,9 +24,19 @@ time: reporting, checkpoint requests, the parts of a step no phase marks.
   all-reduces still running and unpacks them, is taken out of backward as communication. What
   overlaps backward is hidden, as the name says; on the CPU Gloo's threads share the rank's
   cores with backward, so hidden communication still slows backward down.
-- Collectives torch calls below Python (tensor parallel's DTensor redistributions, DDP's buffer
-  broadcast, pipeline stages' sends through the C++ API) are not seen: they stay in the phase
-  that called them.
+- Tensor parallel's DTensor redistributions call the functional collectives
+  (``torch.distributed._functional_collectives``), wrapped as well: on Gloo the op is only
+  launched and the rank blocks in ``wait_tensor`` when the result is first used, so launch and
+  wait are communication (checked with 2 ranks, one late by 0.5 s: launch 1 ms, wait 0.5 s).
+- A pipeline schedule (``torch.distributed.pipelining``) launches its stages' sends and
+  receives in batches and then waits for them: both are communication (``pipelining_time``), so
+  a stage waiting for a slow one shows there; its stage's chunks are forward and backward
+  (``method_timed``), what is left of the schedule is ``other``.
+- Collectives torch calls below Python (DDP's buffer broadcast) are not seen: they stay in the
+  phase that called them. The autograd backward of a functional collective called with
+  gradients on (DTensor does not: its own backward calls them again) has its wait timed, not its
+  bytes counted. A collective that another timed one calls (pipelining's
+  batches of ``batch_isend_irecv``, funcol's deprecated aliases) is timed, and counted once.
 
 ``communication_bytes`` are the bytes this rank sends by the ring algorithms' count, from the
 tensors handed to the collectives: an all-reduce of B bytes over N ranks sends 2(N-1)/N x B (a
