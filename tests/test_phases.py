@@ -19,7 +19,7 @@ from tests.test_training import Result, run_cli
 from training import phases
 from training.model import SimpleCNN
 from training.models import model_stages, stages_split
-from training.phases import PhaseClock
+from training.phases import CLOCK_PHASES, PhaseClock
 from training.strategies.pipeline import stage_modules
 
 SECONDS = [f"{name}_seconds" for name in PHASES]
@@ -58,6 +58,32 @@ def test_nested_phases_charge_the_innermost_and_a_hand_over_ends_in_communicatio
     assert backward == pytest.approx(0.02)  # the wait after the hand-over is not backward's
     assert communication == pytest.approx(0.05)
     assert optimizer == pytest.approx(0.01)
+
+
+def test_functional_collectives_count_by_their_group_once_and_never_fail_for_counting(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """funcol's collectives as tensor parallel calls them, on a module the test makes (no
+    process group: the groups are lists of ranks): the ring's bytes over the group's size, a
+    deprecated alias that calls the timed collective counted once, and a group the counting
+    cannot read still runs the collective."""
+    clock = PhaseClock()
+    monkeypatch.setattr(phases, "CLOCK", clock)
+    funcol = SimpleNamespace()
+    funcol.all_reduce = lambda self, op, group, tag="": self.clone()
+    funcol.all_gather_single = lambda self, dim, group, tag="": torch.cat([self] * len(group))
+    funcol.all_gather_tensor = lambda self, dim, group, tag="": funcol.all_gather_single(
+        self, dim, group, tag
+    )
+    phases.module_timed(funcol, phases.FUNCTIONAL_SENDS)
+    x = torch.zeros(10)  # 40 bytes
+    funcol.all_reduce(x, "sum", [[0, 1], [2, 3]])  # two groups of 2: 2(2-1)/2 x 40
+    assert clock.read()[-1] == 40
+    assert funcol.all_gather_tensor(x, 0, group=[0, 1, 2]).numel() == 30  # (3-1) x 40, once
+    assert clock.read()[-1] == 40 + 80
+    assert funcol.all_reduce(x, "sum", object()) is not None  # uncountable group: runs, 0 bytes
+    assert clock.read()[-1] == 120
+    assert clock.read()[CLOCK_PHASES.index("communication")] > 0
 
 
 # ---- real runs ----------------------------------------------------------------------------

@@ -316,7 +316,7 @@ def _timed(collective: F, counted: Counted) -> F:
     return timed  # type: ignore[return-value]
 
 
-def _wrap(module: Any, sends: dict[str, Counted]) -> None:
+def module_timed(module: Any, sends: dict[str, Counted]) -> None:
     """Replace ``module``'s functions named in ``sends`` by timed ones, once: callers that look
     them up as ``module.<name>`` at call time are timed and counted."""
     for name, counted in sends.items():
@@ -330,8 +330,8 @@ def collectives_time() -> None:
     caller that looks them up as ``dist.<name>`` (the strategies, FSDP2, DDP's Python hooks,
     ZeRO, DeepSpeed's comm) is timed and counted; so are the functional collectives DTensor
     calls (tensor parallel)."""
-    _wrap(dist, SENDS)
-    _wrap(funcol, FUNCTIONAL_SENDS)
+    module_timed(dist, SENDS)
+    module_timed(funcol, FUNCTIONAL_SENDS)
 
 
 # torch.distributed.pipelining.schedules: a schedule launches its stages' sends and receives in
@@ -348,7 +348,7 @@ def pipelining_time(schedules: Any) -> None:
     ``torch.distributed.pipelining.schedules``, passed by the pipeline strategy, which imports it:
     an import of seconds the other strategies do not pay)."""
     if CLOCK.enabled:
-        _wrap(schedules, PIPELINE_SENDS)
+        module_timed(schedules, PIPELINE_SENDS)
 
 
 def method_timed(owner: Any, name: str, phase_name: str) -> None:
