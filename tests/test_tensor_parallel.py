@@ -34,6 +34,7 @@ from django.test import Client
 
 from tests.test_catalogue_launch import catalogue_report, machine
 from tests.test_exactness import assert_same_parameters
+from tests.test_phases import assert_phases_add_up, phase_windows
 from tests.test_training import Result, assert_well_formed, run_cli
 from training import catalogue, cli
 from training.model import SimpleCNN
@@ -128,9 +129,33 @@ def fsdp_tp(sample_data: Path, single: Result, tmp_path_factory: pytest.TempPath
 # --- tensor-parallel over 2 ranks ---------------------------------------------------------------
 
 
+def split_layers_bytes(*, batch: int, ranks: int) -> float:
+    """What the split layers' all-reduces send a step, by the ring's 2(N-1)/N x B: the row-wise
+    layer's partial outputs in forward (batch x its out_features), the column-wise layer's
+    input gradient in backward (batch x its in_features), float32; the plan and widths are the
+    model's own."""
+    model = SimpleCNN()
+    width = {"colwise": lambda lin: lin.in_features, "rowwise": lambda lin: lin.out_features}
+    plan = model_tensor_plan("simple-cnn", model)
+    floats = sum(width[style](model.get_submodule(path)) for path, style in plan.items())
+    return 2 * (ranks - 1) / ranks * 4 * batch * floats
+
+
+def assert_split_layers_communicate(result: Result, *, batch: int, ranks: int) -> None:
+    """DTensor's functional collectives are timed (each rank waits in them) and counted: each
+    step sends the split layers' all-reduces, plus the few bytes of the ranks' own figures
+    (whether a checkpoint was requested)."""
+    expected = split_layers_bytes(batch=batch, ranks=ranks)
+    for steps, rank in phase_windows(result):
+        assert rank["communication_seconds"] > 0, rank
+        assert steps * expected <= rank["communication_bytes"] <= steps * (expected + 64), rank
+
+
 @slow
 def test_tensor_parallel_two_ranks_equal_single(single: Result, tp: Result) -> None:
     assert tp.started["world_size"] == 2 and tp.started["global_batch_size"] == 64
+    assert_phases_add_up(tp)
+    assert_split_layers_communicate(tp, batch=64, ranks=2)
     [note] = [n for n in tp.started["notes"] if n.startswith("Tensor parallel")]
     assert "classifier.1 column-wise, classifier.3 row-wise" in note
     assert "the global batch is --batch-size (64)" in note
@@ -164,6 +189,12 @@ def test_tensor_parallel_checkpoint_resumes_under_single(
 def test_fsdp_tp_four_ranks_resume_single_and_equal_it(single: Result, fsdp_tp: Result) -> None:
     started = fsdp_tp.started
     assert started["world_size"] == 4 and started["global_batch_size"] == 64
+    assert_phases_add_up(fsdp_tp)
+    # Besides FSDP2's gathers over dp (counted once, though they gather DTensors), each pair's
+    # all-reduces over tp.
+    for _, rank in phase_windows(fsdp_tp):
+        assert rank["communication_seconds"] > 0
+        assert rank["communication_bytes"] > split_layers_bytes(batch=32, ranks=2)
     assert started["start_epoch"] == 2
     [note] = [n for n in started["notes"] if n.startswith("FSDP2 + tensor parallel")]
     assert "dp 2 x tp 2" in note and "64 a step over 2 pairs" in note

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from tests.conftest import need
+from tests.test_phases import assert_phases_add_up
 from tests.test_training import (
     GPU_COUNT,
     _start,
@@ -70,6 +71,9 @@ def test_model_parallel_on_the_cpu_says_so(sample_data: Path, tmp_path: Path) ->
     ]
     assert started["devices"] == ["cpu", "cpu"]
     assert any("both stages" in n and "no parallelism" in n for n in started["notes"])
+    # One process: its phases add up to its wall time and none of it is communication.
+    assert_phases_add_up(result)
+    assert all(r["communication_seconds"] == 0 for e in result.of_type("step") for r in e["ranks"])
     assert result.finished["test_accuracy"] > ACCURACY
 
 
@@ -160,6 +164,7 @@ def test_deepspeed_zero1_on_two_cpu_ranks(sample_data: Path, tmp_path: Path) -> 
     assert started["devices"] == ["cpu", "cpu"]
     assert all(t["is_shared"] for t in started["shared_tensors"])
     assert any("ZeRO stage 1" in n for n in started["notes"])
+    assert_phases_add_up(result)
     assert result.finished["test_accuracy"] > ACCURACY
     # DeepSpeed's JIT-compiled CPU all-reduce kernel is not built (see deepspeed_zero.py).
     assert "deepspeed_shm_comm" not in result.stderr

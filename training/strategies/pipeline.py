@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, schedules
 
 from training.batching import DataShard
 from training.checkpoint import holds_torch_optimizer
@@ -46,7 +46,7 @@ from training.config import TrainConfig
 from training.data import dataset_meta
 from training.memory import tensor_bytes
 from training.models import ModelRefused, Part, model_stages, stages_split
-from training.phases import phase
+from training.phases import method_timed, phase, pipelining_time
 from training.runtime import Runtime, all_gather
 from training.strategies.common import Plan, optimizer_make
 from training.strategies.full_state import by_name, by_number
@@ -172,6 +172,11 @@ class Pipe:
         self.optimizer = optimizer
         self.first, self.last = rt.rank == 0, rt.rank == rt.world_size - 1
         stage = PipelineStage(modules[rt.rank], rt.rank, rt.world_size, rt.device)
+        # The schedule's phases (training.phases): its stage's chunks are forward and
+        # backward, its sends, receives and waits for the other stages communication.
+        method_timed(stage, "forward_one_chunk", "forward")
+        method_timed(stage, "backward_one_chunk", "backward")
+        pipelining_time(schedules)
         self.images = cfg.batch_size  # the step's real images, the loss's denominator
         self.schedule = SCHEDULES[cfg.pipeline_schedule](
             stage, n_microbatches=cfg.microbatches, loss_fn=self._loss, scale_grads=False
@@ -182,14 +187,16 @@ class Pipe:
         self.mine = [ids[id(p)] for p in modules[rt.rank].parameters()]
 
     def _loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-        """A micro-batch's share of the batch's mean loss (the shares sum to it)."""
-        summed = F.cross_entropy(output.float(), target, ignore_index=IGNORED, reduction="sum")
-        return summed / self.images
+        """A micro-batch's share of the batch's mean loss (the shares sum to it); the
+        schedule calls it after the last stage's forward chunk, so it is forward too."""
+        with phase("forward"):
+            summed = F.cross_entropy(output.float(), target, ignore_index=IGNORED, reduction="sum")
+            return summed / self.images
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         # The schedule interleaves the micro-batches' forwards and backwards with the stages'
-        # sends and receives: its time is "other" but for the sends (communication, at their
-        # launch); the optimizer's is its own.
+        # sends, receives and waits, each timed as its phase (see __init__); its bookkeeping
+        # between them is "other".
         with phase("optimizer"):
             self.optimizer.zero_grad(set_to_none=True)
         self.images = len(y)
