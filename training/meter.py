@@ -74,11 +74,13 @@ class Window:
 
     def row(self) -> list[float]:
         """This process's figures, in ROW_FIELDS order (what ranks exchange)."""
+        # The clock first: on a GPU it waits for the window's last event, so that the wall time
+        # holds the device's work its phases count, not only the host's queueing of it.
+        phases = [now - then for now, then in zip(CLOCK.read(), self.clock_start, strict=True)]
         # Compiling is reported apart: the window's throughput is that of training alone. The
         # phases add up to the whole wall time (compiling falls in forward and backward).
         wall = max(time.perf_counter() - self.started, 1e-9)
         elapsed = max(wall - self.compile_seconds, 1e-9)
-        phases = [now - then for now, then in zip(CLOCK.read(), self.clock_start, strict=True)]
         return [
             float(self.loss_sum.item()),
             float(self.steps),
