@@ -9,7 +9,8 @@ full, and the loss read at each report (``Window.row``) is where the host catche
 
 Each rank also reports where the window's wall time went (protocol 1.9): the phase clock's
 forward, backward, optimizer and communication seconds and bytes sent (``training.phases``),
-with ``data`` and ``other`` (the rest of the wall time) they add up to it.
+with ``data`` and ``other`` (the rest of the wall time) they add up to it. On a GPU the clock's
+phases are the device's time (CUDA events), read at the report, where the host catches up.
 
 With ``--compile`` a step's time spent compiling (torch.compile's own clock, read around the
 step) is taken out of its compute time and out of the window's elapsed time, and reported apart
