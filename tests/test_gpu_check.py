@@ -66,6 +66,7 @@ def test_the_device_check_runs_every_strategy_and_reads_the_machine(tmp_path: Pa
                      "fsdp-tp", "fsdp", "pipeline"):  # fmt: skip
         assert " yes " in rows[strategy] and "img/s" in rows[strategy], rows[strategy]
     assert "refused:" in rows["dp-primitives"] and "2 or more GPUs" in rows["dp-primitives"]
+    assert "phases off wall by" in rows["ddp"]  # checked on every trained row (within 5%: ok)
     # The step's and DDP's options: those needing a GPU refused without one, the rest left to
     # tests/test_step_options.py and tests/test_ddp_options.py.
     variants = {

@@ -4,6 +4,7 @@ breakdown."""
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -11,15 +12,17 @@ from typing import Any
 import pytest
 import torch
 from django.test import Client
+from torch import nn
 
 from dashboard.experiments.metrics.breakdown import PHASES, experiment_straggler
 from dashboard.experiments.models import SeriesPoint
 from dashboard.experiments.runs.sink import EventSink
-from tests.test_training import Result, run_cli
+from tests.test_training import Result, needs_cuda, run_cli
 from training import phases
 from training.model import SimpleCNN
 from training.models import model_stages, stages_split
 from training.phases import CLOCK_PHASES, PhaseClock
+from training.strategies.common import step_default
 from training.strategies.pipeline import stage_modules
 
 SECONDS = [f"{name}_seconds" for name in PHASES]
@@ -84,6 +87,127 @@ def test_functional_collectives_count_by_their_group_once_and_never_fail_for_cou
     assert funcol.all_reduce(x, "sum", object()) is not None  # uncountable group: runs, 0 bytes
     assert clock.read()[-1] == 120
     assert clock.read()[CLOCK_PHASES.index("communication")] > 0
+
+
+class _MovedTimer:
+    """A device-like timer on a timeline the test moves: its marks are the times they were taken
+    at, read (``seconds``) only after ``wait``, as a CUDA event's are."""
+
+    on_device = True
+
+    def __init__(self, now: list[float]) -> None:
+        self.now, self.waits, self.unready_reads = now, 0, 0
+        self._ready_until = -1.0
+
+    def mark(self) -> float:
+        return self.now[0]
+
+    def seconds(self, start: float, end: float) -> float:
+        self.unready_reads += end > self._ready_until  # an event not waited for yet
+        return end - start
+
+    def wait(self, last: float) -> None:
+        self.waits += 1
+        self._ready_until = last
+
+
+def _two_windows(clock: PhaseClock, spend: Any) -> list[tuple[float, ...]]:
+    """A window with nested phases and two hand-overs (the first not the last: backward goes on
+    after it), then a second window; the clock read after each."""
+    reads = []
+    with clock.phase("forward"):
+        spend(0.1)
+        with clock.phase("communication"):  # a synchronous collective inside forward (FSDP)
+            spend(0.05)
+        spend(0.02)
+    with clock.phase("backward"):
+        spend(0.2)
+        for wait in (0.3, 0.04):  # two buckets: backward computes on, then waits
+            with clock.phase("communication"):
+                spend(0.01)
+            clock.handed_over()
+            spend(wait)
+    spend(0.5)  # between phases: nobody's
+    with clock.phase("optimizer"):
+        spend(0.03)
+    reads.append(clock.read())
+    with clock.phase("backward"):
+        spend(0.1)
+        clock.handed_over()
+        with clock.phase("optimizer"):  # a phase nested after the hand-over keeps its own time
+            spend(0.01)
+        spend(0.02)
+    reads.append(clock.read())
+    return reads
+
+
+# forward, backward, optimizer, communication, bytes: the totals after each window.
+TWO_WINDOWS = [(0.12, 0.5, 0.03, 0.11, 0.0), (0.12, 0.6, 0.04, 0.13, 0.0)]
+
+
+def test_the_host_clock_and_a_device_clock_charge_one_timeline_alike(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The same timeline on the host's timer (its seconds added at once) and on a device-like
+    one (its segments kept and added up when read, after one wait for the last mark): the same
+    totals, window by window, and the device's marks are never read before they were waited
+    for."""
+    now = [100.0]
+    monkeypatch.setattr(phases, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+
+    def spend(seconds: float) -> None:
+        now[0] += seconds
+
+    host = _two_windows(PhaseClock(), spend)
+    device_timer = _MovedTimer(now)
+    device = _two_windows(PhaseClock(device_timer), spend)
+    for found in (host, device):
+        for window, expected in zip(found, TWO_WINDOWS, strict=True):
+            assert window == pytest.approx(expected)
+    assert device_timer.waits == 2 and device_timer.unready_reads == 0
+
+
+def test_a_device_clock_waits_for_nothing_until_it_is_read() -> None:
+    now = [0.0]
+    timer = _MovedTimer(now)
+    clock = PhaseClock(timer)
+    for _ in range(3):
+        with clock.phase("forward"):
+            now[0] += 1
+        with clock.phase("backward"):
+            now[0] += 2
+    assert timer.waits == 0  # phase changes queue marks only
+    assert clock.read()[:2] == (3.0, 6.0) and timer.waits == 1
+    assert clock.read()[:2] == (3.0, 6.0) and timer.waits == 1  # nothing new: no wait
+
+
+def _in_thread(clock: PhaseClock, now: list[float]) -> None:
+    def hook() -> None:  # as DDP's hook: its call, then its hand-over
+        with clock.phase("communication"):
+            now[0] += 1
+        clock.handed_over()
+
+    worker = threading.Thread(target=hook)
+    with clock.phase("backward"):
+        worker.start()
+        worker.join()
+        now[0] += 2
+
+
+def test_another_thread_keeps_time_on_a_device_clock_not_on_the_hosts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """On a GPU DDP's hooks run on autograd's device thread, their marks on the stream: they
+    count. On the CPU another thread (Gloo's) would count time the rank's own thread counts."""
+    now = [0.0]
+    monkeypatch.setattr(phases, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    device = PhaseClock(_MovedTimer(now))
+    _in_thread(device, now)
+    assert device.read() == (0.0, 0.0, 0.0, 3.0, 0.0)  # the hook's, and the wait after it
+    now[0] = 0.0
+    host = PhaseClock()
+    _in_thread(host, now)
+    assert host.read() == (0.0, 3.0, 0.0, 0.0, 0.0)  # the thread's phases were not timed
 
 
 # ---- real runs ----------------------------------------------------------------------------
@@ -203,6 +327,48 @@ def test_a_pipeline_times_its_stages_chunks_and_waits_and_counts_their_sends(
         assert steps * boundary <= rank["communication_bytes"], rank
     for steps, rank in windows[2:]:  # after the first step
         assert rank["communication_bytes"] <= steps * (boundary + 64), rank
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_a_single_run_on_cuda_times_its_phases_with_events_and_they_add_up(
+    sample_data: Path,
+) -> None:
+    result = _run(sample_data, "single", "--gpus", "0")
+    assert result.started["device"] == "cuda:0"
+    assert_phases_add_up(result)
+
+
+@pytest.mark.gpu
+@needs_cuda
+def test_phase_changes_on_cuda_never_wait_for_the_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real step on a GPU, counted in this process: no ``torch.cuda.synchronize`` at all,
+    and the clock's one wait (its last event's) comes when the meter reads it."""
+    calls = {"synchronize": 0, "event": 0}
+
+    def counted(name: str, real: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            calls[name] += 1
+            return real(*args, **kwargs)
+
+        return call
+
+    monkeypatch.setattr(torch.cuda, "synchronize", counted("synchronize", torch.cuda.synchronize))
+    monkeypatch.setattr(
+        torch.cuda.Event, "synchronize", counted("event", torch.cuda.Event.synchronize)
+    )
+    clock = PhaseClock(phases.CudaTimer())
+    monkeypatch.setattr(phases, "CLOCK", clock)  # what step_default's phases charge
+    device = torch.device("cuda:0")
+    net = nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 10)).to(device)
+    step = step_default(net, torch.optim.SGD(net.parameters(), lr=0.01))
+    x, y = torch.randn(256, 1, 28, 28, device=device), torch.randint(0, 10, (256,), device=device)
+    for _ in range(20):
+        step(x, y)
+    assert calls == {"synchronize": 0, "event": 0}
+    forward, backward, optimizer, communication, _ = clock.read()
+    assert calls == {"synchronize": 0, "event": 1}
+    assert forward > 0 and backward > 0 and optimizer > 0 and communication == 0
 
 
 # ---- the dashboard ------------------------------------------------------------------------

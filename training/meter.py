@@ -9,7 +9,8 @@ full, and the loss read at each report (``Window.row``) is where the host catche
 
 Each rank also reports where the window's wall time went (protocol 1.9): the phase clock's
 forward, backward, optimizer and communication seconds and bytes sent (``training.phases``),
-with ``data`` and ``other`` (the rest of the wall time) they add up to it.
+with ``data`` and ``other`` (the rest of the wall time) they add up to it. On a GPU the clock's
+phases are the device's time (CUDA events), read at the report, where the host catches up.
 
 With ``--compile`` a step's time spent compiling (torch.compile's own clock, read around the
 step) is taken out of its compute time and out of the window's elapsed time, and reported apart
@@ -74,11 +75,13 @@ class Window:
 
     def row(self) -> list[float]:
         """This process's figures, in ROW_FIELDS order (what ranks exchange)."""
+        # The clock first: on a GPU it waits for the window's last event, so that the wall time
+        # holds the device's work its phases count, not only the host's queueing of it.
+        phases = [now - then for now, then in zip(CLOCK.read(), self.clock_start, strict=True)]
         # Compiling is reported apart: the window's throughput is that of training alone. The
         # phases add up to the whole wall time (compiling falls in forward and backward).
         wall = max(time.perf_counter() - self.started, 1e-9)
         elapsed = max(wall - self.compile_seconds, 1e-9)
-        phases = [now - then for now, then in zip(CLOCK.read(), self.clock_start, strict=True)]
         return [
             float(self.loss_sum.item()),
             float(self.steps),

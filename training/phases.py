@@ -50,9 +50,16 @@ all-reduces take).
 DDP keeps its C++ all-reduce, and reports carry no phases. ``python -m training.bench phases``
 measures what the clock costs against that.
 
-On a GPU the host's clock would read the time to queue the work: each phase change there waits
-for the device (``torch.cuda.synchronize``), which costs the overlap of consecutive kernels
-across a phase boundary. CUDA events would keep it (left for later).
+How time is taken (``PhaseClock``'s timer): on the CPU each phase change reads the host's clock
+and the seconds are added up at once. On a GPU the host's clock would read the time to queue the
+work, and waiting for the device at each phase change would cost the overlap of kernels across a
+phase boundary: there each phase change records a CUDA event on the current stream instead, and
+the segments between events are added up when the meter reads the clock (once a window), after
+one wait for the last event. DDP's hooks run on autograd's device thread there; their events go
+on the stream in its order, so that thread keeps time too (on the CPU, Gloo's threads do not:
+their time overlaps the rank's own). The hand-over works on the segments: the phase's time after
+a hand-over is held apart until the next hand-over (it was the phase's own) or the phase's end
+(it was waiting for the last one: communication).
 """
 
 from __future__ import annotations
@@ -62,7 +69,8 @@ import functools
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any, Final, TypeVar
+from threading import get_ident
+from typing import Any, Final, Protocol, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -73,72 +81,191 @@ from torch.distributed.device_mesh import DeviceMesh
 CLOCK_PHASES: Final = ("forward", "backward", "optimizer", "communication")
 # Every phase a report gives, in the order they are shown.
 PHASES: Final = ("data", *CLOCK_PHASES, "other")
+# The label of a phase's time after a hand-over, until it is known whether that hand-over was
+# the last (then it is communication) or not (then it is the phase's own).
+_TAIL: Final = "tail"
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+class HostTimer:
+    """Marks are the host's clock: a segment's seconds are known at once."""
+
+    on_device = False
+
+    def mark(self) -> float:
+        return time.perf_counter()
+
+    def seconds(self, start: float, end: float) -> float:
+        return end - start
+
+    def wait(self, last: float) -> None:
+        """Nothing to wait for: the host's time has passed."""
+
+
+class CudaTimer:
+    """Marks are CUDA events on the current stream: a segment is the device's time between two
+    points of the stream, known once the device got there (``wait``)."""
+
+    on_device = True
+
+    def mark(self) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
+        return float(start.elapsed_time(end)) / 1000  # milliseconds
+
+    def wait(self, last: torch.cuda.Event) -> None:
+        last.synchronize()
+
+
+class Timer(Protocol):
+    """What the clock marks phase changes with (a test drives its own)."""
+
+    on_device: bool  # marks are read later, after ``wait``, from any thread (PhaseClock)
+
+    def mark(self) -> Any: ...
+
+    def seconds(self, start: Any, end: Any) -> float: ...
+
+    def wait(self, last: Any) -> None: ...
+
+
+class _Phase:
+    """``with`` one phase on a clock. One per phase name, made once: entering costs no
+    allocation, and the clock's stack, not this object, holds what is open (so it nests)."""
+
+    __slots__ = ("clock", "name")
+
+    def __init__(self, clock: PhaseClock, name: str) -> None:
+        self.clock, self.name = clock, name
+
+    def __enter__(self) -> None:
+        self.clock.enter(self.name)
+
+    def __exit__(self, *exc: object) -> None:
+        self.clock.leave()
+
+
 class PhaseClock:
-    """Seconds per phase (innermost phase charged) and bytes sent, in this process. Only the
-    thread that made it keeps time (collectives called from Gloo's threads add their bytes)."""
+    """Seconds per phase (innermost phase charged) and bytes sent, in this process.
 
-    def __init__(self) -> None:
-        self.totals = dict.fromkeys(CLOCK_PHASES, 0.0)
+    Each phase change takes a mark of ``timer``; the time between two marks (a segment) is
+    charged to the phase open between them. A host timer's segments are added up at once; a
+    device timer's are kept and added up when the clock is read (the meter reads it once a
+    window), after one wait for the last mark: a phase change never waits for the device.
+
+    On the host, only the thread that made the clock keeps time (collectives called from Gloo's
+    threads add their bytes only: their time overlaps the rank's own). On a device, marks go on
+    the stream, whose order is what counts, so any thread keeps time (DDP's hooks run on
+    autograd's device thread); the lock keeps the stack and the segments whole."""
+
+    def __init__(self, timer: Timer | None = None) -> None:
         self.sent_bytes = 0
-        self.synchronize: Callable[[], None] | None = None  # on a GPU: wait for the device
         self.enabled = True  # False: --no-phases (clock_off)
-        self._stack: list[str] = []
-        self._since = time.perf_counter()
-        self._owner = threading.get_ident()
         self._lock = threading.Lock()
-        # (when, depth): DDP's last bucket was handed to its all-reduce at that stack depth.
-        self._handed: tuple[float, int] | None = None
+        self._owner = get_ident()
+        self._contexts = {name: _Phase(self, name) for name in CLOCK_PHASES}
+        self.timer_use(timer or HostTimer())
 
-    def _charge(self) -> float:
-        if self.synchronize is not None:
-            self.synchronize()
-        now = time.perf_counter()
-        if self._stack:
-            self.totals[self._stack[-1]] += now - self._since
-        self._since = now
-        return now
+    def timer_use(self, timer: Timer) -> None:
+        """Keep time with ``timer`` from here on (from zero)."""
+        self.timer = timer
+        self.totals = dict.fromkeys((*CLOCK_PHASES, _TAIL), 0.0)
+        self._on_device = timer.on_device
+        self._stack: list[str] = []
+        self._since: Any = None  # the last phase change's mark
+        self._segments: list[tuple[Any, Any, str]] = []  # a device's, not added up yet
+        self._tail: list[tuple[Any, Any]] = []  # a device's segments labelled _TAIL
+        # (stack index, phase): that phase's time is _TAIL since a hand-over (handed_over).
+        self._handed: tuple[int, str] | None = None
 
-    @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        if threading.get_ident() != self._owner:
-            yield
-            return
+    def phase(self, name: str) -> _Phase:
+        return self._contexts[name]
+
+    def _keeps_time(self) -> bool:
+        return self._on_device or get_ident() == self._owner
+
+    # enter and leave are what each phase costs: on the host no lock is taken (one thread).
+    def enter(self, name: str) -> None:
+        if self._on_device:
+            with self._lock:
+                self._charge()
+                self._stack.append(name)
+        elif get_ident() == self._owner:
+            self._charge()
+            self._stack.append(name)
+
+    def leave(self) -> None:
+        if self._on_device:
+            with self._lock:
+                self._leave()
+        elif get_ident() == self._owner:
+            self._leave()
+
+    def _leave(self) -> None:
         self._charge()
-        self._stack.append(name)
-        try:
-            yield
-        finally:
-            now = self._charge()
-            self._stack.pop()
-            self._handover_settle(now, name)
+        if self._stack.pop() == _TAIL:  # the phase ended after its last hand-over
+            self._tail_settle("communication")
+
+    def _charge(self) -> None:
+        """A phase change: the segment since the last one is the innermost phase's."""
+        now = self.timer.mark()
+        if self._stack:
+            if self._on_device:
+                self._keep(self._since, now, self._stack[-1])
+            else:  # the host's: its seconds at once
+                self.totals[self._stack[-1]] += self.timer.seconds(self._since, now)
+        self._since = now
+
+    def _keep(self, start: Any, end: Any, label: str) -> None:
+        """A device's segment, added up when the clock is read."""
+        if label == _TAIL:
+            self._tail.append((start, end))
+        else:
+            self._segments.append((start, end, label))
 
     def handed_over(self) -> None:
-        """Asynchronous communication was handed over: until the enclosing phase ends, what it
-        does is waiting for it (DDP's reducer, after its last bucket)."""
-        if threading.get_ident() == self._owner:
-            self._handed = (time.perf_counter(), len(self._stack))
-
-    def _handover_settle(self, now: float, name: str) -> None:
-        if self._handed is None or self._handed[1] != len(self._stack) + 1:
+        """Asynchronous communication was handed over: if no other hand-over follows before the
+        enclosing phase ends, what that phase does from here is waiting for it (DDP's reducer,
+        after its last bucket, waits for the all-reduces still running)."""
+        if not self._keeps_time():
             return
-        tail = min(now - self._handed[0], self.totals[name])
-        self.totals[name] -= tail
-        self.totals["communication"] += tail
+        with self._lock:
+            self._charge()
+            if self._handed is not None:  # the one before was not the last
+                index, name = self._handed
+                self._stack[index] = name
+                self._tail_settle(name)
+            if self._stack:
+                self._handed = (len(self._stack) - 1, self._stack[-1])
+                self._stack[-1] = _TAIL
+
+    def _tail_settle(self, label: str) -> None:
+        """What was charged as _TAIL is ``label``'s."""
         self._handed = None
+        self.totals[label] += self.totals[_TAIL]
+        self.totals[_TAIL] = 0.0
+        if self._tail:
+            self._segments += [(start, end, label) for start, end in self._tail]
+            self._tail.clear()
 
     def sent(self, count: float) -> None:
         with self._lock:
             self.sent_bytes += int(count)
 
     def read(self) -> tuple[float, ...]:
-        """The totals so far, CLOCK_PHASES order, then the bytes sent: a window subtracts two."""
+        """The totals so far, CLOCK_PHASES order, then the bytes sent: a window subtracts two.
+        A device's segments are added up here, after waiting for the last one."""
         with self._lock:
-            sent = self.sent_bytes
-        return (*(self.totals[name] for name in CLOCK_PHASES), float(sent))
+            if self._segments:
+                self.timer.wait(self._since)  # the last mark: the others are before it
+                for start, end, label in self._segments:
+                    self.totals[label] += self.timer.seconds(start, end)
+                self._segments.clear()
+            return (*(self.totals[name] for name in CLOCK_PHASES), float(self.sent_bytes))
 
 
 CLOCK = PhaseClock()
@@ -158,8 +285,8 @@ def clock_off() -> None:
 
 
 def clock_for(device: torch.device) -> None:
-    """Phase changes wait for a GPU's queue (host timers would read the time to queue)."""
-    CLOCK.synchronize = torch.cuda.synchronize if device.type == "cuda" else None
+    """On a GPU the phases are CUDA events' (host timers would read the time to queue)."""
+    CLOCK.timer_use(CudaTimer() if device.type == "cuda" else HostTimer())
 
 
 # --- what each collective sends (ring algorithms) ---------------------------------------------
