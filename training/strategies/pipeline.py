@@ -181,6 +181,9 @@ class Pipe:
         self.schedule = SCHEDULES[cfg.pipeline_schedule](
             stage, n_microbatches=cfg.microbatches, loss_fn=self._loss, scale_grads=False
         )
+        # The first step sets the stages up: a forward on the meta device each, their output
+        # shapes passed on (forward, not the schedule's bookkeeping: it would swell "other").
+        method_timed(self.schedule, "_initialize_stage", "forward")
         # The whole model's parameter names, in its optimizer's order, and this stage's.
         self.names = [name for name, _ in model.named_parameters()]
         ids = {id(p): name for name, p in model.named_parameters()}
