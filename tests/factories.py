@@ -5,11 +5,16 @@ from __future__ import annotations
 import dataclasses
 import json
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import pytest
 from django.test import Client
 
+from dashboard.experiments.core.transitions import Outcome
+from dashboard.experiments.models import Status
+from dashboard.experiments.runs.lifecycle import run_finish
+from dashboard.experiments.runs.sink import EventSink
 from dashboard.experiments.templatetags import page_facts
 from training import registry
 from training.registry import StrategyOption, option_strategies
@@ -64,6 +69,17 @@ def reader_attach(option: StrategyOption, monkeypatch: pytest.MonkeyPatch) -> st
 def logged_in(user: Any) -> Client:
     client = Client()
     client.force_login(user)
+    return client
+
+
+def asked_then_ended(run: Any, ask: Callable[[Client, Any], Any]) -> Client:
+    """A running ``run`` that its owner asked something of (``ask`` posts the request: a
+    checkpoint, a profile; answered 202), ended (succeeded) before any rank answered. The owner's
+    client comes back, to read what is left of the request."""
+    client = logged_in(run.owner)
+    assert ask(client, run).status_code == 202
+    run.refresh_from_db()
+    run_finish(experiment=run, sink=EventSink(run), outcome=Outcome(Status.SUCCEEDED))
     return client
 
 

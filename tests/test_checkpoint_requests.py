@@ -17,20 +17,12 @@ import pytest
 from django.test import Client
 
 from dashboard.accounts.models import ApiToken
-from dashboard.experiments.core.transitions import Outcome
-from dashboard.experiments.models import Experiment, Status
-from dashboard.experiments.runs.lifecycle import run_finish
+from dashboard.experiments.models import Experiment
 from dashboard.experiments.runs.processes import process_in_tree_signal
-from dashboard.experiments.runs.sink import EventSink
+from tests.factories import asked_then_ended, logged_in
 from tests.stack import wait_for
 
 pytestmark = pytest.mark.django_db
-
-
-def logged_in(user: Any) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def ask(client: Client, run: Experiment, **headers: str) -> Any:
@@ -124,12 +116,8 @@ def test_run_page_offers_checkpoint_now_while_running(
 def test_a_request_the_run_ended_before_answering_is_dropped(
     user_factory: Any, experiment_factory: Any
 ) -> None:
-    alice = user_factory()
-    run = experiment_factory(owner=alice, status="running", attempt=1)
-    assert ask(logged_in(alice), run).status_code == 202
-    run.refresh_from_db()
-    run_finish(experiment=run, sink=EventSink(run), outcome=Outcome(Status.SUCCEEDED))
-    body = logged_in(alice).get(f"/api/experiments/{run.pk}/").json()
+    run = experiment_factory(owner=user_factory(), status="running", attempt=1)
+    body = asked_then_ended(run, ask).get(f"/api/experiments/{run.pk}/").json()
     assert body["status"] == "succeeded" and body["checkpoint_requested"] is False
 
 

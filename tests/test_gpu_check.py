@@ -1,13 +1,18 @@
 """``.ci/gpu-check``, the prepared device check, tried on the CPU so that it cannot rot between
-the rare sessions that are lent a GPU machine (one batch per epoch; GPU-only strategies must be
-refused with their reason, as the form and the CLI refuse them)."""
+the rare sessions that are lent a GPU machine: every row's command checked by training's own CLI
+for the CPU and for GPU machines (without training: each strategy is trained by its own tests),
+and a few rows run for real (one batch per epoch; GPU-only strategies must be refused with their
+reason, as the form and the CLI refuse them)."""
 
 from __future__ import annotations
 
+import contextlib
 import importlib.machinery
 import importlib.util
+import io
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,8 +21,10 @@ from types import ModuleType
 import pytest
 
 from tests.conftest import need
+from training import cli
 from training import data as training_data
-from training.registry import OPTIONS_DECLARED
+from training.config import build_parser, parse_args
+from training.registry import OPTIONS_DECLARED, STRATEGY_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / ".ci" / "gpu-check"
@@ -45,40 +52,112 @@ def fashion_installed() -> bool:
     )
 
 
-@pytest.mark.slow  # every strategy trained once (about 300 s on a loaded 2-core machine)
-def test_the_device_check_runs_every_strategy_and_reads_the_machine(tmp_path: Path) -> None:
-    """Slow (210 s on a loaded 2-core machine): one new interpreter per strategy, each importing
-    torch and starting its own processes (ranks, workers), one batch per epoch of Fashion-MNIST,
-    then the engine benchmark: the CPU trial of what a GPU machine runs."""
+# The GPU counts whose plans are checked without GPUs: none (this machine), one, a pair, and the
+# counts where fsdp-tp's 2-D mesh fits.
+PLANNED_GPUS = (0, 1, 2, 4, 8)
+# The rows trained for real: one process, and torchrun's ranks (rank 0 reporting). Their GPU-only
+# variants are refused by the CLI in a process of their own, which the check counts as expected.
+TRAINED = ("single", "ddp")
+
+
+def planned_rows(gpus: int) -> list[tuple[str, list[str], str]]:
+    """Every row the script plans on a machine with ``gpus`` GPUs: (label, the arguments of
+    ``python -m training``, what is expected), each strategy's then each variant's."""
+    data = Path("/data")  # read by no check below: the CLI looks only at --data-path
+    rows = []
+    for strategy in gpu_check.STRATEGIES:
+        args, expected = gpu_check.strategy_args(strategy, gpus)
+        rows.append((strategy, strategy, args, expected))
+    for label, strategy, flags in gpu_check.VARIANTS:
+        args, expected = gpu_check.variant_args(strategy, flags, gpus)
+        rows.append((label, strategy, args, expected))
+    return [
+        (label, gpu_check.training_argv(strategy, label, args, data, True), expected)
+        for label, strategy, args, expected in rows
+    ]
+
+
+def cli_refusal(argv: list[str], *, gpus: int, monkeypatch: pytest.MonkeyPatch) -> str | None:
+    """What ``python -m training argv`` says before it trains, on a machine with ``gpus`` GPUs
+    (torch's count is the one thing faked: the machine is outside the test); None where it
+    would go on to train."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    parser = build_parser()
+    said = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(said):
+            cli.validate_config(parse_args(argv, parser), parser)
+    except SystemExit:
+        return said.getvalue().strip().splitlines()[-1]
+    return None
+
+
+def test_the_plan_has_every_strategy_and_each_row_is_a_command_the_cli_takes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Without training: on the CPU and on machines of 1 to 8 GPUs, each row the script would
+    run is parsed and checked by training's own CLI (its parser, the registry's refusals, the
+    machine's GPU count): a row planned to train passes, a row planned to be refused is refused
+    for want of GPUs (the script's verdict reads "GPU" in the message), so a plan that a GPU
+    machine would refuse fails here first."""
+    assert sorted(gpu_check.STRATEGIES) == sorted(STRATEGY_NAMES)
+    for gpus in PLANNED_GPUS:
+        for label, argv, expected in planned_rows(gpus):
+            if expected in ("skipped", "not installed"):
+                continue
+            refusal = cli_refusal(argv, gpus=gpus, monkeypatch=monkeypatch)
+            where = f"{label} on {gpus} GPU(s): {' '.join(argv)}"
+            if expected == "trains":
+                assert refusal is None, f"{where}: {refusal}"
+            else:
+                assert expected == "refused" and refusal and "GPU" in refusal, (where, refusal)
+            if (label, gpus) == ("dp-primitives", 0):
+                assert refusal and "2 or more GPUs" in refusal, refusal
+    # Deepspeed is tried where it is installed, as the CLI would run it.
+    deepspeed = gpu_check.strategy_args("deepspeed", 0)[1]
+    assert (deepspeed == "trains") == cli.deepspeed_available()
+
+
+@pytest.mark.slow  # two strategies trained, their variants refused or skipped, the benchmark
+def test_the_device_check_runs_and_reads_the_machine(tmp_path: Path) -> None:
+    """The script run as on a GPU machine, for the strategies of ``TRAINED`` (every other row's
+    command is checked by the test above; each strategy is trained by its own tests): one new
+    interpreter per row, one batch of Fashion-MNIST, then the engine benchmark and the machine's
+    facts, written in the summary's format."""
     need(fashion_installed(), "Debian's dataset-fashion-mnist package is not installed")
     out = tmp_path / "out"
     proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "run", "--dry-run", "--out", str(out)],
+        [sys.executable, str(SCRIPT), "run", "--dry-run", "--out", str(out), "--strategies",
+         ",".join(TRAINED)],
         capture_output=True, text=True, cwd=ROOT, timeout=600,
         env={**os.environ, "TMPDIR": str(tmp_path)},
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    summary = (out / "summary.txt").read_text()
-    rows = {line.split()[0]: line for line in summary.splitlines()[3:14]}
-    assert set(rows) == {"single", "dp", "ddp", "dp-primitives", "model-parallel", "hogwild",
-                         "deepspeed", "tensor-parallel", "fsdp-tp", "fsdp", "pipeline"}  # fmt: skip
-    for strategy in ("single", "dp", "ddp", "model-parallel", "hogwild", "tensor-parallel",
-                     "fsdp-tp", "fsdp", "pipeline"):  # fmt: skip
-        assert " yes " in rows[strategy] and "img/s" in rows[strategy], rows[strategy]
-    assert "refused:" in rows["dp-primitives"] and "2 or more GPUs" in rows["dp-primitives"]
-    assert "phases off wall by" in rows["ddp"]  # checked on every trained row (within 5%: ok)
+    summary = (out / "summary.txt").read_text().splitlines()
+    assert summary[0].startswith("gpu-check: 0 GPU(s); python ")
+    assert summary[2].split() == ["strategy", "ok", "wall", "s", "devices", "result"]
+    variants = [label for label, strategy, _ in gpu_check.VARIANTS if strategy in TRAINED]
+    table = summary[3 : 3 + len(TRAINED) + len(variants)]
+    rows = {line.split()[0]: line for line in table}
+    assert list(rows) == [*TRAINED, *variants]
+    for strategy in ("single", "ddp"):
+        row = rows[strategy]  # the phases checked on every trained row (within 5%: ok)
+        assert re.search(r" yes +\d+\.\d +cpu[\w,]* +[\d,]+ img/s, accuracy [01]\.\d{4}, "
+                         r"phases off wall by \d+\.\d%$", row), row  # fmt: skip
     # The step's and DDP's options: those needing a GPU refused without one, the rest left to
     # tests/test_step_options.py and tests/test_ddp_options.py.
-    variants = {
-        line.split()[0]: line for line in summary.splitlines()[14 : 14 + len(gpu_check.VARIANTS)]
-    }
-    assert set(variants) == {label for label, _, _ in gpu_check.VARIANTS}
-    assert "refused:" in variants["ddp/fp16"] and "GPUs only" in variants["ddp/fp16"]
-    assert "refused:" in variants["ddp/hook-bf16"] and "Gloo" in variants["ddp/hook-bf16"]
-    assert " yes " in variants["single/compile"] and "skipped: no GPU" in variants["single/compile"]
-    assert " yes " in variants["ddp/powersgd"] and "skipped: no GPU" in variants["ddp/powersgd"]
+    assert "refused:" in rows["ddp/fp16"] and "GPUs only" in rows["ddp/fp16"]
+    assert "refused:" in rows["ddp/hook-bf16"] and "Gloo" in rows["ddp/hook-bf16"]
+    assert " yes " in rows["single/compile"] and "skipped: no GPU" in rows["single/compile"]
+    assert " yes " in rows["ddp/powersgd"] and "skipped: no GPU" in rows["ddp/powersgd"]
     assert proc.stdout.strip().splitlines()[-1] == "gpu-check: all as expected"
-    assert "engine ratio:" in summary
+    # The engine benchmark's two workloads, as its defaults run them (tests/test_bench.py runs
+    # each alone).
+    assert any(line.startswith("imagefolder ratio:") for line in summary)
+    assert any(line.startswith("engine ratio:") for line in summary)
     facts = json.loads((out / "facts.json").read_text())
     assert facts["cpu_count"] >= 1 and facts["torch"]["distributed_backends"]["gloo"]
     assert f"device page (NVML, as a worker reads it): {facts['gpu_status']}" in summary

@@ -19,20 +19,12 @@ from django.test import Client
 
 from dashboard.accounts.models import ApiToken
 from dashboard.experiments.core.profiles import profiles_dir
-from dashboard.experiments.core.transitions import Outcome
-from dashboard.experiments.models import Experiment, Profile, ProfileState, Status
-from dashboard.experiments.runs.lifecycle import run_finish
+from dashboard.experiments.models import Experiment, Profile, ProfileState
 from dashboard.experiments.runs.profiles import profile_event_store, profiles_prune
-from dashboard.experiments.runs.sink import EventSink
+from tests.factories import asked_then_ended, logged_in
 from tests.stack import Stack, wait_for
 from tests.test_browser import browser, log_in, page  # noqa: F401 - the browser's fixtures
 from training.trace_summary import overlap_of
-
-
-def logged_in(user: Any) -> Client:
-    client = Client()
-    client.force_login(user)
-    return client
 
 
 def ask(client: Client, run: Experiment, body: Any = None, **headers: str) -> Any:
@@ -271,12 +263,9 @@ def test_deleting_the_run_deletes_its_profiles_files(
 def test_a_profile_in_flight_fails_when_the_attempt_ends(
     user_factory: Any, experiment_factory: Any
 ) -> None:
-    alice = user_factory()
-    run = experiment_factory(owner=alice, status="running", attempt=1)
-    assert ask(logged_in(alice), run).status_code == 202
-    run.refresh_from_db()
-    run_finish(experiment=run, sink=EventSink(run), outcome=Outcome(Status.SUCCEEDED))
-    latest = logged_in(alice).get(f"/api/experiments/{run.pk}/profiles/latest/").json()
+    run = experiment_factory(owner=user_factory(), status="running", attempt=1)
+    client = asked_then_ended(run, ask)
+    latest = client.get(f"/api/experiments/{run.pk}/profiles/latest/").json()
     assert latest["profile"]["state"] == "failed" and latest["profile"]["in_flight"] is False
     assert "stopped (succeeded) before every rank" in latest["profile"]["state_text"]
 

@@ -40,7 +40,7 @@ def main(argv: Sequence[str] | None = None, *, events_stream: IO[str] | None = N
     os.environ.setdefault("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     parser = build_parser()
     cfg = parse_args(argv, parser)
-    cfg = _validate(cfg, parser)
+    cfg = validate_config(cfg, parser)
     # Early, so that a SIGTERM at any point from here on runs the finally blocks below.
     _exit_on_sigterm()
     # Before `started` names this process as the one to ask: SIGUSR1 would otherwise kill it.
@@ -90,7 +90,7 @@ def main(argv: Sequence[str] | None = None, *, events_stream: IO[str] | None = N
         runtime.stop(rt)
 
 
-def _validate(cfg: TrainConfig, parser: argparse.ArgumentParser) -> TrainConfig:
+def validate_config(cfg: TrainConfig, parser: argparse.ArgumentParser) -> TrainConfig:
     """Refusals before training starts; each ends in parser.error (exit status 2).
 
     The strategy's own rules come from the registry (the dashboard refuses the same), the
