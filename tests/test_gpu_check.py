@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -163,6 +164,40 @@ def test_the_device_check_runs_and_reads_the_machine(tmp_path: Path) -> None:
     assert f"device page (NVML, as a worker reads it): {facts['gpu_status']}" in summary
     # Every run's own output is kept for the note.
     assert "===== -m training --strategy ddp" in (out / "gpu-check.log").read_text()
+
+
+def _full_epoch_events(images: int, batch: int, interval: int, step_s: float) -> list[Any]:
+    """One rank's events of a full epoch whose phases add up to its wall time exactly, as the
+    meter reports them: a step event at step 1, every ``interval`` steps and at the epoch's end,
+    images/s from the window's real images (its last batch short where ``batch`` does not
+    divide ``images``)."""
+    sizes = [batch] * (images // batch) + ([images % batch] if images % batch else [])
+    marks = sorted({1, *range(interval, len(sizes), interval), len(sizes)})
+    events: list[Any] = [{"type": "started", "batch_size": batch, "accumulate": 1,
+                          "steps_per_epoch": len(sizes)}]  # fmt: skip
+    before = 0
+    for mark in marks:
+        elapsed = (mark - before) * step_s
+        rank = {f"{name}_seconds": 0.0 for name in gpu_check.PHASE_NAMES}
+        rank["other_seconds"] = elapsed  # hogwild's: no phase marked, all of it other
+        rank["images_per_second"] = sum(sizes[before:mark]) / elapsed
+        events.append({"type": "step", "step": mark, "ranks": [rank]})
+        before = mark
+    return events
+
+
+def test_a_full_epochs_short_last_batch_is_not_a_phases_gap() -> None:
+    """What a GPU machine runs (full epochs, not --dry-run): hogwild's 4 processes take 60,000
+    images in global batches of 256, so each one's last window is 5 steps of which the last has
+    24 images; phases that add up exactly must pass there, and a window whose phases overshoot
+    its wall must still fail."""
+    events = _full_epoch_events(60000 // 4, 64, 10, step_s=0.01)
+    gap = gpu_check.phases_gap(events)
+    assert gap is not None and gap <= gpu_check.PHASES_WITHIN, gap
+    over = events[2]["ranks"][0]  # a whole window: 10% more phases than its wall
+    wall = over["other_seconds"]
+    over["forward_seconds"] = 0.1 * wall
+    assert gpu_check.phases_gap(events) == pytest.approx((0.1 * wall - 0.001) / wall)
 
 
 def test_ddp_option_rows_beside_plain_ddp_refused_or_run_by_the_gpus() -> None:

@@ -210,6 +210,30 @@ def test_another_thread_keeps_time_on_a_device_clock_not_on_the_hosts(
     assert host.read() == (0.0, 3.0, 0.0, 0.0, 0.0)  # the thread's phases were not timed
 
 
+def test_a_cuda_clock_marks_the_runs_device_not_the_current_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A one-process run on the second GPU (``--gpus 1``) keeps GPU 0 as torch's current
+    device: its marks must go on its own device's stream (faked here: no GPU needed)."""
+    recorded: list[Any] = []
+
+    class Event:
+        def __init__(self, enable_timing: bool = False) -> None:
+            assert enable_timing
+
+        def record(self, stream: Any = None) -> None:
+            recorded.append(stream)
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: ("stream", device))
+    clock = PhaseClock()
+    monkeypatch.setattr(phases, "CLOCK", clock)
+    phases.clock_for(torch.device("cuda", 1))
+    with clock.phase("forward"):
+        pass
+    assert recorded == [("stream", torch.device("cuda", 1))] * 2
+
+
 # ---- real runs ----------------------------------------------------------------------------
 
 

@@ -104,14 +104,20 @@ class HostTimer:
 
 
 class CudaTimer:
-    """Marks are CUDA events on the current stream: a segment is the device's time between two
-    points of the stream, known once the device got there (``wait``)."""
+    """Marks are CUDA events on ``device``'s current stream: a segment is the device's time
+    between two points of the stream, known once the device got there (``wait``). The run's
+    device, not the thread's current one: a one-process run placed on another GPU than the
+    first (``--gpus 1``) never calls ``torch.cuda.set_device``, and events on GPU 0's idle
+    stream would time the host's queueing (and open a context on a GPU the run was not given)."""
 
     on_device = True
 
+    def __init__(self, device: torch.device | None = None) -> None:
+        self.device = device
+
     def mark(self) -> torch.cuda.Event:
         event = torch.cuda.Event(enable_timing=True)
-        event.record()
+        event.record(torch.cuda.current_stream(self.device))
         return event
 
     def seconds(self, start: torch.cuda.Event, end: torch.cuda.Event) -> float:
@@ -286,7 +292,7 @@ def clock_off() -> None:
 
 def clock_for(device: torch.device) -> None:
     """On a GPU the phases are CUDA events' (host timers would read the time to queue)."""
-    CLOCK.timer_use(CudaTimer() if device.type == "cuda" else HostTimer())
+    CLOCK.timer_use(CudaTimer(device) if device.type == "cuda" else HostTimer())
 
 
 # --- what each collective sends (ring algorithms) ---------------------------------------------
