@@ -29,7 +29,7 @@ def test_a_killed_worker_loses_the_run_which_resumes_on_both_machines(cluster: C
     machines; between them the heartbeat bound and the reaper pass before the loss is seen, then
     the second attempt resumes from epoch 1's checkpoint and trains to the end. FSDP2, so that a
     sharded model and optimizer, gathered into the checkpoint, resume across machines (DDP's
-    loss and resume are the machines benchmark's last run, tests/test_machines.py)."""
+    loss and resume are the machines benchmark's last run, below)."""
     second = cluster.network.machines[1]
     pk = launch(cluster, name="worker killed", epochs=2, strategy="fsdp")
 

@@ -30,6 +30,9 @@ STEPS, INTERVAL = 12, 6
 # The phases must explain the wall time: what no phase marks (``other``) stays under this share
 # (about 0.5% measured; the bound leaves room for a preemption on shared cores).
 OTHER_AT_MOST = 0.25
+# ... plus one preemption's worth of seconds: a one-step window lasts ~50 ms, and with four test
+# workers on 2 cores the scheduler can take a rank off its core between two phases.
+OTHER_SLACK_S = 0.025
 
 
 # ---- the clock ----------------------------------------------------------------------------
@@ -271,7 +274,7 @@ def assert_phases_add_up(result: Result) -> None:
         wall = min(wall, total) if ends_epoch else wall
         assert all(rank[name] >= 0 for name in SECONDS), rank
         assert abs(total - wall) <= 0.03 * wall + 0.002, (rank, wall)
-        assert rank["other_seconds"] <= OTHER_AT_MOST * wall, (rank, wall)
+        assert rank["other_seconds"] <= OTHER_AT_MOST * wall + OTHER_SLACK_S, (rank, wall)
         assert rank["forward_seconds"] > 0 and rank["backward_seconds"] > 0, rank
 
 
