@@ -37,12 +37,13 @@ worker: setup
 # PostgreSQL server the tests start themselves (tests/conftest.py's --database); one alone:
 # `.venv/bin/pytest` or `.venv/bin/pytest --database=postgres`.
 # Each pass prints its 25 slowest tests and its wall time (a test over 2 minutes says why in its
-# docstring). Each runs in four pytest-xdist workers on any machine, a test file to a worker (its
-# module's stack and machines stay together): most of the stack's tests wait on heartbeats,
-# rendezvous and process start-up, so even 2 cores keep four busy (two workers left the cores
-# idle much of a pass). Every worker has its own home, test database, ports and namespace names
-# (tests/conftest.py, tests/netns.py). TEST_WORKERS=0: one process.
-TEST_WORKERS ?= 4
+# docstring). Each runs in two pytest-xdist workers, a test file to a worker (its module's stack
+# and machines stay together): most of the stack's tests wait on heartbeats, rendezvous and process
+# start-up, so a pass takes about half its one-process time on 2 cores. Four workers were tried
+# (2026-12-04): the 2 cores sat at 100% from the pass's first minute and it went no faster, so
+# the pass is bound by the CPU its trainings take, not by waiting. Every worker has its own home,
+# test database, ports and namespace names (tests/conftest.py, tests/netns.py).
+TEST_WORKERS ?= 2
 # The files go longest first (tests/file_order.py, from tests/durations.json), not xdist's
 # most-tests-first, so that both workers end together.
 XDIST = --dist loadfile --no-loadscope-reorder
