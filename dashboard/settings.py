@@ -80,6 +80,14 @@ TEMPLATES = [
 ASGI_APPLICATION = "dashboard.asgi.application"
 
 
+# Per-session server settings (libpq's "options"): probe an idle client after 10 s, drop it after
+# two unanswered probes or 10 s of unacknowledged data.
+SERVER_KEEPALIVES = (
+    "-c tcp_keepalives_idle=10 -c tcp_keepalives_interval=5 -c tcp_keepalives_count=2 "
+    "-c tcp_user_timeout=10000"
+)
+
+
 def database_settings(url: str) -> dict[str, Any]:
     """Django's settings for the database at `url` (DATABASE_URL's form); the tests' PostgreSQL
     pass (tests/conftest.py) builds its settings here too, so it runs what production runs."""
@@ -98,6 +106,7 @@ def database_settings(url: str) -> dict[str, Any]:
         # A worker whose machine drops off the network must see its queries fail within
         # seconds, not after TCP's ~15 minutes of retries: its supervisor then ends its part of
         # a multi-node run (runner.py), which the other machines have given up by then.
+        url_options = database.get("OPTIONS", {})
         database["OPTIONS"] = {
             "connect_timeout": 10,
             "tcp_user_timeout": 10000,  # ms unacknowledged before the connection is dropped
@@ -106,7 +115,11 @@ def database_settings(url: str) -> dict[str, Any]:
             "keepalives_interval": 5,
             "keepalives_count": 2,
             # What the URL itself asks for (?sslmode=require, sslrootcert, ...) wins.
-            **database.get("OPTIONS", {}),
+            **url_options,
+            # The same bounds on the server's end of the session: a worker cut off inside a
+            # transaction (update_or_create, a claim's row locks) would otherwise keep its locks
+            # there for TCP's two hours, and every claim would queue behind them.
+            "options": f"{SERVER_KEEPALIVES} {url_options.get('options', '')}".strip(),
         }
     return database
 

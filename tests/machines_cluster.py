@@ -91,7 +91,7 @@ def cluster_unavailable() -> str | None:
     return reason
 
 
-def _postgres_open_to(postgres: Postgres, network: Network) -> None:
+def postgres_open_to(postgres: Postgres, network: Network) -> None:
     """initdb's trust rules cover the loopback only: let the machines' network in too."""
     hba = postgres.folder / "pg_hba.conf"
     with hba.open("a") as rules:
@@ -111,7 +111,7 @@ def cluster_running(*, home: Path, data_dir: Path, env: dict[str, str]) -> Itera
         postgres = stack.enter_context(
             postgres_running(port=free_port(), listen=f"127.0.0.1,{bridge}")
         )
-        _postgres_open_to(postgres, network)
+        postgres_open_to(postgres, network)
         url = postgres.database_create("trainyard").replace("@127.0.0.1:", f"@{bridge}:")
         redis_port = free_port()
         redis = redis_command(port=redis_port)

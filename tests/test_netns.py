@@ -12,13 +12,15 @@ import random
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from tests.conftest import need
 from tests.netns import machines, namespaces_unavailable
-from tests.stack import wait_for
+from tests.stack import ROOT, wait_for
 
 ALL_REDUCE = """
 import json, os
@@ -97,3 +99,59 @@ def test_a_two_node_gloo_job_runs_one_rank_on_each_machine(two_machines, tmp_pat
     # Each rank ran in its own machine's network namespace.
     spaces = {r["rank"]: r["netns"] for r in results}
     assert spaces[0] != spaces[1]
+
+
+HOLD_LOCK = """
+import sys, time
+import psycopg
+from dashboard.settings import database_settings
+
+db = database_settings(sys.argv[1])
+connection = psycopg.connect(host=db["HOST"], port=db["PORT"], user=db["USER"],
+                             dbname=db["NAME"], **db["OPTIONS"])
+connection.execute("SELECT id FROM held WHERE id = 1 FOR UPDATE")  # a transaction left open
+print("locked", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_machine_cut_off_inside_a_transaction_frees_its_row_locks(two_machines) -> None:  # type: ignore[no-untyped-def]
+    """A worker cut off between two statements of a transaction (Django's update_or_create, a
+    claim's row locks) must not hold its locks on the server: PostgreSQL would wait for the dead
+    client for TCP's two hours, and every claim would wait behind it. The session's own
+    keepalive settings (dashboard/settings.py) end it on the server within seconds."""
+    from dashboard.serving import free_port
+    from tests.machines_cluster import postgres_open_to
+    from tests.postgres import postgres_bin, postgres_running
+
+    need(postgres_bin() is not None, "PostgreSQL's server is not installed")
+    network, machine = two_machines, two_machines.machines[0]
+    listen = f"127.0.0.1,{network.host_address}"
+    with postgres_running(port=free_port(), listen=listen) as postgres:
+        postgres_open_to(postgres, network)
+        url = postgres.database_create("locks")
+        with psycopg.connect(url.replace("postgres://", "postgresql://"), autocommit=True) as db:
+            db.execute("CREATE TABLE held (id int PRIMARY KEY); INSERT INTO held VALUES (1)")
+        remote = url.replace("@127.0.0.1:", f"@{network.host_address}:")
+        holder = machine.popen([sys.executable, "-c", HOLD_LOCK, remote],
+                               stdout=subprocess.PIPE, text=True, cwd=ROOT)  # fmt: skip
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+            machine.link_set(up=False)
+            cut_at = time.monotonic()
+            wait_for(lambda: _lock_free(url), timeout=60, interval=1,
+                     what="the cut-off client's row lock freed on the server")  # fmt: skip
+            print(f"cut to lock freed: {time.monotonic() - cut_at:.1f} s")
+        finally:
+            holder.kill()
+            holder.wait()
+            machine.link_set(up=True)
+
+
+def _lock_free(url: str) -> bool:
+    with psycopg.connect(url.replace("postgres://", "postgresql://")) as db:
+        try:
+            db.execute("SELECT id FROM held WHERE id = 1 FOR UPDATE NOWAIT")
+        except psycopg.errors.LockNotAvailable:
+            return False
+    return True

@@ -64,3 +64,8 @@ def test_connection_options_in_the_url_are_kept_beside_the_timeouts() -> None:
     options = database_settings(url)["OPTIONS"]
     assert options["sslmode"] == "require" and options["sslrootcert"] == "/etc/ca.pem"
     assert options["tcp_user_timeout"] == 10000
+    # The server's end of the session gets the same bounds (tests/test_netns.py cuts a client
+    # off inside a transaction), beside what the URL's own options ask of the server.
+    assert "-c tcp_keepalives_idle=10" in options["options"]
+    url_options = database_settings(f"{url}&options=-c%20search_path%3Dlab")["OPTIONS"]["options"]
+    assert url_options.endswith(" -c search_path=lab") and "tcp_user_timeout" in url_options
