@@ -70,6 +70,31 @@ def test_a_stop_after_the_training_finished_keeps_its_results(
     assert any("after the training had finished; its results stand" in m for m in messages)
 
 
+def test_a_rank_aborting_in_its_teardown_after_finished_keeps_the_results(
+    user_factory: Any, experiment_factory: Any
+) -> None:
+    """torchrun exits 1 when a rank aborts as Gloo tears down (seen with FSDP x2 on 2 busy
+    cores): the training had finished, evaluated and checkpointed, so the run succeeded."""
+    run = experiment_factory(owner=user_factory(), status=Status.RUNNING, attempt=1)
+    supervisor = supervisor_of(run)
+    supervisor.line_take("stdout", event_line(1, "finished", test_loss=0.3, test_accuracy=0.9))
+    supervisor.relay.stderr_tail.append("terminate called without an active exception")
+    outcome = supervisor.outcome(1)
+    run_finish(experiment=run, sink=supervisor.sink, outcome=outcome)
+
+    run.refresh_from_db()
+    assert (run.status, run.test_accuracy, run.error) == (Status.SUCCEEDED, 0.9, "")
+    logs = list(LogLine.objects.filter(experiment=run).values_list("level", "message"))
+    assert ("warning", "a training process exited with code 1 after the training had finished "
+            "(in its teardown); the results stand") in logs  # fmt: skip
+    # Without `finished`, the same exit is a failure, with the process' last words.
+    failing = experiment_factory(owner=run.owner, status=Status.RUNNING, attempt=1)
+    supervisor = supervisor_of(failing)
+    supervisor.relay.stderr_tail.append("terminate called without an active exception")
+    outcome = supervisor.outcome(1)
+    assert outcome.status == Status.FAILED and "without an active exception" in outcome.error
+
+
 def test_a_stop_during_training_cancels(
     user_factory: Any, experiment_factory: Any, tearing_down: subprocess.Popen[str]
 ) -> None:

@@ -12,9 +12,11 @@ from dashboard.experiments.runs.state import AttemptState
 
 def attempt_outcome(*, state: AttemptState, returncode: int, stderr_tail: Iterable[str]) -> Outcome:
     final = state.final_event or {}
-    # A finished event comes after the last evaluation and checkpoint: a Stop (or any end)
-    # after it only cut the teardown short, and must not throw the results away.
-    if final.get("type") == "finished" and (returncode == 0 or state.stopped_by is not None):
+    # A finished event comes after the last evaluation and checkpoint: a Stop after it, or a
+    # rank aborting in the process group's teardown (Gloo's "terminate called without an
+    # active exception", now and then), only cut the teardown short and must not throw the
+    # results away (teardown_failure says so in the log).
+    if final.get("type") == "finished":
         return Outcome(
             Status.SUCCEEDED,
             test_loss=final.get("test_loss"),
@@ -33,3 +35,15 @@ def attempt_outcome(*, state: AttemptState, returncode: int, stderr_tail: Iterab
         )
         return Outcome(Status.FAILED, error=f"{reason}\n{tail}")
     return Outcome(Status.FAILED, error=f"training exited with code {returncode}\n{tail}")
+
+
+def teardown_failure(*, state: AttemptState, returncode: int) -> str:
+    """What to log when the training finished and yet its processes did not exit cleanly, on
+    their own (a Stop's ending says so itself); "" when there is nothing to say."""
+    final = state.final_event or {}
+    if final.get("type") != "finished" or returncode == 0 or state.stopped_by is not None:
+        return ""
+    return (
+        f"a training process exited with code {returncode} after the training had finished "
+        "(in its teardown); the results stand"
+    )

@@ -42,7 +42,7 @@ from dashboard.experiments.runs.nodes import (
     run_multinode,
     runs_on_machine,
 )
-from dashboard.experiments.runs.outcome import attempt_outcome
+from dashboard.experiments.runs.outcome import attempt_outcome, teardown_failure
 from dashboard.experiments.runs.process import TrainingProcess, training_process_start
 from dashboard.experiments.runs.processes import process_tree_stop
 from dashboard.experiments.runs.relay import EventRelay
@@ -327,6 +327,8 @@ class RunSupervisor:
         node's to settle (settlement.py)."""
         outcome = attempt_outcome(state=self.state, returncode=returncode,
                                   stderr_tail=self.relay.stderr_tail)  # fmt: skip
+        if failure := teardown_failure(state=self.state, returncode=returncode):
+            self.sink.add({"type": "log", "level": "warning", "message": failure})
         if not self.multinode:
             return outcome
         part = NodePart(experiment=self.experiment, node_rank=self.node_rank, machine=self.machine)
