@@ -203,6 +203,9 @@ TRAINYARD_WORKER_STALE_SECONDS = env_int("TRAINYARD_WORKER_STALE_SECONDS", 60)
 TRAINYARD_DEVICE_REPORT_SECONDS = env_int("TRAINYARD_DEVICE_REPORT_SECONDS", 5)
 # Seconds between SIGTERM and SIGKILL when a run is stopped.
 TRAINYARD_STOP_GRACE_SECONDS = env_int("TRAINYARD_STOP_GRACE_SECONDS", 3)
+# How long a run's processes may tear down after `finished` (evaluated and checkpointed) before
+# the supervisor ends them: a process group's teardown can hang (NCCL's, Gloo's across machines).
+TRAINYARD_TEARDOWN_SECONDS = env_float("TRAINYARD_TEARDOWN_SECONDS", 15.0)
 # Profiles on request: the newest this many of a run are kept (older ones' files deleted), and
 # a rank's trace file over this many bytes (gzipped) is deleted as it comes, its summary kept.
 TRAINYARD_PROFILES_KEPT = env_int("TRAINYARD_PROFILES_KEPT", 3)

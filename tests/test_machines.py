@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+from datetime import timedelta
 from pathlib import Path
 
 import psutil
@@ -34,6 +35,9 @@ from tests.test_training import run_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
+# From `finished` stored to both machines' parts ended (RunNode.ended_at).
+NODES_END_SECONDS = 10
+
 
 def test_a_two_machine_run_has_a_rank_on_each_machine_and_equals_one_machine(
     cluster: Cluster, sample_data: Path, tmp_path: Path
@@ -49,8 +53,20 @@ def test_a_two_machine_run_has_a_rank_on_each_machine_and_equals_one_machine(
         f"/proc/{p}")} for name, found in pids.items()}  # fmt: skip
     first, second = spaces.values()
     assert len(first) == 1 and len(second) == 1 and first != second
+    finished = "training finished: %"
+    wait_for(lambda: cluster.query("SELECT 1 FROM experiments_logline WHERE experiment_id = %s "
+                                   "AND message LIKE %s", pk, finished),
+             timeout=600, what="the run's finished event stored", interval=0.25)  # fmt: skip
+    (finished_at,) = cluster.query("SELECT now()")[0]
     done = wait_status(cluster, pk, {"succeeded", "failed", "cancelled"}, timeout=600)
     assert done["status"] == "succeeded", done
+    # Once `finished` is stored, both machines' parts end within seconds (Gloo's and torchrun's
+    # teardown across machines took 33-46 s before the nodes ended their ranks themselves).
+    ends = [row[0] for row in cluster.query(
+        "SELECT ended_at FROM experiments_runnode WHERE experiment_id = %s", pk)]  # fmt: skip
+    assert len(ends) == 2 and all(ends), ends
+    print(f"finished stored to both nodes ended: {(max(ends) - finished_at).total_seconds():.1f} s")
+    assert max(ends) - finished_at < timedelta(seconds=NODES_END_SECONDS), (ends, finished_at)
     placement = {entry["worker"]: entry["ranks"] for entry in done["placement"]}
     assert sorted(placement) == sorted(m.name for m in cluster.network.machines)
     assert sorted(r for ranks in placement.values() for r in ranks) == [0, 1]

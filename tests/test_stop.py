@@ -11,6 +11,7 @@ import contextlib
 import json
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -93,6 +94,30 @@ def test_a_rank_aborting_in_its_teardown_after_finished_keeps_the_results(
     supervisor.relay.stderr_tail.append("terminate called without an active exception")
     outcome = supervisor.outcome(1)
     assert outcome.status == Status.FAILED and "without an active exception" in outcome.error
+
+
+def test_processes_that_outlive_finished_by_the_bound_are_ended_and_the_run_succeeds(
+    user_factory: Any, experiment_factory: Any, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A teardown that hangs after `finished` (a process group's destroy across machines, or
+    NCCL's) is ended after TRAINYARD_TEARDOWN_SECONDS; the run keeps its results."""
+    settings.TRAINYARD_TEARDOWN_SECONDS = 1
+    finished = event_line(1, "finished", test_loss=0.25, test_accuracy=0.95)
+    hangs = f"import time; print({finished!r}, flush=True); time.sleep(60)"
+    monkeypatch.setattr("dashboard.experiments.runs.runner.training_command",
+                        lambda **_: [sys.executable, "-c", hangs])  # fmt: skip
+    run = experiment_factory(owner=user_factory(), status=Status.RUNNING, attempt=1)
+    supervisor = supervisor_of(run)
+    started = time.monotonic()
+    outcome = supervisor.run()
+    assert time.monotonic() - started < 10  # 1 s, then SIGTERM (the sleep ends at once)
+    assert outcome is not None and outcome.status == Status.SUCCEEDED
+    assert (outcome.test_accuracy, outcome.error) == (0.95, "")
+    run_finish(experiment=run, sink=supervisor.sink, outcome=outcome)
+    assert Experiment.objects.get(pk=run.pk).status == Status.SUCCEEDED
+    logs = list(LogLine.objects.filter(experiment=run).values_list("level", "message"))
+    assert ("warning", "the training processes had not exited 1 s after the training finished, "
+            "and were ended; the results stand") in logs  # fmt: skip
 
 
 def test_a_stop_during_training_cancels(

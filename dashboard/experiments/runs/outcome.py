@@ -5,6 +5,8 @@ from __future__ import annotations
 import signal
 from collections.abc import Iterable
 
+from django.conf import settings
+
 from dashboard.experiments.core.transitions import Outcome
 from dashboard.experiments.models import Status
 from dashboard.experiments.runs.state import AttemptState
@@ -41,7 +43,14 @@ def teardown_failure(*, state: AttemptState, returncode: int) -> str:
     """What to log when the training finished and yet its processes did not exit cleanly, on
     their own (a Stop's ending says so itself); "" when there is nothing to say."""
     final = state.final_event or {}
-    if final.get("type") != "finished" or returncode == 0 or state.stopped_by is not None:
+    if final.get("type") != "finished" or state.stopped_by is not None:
+        return ""
+    if state.teardown_ended:
+        return (
+            f"the training processes had not exited {settings.TRAINYARD_TEARDOWN_SECONDS:g} s "
+            "after the training finished, and were ended; the results stand"
+        )
+    if returncode == 0:
         return ""
     return (
         f"a training process exited with code {returncode} after the training had finished "

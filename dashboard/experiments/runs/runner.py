@@ -276,6 +276,7 @@ class RunSupervisor:
                 if now >= next_beat:
                     next_beat = now + heartbeat_interval()
                     liveness.heartbeat()
+                self._teardown_bound(process, now)
             except DatabaseError as exc:
                 liveness.database_unreachable(exc)
         returncode = self.state.returncode = process.wait()
@@ -283,6 +284,18 @@ class RunSupervisor:
             self.sink_add(self.relay.stderr_relay(math.inf))
             self.sink.flush()
         return returncode
+
+    def _teardown_bound(self, process: TrainingProcess, now: float) -> None:
+        """End the processes that outlive `finished` by TRAINYARD_TEARDOWN_SECONDS: the results
+        are in, and a hung teardown must not hold the run (or its machines) open."""
+        if not self.state.training_finished() or self.state.teardown_ended:
+            return
+        self.state.finished_seen = self.state.finished_seen or now
+        if now - self.state.finished_seen < settings.TRAINYARD_TEARDOWN_SECONDS:
+            return
+        if process.poll() is None:
+            self.state.teardown_ended = True
+            process.stop(rank_pids=self.state.rank_pids, grace_seconds=2)
 
     def _start(self) -> TrainingProcess:
         command = training_command(experiment=self.experiment)

@@ -32,6 +32,10 @@ class AttemptState:
     # is lost); the loop only drains their streams.
     taken_over: bool = False
     returncode: int | None = None  # the launcher's, once it exited
+    # The supervisor: when it first saw `finished` (its monotonic clock), and whether it ended
+    # processes that outlived it by the teardown bound (runner.py).
+    finished_seen: float | None = None
+    teardown_ended: bool = False
 
     def rank0_here(self) -> bool:
         """Whether rank 0, which alone writes events, ran on this machine."""
