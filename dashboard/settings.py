@@ -116,11 +116,14 @@ def database_settings(url: str) -> dict[str, Any]:
             "keepalives_count": 2,
             # What the URL itself asks for (?sslmode=require, sslrootcert, ...) wins.
             **url_options,
+        }
+        if env_bool("TRAINYARD_POSTGRES_SERVER_KEEPALIVES", True):
             # The same bounds on the server's end of the session: a worker cut off inside a
             # transaction (update_or_create, a claim's row locks) would otherwise keep its locks
-            # there for TCP's two hours, and every claim would queue behind them.
-            "options": f"{SERVER_KEEPALIVES} {url_options.get('options', '')}".strip(),
-        }
+            # there for TCP's two hours, and every claim would queue behind them. Off behind a
+            # pooler that refuses startup options (its own timeouts then do this).
+            options = f"{SERVER_KEEPALIVES} {url_options.get('options', '')}"
+            database["OPTIONS"]["options"] = options.strip()
     return database
 
 

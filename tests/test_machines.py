@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from datetime import timedelta
 from pathlib import Path
 
 import psutil
@@ -35,8 +34,9 @@ from tests.test_training import run_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-# From `finished` stored to both machines' parts ended (RunNode.ended_at).
-NODES_END_SECONDS = 10
+# From `finished` stored to no training process left on either machine: the teardown bound
+# (15 s) and a heartbeat or two.
+NODES_END_SECONDS = 25
 
 
 def test_a_two_machine_run_has_a_rank_on_each_machine_and_equals_one_machine(
@@ -57,16 +57,15 @@ def test_a_two_machine_run_has_a_rank_on_each_machine_and_equals_one_machine(
     wait_for(lambda: cluster.query("SELECT 1 FROM experiments_logline WHERE experiment_id = %s "
                                    "AND message LIKE %s", pk, finished),
              timeout=600, what="the run's finished event stored", interval=0.25)  # fmt: skip
-    (finished_at,) = cluster.query("SELECT now()")[0]
+    finished_at = time.monotonic()
+    # Once `finished` is stored, both machines' processes end within seconds (Gloo's and
+    # torchrun's teardown across machines took 33-46 s once; the supervisor's bound is
+    # TRAINYARD_TEARDOWN_SECONDS, 15, and the other node follows at its next heartbeat).
+    wait_for(lambda: no_training_left(cluster), timeout=NODES_END_SECONDS, interval=0.25,
+             what="both machines' processes ended after `finished`")  # fmt: skip
+    print(f"finished stored to no process left: {time.monotonic() - finished_at:.1f} s")
     done = wait_status(cluster, pk, {"succeeded", "failed", "cancelled"}, timeout=600)
     assert done["status"] == "succeeded", done
-    # Once `finished` is stored, both machines' parts end within seconds (Gloo's and torchrun's
-    # teardown across machines took 33-46 s before the nodes ended their ranks themselves).
-    ends = [row[0] for row in cluster.query(
-        "SELECT ended_at FROM experiments_runnode WHERE experiment_id = %s", pk)]  # fmt: skip
-    assert len(ends) == 2 and all(ends), ends
-    print(f"finished stored to both nodes ended: {(max(ends) - finished_at).total_seconds():.1f} s")
-    assert max(ends) - finished_at < timedelta(seconds=NODES_END_SECONDS), (ends, finished_at)
     placement = {entry["worker"]: entry["ranks"] for entry in done["placement"]}
     assert sorted(placement) == sorted(m.name for m in cluster.network.machines)
     assert sorted(r for ranks in placement.values() for r in ranks) == [0, 1]

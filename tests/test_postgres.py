@@ -69,3 +69,11 @@ def test_connection_options_in_the_url_are_kept_beside_the_timeouts() -> None:
     assert "-c tcp_keepalives_idle=10" in options["options"]
     url_options = database_settings(f"{url}&options=-c%20search_path%3Dlab")["OPTIONS"]["options"]
     assert url_options.endswith(" -c search_path=lab") and "tcp_user_timeout" in url_options
+
+
+def test_the_servers_keepalives_can_be_left_to_a_pooler(monkeypatch: pytest.MonkeyPatch) -> None:
+    from dashboard.settings import database_settings
+
+    monkeypatch.setenv("TRAINYARD_POSTGRES_SERVER_KEEPALIVES", "0")
+    options = database_settings("postgres://u:p@pooler:6432/t")["OPTIONS"]
+    assert "options" not in options and options["tcp_user_timeout"] == 10000

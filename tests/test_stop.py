@@ -103,7 +103,12 @@ def test_processes_that_outlive_finished_by_the_bound_are_ended_and_the_run_succ
     NCCL's) is ended after TRAINYARD_TEARDOWN_SECONDS; the run keeps its results."""
     settings.TRAINYARD_TEARDOWN_SECONDS = 1
     finished = event_line(1, "finished", test_loss=0.25, test_accuracy=0.95)
-    hangs = f"import time; print({finished!r}, flush=True); time.sleep(60)"
+    failed = event_line(2, "failed", error="stopped by SIGTERM")
+    # As the engine does (training/cli.py) when a SIGTERM lands in Python code: a `failed`
+    # event, exit 143. It must not take the finished run's results back.
+    hangs = (f"import signal, sys, time; print({finished!r}, flush=True)\n"
+             f"def bye(*_): print({failed!r}, flush=True); sys.exit(143)\n"
+             "signal.signal(signal.SIGTERM, bye); time.sleep(60)")  # fmt: skip
     monkeypatch.setattr("dashboard.experiments.runs.runner.training_command",
                         lambda **_: [sys.executable, "-c", hangs])  # fmt: skip
     run = experiment_factory(owner=user_factory(), status=Status.RUNNING, attempt=1)
@@ -118,6 +123,7 @@ def test_processes_that_outlive_finished_by_the_bound_are_ended_and_the_run_succ
     logs = list(LogLine.objects.filter(experiment=run).values_list("level", "message"))
     assert ("warning", "the training processes had not exited 1 s after the training finished, "
             "and were ended; the results stand") in logs  # fmt: skip
+    assert ("warning", "after the training finished: training failed: stopped by SIGTERM") in logs
 
 
 def test_a_stop_during_training_cancels(

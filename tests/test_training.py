@@ -417,6 +417,24 @@ def test_failure_emits_failed_and_exits_1(sample_data: Path, tmp_path: Path) -> 
     assert last["error"] and "Traceback" in last["traceback"]
 
 
+def test_an_error_in_the_teardown_after_finished_emits_no_failed(sample_data: Path) -> None:
+    """The results are in once `finished` is out: an error after it (here the teardown's
+    barrier raising) exits 1 and says so on stderr, without a `failed` event to undo them."""
+    code = ("import sys, training.runtime as rt\n"
+            "def broken(_): raise RuntimeError('the barrier broke')\n"
+            "rt.finish = broken\n"
+            "from training.cli import main\n"
+            "sys.exit(main(sys.argv[1:]))")  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code, "--dry-run", "--run-id", "t"], cwd=ROOT,
+        env=_env(sample_data), capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    assert done.returncode == 1, done.stderr[-2000:]
+    assert [e["type"] for e in events][-1] == "finished"
+    assert "after the training finished: RuntimeError: the barrier broke" in done.stderr
+
+
 # --- arguments ---------------------------------------------------------------------------------
 
 

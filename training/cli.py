@@ -70,21 +70,26 @@ def main(argv: Sequence[str] | None = None, *, events_stream: IO[str] | None = N
     events = EventWriter(cfg.run_id, enabled=rank == 0, stream=events_stream)
 
     rt = None
+    # Once `finished` is out (evaluated, checkpointed), an end in the teardown is not a failed
+    # run: the exit status says it, no `failed` event takes the results back.
+    trained = False
     try:
         rt = runtime.start(cfg)
         engine.train(cfg, rt, events)
+        trained = True
         runtime.finish(rt)
         return 0
     except SystemExit as exc:
         reason = "stopped by SIGTERM" if exc.code == EXIT_SIGTERM else f"exited ({exc.code})"
-        _report_failure(events, reason, "")
+        _report_failure(events, reason, "", trained=trained)
         raise
     except KeyboardInterrupt:
-        _report_failure(events, "interrupted", "")
+        _report_failure(events, "interrupted", "", trained=trained)
         return 130
     except Exception as exc:
         log.exception("training failed")
-        _report_failure(events, f"{type(exc).__name__}: {exc}", traceback.format_exc())
+        error = f"{type(exc).__name__}: {exc}"
+        _report_failure(events, error, traceback.format_exc(), trained=trained)
         return EXIT_FAILED
     finally:
         runtime.stop(rt)
@@ -315,7 +320,10 @@ def _exit_on_sigterm() -> None:
     signal.signal(signal.SIGTERM, handler)
 
 
-def _report_failure(events: EventWriter, error: str, tb: str) -> None:
+def _report_failure(events: EventWriter, error: str, tb: str, *, trained: bool) -> None:
+    if trained:
+        log.warning("after the training finished: %s", error)
+        return
     try:
         events.emit("failed", error=error, traceback=tb)
     except (OSError, ValueError):

@@ -133,6 +133,11 @@ class EventRelay:
         return event
 
     def _final(self, event: FinishedEvent | FailedEvent, relayed: Relayed) -> LogBody:
+        if self.state.training_finished():
+            # A `failed` after `finished` (a SIGTERM or an error in the teardown): the results
+            # are in and stand; say what happened without undoing them.
+            return {"type": "log", "level": "warning",
+                    "message": f"after the training finished: {final_message(event)}"}  # fmt: skip
         self.state.final_event = dict(event)
         stopped_by = self.state.stopped_by
         # Ended by the Stop it was asked for: no failure to report, nor its traceback.

@@ -260,6 +260,7 @@ class RunSupervisor:
             if self.state.taken_over:
                 continue  # its processes are ended: wait for their streams, not the database
             now = time.monotonic()
+            self._teardown_bound(process, now)  # before the database's steps, which may fail
             try:  # every step may write the database; a lost one must not orphan the training
                 if line:
                     self.line_take(source, line)
@@ -276,7 +277,6 @@ class RunSupervisor:
                 if now >= next_beat:
                     next_beat = now + heartbeat_interval()
                     liveness.heartbeat()
-                self._teardown_bound(process, now)
             except DatabaseError as exc:
                 liveness.database_unreachable(exc)
         returncode = self.state.returncode = process.wait()
@@ -293,9 +293,10 @@ class RunSupervisor:
         self.state.finished_seen = self.state.finished_seen or now
         if now - self.state.finished_seen < settings.TRAINYARD_TEARDOWN_SECONDS:
             return
-        if process.poll() is None:
-            self.state.teardown_ended = True
-            process.stop(rank_pids=self.state.rank_pids, grace_seconds=2)
+        # The streams are still open (the loop runs): the launcher, or a rank of a launcher
+        # that has exited, still holds them.
+        self.state.teardown_ended = True
+        process.stop(rank_pids=self.state.rank_pids, grace_seconds=2)
 
     def _start(self) -> TrainingProcess:
         command = training_command(experiment=self.experiment)
