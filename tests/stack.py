@@ -208,11 +208,6 @@ def stack_running(
         "TRAINYARD_LAUNCH_RATE_PER_MINUTE": "0",
         # The tests' webhook receivers listen on 127.0.0.1, which webhooks otherwise refuse.
         "TRAINYARD_WEBHOOK_ALLOW_PRIVATE": "1",
-        # One thread for a one-process run (one core in the allocation): two pytest workers
-        # share 2 cores (tests/__init__.py); test_integration and test_studies_live took 92 s
-        # together this way against 101 s with a run's default of every core. The queue's own
-        # tests set their own (tests/test_queue_stack.py).
-        "TRAINYARD_CPU_THREADS_PER_RUN": "1",
         "PYTHONUNBUFFERED": "1",
         "DEBUG": "1",
     }
