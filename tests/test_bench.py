@@ -15,8 +15,9 @@ import pytest
 
 from tests.conftest import need
 from tests.test_training import ROOT
-from training.bench import parity
+from training.bench import parity, phases
 from training.data import DEBIAN_FASHION_DIR
+from training.model import SimpleCNN
 from training.registry import STRATEGY_NAMES
 
 RATIO = re.compile(r"^(engine|memory|parity|phases) ratio: \d+\.\d{3}$")
@@ -71,8 +72,20 @@ def test_phases_bench_prints_each_strategy_with_and_without_the_clock(sample_dat
     """Single and DDP x2, each with the phase clock and with --no-phases; the ratio of each."""
     lines = bench(sample_data, "phases", "--dry-run")
     assert RATIO.match(lines[-1]) and lines[-1].startswith("phases ratio: "), lines
-    rows = {line.split()[0]: line.split()[1:] for line in lines[1:-1]}
+    at = next(i for i, line in enumerate(lines) if line.startswith(phases.BREAKDOWN_HEADER))
+    rows = {line.split()[0]: line.split()[1:] for line in lines[1:at]}
     assert rows.keys() == {"single", "ddp"}, lines
+    assert lines[at + 1].split() == ["strategy", "rank", *phases.PHASES, "bytes/step"]
+    shares = {(row[0], int(row[1])): row[2:] for row in map(str.split, lines[at + 2 : -1])}
+    assert shares.keys() == {("single", 0), ("ddp", 0), ("ddp", 1)}, lines
+    for figures in shares.values():
+        assert sum(map(float, figures[:-1])) == pytest.approx(100, abs=0.5)
+    # Single sends nothing; each DDP rank sends the ring's 2(N-1)/N of its gradients' bytes.
+    assert float(shares["single", 0][4]) == 0 and int(shares["single", 0][-1]) == 0
+    gradient_bytes = 4 * sum(p.numel() for p in SimpleCNN().parameters())
+    for rank in (0, 1):
+        assert float(shares["ddp", rank][4]) > 0
+        assert int(shares["ddp", rank][-1]) == pytest.approx(gradient_bytes, rel=0.01)
     for with_, without, ratio, spread in rows.values():
         assert float(with_) > 0 and float(without) > 0
         # One round: its ratio is the median's, and the two medians' ratio.

@@ -10,6 +10,9 @@ noise falls on both alike. A run's images/s is the median of its step events' af
 over 2 ranks) the table shows the median images/s with and without over ``--rounds`` rounds,
 the median of the rounds' ratios (with / without) and their range, the machine's noise. The last
 line, ``phases ratio``, is the smallest of the medians: 1.0 means the breakdown costs nothing.
+Above it, what the clock measured: each rank's share of its wall time per phase and the bytes it
+sent a step, over the clocked runs' step events after the first, all rounds together (the run
+page's breakdown, for a training run alone).
 
 ``--dry-run``: one round of a few steps, to check that the benchmark runs (no figure to trust).
 """
@@ -28,6 +31,34 @@ from training.protocol import parse_event
 DEFAULT_STRATEGIES = ("single", "ddp")
 WINDOWS = 4  # step events a run reports
 SIDES = ("with", "without")
+PHASES = ("data", "forward", "backward", "optimizer", "communication", "other")
+BREAKDOWN_HEADER = "where each rank's wall time went, with the clock"
+
+
+class Run:
+    """One training's figures: images/s per step event, and each rank's phase seconds and bytes
+    sent summed over its step events but the first (the warm-up's)."""
+
+    def __init__(self, events: list[dict]) -> None:
+        steps = [e for e in events if e and e["type"] == "step"]
+        if not steps:
+            raise RuntimeError("no step reported")
+        self.figures = [e["images_per_second"] for e in steps]
+        self.seconds: dict[int, dict[str, float]] = {}
+        self.bytes: dict[int, int] = {}
+        self.steps = steps[-1]["step"] - steps[0]["step"]
+        for event in steps[1:]:
+            for rank in event.get("ranks", []):
+                if "forward_seconds" not in rank:
+                    continue  # --no-phases, or a strategy the clock does not see
+                mine = self.seconds.setdefault(rank["rank"], dict.fromkeys(PHASES, 0.0))
+                for phase in PHASES:
+                    mine[phase] += rank[f"{phase}_seconds"]
+                sent = rank.get("communication_bytes", 0)
+                self.bytes[rank["rank"]] = self.bytes.get(rank["rank"], 0) + sent
+
+    def images_per_second(self) -> float:
+        return statistics.median(self.figures[1:] or self.figures)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,8 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def run_images_per_second(strategy: str, *, phases: bool, args: argparse.Namespace) -> float:
-    """One training's images/s: the median of its step events' but the first."""
+def run_training(strategy: str, *, phases: bool, args: argparse.Namespace) -> Run:
+    """One training, as ``python -m training`` runs it alone."""
     flags = [
         "--nproc", str(args.nproc), "--epochs", "1", "--steps-per-epoch", str(args.steps),
         "--log-interval", str(max(args.steps // WINDOWS, 1)), "--batch-size",
@@ -56,20 +87,38 @@ def run_images_per_second(strategy: str, *, phases: bool, args: argparse.Namespa
     )
     if proc.returncode != 0:
         raise RuntimeError(f"{strategy} failed: {proc.stderr.strip()[-2000:]}")
-    events = [parse_event(line) for line in proc.stdout.splitlines()]
-    figures = [e["images_per_second"] for e in events if e and e["type"] == "step"]
-    if not figures:
-        raise RuntimeError(f"{strategy} reported no step")
-    return statistics.median(figures[1:] or figures)
+    try:
+        return Run([dict(e) for e in map(parse_event, proc.stdout.splitlines()) if e])
+    except RuntimeError as exc:
+        raise RuntimeError(f"{strategy}: {exc}") from None
 
 
-def strategy_measure(strategy: str, args: argparse.Namespace) -> dict[str, list[float]]:
-    """Each side's images/s per round, both sides run back to back, order alternating."""
-    found: dict[str, list[float]] = {side: [] for side in SIDES}
+def strategy_measure(strategy: str, args: argparse.Namespace) -> dict[str, list[Run]]:
+    """Each side's runs, one a round, both sides back to back, order alternating."""
+    found: dict[str, list[Run]] = {side: [] for side in SIDES}
     for round_ in range(args.rounds):
         for side in SIDES if round_ % 2 == 0 else SIDES[::-1]:
-            found[side].append(run_images_per_second(strategy, phases=side == "with", args=args))
+            found[side].append(run_training(strategy, phases=side == "with", args=args))
     return found
+
+
+def breakdown_rows(strategy: str, runs: list[Run]) -> list[str]:
+    """Per rank: each phase's share of the summed wall time, and bytes sent a step."""
+    seconds: dict[int, dict[str, float]] = {}
+    sent: dict[int, int] = {}
+    steps = sum(run.steps for run in runs)
+    for run in runs:
+        for rank, mine in run.seconds.items():
+            total = seconds.setdefault(rank, dict.fromkeys(PHASES, 0.0))
+            for phase in PHASES:
+                total[phase] += mine[phase]
+            sent[rank] = sent.get(rank, 0) + run.bytes.get(rank, 0)
+    rows = []
+    for rank in sorted(seconds):
+        wall = sum(seconds[rank].values()) or 1.0
+        shares = " ".join(f"{100 * seconds[rank][p] / wall:>{len(p)}.1f}" for p in PHASES)
+        rows.append(f"{strategy:10} {rank:>4} {shares} {sent[rank] // max(steps, 1):>12}")
+    return rows
 
 
 def main(argv: Sequence[str]) -> int:
@@ -78,14 +127,19 @@ def main(argv: Sequence[str]) -> int:
         args.rounds, args.steps = 1, 8
     header = f"{'strategy':10} {'with':>10} {'without':>10} {'ratio':>7} {'rounds':>13}"
     print(f"{header}   (images/s, medians of {args.rounds} rounds; the rounds' ratios)")
-    ratios = []
+    ratios, breakdown = [], []
     for strategy in args.strategies.split(","):
         found = strategy_measure(strategy, args)
-        rounds = [w / o for w, o in zip(found["with"], found["without"], strict=True)]
+        speeds = {side: [run.images_per_second() for run in found[side]] for side in SIDES}
+        rounds = [w / o for w, o in zip(speeds["with"], speeds["without"], strict=True)]
         ratios.append(statistics.median(rounds))
-        with_, without = (statistics.median(found[side]) for side in SIDES)
+        breakdown += breakdown_rows(strategy, found["with"])
+        with_, without = (statistics.median(speeds[side]) for side in SIDES)
         spread = f"{min(rounds):.3f}-{max(rounds):.3f}"
         row = f"{strategy:10} {with_:10.1f} {without:10.1f} {ratios[-1]:7.3f} {spread:>13}"
         print(row, flush=True)
+    print(f"{BREAKDOWN_HEADER} (% of each rank's wall time; bytes it sent a step)")
+    print(f"{'strategy':10} {'rank':>4} {' '.join(PHASES)} {'bytes/step':>12}")
+    print("\n".join(breakdown))
     print(f"phases ratio: {min(ratios):.3f}")
     return 0
