@@ -15,7 +15,7 @@ from django.test import Client
 from torch import nn
 
 from dashboard.experiments.metrics.breakdown import PHASES, experiment_straggler
-from dashboard.experiments.models import SeriesPoint
+from dashboard.experiments.models import LogLine, SeriesPoint
 from dashboard.experiments.runs.sink import EventSink
 from tests.test_training import Result, needs_cuda, run_cli
 from training import phases
@@ -480,3 +480,36 @@ def test_a_rank_markedly_slower_than_the_others_is_named_an_even_run_names_nobod
 def test_the_engine_and_the_dashboard_name_the_same_phases_in_the_same_order() -> None:
     # Two homes on either side of the event protocol (the web server never imports torch).
     assert phases.PHASES == PHASES
+
+
+@pytest.mark.django_db
+def test_a_named_rank_stays_named_until_it_is_barely_slower(
+    experiment_factory: Any, user_factory: Any
+) -> None:
+    """The bar to clear is lower than the bar to name: rank 2 named at 2x, then 1.4x slower (below
+    the 1.5x that names) stays named; 1.1x clears it. Nobody names a 1.4x rank afresh."""
+    run = experiment_factory(owner=user_factory())
+    sink = EventSink(run)
+    for step in range(1, 21):  # busy 0.4 s against the others' 0.2 s
+        sink.add(_step(step, [0.1, 0.1, 0.3]))  # type: ignore[arg-type]
+    sink.flush()
+    assert experiment_straggler(experiment=run) == {"rank": 2, "slower_by": 1.0, "since_step": 1}
+    for step in range(21, 41):  # busy 0.28 s
+        sink.add(_step(step, [0.1, 0.1, 0.18]))  # type: ignore[arg-type]
+    sink.flush()
+    assert experiment_straggler(experiment=run) is None
+    kept = experiment_straggler(experiment=run, named=2)
+    assert kept == {"rank": 2, "slower_by": 0.4, "since_step": 21}
+    assert experiment_straggler(experiment=run, named=0) is None
+    run.refresh_from_db()
+    assert run.straggler_rank == 2  # the sink kept it: no line, no message
+    for step in range(41, 61):  # busy 0.22 s
+        sink.add(_step(step, [0.1, 0.1, 0.12]))  # type: ignore[arg-type]
+    sink.flush()
+    assert experiment_straggler(experiment=run, named=2) is None
+    run.refresh_from_db()
+    assert run.straggler_rank is None
+    said = LogLine.objects.filter(experiment=run, message__regex=r"^rank 2 is ").values_list(
+        "message", flat=True
+    )
+    assert [m.split(" ", 4)[3] for m in said] == ["2.0x", "no"], list(said)

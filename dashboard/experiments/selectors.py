@@ -115,7 +115,12 @@ def experiment_as_dict(experiment: Experiment, *, breakdown: bool = True) -> dic
         strategy_label=experiment.strategy_label,
         # Each rank's shares of its wall time over the run so far, by phase (protocol 1.9).
         breakdown=experiment_breakdown(experiment=experiment) if breakdown else [],
-        # The rank markedly slower than the others over the latest windows, or null.
-        straggler=experiment_straggler(experiment=experiment) if breakdown else None,
+        # The rank markedly slower than the others over the latest windows, or null; the rank
+        # the run names now (its row) as the sink judged it, kept down to the lower bar.
+        straggler=(
+            experiment_straggler(experiment=experiment, named=experiment.straggler_rank)
+            if breakdown
+            else None
+        ),
     )
     return data

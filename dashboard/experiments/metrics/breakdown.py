@@ -83,6 +83,9 @@ def _rank_shares(seconds: dict[int, dict[str, float]]) -> list[RankBreakdown]:
 # apart: the others wait for it in their collectives. Noise between even ranks on a shared
 # machine stays within some 20% here; a rank sharing its core with another process doubles.
 STRAGGLER_THRESHOLD: Final = 0.5
+# A rank already named stays named while it is this much slower (and no other rank passes the
+# threshold): a rank hovering about the threshold is named once, not named and cleared in turn.
+STRAGGLER_KEPT: Final = 0.25
 # The latest step events looked at: the straggler is the slowest over them, since_step where its
 # latest unbroken run of slow windows began.
 STRAGGLER_WINDOWS: Final = 20
@@ -102,8 +105,20 @@ def _slower_by(busy: dict[int, float], rank: int) -> float:
     return busy[rank] / median - 1 if median > 0 else 0.0
 
 
-def experiment_straggler(*, experiment: Experiment) -> Straggler | None:
-    """The rank markedly slower than the others over the latest windows, or None."""
+def _candidate(total: dict[int, float], named: int | None) -> tuple[int, float] | None:
+    """The rank to name and the bar its windows must pass: the slowest above the threshold,
+    else the rank already named while it stays above the lower bar."""
+    rank = max(total, key=lambda r: _slower_by(total, r))
+    if _slower_by(total, rank) > STRAGGLER_THRESHOLD:
+        return rank, STRAGGLER_KEPT if rank == named else STRAGGLER_THRESHOLD
+    if named in total and _slower_by(total, named) > STRAGGLER_KEPT:
+        return named, STRAGGLER_KEPT
+    return None
+
+
+def experiment_straggler(*, experiment: Experiment, named: int | None = None) -> Straggler | None:
+    """The rank markedly slower than the others over the latest windows, or None; ``named``,
+    the rank the run names now, stays named down to STRAGGLER_KEPT."""
     steps = list(
         SeriesPoint.objects.filter(experiment_id=experiment.pk, key="rank/0/other_seconds")
         .order_by("-step")
@@ -127,15 +142,14 @@ def experiment_straggler(*, experiment: Experiment) -> Straggler | None:
             total[rank] = total.get(rank, 0.0) + seconds
     if len(total) < 2:
         return None
-    rank = max(total, key=lambda r: _slower_by(total, r))
-    slower_by = _slower_by(total, rank)
-    if slower_by <= STRAGGLER_THRESHOLD:
+    candidate = _candidate(total, named)
+    if candidate is None:
         return None
+    rank, bar = candidate
+    slower_by = _slower_by(total, rank)
     since = steps[0]
     for step in steps:  # newest first: back while the window was slow too
-        if rank not in windows.get(step, {}) or _slower_by(windows[step], rank) <= (
-            STRAGGLER_THRESHOLD
-        ):
+        if rank not in windows.get(step, {}) or _slower_by(windows[step], rank) <= bar:
             break
         since = step
     return Straggler(rank=rank, slower_by=round(slower_by, 3), since_step=since)

@@ -47,7 +47,7 @@ def straggler_change(*, experiment: Experiment, step: int, time: float) -> Strag
     announced = (
         Experiment.objects.filter(pk=experiment.pk).values_list("straggler_rank", flat=True).first()
     )
-    found = experiment_straggler(experiment=experiment)
+    found = experiment_straggler(experiment=experiment, named=announced)
     rank = found["rank"] if found is not None else None
     if rank == announced:
         return None
