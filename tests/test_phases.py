@@ -513,3 +513,14 @@ def test_a_named_rank_stays_named_until_it_is_barely_slower(
         "message", flat=True
     )
     assert [m.split(" ", 4)[3] for m in said] == ["2.0x", "no"], list(said)
+    # Four ranks: rank 2 is 1.35x, rank 3 1.45x the median. Rank 2, named, is not kept while
+    # another is slower: the banner names the slowest or none.
+    four = experiment_factory(owner=run.owner)
+    sink = EventSink(four)
+    for step in range(1, 21):
+        sink.add(_step(step, [0.1, 0.1, 0.17, 0.19]))  # type: ignore[arg-type]
+    sink.flush()
+    assert experiment_straggler(experiment=four, named=3) == {
+        "rank": 3, "slower_by": 0.45, "since_step": 1
+    }  # fmt: skip
+    assert experiment_straggler(experiment=four, named=2) is None

@@ -22,13 +22,15 @@ def test_every_status_is_in_the_diagram() -> None:
 
 
 def test_a_start_counts_the_attempt_once(user_factory: Any, experiment_factory: Any) -> None:
-    run = experiment_factory(owner=user_factory())
+    run = experiment_factory(owner=user_factory(), straggler_rank=1, straggler_text="rank 1 ...")
     now = timezone.now()
     assert transitions.experiment_start(experiment=run, worker="w1", now=now)
     # Another worker with the same message: the run is running already.
     assert not transitions.experiment_start(experiment=run, worker="w2", now=now)
     run.refresh_from_db()
     assert (run.status, run.worker, run.attempt, run.started_at) == ("running", "w1", 1, now)
+    # The attempt's ranks are judged afresh (an earlier attempt's straggler is not kept).
+    assert (run.straggler_rank, run.straggler_text) == (None, "")
 
 
 def test_an_earlier_attempt_cannot_finish_a_later_one(

@@ -116,7 +116,7 @@ def breakdown_rows(strategy: str, runs: list[Run]) -> list[str]:
     rows = []
     for rank in sorted(seconds):
         wall = sum(seconds[rank].values()) or 1.0
-        shares = " ".join(f"{100 * seconds[rank][p] / wall:>{len(p)}.1f}" for p in PHASES)
+        shares = " ".join(f"{100 * seconds[rank][p] / wall:>{max(len(p), 5)}.1f}" for p in PHASES)
         rows.append(f"{strategy:10} {rank:>4} {shares} {sent[rank] // max(steps, 1):>12}")
     return rows
 
@@ -139,7 +139,9 @@ def main(argv: Sequence[str]) -> int:
         row = f"{strategy:10} {with_:10.1f} {without:10.1f} {ratios[-1]:7.3f} {spread:>13}"
         print(row, flush=True)
     print(f"{BREAKDOWN_HEADER} (% of each rank's wall time; bytes it sent a step)")
-    print(f"{'strategy':10} {'rank':>4} {' '.join(PHASES)} {'bytes/step':>12}")
-    print("\n".join(breakdown))
+    names = " ".join(f"{p:>5}" for p in PHASES)
+    print(f"{'strategy':10} {'rank':>4} {names} {'bytes/step':>12}")
+    for row in breakdown:  # none where no run reported phases (a one-step run)
+        print(row)
     print(f"phases ratio: {min(ratios):.3f}")
     return 0

@@ -120,6 +120,10 @@ def experiment_start(
         heartbeat_at=now,
         waiting_reason="",
         error="",
+        # A new attempt's ranks (other processes, maybe other machines) are judged afresh: a
+        # rank named before would otherwise stay named at the lower bar, unsaid.
+        straggler_rank=None,
+        straggler_text="",
     )
 
 

@@ -106,14 +106,13 @@ def _slower_by(busy: dict[int, float], rank: int) -> float:
 
 
 def _candidate(total: dict[int, float], named: int | None) -> tuple[int, float] | None:
-    """The rank to name and the bar its windows must pass: the slowest above the threshold,
-    else the rank already named while it stays above the lower bar."""
+    """The slowest rank and the bar its windows must pass: the threshold, or the lower bar when
+    it is the rank already named (another rank slowest clears it: the banner names the slowest).
+    Its since_step is judged by the same bar, so a kept rank's can be earlier than the step its
+    naming said."""
     rank = max(total, key=lambda r: _slower_by(total, r))
-    if _slower_by(total, rank) > STRAGGLER_THRESHOLD:
-        return rank, STRAGGLER_KEPT if rank == named else STRAGGLER_THRESHOLD
-    if named in total and _slower_by(total, named) > STRAGGLER_KEPT:
-        return named, STRAGGLER_KEPT
-    return None
+    bar = STRAGGLER_KEPT if rank == named else STRAGGLER_THRESHOLD
+    return (rank, bar) if _slower_by(total, rank) > bar else None
 
 
 def experiment_straggler(*, experiment: Experiment, named: int | None = None) -> Straggler | None:
