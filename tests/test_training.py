@@ -146,7 +146,9 @@ def assert_ran(result: Result, run_id: str, *, resumed: bool = False) -> None:
         assert_well_formed(result, run_id)
 
 
-def assert_well_formed(result: Result, run_id: str) -> None:
+def assert_well_formed(result: Result, run_id: str, *, epochs_run: int | None = None) -> None:
+    """A whole run's events in order; ``epochs_run``: it ended early after that many epochs (a
+    target reached), so it ran those epochs' steps, not the planned total."""
     assert result.returncode == 0, result.stderr[-3000:]
     events = result.events
     assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
@@ -169,7 +171,8 @@ def assert_well_formed(result: Result, run_id: str) -> None:
     for key in ("world_size", "device", "devices", "dataset_source", "steps_per_epoch", "pids"):
         assert key in started
     assert started["total_steps"] == started["steps_per_epoch"] * started["epochs"]
-    assert result.finished["steps"] == steps[-1]["step"] == started["total_steps"]
+    ran = started["total_steps"] if epochs_run is None else started["steps_per_epoch"] * epochs_run
+    assert result.finished["steps"] == steps[-1]["step"] == ran
     assert isinstance(started["shared_tensors"], list)
     # Protocol 1.1: throughput and memory, for rank 0 and per rank (or Hogwild worker).
     for e in steps + epochs:

@@ -24,6 +24,7 @@ from tests.test_training import (
     run_cli_asking_checkpoint,
     sigterm_at_first_step,
 )
+from tests.test_training_target import TARGET, assert_ended_at_target
 from training import cli
 from training.shared_data import (
     PREFIX,
@@ -78,11 +79,14 @@ def test_model_parallel_on_the_cpu_says_so(sample_data: Path, tmp_path: Path) ->
 
 
 def test_hogwild_two_processes_share_model_and_data(sample_data: Path, tmp_path: Path) -> None:
+    # Two epochs planned, the target met after the first: Hogwild's stop at target, checked here
+    # rather than in a run of its own (tests/test_training_target.py).
     result = run_cli(
         sample_data, "--strategy", "hogwild", "--nproc", "2", "--checkpoint-dir", str(tmp_path),
-        "--run-id", "hw",
+        "--run-id", "hw", "--epochs", "2", *TARGET,
     )  # fmt: skip
-    assert_well_formed(result, "hw")
+    assert_well_formed(result, "hw", epochs_run=1)
+    assert_ended_at_target(result, epochs=2)
     started = result.started
     assert started["world_size"] == 2
     pids = started["pids"]
@@ -155,9 +159,10 @@ def test_deepspeed_zero1_on_two_cpu_ranks(sample_data: Path, tmp_path: Path) -> 
     need(cli.deepspeed_available(), "deepspeed is not installed (pip install -e '.[deepspeed]')")
     result = run_cli_asking_checkpoint(
         sample_data, "--strategy", "deepspeed", "--nproc", "2", "--checkpoint-dir", str(tmp_path),
-        "--run-id", "ds", timeout=400,
+        "--run-id", "ds", "--epochs", "2", *TARGET, timeout=400,
     )  # fmt: skip
-    assert_well_formed(result, "ds")
+    assert_well_formed(result, "ds", epochs_run=1)
+    assert_ended_at_target(result, epochs=2)  # every rank stops with rank 0's evaluation
     assert_requested_checkpoint_loads(result)
     started = result.started
     assert (started["world_size"], started["zero_stage"]) == (2, 1)
