@@ -32,9 +32,9 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from tests.phase_checks import assert_phases_add_up, phase_windows
 from tests.test_catalogue_launch import catalogue_report, machine
 from tests.test_exactness import assert_same_parameters
-from tests.test_phases import assert_phases_add_up, phase_windows
 from tests.test_training import Result, assert_well_formed, run_cli
 from training import catalogue, cli
 from training.model import SimpleCNN

@@ -27,6 +27,7 @@ import pytest
 import torch
 
 from tests.conftest import need
+from tests.phase_checks import assert_phases_add_up, phase_windows
 from training import data as training_data
 from training.protocol import EVENT_TYPES, PROTOCOL_VERSION, EventWriter
 from training.shared_data import segments_of
@@ -252,6 +253,10 @@ def test_single_one_epoch(sample_data: Path) -> None:
     assert (started["train_size"], started["test_size"]) == (4000, 1000)
     assert any("MNIST sample" in e["message"] for e in result.of_type("log"))
     assert result.finished["test_accuracy"] > 0.8
+    # Its phases add up to each window's wall time; one process spends none communicating.
+    assert_phases_add_up(result)
+    for _, rank in phase_windows(result):
+        assert rank["communication_seconds"] == 0 and rank["communication_bytes"] == 0
 
 
 def test_checkpoint_request_without_checkpoint_dir_is_refused_not_fatal(sample_data: Path) -> None:
@@ -301,6 +306,16 @@ def test_ddp_two_cpu_ranks(sample_data: Path) -> None:
     # Both ranks step together: the per-rank figures come from both.
     last = result.of_type("step")[-1]
     assert len({r["rss_bytes"] for r in last["ranks"]}) == 2
+    # Phases (protocol 1.9): they add up, and each window's bytes are what the ring all-reduce of
+    # DDP's buckets sends, 2(N-1)/N x the gradients' bytes a step (float32: 4 a parameter),
+    # exactly: the buckets hold every gradient and nothing else.
+    assert_phases_add_up(result)
+    gradient_bytes = 4 * started["model_info"]["parameters"]
+    windows = phase_windows(result)
+    assert len(windows) == 2 * len(result.of_type("step"))
+    for steps, rank in windows:
+        assert rank["communication_bytes"] == pytest.approx(steps * gradient_bytes, rel=1e-6)
+    assert all(rank["communication_seconds"] > 0 for _, rank in windows)
 
 
 def sigterm_at_first_step(proc: subprocess.Popen[str]) -> tuple[list[int], list[dict[str, Any]]]:

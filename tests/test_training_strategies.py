@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from tests.conftest import need
-from tests.test_phases import assert_phases_add_up
+from tests.phase_checks import assert_phases_add_up
 from tests.test_training import (
     GPU_COUNT,
     _start,
