@@ -26,12 +26,12 @@ from collections.abc import Sequence
 
 from training.bench.launch import training_command, training_env
 from training.catalogue import MODEL_DEFAULT
+from training.phases import PHASES
 from training.protocol import parse_event
 
 DEFAULT_STRATEGIES = ("single", "ddp")
 WINDOWS = 4  # step events a run reports
 SIDES = ("with", "without")
-PHASES = ("data", "forward", "backward", "optimizer", "communication", "other")
 BREAKDOWN_HEADER = "where each rank's wall time went, with the clock"
 
 

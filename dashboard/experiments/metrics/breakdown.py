@@ -83,8 +83,8 @@ def _rank_shares(seconds: dict[int, dict[str, float]]) -> list[RankBreakdown]:
 # apart: the others wait for it in their collectives. Noise between even ranks on a shared
 # machine stays within some 20% here; a rank sharing its core with another process doubles.
 STRAGGLER_THRESHOLD: Final = 0.5
-# A rank already named stays named while it is this much slower (and no other rank passes the
-# threshold): a rank hovering about the threshold is named once, not named and cleared in turn.
+# A rank already named stays named while it is still the slowest and this much slower: a rank
+# hovering about the threshold is named once, not named and cleared in turn.
 STRAGGLER_KEPT: Final = 0.25
 # The latest step events looked at: the straggler is the slowest over them, since_step where its
 # latest unbroken run of slow windows began.
