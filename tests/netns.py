@@ -147,13 +147,39 @@ def machines(count: int) -> Iterator[Network]:
         _ip("link", "set", network.bridge, "up")
         for index in range(count):
             _machine_add(network, tag=tag, index=index, subnet=subnet)
+        _names_write(network)
         yield network
     finally:
         _teardown(network)
 
 
+# `ip netns exec NAME` mounts the files of /etc/netns/NAME over /etc's.
+NETNS_ETC = "/etc/netns"
+# No name server on the test network: a query fails at once (nothing listens on the machine's
+# own port 53) instead of waiting out the host's resolver, which a machine cannot reach. The
+# reverse lookup of each peer that c10d's store makes timed out twice at every torchrun start,
+# 11 s each time.
+RESOLV_CONF = "nameserver 127.0.0.1\noptions timeout:1 attempts:1\n"
+
+
+def _names_write(network: Network) -> None:
+    """Each machine knows the others by name, as machines on one network would (from DNS on a
+    real one): the host's /etc/hosts, plus the host's and every machine's address."""
+    with open("/etc/hosts") as f:
+        hosts = f.read().rstrip("\n") + "\n"
+    hosts += f"{network.host_address} {network.bridge}\n"
+    hosts += "".join(f"{m.address} {m.name}\n" for m in network.machines)
+    for machine in network.machines:
+        folder = os.path.join(NETNS_ETC, machine.name)
+        os.makedirs(folder, exist_ok=True)
+        for name, text in (("hosts", hosts), ("resolv.conf", RESOLV_CONF)):
+            with open(os.path.join(folder, name), "w") as f:
+                f.write(text)
+
+
 def _teardown(network: Network) -> None:
     for machine in network.machines:
+        shutil.rmtree(os.path.join(NETNS_ETC, machine.name), ignore_errors=True)
         for pid in machine.pids():
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, 9)
