@@ -5,9 +5,10 @@ as machines, tests/machines_cluster.py; needs root and PostgreSQL):
 
 prints launch to first point and the epoch's images/s of 1 machine x 2 ranks and 2 machines x 1
 rank (same seed and global batch), their ratio, and for a 2-machine run whose second worker is
-SIGKILLed after its first epoch: kill to lost, to resumed (claimed again) and to the resumed
-attempt's first point. Both "machines" share this host's cores: the ratio shows the cost of
-the rendezvous and the network path, not what two real machines would gain.
+SIGKILLed after its first epoch: kill to lost, to the other machine's ranks ended, to resumed
+(claimed again) and to the resumed attempt's first point. Both "machines" share this host's
+cores: the ratio shows the cost of the rendezvous and the network path, not what two real
+machines would gain.
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,41 +53,74 @@ def _status(cluster: Cluster, pk: int) -> tuple[str, int]:
     return str(body["status"]), int(body["attempt"])
 
 
-def run_figures(cluster: Cluster, *, nodes: int, processes: int) -> tuple[float, float]:
+def run_figures(
+    cluster: Cluster, *, nodes: int, processes: int, watch: Callable[[int], None] | None = None
+) -> tuple[int, float, float]:
+    """The run's id, its launch to first point and its epoch's images/s. ``watch(pk)`` is called
+    once the first point is stored (the machine tests look at the run while it trains)."""
     pk, launched = _launch(cluster, name=f"{nodes}x{processes}", nodes=nodes, processes=processes)
     wait_for(lambda: _first_point_id(cluster, pk), timeout=400, what="the first point")
     first = time.monotonic() - launched
+    if watch is not None:
+        watch(pk)
     wait_for(lambda: _status(cluster, pk)[0] == "succeeded", timeout=900, what="the end")
     ips = _one(cluster, "SELECT value FROM experiments_seriespoint WHERE experiment_id = %s AND "
                "key = 'epoch/images_per_second'", pk)  # fmt: skip
-    return first, float(ips)
+    return pk, first, float(ips)
 
 
-def kill_figures(cluster: Cluster) -> tuple[float, float, float]:
-    second = cluster.network.machines[1]
-    pk, _ = _launch(cluster, name="killed", nodes=2, processes=1, epochs=2)
+@dataclass(frozen=True)
+class Killed:
+    """The killed run's id and its seconds from the kill: to lost, to the other machine's ranks
+    of the lost attempt ended, to resumed (claimed again), to the resumed attempt's first point."""
+
+    pk: int
+    lost: float
+    others_ended: float
+    resumed: float
+    point: float
+
+
+def kill_figures(cluster: Cluster, *, strategy: str = "ddp") -> Killed:
+    first, second = cluster.network.machines[:2]
+    pk, _ = _launch(cluster, name="killed", nodes=2, processes=1, epochs=2, strategy=strategy)
     wait_for(lambda: cluster.query("SELECT 1 FROM experiments_checkpoint WHERE experiment_id = %s",
              pk), timeout=900, what="epoch 1's checkpoint", interval=0.2)  # fmt: skip
     last = _one(cluster, "SELECT max(id) FROM experiments_seriespoint") or 0
+    others = cluster.training_pids(first)  # the attempt's launcher and rank there
     killed = time.monotonic()
     cluster.services[second.name].kill()
     wait_for(lambda: _status(cluster, pk)[1] > 1 or _status(cluster, pk)[0] != "running",
              timeout=120, what="lost", interval=0.1)  # fmt: skip
     lost = time.monotonic() - killed
+    # Ended, not left blocked in a collective with a rank that is gone.
+    wait_for(lambda: not others & cluster.training_pids(first), timeout=60, interval=0.1,
+             what="the other machine's ranks of the lost attempt ended")  # fmt: skip
+    others_ended = time.monotonic() - killed
     cluster.worker_start(second)
     wait_for(lambda: _status(cluster, pk) == ("running", 2), timeout=300, what="resumed",
              interval=0.2)  # fmt: skip
     resumed = time.monotonic() - killed
     wait_for(lambda: _first_point_id(cluster, pk, last), timeout=400, what="a resumed point",
              interval=0.2)  # fmt: skip
-    return lost, resumed, time.monotonic() - killed
+    return Killed(pk, lost, others_ended, resumed, time.monotonic() - killed)
 
 
-def figures_print(cluster: Cluster) -> None:
+@dataclass(frozen=True)
+class Figures:
+    one: int  # the ids of the 1 x 2 and the 2 x 1 runs
+    two: int
+    killed: Killed
+
+
+def figures_print(
+    cluster: Cluster, *, killed_strategy: str = "ddp", watch: Callable[[int], None] | None = None
+) -> Figures:
     """Measures and prints the figures on a running cluster whose two workers have reported
-    (main's own, or the machine tests' cluster, which runs this as a test)."""
-    one_first, one_ips = run_figures(cluster, nodes=1, processes=2)
-    two_first, two_ips = run_figures(cluster, nodes=2, processes=1)
+    (main's own, or the machine tests' cluster, which runs this as a test: FSDP2 for the killed
+    run there, and ``watch`` looking at the 2 x 1 run while it trains)."""
+    one, one_first, one_ips = run_figures(cluster, nodes=1, processes=2)
+    two, two_first, two_ips = run_figures(cluster, nodes=2, processes=1, watch=watch)
     print(
         f"launch to first point: 1 machine x 2 ranks {one_first:.1f} s, "
         f"2 machines x 1 rank {two_first:.1f} s (x{two_first / one_first:.2f})"
@@ -93,13 +129,15 @@ def figures_print(cluster: Cluster) -> None:
         f"images/s (epoch mean): 1x2 {one_ips:.0f}, 2x1 {two_ips:.0f} "
         f"(2x1 / 1x2 = {two_ips / one_ips:.2f})"
     )
-    lost, resumed, point = kill_figures(cluster)
+    killed = kill_figures(cluster, strategy=killed_strategy)
     print(
-        f"worker SIGKILLed: lost after {lost:.1f} s, resumed (claimed again) after "
-        f"{resumed:.1f} s, first point of the resumed attempt after {point:.1f} s "
+        f"worker SIGKILLed ({killed_strategy}): lost after {killed.lost:.1f} s, the other "
+        f"machine's ranks ended after {killed.others_ended:.1f} s, resumed (claimed again) after "
+        f"{killed.resumed:.1f} s, first point of the resumed attempt after {killed.point:.1f} s "
         f"(heartbeat bound {ENV['TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS']} s, reaper every "
         f"{ENV['TRAINYARD_REAPER_SECONDS']} s)"
     )
+    return Figures(one, two, killed)
 
 
 def main() -> int:

@@ -113,8 +113,14 @@ def loses_then_resumes(cluster: Cluster, pk: int, cut: Any, heal: Any) -> None:
     print(f"cut to lost: {lost_after:.1f} s (bound {HEARTBEAT_BOUND} s)")
     assert lost_after < HEARTBEAT_BOUND + 4 * REAPER_SECONDS + 20, lost
     heal()
-    done = wait_status(cluster, pk, {"succeeded", "failed", "cancelled"}, timeout=600)
+    resumed_and_succeeded(cluster, pk)
     print(f"cut to resumed and succeeded: {time.monotonic() - cut_at:.1f} s")
+
+
+def resumed_and_succeeded(cluster: Cluster, pk: int) -> None:
+    """Run ``pk``, lost once, ends as a success: its second attempt resumed from the checkpoint,
+    model and optimizer both."""
+    done = wait_status(cluster, pk, {"succeeded", "failed", "cancelled"}, timeout=600)
     assert done["status"] == "succeeded", done
     history = column(cluster, pk, "attempts")
     assert history[0]["outcome"] == "lost" and history[-1]["outcome"] == "succeeded", history

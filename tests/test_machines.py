@@ -1,8 +1,9 @@
-"""One run over two machines, end to end: launched through the API, placed on two workers (each
-in a network namespace of its own, tests/machines_cluster.py), trained by torchrun's c10d
-rendezvous across them, stopped, failed by a crashing rank, and surviving a machine cut off the
-network. A worker killed, and the machines benchmark, are tests/test_machines_killed.py, on a
-cluster of its own (tests/machines_runs.py), so that the two halves run on two xdist workers.
+"""One run over two machines, launched through the API, placed on two workers (each in a network
+namespace of its own, tests/machines_cluster.py) and trained by torchrun's c10d rendezvous
+across them: stopped, failed by a crashing rank, and surviving a machine cut off the network.
+The machines benchmark, whose runs are checked as they go (one over two machines equal to one on
+one machine, a worker killed), is tests/test_machines_killed.py, on a cluster of its own
+(tests/machines_runs.py), so that the two halves run on two xdist workers.
 
 Real processes throughout: PostgreSQL, Redis, daphne, Celery workers and beat, torchrun."""
 
@@ -11,7 +12,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
 import psutil
 import pytest
@@ -20,7 +20,6 @@ from tests.machines_cluster import Cluster
 from tests.machines_runs import (
     HEARTBEAT_BOUND,
     cluster_fixture,  # noqa: F401 (the module's own cluster)
-    column,
     launch,
     loses_then_resumes,
     no_training_left,
@@ -29,66 +28,13 @@ from tests.machines_runs import (
     wait_status,
 )
 from tests.stack import wait_for
-from tests.test_exactness import assert_same_parameters
-from tests.test_training import run_cli
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(900)]
 
-# From `finished` stored to no training process left on either machine: the teardown bound
-# (15 s) and a heartbeat or two.
-NODES_END_SECONDS = 25
-
-
-def test_a_two_machine_run_has_a_rank_on_each_machine_and_equals_one_machine(
-    cluster: Cluster, sample_data: Path, tmp_path: Path
-) -> None:
-    """Slow (minutes on 2 cores): the first test of the module also waits for the cluster (initdb,
-    migrations, both workers' first device reports), then one epoch is trained twice, over two
-    machines through torchrun's c10d rendezvous and again on one machine with two ranks, to
-    compare the parameters."""
-    pk = launch(cluster, name="two machines", epochs=1)
-    pids = training_on_both(cluster)
-    # Each machine's processes live in that machine's network namespace, and no other.
-    spaces = {name: {os.readlink(f"/proc/{p}/ns/net") for p in found if os.path.exists(
-        f"/proc/{p}")} for name, found in pids.items()}  # fmt: skip
-    first, second = spaces.values()
-    assert len(first) == 1 and len(second) == 1 and first != second
-    finished = "training finished: %"
-    wait_for(lambda: cluster.query("SELECT 1 FROM experiments_logline WHERE experiment_id = %s "
-                                   "AND message LIKE %s", pk, finished),
-             timeout=600, what="the run's finished event stored", interval=0.25)  # fmt: skip
-    finished_at = time.monotonic()
-    # Once `finished` is stored, both machines' processes end within seconds (Gloo's and
-    # torchrun's teardown across machines took 33-46 s once; the supervisor's bound is
-    # TRAINYARD_TEARDOWN_SECONDS, 15, and the other node follows at its next heartbeat).
-    wait_for(lambda: no_training_left(cluster), timeout=NODES_END_SECONDS, interval=0.25,
-             what="both machines' processes ended after `finished`")  # fmt: skip
-    print(f"finished stored to no process left: {time.monotonic() - finished_at:.1f} s")
-    done = wait_status(cluster, pk, {"succeeded", "failed", "cancelled"}, timeout=600)
-    assert done["status"] == "succeeded", done
-    placement = {entry["worker"]: entry["ranks"] for entry in done["placement"]}
-    assert sorted(placement) == sorted(m.name for m in cluster.network.machines)
-    assert sorted(r for ranks in placement.values() for r in ranks) == [0, 1]
-    assert all(len(ranks) == 1 for ranks in placement.values())
-    # Both machines' output came back, each line tagged with the machine that relayed it.
-    tagged = {row[0] for row in cluster.query(
-        "SELECT DISTINCT machine FROM experiments_logline WHERE experiment_id = %s AND machine "
-        "<> ''", pk)}  # fmt: skip
-    assert tagged == set(placement)
-    stats = column(cluster, pk, "rank_stats")
-    assert {row["machine"] for row in stats["ranks"]} == set(placement)
-    # The same job on one machine with two ranks ends with the same parameters.
-    one = run_cli(
-        sample_data, "--strategy", "ddp", "--nproc", "2", "--batch-size", "32", "--optimizer",
-        "sgd", "--lr", "0.01", "--seed", "7", "--epochs", "1", "--checkpoint-dir",
-        str(tmp_path), timeout=600,
-    )  # fmt: skip
-    assert one.returncode == 0, one.stderr[-2000:]
-    ours = cluster.runs_dir / str(pk) / "checkpoints" / "epoch-1.pt"
-    assert_same_parameters(ours, tmp_path / "epoch-1.pt", rtol=1e-5)
-
 
 def test_stop_ends_every_process_on_both_machines_within_5_seconds(cluster: Cluster) -> None:
+    """The first test of the module also waits for the cluster (initdb, migrations, both
+    workers' first device reports)."""
     pk = launch(cluster, name="stopped", epochs=3)
     training_on_both(cluster)
     wait_for(lambda: run(cluster, pk).get("placement", [{}])[0].get("ranks"), timeout=240,
