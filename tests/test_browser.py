@@ -23,7 +23,14 @@ from tests.conftest import need
 from tests.stack import ROOT, Stack, wait_for
 from training.registry import MICROBATCHES, PIPELINE_SCHEDULE, StrategyOption
 
-pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(400)]
+# sqlite_only: the pages draw what the selectors and the socket give, which tests/test_compare.py,
+# test_series.py and the other in-process tests check on PostgreSQL too.
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.integration,
+    pytest.mark.sqlite_only,
+    pytest.mark.timeout(400),
+]
 
 ARTIFACTS = ROOT / "test-artifacts"
 

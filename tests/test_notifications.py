@@ -515,6 +515,7 @@ def test_two_copies_of_a_delivery_task_send_once(
 
 
 @pytest.mark.integration
+@pytest.mark.sqlite_only  # the deliveries' rows and retries are this file's other tests, on both
 @pytest.mark.timeout(300)
 def test_a_real_run_ends_with_an_email_and_a_signed_webhook(stack: Any, receiver: Receiver) -> None:
     from tests.stack import wait_for

@@ -398,6 +398,7 @@ def test_the_run_page_offers_profile_while_running_and_says_why_not(
 
 @pytest.mark.browser
 @pytest.mark.integration
+@pytest.mark.sqlite_only  # the stored rows' rules are this file's in-process tests, on both engines
 @pytest.mark.timeout(420)
 def test_a_profile_of_a_ddp_run_through_the_stack(
     stack: Stack, request: pytest.FixtureRequest

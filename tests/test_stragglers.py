@@ -120,6 +120,7 @@ def _straggler_messages(channel: str) -> list[dict[str, Any]]:
 
 
 @pytest.mark.slow  # two DDP runs
+@pytest.mark.sqlite_only  # two trainings; the row's conditional updates are the next test's
 @pytest.mark.django_db(transaction=True)
 def test_a_really_slow_rank_is_named_once_and_an_even_run_names_nobody(
     sample_data: Path, experiment_factory: Any, user_factory: Any, settings: Any

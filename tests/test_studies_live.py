@@ -24,7 +24,14 @@ from tests.test_browser import (  # noqa: F401 (fixtures)
 )
 from training.registry import COMM_HOOK, option_strategies
 
-pytestmark = [pytest.mark.browser, pytest.mark.integration, pytest.mark.timeout(900)]
+# sqlite_only: a study's runs train through the stack; its table's SQL (the pooled points, the
+# grid's cells) is checked on PostgreSQL by tests/test_studies.py.
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.integration,
+    pytest.mark.sqlite_only,
+    pytest.mark.timeout(900),
+]
 
 TARGET = 0.8  # one epoch of the sample reaches about 0.9 with either strategy
 FINAL = {"succeeded", "failed", "cancelled", "lost"}
