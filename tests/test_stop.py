@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.test import TestCase
 
 from dashboard.experiments.core.transitions import Outcome
 from dashboard.experiments.models import Experiment, LogLine, Status
@@ -156,7 +157,9 @@ def _group_messages(run: Experiment, settle: Any) -> list[dict[str, Any]]:
     layer = get_channel_layer()
     channel = async_to_sync(layer.new_channel)()
     async_to_sync(layer.group_add)(experiment_group(run.pk), channel)
-    settle()
+    # The test's transaction never commits: run what a commit would (the sink's sends).
+    with TestCase.captureOnCommitCallbacks(execute=True):
+        settle()
 
     async def drain() -> list[dict[str, Any]]:
         got = []

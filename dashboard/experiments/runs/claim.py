@@ -39,7 +39,6 @@ def experiment_claim(*, experiment_id: int, machine: Machine) -> Claim:
     the machines of a multi-node run at once. The caller sends the other nodes their tasks once
     this has committed (tasks.run_nodes_send).
     """
-    now = timezone.now()
     with transaction.atomic():
         experiment = Experiment.objects.filter(pk=experiment_id, status=Status.QUEUED).first()
         if experiment is None:
@@ -48,6 +47,9 @@ def experiment_claim(*, experiment_id: int, machine: Machine) -> Claim:
         if machine.name not in names:
             return Claim(False, routed_to=names[0])
         rows = machines_lock(names)
+        # Read once the locks are held: a claim that waited for them behind a run's end must not
+        # date its start before that end (queue pages and tests order runs by these times).
+        now = timezone.now()
         # Claim order first (queue.py: priority, then first in first out; the running limit).
         reason = queue_turn_refusal(experiment=experiment, machine=machine)
         plan = (

@@ -315,8 +315,12 @@ class EventSink:
 
         Several processes write one run's events: the reaper's and a claim's status, and on a
         run over several machines each machine's supervisor. The run's row lock (SQLite's
-        IMMEDIATE transactions: its write lock) numbers each flush after the last one stored,
-        and its message is sent before the lock is let go, so that pages get seq in order.
+        IMMEDIATE transactions: its write lock) numbers each flush after the last one stored.
+        The messages go once the transaction has committed (the outermost one, where a caller
+        holds one), so that whoever a message sends to the database finds what it says: a
+        checkpoint's link, sent before the commit, answered 404 to a client that followed it at
+        once. Sent right after the commit, flushes still reach pages in order; where another
+        flush slips in between, the page sees a gap in seq and reads the stored run afresh.
         """
         if not self.messages:
             return
@@ -341,7 +345,7 @@ class EventSink:
                 last_seq=self.seq, **self.updates
             )
             messages, self.messages = self.messages, []
-            self._send(messages)
+            transaction.on_commit(lambda: self._send(messages))
         self.points, self.logs, self.updates, self.checkpoints = [], [], {}, []
         self.pruned = set()
         self.sent_at = time.monotonic()
