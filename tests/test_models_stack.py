@@ -81,7 +81,7 @@ def folder(stack: Stack, data_dir: Path) -> Path:
 def test_resnet18_on_an_image_folder_single_and_ddp(stack: Stack, folder: Path) -> None:
     alice = stack.login("alice")
     assert "imagefolder" in machine(stack, alice)["datasets"]
-    common = {"model": "resnet18", "dataset": "imagefolder", "data_path": str(folder), "epochs": 3}
+    common = {"model": "resnet18", "dataset": "imagefolder", "data_path": str(folder), "epochs": 2}
     single = launch(
         alice, stack, name="resnet18 single", strategy="single", batch_size=32, **common
     )
@@ -93,7 +93,7 @@ def test_resnet18_on_an_image_folder_single_and_ddp(stack: Stack, folder: Path) 
         assert (run["model"], run["dataset"], run["data_path"]) == (
             "resnet18", "imagefolder", str(folder)
         )  # fmt: skip
-        # 10 classes: chance is 0.1.
+        # 10 classes: chance is 0.1; two epochs reach about 0.6-0.7 (one reached 0.44-0.46).
         assert run["test_accuracy"] > 0.3, run
         info = stack.experiment_row(pk)["run_info"]
         assert info["data_mode"] == "resident", info
