@@ -101,40 +101,24 @@ def assert_matches(entry: dict[str, Any], cls: type, *, every: bool) -> None:
         assert declared - STRATEGY_FIELDS <= entry.keys(), (cls.__name__, declared - entry.keys())
 
 
-def assert_nested_match(event: dict[str, Any]) -> None:
+def assert_nested_match(event: dict[str, Any], *, every: bool = True) -> None:
     for rank in event.get("ranks", []):
-        assert_matches(rank, RankReport, every=True)
+        assert_matches(rank, RankReport, every=every)
     for tensor in event.get("shared_tensors", []):
-        assert_matches(tensor, SharedTensor, every=True)
+        assert_matches(tensor, SharedTensor, every=every)
     for stage in event.get("stages", []):
-        assert_matches(stage, Stage, every=True)
+        assert_matches(stage, Stage, every=every)
 
 
-@pytest.mark.parametrize(
-    "strategy",
-    [["single"], ["hogwild", "--nproc", "2"], ["model-parallel"]],
-    ids=["single", "hogwild", "model-parallel"],
-)
-def test_a_real_runs_events_match_their_types(
-    sample_data: Path, tmp_path: Path, strategy: list[str]
-) -> None:
-    from tests.test_training import run_cli
-
-    result = run_cli(
-        sample_data, "--strategy", *strategy, "--epochs", "1", "--steps-per-epoch", "3",
-        "--run-id", "typed", "--checkpoint-dir", str(tmp_path),
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    seen = {e["type"] for e in result.events}
-    # A profile comes only when asked for (tests/test_profiles.py).
-    assert seen == EVENT_TYPES - {"failed", "profile"}
-    for event in result.events:
-        assert_matches(event, EVENT_CLASSES[event["type"]], every=True)
-        assert_nested_match(event)
-    # The nested entries were checked above: make sure there were some.
-    started = result.started
-    assert bool(started["shared_tensors"]) == (strategy[0] == "hogwild")
-    assert bool(started.get("stages")) == (strategy[0] == "model-parallel")
+def assert_typed(events: list[dict[str, Any]], *, every: bool) -> None:
+    """A real run's events against their types (training/protocol.py), nested entries too.
+    Every run the engine's tests make is checked (tests/test_training.py's assert_well_formed,
+    without ``every``: a run of any strategy and options); single, Hogwild and model parallel,
+    whose nested entries differ, with ``every`` in their main runs, which also see every type
+    (tests/test_training.py, tests/test_training_strategies.py)."""
+    for event in events:
+        assert_matches(event, EVENT_CLASSES[event["type"]], every=every)
+        assert_nested_match(event, every=every)
 
 
 def test_a_real_failed_event_matches_its_type(sample_data: Path, tmp_path: Path) -> None:

@@ -28,6 +28,7 @@ import torch
 
 from tests.conftest import need
 from tests.phase_checks import assert_phases_add_up, phase_windows
+from tests.test_protocol import assert_typed
 from training import data as training_data
 from training.protocol import EVENT_TYPES, PROTOCOL_VERSION, EventWriter
 from training.shared_data import segments_of
@@ -160,6 +161,7 @@ def assert_well_formed(result: Result, run_id: str, *, epochs_run: int | None = 
         assert isinstance(e["time"], float | int)
     assert events[0]["type"] == "started"
     assert events[-1]["type"] == "finished"
+    assert_typed(events, every=False)
     times = [e["time"] for e in events]
     assert times == sorted(times)
     steps = result.of_type("step")
@@ -253,6 +255,9 @@ def test_single_one_epoch(sample_data: Path) -> None:
     assert (started["train_size"], started["test_size"]) == (4000, 1000)
     assert any("MNIST sample" in e["message"] for e in result.of_type("log"))
     assert result.finished["test_accuracy"] > 0.8
+    # Every type a run without a checkpoint folder writes, each with every field of its type.
+    assert {e["type"] for e in result.events} == EVENT_TYPES - {"failed", "profile", "checkpoint"}
+    assert_typed(result.events, every=True)
     # Its phases add up to each window's wall time; one process spends none communicating.
     assert_phases_add_up(result)
     for _, rank in phase_windows(result):

@@ -15,6 +15,7 @@ import torch
 
 from tests.conftest import need
 from tests.phase_checks import assert_phases_add_up
+from tests.test_protocol import assert_typed
 from tests.test_training import (
     GPU_COUNT,
     _start,
@@ -26,6 +27,7 @@ from tests.test_training import (
 )
 from tests.test_training_target import TARGET, assert_ended_at_target
 from training import cli
+from training.protocol import EVENT_TYPES
 from training.shared_data import (
     PREFIX,
     dataset_segment_create,
@@ -64,6 +66,9 @@ def test_model_parallel_on_the_cpu_says_so(sample_data: Path, tmp_path: Path) ->
     )  # fmt: skip
     assert_well_formed(result, "mp")
     assert_requested_checkpoint_loads(result)
+    # Every type but a failure and a profile (asked for only), each with every field of its type.
+    assert {e["type"] for e in result.events} == EVENT_TYPES - {"failed", "profile"}
+    assert_typed(result.events, every=True)
     started = result.started
     # The built-in's top-level children, one a stage (1.6 adds each stage's children).
     assert [(s["name"], s["device"], s["children"]) for s in started["stages"]] == [
@@ -87,6 +92,8 @@ def test_hogwild_two_processes_share_model_and_data(sample_data: Path, tmp_path:
     )  # fmt: skip
     assert_well_formed(result, "hw", epochs_run=1)
     assert_ended_at_target(result, epochs=2)
+    assert {e["type"] for e in result.events} == EVENT_TYPES - {"failed", "profile"}
+    assert_typed(result.events, every=True)  # its shared tensors' entries too
     started = result.started
     assert started["world_size"] == 2
     pids = started["pids"]
