@@ -53,6 +53,18 @@ def _status(cluster: Cluster, pk: int) -> tuple[str, int]:
     return str(body["status"]), int(body["attempt"])
 
 
+FINAL = {"succeeded", "failed", "cancelled"}
+
+
+def _succeeded(cluster: Cluster, pk: int, *, timeout: float) -> None:
+    """Waits for the run's end, which must be a success: a failure says so at once."""
+    wait_for(lambda: _status(cluster, pk)[0] in FINAL, timeout=timeout, what=f"run {pk}'s end",
+             interval=0.5)  # fmt: skip
+    body = cluster.api("GET", f"/api/experiments/{pk}/").json()
+    if body["status"] != "succeeded":
+        raise AssertionError(f"run {pk} ended {body['status']}: {body}\n{cluster.diagnostics()}")
+
+
 def run_figures(
     cluster: Cluster, *, nodes: int, processes: int, watch: Callable[[int], None] | None = None
 ) -> tuple[int, float, float]:
@@ -63,7 +75,7 @@ def run_figures(
     first = time.monotonic() - launched
     if watch is not None:
         watch(pk)
-    wait_for(lambda: _status(cluster, pk)[0] == "succeeded", timeout=900, what="the end")
+    _succeeded(cluster, pk, timeout=900)
     ips = _one(cluster, "SELECT value FROM experiments_seriespoint WHERE experiment_id = %s AND "
                "key = 'epoch/images_per_second'", pk)  # fmt: skip
     return pk, first, float(ips)
@@ -88,6 +100,7 @@ def kill_figures(cluster: Cluster, *, strategy: str = "ddp") -> Killed:
              pk), timeout=900, what="epoch 1's checkpoint", interval=0.2)  # fmt: skip
     last = _one(cluster, "SELECT max(id) FROM experiments_seriespoint") or 0
     others = cluster.training_pids(first)  # the attempt's launcher and rank there
+    assert others, "no process of the run on the first machine"
     killed = time.monotonic()
     cluster.services[second.name].kill()
     wait_for(lambda: _status(cluster, pk)[1] > 1 or _status(cluster, pk)[0] != "running",
@@ -98,9 +111,10 @@ def kill_figures(cluster: Cluster, *, strategy: str = "ddp") -> Killed:
              what="the other machine's ranks of the lost attempt ended")  # fmt: skip
     others_ended = time.monotonic() - killed
     cluster.worker_start(second)
-    wait_for(lambda: _status(cluster, pk) == ("running", 2), timeout=300, what="resumed",
-             interval=0.2)  # fmt: skip
+    again = wait_for(lambda: (s := _status(cluster, pk))[1] >= 2 and s[0] != "queued" and s,
+                     timeout=300, what="resumed", interval=0.2)  # fmt: skip
     resumed = time.monotonic() - killed
+    assert again in (("running", 2), ("succeeded", 2)), (again, cluster.diagnostics())
     wait_for(lambda: _first_point_id(cluster, pk, last), timeout=400, what="a resumed point",
              interval=0.2)  # fmt: skip
     return Killed(pk, lost, others_ended, resumed, time.monotonic() - killed)

@@ -47,9 +47,6 @@ def experiment_claim(*, experiment_id: int, machine: Machine) -> Claim:
         if machine.name not in names:
             return Claim(False, routed_to=names[0])
         rows = machines_lock(names)
-        # Read once the locks are held: a claim that waited for them behind a run's end must not
-        # date its start before that end (queue pages and tests order runs by these times).
-        now = timezone.now()
         # Claim order first (queue.py: priority, then first in first out; the running limit).
         reason = queue_turn_refusal(experiment=experiment, machine=machine)
         plan = (
@@ -65,6 +62,10 @@ def experiment_claim(*, experiment_id: int, machine: Machine) -> Claim:
         )
         if plan.route_to:
             return Claim(False, routed_to=plan.route_to)
+        # Read once the plan has seen the devices free: the run that freed them ended before this
+        # (its end's commit is what the plan read), so a start is never dated before that end.
+        # Read before the locks, a claim that waited for them started 4 ms before it.
+        now = timezone.now()
         if plan.placement:
             started = transitions.experiment_start(
                 experiment=experiment, worker=machine.name, now=now, placement=plan.placement

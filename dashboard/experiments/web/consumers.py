@@ -1,8 +1,10 @@
 """The live channel of one experiment: /ws/experiments/<id>/.
 
 On connect it sends a snapshot of what the database holds (its series, bucketed, and last logs),
-then every later event in `seq` order. Clients drop what they already have (seq <= snapshot's) and
-reconnect on a gap, so nothing is lost when the channel layer drops or the socket breaks. Every
+then every later event, each sent once it is stored, in `seq` order as a rule (two processes that
+write one run may send theirs in the other order). Clients drop what they already have (seq <=
+snapshot's) and reconnect on a gap, so nothing is lost when the channel layer drops, the socket
+breaks or two sends cross. Every
 message it sends is typed and described in `messages.py`.
 """
 
