@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from typing import Any
 
 import pytest
-from asgiref.sync import sync_to_async
+from asgiref.sync import async_to_sync, sync_to_async
 from channels.layers import get_channel_layer
 from channels.testing import WebsocketCommunicator
 from django.contrib.auth.models import AnonymousUser
+from django.db import transaction
 
-from dashboard.experiments.models import SeriesPoint
+from dashboard.experiments.models import LogLine, SeriesPoint
 from dashboard.experiments.runs.broadcast import experiment_group
 from dashboard.experiments.runs.sink import EventSink
 
@@ -69,6 +72,43 @@ async def test_one_group_message_per_flush(user_factory: Any, experiment_factory
     assert len(message["events"]) == 300
     count = await sync_to_async(SeriesPoint.objects.filter(experiment=run).count)()
     assert count == 300
+
+
+async def test_a_flush_is_sent_once_committed_and_never_when_rolled_back(
+    user_factory: Any, experiment_factory: Any
+):
+    """A page that hears of an event finds it stored: a checkpoint's link, sent before the
+    commit, answered 404 to a client that followed it at once."""
+    owner = await sync_to_async(user_factory)()
+    run = await sync_to_async(experiment_factory)(owner=owner, status="running")
+    layer = get_channel_layer()
+    channel = await layer.new_channel()
+    await layer.group_add(experiment_group(run.pk), channel)
+
+    def flush_in_a_transaction(*, commit: bool) -> bool:
+        """Whether the message had left before the transaction ended."""
+        sink = EventSink(run)
+        sink.add({"type": "log", "level": "info", "message": "stored first", "time": 1.0})
+        with contextlib.suppress(RuntimeError), transaction.atomic():
+            sink.flush()
+            sent_early = async_to_sync(_received)(layer, channel) is not None
+            if not commit:
+                raise RuntimeError("rolled back")
+        return sent_early
+
+    assert await sync_to_async(flush_in_a_transaction)(commit=False) is False
+    assert await _received(layer, channel) is None  # rolled back: nothing said
+    assert await sync_to_async(flush_in_a_transaction)(commit=True) is False
+    message = await _received(layer, channel)  # committed: said once
+    assert message is not None and message["events"][0]["message"] == "stored first"
+    lines = await sync_to_async(LogLine.objects.filter(experiment=run).count)()
+    assert lines == 1
+
+
+async def _received(layer: Any, channel: str) -> dict[str, Any] | None:
+    with contextlib.suppress(TimeoutError):
+        return dict(await asyncio.wait_for(layer.receive(channel), 0.3))
+    return None
 
 
 @pytest.mark.parametrize("who", ["anonymous", "stranger"])
