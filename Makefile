@@ -33,9 +33,10 @@ worker: setup
 	$(VENV)/bin/celery -A dashboard worker --loglevel INFO
 
 # Tests that need a missing tool fail instead of skipping (tests/conftest.py's need()). Two passes:
-# every test on SQLite (the embedded default), then every test that opens the database again on a
-# PostgreSQL server the tests start themselves (tests/conftest.py's --database); one alone:
-# `.venv/bin/pytest` or `.venv/bin/pytest --database=postgres`.
+# every test on SQLite (the embedded default) but those marked postgres_only, then every test that
+# opens the database, but those marked sqlite_only, on a PostgreSQL server the tests start
+# themselves (tests/conftest.py's --database); the README's table says which and why. One alone:
+# `.venv/bin/pytest -m "not postgres_only"` or `.venv/bin/pytest --database=postgres`.
 # Each pass prints its 25 slowest tests and its wall time (a test over 2 minutes says why in its
 # docstring). Each runs in two pytest-xdist workers, a test file to a worker (its module's stack
 # and machines stay together): most of the stack's tests wait on heartbeats, rendezvous and process
@@ -53,7 +54,7 @@ PYTEST_TIMED = TRAINYARD_TESTS_NEED_ALL=1 $(VENV)/bin/pytest -n $(TEST_WORKERS) 
 test:
 	@start=$$(date +%s); .ci/system-packages test && $(MAKE) --no-print-directory setup; rc=$$?; \
 	  echo "make test: set-up took $$(( $$(date +%s) - start )) s"; exit $$rc
-	@start=$$(date +%s); $(PYTEST_TIMED); rc=$$?; \
+	@start=$$(date +%s); $(PYTEST_TIMED) -m "not postgres_only"; rc=$$?; \
 	  echo "make test: the SQLite pass took $$(( $$(date +%s) - start )) s"; exit $$rc
 	@start=$$(date +%s); $(PYTEST_TIMED) --database=postgres; rc=$$?; \
 	  echo "make test: the PostgreSQL pass took $$(( $$(date +%s) - start )) s"; exit $$rc

@@ -175,6 +175,28 @@ def sample_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+# Digits of the sample's test split that `few_test_digits` keeps (20 a class, give or take).
+FEW_TEST_DIGITS = 200
+
+
+@pytest.fixture(scope="session")
+def few_test_digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A data folder whose MNIST is the sample's 4,000 training digits and the first 200 of its
+    1,000 test digits, as torchvision's IDX files: a run evaluates each epoch on the whole test
+    split, and for a torchvision model (ViT-B, Inception v3) on the CPU the 1,000 took most of a
+    test's minute. Real digits, read by the same path as a full MNIST's."""
+    from training.data import IDX_FILES, idx_bytes, split_mnist_sample
+
+    path = tmp_path_factory.getbasetemp() / "few-test-digits"
+    raw = path / "MNIST" / "raw"
+    if not raw.is_dir():
+        raw.mkdir(parents=True)
+        for (split, kind), array in split_mnist_sample().items():
+            kept = array[:FEW_TEST_DIGITS] if split == "test" else array
+            (raw / IDX_FILES[(split, kind)]).write_bytes(idx_bytes(kept))
+    return path
+
+
 @pytest.fixture
 def no_processes_left() -> Iterator[None]:
     """Fail a test that leaves a child process behind (ranks, workers, launchers). Children

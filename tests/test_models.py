@@ -2,7 +2,8 @@
 dataset (``training.models``), ``--model`` / ``--weights`` / ``--sync-batchnorm`` through
 ``python -m training``, a real plug-in package, and every strategy on a torchvision model.
 
-All on the real MNIST sample (28x28, 1 channel, 10 classes), a few steps each.
+All on the real MNIST sample (28x28, 1 channel, 10 classes), a few steps each, evaluated on 200
+of its test digits (``few_test_digits``).
 """
 
 from __future__ import annotations
@@ -29,6 +30,13 @@ from training.models import InputResize, ModelRefused, model_build_for, model_te
 pytestmark = pytest.mark.usefixtures("no_processes_left")
 slow = pytest.mark.slow
 SHORT = ("--epochs", "1", "--steps-per-epoch", "3", "--log-interval", "1")
+
+
+@pytest.fixture
+def sample_data(few_test_digits: Path) -> Path:
+    """Here the sample with 200 test digits (tests/conftest.py): these models' runs evaluate
+    on all of them each epoch, and no figure here depends on how many there are."""
+    return few_test_digits
 
 
 def _mnist_batch(sample_data: Path, n: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
@@ -331,7 +339,7 @@ def test_deepspeed_trains_resnet18(sample_data: Path) -> None:
 # ViT is torchvision's one classifier with neither BatchNorm (per-rank statistics under DDP)
 # nor dropout or stochastic depth (random masks that differ between one process and two): the
 # one whose DDP step is the single process's step. Built for 32x32 (MNIST resized), 85M
-# parameters: three small steps, but evaluating the 1,000 test digits makes it about 70 s here.
+# parameters: three small steps, and evaluating 200 test digits (1,000 took 70 s here).
 @slow
 def test_ddp_equals_single_on_vit(sample_data: Path, tmp_path: Path) -> None:
     common = (
