@@ -161,8 +161,12 @@ def experiment_factory() -> Any:
 
 @pytest.fixture(scope="session")
 def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """One data folder per test session, so the MNIST sample is written once."""
-    return tmp_path_factory.mktemp("data")
+    """One data folder per test session, the stack's and the benchmarks': its MNIST is the
+    sample with 200 test digits (`few_test_digits`), as every run through the stack evaluates
+    each epoch on all of them; the sample itself is the training tests' (`sample_data`)."""
+    path = tmp_path_factory.mktemp("data")
+    few_digits_write(path)
+    return path
 
 
 @pytest.fixture(scope="session")
@@ -179,21 +183,26 @@ def sample_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 FEW_TEST_DIGITS = 200
 
 
-@pytest.fixture(scope="session")
-def few_test_digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A data folder whose MNIST is the sample's 4,000 training digits and the first 200 of its
-    1,000 test digits, as torchvision's IDX files: a run evaluates each epoch on the whole test
-    split, and for a torchvision model (ViT-B, Inception v3) on the CPU the 1,000 took most of a
-    test's minute. Real digits, read by the same path as a full MNIST's."""
+def few_digits_write(path: Path) -> None:
+    """Under ``path``, an MNIST of the sample's 4,000 training digits and the first 200 of its
+    1,000 test digits, as torchvision's IDX files: real digits, read by the same path as a full
+    MNIST's. A run evaluates each epoch on the whole test split: 0.9 s of CPU for the 1,000 with
+    the built-in model, most of a minute with ViT-B or Inception v3, and the suite runs hundreds."""
     from training.data import IDX_FILES, idx_bytes, split_mnist_sample
 
-    path = tmp_path_factory.getbasetemp() / "few-test-digits"
     raw = path / "MNIST" / "raw"
-    if not raw.is_dir():
-        raw.mkdir(parents=True)
-        for (split, kind), array in split_mnist_sample().items():
-            kept = array[:FEW_TEST_DIGITS] if split == "test" else array
-            (raw / IDX_FILES[(split, kind)]).write_bytes(idx_bytes(kept))
+    raw.mkdir(parents=True, exist_ok=True)
+    for (split, kind), array in split_mnist_sample().items():
+        kept = array[:FEW_TEST_DIGITS] if split == "test" else array
+        (raw / IDX_FILES[(split, kind)]).write_bytes(idx_bytes(kept))
+
+
+@pytest.fixture(scope="session")
+def few_test_digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The training tests' data folder of the sample with 200 test digits (tests/few_digits.py
+    gives it to the modules whose figures do not depend on the count)."""
+    path = tmp_path_factory.getbasetemp() / "few-test-digits"
+    few_digits_write(path)
     return path
 
 

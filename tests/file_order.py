@@ -21,6 +21,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 DURATIONS = Path(__file__).with_name("durations.json")
@@ -69,6 +70,7 @@ class FileTimes:
         self.config = config
         self.files: dict[str, float] = defaultdict(float)
         self.workers: dict[str, float] = defaultdict(float)
+        self.cpu_before = psutil.cpu_times()
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         worker = getattr(getattr(report, "node", None), "gateway", None)
@@ -84,6 +86,7 @@ class FileTimes:
             write(f"{seconds:8.1f} s  {name}")
         busy = ", ".join(f"{w} {s:.0f} s" for w, s in sorted(self.workers.items()))
         write(f"busy time per worker: {busy}")
+        write(cpu_line(self.cpu_before, psutil.cpu_times()))
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if not self.config.getoption("store_durations") or not self.files:
@@ -96,3 +99,17 @@ class FileTimes:
         merged = {**stored.get(database, {}), **{k: round(v, 1) for k, v in self.files.items()}}
         stored[database] = dict(sorted(merged.items()))
         DURATIONS.write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n")
+
+
+def cpu_line(before: Any, after: Any) -> str:
+    """How busy the machine's cores were over the run (every process, not only the tests'): near
+    100% a pass is bound by the CPU its trainings take, and only less work shortens it; well
+    below, by its waits (heartbeats, start-ups), which more workers would overlap."""
+    # Linux counts guest time in user time as well: left out, so nothing is counted twice.
+    fields = [name for name in after._fields if not name.startswith("guest")]
+    spent = {name: getattr(after, name) - getattr(before, name) for name in fields}
+    total = sum(spent.values())
+    idle = spent["idle"] + spent.get("iowait", 0.0)
+    share = 100 * (1 - idle / total) if total > 0 else 0.0
+    cores = psutil.cpu_count() or 1
+    return f"the machine's {cores} cores were busy {share:.0f}% of the run ({total - idle:.0f} s)"

@@ -30,13 +30,15 @@ JOB = {"strategy": "ddp", "processes": 1, "nodes": 2, "batch_size": 32, "optimiz
 
 @pytest.fixture(scope="module", name="cluster")
 def cluster_fixture(
-    tmp_path_factory: pytest.TempPathFactory, sample_data: Path
+    tmp_path_factory: pytest.TempPathFactory, few_test_digits: Path
 ) -> Iterator[Cluster]:
-    """Imported by each machine test module, which gets a cluster of its own (module scope)."""
+    """Imported by each machine test module, which gets a cluster of its own (module scope).
+    Its runs evaluate on 200 test digits (tests/conftest.py): what they check is equalities
+    between runs and what the machines do."""
     reason = cluster_unavailable()
     need(reason is None, f"no test machines: {reason}")
     home = tmp_path_factory.mktemp("machines")
-    with cluster_running(home=home, data_dir=sample_data, env=dict(ENV)) as running:
+    with cluster_running(home=home, data_dir=few_test_digits, env=dict(ENV)) as running:
         running.manage("shell", "-c", "from django.contrib.auth import get_user_model as g;"
                        "g().objects.create_user('alice', password='pw-alice')")  # fmt: skip
         running.token = running.manage("create_token", "alice").strip()

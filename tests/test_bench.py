@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import need
+from tests.few_digits import sample_data_few  # noqa: F401 (the sample_data fixture)
 from tests.test_training import ROOT
 from training.bench import parity, phases
 from training.data import DEBIAN_FASHION_DIR

@@ -24,6 +24,7 @@ import pytest
 import torch
 
 from tests.conftest import need
+from tests.few_digits import sample_data_few  # noqa: F401 (the sample_data fixture)
 from tests.test_training import (
     Result,
     assert_well_formed,

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.few_digits import sample_data_few  # noqa: F401 (the sample_data fixture)
 from tests.test_exactness import assert_same_parameters
 from tests.test_training import Result, assert_ran, run_cli
 from training.config import parse_args

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import need
+from tests.few_digits import sample_data_few  # noqa: F401 (the sample_data fixture)
 from tests.netns import machines, namespaces_unavailable
 from tests.test_exactness import assert_same_parameters
 from tests.test_training import run_cli

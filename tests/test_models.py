@@ -3,7 +3,7 @@ dataset (``training.models``), ``--model`` / ``--weights`` / ``--sync-batchnorm`
 ``python -m training``, a real plug-in package, and every strategy on a torchvision model.
 
 All on the real MNIST sample (28x28, 1 channel, 10 classes), a few steps each, evaluated on 200
-of its test digits (``few_test_digits``).
+of its test digits (tests/few_digits.py).
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from torchvision import models as tv_models
 
 from dashboard.devices.facts import plugin_stages_count
 from tests.conftest import need
+from tests.few_digits import sample_data_few  # noqa: F401 (the sample_data fixture)
 from tests.test_exactness import assert_same_parameters
 from tests.test_training import ROOT, Result, assert_well_formed, run_cli
 from training import cli
@@ -30,13 +31,6 @@ from training.models import InputResize, ModelRefused, model_build_for, model_te
 pytestmark = pytest.mark.usefixtures("no_processes_left")
 slow = pytest.mark.slow
 SHORT = ("--epochs", "1", "--steps-per-epoch", "3", "--log-interval", "1")
-
-
-@pytest.fixture
-def sample_data(few_test_digits: Path) -> Path:
-    """Here the sample with 200 test digits (tests/conftest.py): these models' runs evaluate
-    on all of them each epoch, and no figure here depends on how many there are."""
-    return few_test_digits
 
 
 def _mnist_batch(sample_data: Path, n: int = 8) -> tuple[torch.Tensor, torch.Tensor]:

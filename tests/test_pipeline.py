@@ -25,6 +25,7 @@ import pytest
 from django.test import Client
 
 from tests.factories import api_post
+from tests.few_digits import sample_data_few  # noqa: F401 (the sample_data fixture)
 from tests.test_catalogue_launch import catalogue_report, machine
 from tests.test_tensor_parallel import (
     _checkpoint,

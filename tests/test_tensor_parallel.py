@@ -32,6 +32,7 @@ from typing import Any
 import pytest
 from django.test import Client
 
+from tests.few_digits import sample_data_few  # noqa: F401 (the sample_data fixture)
 from tests.phase_checks import assert_phases_add_up, phase_windows
 from tests.test_catalogue_launch import catalogue_report, machine
 from tests.test_exactness import assert_same_parameters

@@ -11,6 +11,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.few_digits import sample_data_few  # noqa: F401 (the sample_data fixture)
 from tests.test_training import Result, run_cli
 from training import cli
 
