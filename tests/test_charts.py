@@ -204,9 +204,9 @@ def test_compare_overlays_runs_and_follows_the_one_training(tab: Any, stack: Sta
     assert tab.locator("[data-chart='images_per_second'] canvas").count() == 1
     assert tab.locator("#scaling-chart canvas").count() == 1
     screenshot(tab, "compare-live.png")
-    # Seen: its last two epochs would take cores the pass's other tests need.
+    # Seen: the rest of its epochs would take cores the pass's other tests need (409: it ended).
     stopped = stack.login("bob").post(f"{stack.base_url}/api/experiments/{live}/stop/", timeout=10)
-    assert stopped.status_code == 202, stopped.text
+    assert stopped.status_code in (202, 409), stopped.text
 
 
 # Zoom inside one bucket of the middle, with fetchRange recording what it was asked for.

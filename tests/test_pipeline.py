@@ -1,7 +1,8 @@
 """``pipeline``: the same training as single at the same global batch under both schedules, each
 rank holding its stage only, checkpoints that are the plain model's, and the refusals.
 
-One configuration, tests/test_tensor_parallel.py's (Adam, 4 steps an epoch on the MNIST sample):
+One configuration, tests/test_tensor_parallel.py's (Adam, 4 steps an epoch on the MNIST sample,
+tested on 200 of its digits):
 
 - ``single`` at batches of 64 for 2 epochs is the reference;
 - ``pipeline`` GPipe over 2 ranks (stages ``features`` and ``classifier``) at --batch-size 64 in 4

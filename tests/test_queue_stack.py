@@ -162,9 +162,9 @@ def paused(stack: Stack, pk: int) -> Iterator[None]:
     minute of CPU the pages' checks take, which the other tests of a loaded pass need."""
     launcher = psutil.Process(stack.experiment_row(pk)["launcher_pid"])
     family = [launcher, *launcher.children(recursive=True)]
-    for process in family:
-        process.suspend()
     try:
+        for process in family:
+            process.suspend()
         yield
     finally:
         for process in family:

@@ -1,7 +1,8 @@
 """``tensor-parallel`` and ``fsdp-tp``: the same training as single at the same global batch, the
 split layers at 1/N per rank, checkpoints that are the plain model's, and the refusals.
 
-One configuration, Adam at its default rate, 4 steps an epoch on the MNIST sample:
+One configuration, Adam at its default rate, 4 steps an epoch on the MNIST sample (tested on 200
+of its digits):
 
 - ``single`` at batches of 64 for 2 epochs is the reference;
 - ``tensor-parallel`` over 2 ranks at --batch-size 64 (its ranks share the batch: global 64)

@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from tests.conftest import need
-from tests.few_digits import sample_data_few  # noqa: F401 (the sample_data fixture)
 from tests.phase_checks import assert_phases_add_up
 from tests.test_protocol import assert_typed
 from tests.test_training import (
