@@ -21,6 +21,7 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.cpu_times import CpuMeter
 from tests.file_order import FileTimes, durations_load, files_longest_first
 from tests.kinds import kinds_mark
 from tests.postgres import Postgres, postgres_bin, postgres_running
@@ -54,6 +55,7 @@ def pytest_configure(config: pytest.Config) -> None:
     )  # fmt: skip
     if not hasattr(config, "workerinput"):  # the controller, or the one process without xdist
         config.pluginmanager.register(FileTimes(config), "trainyard-file-times")
+    config.pluginmanager.register(CpuMeter(), "trainyard-cpu-meter")  # where tests run
 
 
 def on_postgres(config: pytest.Config) -> bool:

@@ -1,19 +1,44 @@
-"""``sample_data`` for the modules whose figures do not depend on how many test digits a run
+"""Data sets with fewer test images, for runs whose figures do not depend on how many.
+
+``sample_data`` for the modules whose figures do not depend on how many test digits a run
 evaluates on (equalities between runs, events, checkpoints, shapes): the sample with 200 of its
 1,000 test digits (``few_test_digits`` in tests/conftest.py). Every run evaluates each epoch on
-the whole test split, about 0.9 s of CPU for the 1,000 with the built-in model, minutes for
-ViT-B and Inception v3; the suite runs hundreds. A module takes it by importing it:
+the whole test split, about 0.9 s of CPU for the 1,000 with the built-in model, tens of seconds
+for ViT-B and Inception v3; the suite runs hundreds. A module takes it by importing it:
 
     from tests.few_digits import sample_data_few  # noqa: F401 (the sample_data fixture)
 """
 
 from __future__ import annotations
 
+import gzip
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from training import data as training_data
+
+# Fashion-MNIST's test images kept by ``fashion_few_tests_write``: the built-in model takes 0.9 ms
+# of CPU an image here, 9 s a run for the 10,000 where a quick check trains one batch.
+FEW_FASHION_TESTS = 1000
 
 
 @pytest.fixture(scope="session", name="sample_data")
 def sample_data_few(few_test_digits: Path) -> Path:
     return few_test_digits
+
+
+def fashion_few_tests_write(raw: Path) -> None:
+    """Fashion-MNIST in torchvision's layout under ``raw`` (``<data dir>/FashionMNIST/raw``,
+    where the engine looks first): Debian's training split whole, its first 1,000 test images."""
+    if all((raw / name).is_file() for name in training_data.IDX_FILES.values()):
+        return
+    raw.mkdir(parents=True, exist_ok=True)
+    for (split, kind), name in training_data.IDX_FILES.items():
+        data = gzip.decompress((training_data.DEBIAN_FASHION_DIR / f"{name}.gz").read_bytes())
+        if split == "test":
+            shape, header = ((-1, 28, 28), 16) if kind == "images" else ((-1,), 8)
+            kept = np.frombuffer(data, np.uint8, offset=header).reshape(shape)[:FEW_FASHION_TESTS]
+            data = training_data.idx_bytes(kept)
+        (raw / name).write_bytes(data)

@@ -10,8 +10,9 @@ serve) and the Makefile turns xdist's reorder off (`--no-loadscope-reorder`).
 A file not measured yet is estimated from the kinds of its tests (tests/kinds.py's marks): a
 wrong figure only costs balance, never a result.
 
-The same plugin prints, after each run, the files that took longest and each worker's busy time,
-so that the next imbalance is seen without rerunning anything.
+The same plugin prints, after each run, the files that took longest, each worker's busy time, how
+busy the cores were and the tests that took the most CPU (tests/cpu_times.py), so that the next
+imbalance, or the next test that hogs the cores, is seen without rerunning anything.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from typing import Any
 
 import psutil
 import pytest
+
+from tests.cpu_times import cpu_line, cpu_lines, reported_cpu
 
 DURATIONS = Path(__file__).with_name("durations.json")
 # Seconds a test of each kind takes on an idle 2-core machine, roughly (a stack test is mostly
@@ -71,11 +74,15 @@ class FileTimes:
         self.files: dict[str, float] = defaultdict(float)
         self.workers: dict[str, float] = defaultdict(float)
         self.cpu_before = psutil.cpu_times()
+        self.cpu: dict[str, float] = {}
 
     def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
         worker = getattr(getattr(report, "node", None), "gateway", None)
         self.files[_file(report.nodeid)] += report.duration
         self.workers[getattr(worker, "id", "main")] += report.duration
+        cpu = reported_cpu(report)
+        if cpu is not None:
+            self.cpu[report.nodeid] = cpu
 
     def pytest_terminal_summary(self, terminalreporter: Any) -> None:
         if not self.files:
@@ -87,6 +94,8 @@ class FileTimes:
         busy = ", ".join(f"{w} {s:.0f} s" for w, s in sorted(self.workers.items()))
         write(f"busy time per worker: {busy}")
         write(cpu_line(self.cpu_before, psutil.cpu_times()))
+        for line in cpu_lines(self.cpu):
+            write(line)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
         if not self.config.getoption("store_durations") or not self.files:
@@ -99,17 +108,3 @@ class FileTimes:
         merged = {**stored.get(database, {}), **{k: round(v, 1) for k, v in self.files.items()}}
         stored[database] = dict(sorted(merged.items()))
         DURATIONS.write_text(json.dumps(stored, indent=1, sort_keys=True) + "\n")
-
-
-def cpu_line(before: Any, after: Any) -> str:
-    """How busy the machine's cores were over the run (every process, not only the tests'): near
-    100% a pass is bound by the CPU its trainings take, and only less work shortens it; well
-    below, by its waits (heartbeats, start-ups), which more workers would overlap."""
-    # Linux counts guest time in user time as well: left out, so nothing is counted twice.
-    fields = [name for name in after._fields if not name.startswith("guest")]
-    spent = {name: getattr(after, name) - getattr(before, name) for name in fields}
-    total = sum(spent.values())
-    idle = spent["idle"] + spent.get("iowait", 0.0)
-    share = 100 * (1 - idle / total) if total > 0 else 0.0
-    cores = psutil.cpu_count() or 1
-    return f"the machine's {cores} cores were busy {share:.0f}% of the run ({total - idle:.0f} s)"

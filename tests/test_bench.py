@@ -14,7 +14,10 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import need
-from tests.few_digits import sample_data_few  # noqa: F401 (the sample_data fixture)
+from tests.few_digits import (
+    fashion_few_tests_write,
+    sample_data_few,  # noqa: F401 (the sample_data fixture)
+)
 from tests.test_training import ROOT
 from training.bench import parity, phases
 from training.data import DEBIAN_FASHION_DIR
@@ -97,11 +100,13 @@ def test_phases_bench_prints_each_strategy_with_and_without_the_clock(sample_dat
 
 @pytest.mark.slow  # a whole benchmark run
 def test_memory_bench_prints_its_ratio(sample_data: Path) -> None:
-    """Four trainings, single and hogwild each on Debian's full Fashion-MNIST and on the sample,
+    """Four trainings, single and hogwild each on Debian's Fashion-MNIST (its 60,000 training
+    images, 1,000 of its test images: each run evaluates on all of them) and on the sample,
     every process's memory sampled meanwhile. ddp, the other default, took 185 s of the 300 that
     all six took on the loaded 2-core development machine; its ranks' one shared copy of the data
     is tests/test_training.py's test_ddp_two_cpu_ranks, and one loop measures every strategy."""
     need(DEBIAN_FASHION_DIR.is_dir(), "Debian's dataset-fashion-mnist is not installed")
+    fashion_few_tests_write(sample_data / "FashionMNIST" / "raw")
     # hogwild: its processes are spawned by the training itself, not started by a launcher, so
     # the sampler must find them under the run's process.
     lines = bench(sample_data, "memory", "--steps", "1", "--strategies", "hogwild")

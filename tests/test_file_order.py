@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-from collections import namedtuple
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
 
 from tests import file_order
-from tests.file_order import cpu_line, durations_load, files_longest_first
+from tests.file_order import durations_load, files_longest_first
 
 
 @dataclass
@@ -86,13 +85,3 @@ def test_store_durations_sums_each_files_phases_and_keeps_the_other_files(
     assert json.loads(stored.read_text()) == {"sqlite": {
         "tests/test_a.py": 2.2, "tests/test_b.py": 4.0, "tests/test_old.py": 7.0}}  # fmt: skip
     assert times.workers == {"main": 6.25}
-
-
-def test_the_cpu_line_counts_every_core_and_no_guest_time_twice() -> None:
-    """Two cores over 10 s: 20 s in all, 5 of them idle or waiting on the disk; the guest's 3 s
-    are already in user time."""
-    Times = namedtuple("Times", "user system idle iowait guest")  # psutil's fields on Linux
-    before, after = Times(100, 50, 200, 10, 7), Times(112, 53, 203, 12, 10)
-    line = cpu_line(before, after)
-    assert line.endswith("busy 75% of the run (15 s)"), line
-    assert cpu_line(before, before).endswith("busy 0% of the run (0 s)")

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import need
+from tests.few_digits import fashion_few_tests_write
 from training import cli
 from training import data as training_data
 from training.config import build_parser, parse_args
@@ -129,6 +130,7 @@ def test_the_device_check_runs_and_reads_the_machine(tmp_path: Path) -> None:
     interpreter per row, one batch of Fashion-MNIST, then the engine benchmark and the machine's
     facts, written in the summary's format."""
     need(fashion_installed(), "Debian's dataset-fashion-mnist package is not installed")
+    fashion_few_tests_write(tmp_path / "trainyard-gpu-check" / "data" / "FashionMNIST" / "raw")
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "run", "--dry-run", "--out", str(out), "--strategies",
