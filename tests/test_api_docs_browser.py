@@ -33,7 +33,7 @@ def page(stack: Stack) -> Iterator[Any]:
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1280, "height": 900})
+        page = browser.new_page(viewport={"width": 1280, "height": 900}, reduced_motion="reduce")
         errors: list[str] = []
         page.on("pageerror", lambda exc: errors.append(str(exc)))
         yield page

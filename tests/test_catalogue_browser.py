@@ -37,7 +37,7 @@ def page(live_server: Any, user_factory: Any, monkeypatch: pytest.MonkeyPatch) -
     cookie = client.cookies[settings.SESSION_COOKIE_NAME].value
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        context = browser.new_context()
+        context = browser.new_context(reduced_motion="reduce")  # tests/test_browser.py's page
         context.add_cookies(
             [{"name": settings.SESSION_COOKIE_NAME, "value": cookie, "url": live_server.url}]
         )

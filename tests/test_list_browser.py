@@ -35,7 +35,9 @@ def page(live_server: Any, user_factory: Any, monkeypatch: pytest.MonkeyPatch) -
     session = client.cookies["sessionid"].value
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        context = browser.new_context(viewport={"width": 1366, "height": 900})
+        context = browser.new_context(  # reduced motion: tests/test_browser.py's page
+            viewport={"width": 1366, "height": 900}, reduced_motion="reduce"
+        )
         context.add_cookies([{"name": "sessionid", "value": session, "url": live_server.url}])
         page = context.new_page()
         errors: list[str] = []

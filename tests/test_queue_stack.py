@@ -175,7 +175,9 @@ def paused(stack: Stack, pk: int) -> Iterator[None]:
 def queue_pages_check(stack: Stack, browser: Any, *, ids: list[int]) -> None:  # noqa: F811
     """The page as Alice (her runs, positions, reasons, Cancel), Bob (nothing of hers) and
     staff (a priority control)."""
-    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context = browser.new_context(  # reduced motion: tests/test_browser.py's page
+        viewport={"width": 1280, "height": 900}, reduced_motion="reduce"
+    )
     errors: list[str] = []
     try:
         page = context.new_page()
