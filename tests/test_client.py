@@ -209,6 +209,9 @@ def trainyard(
 
 @pytest.mark.integration
 @pytest.mark.timeout(400)
+# sqlite_only: the client reads the API; the logs and metric buckets it is given are stored and
+# queried on both engines by tests/test_logs.py and tests/test_series.py.
+@pytest.mark.sqlite_only
 def test_login_launch_watch_logs_and_metrics(stack: Stack, tmp_path: Path) -> None:
     login = trainyard(
         stack,
