@@ -22,7 +22,7 @@ $(VENV)/.installed: pyproject.toml
 	@# django-ninja's and overwrites its __init__.py: put django-ninja's files back (the build
 	@# tool's binary in .venv/bin/ninja is untouched, and nothing imports its module).
 	$(PY) -m pip install --quiet --no-compile --no-deps --force-reinstall "$$(grep -o 'django-ninja==[0-9.]*' pyproject.toml)"
-	$(PY) -m compileall -qq -j 0 $(VENV)/lib/python3.11/site-packages || true
+	$(PY) -m compileall -qq -j 0 "$$($(PY) -c 'import sysconfig; print(sysconfig.get_path("purelib"))')" || true
 	touch $@
 
 setup: $(VENV)/.installed

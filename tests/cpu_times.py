@@ -9,7 +9,9 @@ costs it its cores. Its wall time (pytest's --durations) does not tell the two a
 Each test's figure is taken from its set-up's start to its tear-down's end: the worker process's
 own time and its children's, the live descendants' own and theirs (a process that ended and was
 waited for is counted in its parent's children's time). A process orphaned before it is waited
-for is missed, and a session's servers count where they work, in whichever test is running.
+for is missed, and one that was there at the start and is orphaned meanwhile (a killed server's
+training) takes its time so far out of the test's figure; a session's servers count where they
+work, in whichever test is running.
 """
 
 from __future__ import annotations
@@ -25,8 +27,12 @@ KEY = "cpu_seconds"
 
 def tree_cpu_seconds() -> float:
     me = psutil.Process()
+    try:
+        family = [me, *me.children(recursive=True)]
+    except psutil.Error:  # /proc hidden (hidepid): this process alone
+        family = [me]
     total = 0.0
-    for process in [me, *me.children(recursive=True)]:
+    for process in family:
         try:
             t = process.cpu_times()
         except psutil.Error:  # ended meanwhile: its parent's children's time has it, or will

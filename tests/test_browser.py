@@ -287,8 +287,9 @@ def test_four_strategies_from_the_form_side_by_side_on_compare(page: Any, stack:
 # The stylesheet's endless animations, as a reader who asks for reduced motion gets them.
 MOTION = """() => {
   const badge = document.querySelector('.badge.status-running');
-  const dot = document.querySelector('.conn-dot');
-  return [getComputedStyle(badge, '::before').animationName, getComputedStyle(dot).animationName];
+  const dots = [...document.querySelectorAll('.conn-dot')];
+  return [getComputedStyle(badge, '::before').animationName,
+          ...dots.map(dot => getComputedStyle(dot).animationName)];
 }"""
 
 
@@ -296,6 +297,7 @@ def test_the_endless_animations_stop_for_reduced_motion(browser: Any, stack: Sta
     html = (
         f'<link rel="stylesheet" href="{stack.base_url}/static/css/app.css">'
         '<span class="badge status-running">running</span>'
+        '<span class="conn" data-state="connecting"><span class="conn-dot"></span></span>'
         '<span class="conn" data-state="reconnecting"><span class="conn-dot"></span></span>'
     )
     seen = {}
@@ -307,4 +309,4 @@ def test_the_endless_animations_stop_for_reduced_motion(browser: Any, stack: Sta
             seen[motion] = page.evaluate(MOTION)
         finally:
             context.close()
-    assert seen == {"no-preference": ["pulse", "pulse"], "reduce": ["none", "none"]}
+    assert seen == {"no-preference": ["pulse"] * 3, "reduce": ["none"] * 3}

@@ -5,8 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections import namedtuple
+from types import SimpleNamespace
 
-from tests.cpu_times import cpu_line, cpu_lines, tree_cpu_seconds
+from tests.cpu_times import KEY, cpu_line, cpu_lines, tree_cpu_seconds
+from tests.file_order import FileTimes
 
 BURN = "import time\nend = time.process_time() + 0.5\nwhile time.process_time() < end: pass"
 
@@ -51,3 +53,14 @@ def test_the_cpu_line_counts_every_core_and_no_guest_time_twice() -> None:
     line = cpu_line(before, after)
     assert line.endswith("busy 75% of the run (15 s)"), line
     assert cpu_line(before, before).endswith("busy 0% of the run (0 s)")
+
+
+def test_the_tear_downs_report_carries_the_figure_to_the_controllers_table() -> None:
+    """The controller's side: FileTimes reads the figure from the report's user properties (the
+    worker's CpuMeter puts it there before the tear-down's report is made)."""
+    times = FileTimes(SimpleNamespace())  # type: ignore[arg-type]
+    for when, properties in (("call", []), ("teardown", [("other", 1), (KEY, 2.5)])):
+        report = SimpleNamespace(nodeid="t.py::a", duration=1.0, when=when,
+                                 user_properties=properties)  # fmt: skip
+        times.pytest_runtest_logreport(report)  # type: ignore[arg-type]
+    assert times.cpu == {"t.py::a": 2.5} and times.files == {"t.py": 2.0}
