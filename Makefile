@@ -45,11 +45,12 @@ worker: setup
 # `.venv/bin/pytest -m "not postgres_only"` or `.venv/bin/pytest --database=postgres`.
 # Each pass prints its 25 slowest tests, its 25 that took the most CPU (their processes' and
 # children's: tests/cpu_times.py), how busy the cores were, and its wall time (a test over 2
-# minutes says why in its docstring). Each runs in two pytest-xdist workers, a test file to a worker (its module's stack
-# and machines stay together): most of the stack's tests wait on heartbeats, rendezvous and process
-# start-up, so a pass takes about half its one-process time on 2 cores. Four workers were tried
-# (2026-12-04): the 2 cores sat at 100% from the pass's first minute and it went no faster, so
-# the pass is bound by the CPU its trainings take, not by waiting. Every worker has its own home,
+# minutes says why in its docstring). Each runs in two pytest-xdist workers, a test file to a
+# worker (its module's stack and machines stay together): most of the stack's tests wait on
+# heartbeats, rendezvous and process start-up, so a pass takes about half its one-process time on
+# 2 cores. Four workers were tried (2026-12-04): the 2 cores sat at 100% from the pass's first
+# minute and it went no faster, so the pass is bound by the CPU its trainings take, not by
+# waiting. Every worker has its own home,
 # test database, ports and namespace names (tests/conftest.py, tests/netns.py).
 TEST_WORKERS ?= 2
 # The files go longest first (tests/file_order.py, from tests/durations.json), not xdist's
