@@ -243,6 +243,33 @@ def test_fashion_mnist_from_debian_files(tmp_path: Path) -> None:
     assert (tmp_path / "FashionMNIST" / "raw" / "train-images-idx3-ubyte").is_file()
 
 
+# A fresh interpreter: which modules loading the data and building a model import.
+IMPORTS = """
+import sys
+from pathlib import Path
+from training.data import dataset_meta, load_dataset
+from training.models import model_build_for
+meta = dataset_meta("mnist", Path(sys.argv[1]), None)
+load_dataset("mnist", Path(sys.argv[1]))
+before = "torchvision" in sys.modules
+model_build_for(name=sys.argv[2], meta=meta)
+print(before, "torchvision" in sys.modules)
+"""
+
+
+def test_the_built_in_model_on_idx_files_never_imports_torchvision(sample_data: Path) -> None:
+    """torchvision's import takes dynamo's with it, about 1 CPU-s in every process of a run."""
+    seen = {}
+    for model in ("simple-cnn", "resnet18"):
+        result = subprocess.run(  # noqa: S603
+            [sys.executable, "-c", IMPORTS, str(sample_data), model],
+            capture_output=True, text=True, timeout=120, check=True, env=_env(sample_data),
+        )  # fmt: skip
+        seen[model] = result.stdout.split()
+    # A torchvision model needs it, and only from its build on.
+    assert seen == {"simple-cnn": ["False", "False"], "resnet18": ["False", "True"]}
+
+
 # --- strategies on the CPU -------------------------------------------------------------------
 
 

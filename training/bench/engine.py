@@ -51,7 +51,6 @@ from training.data import (
     batch_to,
     dataset_files,
     dataset_meta,
-    idx_root,
     load_dataset,
 )
 from training.loop import StepFn, steps_run
@@ -215,7 +214,7 @@ def _dataloader(
 ) -> Loop:
     cls = FashionMNIST if args.dataset == "fashion-mnist" else MNIST
     dataset = cls(
-        str(idx_root(cls, raw)),
+        str(raw.parent.parent),  # torchvision's root: <root>/<class name>/raw
         train=True,
         download=False,
         transform=transforms.Compose(

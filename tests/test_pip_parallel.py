@@ -1,0 +1,50 @@
+"""The set-up's parallel pip install (.ci/pip_parallel.py): what it installs, and how it splits."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+SCRIPT = Path(__file__).resolve().parent.parent / ".ci" / "pip_parallel.py"
+
+
+def _script() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("pip_parallel", SCRIPT)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _item(name: str, version: str, info: dict[str, object]) -> dict[str, object]:
+    return {"metadata": {"name": name, "version": version}, "download_info": info}
+
+
+def test_the_report_gives_each_wheel_its_size_and_pin_but_not_the_project(tmp_path: Path) -> None:
+    pip_parallel = _script()
+    wheel = tmp_path / "torch-2.14.1-cp311-none-any.whl"
+    wheel.write_bytes(b"x" * 5000)
+    report = {"install": [
+        _item("trainyard", "0.1", {"url": f"file://{tmp_path}", "dir_info": {"editable": True}}),
+        _item("torch", "2.14.1", {"url": f"file://{wheel}", "archive_info": {}}),
+        _item("django", "5.2.19", {"url": "https://files.example/django.whl", "archive_info": {}}),
+    ]}  # fmt: skip
+    assert pip_parallel.wheels(report) == [
+        (5000, "torch==2.14.1"),
+        (pip_parallel.UNKNOWN_SIZE, "django==5.2.19"),
+    ]
+
+
+def test_the_wheels_are_dealt_into_parts_of_about_equal_bytes() -> None:
+    pip_parallel = _script()
+    found = [(554, "torch"), (553, "cudnn"), (423, "cublas"), (248, "triton"), (216, "nccl"),
+             (214, "cufft"), (201, "cusolver"), (1, "six"), (1, "idna")]  # fmt: skip
+    parts = pip_parallel.parts_dealt(found, 2)
+    sizes = dict((spec, size) for size, spec in found)
+    totals = sorted(sum(sizes[spec] for spec in part) for part in parts)
+    assert sorted(spec for part in parts for spec in part) == sorted(sizes)
+    assert totals == [1192, 1219]  # of 2,411: each within 1.2% of half
+    # One pip per core, never an empty one, and one part where there is one core.
+    assert pip_parallel.parts_dealt(found[:1], 4) == [["torch"]]
+    assert pip_parallel.parts_dealt(found, 1) == [[spec for _, spec in sorted(found, reverse=True)]]
