@@ -85,3 +85,17 @@ def test_store_durations_sums_each_files_phases_and_keeps_the_other_files(
     assert json.loads(stored.read_text()) == {"sqlite": {
         "tests/test_a.py": 2.2, "tests/test_b.py": 4.0, "tests/test_old.py": 7.0}}  # fmt: skip
     assert times.workers == {"main": 6.25}
+
+
+def test_every_tests_cpu_is_kept_most_first(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(file_order, "CPU_TIMES", tmp_path / "art" / "cpu-{database}.json")
+    times = file_order.FileTimes(Options(store_durations=False, database="postgres"))  # type: ignore[arg-type]
+    times.cpu.update({"tests/test_a.py::t1": 0.5, "tests/test_b.py::t1": 30.0})
+    times.pytest_sessionfinish(None)  # type: ignore[arg-type]
+    kept = (tmp_path / "art" / "cpu-postgres.json").read_text()
+    assert list(json.loads(kept).items()) == [
+        ("tests/test_b.py::t1", 30.0),
+        ("tests/test_a.py::t1", 0.5),
+    ]
