@@ -7,7 +7,7 @@ export PYTORCH_NVML_BASED_CUDA_CHECK := 1
 
 .PHONY: setup run test test-fast lint worker clean
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml .ci/pip_parallel.py
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: Trainyard needs Python 3.11"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
@@ -16,7 +16,7 @@ $(VENV)/.installed: pyproject.toml
 	@# where PYTHONDONTWRITEBYTECODE is set (this machine, Docker images) no process writes them,
 	@# and each would compile torch afresh. compileall's one failure is a file of Python 3.12
 	@# syntax among torch's test helpers, which pip skips alike.
-	@# The wheels are unpacked by a pip process per core (.ci/pip_parallel.py: 49 s, not 91 s).
+	@# The wheels are unpacked by a pip process per core (.ci/pip_parallel.py: 64 s, not 85 s).
 	$(PY) .ci/pip_parallel.py -e '.[dev]'
 	DS_BUILD_OPS=0 $(PY) -m pip install --quiet --no-compile --no-build-isolation 'deepspeed==0.19.8'
 	@# DeepSpeed pulls in `ninja` (the build tool), whose Python package has the import name of

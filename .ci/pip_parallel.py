@@ -9,7 +9,12 @@ first to the lightest part, so that each unpacks about as many bytes (measured o
 one after another, 49 s in two halves), then runs the plain ``pip install`` of the arguments,
 which finds everything in place and installs the project itself (about 3 s), so pip's own
 check of the requirements has the last word. Every pip call gets ``--no-compile``: the Makefile
-byte-compiles on every core afterwards.
+byte-compiles on every core afterwards. The whole install: 64 s here, where pip alone took 85 s.
+
+Where the environment already holds any of them (an update after pyproject.toml changed), the
+parts run one after another: an upgrade's uninstall may move a shared folder (``nvidia/``) aside
+while another part writes into it. And the wheels a part installed lose pip's ``REQUESTED``
+mark, which ``-r`` gave them: as after a plain install, only the project was asked for.
 """
 
 from __future__ import annotations
@@ -19,8 +24,10 @@ import os
 import subprocess
 import sys
 import tempfile
+from importlib import metadata
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote, urlsplit
 
 MAX_PARTS = 4
 UNKNOWN_SIZE = 100_000  # a wheel pip would fetch from an index: small, as most are
@@ -38,8 +45,8 @@ def wheels(report: dict[str, Any]) -> list[tuple[int, str]]:
         info = item.get("download_info", {})
         if "dir_info" in info:
             continue
-        url = str(info.get("url", ""))
-        path = Path(url.removeprefix("file://")) if url.startswith("file://") else None
+        url = urlsplit(str(info.get("url", "")))
+        path = Path(unquote(url.path)) if url.scheme == "file" else None  # "+" is "%2B" there
         size = path.stat().st_size if path is not None and path.is_file() else UNKNOWN_SIZE
         meta = item["metadata"]
         found.append((size, f"{meta['name']}=={meta['version']}"))
@@ -68,13 +75,41 @@ def parts_install(parts: list[list[str]], folder: Path) -> None:
         raise SystemExit(f"pip_parallel: {len(failed)} of {len(running)} installs failed")
 
 
+def names(specs: list[str]) -> set[str]:
+    return {_normal(spec.split("==", 1)[0]) for spec in specs}
+
+
+def _normal(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def installed_names(path: list[str] | None = None) -> set[str]:
+    """The distributions on ``path`` (default: this interpreter's), by normalised name."""
+    dists = metadata.distributions(path=path) if path else metadata.distributions()
+    return {_normal(dist.metadata["Name"] or "") for dist in dists}
+
+
+def requested_unmark(wanted: set[str], path: list[str] | None = None) -> None:
+    """Drop pip's REQUESTED mark from the ``wanted`` distributions on ``path``."""
+    for dist in metadata.distributions(path=path) if path else metadata.distributions():
+        if _normal(dist.metadata["Name"] or "") not in wanted:
+            continue
+        for file in dist.files or []:
+            if file.name == "REQUESTED" and file.parent.name.endswith(".dist-info"):
+                Path(str(file.locate())).unlink(missing_ok=True)
+
+
 def main(args: list[str]) -> None:
     with tempfile.TemporaryDirectory(prefix="pip-parallel-") as tmp:
         folder = Path(tmp)
         report = folder / "report.json"
         subprocess.run(pip("install", "--dry-run", "--report", str(report), *args), check=True)
         found = wheels(json.loads(report.read_text()))
-        parts_install(parts_dealt(found, min(MAX_PARTS, os.cpu_count() or 1)), folder)
+        specs = [spec for _, spec in found]
+        updating = bool(names(specs) & installed_names())
+        count = 1 if updating else min(MAX_PARTS, os.cpu_count() or 1)
+        parts_install(parts_dealt(found, count), folder)
+        requested_unmark(names(specs))
     subprocess.run(pip("install", *args), check=True)
 
 

@@ -28,8 +28,9 @@ import pytest
 from tests.cpu_times import cpu_line, cpu_lines, reported_cpu
 
 DURATIONS = Path(__file__).with_name("durations.json")
-# Every test's CPU seconds, past the 25 printed: where the next cut is found.
-CPU_TIMES = Path(__file__).resolve().parent.parent / "test-artifacts" / "cpu-{database}.json"
+# The last run's CPU seconds of every test, past the 25 printed (cpu-<database>.json): where
+# the next cut is found.
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 # Seconds a test of each kind takes on an idle 2-core machine, roughly (a stack test is mostly
 # waiting for processes, a machines test for two clusters' heartbeats); a test of several kinds
 # counts its largest. Only the order of files not yet measured rests on these.
@@ -100,13 +101,15 @@ class FileTimes:
             write(line)
 
     def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        if self.config.getoption("store_durations") and self.files:
+            self._durations_store()
         if self.cpu:
-            path = Path(str(CPU_TIMES).format(database=self.config.getoption("database")))
-            path.parent.mkdir(parents=True, exist_ok=True)
+            ARTIFACTS.mkdir(parents=True, exist_ok=True)
             ranked = dict(sorted(self.cpu.items(), key=lambda kv: -kv[1]))
-            path.write_text(json.dumps(ranked, indent=1) + "\n")
-        if not self.config.getoption("store_durations") or not self.files:
-            return
+            database = self.config.getoption("database")
+            (ARTIFACTS / f"cpu-{database}.json").write_text(json.dumps(ranked, indent=1) + "\n")
+
+    def _durations_store(self) -> None:
         try:
             stored = json.loads(DURATIONS.read_text())
         except (OSError, ValueError):

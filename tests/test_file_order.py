@@ -90,7 +90,7 @@ def test_store_durations_sums_each_files_phases_and_keeps_the_other_files(
 def test_every_tests_cpu_is_kept_most_first(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(file_order, "CPU_TIMES", tmp_path / "art" / "cpu-{database}.json")
+    monkeypatch.setattr(file_order, "ARTIFACTS", tmp_path / "art")
     times = file_order.FileTimes(Options(store_durations=False, database="postgres"))  # type: ignore[arg-type]
     times.cpu.update({"tests/test_a.py::t1": 0.5, "tests/test_b.py::t1": 30.0})
     times.pytest_sessionfinish(None)  # type: ignore[arg-type]

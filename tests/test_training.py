@@ -247,10 +247,11 @@ def test_fashion_mnist_from_debian_files(tmp_path: Path) -> None:
 IMPORTS = """
 import sys
 from pathlib import Path
-from training.data import dataset_meta, load_dataset
+from training.data import dataset_meta
 from training.models import model_build_for
+from training.sources import dataset_open
 meta = dataset_meta("mnist", Path(sys.argv[1]), None)
-load_dataset("mnist", Path(sys.argv[1]))
+dataset_open("mnist", Path(sys.argv[1]))
 before = "torchvision" in sys.modules
 model_build_for(name=sys.argv[2], meta=meta)
 print(before, "torchvision" in sys.modules)
@@ -258,7 +259,8 @@ print(before, "torchvision" in sys.modules)
 
 
 def test_the_built_in_model_on_idx_files_never_imports_torchvision(sample_data: Path) -> None:
-    """torchvision's import takes dynamo's with it, about 1 CPU-s in every process of a run."""
+    """torchvision's import takes dynamo's with it, about 1 CPU-s in every process of a run;
+    only a download (not tried here: TRAINYARD_NO_DOWNLOAD) or a torchvision model needs it."""
     seen = {}
     for model in ("simple-cnn", "resnet18"):
         result = subprocess.run(  # noqa: S603

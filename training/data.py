@@ -468,6 +468,7 @@ def _torchvision_class(name: str) -> Any:
 
 
 def _download_host(name: str) -> str | None:
+    # A download may be tried: its mirrors are torchvision's to say, and it would need it anyway.
     if downloads_disabled():
         return None
     return reachable_mirror(_torchvision_class(name).mirrors)
