@@ -16,6 +16,10 @@ import requests
 
 from tests.stack import Stack
 
+# sqlite_only: every refusal here comes before the database, and the import's rows are
+# test_import's, in process, on both engines.
+pytestmark = pytest.mark.sqlite_only
+
 IMPORT = "/api/experiments/import/"
 
 

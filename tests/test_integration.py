@@ -159,6 +159,9 @@ def _requested_checkpoint_event(ws: ClientConnection, *, timeout: float) -> dict
     raise TimeoutError("no requested checkpoint")
 
 
+# sqlite_only: the request is one conditional update of the run's row, test_checkpoint_requests'
+# on both engines in process; here the engine's answer to it and the file it writes.
+@pytest.mark.sqlite_only
 def test_checkpoint_now_writes_one_mid_epoch(stack: Stack) -> None:
     alice = stack.login("alice")
     run = launch(alice, stack, name="checkpoint now", strategy="ddp", processes=2, epochs=3)
