@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 from tests.cpu_times import CpuMeter
+from tests.few_digits import few_digits_write
 from tests.file_order import FileTimes, durations_load, files_longest_first
 from tests.kinds import kinds_mark
 from tests.postgres import Postgres, postgres_bin, postgres_running
@@ -112,6 +113,18 @@ def _in_memory_channel_layer(settings: Any) -> None:
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+@pytest.fixture(scope="session", autouse=True)
+def broker_in_memory() -> None:
+    """This process's Celery app sends to kombu's in-memory transport: in-process tests never
+    reach a broker (the stack's processes have a Redis of their own), yet a task run eagerly
+    (test_notifications) still takes a producer from the app's pool, which connects."""
+    from dashboard import celery_app
+
+    # The key as the app reads it from Django's settings (namespace CELERY): a plain
+    # `conf.broker_url = ...` is shadowed by it.
+    celery_app.conf.update(CELERY_BROKER_URL="memory://")
+
+
 @pytest.fixture
 def launched(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Runs handed to Celery; the broker is outside these tests (the integration tests use it)."""
@@ -162,12 +175,13 @@ def experiment_factory() -> Any:
 
 
 @pytest.fixture(scope="session")
-def data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+def data_dir(tmp_path_factory: pytest.TempPathFactory, few_test_digits: Path) -> Path:
     """One data folder per test session, the stack's and the benchmarks': its MNIST is the
-    sample with 200 test digits (`few_test_digits`), as every run through the stack evaluates
-    each epoch on all of them; the sample itself is the training tests' (`sample_data`)."""
+    sample with 200 test digits (`few_test_digits`'s, copied: the stack adds image folders and
+    Fashion-MNIST here), as every run through the stack evaluates each epoch on all of them;
+    the sample itself is the training tests' (`sample_data`)."""
     path = tmp_path_factory.mktemp("data")
-    few_digits_write(path)
+    shutil.copytree(few_test_digits / "MNIST", path / "MNIST")
     return path
 
 
@@ -179,24 +193,6 @@ def sample_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
     path = tmp_path_factory.getbasetemp() / "training-data"
     path.mkdir(exist_ok=True)
     return path
-
-
-# Digits of the sample's test split that `few_test_digits` keeps (20 a class, give or take).
-FEW_TEST_DIGITS = 200
-
-
-def few_digits_write(path: Path) -> None:
-    """Under ``path``, an MNIST of the sample's 4,000 training digits and the first 200 of its
-    1,000 test digits, as torchvision's IDX files: real digits, read by the same path as a full
-    MNIST's. A run evaluates each epoch on the whole test split: 0.9 s of CPU for the 1,000 with
-    the built-in model, most of a minute with ViT-B or Inception v3, and the suite runs hundreds."""
-    from training.data import IDX_FILES, idx_bytes, split_mnist_sample
-
-    raw = path / "MNIST" / "raw"
-    raw.mkdir(parents=True, exist_ok=True)
-    for (split, kind), array in split_mnist_sample().items():
-        kept = array[:FEW_TEST_DIGITS] if split == "test" else array
-        (raw / IDX_FILES[(split, kind)]).write_bytes(idx_bytes(kept))
 
 
 @pytest.fixture(scope="session")

@@ -19,6 +19,8 @@ import pytest
 
 from training import data as training_data
 
+# Digits of the sample's test split that ``few_digits_write`` keeps (20 a class, give or take).
+FEW_TEST_DIGITS = 200
 # Fashion-MNIST's test images kept by ``fashion_few_tests_write``: the built-in model takes 0.9 ms
 # of CPU an image here, 9 s a run for the 10,000 where a quick check trains one batch.
 FEW_FASHION_TESTS = 1000
@@ -27,6 +29,17 @@ FEW_FASHION_TESTS = 1000
 @pytest.fixture(scope="session", name="sample_data")
 def sample_data_few(few_test_digits: Path) -> Path:
     return few_test_digits
+
+
+def few_digits_write(path: Path) -> None:
+    """Under ``path``, an MNIST of the sample's 4,000 training digits and the first 200 of its
+    1,000 test digits, as torchvision's IDX files: real digits, read by the same path as a full
+    MNIST's (``few_test_digits`` in tests/conftest.py, and the stack's ``data_dir``)."""
+    raw = path / "MNIST" / "raw"
+    raw.mkdir(parents=True, exist_ok=True)
+    for (split, kind), array in training_data.split_mnist_sample().items():
+        kept = array[:FEW_TEST_DIGITS] if split == "test" else array
+        (raw / training_data.IDX_FILES[(split, kind)]).write_bytes(training_data.idx_bytes(kept))
 
 
 def fashion_few_tests_write(raw: Path) -> None:

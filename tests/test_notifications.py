@@ -72,15 +72,18 @@ def receiver() -> Iterator[Receiver]:
 def eager(settings: Any) -> Iterator[None]:
     """Tasks run in this process as they are queued; retries run at once (no countdown)."""
     conf = celery_app.conf
-    before = (conf.task_always_eager, conf.task_eager_propagates)
+    # The keys as the app reads them from Django's settings (namespace CELERY): a plain
+    # `conf.task_always_eager = ...` is shadowed by them.
+    keys = ("CELERY_TASK_ALWAYS_EAGER", "CELERY_TASK_EAGER_PROPAGATES")
+    before = {key: conf.get(key) for key in keys}
     # Not propagating: celery then re-applies a task that asks for a retry, as a worker would.
-    conf.task_always_eager, conf.task_eager_propagates = True, False
+    conf.update(CELERY_TASK_ALWAYS_EAGER=True, CELERY_TASK_EAGER_PROPAGATES=False)
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
     settings.TRAINYARD_PUBLIC_URL = "https://trainyard.example"
     # The receiver listens on 127.0.0.1; tests of the refusal turn this off again.
     settings.TRAINYARD_WEBHOOK_ALLOW_PRIVATE = True
     yield
-    conf.task_always_eager, conf.task_eager_propagates = before
+    conf.update(before)
 
 
 def signature_valid(*, secret: str, header: str, body: bytes, tolerance: float = 300) -> bool:
