@@ -11,10 +11,11 @@ which finds everything in place and installs the project itself (about 3 s), so 
 check of the requirements has the last word. Every pip call gets ``--no-compile``: the Makefile
 byte-compiles on every core afterwards. The whole install: 64 s here, where pip alone took 85 s.
 
-Where the environment already holds any of them (an update after pyproject.toml changed), the
-parts run one after another: an upgrade's uninstall may move a shared folder (``nvidia/``) aside
-while another part writes into it. And the wheels a part installed lose pip's ``REQUESTED``
-mark, which ``-r`` gave them: as after a plain install, only the project was asked for.
+What the environment already holds in another version (an update after pyproject.toml
+changed; in a fresh venv, its own setuptools) is installed first, by one pip alone: an
+upgrade's uninstall may move a shared folder (``nvidia/``) aside while another part writes into
+it. And the wheels a part installed lose pip's ``REQUESTED`` mark, which ``-r`` gave them: as
+after a plain install, only the project was asked for.
 """
 
 from __future__ import annotations
@@ -99,17 +100,27 @@ def requested_unmark(wanted: set[str], path: list[str] | None = None) -> None:
                 Path(str(file.locate())).unlink(missing_ok=True)
 
 
+def install_plan(
+    found: list[tuple[int, str]], installed: set[str], count: int
+) -> list[list[list[str]]]:
+    """The parts to install, phase after phase: the upgrades of what is installed, in one part,
+    then the new wheels dealt into ``count`` parts side by side."""
+    upgrades = [item for item in found if names([item[1]]) <= installed]
+    fresh = [item for item in found if item not in upgrades]
+    phases = [parts_dealt(upgrades, 1), parts_dealt(fresh, count)]
+    return [phase for phase in phases if phase]
+
+
 def main(args: list[str]) -> None:
     with tempfile.TemporaryDirectory(prefix="pip-parallel-") as tmp:
         folder = Path(tmp)
         report = folder / "report.json"
         subprocess.run(pip("install", "--dry-run", "--report", str(report), *args), check=True)
         found = wheels(json.loads(report.read_text()))
-        specs = [spec for _, spec in found]
-        updating = bool(names(specs) & installed_names())
-        count = 1 if updating else min(MAX_PARTS, os.cpu_count() or 1)
-        parts_install(parts_dealt(found, count), folder)
-        requested_unmark(names(specs))
+        count = min(MAX_PARTS, os.cpu_count() or 1)
+        for phase in install_plan(found, installed_names(), count):
+            parts_install(phase, folder)
+        requested_unmark(names([spec for _, spec in found]))
     subprocess.run(pip("install", *args), check=True)
 
 

@@ -22,7 +22,6 @@ import psutil
 import pytest
 
 from tests.cpu_times import CpuMeter
-from tests.few_digits import few_digits_write
 from tests.file_order import FileTimes, durations_load, files_longest_first
 from tests.kinds import kinds_mark
 from tests.postgres import Postgres, postgres_bin, postgres_running
@@ -199,6 +198,9 @@ def sample_data(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def few_test_digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The training tests' data folder of the sample with 200 test digits (tests/few_digits.py
     gives it to the modules whose figures do not depend on the count)."""
+    # Imported here: it imports torch, which the xdist controller never needs.
+    from tests.few_digits import few_digits_write
+
     path = tmp_path_factory.getbasetemp() / "few-test-digits"
     few_digits_write(path)
     return path

@@ -75,7 +75,7 @@ def eager(settings: Any) -> Iterator[None]:
     # The keys as the app reads them from Django's settings (namespace CELERY): a plain
     # `conf.task_always_eager = ...` is shadowed by them.
     keys = ("CELERY_TASK_ALWAYS_EAGER", "CELERY_TASK_EAGER_PROPAGATES")
-    before = {key: conf.get(key) for key in keys}
+    before = {key: conf.changes[key] for key in keys if key in conf.changes}
     # Not propagating: celery then re-applies a task that asks for a retry, as a worker would.
     conf.update(CELERY_TASK_ALWAYS_EAGER=True, CELERY_TASK_EAGER_PROPAGATES=False)
     settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
@@ -83,6 +83,8 @@ def eager(settings: Any) -> Iterator[None]:
     # The receiver listens on 127.0.0.1; tests of the refusal turn this off again.
     settings.TRAINYARD_WEBHOOK_ALLOW_PRIVATE = True
     yield
+    for key in keys:  # as it was: the change undone, not overwritten with a default
+        conf.changes.pop(key, None)
     conf.update(before)
 
 

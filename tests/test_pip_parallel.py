@@ -81,3 +81,18 @@ def test_the_parts_wheels_lose_the_requested_mark_others_keep_it(tmp_path: Path)
     pip_parallel.requested_unmark({"torch"}, [str(tmp_path)])
     assert not (tmp_path / "torch-1.0.dist-info" / "REQUESTED").exists()
     assert (tmp_path / "trainyard-1.0.dist-info" / "REQUESTED").exists()
+
+
+def test_upgrades_go_first_and_alone_then_the_new_wheels_side_by_side() -> None:
+    pip_parallel = _script()
+    # A fresh venv holds its own setuptools, which the resolved set upgrades.
+    found = [(554, "torch==2.14.1"), (553, "nvidia-cudnn-cu13==9.24"), (1, "setuptools==84.2.1"),
+             (1, "Django==5.2.19")]  # fmt: skip
+    plan = pip_parallel.install_plan(found, {"pip", "setuptools"}, 2)
+    assert plan == [[["setuptools==84.2.1"]],
+                    [["torch==2.14.1"], ["nvidia-cudnn-cu13==9.24", "Django==5.2.19"]]]  # fmt: skip
+    # Nothing installed yet, or everything: one phase each.
+    assert len(pip_parallel.install_plan(found, set(), 2)) == 1
+    everything = {"torch", "nvidia-cudnn-cu13", "setuptools", "django"}
+    in_one = [spec for _, spec in sorted(found, reverse=True)]
+    assert pip_parallel.install_plan(found, everything, 2) == [[in_one]]

@@ -134,7 +134,8 @@ def test_redis_restart_loses_no_point_and_the_socket_backfills(stack: Stack) -> 
     # The worker rode the outage out (Celery 5.7.0's did not where a message was prefetched
     # when Redis went down: it logged this, exited after the run, and no launch started again).
     worker = stack.services["worker"]
-    assert "Unrecoverable error" not in worker.log_path.read_text(errors="replace")
+    log = worker.log_path.read_text(errors="replace")
+    assert "Unrecoverable error" not in log, stack.diagnostics()
     assert worker.process.poll() is None, stack.diagnostics()
 
 
