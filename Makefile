@@ -57,7 +57,12 @@ TEST_WORKERS ?= 2
 # The files go longest first (tests/file_order.py, from tests/durations.json), not xdist's
 # most-tests-first, so that both workers end together.
 XDIST = --dist loadfile --no-loadscope-reorder
-PYTEST_TIMED = TRAINYARD_TESTS_NEED_ALL=1 $(VENV)/bin/pytest -n $(TEST_WORKERS) $(XDIST) \
+# pytest rewrites the asserts of the test files and of its plugins' packages (schemathesis,
+# hypothesis, anyio: 376 modules) in every process it starts, and caches the result only where
+# bytecode may be written: where PYTHONDONTWRITEBYTECODE is set (this machine, Docker images)
+# that was 4 CPU-s of each worker's collection, every run. An empty value unsets it for pytest.
+PYTEST = PYTHONDONTWRITEBYTECODE= $(VENV)/bin/pytest
+PYTEST_TIMED = TRAINYARD_TESTS_NEED_ALL=1 $(PYTEST) -n $(TEST_WORKERS) $(XDIST) \
   --durations=25 --durations-min=1
 
 test:
@@ -77,7 +82,7 @@ test:
 FAST_TESTS = not integration and not stack and not browser and not machines and not slow
 
 test-fast: $(VENV)/.installed
-	@start=$$(date +%s); $(VENV)/bin/pytest -n 2 $(XDIST) -m "$(FAST_TESTS)" \
+	@start=$$(date +%s); $(PYTEST) -n 2 $(XDIST) -m "$(FAST_TESTS)" \
 	  --durations=10 --durations-min=5; rc=$$?; \
 	  echo "make test-fast took $$(( $$(date +%s) - start )) s"; exit $$rc
 

@@ -13,13 +13,15 @@ from __future__ import annotations
 import resource
 import sys
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from training.protocol import MemoryEntry
 from training.runtime import Runtime, all_gather
+
+if TYPE_CHECKING:
+    from torch.distributed.optim import ZeroRedundancyOptimizer
 
 
 def tensor_bytes(tensor: torch.Tensor) -> int:
@@ -41,7 +43,11 @@ def optimizer_state_bytes(optimizer: torch.optim.Optimizer) -> int:
     A ZeroRedundancyOptimizer's are those of its local optimizer (``.optim``), which holds and
     steps this rank's share: the wrapper's own ``state`` is empty, and after ``load_state_dict``
     holds None for the other ranks' parameters."""
-    local = optimizer.optim if isinstance(optimizer, ZeroRedundancyOptimizer) else optimizer
+    # Looked up, not imported: torch.distributed.optim imports DTensor and FSDP (0.3 s of every
+    # rank's start), and an optimizer is a ZeroRedundancyOptimizer only once it is imported.
+    zero = sys.modules.get("torch.distributed.optim")
+    sharded = zero is not None and isinstance(optimizer, zero.ZeroRedundancyOptimizer)
+    local = cast("ZeroRedundancyOptimizer", optimizer).optim if sharded else optimizer
     return sum(_tensors_bytes(state.values()) for state in local.state.values() if state)
 
 

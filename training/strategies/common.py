@@ -14,6 +14,7 @@ from torch import nn
 from training.batching import DataShard
 from training.config import TrainConfig
 from training.loop import StepFn
+from training.optimizers import optimizer_class
 from training.phases import phase
 from training.strategies.stepping import (
     ContextFactory,
@@ -68,9 +69,11 @@ class Plan:
 
 
 def optimizer_make(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
-    if cfg.optimizer == "sgd":
-        return torch.optim.SGD(model.parameters(), lr=cfg.lr, momentum=0.9)
-    return torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    """Adam, or SGD with momentum 0.9 (``--optimizer sgd``); without the compiler's hooks unless
+    the run compiles (training/optimizers.py)."""
+    cls = optimizer_class(cfg.optimizer, compiled=cfg.compile)
+    extra = {"momentum": 0.9} if cfg.optimizer == "sgd" else {}
+    return cls(model.parameters(), lr=cfg.lr, **extra)
 
 
 def step_default(

@@ -29,13 +29,12 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 from torch import nn
 from torch.distributed import GradBucket
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
-from torch.distributed.optim import ZeroRedundancyOptimizer
 from torch.futures import Future
 from torch.nn.modules.batchnorm import _BatchNorm
 from torch.nn.parallel import DistributedDataParallel
@@ -46,6 +45,10 @@ from training.phases import hook_timed
 from training.registry import POWERSGD_RANK, POWERSGD_START
 from training.runtime import Runtime, all_gather
 from training.strategies.common import Plan, optimizer_make, plan_simple, step_default
+
+if TYPE_CHECKING:
+    # Imported where --shard-optimizer uses it: it imports DTensor and FSDP (0.3 s a rank).
+    from torch.distributed.optim import ZeroRedundancyOptimizer
 
 S = TypeVar("S")  # a communication hook's state
 Hook = Callable[[S, GradBucket], Future[torch.Tensor]]
@@ -207,6 +210,8 @@ def plan_sharded(
     """DDP's plan with the run's optimizer wrapped in ZeroRedundancyOptimizer."""
     # The class and settings optimizer_make chooses (Adam, or SGD with momentum); it allocates no
     # state until its first step, so building it only to read them costs nothing.
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
     plain = optimizer_make(cfg, model)
     optimizer = ZeroRedundancyOptimizer(
         model.parameters(), optimizer_class=type(plain), **plain.defaults

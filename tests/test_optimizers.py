@@ -1,0 +1,108 @@
+"""The run's optimizers without torch.compile's hooks (training/optimizers.py): the same numbers
+as torch's, and no ``torch._dynamo`` import in a run that does not compile."""
+
+from __future__ import annotations
+
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from torch import nn
+
+from tests.test_training import ROOT, _env
+from training import optimizers
+from training.config import parse_args
+from training.strategies.common import optimizer_make
+
+
+def _steps(cls: type[torch.optim.Optimizer], **hyper: float) -> tuple[nn.Module, dict]:
+    """Three steps of ``cls`` on a small network, from the same start each time."""
+    torch.manual_seed(0)
+    net = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+    optimizer = cls(net.parameters(), **hyper)
+    inputs, targets = torch.randn(32, 8), torch.randint(0, 4, (32,))
+    for _ in range(3):
+        optimizer.zero_grad(set_to_none=True)
+        nn.functional.cross_entropy(net(inputs), targets).backward()
+        optimizer.step()
+    return net, optimizer.state_dict()
+
+
+@pytest.mark.parametrize(
+    ("torch_class", "eager_class", "hyper"),
+    [
+        (torch.optim.Adam, optimizers.Adam, {"lr": 1e-3}),
+        (torch.optim.SGD, optimizers.SGD, {"lr": 0.05, "momentum": 0.9}),
+    ],
+)
+def test_the_eager_classes_step_to_the_same_numbers(
+    torch_class: type[torch.optim.Optimizer],
+    eager_class: type[torch.optim.Optimizer],
+    hyper: dict[str, float],
+) -> None:
+    theirs, their_state = _steps(torch_class, **hyper)
+    ours, our_state = _steps(eager_class, **hyper)
+    for a, b in zip(theirs.parameters(), ours.parameters(), strict=True):
+        assert torch.equal(a, b)
+    assert our_state["param_groups"] == their_state["param_groups"]
+    for key, state in their_state["state"].items():
+        for name, value in state.items():
+            assert torch.equal(our_state["state"][key][name], value), name
+    # Named and typed as torch's (notes say "Adam"), and picklable by reference.
+    assert eager_class.__name__ == torch_class.__name__
+    assert issubclass(eager_class, torch_class)
+    assert pickle.loads(pickle.dumps(eager_class)) is eager_class
+
+
+def test_the_step_keeps_the_grad_mode_of_its_caller() -> None:
+    net = nn.Linear(2, 1)
+    optimizer = optimizers.Adam(net.parameters())
+    net(torch.ones(1, 2)).sum().backward()
+    optimizer.step()  # without grad inside (parameters updated in place), with it after
+    assert torch.is_grad_enabled()
+    with torch.no_grad():
+        optimizer.step()
+        assert not torch.is_grad_enabled()
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        ((), optimizers.Adam),
+        (("--optimizer", "sgd"), optimizers.SGD),
+        (("--compile",), torch.optim.Adam),  # dynamo compiles around torch's own
+    ],
+)
+def test_a_run_that_compiles_keeps_torchs_class(
+    sample_data: Path, flags: tuple[str, ...], expected: type
+) -> None:
+    cfg = parse_args(["--data-dir", str(sample_data), *flags])
+    assert type(optimizer_make(cfg, nn.Linear(2, 1))) is expected
+
+
+RUN_TWICE = """
+import sys
+from training.cli import main
+
+folder = sys.argv[1]
+first = main(["--dry-run", "--checkpoint-dir", folder, "--run-id", "a"])
+again = main(["--epochs", "2", "--steps-per-epoch", "2", "--resume", folder + "/epoch-1.pt",
+              "--checkpoint-dir", folder, "--run-id", "b"])
+print(first, again, "torch._dynamo" in sys.modules, file=sys.stderr)
+"""
+
+
+def test_a_run_that_does_not_compile_never_imports_dynamo(
+    sample_data: Path, tmp_path: Path
+) -> None:
+    """torch._dynamo's import is a second of CPU in every process that steps; a run writes and
+    resumes a checkpoint (state_dict, load_state_dict) and steps without it."""
+    result = subprocess.run(  # noqa: S603
+        [sys.executable, "-c", RUN_TWICE, str(tmp_path)],
+        capture_output=True, text=True, timeout=120, cwd=ROOT, env=_env(sample_data),
+    )  # fmt: skip
+    assert result.stderr.splitlines()[-1] == "0 0 False", result.stderr[-3000:]
+    assert (tmp_path / "epoch-2.pt").exists()
