@@ -5,6 +5,8 @@ and streaming data paths, one shared copy under torchrun."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any
@@ -230,6 +232,30 @@ def test_tensor_images_decode_as_files_do() -> None:
     tensor_gray = image_decode(tinted, 1, 28)
     assert (pil_gray.int() - tensor_gray.int()).abs().max() <= 1  # PIL's luma, rounded
     assert image_decode(digit.unsqueeze(0), 1, 14).shape == (1, 14, 14)
+
+
+DECODES = """
+import sys
+import torch
+from PIL import Image
+from training.images import image_decode
+
+image_decode(Image.new("L", (28, 28)), 1, 28)
+image_decode(torch.zeros(3, 28, 28, dtype=torch.uint8), 1, 28)
+before = "torchvision" in sys.modules
+assert image_decode(Image.new("L", (32, 32)), 1, 28).shape == (1, 28, 28)
+print(before, "torchvision" in sys.modules)
+"""
+
+
+def test_images_at_the_size_decode_without_torchvision() -> None:
+    """torchvision's import is about 1 CPU-s in each DataLoader worker that decodes (they were
+    two in every run on an image folder); only a resize needs it."""
+    result = subprocess.run(  # noqa: S603
+        [sys.executable, "-c", DECODES], capture_output=True, text=True, timeout=120,
+        cwd=Path(__file__).resolve().parent.parent, check=True,
+    )  # fmt: skip
+    assert result.stdout.split() == ["False", "True"]
 
 
 def test_one_image_a_class_in_one_folder_is_refused(tmp_path: Path) -> None:

@@ -19,6 +19,7 @@ from dashboard.experiments.models import LogLine, SeriesPoint
 from dashboard.experiments.runs.sink import EventSink
 from tests.phase_checks import SECONDS, assert_phases_add_up, phase_windows
 from tests.test_training import Result, needs_cuda, run_cli
+from tests.test_training_target import assert_trained_every_epoch
 from training import phases
 from training.model import SimpleCNN
 from training.models import model_stages, stages_split
@@ -234,10 +235,10 @@ def test_a_cuda_clock_marks_the_runs_device_not_the_current_one(
 # ---- real runs ----------------------------------------------------------------------------
 
 
-def _run(sample_data: Path, *strategy: str) -> Result:
+def _run(sample_data: Path, *strategy: str, epochs: int = 1) -> Result:
     result = run_cli(
-        sample_data, "--strategy", *strategy, "--epochs", "1", "--steps-per-epoch", str(STEPS),
-        "--log-interval", str(INTERVAL), "--run-id", "phases",
+        sample_data, "--strategy", *strategy, "--epochs", str(epochs),
+        "--steps-per-epoch", str(STEPS), "--log-interval", str(INTERVAL), "--run-id", "phases",
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     return result
@@ -245,11 +246,15 @@ def _run(sample_data: Path, *strategy: str) -> Result:
 
 def test_no_phases_reports_none_and_ddp_still_trains(sample_data: Path) -> None:
     """--no-phases (what the overhead bench compares with): the ranks' reports carry no phase
-    and no bytes; the rest is reported as before."""
-    result = _run(sample_data, "ddp", "--nproc", "2", "--no-phases")
+    and no bytes; the rest is reported as before. The run also asks for a target it cannot reach
+    (an accuracy of 1): it trains every epoch planned (tests/test_training_target.py's check,
+    made on this run rather than on a DDP run of its own)."""
+    never = ("--target-accuracy", "1")
+    result = _run(sample_data, "ddp", "--nproc", "2", "--no-phases", *never, epochs=2)
     for _, rank in phase_windows(result):
         assert not {*SECONDS[1:], "communication_bytes"} & rank.keys(), rank
         assert rank["images_per_second"] > 0 and "data_seconds" in rank
+    assert_trained_every_epoch(result, epochs=2)
 
 
 def test_fsdp_phases_add_up_and_count_its_gathers(sample_data: Path) -> None:

@@ -276,8 +276,15 @@ def test_the_built_in_model_on_idx_files_never_imports_torchvision(sample_data: 
 
 
 def test_single_one_epoch(sample_data: Path) -> None:
-    result = run_cli(sample_data, "--strategy", "single", "--run-id", "single-1")
-    assert_well_formed(result, "single-1")
+    # Two epochs planned, the target met after the first: the shared loop's stop at target,
+    # checked here rather than in a run of its own (tests/test_training_target.py).
+    from tests.test_training_target import TARGET, assert_ended_at_target
+
+    result = run_cli(
+        sample_data, "--strategy", "single", "--run-id", "single-1", "--epochs", "2", *TARGET
+    )
+    assert_well_formed(result, "single-1", epochs_run=1)
+    assert_ended_at_target(result, epochs=2)
     started = result.started
     assert (started["world_size"], started["device"]) == (1, "cpu")
     assert "MNIST sample" in started["dataset_source"]
@@ -316,8 +323,15 @@ def test_dp_without_gpus_is_a_pass_through(sample_data: Path) -> None:
 
 
 def test_ddp_two_cpu_ranks(sample_data: Path) -> None:
-    result = run_cli(sample_data, "--strategy", "ddp", "--nproc", "2", "--run-id", "ddp-1")
-    assert_well_formed(result, "ddp-1")
+    # As test_single_one_epoch: every rank stops with rank 0's evaluation.
+    from tests.test_training_target import TARGET, assert_ended_at_target
+
+    result = run_cli(
+        sample_data, "--strategy", "ddp", "--nproc", "2", "--run-id", "ddp-1", "--epochs", "2",
+        *TARGET,
+    )  # fmt: skip
+    assert_well_formed(result, "ddp-1", epochs_run=1)
+    assert_ended_at_target(result, epochs=2)
     started = result.started
     assert started["world_size"] == 2
     assert started["devices"] == ["cpu", "cpu"]

@@ -19,6 +19,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -171,9 +172,6 @@ def _size(path: Path, train: Sequence[tuple[str, int]]) -> tuple[int, str]:
 def image_decode(img: Any, channels: int, size: int) -> torch.Tensor:
     """A PIL image, or a uint8 / float (0..1) C x H x W tensor, as uint8 ``channels`` x
     ``size`` x ``size``."""
-    # Here, not at the top: importing torchvision costs about 1 CPU-s (see training.data).
-    from torchvision.transforms import functional as TF
-
     if isinstance(img, torch.Tensor):
         t = img if img.dtype == torch.uint8 else (img.float() * 255).round().clamp(0, 255)
         t = t.to(torch.uint8)
@@ -184,14 +182,25 @@ def image_decode(img: Any, channels: int, size: int) -> torch.Tensor:
             luma = torch.tensor([0.299, 0.587, 0.114]).view(3, 1, 1)
             t = (t[:3].float() * luma).sum(0, keepdim=True).round().clamp(0, 255).to(torch.uint8)
         if tuple(t.shape[1:]) != (size, size):
+            TF = _resizing()
             t = TF.center_crop(TF.resize(t, [size], antialias=True), [size, size])
         return t.contiguous()
     img = img.convert("L" if channels == 1 else "RGB")
     if img.size != (size, size):
+        TF = _resizing()
         img = TF.center_crop(TF.resize(img, [size]), [size, size])
     array = np.asarray(img, dtype=np.uint8)
     t = torch.from_numpy(array.copy())
     return t.unsqueeze(0) if t.ndim == 2 else t.permute(2, 0, 1).contiguous()
+
+
+def _resizing() -> ModuleType:
+    """torchvision's image functions, imported where an image must be resized, not before:
+    torchvision's import is about 1 CPU-s (see training.data), paid again by every DataLoader
+    worker that decodes, and images already at the size need none of it."""
+    from torchvision.transforms import functional
+
+    return functional
 
 
 class FolderReader(TorchDataset[tuple[torch.Tensor, int]]):
