@@ -78,11 +78,12 @@ test:
 # The inner loop, before every commit (meant for at most 3 minutes on an idle 2-core machine):
 # every test but the stack's, the browser's and the machines' (tests/kinds.py marks them by the
 # fixtures they use, `integration` ones by hand), on SQLite, two pytest workers at once
-# (pytest-xdist), each with its own home and test database (tests/conftest.py).
+# (pytest-xdist), each with its own home and test database (tests/conftest.py). The fuzzers
+# draw a fifth of their examples here (tests/test_fuzz.py), all of them in make test.
 FAST_TESTS = not integration and not stack and not browser and not machines and not slow
 
 test-fast: $(VENV)/.installed
-	@start=$$(date +%s); $(PYTEST) -n 2 $(XDIST) -m "$(FAST_TESTS)" \
+	@start=$$(date +%s); TRAINYARD_FUZZ_SHARE=0.2 $(PYTEST) -n 2 $(XDIST) -m "$(FAST_TESTS)" \
 	  --durations=10 --durations-min=5; rc=$$?; \
 	  echo "make test-fast took $$(( $$(date +%s) - start )) s"; exit $$rc
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -27,9 +28,12 @@ from dashboard.experiments.web.consumers import MAX_CLIENT_FRAME_BYTES, frame_si
 from tests.factories import form_data
 
 ROOT = Path(__file__).resolve().parent.parent
-API_PAYLOADS = 1000
-SOCKET_FRAMES = 1000
-FORM_POSTS = 300
+# make test runs every fuzzer's examples; make test-fast, the inner loop, a fifth of them
+# (TRAINYARD_FUZZ_SHARE=0.2: 11 of its CPU-s), different ones each run, as Hypothesis draws.
+SHARE = float(os.environ.get("TRAINYARD_FUZZ_SHARE", "1"))
+API_PAYLOADS = round(1000 * SHARE)
+SOCKET_FRAMES = round(1000 * SHARE)
+FORM_POSTS = round(300 * SHARE)
 ORIGIN = (b"origin", b"http://localhost")
 # No machine has GPU 1000: an id from here up never exists, on this machine or a GPU runner.
 ABSENT_GPU = 1000

@@ -42,24 +42,21 @@ def _trained(result: Result) -> dict[str, Any]:
     return result.finished
 
 
-def test_single_trains_on_an_image_folder_resident(sample_data: Path, folder: Path) -> None:
-    result = run_cli(sample_data, "--dataset", "imagefolder", "--data-path", str(folder), *TRAIN)
-    finished = _trained(result)
-    assert finished["test_accuracy"] > 0.3  # chance is 0.1
-    started = result.started
-    assert started["data_mode"] == "resident" and started["data_path"] == str(folder)
-    assert (started["train_size"], started["test_size"]) == (400, 100)
-    assert "fit the budget" in _note(result, "Data path: resident")
-
-
-def test_streaming_gives_the_resident_losses(
+def test_single_trains_on_an_image_folder_resident_and_streaming_gives_its_losses(
     sample_data: Path, folder: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     args = ("--dataset", "imagefolder", "--data-path", str(folder), *TRAIN, "--epochs", "1")
     resident = run_cli(sample_data, *args)
+    finished = _trained(resident)
+    assert finished["test_accuracy"] > 0.3  # chance is 0.1; one epoch of 400 gives 0.64-0.73
+    started = resident.started
+    assert started["data_mode"] == "resident" and started["data_path"] == str(folder)
+    assert (started["train_size"], started["test_size"]) == (400, 100)
+    assert "fit the budget" in _note(resident, "Data path: resident")
+    # The same run streaming from the files, two DataLoader workers decoding: the same losses.
     monkeypatch.setenv(RESIDENT_ENV, "0")
     streaming = run_cli(sample_data, *args, "--workers", "2")
-    _trained(resident), _trained(streaming)
+    _trained(streaming)
     assert streaming.started["data_mode"] == "streaming"
     assert "exceed the budget" in _note(streaming, "Data path: streaming")
     assert "2 DataLoader worker(s)" in _note(streaming, "Streaming with")

@@ -1,18 +1,16 @@
 """The run's optimizers without torch.compile's hooks (training/optimizers.py): the same numbers
-as torch's, and no ``torch._dynamo`` import in a run that does not compile."""
+as torch's. That a run which does not compile never imports ``torch._dynamo`` is checked with
+torchvision's import, on one whole run (test_training.py)."""
 
 from __future__ import annotations
 
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
 
-from tests.test_training import ROOT, _env
 from training import optimizers
 from training.config import parse_args
 from training.strategies.common import optimizer_make
@@ -81,28 +79,3 @@ def test_a_run_that_compiles_keeps_torchs_class(
 ) -> None:
     cfg = parse_args(["--data-dir", str(sample_data), *flags])
     assert type(optimizer_make(cfg, nn.Linear(2, 1))) is expected
-
-
-RUN_TWICE = """
-import sys
-from training.cli import main
-
-folder = sys.argv[1]
-first = main(["--dry-run", "--checkpoint-dir", folder, "--run-id", "a"])
-again = main(["--epochs", "2", "--steps-per-epoch", "2", "--resume", folder + "/epoch-1.pt",
-              "--checkpoint-dir", folder, "--run-id", "b"])
-print(first, again, "torch._dynamo" in sys.modules, file=sys.stderr)
-"""
-
-
-def test_a_run_that_does_not_compile_never_imports_dynamo(
-    sample_data: Path, tmp_path: Path
-) -> None:
-    """torch._dynamo's import is a second of CPU in every process that steps; a run writes and
-    resumes a checkpoint (state_dict, load_state_dict) and steps without it."""
-    result = subprocess.run(  # noqa: S603
-        [sys.executable, "-c", RUN_TWICE, str(tmp_path)],
-        capture_output=True, text=True, timeout=120, cwd=ROOT, env=_env(sample_data),
-    )  # fmt: skip
-    assert result.stderr.splitlines()[-1] == "0 0 False", result.stderr[-3000:]
-    assert (tmp_path / "epoch-2.pt").exists()

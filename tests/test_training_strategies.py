@@ -18,6 +18,7 @@ from tests.phase_checks import assert_phases_add_up
 from tests.test_protocol import assert_typed
 from tests.test_training import (
     GPU_COUNT,
+    Result,
     _start,
     assert_well_formed,
     needs_cuda,
@@ -59,11 +60,19 @@ def assert_requested_checkpoint_loads(result: Any) -> None:
     SimpleCNN().load_state_dict(state["model"])  # strict: every key, right shapes
 
 
-def test_model_parallel_on_the_cpu_says_so(sample_data: Path, tmp_path: Path) -> None:
-    result = run_cli_asking_checkpoint(
-        sample_data, "--strategy", "model-parallel", "--checkpoint-dir", str(tmp_path),
+@pytest.fixture(scope="module")
+def model_parallel(sample_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Result:
+    """One model-parallel epoch with its checkpoints (one asked for at ``started``, one at the
+    epoch's end): its own test reads the run, the started-alike test resumes its checkpoint."""
+    folder = tmp_path_factory.mktemp("model-parallel")
+    return run_cli_asking_checkpoint(
+        sample_data, "--strategy", "model-parallel", "--checkpoint-dir", str(folder),
         "--run-id", "mp",
     )  # fmt: skip
+
+
+def test_model_parallel_on_the_cpu_says_so(model_parallel: Result) -> None:
+    result = model_parallel
     assert_well_formed(result, "mp")
     assert_requested_checkpoint_loads(result)
     # Every type but a failure and a profile (asked for only), each with every field of its type.
@@ -131,12 +140,13 @@ def test_hogwild_two_processes_share_model_and_data(sample_data: Path, tmp_path:
     assert any("Each of the 2 workers resumed its own" in n for n in resumed.started["notes"])
 
 
-def test_hogwild_and_the_shared_loop_say_started_alike(sample_data: Path, tmp_path: Path) -> None:
+def test_hogwild_and_the_shared_loop_say_started_alike(
+    sample_data: Path, model_parallel: Result
+) -> None:
     """One driver for both (training/epochs.py): Hogwild's parent and the shared loop carry the
     same started fields, and a checkpoint that covers every epoch is said in the same words."""
-    first = run_cli(sample_data, "--dry-run", "--checkpoint-dir", str(tmp_path / "first"))
-    assert first.returncode == 0, first.stderr
-    [written] = [c["path"] for c in first.of_type("checkpoint")]
+    # The model-parallel epoch's: any strategy resumes a SimpleCNN's checkpoint.
+    [written] = [c["path"] for c in model_parallel.of_type("checkpoint") if not c["requested"]]
     resumed = [
         run_cli(sample_data, "--dry-run", *flags, "--resume", written)
         for flags in (("--strategy", "single"), ("--strategy", "hogwild", "--nproc", "1"))
