@@ -60,10 +60,12 @@ XDIST = --dist loadfile --no-loadscope-reorder
 # pytest rewrites the asserts of the test files and of its plugins' packages (schemathesis,
 # hypothesis, anyio: 376 modules) in every process it starts, and caches the result only where
 # bytecode may be written: where PYTHONDONTWRITEBYTECODE is set (this machine, Docker images)
-# that was 4 CPU-s of each worker's collection, every run. An empty value unsets it for pytest.
+# that was 4 CPU-s of each worker's collection, every run. An empty value unsets it for pytest
+# and what the tests start (runs, the stack's servers): they write __pycache__ folders, which
+# git ignores. Every fuzzer draws all its examples here (tests/test_fuzz.py).
 PYTEST = PYTHONDONTWRITEBYTECODE= $(VENV)/bin/pytest
-PYTEST_TIMED = TRAINYARD_TESTS_NEED_ALL=1 $(PYTEST) -n $(TEST_WORKERS) $(XDIST) \
-  --durations=25 --durations-min=1
+PYTEST_TIMED = TRAINYARD_TESTS_NEED_ALL=1 TRAINYARD_FUZZ_SHARE=1 $(PYTEST) -n $(TEST_WORKERS) \
+  $(XDIST) --durations=25 --durations-min=1
 
 test:
 	@start=$$(date +%s); .ci/system-packages test && $(MAKE) --no-print-directory setup; rc=$$?; \

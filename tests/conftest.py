@@ -11,6 +11,7 @@ prove nothing; `make test` runs both passes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
@@ -208,9 +209,16 @@ def few_test_digits(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture
 def no_processes_left() -> Iterator[None]:
-    """Fail a test that leaves a child process behind (ranks, workers, launchers). Children
-    that were there before (a test stack's servers) are not the test's, nor is what they start
-    meanwhile (the session's stack training a run another file queued)."""
+    """Fail a test that leaves a child process behind (ranks, workers, launchers)."""
+    with no_new_processes():
+        yield
+
+
+@contextlib.contextmanager
+def no_new_processes() -> Iterator[None]:
+    """Fail where the block leaves a child process behind. Children that were there before (a
+    test stack's servers) are not the block's, nor is what they start meanwhile (the session's
+    stack training a run another file queued)."""
     me = psutil.Process()
     before = {p.pid for p in me.children(recursive=True)}
     yield

@@ -4,12 +4,14 @@ torchvision's import, on one whole run (test_training.py)."""
 
 from __future__ import annotations
 
+import copy as copy_module
 import pickle
 from pathlib import Path
 
 import pytest
 import torch
 from torch import nn
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from training import optimizers
 from training.config import parse_args
@@ -79,3 +81,27 @@ def test_a_run_that_compiles_keeps_torchs_class(
 ) -> None:
     cfg = parse_args(["--data-dir", str(sample_data), *flags])
     assert type(optimizer_make(cfg, nn.Linear(2, 1))) is expected
+    # What DeepSpeed is given, whatever the run: ZeRO knows torch's classes only.
+    assert type(optimizer_make(cfg, nn.Linear(2, 1), eager=False)).__module__.startswith("torch")
+
+
+def test_hooks_run_and_an_optimizer_copies_and_pickles() -> None:
+    """Still torch's optimizer in every way but the compiler's: its step hooks (global and its
+    own) run, and deepcopy and pickle give it back, state included."""
+    net = nn.Linear(2, 1)
+    optimizer = optimizers.Adam(net.parameters())
+    seen: list[str] = []
+    optimizer.register_step_pre_hook(lambda *_: seen.append("pre"))
+    optimizer.register_step_post_hook(lambda *_: seen.append("post"))
+    handle = register_optimizer_step_post_hook(lambda *_: seen.append("global"))
+    try:
+        net(torch.ones(1, 2)).sum().backward()
+        optimizer.step()
+    finally:
+        handle.remove()
+    assert seen == ["pre", "post", "global"]
+    for copy in (copy_module.deepcopy(optimizer), pickle.loads(pickle.dumps(optimizer))):
+        assert type(copy) is optimizers.Adam
+        assert torch.equal(
+            copy.state_dict()["state"][0]["exp_avg"], optimizer.state[net.weight]["exp_avg"]
+        )

@@ -11,7 +11,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.few_digits import sample_data_few  # noqa: F401 (the sample_data fixture)
 from tests.test_training import Result
 from training import cli
 
@@ -57,6 +56,7 @@ def assert_trained_every_epoch(result: Result, *, epochs: int) -> None:
     assert [e["epoch"] for e in result.of_type("epoch")] == list(range(1, epochs + 1))
     assert result.finished["epochs_run"] == epochs
     assert reached_notes(result) == []
+    assert not [pid for pid in result.started["pids"] if psutil.pid_exists(pid)]
 
 
 @pytest.mark.parametrize("value", ["0", "1.5", "nan", "high"])

@@ -49,8 +49,8 @@ Adam = eager_class(torch.optim.Adam)
 SGD = eager_class(torch.optim.SGD)
 
 
-def optimizer_class(kind: str, *, compiled: bool) -> Callable[..., torch.optim.Optimizer]:
-    """``kind`` "sgd" or "adam"; ``compiled`` (--compile): torch's own class."""
+def optimizer_class(kind: str, *, eager: bool) -> Callable[..., torch.optim.Optimizer]:
+    """``kind`` "sgd" or "adam"; ``eager``: this module's class, else torch's own."""
     if kind == "sgd":
-        return torch.optim.SGD if compiled else SGD
-    return torch.optim.Adam if compiled else Adam
+        return SGD if eager else torch.optim.SGD
+    return Adam if eager else torch.optim.Adam

@@ -68,10 +68,12 @@ class Plan:
         return self.data_shard or DataShard(rank, world_size)
 
 
-def optimizer_make(cfg: TrainConfig, model: nn.Module) -> torch.optim.Optimizer:
-    """Adam, or SGD with momentum 0.9 (``--optimizer sgd``); without the compiler's hooks unless
-    the run compiles (training/optimizers.py)."""
-    cls = optimizer_class(cfg.optimizer, compiled=cfg.compile)
+def optimizer_make(
+    cfg: TrainConfig, model: nn.Module, *, eager: bool | None = None
+) -> torch.optim.Optimizer:
+    """Adam, or SGD with momentum 0.9 (``--optimizer sgd``); without the compiler's hooks
+    (training/optimizers.py) unless the run compiles or ``eager`` is False."""
+    cls = optimizer_class(cfg.optimizer, eager=not cfg.compile if eager is None else eager)
     extra = {"momentum": 0.9} if cfg.optimizer == "sgd" else {}
     return cls(model.parameters(), lr=cfg.lr, **extra)
 

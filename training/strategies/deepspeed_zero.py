@@ -60,7 +60,9 @@ def plan_build(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> Plan:
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
     model.to(rt.device)
-    optimizer = optimizer_make(cfg, model)
+    # Torch's own class: ZeRO checks the optimizer's exact class against torch's (its
+    # ZERO_SUPPORTED_OPTIMIZERS) and warns of an "untested optimizer" on any other.
+    optimizer = optimizer_make(cfg, model, eager=False)
     engine, _, _, _ = deepspeed.initialize(
         model=model, optimizer=optimizer, config=ds_config(cfg, rt.world_size)
     )
