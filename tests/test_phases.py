@@ -17,6 +17,7 @@ from torch import nn
 from dashboard.experiments.metrics.breakdown import PHASES, experiment_straggler
 from dashboard.experiments.models import LogLine, SeriesPoint
 from dashboard.experiments.runs.sink import EventSink
+from tests.few_digits import sample_data_few  # noqa: F401 (the sample_data fixture)
 from tests.phase_checks import SECONDS, assert_phases_add_up, phase_windows
 from tests.test_training import Result, needs_cuda, run_cli
 from tests.test_training_target import assert_trained_every_epoch
