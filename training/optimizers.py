@@ -8,7 +8,8 @@ second of CPU (it brings sympy, DTensor and FSDP along): a third of a rank's sta
 every process that steps, for a graph that a run without ``--compile`` never has. ``eager_class``
 gives the same class with those five methods called directly: the same code and the same
 numbers (a run's losses are bit-identical), ``step`` under the grad mode its wrapper sets. A run
-with ``--compile`` keeps torch's own classes.
+with ``--compile`` keeps torch's own classes, and so does DeepSpeed's ZeRO, which checks the
+class (training/strategies/deepspeed_zero.py).
 """
 
 from __future__ import annotations

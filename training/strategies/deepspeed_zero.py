@@ -39,7 +39,8 @@ def ds_config(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
         "train_batch_size": cfg.batch_size * world_size,
         "zero_optimization": {"stage": cfg.zero_stage},
         # Our torch optimizer (Adam or SGD), not one of DeepSpeed's fused ones: the same
-        # update as every other strategy, so runs compare.
+        # update as every other strategy, so runs compare. ZeRO's list of tested optimizers
+        # holds torch's Adam but not SGD: an SGD run is allowed here, and DeepSpeed warns.
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 2**31 - 1,  # progress is ours to report
         "wall_clock_breakdown": False,
@@ -60,8 +61,9 @@ def plan_build(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> Plan:
         deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
     model.to(rt.device)
-    # Torch's own class: ZeRO checks the optimizer's exact class against torch's (its
-    # ZERO_SUPPORTED_OPTIMIZERS) and warns of an "untested optimizer" on any other.
+    # Torch's own class: ZeRO checks the optimizer's exact class against its list of tested
+    # ones (ZERO_SUPPORTED_OPTIMIZERS: torch's Adam among them) and warns of an "untested
+    # optimizer" on any other, training/optimizers.py's Adam included.
     optimizer = optimizer_make(cfg, model, eager=False)
     engine, _, _, _ = deepspeed.initialize(
         model=model, optimizer=optimizer, config=ds_config(cfg, rt.world_size)
