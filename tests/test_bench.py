@@ -20,8 +20,8 @@ from tests.few_digits import (
 )
 from tests.test_training import ROOT
 from training.bench import parity, phases
-from training.data import DEBIAN_FASHION_DIR
-from training.model import SimpleCNN
+from training.data.datasets import DEBIAN_FASHION_DIR
+from training.models.simple_cnn import SimpleCNN
 from training.registry import STRATEGY_NAMES
 
 RATIO = re.compile(r"^(engine|memory|parity|phases) ratio: \d+\.\d{3}$")

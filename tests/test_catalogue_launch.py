@@ -391,7 +391,7 @@ def test_trainyard_launch_sends_model_dataset_and_data_path(
     live_server: Any, user_factory: Any, launched: list[int], capsys: pytest.CaptureFixture[str]
 ) -> None:
     from dashboard.accounts.services import token_create
-    from dashboard.client import cli
+    from trainyard import cli
 
     machine("host-a", catalogue_report())
     _, key = token_create(user=user_factory(username="alice"))

@@ -15,12 +15,15 @@ from typing import Any
 
 import pytest
 
-from dashboard.client import cli, commands
-from dashboard.client import watch as watch_module
-from dashboard.client.api import ApiError
-from dashboard.client.commands import gpus_parse, run_ended
-from dashboard.client.config import ConfigError, Profile, config_save, profile_resolve
-from dashboard.client.watch import (
+from tests.factories import value_off_default
+from tests.stack import ROOT, Stack, wait_for
+from training.registry import CHOICE, OPTIONS_DECLARED, SWITCH, StrategyOption
+from trainyard import cli, commands
+from trainyard import watch as watch_module
+from trainyard.api import ApiError
+from trainyard.commands import gpus_parse, run_ended
+from trainyard.config import ConfigError, Profile, config_save, profile_resolve
+from trainyard.watch import (
     MAX_RECONNECTS,
     Resync,
     Watch,
@@ -28,9 +31,6 @@ from dashboard.client.watch import (
     run_follow,
     snapshot_take,
 )
-from tests.factories import value_off_default
-from tests.stack import ROOT, Stack, wait_for
-from training.registry import CHOICE, OPTIONS_DECLARED, SWITCH, StrategyOption
 
 TRAINYARD = Path(sys.executable).parent / "trainyard"
 
@@ -288,3 +288,19 @@ def test_a_stopped_run_exits_non_zero_and_bad_input_says_why(stack: Stack, tmp_p
     assert "epochs: Ensure this value is greater than or equal to 1." in bad.stderr
     wrong = trainyard(stack, "list", home=tmp_path, env={**env, "TRAINYARD_TOKEN": "ty_nope"})
     assert wrong.returncode == 5 and "invalid or revoked API token" in wrong.stderr
+
+
+def test_the_installed_command_imports_neither_django_nor_the_server() -> None:
+    """`trainyard --help`, the console script pip installed, on a machine that only wants the
+    client: no Django, no dashboard/ (its __init__ starts the Celery app), no torch. Python's
+    -X importtime (PYTHONPROFILEIMPORTTIME) lists every module the process imported."""
+    env = {**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}
+    result = subprocess.run(  # noqa: S603
+        [str(TRAINYARD), "--help"], capture_output=True, text=True, timeout=60, env=env, check=True
+    )
+    assert "launch" in result.stdout and "watch" in result.stdout
+    imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()}
+    assert "trainyard.cli" in imported
+    for server in ("django", "dashboard", "celery", "channels", "training", "torch"):
+        assert server not in imported, server
+        assert not any(name.startswith(server + ".") for name in imported), server

@@ -5,7 +5,7 @@ here: no dropout, no data-order randomness beyond the seeded per-epoch permutati
 
 - ``single`` with batches of 64 is the reference;
 - ``ddp`` with 2 ranks of 32 is fed the two halves of each of those batches of 64
-  (``training.batching.rank_batches``), and must end with the same parameters;
+  (``training.data.batching.rank_batches``), and must end with the same parameters;
 - ``hogwild`` with 1 worker process trains the shared model on exactly the reference's batches;
 - a run resumed from either one's epoch-1 checkpoint must end where the uninterrupted run did.
 
@@ -32,7 +32,7 @@ from tests.test_training import (
     run_cli_asking_checkpoint,
 )
 from training import cli
-from training.batching import epoch_order, global_batches, rank_batches, steps_per_epoch
+from training.data.batching import epoch_order, global_batches, rank_batches, steps_per_epoch
 
 STEPS, EPOCHS = 10, 2
 COMMON = (
@@ -346,10 +346,11 @@ def _train_here(sample_data: Path, *args: str, ask: bool = False) -> Result:
     import os
     import signal
 
-    from training import engine, runtime
+    from training import engine
     from training.config import parse_args
+    from training.process import runtime
+    from training.process.run_requests import checkpoint_request_take, requests_install
     from training.protocol import EventWriter
-    from training.run_requests import checkpoint_request_take, requests_install
 
     cfg = parse_args(["--data-dir", str(sample_data), "--run-id", "here", *COMMON[:6], *args])
     previous = signal.getsignal(signal.SIGUSR1)

@@ -24,8 +24,8 @@ import pytest
 from tests.conftest import need
 from tests.few_digits import fashion_few_tests_write
 from training import cli
-from training import data as training_data
 from training.config import build_parser, parse_args
+from training.data import datasets as training_data
 from training.registry import OPTIONS_DECLARED, STRATEGY_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent

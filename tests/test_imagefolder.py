@@ -16,8 +16,8 @@ import torch
 
 from tests.imagefolders import image_folder_write
 from tests.test_training import Result, run_cli
-from training.data import Split, dataset_meta
-from training.sources import RESIDENT_ENV, dataset_open
+from training.data.datasets import Split, dataset_meta
+from training.data.sources import RESIDENT_ENV, dataset_open
 
 TRAIN = ("--epochs", "2", "--batch-size", "32", "--log-interval", "1", "--seed", "3")
 
@@ -151,7 +151,7 @@ def test_cifar10_missing_names_the_path(sample_data: Path) -> None:
 PLUGIN = '''
 """A dataset plug-in of real digits (the MNIST sample), as PIL images."""
 from PIL import Image
-from training.data import split_mnist_sample
+from training.data.datasets import split_mnist_sample
 
 
 class Digits:
@@ -216,8 +216,8 @@ def test_tensor_images_decode_as_files_do() -> None:
     """A plug-in may give uint8 or float tensors instead of PIL images: same pixels out."""
     from PIL import Image
 
-    from training.data import split_mnist_sample
-    from training.images import image_decode
+    from training.data.datasets import split_mnist_sample
+    from training.data.images import image_decode
 
     digit = torch.from_numpy(split_mnist_sample()[("train", "images")][0])  # 28 x 28, uint8
     as_file = image_decode(Image.fromarray(digit.numpy(), mode="L"), 3, 28)
@@ -235,7 +235,7 @@ DECODES = """
 import sys
 import torch
 from PIL import Image
-from training.images import image_decode
+from training.data.images import image_decode
 
 image_decode(Image.new("L", (28, 28)), 1, 28)
 image_decode(torch.zeros(3, 28, 28, dtype=torch.uint8), 1, 28)
@@ -258,7 +258,7 @@ def test_images_at_the_size_decode_without_torchvision() -> None:
 def test_one_image_a_class_in_one_folder_is_refused(tmp_path: Path) -> None:
     """Nothing could be held out for testing: refused before training (not a division by zero
     after the first epoch)."""
-    from training.images import DataRefused
+    from training.data.images import DataRefused
 
     path = image_folder_write(tmp_path / "f", per_class=1, classes=2, layout="one folder")
     with pytest.raises(DataRefused, match="every class folder has a single image"):
@@ -268,7 +268,7 @@ def test_one_image_a_class_in_one_folder_is_refused(tmp_path: Path) -> None:
 def test_a_short_last_batch_leaves_no_rank_a_single_image() -> None:
     """BatchNorm cannot train on one image; a folder of 64 x N + 1 images ended every epoch
     with such a batch (resnet18: "Expected more than 1 value per channel")."""
-    from training.batching import global_batches, rank_batches, steps_per_epoch
+    from training.data.batching import global_batches, rank_batches, steps_per_epoch
 
     assert [len(b) for b in global_batches(129, 64, 1, 1)] == [64, 64]
     assert steps_per_epoch(129, 64, 1, None) == 2

@@ -1,5 +1,5 @@
 """Models other than ours (issue 17, the engine's side): the catalogue's models built for a
-dataset (``training.models``), ``--model`` / ``--weights`` / ``--sync-batchnorm`` through
+dataset (``training.models.build``), ``--model`` / ``--weights`` / ``--sync-batchnorm`` through
 ``python -m training``, a real plug-in package, and every strategy on a torchvision model.
 
 All on the real MNIST sample (28x28, 1 channel, 10 classes), a few steps each, evaluated on 200
@@ -25,8 +25,8 @@ from tests.few_digits import sample_data_few  # noqa: F401 (the sample_data fixt
 from tests.test_exactness import assert_same_parameters
 from tests.test_training import ROOT, Result, assert_well_formed, run_cli
 from training import cli
-from training.data import DatasetMeta, dataset_meta, load_dataset, to_batch
-from training.models import InputResize, ModelRefused, model_build_for, model_tensor_plan
+from training.data.datasets import DatasetMeta, dataset_meta, load_dataset, to_batch
+from training.models.build import InputResize, ModelRefused, model_build_for, model_tensor_plan
 
 pytestmark = pytest.mark.usefixtures("no_processes_left")
 slow = pytest.mark.slow
@@ -54,7 +54,7 @@ def test_simple_cnn_and_resnet18_are_built_for_mnist(sample_data: Path) -> None:
         "image_size": 28, "input_size": 28, "parameters": simple.info["parameters"],
     }  # fmt: skip
     # At MNIST's size the built-in is the one checkpoints always held.
-    from training.model import SimpleCNN
+    from training.models.simple_cnn import SimpleCNN
 
     assert simple.model.state_dict().keys() == SimpleCNN().state_dict().keys()
     resnet = model_build_for(name="resnet18", meta=_meta(sample_data))
@@ -366,7 +366,7 @@ def test_ddp_equals_single_on_vit(sample_data: Path, tmp_path: Path) -> None:
 def test_simple_cnn_pools_large_images_instead_of_growing() -> None:
     """At 224x224 its first linear layer would hold 103M weights; pooled to 14x14 it keeps
     the 28x28 model's size, and the 28x28 state dict is unchanged."""
-    from training.model import SimpleCNN
+    from training.models.simple_cnn import SimpleCNN
 
     small, large = SimpleCNN(), SimpleCNN(10, 3, 224)
     size = sum(p.numel() for p in large.parameters())

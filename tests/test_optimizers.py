@@ -1,6 +1,6 @@
-"""The run's optimizers without torch.compile's hooks (training/optimizers.py): the same numbers
-as torch's. That a run which does not compile never imports ``torch._dynamo`` is checked with
-torchvision's import, on one whole run (test_training.py)."""
+"""The run's optimizers without torch.compile's hooks (training/strategies/optimizers.py): the
+same numbers as torch's. That a run which does not compile never imports ``torch._dynamo`` is
+checked with torchvision's import, on one whole run (test_training.py)."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import torch
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from training import optimizers
 from training.config import parse_args
+from training.strategies import optimizers
 from training.strategies.common import optimizer_make
 
 

@@ -1,5 +1,5 @@
-"""Where each rank's time goes (protocol 1.9, training/phases.py): the phases of real runs add
-up to their wall time, DDP's communication and bytes, the sink's series and the read JSON's
+"""Where each rank's time goes (protocol 1.9, training/observe/phases.py): the phases of real
+runs add up to their wall time, DDP's communication and bytes, the sink's series and the read JSON's
 breakdown."""
 
 from __future__ import annotations
@@ -21,10 +21,10 @@ from tests.few_digits import sample_data_few  # noqa: F401 (the sample_data fixt
 from tests.phase_checks import SECONDS, assert_phases_add_up, phase_windows
 from tests.test_training import Result, needs_cuda, run_cli
 from tests.test_training_target import assert_trained_every_epoch
-from training import phases
-from training.model import SimpleCNN
-from training.models import model_stages, stages_split
-from training.phases import CLOCK_PHASES, PhaseClock
+from training.models.build import model_stages, stages_split
+from training.models.simple_cnn import SimpleCNN
+from training.observe import phases
+from training.observe.phases import CLOCK_PHASES, PhaseClock
 from training.strategies.common import step_default
 from training.strategies.pipeline import stage_modules
 

@@ -37,7 +37,7 @@ from tests.test_tensor_parallel import (
 )
 from tests.test_training import Result
 from training import cli
-from training.model import SimpleCNN
+from training.models.simple_cnn import SimpleCNN
 from training.registry import RULE_PIPELINE, option_refusals, pipeline_refusals
 
 pytestmark = pytest.mark.usefixtures("no_processes_left")

@@ -24,7 +24,7 @@ from dashboard.experiments.runs.profiles import profile_event_store, profiles_pr
 from tests.factories import asked_then_ended, logged_in
 from tests.stack import Stack, wait_for
 from tests.test_browser import browser, log_in, page  # noqa: F401 - the browser's fixtures
-from training.trace_summary import overlap_of
+from training.observe.trace_summary import overlap_of
 
 
 def ask(client: Client, run: Experiment, body: Any = None, **headers: str) -> Any:

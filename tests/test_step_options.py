@@ -28,9 +28,9 @@ import torch
 
 from tests.test_exactness import assert_same_parameters
 from tests.test_training import Result, assert_ran, run_cli
-from training.batching import global_batches, rank_batches, steps_per_epoch
 from training.config import parse_args
-from training.model import SimpleCNN
+from training.data.batching import global_batches, rank_batches, steps_per_epoch
+from training.models.simple_cnn import SimpleCNN
 from training.strategies.common import step_default
 from training.strategies.stepping import StepOptions, autocast_for, scaler_for
 

@@ -39,8 +39,8 @@ from tests.test_catalogue_launch import catalogue_report, machine
 from tests.test_exactness import assert_same_parameters
 from tests.test_training import Result, assert_well_formed, run_cli
 from training import catalogue, cli
-from training.model import SimpleCNN
-from training.models import ModelRefused, model_tensor_plan, tensor_plan_widths_check
+from training.models.build import ModelRefused, model_tensor_plan, tensor_plan_widths_check
+from training.models.simple_cnn import SimpleCNN
 from training.registry import RULE_MESH, strategy_refusals
 
 STEPS = 4

@@ -29,9 +29,9 @@ import torch
 from tests.conftest import need
 from tests.phase_checks import assert_phases_add_up, phase_windows
 from tests.test_protocol import assert_typed
-from training import data as training_data
+from training.data import datasets as training_data
+from training.data.shared_data import segments_of
 from training.protocol import EVENT_TYPES, PROTOCOL_VERSION, EventWriter
-from training.shared_data import segments_of
 
 ROOT = Path(__file__).resolve().parent.parent
 HAS_CUDA = torch.cuda.is_available()
@@ -256,8 +256,8 @@ IMPORTS = """
 import sys
 from pathlib import Path
 from training.cli import main
-from training.data import dataset_meta
-from training.models import model_build_for
+from training.data.datasets import dataset_meta
+from training.models.build import model_build_for
 
 folder = sys.argv[1]
 first = main(["--dry-run", "--checkpoint-dir", folder, "--run-id", "a"])
@@ -274,7 +274,8 @@ def test_a_run_of_the_built_in_model_imports_neither_torchvision_nor_dynamo(
 ) -> None:
     """Each import is about 1 CPU-s in every process of a run. torchvision's is needed only to
     download (not tried here: TRAINYARD_NO_DOWNLOAD) or for its models; dynamo's only where the
-    run compiles (training/optimizers.py: torch's optimizers import it for the compiler)."""
+    run compiles (training/strategies/optimizers.py: torch's optimizers import it for the
+    compiler)."""
     result = subprocess.run(  # noqa: S603
         [sys.executable, "-c", IMPORTS, str(tmp_path), str(sample_data)],
         capture_output=True, text=True, timeout=120, cwd=ROOT, env=_env(sample_data),
@@ -498,7 +499,7 @@ def test_failure_emits_failed_and_exits_1(sample_data: Path, tmp_path: Path) -> 
 def test_an_error_in_the_teardown_after_finished_emits_no_failed(sample_data: Path) -> None:
     """The results are in once `finished` is out: an error after it (here the teardown's
     barrier raising) exits 1 and says so on stderr, without a `failed` event to undo them."""
-    code = ("import sys, training.runtime as rt\n"
+    code = ("import sys, training.process.runtime as rt\n"
             "def broken(_): raise RuntimeError('the barrier broke')\n"
             "rt.finish = broken\n"
             "from training.cli import main\n"
@@ -575,8 +576,8 @@ def test_ddp_nccl_one_rank_per_gpu(sample_data: Path) -> None:
 
 
 def test_a_diverged_loss_is_written_as_null() -> None:
-    from training.meter import StepTiming, Window, window_report
-    from training.runtime import Runtime
+    from training.observe.meter import StepTiming, Window, window_report
+    from training.process.runtime import Runtime
 
     rt = Runtime(0, 0, 1, torch.device("cpu"), "cpu", distributed=False)
     window = Window(rt.device)

@@ -28,8 +28,7 @@ from tests.test_training import (
 )
 from tests.test_training_target import TARGET, assert_ended_at_target
 from training import cli
-from training.protocol import EVENT_TYPES
-from training.shared_data import (
+from training.data.shared_data import (
     PREFIX,
     dataset_segment_create,
     segment_attach,
@@ -39,6 +38,7 @@ from training.shared_data import (
     segments_of,
     stale_segments_remove,
 )
+from training.protocol import EVENT_TYPES
 
 # One epoch of the 4,000-image sample; 80% is far above chance and reached by every strategy.
 ACCURACY = 0.8
@@ -52,7 +52,7 @@ pytestmark = pytest.mark.usefixtures("no_processes_left")
 
 def assert_requested_checkpoint_loads(result: Any) -> None:
     """The checkpoint asked for at `started` holds a whole SimpleCNN, whatever the strategy."""
-    from training.model import SimpleCNN
+    from training.models.simple_cnn import SimpleCNN
 
     [event] = [c for c in result.of_type("checkpoint") if c["requested"]]
     state = torch.load(event["path"], weights_only=True)
@@ -194,7 +194,8 @@ def test_deepspeed_zero1_on_two_cpu_ranks(sample_data: Path, tmp_path: Path) -> 
     assert result.finished["test_accuracy"] > ACCURACY
     # DeepSpeed's JIT-compiled CPU all-reduce kernel is not built (see deepspeed_zero.py).
     assert "deepspeed_shm_comm" not in result.stderr
-    # ZeRO is given torch's own Adam, the class it knows (training/optimizers.py's would warn).
+    # ZeRO is given torch's own Adam, the class it knows (training/strategies/optimizers.py's would
+    # warn).
     assert "untested optimizer" not in result.stderr
 
 
@@ -300,8 +301,8 @@ def test_deepspeed_missing_is_refused_with_the_install_command(
 def test_segment_is_one_copy_mapped_by_path_and_leaves_nothing(
     sample_data: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from training.data import load_dataset, resident
-    from training.sources import data_plan
+    from training.data.datasets import load_dataset, resident
+    from training.data.sources import data_plan
 
     monkeypatch.setenv("TRAINYARD_NO_DOWNLOAD", "1")
     path = segment_path(os.getpid(), "test-segment")
@@ -372,6 +373,6 @@ def test_segment_owned_unlinks_on_sigterm_style_exit(tmp_path: Path) -> None:
 
 
 def _model_parameters() -> list[tuple[str, torch.Tensor]]:
-    from training.model import SimpleCNN
+    from training.models.simple_cnn import SimpleCNN
 
     return list(SimpleCNN().named_parameters())

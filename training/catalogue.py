@@ -68,7 +68,7 @@ class ImageFolderFacts:
     # "train/val" (or "train/test"): its own splits; "one folder": split with the seed
     layout: str
     # Why it cannot be trained, where it cannot ("" where it can): the launch checks refuse
-    # it with this, as the engine would (training.images).
+    # it with this, as the engine would (training.data.images).
     problem: str = ""
 
 
@@ -220,7 +220,7 @@ def _folder_facts_count(path: Path) -> ImageFolderFacts | None:
 
 
 def _folder_problem(parts: list[dict[str, tuple[int, int]]], layout: str) -> str:
-    """Why the engine would refuse this folder (training.images says the same)."""
+    """Why the engine would refuse this folder (training.data.images says the same)."""
     classes = {name for part in parts for name in part}
     if len(classes) < 2:
         return f"it has {len(classes)} class folder with images; a classifier needs at least two"

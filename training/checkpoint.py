@@ -1,7 +1,7 @@
 """Saving and loading training state (rank 0 writes; any strategy can resume any checkpoint).
 
 Rank 0 writes ``epoch-N.pt`` at the end of each epoch and, on request, ``step-N.pt`` at the next
-step boundary (``training.run_requests``). A mid-epoch checkpoint
+step boundary (``training.process.run_requests``). A mid-epoch checkpoint
 records how many images of its epoch were trained, so a resumed run skips exactly those in the
 epoch's seeded order and ends where an uninterrupted run would.
 

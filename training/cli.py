@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None, *, events_stream: IO[str] | None = N
     # Early, so that a SIGTERM at any point from here on runs the finally blocks below.
     _exit_on_sigterm()
     # Before `started` names this process as the one to ask: SIGUSR1 would otherwise kill it.
-    from training.run_requests import requests_install
+    from training.process.run_requests import requests_install
 
     requests_install()
 
@@ -52,8 +52,9 @@ def main(argv: Sequence[str] | None = None, *, events_stream: IO[str] | None = N
         exec_torchrun(cfg, argv)
 
     # torch is imported only now: argument errors and the torchrun launcher do not wait for it.
-    from training import engine, runtime
-    from training.allocator import allocator_tune
+    from training import engine
+    from training.process import runtime
+    from training.process.allocator import allocator_tune
 
     allocator_tune()
 
@@ -143,7 +144,7 @@ def _validate_pipeline(cfg: TrainConfig, parser: argparse.ArgumentParser) -> Non
     building it on the meta device (torch imported for it); the launcher asks, its ranks not."""
     stages = None
     if not under_torchrun() and cfg.nproc >= 2:
-        from training.models import model_stage_limit
+        from training.models.build import model_stage_limit
 
         stages = model_stage_limit(cfg.model)
     for refusal in pipeline_refusals(

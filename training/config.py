@@ -86,7 +86,8 @@ class TrainConfig:
     sync_batchnorm: bool = False  # ddp on GPUs: BatchNorm statistics over all ranks
     reshard_after_forward: bool = True  # fsdp: free gathered parameters after each forward
     phases: bool = True  # time each rank's phases and report them (--no-phases: off)
-    profile_dir: str | None = None  # where profiles asked for by SIGUSR2 go (training.profiling)
+    # where profiles asked for by SIGUSR2 go (training.observe.profiling)
+    profile_dir: str | None = None
 
     @property
     def step_limit(self) -> int | None:

@@ -19,7 +19,6 @@ from typing import Any
 
 import torch
 
-from training.batching import rank_batches, steps_per_epoch
 from training.checkpoint import (
     Resumed,
     ResumePoint,
@@ -28,27 +27,28 @@ from training.checkpoint import (
     resume_apply,
 )
 from training.config import TrainConfig
-from training.data import Dataset
+from training.data.batching import rank_batches, steps_per_epoch
+from training.data.datasets import Dataset
+from training.data.shared_data import dataset_for_ranks
+from training.data.sources import dataset_open
 from training.epochs import EpochStart, Ranks, epochs_drive, model_build, started_emit
 from training.loop import Tested, evaluate, steps_run
-from training.memory import memory_report
-from training.meter import Window, window_report
-from training.models import BuiltModel
-from training.phases import clock_for, clock_off, collectives_time
-from training.profiling import ProfileRecorder
+from training.models.build import BuiltModel
+from training.observe.memory import memory_report
+from training.observe.meter import Window, window_report
+from training.observe.phases import clock_for, clock_off, collectives_time
+from training.observe.profiling import ProfileRecorder
+from training.observe.reporting import epoch_emit, log_to
+from training.process.run_requests import checkpoint_request_pending, checkpoint_request_take
+from training.process.runtime import Runtime, all_gather, all_reduce_sum, machine_name
 from training.protocol import EventWriter, SharedTensor
-from training.reporting import epoch_emit, log_to
-from training.run_requests import checkpoint_request_pending, checkpoint_request_take
-from training.runtime import Runtime, all_gather, all_reduce_sum, machine_name
-from training.shared_data import dataset_for_ranks
-from training.sources import dataset_open
 from training.strategies import Plan, own_trainer, plan_build
 
 
 def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
     """Train as ``cfg`` says on this rank, reporting on ``events`` (rank 0's are written)."""
     if not cfg.phases:
-        clock_off()  # --no-phases: nothing timed, no phases reported (training.phases)
+        clock_off()  # --no-phases: nothing timed, no phases reported (training.observe.phases)
     trainer = own_trainer(cfg)
     if trainer is not None:
         trainer(cfg, rt, events)
@@ -56,7 +56,7 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
     t_start = time.monotonic()
     clock_for(rt.device)
     if rt.distributed and cfg.phases:
-        collectives_time()  # the communication phase and bytes (training.phases)
+        collectives_time()  # the communication phase and bytes (training.observe.phases)
     run = _setup(cfg, rt)
     _started_emit(cfg, rt, events, run)
     profiles = ProfileRecorder(cfg, rt, events)  # profiles on request (SIGUSR2)

@@ -19,19 +19,19 @@ import torch
 from training import checkpoint
 from training.checkpoint import ResumePoint
 from training.config import TrainConfig
-from training.data import Dataset, dataset_meta
+from training.data.datasets import Dataset, dataset_meta
 from training.loop import Tested
-from training.models import BuiltModel, model_build_for, weights_mismatch
-from training.profiling import profile_dir_of
-from training.protocol import EventWriter, SharedTensor
-from training.reporting import (
+from training.models.build import BuiltModel, model_build_for, weights_mismatch
+from training.observe.profiling import profile_dir_of
+from training.observe.reporting import (
     data_source_log,
     finished_emit,
     log_to,
     started_fields,
     target_reached,
 )
-from training.runtime import Runtime
+from training.process.runtime import Runtime
+from training.protocol import EventWriter, SharedTensor
 
 
 @dataclass(frozen=True)
@@ -47,7 +47,7 @@ EpochTrain = Callable[[EpochStart], tuple[int, Tested]]  # returns (global step,
 
 
 def model_build(cfg: TrainConfig) -> tuple[BuiltModel, dict[str, Any] | None]:
-    """The model built for the run's dataset (``training.models``), with the checkpoint's
+    """The model built for the run's dataset (``training.models.build``), with the checkpoint's
     weights when resuming (else those of --weights); and the checkpoint."""
     # Before the model and the data: a bad --resume (another model's) fails at once.
     state = checkpoint.load_for(cfg) if cfg.resume else None

@@ -13,11 +13,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from training.batching import DataShard
-from training.data import Dataset, batch_to
-from training.meter import StepTiming, finite
-from training.runtime import Runtime, all_reduce_sum
-from training.streaming import split_batches
+from training.data.batching import DataShard
+from training.data.datasets import Dataset, batch_to
+from training.data.streaming import split_batches
+from training.observe.meter import StepTiming, finite
+from training.process.runtime import Runtime, all_reduce_sum
 
 # One optimizer step on a batch (images, labels); returns the loss, not yet read. Each strategy
 # makes its own (training.strategies.common.step_default for most).
@@ -85,6 +85,6 @@ def evaluate(
     total_loss, total_correct, total = all_reduce_sum(
         rt, [float(loss_sum.item()), float(correct.item()), float(len(mine))]
     )
-    if total == 0:  # refused before training where it can be known (training.images)
+    if total == 0:  # refused before training where it can be known (training.data.images)
         raise ValueError("the test split is empty: there is nothing to evaluate on")
     return finite(total_loss / total), round(total_correct / total, 6)

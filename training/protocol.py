@@ -89,7 +89,7 @@ class Stage(TypedDict):
 
 
 class ModelInfo(TypedDict):
-    """1.6: the model a run trains, as built for its dataset (``training.models``)."""
+    """1.6: the model a run trains, as built for its dataset (``training.models.build``)."""
 
     name: str  # its catalogue name: "simple-cnn", a torchvision name, a plug-in's name
     source: str  # "built in", "torchvision" or "plug-in <distribution>"
@@ -108,7 +108,7 @@ class RankReport(TypedDict):
     data_seconds: float  # taking the batch and moving it to the device
     compute_seconds: float  # forward, backward and optimizer step
     rss_bytes: int  # resident memory
-    # 1.9: where the window's wall time went (training.phases says what each phase holds per
+    # 1.9: where the window's wall time went (training.observe.phases says what each phase holds per
     # strategy): data_seconds, these five and other_seconds add up to it; compute_seconds is
     # forward, backward and optimizer with the communication inside them, as before.
     forward_seconds: NotRequired[float]
@@ -122,7 +122,7 @@ class RankReport(TypedDict):
 
 
 class MemoryEntry(TypedDict):
-    """1.7: what one rank holds at the end of an epoch (``training.memory``). Bytes it holds
+    """1.7: what one rank holds at the end of an epoch (``training.observe.memory``). Bytes it holds
     itself: of a sharded parameter (FSDP2's DTensor), its local shard."""
 
     rank: int
@@ -261,7 +261,7 @@ class ProfileOp(TypedDict):
 
 
 class ProfileRankSummary(TypedDict):
-    """1.10: what a rank's trace says (training.trace_summary says how it is computed)."""
+    """1.10: what a rank's trace says (training.observe.trace_summary says how it is computed)."""
 
     rank: int
     ops: list[ProfileOp]  # the top operators by self CPU time, most first

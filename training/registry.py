@@ -246,7 +246,7 @@ class StrategySpec:
     # tensor-parallel plan.
     stages: bool = False
     # Why it cannot record a profile on request ("it ..."); "" where it can: every strategy of
-    # the shared loop (training.profiling hooks its steps).
+    # the shared loop (training.observe.profiling hooks its steps).
     profile_refusal: str = ""
 
 
@@ -425,7 +425,8 @@ SYNC_BATCHNORM_CPU_REASON = (
 RESHARD_STRATEGIES = ("fsdp",)
 
 # The strategies that split layers by the model's declared tensor-parallel plan: they take only
-# models that declare one (training.models.model_tensor_plan, a worker's models_tensor_parallel).
+# models that declare one (training.models.build.model_tensor_plan, a worker's
+# models_tensor_parallel).
 TENSOR_PARALLEL_STRATEGIES: tuple[str, ...] = tuple(
     s.name for s in REGISTRY if s.tensor_ranks != 1 and not s.stages
 )

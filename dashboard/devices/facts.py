@@ -287,6 +287,6 @@ def plugin_stages_count(report: dict[str, Any]) -> dict[str, int]:
 @functools.cache
 def _stages_of(name: str) -> int | None:
     # Built once on the meta device, once a process: a plug-in changes only with a restart.
-    from training.models import model_stage_limit
+    from training.models.build import model_stage_limit
 
     return model_stage_limit(name)

@@ -8,6 +8,12 @@ from datetime import datetime
 from typing import Any
 
 from dashboard.experiments.core.checkpoints import checkpoint_as_dict
+from dashboard.experiments.core.descriptions import (
+    experiment_devices_label,
+    experiment_duration_seconds,
+    experiment_option_values,
+    experiment_strategy_label,
+)
 from dashboard.experiments.core.forms import FIELDS
 from dashboard.experiments.core.memory import experiment_memory_rows
 from dashboard.experiments.core.messages import SnapshotMessage
@@ -76,7 +82,7 @@ def experiment_as_dict(experiment: Experiment, *, breakdown: bool = True) -> dic
     data["data_path"] = experiment.data_path or None  # the API's null: no image folder
     # The strategy options: what the run trains with where its strategy reads one (a row from
     # before an option was declared gets its default), null where it does not.
-    data.update(experiment.option_values())
+    data.update(experiment_option_values(experiment=experiment))
     data.update(
         owner=experiment.owner.get_username(),
         status=experiment.status,
@@ -100,9 +106,9 @@ def experiment_as_dict(experiment: Experiment, *, breakdown: bool = True) -> dic
         stop_requested=experiment.cancel_requested_at is not None,
         checkpoint_requested=experiment.checkpoint_requested_at is not None,
         cancelled_by=experiment.cancelled_by.get_username() if experiment.cancelled_by else None,
-        duration=experiment.duration_seconds,
+        duration=experiment_duration_seconds(experiment=experiment),
         url=experiment.get_absolute_url(),
-        devices_label=experiment.devices_label(),
+        devices_label=experiment_devices_label(experiment=experiment),
         tags=experiment.tags,
         note=experiment.note,
         # Brought in by POST /api/experiments/import/: no worker trained it here.
@@ -112,7 +118,7 @@ def experiment_as_dict(experiment: Experiment, *, breakdown: bool = True) -> dic
         # Each rank's bytes at the last epoch (parameters, gradients, optimizer state, peak).
         memory=experiment.memory,
         # "DistributedDataParallel (PowerSGD)": the strategy with its options off default.
-        strategy_label=experiment.strategy_label,
+        strategy_label=experiment_strategy_label(experiment=experiment),
         # Each rank's shares of its wall time over the run so far, by phase (protocol 1.9).
         breakdown=experiment_breakdown(experiment=experiment) if breakdown else [],
         # The rank markedly slower than the others over the latest windows, or null; the rank

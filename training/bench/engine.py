@@ -40,11 +40,10 @@ from torch.utils.data import DataLoader
 from torchvision import transforms
 from torchvision.datasets import MNIST, FashionMNIST
 
-from training.allocator import allocator_tune
-from training.batching import rank_batches
 from training.bench import imagefolder
 from training.catalogue import IMAGEFOLDER, MODEL_DEFAULT
-from training.data import (
+from training.data.batching import rank_batches
+from training.data.datasets import (
     DEBIAN_FASHION_DIR,
     Dataset,
     DatasetMeta,
@@ -53,11 +52,12 @@ from training.data import (
     dataset_meta,
     load_dataset,
 )
+from training.data.streaming import split_batches
 from training.loop import StepFn, steps_run
-from training.meter import Window
-from training.models import model_build_for
+from training.models.build import model_build_for
+from training.observe.meter import Window
+from training.process.allocator import allocator_tune
 from training.strategies.common import step_default
-from training.streaming import split_batches
 
 WARMUP_STEPS = 3
 LOOPS = ("ours", "dataloader", "compute")
@@ -109,7 +109,7 @@ def main(argv: Sequence[str]) -> int:
     tuned = allocator_tune()
     torch.set_num_threads(args.threads)
     device = torch.device(args.device)
-    malloc = "tuned as in training.allocator" if tuned else "as the environment sets it"
+    malloc = "tuned as in training.process.allocator" if tuned else "as the environment sets it"
     if args.workload in ("both", "imagefolder"):
         _folder_workload(args, device, malloc)
     if args.workload in ("both", "idx"):

@@ -3,7 +3,7 @@ written out as PNG files once (``<data dir>/bench-imagefolder``, reused), traine
 with the same model, batch size, threads and steps:
 
 resident     the engine's data path with the images decoded once into uint8 tensors
-             (``training.sources``, as a run within the resident budget takes it).
+             (``training.data.sources``, as a run within the resident budget takes it).
 streaming    the engine's data path reading the files batch by batch through a DataLoader with
              ``--workers`` workers whose batch_sampler is the engine's batches (as a run over the
              budget takes it).
@@ -30,11 +30,11 @@ from torch.utils.data import DataLoader
 from torchvision import transforms
 from torchvision.datasets import ImageFolder
 
-from training import data as training_data
-from training.batching import rank_batches
-from training.data import Dataset
+from training.data import datasets as training_data
+from training.data.batching import rank_batches
+from training.data.datasets import Dataset
+from training.data.sources import dataset_open
 from training.loop import StepFn, steps_run
-from training.sources import dataset_open
 
 LOOPS = ("resident", "streaming", "imagefolder")
 FOLDER = "bench-imagefolder"

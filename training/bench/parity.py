@@ -63,7 +63,7 @@ from training.bench.launch import training_command, training_env
 from training.catalogue import MODEL_DEFAULT
 from training.cli import package_available
 from training.config import DATASETS
-from training.models import model_stage_limit
+from training.models.build import model_stage_limit
 from training.protocol import MemoryEntry, parse_event
 from training.registry import (
     MULTIPROCESS_STRATEGIES,

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 
 from training.bench.launch import training_command, training_env
 from training.catalogue import MODEL_DEFAULT
-from training.phases import PHASES
+from training.observe.phases import PHASES
 from training.protocol import parse_event
 
 DEFAULT_STRATEGIES = ("single", "ddp")

@@ -14,9 +14,9 @@ from types import ModuleType
 from torch import nn
 
 from training.config import TrainConfig
+from training.process.runtime import Runtime
 from training.protocol import EventWriter
 from training.registry import strategy_get
-from training.runtime import Runtime
 from training.strategies.common import Plan
 
 Trainer = Callable[[TrainConfig, Runtime, EventWriter], None]  # a strategy's own ``train``

@@ -11,11 +11,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from training.batching import DataShard
 from training.config import TrainConfig
+from training.data.batching import DataShard
 from training.loop import StepFn
-from training.optimizers import optimizer_class
-from training.phases import phase
+from training.observe.phases import phase
+from training.strategies.optimizers import optimizer_class
 from training.strategies.stepping import (
     ContextFactory,
     StepOptions,
@@ -29,7 +29,7 @@ from training.strategies.stepping import (
 
 @dataclass
 class Plan:
-    model: nn.Module  # the bare model as built (training.models): checkpoints hold its state dict
+    model: nn.Module  # the bare model as built (models.build): checkpoints hold its state dict
     net: nn.Module  # what the training step calls (a wrapper, or the model itself)
     eval_net: nn.Module  # what evaluation calls
     optimizer: torch.optim.Optimizer
@@ -72,7 +72,7 @@ def optimizer_make(
     cfg: TrainConfig, model: nn.Module, *, eager: bool | None = None
 ) -> torch.optim.Optimizer:
     """Adam, or SGD with momentum 0.9 (``--optimizer sgd``); without the compiler's hooks
-    (training/optimizers.py) unless the run compiles or ``eager`` is False."""
+    (training/strategies/optimizers.py) unless the run compiles or ``eager`` is False."""
     cls = optimizer_class(cfg.optimizer, eager=not cfg.compile if eager is None else eager)
     extra = {"momentum": 0.9} if cfg.optimizer == "sgd" else {}
     return cls(model.parameters(), lr=cfg.lr, **extra)
@@ -86,7 +86,7 @@ def step_default(
     options = options or StepOptions()
     scaler = options.scaler
 
-    # The phases each part is timed as (training.phases): where each rank's time goes.
+    # The phases each part is timed as (training.observe.phases): where each rank's time goes.
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with phase("optimizer"):
             optimizer.zero_grad(set_to_none=True)

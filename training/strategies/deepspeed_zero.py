@@ -2,7 +2,7 @@
 
 Stage 1 partitions the optimizer state over the ranks, stage 2 the gradients as well; each rank
 updates its partition and the parameters are all-gathered, so every rank ends a step with the
-whole model, as in DDP. The process group is the one ``training.runtime`` joined (NCCL on
+whole model, as in DDP. The process group is the one ``training.process.runtime`` joined (NCCL on
 GPUs, Gloo on the CPU with ``DS_ACCELERATOR=cpu``); DeepSpeed uses it as it finds it.
 
 DeepSpeed is an optional extra (``pip install -e '.[deepspeed]'``); the CLI refuses this strategy
@@ -21,9 +21,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from training.config import TrainConfig
-from training.phases import phase
+from training.observe.phases import phase
+from training.process.runtime import Runtime
 from training.registry import DEEPSPEED
-from training.runtime import Runtime
 from training.strategies.common import Plan, optimizer_make
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ def plan_build(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> Plan:
     model.to(rt.device)
     # Torch's own class: ZeRO checks the optimizer's exact class against its list of tested
     # ones (ZERO_SUPPORTED_OPTIMIZERS: torch's Adam among them) and warns of an "untested
-    # optimizer" on any other, training/optimizers.py's Adam included.
+    # optimizer" on any other, training/strategies/optimizers.py's Adam included.
     optimizer = optimizer_make(cfg, model, eager=False)
     engine, _, _, _ = deepspeed.initialize(
         model=model, optimizer=optimizer, config=ds_config(cfg, rt.world_size)

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from training.config import TrainConfig
-from training.runtime import Runtime
+from training.process.runtime import Runtime
 from training.strategies.common import Plan, plan_simple
 
 DP_WITHOUT_GPUS = (

@@ -15,7 +15,7 @@ from torch import nn
 from torch.nn.parallel import gather, parallel_apply, replicate, scatter
 
 from training.config import TrainConfig
-from training.runtime import Runtime
+from training.process.runtime import Runtime
 from training.strategies.common import Plan, plan_simple
 
 

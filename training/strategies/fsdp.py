@@ -37,8 +37,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from training.config import TrainConfig
-from training.memory import tensor_bytes
-from training.runtime import Runtime
+from training.observe.memory import tensor_bytes
+from training.process.runtime import Runtime
 from training.strategies.common import Plan
 from training.strategies.full_state import plan_sharded
 from training.strategies.stepping import AUTOCAST_DTYPES

@@ -23,10 +23,10 @@ from __future__ import annotations
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
-from training.batching import DataShard
 from training.config import TrainConfig
+from training.data.batching import DataShard
+from training.process.runtime import Runtime
 from training.registry import mesh_shape
-from training.runtime import Runtime
 from training.strategies.common import Plan
 from training.strategies.fsdp import blocks_shard, gathered
 from training.strategies.full_state import plan_sharded

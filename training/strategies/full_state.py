@@ -26,7 +26,7 @@ from torch.distributed.checkpoint.state_dict import (
 
 from training.checkpoint import holds_torch_optimizer
 from training.config import TrainConfig
-from training.runtime import Runtime
+from training.process.runtime import Runtime
 from training.strategies.common import Plan, plan_simple
 
 # Gathered whole, on rank 0 only, in host memory: what a plain model's checkpoint holds.

@@ -1,7 +1,7 @@
 """``model-parallel``: the model split in two stages on two devices, activations moved between.
 
 The stages are the model's top-level children (a plug-in may declare its own, see
-``training.models.model_stages``), cut in two where their parameter counts are closest: the
+``training.models.build.model_stages``), cut in two where their parameter counts are closest: the
 built-in's are its convolutions (``features``) and its classifier. Each part goes to its stage's
 device with a forward pre-hook that moves its inputs there, so the model's own forward runs as
 written. The devices come from --gpus: two GPUs put one stage on each; one GPU puts the first
@@ -21,9 +21,9 @@ import torch
 from torch import nn
 
 from training.config import TrainConfig
-from training.models import Part, model_stages, stages_balance
+from training.models.build import Part, model_stages, stages_balance
+from training.process.runtime import Runtime
 from training.protocol import Stage
-from training.runtime import Runtime
 from training.strategies.common import Plan, optimizer_make, step_default
 
 BOTH_ON_CPU = (

@@ -3,7 +3,7 @@ micro-batches (``torch.distributed.pipelining``: ``PipelineStage`` and ``Schedul
 ``Schedule1F1B``, chosen by --pipeline-schedule).
 
 The stages come from the model's declared split, the one ``model-parallel`` places
-(``training.models.model_stages``: the built-in's ``features`` and ``classifier``, torchvision's
+(``models.build.model_stages``: the built-in's ``features`` and ``classifier``, torchvision's
 top-level children, a plug-in's ``build.stages``), cut into --nproc stages balanced by
 parameters (``stages_split``). A stage runs its parts one after another, flattening the input of
 a part that starts with a linear layer (torchvision's ``torch.flatten(x, 1)`` before its head);
@@ -40,14 +40,14 @@ import torch.nn.functional as F
 from torch import nn
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, schedules
 
-from training.batching import DataShard
 from training.checkpoint import holds_torch_optimizer
 from training.config import TrainConfig
-from training.data import dataset_meta
-from training.memory import tensor_bytes
-from training.models import ModelRefused, Part, model_stages, stages_split
-from training.phases import method_timed, phase, pipelining_time
-from training.runtime import Runtime, all_gather
+from training.data.batching import DataShard
+from training.data.datasets import dataset_meta
+from training.models.build import ModelRefused, Part, model_stages, stages_split
+from training.observe.memory import tensor_bytes
+from training.observe.phases import method_timed, phase, pipelining_time
+from training.process.runtime import Runtime, all_gather
 from training.strategies.common import Plan, optimizer_make
 from training.strategies.full_state import by_name, by_number
 from training.strategies.model_parallel import stage_table
@@ -172,7 +172,7 @@ class Pipe:
         self.optimizer = optimizer
         self.first, self.last = rt.rank == 0, rt.rank == rt.world_size - 1
         stage = PipelineStage(modules[rt.rank], rt.rank, rt.world_size, rt.device)
-        # The schedule's phases (training.phases): its stage's chunks are forward and
+        # The schedule's phases (training.observe.phases): its stage's chunks are forward and
         # backward, its sends, receives and waits for the other stages communication.
         method_timed(stage, "forward_one_chunk", "forward")
         method_timed(stage, "backward_one_chunk", "backward")

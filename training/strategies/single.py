@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from training.config import TrainConfig
-from training.runtime import Runtime
+from training.process.runtime import Runtime
 from training.strategies.common import Plan, plan_simple
 
 

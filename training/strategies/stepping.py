@@ -2,7 +2,7 @@
 (``--accumulate``, ``--precision``, ``--compile``), for the strategies that declare them.
 
 - ``--accumulate K``: the step's share of the batch on this rank (``batch_size x K`` images,
-  ``training.batching.rank_batches``) is cut into K micro-batches whose gradients add up before
+  ``training.data.batching.rank_batches``) is cut into K micro-batches whose gradients add up before
   one update. Each micro-batch's mean loss is weighted by its share of the images, so the update
   is the one a batch K times larger takes. Every micro-batch but the last runs inside the
   strategy's ``no_sync`` (DDP's ``no_sync()``, FSDP2's ``set_requires_gradient_sync(False)``):

@@ -1,7 +1,7 @@
 """``tensor-parallel``: the model's declared linear layers split over the ranks, one torchrun
 rank per process (``torch.distributed.tensor.parallel.parallelize_module``).
 
-The plan comes with the model (``training.models.model_tensor_plan``): simple-cnn's names its
+The plan comes with the model (``training.models.build.model_tensor_plan``): simple-cnn's names its
 classifier's two linear layers, the first split column-wise (each rank computes 1/N of the
 hidden features), the second row-wise (each rank multiplies its 1/N of them, and one all-reduce
 sums the logits). Their weights become ``DTensor`` shards, so each rank holds 1/N of them, of
@@ -28,15 +28,15 @@ from torch.distributed.tensor.parallel import (
     parallelize_module,
 )
 
-from training.batching import DataShard
 from training.config import TrainConfig
-from training.memory import tensor_bytes
-from training.models import model_tensor_plan, tensor_plan_widths_check
-from training.runtime import Runtime
+from training.data.batching import DataShard
+from training.models.build import model_tensor_plan, tensor_plan_widths_check
+from training.observe.memory import tensor_bytes
+from training.process.runtime import Runtime
 from training.strategies.common import Plan
 from training.strategies.full_state import plan_sharded
 
-# The plan's words (training.models.TENSOR_STYLES), as torch's styles.
+# The plan's words (training.models.build.TENSOR_STYLES), as torch's styles.
 STYLES: dict[str, type[ParallelStyle]] = {"colwise": ColwiseParallel, "rowwise": RowwiseParallel}
 
 

@@ -200,6 +200,6 @@ def pipeline_stage_limit(*, model: str) -> int | None:
 
 @functools.cache
 def _stage_limit(model: str) -> int | None:
-    from training.models import model_stage_limit
+    from training.models.build import model_stage_limit
 
     return model_stage_limit(model)

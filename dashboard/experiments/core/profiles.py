@@ -25,8 +25,8 @@ from django.urls import reverse
 from dashboard.experiments.core.checkpoints import run_dir
 from dashboard.experiments.models import Experiment, Profile, ProfileState
 from dashboard.texts import bytes_text
+from training.process.run_requests import PROFILE_MAX_STEPS
 from training.registry import strategy_get
-from training.run_requests import PROFILE_MAX_STEPS
 
 PROFILE_STEPS_DEFAULT = 20  # what the page's field offers
 

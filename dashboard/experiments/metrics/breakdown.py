@@ -1,8 +1,8 @@
 """Where each rank's time went over the run so far: the read JSON's ``breakdown``.
 
 Each step event's ranks report the seconds of their window in six phases (protocol 1.9,
-training/phases.py: data, forward, backward, optimizer, communication, other), which together
-make the rank's wall time of the window; the sink stores them as rank/<r>/<phase>_seconds.
+training/observe/phases.py: data, forward, backward, optimizer, communication, other), which
+together make the rank's wall time of the window; the sink stores them as rank/<r>/<phase>_seconds.
 Summed per rank over the run (in SQL, one grouped query: the points never come to Python), each
 phase's share of their total is the share of the rank's wall time. A run from before 1.9 has no
 phases: an empty list.
@@ -18,10 +18,10 @@ from django.db.models import Sum
 
 from dashboard.experiments.models import Experiment, SeriesPoint
 
-# The phases, in the order they are shown, as the shares' names: the web side's one home for
-# them (the API's schema is made from it). training/phases.py names the same six for the engine;
-# the web server does not import that module, which imports torch, so the event protocol (1.9)
-# is what ties the two lists, and tests/test_phases.py checks they agree.
+# The phases, in the order they are shown, as the shares' names: the web side's one home for them
+# (the API's schema is made from it). training/observe/phases.py names the same six for the engine;
+# the web server does not import that module, which imports torch, so the event protocol (1.9) is
+# what ties the two lists, and tests/test_phases.py checks they agree.
 PHASES: Final = ("data", "forward", "backward", "optimizer", "communication", "other")
 _KEY: Final = re.compile(r"^rank/(\d+)/(\w+)_seconds$")
 

@@ -31,9 +31,9 @@ EPOCH_SERIES: Final = {
 }
 # Each rank's figures of a step (its `ranks`), stored as rank/<r>/<field>.
 RANK_FIELDS: Final = ("images_per_second", "data_seconds", "compute_seconds", "rss_bytes")
-# Where each rank's wall time went and what it sent (protocol 1.9, training/phases.py), stored as
-# rank/<r>/<field> where a step's `ranks` carry them: with data_seconds the six *_seconds add up
-# to the rank's wall time of the window (the read JSON's `breakdown` sums them over the run).
+# Where each rank's wall time went and what it sent (protocol 1.9, training/observe/phases.py),
+# stored as rank/<r>/<field> where a step's `ranks` carry them: with data_seconds the six *_seconds
+# add up to the rank's wall time of the window (the read JSON's `breakdown` sums them over the run).
 PHASE_FIELDS: Final = (
     "forward_seconds", "backward_seconds", "optimizer_seconds", "communication_seconds",
     "other_seconds", "communication_bytes",

@@ -10,7 +10,7 @@ import time
 import psutil
 
 # One home for the prctl, in training/ (the dashboard may import training; never the reverse).
-from training.processes import parent_death_signal_set as parent_death_signal_set
+from training.process.lifeline import parent_death_signal_set as parent_death_signal_set
 
 log = logging.getLogger(__name__)
 

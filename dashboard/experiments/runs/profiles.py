@@ -24,7 +24,7 @@ from dashboard.experiments.models import PROFILE_IN_FLIGHT, Experiment, Profile,
 from dashboard.experiments.runs.bounds import is_count, number_or_none
 from dashboard.experiments.runs.retention import MAX_PATH_CHARS, file_size
 from dashboard.texts import bytes_text
-from training.run_requests import PROFILE_REQUEST_FILE
+from training.process.run_requests import PROFILE_REQUEST_FILE
 
 MAX_RANKS = 4096  # bound what one event can put on the row
 MAX_OPS = 20

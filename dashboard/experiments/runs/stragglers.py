@@ -2,9 +2,13 @@
 the run's row records it (one conditional update), its log gets one line, its page a
 ``straggler`` message and, where the owner asked, a notification (``signals.straggler_named``).
 
-The sink calls ``straggler_change`` after storing a flush's step windows, inside the flush's
-transaction: the figures it reads are the ones just stored, and the line and the message are
-numbered and sent with the flush. A rank that stays named says nothing more.
+Whoever flushes a run's sink does it through ``events_flush``: once a flush that stored windows of
+several ranks' phases has committed, ``straggler_change`` reads the stored series, once per such
+flush and outside the flush's transaction (its change of the row is a conditional update that
+checks the row count, so a second writer cannot say it twice), and its line and its message go
+to the sink as ordinary events, numbered after that flush's, stored, then sent. The sink itself
+only says what it stored: it never reads back what it wrote. A rank that stays named says
+nothing more.
 """
 
 from __future__ import annotations
@@ -20,11 +24,12 @@ from dashboard.experiments.metrics.stragglers import (
     straggler_text,
 )
 from dashboard.experiments.models import Experiment
+from dashboard.experiments.runs.sink import EventSink
 
 
 @dataclass(frozen=True)
 class StragglerChange:
-    """What to add to the flush: the page's message and the log's line."""
+    """What to hand the sink after the flush: the page's message and the log's line."""
 
     message: StragglerBody
     log: LogBody
@@ -71,3 +76,18 @@ def straggler_change(*, experiment: Experiment, step: int, time: float) -> Strag
     return StragglerChange(
         message=message, log={"type": "log", "level": level, "message": text, "time": time}
     )
+
+
+def events_flush(*, sink: EventSink) -> None:
+    """Flush the sink; where the flush stored windows of several ranks' phases, look for the
+    straggler in them now that they are committed, and flush what a change says at once: its
+    log line, then its page message, numbered after the flush's own."""
+    stored = sink.flush()
+    if stored is None:
+        return
+    change = straggler_change(experiment=sink.experiment, step=stored.step, time=stored.time)
+    if change is None:
+        return
+    sink.add(change.log)
+    sink.add(change.message)
+    sink.flush()  # a log line and a message: no phases, so no second look

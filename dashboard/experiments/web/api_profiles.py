@@ -23,7 +23,7 @@ from dashboard.experiments.core.profiles import (
 from dashboard.experiments.models import Experiment, ProfileState
 from dashboard.experiments.services import experiment_profile_request
 from dashboard.experiments.web.api_schemas import Open
-from training.run_requests import PROFILE_MAX_STEPS
+from training.process.run_requests import PROFILE_MAX_STEPS
 
 router = Router(tags=["profiles"])
 

@@ -10,7 +10,7 @@ and write the checkpoint while the processes wait.
 The parent does not train: it is rank 0 of the protocol (it writes every event), collects the
 processes' step reports from a queue, and is the process the caller holds. It drives its epochs
 with the engine's driver (``training.epochs``), as the shared loop does. The dataset is one
-shared copy too (``training.shared_data``): the parent creates it, the processes map it.
+shared copy too (``training.data.shared_data``): the parent creates it, the processes map it.
 
 Processes are started with the ``spawn`` method, not ``fork``: a forked child cannot use CUDA
 once the parent has (pytorch#40403), and forking after the parent's OpenMP thread pool has run

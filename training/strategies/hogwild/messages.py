@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from training.config import TrainConfig
+from training.data.shared_data import Segment
 from training.protocol import MemoryEntry
-from training.shared_data import Segment
 
 
 @dataclass(frozen=True)
@@ -71,7 +71,7 @@ class EpochDone:
     epoch: int
     row: list[float]  # the whole epoch's Window.row()
     optimizer_state: dict[str, Any] | None  # a copy, where the run writes checkpoints
-    memory: MemoryEntry | None = None  # what it holds (training.memory), the shared model too
+    memory: MemoryEntry | None = None  # what it holds (observe.memory), the shared model too
 
 
 @dataclass(frozen=True)

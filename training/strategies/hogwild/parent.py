@@ -12,17 +12,18 @@ import uuid
 import torch
 from torch import nn
 
-from training import checkpoint, reporting
-from training.batching import steps_per_epoch
+from training import checkpoint
 from training.config import TrainConfig
-from training.data import Dataset
+from training.data.batching import steps_per_epoch
+from training.data.datasets import Dataset
+from training.data.shared_data import Segment, segment_path, segment_remove
 from training.epochs import EpochStart, Ranks, epochs_drive, model_build, started_emit
 from training.loop import Tested, evaluate
-from training.meter import report_from_rows
+from training.observe import reporting
+from training.observe.meter import report_from_rows
+from training.process.run_requests import checkpoint_request_take
+from training.process.runtime import Runtime, machine_name
 from training.protocol import EventWriter
-from training.run_requests import checkpoint_request_take
-from training.runtime import Runtime, machine_name
-from training.shared_data import Segment, segment_path, segment_remove
 from training.strategies.hogwild.messages import (
     CheckpointCopy,
     EpochDone,

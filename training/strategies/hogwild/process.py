@@ -18,16 +18,16 @@ import torch
 from torch import nn
 
 from training import checkpoint
-from training.allocator import allocator_tune
-from training.batching import rank_batches, steps_per_epoch
-from training.data import Dataset
+from training.data.batching import rank_batches, steps_per_epoch
+from training.data.datasets import Dataset
+from training.data.shared_data import segment_attach, shared_flags
+from training.data.sources import dataset_open
 from training.epochs import EpochStart
 from training.loop import StepFn, steps_run
-from training.memory import memory_entry
-from training.meter import Window
-from training.processes import parent_death_signal_set
-from training.shared_data import segment_attach, shared_flags
-from training.sources import dataset_open
+from training.observe.memory import memory_entry
+from training.observe.meter import Window
+from training.process.allocator import allocator_tune
+from training.process.lifeline import parent_death_signal_set
 from training.strategies.common import optimizer_make, step_default
 from training.strategies.hogwild.messages import (
     CheckpointCopy,

@@ -14,9 +14,8 @@ from torch import nn
 from training import checkpoint
 from training.checkpoint import Resumed, ResumePoint
 from training.config import TrainConfig
-from training.data import Dataset
-from training.protocol import SharedTensor
-from training.shared_data import (
+from training.data.datasets import Dataset
+from training.data.shared_data import (
     Segment,
     dataset_segment_create,
     resident_private,
@@ -26,7 +25,8 @@ from training.shared_data import (
     stale_segments_remove,
     tensor_entry,
 )
-from training.sources import data_plan, mode_choose, streaming_dataset
+from training.data.sources import data_plan, mode_choose, streaming_dataset
+from training.protocol import SharedTensor
 from training.strategies.hogwild.messages import Ready
 
 log = logging.getLogger(__name__)

@@ -4,7 +4,7 @@ Every process keeps one ``PhaseClock`` (``CLOCK``). A phase is entered as a cont
 (``phase("forward")``); phases nest, and time is charged to the innermost one only, so the
 phases never count a second twice. The loop's step functions mark ``forward``, ``backward`` and
 ``optimizer`` (``training.strategies.common.step_default`` and DeepSpeed's step); the meter
-(``training.meter.Window``) reads the clock at a window's start and end. ``data`` is the loop's
+(``observe.meter.Window``) reads the clock at a window's start and end. ``data`` is the loop's
 own measure (``StepTiming.data_seconds``) and ``other`` is what is left of the window's wall
 time: reporting, checkpoint requests, the parts of a step no phase marks.
 

@@ -1,7 +1,7 @@
 """Profiles on request: a ``torch.profiler`` trace of the next K steps, on every rank.
 
 The request travels as a checkpoint request does: SIGUSR2 to ``requests_pid`` (rank 0) sets a
-flag (``training.run_requests``), and ``<--profile-dir>/request.json`` says what to record,
+flag (``training.process.run_requests``), and ``<--profile-dir>/request.json`` says what to record,
 ``{"profile": N, "steps": K}`` (a signal carries no arguments). Rank 0 reads it at a step
 boundary. Under torchrun every rank must start on the same step, so rank 0's answer reaches
 the others by one all-reduce of two numbers, only on the steps that are reported anyway (every
@@ -11,7 +11,7 @@ Each rank then records the next K steps (CPU activities; CUDA's too on a GPU), o
 of the epoch, so that no evaluation lands in the trace, and writes its own gzipped Chrome trace,
 ``<profile dir>/<N>/rank-<r>.json.gz`` (Perfetto and chrome://tracing open it), with a summary:
 its top operators by self CPU time (the profiler's ``key_averages``) and communication against
-computation from the trace's events (``training.trace_summary``). Rank 0 gathers the files and
+computation from the trace's events (``observe.trace_summary``). Rank 0 gathers the files and
 summaries and reports them in a ``profile`` event: ``recording`` when it starts, ``ready`` when
 every trace is written, ``refused`` when it cannot be recorded.
 """
@@ -27,11 +27,15 @@ from typing import Any, TypeGuard
 from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
 from training.config import TrainConfig
+from training.observe.trace_summary import STEP_MARK, overlap_of
+from training.process.run_requests import (
+    PROFILE_MAX_STEPS,
+    PROFILE_REQUEST_FILE,
+    profile_request_take,
+)
+from training.process.runtime import Runtime, all_gather, all_reduce_sum
 from training.protocol import EventWriter, ProfileOp, ProfileRankSummary, ProfileTrace
 from training.registry import strategy_get
-from training.run_requests import PROFILE_MAX_STEPS, PROFILE_REQUEST_FILE, profile_request_take
-from training.runtime import Runtime, all_gather, all_reduce_sum
-from training.trace_summary import STEP_MARK, overlap_of
 
 TOP_OPS = 10  # operators per rank in the summary
 

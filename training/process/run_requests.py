@@ -1,6 +1,6 @@
 """Requests to a running training: SIGUSR1 asks for a checkpoint at the next step boundary,
 SIGUSR2 for a profile (what to record is in ``<--profile-dir>/request.json``: a signal carries no
-arguments; ``training.profiling`` reads it).
+arguments; ``training.observe.profiling`` reads it).
 
 The ``started`` event names the process to signal (``requests_pid``): rank 0 under torchrun,
 Hogwild's parent, else the run's only process. A signal, not a file or a socket, because it needs
@@ -16,8 +16,8 @@ from __future__ import annotations
 import signal
 from types import FrameType
 
-# A profile request's words, read by the training (training.profiling) and written by whoever
-# asks (the dashboard's supervisor, or a person at a shell): in the --profile-dir, this file
+# A profile request's words, read by the training (training.observe.profiling) and written by
+# whoever asks (the dashboard's supervisor, or a person at a shell): in the --profile-dir, this file
 # holds {"profile": N, "steps": K}, K at most PROFILE_MAX_STEPS.
 PROFILE_REQUEST_FILE = "request.json"
 PROFILE_MAX_STEPS = 200

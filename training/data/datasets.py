@@ -3,10 +3,10 @@
 Each split is loaded once as uint8 images (N x C x H x W) and int64 labels; batches are taken by
 indexing and normalised per channel on the fly, on the training device, with the mean and std
 computed from the training split. That keeps per-sample PIL transforms and DataLoader worker
-processes out of the picture where the decoded data fits in memory (``training.sources`` decides;
-larger data streams through a DataLoader, ``training.streaming``). The IDX files (the layout
+processes out of the picture where the decoded data fits in memory (``data.sources`` decides;
+larger data streams through a DataLoader, ``training.data.streaming``). The IDX files (the layout
 torchvision keeps them in) are read here straight into the tensors' memory, which may be a
-shared-memory mapping (``training.shared_data``): loading never holds a second copy.
+shared-memory mapping (``training.data.shared_data``): loading never holds a second copy.
 
 Sources, first that works:
 
@@ -47,9 +47,9 @@ import torch
 from torch.utils.data import Dataset as TorchDataset
 
 from training.catalogue import IMAGEFOLDER
-from training.downloads import downloads_disabled, reachable_mirror
-from training.external import BUILTIN_META, external_open
-from training.images import folder_layout
+from training.data.downloads import downloads_disabled, reachable_mirror
+from training.data.external import BUILTIN_META, external_open
+from training.data.images import folder_layout
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +90,7 @@ class Split:
 
 @dataclass(frozen=True)
 class StreamSplit:
-    """A split read from its files batch by batch (``training.streaming``): ``reader[i]`` is
+    """A split read from its files batch by batch (``training.data.streaming``): ``reader[i]`` is
     (uint8 C x H x W image, int label), decoded to the dataset's size and channels."""
 
     reader: TorchDataset[tuple[torch.Tensor, int]]
@@ -184,8 +184,8 @@ def dataset_meta(name: str, data_dir: Path, data_path: str | None) -> DatasetMet
 
 
 def load_dataset(name: str, data_dir: Path) -> Dataset:
-    """MNIST or Fashion-MNIST in this process's own memory (``training.sources.dataset_open``
-    opens every dataset, ``training.shared_data`` shares one copy between processes)."""
+    """MNIST or Fashion-MNIST in this process's own memory (``training.data.sources.dataset_open``
+    opens every dataset, ``training.data.shared_data`` shares one copy between processes)."""
     files = dataset_files(name, data_dir)
     tensors = {
         key: torch.empty(shape, dtype=torch.uint8 if key.endswith("images") else torch.int64)

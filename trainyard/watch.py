@@ -19,7 +19,7 @@ from tqdm import tqdm
 from websockets.exceptions import ConnectionClosed, InvalidStatus, WebSocketException
 from websockets.sync.client import ClientConnection, connect
 
-from dashboard.client.api import Api, ApiError
+from trainyard.api import Api, ApiError
 
 FINAL_STATUSES = frozenset({"succeeded", "failed", "cancelled"})
 # Without a message for this long, ask the API whether the run ended (a run stopped while queued

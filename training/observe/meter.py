@@ -8,7 +8,7 @@ asynchronously, so a step's compute time includes waiting for the GPU only when 
 full, and the loss read at each report (``Window.row``) is where the host catches up.
 
 Each rank also reports where the window's wall time went (protocol 1.9): the phase clock's
-forward, backward, optimizer and communication seconds and bytes sent (``training.phases``),
+forward, backward, optimizer and communication seconds and bytes sent (``training.observe.phases``),
 with ``data`` and ``other`` (the rest of the wall time) they add up to it. On a GPU the clock's
 phases are the device's time (CUDA events), read at the report, where the host catches up.
 
@@ -27,8 +27,8 @@ from typing import Any
 import psutil
 import torch
 
-from training.phases import CLOCK, CLOCK_PHASES
-from training.runtime import Runtime, all_gather_floats
+from training.observe.phases import CLOCK, CLOCK_PHASES
+from training.process.runtime import Runtime, all_gather_floats
 
 _PROCESS = psutil.Process()
 ROW_FIELDS = (
@@ -59,7 +59,8 @@ class Window:
     compute_seconds: float = 0.0
     compile_seconds: float = 0.0
     started: float = field(default_factory=time.perf_counter)
-    # The phase clock's totals at the start (training.phases): the window's are the difference.
+    # The phase clock's totals at the start (training.observe.phases): the window's are the
+    # difference.
     clock_start: tuple[float, ...] = field(default_factory=CLOCK.read)
 
     def __post_init__(self) -> None:
@@ -137,7 +138,7 @@ def report_from_rows(rows: list[list[float]], replicas: int = 1) -> dict[str, An
 
 
 def phase_fields(row: dict[str, float]) -> dict[str, Any]:
-    """A rank's phases of its window (protocol 1.9, ``training.phases``): seconds each, other
+    """A rank's phases of its window (protocol 1.9, ``observe.phases``): seconds each, other
     what the rest leaves of the wall time (never below 0), and the bytes it sent."""
     seconds = {name: max(row[name], 0.0) for name in CLOCK_PHASES}
     other = max(row["wall"] - row["data_seconds"] - sum(seconds.values()), 0.0)

@@ -15,9 +15,9 @@ import json
 import sys
 from typing import Any
 
-from dashboard.client.api import Api, token_create
-from dashboard.client.config import config_save, profile_resolve, url_normalize
-from dashboard.client.watch import run_follow
+from trainyard.api import Api, token_create
+from trainyard.config import config_save, profile_resolve, url_normalize
+from trainyard.watch import run_follow
 
 # 4 was `lost`, which never ends a run: left unused so that 5 keeps its meaning for scripts.
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_CANCELLED, EXIT_ERROR = 0, 1, 2, 3, 5

@@ -3,7 +3,7 @@ adapted to it.
 
 ``model_build_for`` is the one way a run gets its model, whatever the strategy:
 
-- ``simple-cnn``, the built-in (``training.model``), made for the dataset's classes, channels
+- ``simple-cnn``, the built-in (``models.simple_cnn``), made for the dataset's classes, channels
   and image size;
 - a torchvision classifier, ``get_model(name, weights=None, num_classes=...)``, its first
   ``Conv2d`` (in module order) replaced by one that takes the dataset's channels;
@@ -35,8 +35,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from training import catalogue
-from training.data import DatasetMeta
-from training.model import SimpleCNN
+from training.data.datasets import DatasetMeta
+from training.models.simple_cnn import SimpleCNN
 from training.protocol import ModelInfo
 
 # Sizes tried, smallest first, where a model does not take the dataset's: common input sizes,
@@ -110,7 +110,7 @@ def model_build_for(*, name: str, meta: DatasetMeta, weights: str | None = None)
 def _entry(name: str) -> catalogue.ModelEntry:
     if name in catalogue.BUILTIN_MODELS:
         # Known without listing torchvision's (importing torchvision costs about 1 CPU-s in
-        # every process of a run: training.data); the built-in's name is never a plug-in's.
+        # every process of a run: training.data.datasets); the built-in's name is never a plug-in's.
         return catalogue.ModelEntry(name, "built in")
     entries = {entry.name: entry for entry in catalogue.model_entries()}
     entry = entries.get(name)

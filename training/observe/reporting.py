@@ -13,9 +13,9 @@ from typing import Any
 import torch
 
 from training.config import TrainConfig
-from training.data import Dataset
+from training.data.datasets import Dataset
+from training.process.runtime import Runtime, all_reduce_sum
 from training.protocol import EventWriter, MemoryEntry
-from training.runtime import Runtime, all_reduce_sum
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +67,7 @@ def epoch_emit(
     memory: list[MemoryEntry] | None = None,
 ) -> None:
     """The ``epoch`` event, and its line in the log (rank 0); ``memory``: what each rank holds
-    (``training.memory``)."""
+    (``training.observe.memory``)."""
     extra: dict[str, Any] = {} if memory is None else {"memory": memory}
     events.emit(
         "epoch", epoch=epoch, step=step, test_loss=test_loss, test_accuracy=test_accuracy,

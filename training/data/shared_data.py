@@ -3,7 +3,7 @@
 The owner (local rank 0 under torchrun, the parent for Hogwild) creates a file in /dev/shm sized
 for the tensors it is given (by shape and dtype: for a dataset, train/test images as uint8 and
 labels as int64), maps it, and has a fill function write them in place (IDX files read straight
-into the mapping, or images decoded into it; ``training.sources`` plans which).
+into the mapping, or images decoded into it; ``training.data.sources`` plans which).
 The other processes on the machine map the same file with
 ``torch.UntypedStorage.from_file(path, shared=True)``; once every process has mapped it, the owner
 unlinks it. The memory lives on until the last process unmaps it, and nothing is left in /dev/shm.
@@ -42,10 +42,8 @@ from typing import cast
 
 import torch
 
-from training.data import Dataset, Split
-from training.protocol import SharedTensor
-from training.runtime import Runtime, all_gather
-from training.sources import (
+from training.data.datasets import Dataset, Split
+from training.data.sources import (
     DataInfo,
     DataPlan,
     data_plan,
@@ -56,6 +54,8 @@ from training.sources import (
     tensors_empty,
     workers_usable,
 )
+from training.process.runtime import Runtime, all_gather
+from training.protocol import SharedTensor
 
 log = logging.getLogger(__name__)
 

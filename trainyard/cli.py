@@ -6,9 +6,9 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from dashboard.client import commands
-from dashboard.client.api import ApiError
-from dashboard.client.config import ConfigError
+from trainyard import commands
+from trainyard.api import ApiError
+from trainyard.config import ConfigError
 
 EPILOG = """\
 exit codes: 0 the run succeeded (or the command did what it asked), 1 the run failed,

@@ -1,4 +1,4 @@
-"""The built-in network, ``simple-cnn`` (``training.models`` builds it and every other)."""
+"""The built-in network, ``simple-cnn`` (``training.models.build`` builds it and every other)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ class SimpleCNN(nn.Module):
     always held). Larger images are pooled to 14x14 after the convolutions: at 224x224 the
     first linear layer would otherwise hold 103M weights.
 
-    ``tensor_parallel_plan`` is its plan for tensor parallel (``training.models``): the
+    ``tensor_parallel_plan`` is its plan for tensor parallel (``training.models.build``): the
     classifier's first linear layer split by output features (column-wise), the second by input
     features (row-wise), so the hidden activations stay split between them and one all-reduce
     a forward joins the logits. Its hidden width, 128, divides over 2, 4, 8, ... ranks; the

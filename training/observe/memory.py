@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any, cast
 
 import torch
 
+from training.process.runtime import Runtime, all_gather
 from training.protocol import MemoryEntry
-from training.runtime import Runtime, all_gather
 
 if TYPE_CHECKING:
     from torch.distributed.optim import ZeroRedundancyOptimizer

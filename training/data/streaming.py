@@ -2,7 +2,7 @@
 
 Resident splits are indexed; streaming ones are read by a ``torch.utils.data.DataLoader`` whose
 ``batch_sampler`` is the very list of index batches the resident path takes
-(``training.batching.rank_batches``), so the order, the per-rank exactness and where a resumed
+(``training.data.batching.rank_batches``), so the order, the per-rank exactness and where a resumed
 epoch continues are the same on both paths. Its workers (``--workers``, as pytorch/examples'
 ``-j``) decode ahead of the training step; one DataLoader per epoch.
 """
@@ -14,7 +14,7 @@ from collections.abc import Iterator, Sequence
 import torch
 from torch.utils.data import DataLoader
 
-from training.data import AnySplit, Split
+from training.data.datasets import AnySplit, Split
 
 PREFETCH = 2  # batches each worker decodes ahead (DataLoader's default)
 

@@ -28,7 +28,7 @@ from torch.utils.data import DataLoader
 from torch.utils.data import Dataset as TorchDataset
 
 from training.catalogue import IMAGEFOLDER
-from training.data import (
+from training.data.datasets import (
     IDX_NAMES,
     Dataset,
     Split,
@@ -38,8 +38,8 @@ from training.data import (
     idx_shapes,
     idx_tensors_fill,
 )
-from training.external import external_open
-from training.images import DataRefused, DecodedView, FolderReader, folder_layout
+from training.data.external import external_open
+from training.data.images import DataRefused, DecodedView, FolderReader, folder_layout
 
 RESIDENT_ENV = "TRAINYARD_RESIDENT_MAX_BYTES"
 STATS_SAMPLE = 1000

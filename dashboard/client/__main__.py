@@ -1,5 +1,0 @@
-import sys
-
-from dashboard.client.cli import main
-
-sys.exit(main())

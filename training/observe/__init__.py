@@ -1,0 +1,3 @@
+"""What a rank measures and reports of itself: where its time goes (``phases``, ``meter``), what
+it holds (``memory``), profiles on request (``profiling``, ``trace_summary``), and the events
+every strategy writes the same way (``reporting``)."""

@@ -1,0 +1,5 @@
+import sys
+
+from trainyard.cli import main
+
+sys.exit(main())
