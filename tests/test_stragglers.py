@@ -23,13 +23,16 @@ import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.core import mail
+from django.db import connection
 from django.test import Client
 
 from dashboard.experiments.metrics.breakdown import experiment_straggler
 from dashboard.experiments.models import Experiment, LogLine, SeriesPoint
+from dashboard.experiments.runs import stragglers
 from dashboard.experiments.runs.broadcast import experiment_group
 from dashboard.experiments.runs.nodes import rank_pids_here
-from dashboard.experiments.runs.sink import EventSink
+from dashboard.experiments.runs.sink import EventSink, PhasesStored
+from dashboard.experiments.runs.stragglers import events_flush
 from dashboard.notifications.models import Delivery, Kind, NotificationSettings
 from tests.test_notifications import eager  # noqa: F401 - tasks run here, mail kept
 from tests.test_training import _kill_tree, _start
@@ -85,7 +88,7 @@ def _train_into_sink(sample_data: Path, run: Experiment, *, slow: bool) -> None:
                 pauser = Pauser(pids[SLOW_RANK])
                 pauser.start()
             sink.add(event)
-            sink.flush()
+            events_flush(sink=sink)
         assert proc.wait(timeout=60) == 0, "".join(stderr)[-3000:]
     finally:
         if pauser is not None:
@@ -104,19 +107,24 @@ def _others_communication_share(run: Experiment) -> float:
     return seconds["rank/0/communication_seconds"] / sum(seconds.values())
 
 
-def _straggler_messages(channel: str) -> list[dict[str, Any]]:
-    """The straggler messages the run's group got, in order."""
+def _sent(channel: str) -> list[list[dict[str, Any]]]:
+    """The events of each channel message the run's group got (one a flush), in order."""
 
-    async def take() -> list[dict[str, Any]]:
-        found: list[dict[str, Any]] = []
+    async def take() -> list[list[dict[str, Any]]]:
+        found: list[list[dict[str, Any]]] = []
         while True:
             try:
                 group_message = await asyncio.wait_for(get_channel_layer().receive(channel), 0.5)  # type: ignore[union-attr]
             except TimeoutError:
                 return found
-            found += [e for e in group_message["events"] if e["type"] == "straggler"]
+            found.append(group_message["events"])
 
     return async_to_sync(take)()
+
+
+def _straggler_messages(channel: str) -> list[dict[str, Any]]:
+    """The straggler messages the run's group got, in order."""
+    return [e for events in _sent(channel) for e in events if e["type"] == "straggler"]
 
 
 @pytest.mark.slow  # two DDP runs
@@ -214,7 +222,7 @@ def test_a_change_of_straggler_is_said_once_each_and_its_owner_is_told_if_asked(
         # Rank 1 slow from the start, then rank 2, then nobody.
         for step in range(1, 91):
             sink.add(_step(step, 1 if step <= 30 else 2 if step <= 60 else None))  # type: ignore[arg-type]
-            sink.flush()
+            events_flush(sink=sink)
             if owner is alice and step == 30:
                 body = page.get(f"/experiments/{run.pk}/").content.decode()
                 assert 'id="straggler-box" role="status" aria-live="polite">' in body
@@ -239,3 +247,58 @@ def test_a_change_of_straggler_is_said_once_each_and_its_owner_is_told_if_asked(
     # Cleared: the box is hidden on alice's page.
     body = page.get(f"/experiments/{alices}/").content.decode()
     assert 'id="straggler-box" role="status" aria-live="polite" hidden>' in body
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_flush_only_stores_and_sends_and_its_driver_looks_once_after_it(
+    experiment_factory: Any, user_factory: Any, settings: Any, monkeypatch: Any
+) -> None:
+    """Issue 31: the sink's flush never reads back the series it wrote; whoever flushes looks
+    for the straggler after the commit, once per flush that stored several ranks' phases, and
+    what it says is stored, then sent, numbered after that flush's messages."""
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    run = experiment_factory(owner=user_factory(), status="running")
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()  # type: ignore[union-attr]
+    async_to_sync(layer.group_add)(experiment_group(run.pk), channel)  # type: ignore[union-attr]
+    looks: list[bool] = []  # each read of the stored windows: inside a transaction?
+
+    def looking(**kwargs: Any) -> Any:
+        looks.append(connection.in_atomic_block)
+        return experiment_straggler(**kwargs)
+
+    monkeypatch.setattr(stragglers, "experiment_straggler", looking)
+    sink = EventSink(run)
+    for step in range(1, 5):  # rank 1 slow
+        sink.add(_step(step, 1))  # type: ignore[arg-type]
+    # The flush says where it stored phases, and reads nothing back.
+    assert sink.flush() == PhasesStored(step=4, time=4.0)
+    assert looks == []
+    run.refresh_from_db()
+    assert run.straggler_rank is None
+
+    for step in range(5, 9):
+        sink.add(_step(step, 1))  # type: ignore[arg-type]
+    events_flush(sink=sink)
+    assert looks == [False]  # once, after the commit
+    sink.add({"type": "log", "level": "info", "message": "no phases in this flush"})
+    sink.add({"type": "step", "epoch": 1, "step": 9, "time": 9.0, "train_loss": 1.0})
+    events_flush(sink=sink)
+    assert looks == [False]  # no phases stored: no look
+    sink.add(_step(10, 1))  # type: ignore[arg-type]
+    events_flush(sink=sink)
+    assert looks == [False, False]  # looked again; rank 1 stays named: nothing said
+
+    flushes = _sent(channel)
+    seqs = [event["seq"] for events in flushes for event in events]
+    assert seqs == list(range(1, len(seqs) + 1))  # each flush after the last, no gap
+    assert [[event["type"] for event in events] for events in flushes] == [
+        ["step"] * 4, ["step"] * 4, ["log", "straggler"], ["log", "step"], ["step"],
+    ]  # fmt: skip
+    said, message = flushes[2]
+    line = LogLine.objects.get(experiment=run, message__regex=r"^rank \d is ")
+    assert (line.seq, line.message, line.level) == (said["seq"], said["message"], "warning")
+    assert message["straggler"]["rank"] == 1 and message["text"] == line.message
+    assert said["time"] == 8.0  # the latest window's
+    run.refresh_from_db()
+    assert run.straggler_rank == 1 and run.straggler_text == line.message

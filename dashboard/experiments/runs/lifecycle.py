@@ -21,6 +21,7 @@ from dashboard.experiments.core.transitions import Outcome
 from dashboard.experiments.models import Experiment, Status
 from dashboard.experiments.runs.attempts import attempts_with_current
 from dashboard.experiments.runs.sink import EventSink
+from dashboard.experiments.runs.stragglers import events_flush
 
 log = logging.getLogger(__name__)
 
@@ -89,10 +90,11 @@ def run_finish(*, experiment: Experiment, sink: EventSink, outcome: Outcome) -> 
         log.warning(
             "experiment %s moved on before attempt %s settled", experiment.pk, experiment.attempt
         )
-        sink.flush()
+        events_flush(sink=sink)
         return False
     sink.add(run_end_body(outcome))
-    sink.flush()
+    # The supervisor's sink: steps it could not flush (its loop failed) may name a straggler.
+    events_flush(sink=sink)
     return True
 
 

@@ -20,6 +20,7 @@ from dashboard.experiments.runs.process import TrainingProcess
 from dashboard.experiments.runs.profiles import profile_fail, profile_request_write
 from dashboard.experiments.runs.sink import EventSink
 from dashboard.experiments.runs.state import AttemptState
+from dashboard.experiments.runs.stragglers import events_flush
 
 
 class RunRequests:
@@ -148,7 +149,7 @@ class RunRequests:
         else:
             message = f"Stop requested by {by}; ending every process"
         self.sink.add_output(message, level="info")
-        self.sink.flush()
+        events_flush(sink=self.sink)  # steps not flushed yet may name a straggler
         killed = self.process.stop(
             rank_pids=self.state.rank_pids, grace_seconds=settings.TRAINYARD_STOP_GRACE_SECONDS
         )

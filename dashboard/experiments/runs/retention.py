@@ -54,3 +54,42 @@ def checkpoints_gone(
     entries = [*stored, *((c.step, c.path) for c in pending)]
     present = {step for step, path in entries if file_size(path) is not None}
     return sorted({step for step, _ in entries} - present - {keep_step})
+
+
+class CheckpointsPending:
+    """A flush's checkpoint rows, and the steps whose files are gone: the sink keeps them as
+    the events come and writes them in its flush's transaction (`store`)."""
+
+    def __init__(self, *, experiment: Experiment) -> None:
+        self.experiment = experiment
+        self.rows: list[Checkpoint] = []
+        self.pruned: set[int] = set()
+
+    def add(self, checkpoint: Checkpoint) -> list[int]:
+        """Keep `checkpoint` for the flush; returns the steps whose files are gone: their rows
+        go at the flush, so that the list shows what can still be fetched."""
+        self.pruned.discard(checkpoint.step)
+        self.rows = [c for c in self.rows if c.step != checkpoint.step]
+        self.rows.append(checkpoint)
+        gone = checkpoints_gone(
+            experiment=self.experiment, pending=self.rows, keep_step=checkpoint.step
+        )
+        self.pruned.update(gone)
+        self.rows = [c for c in self.rows if c.step not in self.pruned]
+        return gone
+
+    def store(self) -> None:
+        """Delete the gone steps' rows and write the new ones (the caller holds the transaction,
+        and starts afresh once it has committed)."""
+        if self.pruned:
+            Checkpoint.objects.filter(
+                experiment_id=self.experiment.pk, step__in=self.pruned
+            ).delete()
+        # A resumed run writes its steps' checkpoints again: the newer file wins.
+        Checkpoint.objects.bulk_create(
+            # One row per step per statement: PostgreSQL refuses to update a row twice.
+            list({c.step: c for c in self.rows}.values()),
+            update_conflicts=True,
+            unique_fields=["experiment", "step"],
+            update_fields=["epoch", "requested", "path", "size", "worker", "created"],
+        )

@@ -50,6 +50,7 @@ from dashboard.experiments.runs.requests import RunRequests
 from dashboard.experiments.runs.settlement import NodePart, node_outcome
 from dashboard.experiments.runs.sink import MAX_RANKS, EventSink
 from dashboard.experiments.runs.state import AttemptState
+from dashboard.experiments.runs.stragglers import events_flush
 from dashboard.experiments.runs.survival import supervisor_started
 from dashboard.experiments.scheduling.allocation import machine_local, run_cpu_threads
 from training.catalogue import IMAGEFOLDER, MODEL_DEFAULT
@@ -270,7 +271,9 @@ class RunSupervisor:
                     samples = machine_samples_collect(worker=self.experiment.worker)
                     self.sink.add_series(samples, time_=round(now - self.clock_zero, 3))
                 if self.sink.due_in(now) == 0:
-                    self.sink.flush()  # at once when sparse, coalesced under load (see sink.py)
+                    # At once when sparse, coalesced under load (see sink.py); then a straggler
+                    # is looked for in the ranks' phases it stored (stragglers.py).
+                    events_flush(sink=self.sink)
                 if now >= next_stop_check and self.state.stopped_by is None:
                     next_stop_check = now + STOP_POLL_SECONDS
                     requests.requests_check()
@@ -282,7 +285,7 @@ class RunSupervisor:
         returncode = self.state.returncode = process.wait()
         if not self.state.taken_over:
             self.sink_add(self.relay.stderr_relay(math.inf))
-            self.sink.flush()
+            events_flush(sink=self.sink)
         return returncode
 
     def _teardown_bound(self, process: TrainingProcess, now: float) -> None:

@@ -18,9 +18,11 @@ epoch: scaling.py reads it only for a run with no step event), and what each ran
 row (`Experiment.memory`, the read JSON's). The supervisor's machine samples come through
 `add_series`.
 
-The sink is the unit of work (add, due, flush, numbering under the row lock); the bounds it
-reads fields within are bounds.py's, checkpoint rows and retention retention.py's, the channel
-send broadcast.py's.
+The sink is the unit of work (add, due, flush, numbering under the row lock), and that only:
+a flush says whether it stored windows of several ranks' phases (`PhasesStored`), and whoever
+flushes reads the stored series for a straggler after the commit (stragglers.py's
+`events_flush`). The bounds it reads fields within are bounds.py's, checkpoint rows and
+retention retention.py's, the channel send broadcast.py's.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Any, ClassVar, cast
 
 from channels.layers import get_channel_layer
@@ -53,12 +56,11 @@ from dashboard.experiments.metrics.series_contract import (
     RANK_FIELDS,
     STEP_SERIES,
 )
-from dashboard.experiments.models import Checkpoint, Experiment, LogLine, SeriesPoint
+from dashboard.experiments.models import Experiment, LogLine, SeriesPoint
 from dashboard.experiments.runs.bounds import is_count, number_or_none
 from dashboard.experiments.runs.broadcast import checkpoint_saved_text, events_broadcast
 from dashboard.experiments.runs.profiles import profile_event_store
-from dashboard.experiments.runs.retention import checkpoint_row, checkpoints_gone
-from dashboard.experiments.runs.stragglers import straggler_change
+from dashboard.experiments.runs.retention import CheckpointsPending, checkpoint_row
 from training.protocol import Event
 
 log = logging.getLogger(__name__)
@@ -139,6 +141,41 @@ def _rank_series(
     return values
 
 
+@dataclass(frozen=True)
+class PhasesStored:
+    """What a flush stored of several ranks' phases: the run's latest step and the training's
+    time of the latest such window, where the straggler rule places what it says."""
+
+    step: int
+    time: float
+
+
+def event_series(message: dict[str, Any]) -> dict[str, float | None]:
+    """A step or epoch event's series, its memory's aside: the contract's fields it has, and a
+    step's per-rank figures and phases (rank/<r>/...)."""
+    fields = STEP_SERIES if message["type"] == "step" else EPOCH_SERIES
+    values = {
+        key: number_or_none(message.get(name)) for name, key in fields.items() if name in message
+    }
+    if message["type"] == "step":
+        values.update(_rank_series(message.get("ranks"), fields=RANK_FIELDS))
+        values.update(_rank_series(message.get("ranks"), fields=PHASE_FIELDS, given=True))
+    return values
+
+
+def log_row(message: dict[str, Any], *, experiment_id: int, seq: int, level: str) -> LogLine:
+    """The log's row of a line the sink numbered `seq`, its fields bounded."""
+    return LogLine(
+        experiment_id=experiment_id,
+        seq=seq,
+        time=number_or_none(message.get("time")) or 0.0,
+        level=level[:16],
+        message=str(message.get("message", ""))[:MAX_LOG_CHARS],
+        rank=rank if is_count(rank := message.get("rank")) else None,
+        machine=str(message.get("machine") or "")[:255],
+    )
+
+
 class EventSink:
     def __init__(self, experiment: Experiment):
         self.experiment = experiment
@@ -147,18 +184,16 @@ class EventSink:
         self.logs: list[LogLine] = []
         self.messages: list[dict[str, Any]] = []
         self.updates: dict[str, Any] = {}
-        self.checkpoints: list[Checkpoint] = []
-        self.pruned: set[int] = set()
+        self.checkpoints = CheckpointsPending(experiment=experiment)
         self.channel_layer = get_channel_layer()
         self.step = experiment.step  # the run's latest step: where a machine sample is placed
         # One whole copy of the model's parameters, which each rank's memory share is of: the
         # started event's, kept here since the row's run_info is written only at the flush.
         self.model_bytes = model_bytes_of(experiment.run_info)
         self.sent_at = -math.inf  # time.monotonic() of the last flush
-        # Whether this flush stores windows of several ranks' phases: the straggler is looked
-        # for again after it (runs/stragglers.py).
-        self.phases_added = False
-        self.phases_time = 0.0  # the training's time of the latest of them
+        # The training's time of the latest step this flush stores with several ranks' phases
+        # (None: none), which the flush reports: one rank may lag (stragglers.py).
+        self.phases_time: float | None = None
 
     def due_in(self, now: float) -> float | None:
         """Seconds until `flush` should run (0: now), or None with nothing to send. A message
@@ -203,12 +238,11 @@ class EventSink:
     def _checkpoint_store(self, message: dict[str, Any]) -> None:
         checkpoint = checkpoint_row(experiment=self.experiment, message=message)
         if checkpoint is not None:
-            self._checkpoint_add(checkpoint)
             # The message tells the page where to download it (the size is what the worker saw)
             # and which older ones the training's retention has deleted (by step).
             message.update(
                 size=checkpoint.size, url=checkpoint.get_absolute_url(),
-                pruned=self._checkpoints_prune(keep_step=checkpoint.step),
+                pruned=self.checkpoints.add(checkpoint),
             )  # fmt: skip
         # The page appends the same line live: the words are written here only.
         message["log_text"] = checkpoint_saved_text(message)
@@ -230,22 +264,17 @@ class EventSink:
         reported, epoch = message.get("step"), message.get("epoch")
         step = cast(int, reported) if is_count(reported) else self.step
         time_ = number_or_none(message.get("time")) or 0.0
-        fields = STEP_SERIES if message["type"] == "step" else EPOCH_SERIES
-        values = {
-            key: number_or_none(message.get(name))
-            for name, key in fields.items()
-            if name in message
-        }
+        values = event_series(message)
         texts: dict[str, Any] = {}  # the page places them as they are
-        if message["type"] == "step":
-            values.update(_rank_series(message.get("ranks"), fields=RANK_FIELDS))
-            phases = _rank_series(message.get("ranks"), fields=PHASE_FIELDS, given=True)
-            values.update(phases)
-            if "rank/1/other_seconds" in phases:  # a second rank's phases: one may lag
-                self.phases_added, self.phases_time = True, time_
-        elif "memory" in message:
-            memory, texts["memory"] = self._memory_store(message)
-            values.update(memory)
+        if "rank/1/other_seconds" in values:  # a second rank's phases: one may lag
+            self.phases_time = time_
+        if message["type"] == "epoch" and "memory" in message:
+            # What each rank holds (protocol 1.7), checked and kept on the row (the read JSON's).
+            # The page charts the entries the row keeps: the same points live as on a reload.
+            entries = memory_entries(message["memory"])
+            message["memory"] = self.updates["memory"] = entries
+            values.update(_rank_series(entries, fields=MEMORY_FIELDS))
+            texts["memory"] = memory_rows(entries, model_bytes=self.model_bytes)
         self._add_values(values, step=step, time_=time_)
         self.step = step
         self.updates.update(step=step, epoch=epoch if is_count(epoch) else 0)
@@ -255,17 +284,6 @@ class EventSink:
             texts["ranks"] = rank_rows(stats)
         if texts:
             message["texts"] = texts
-
-    def _memory_store(
-        self, message: dict[str, Any]
-    ) -> tuple[dict[str, float | None], list[dict[str, Any]]]:
-        """An epoch's `memory` (protocol 1.7), checked and kept on the row (the read JSON's):
-        returns its series and the memory panel's rows."""
-        # The page charts the entries the row keeps: the same points live as on a reload.
-        message["memory"] = entries = memory_entries(message["memory"])
-        self.updates["memory"] = entries
-        rows = memory_rows(entries, model_bytes=self.model_bytes)
-        return _rank_series(entries, fields=MEMORY_FIELDS), rows
 
     def _add_values(self, values: dict[str, float | None], *, step: int, time_: float) -> None:
         self.points.extend(
@@ -282,35 +300,12 @@ class EventSink:
         body: SeriesBody = {"type": "series", "points": points}
         self.add(body)
 
-    def _checkpoint_add(self, checkpoint: Checkpoint) -> None:
-        self.pruned.discard(checkpoint.step)
-        self.checkpoints = [c for c in self.checkpoints if c.step != checkpoint.step]
-        self.checkpoints.append(checkpoint)
-
-    def _checkpoints_prune(self, *, keep_step: int) -> list[int]:
-        """Steps whose files are gone (retention.py): their rows go at the flush, so that the
-        list shows what can still be fetched."""
-        gone = checkpoints_gone(
-            experiment=self.experiment, pending=self.checkpoints, keep_step=keep_step
-        )
-        self.pruned.update(gone)
-        self.checkpoints = [c for c in self.checkpoints if c.step not in self.pruned]
-        return gone
-
     def _add_log(self, message: dict[str, Any], *, level: str = "info") -> None:
         self.logs.append(
-            LogLine(
-                experiment_id=self.experiment.pk,
-                seq=self.seq,
-                time=number_or_none(message.get("time")) or 0.0,
-                level=level[:16],
-                message=str(message.get("message", ""))[:MAX_LOG_CHARS],
-                rank=rank if is_count(rank := message.get("rank")) else None,
-                machine=str(message.get("machine") or "")[:255],
-            )
+            log_row(message, experiment_id=self.experiment.pk, seq=self.seq, level=level)
         )
 
-    def flush(self) -> None:
+    def flush(self) -> PhasesStored | None:
         """Store what was added, then send it. The database comes first: it is the record.
 
         Several processes write one run's events: the reaper's and a claim's status, and on a
@@ -321,46 +316,29 @@ class EventSink:
         checkpoint's link, sent before the commit, answered 404 to a client that followed it at
         once. Sent right after the commit, flushes still reach pages in order; where another
         flush slips in between, the page sees a gap in seq and reads the stored run afresh.
+
+        Returns where it stored windows of several ranks' phases (None: it stored none): the
+        flush never reads back what it wrote; its caller looks for a straggler in them.
         """
         if not self.messages:
-            return
+            return None
         with transaction.atomic():
             self._renumber()
             SeriesPoint.objects.bulk_create(self.points)
-            self._straggler_settle()
             LogLine.objects.bulk_create(self.logs)
-            if self.pruned:
-                Checkpoint.objects.filter(
-                    experiment_id=self.experiment.pk, step__in=self.pruned
-                ).delete()
-            # A resumed run writes its steps' checkpoints again: the newer file wins.
-            Checkpoint.objects.bulk_create(
-                # One row per step per statement: PostgreSQL refuses to update a row twice.
-                list({c.step: c for c in self.checkpoints}.values()),
-                update_conflicts=True,
-                unique_fields=["experiment", "step"],
-                update_fields=["epoch", "requested", "path", "size", "worker", "created"],
-            )
+            self.checkpoints.store()
             Experiment.objects.filter(pk=self.experiment.pk).update(
                 last_seq=self.seq, **self.updates
             )
             messages, self.messages = self.messages, []
             transaction.on_commit(lambda: self._send(messages))
-        self.points, self.logs, self.updates, self.checkpoints = [], [], {}, []
-        self.pruned = set()
+        stored = None
+        if self.phases_time is not None:
+            stored = PhasesStored(step=self.step, time=self.phases_time)
+        self.points, self.logs, self.updates, self.phases_time = [], [], {}, None
+        self.checkpoints = CheckpointsPending(experiment=self.experiment)
         self.sent_at = time.monotonic()
-
-    def _straggler_settle(self) -> None:
-        """After a flush's windows of several ranks are stored: a straggler named, changed or
-        cleared adds its log line and page message to this flush (numbered after the rest)."""
-        if not self.phases_added:
-            return
-        self.phases_added = False
-        change = straggler_change(experiment=self.experiment, step=self.step, time=self.phases_time)
-        if change is None:
-            return
-        self.add(change.log)
-        self.add(change.message)
+        return stored
 
     def _renumber(self) -> None:
         """Move this flush's numbers (self.seq's last ones) to follow the run's stored last."""

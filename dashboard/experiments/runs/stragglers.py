@@ -2,13 +2,13 @@
 the run's row records it (one conditional update), its log gets one line, its page a
 ``straggler`` message and, where the owner asked, a notification (``signals.straggler_named``).
 
-Whoever flushes a run's sink does it through ``events_flush``: once a flush that stored windows of
+The supervisor flushes its sink through ``events_flush``: once a flush that stored windows of
 several ranks' phases has committed, ``straggler_change`` reads the stored series, once per such
-flush and outside the flush's transaction (its change of the row is a conditional update that
-checks the row count, so a second writer cannot say it twice), and its line and its message go
-to the sink as ordinary events, numbered after that flush's, stored, then sent. The sink itself
-only says what it stored: it never reads back what it wrote. A rank that stays named says
-nothing more.
+flush and in transactions of its own (its change of the row is a conditional update that checks
+the row count, so a second writer cannot say it twice), and its line and its message go to the
+sink as ordinary events, numbered after that flush's, stored, then sent. The sink itself only
+says what it stored (``PhasesStored``): it never reads back what it wrote. A rank that stays
+named says nothing more.
 """
 
 from __future__ import annotations
