@@ -17,6 +17,7 @@ from torch import nn
 from dashboard.experiments.metrics.breakdown import PHASES, experiment_straggler
 from dashboard.experiments.models import LogLine, SeriesPoint
 from dashboard.experiments.runs.sink import EventSink
+from dashboard.experiments.runs.stragglers import events_flush
 from tests.few_digits import sample_data_few  # noqa: F401 (the sample_data fixture)
 from tests.phase_checks import SECONDS, assert_phases_add_up, phase_windows
 from tests.test_training import Result, needs_cuda, run_cli
@@ -439,11 +440,11 @@ def test_a_named_rank_stays_named_until_it_is_barely_slower(
     sink = EventSink(run)
     for step in range(1, 21):  # busy 0.4 s against the others' 0.2 s
         sink.add(_step(step, [0.1, 0.1, 0.3]))  # type: ignore[arg-type]
-    sink.flush()
+    events_flush(sink=sink)  # as the supervisor flushes: the straggler is looked for after
     assert experiment_straggler(experiment=run) == {"rank": 2, "slower_by": 1.0, "since_step": 1}
     for step in range(21, 41):  # busy 0.28 s
         sink.add(_step(step, [0.1, 0.1, 0.18]))  # type: ignore[arg-type]
-    sink.flush()
+    events_flush(sink=sink)
     assert experiment_straggler(experiment=run) is None
     kept = experiment_straggler(experiment=run, named=2)
     assert kept == {"rank": 2, "slower_by": 0.4, "since_step": 21}
@@ -452,7 +453,7 @@ def test_a_named_rank_stays_named_until_it_is_barely_slower(
     assert run.straggler_rank == 2  # the sink kept it: no line, no message
     for step in range(41, 61):  # busy 0.22 s
         sink.add(_step(step, [0.1, 0.1, 0.12]))  # type: ignore[arg-type]
-    sink.flush()
+    events_flush(sink=sink)
     assert experiment_straggler(experiment=run, named=2) is None
     run.refresh_from_db()
     assert run.straggler_rank is None
