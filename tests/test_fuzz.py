@@ -23,7 +23,7 @@ from dashboard.accounts.models import ApiToken
 from dashboard.api import MAX_BODY_BYTES, json_constant_refuse, json_float_parse
 from dashboard.experiments.core.forms import LIMITS, LR_MAX, MAX_GPU_IDS, ExperimentForm
 from dashboard.experiments.models import Dataset, Experiment, LogLine, SeriesPoint
-from dashboard.experiments.web.api import FIELD_TYPES, NULLABLE_FIELDS
+from dashboard.experiments.web.api_launch import FIELD_TYPES, NULLABLE_FIELDS
 from dashboard.experiments.web.consumers import MAX_CLIENT_FRAME_BYTES, frame_size
 from tests.factories import form_data
 

@@ -12,6 +12,7 @@ import pytest
 from django.test import Client
 from django.utils import timezone
 
+from dashboard.experiments.core.descriptions import experiment_duration_seconds
 from dashboard.experiments.models import Experiment, Status
 
 pytestmark = pytest.mark.django_db
@@ -75,7 +76,14 @@ def test_count_and_next_and_the_old_key(user_factory: Any, experiment_factory: A
         ("-name", lambda e: (e.name, e.pk)),
         ("accuracy", lambda e: (e.test_accuracy is None, e.test_accuracy or 0, e.pk)),
         ("status", lambda e: (e.status, e.pk)),
-        ("duration", lambda e: (e.finished_at is None, e.finished_at and e.duration_seconds, e.pk)),
+        (
+            "duration",
+            lambda e: (
+                e.finished_at is None,
+                e.finished_at and experiment_duration_seconds(experiment=e),
+                e.pk,
+            ),
+        ),
         ("created", lambda e: (e.created_at, e.pk)),
     ],
 )

@@ -18,6 +18,10 @@ from django.test import Client
 from django.urls import reverse
 from django.utils.html import escape
 
+from dashboard.experiments.core.descriptions import (
+    experiment_options_label,
+    experiment_strategy_label,
+)
 from dashboard.experiments.core.forms import ExperimentForm, experiment_clone_fields
 from dashboard.experiments.models import Experiment
 from dashboard.experiments.runs.runner import training_command
@@ -203,7 +207,8 @@ def test_launch_again_copies_it(
     value = value_off_default(option)
     source = experiment_factory(owner=user_factory(), strategy=reader, **{option.name: value})
     assert experiment_clone_fields(source=source)[option.name] == value
-    assert source.options_label and source.options_label in source.strategy_label
+    options = experiment_options_label(experiment=source)
+    assert options and options in experiment_strategy_label(experiment=source)
 
 
 # --- where a run is described: its page, the compare page, the list, the admin ------------------
@@ -220,8 +225,10 @@ def test_every_page_that_describes_the_run_says_its_options(
     run = experiment_factory(owner=owner, name="with it", strategy=reader, **{option.name: value})
     plain = experiment_factory(owner=owner, name="without", strategy=other)
     label = option_value_text(option, value)
-    assert run.strategy_label == f"{run.get_strategy_display()} ({run.options_label})"
-    assert label in run.options_label and plain.options_label == ""
+    strategy_label = experiment_strategy_label(experiment=run)
+    options = experiment_options_label(experiment=run)
+    assert strategy_label == f"{run.get_strategy_display()} ({options})"
+    assert label in options and experiment_options_label(experiment=plain) == ""
     # The run page: a fact per option its strategy reads, none for the others.
     page = client.get(run.get_absolute_url()).content.decode()
     assert f'data-option="{option.name}"' in page
@@ -229,10 +236,10 @@ def test_every_page_that_describes_the_run_says_its_options(
         f'data-option="{option.name}"' not in client.get(plain.get_absolute_url()).content.decode()
     )
     compare = client.get(reverse("experiment-compare") + f"?ids={run.pk},{plain.pk}").content
-    assert f'<td data-field="strategy">{escape(run.strategy_label)}</td>' in compare.decode()
+    assert f'<td data-field="strategy">{escape(strategy_label)}</td>' in compare.decode()
     assert (
-        f'title="{escape(run.strategy_label)}"'
+        f'title="{escape(strategy_label)}"'
         in client.get(reverse("experiment-list")).content.decode()
     )
     admin = client.get(f"/admin/experiments/experiment/?{option.name}={value}").content.decode()
-    assert "with it" in admin and "without" not in admin and escape(run.options_label) in admin
+    assert "with it" in admin and "without" not in admin and escape(options) in admin

@@ -19,6 +19,7 @@ from django.test import Client
 from django.utils import timezone
 
 from dashboard.devices.models import WorkerMachine
+from dashboard.experiments.core.descriptions import experiment_devices_label
 from dashboard.experiments.models import Experiment, Status
 from dashboard.experiments.runs.claim import experiment_claim
 from dashboard.experiments.scheduling.allocation import Machine, rdzv_port_pick, rdzv_ports
@@ -454,9 +455,9 @@ def test_the_device_page_and_api_show_the_address_and_queue(alice: Client) -> No
 
 
 def test_the_devices_label_says_the_processes_are_on_each_machine() -> None:
-    run = Experiment(strategy="ddp", processes=1, nodes=2)
-    assert run.devices_label() == "1 CPU process on each of 2 machines"
-    assert Experiment(strategy="ddp", processes=2).devices_label() == "2 CPU processes"
-    assert Experiment(strategy="ddp", gpus=[0, 1], nodes=3).devices_label() == (
-        "GPU 0,1 on each of 3 machines"
-    )
+    def label(**fields: Any) -> str:
+        return experiment_devices_label(experiment=Experiment(**fields))
+
+    assert label(strategy="ddp", processes=1, nodes=2) == "1 CPU process on each of 2 machines"
+    assert label(strategy="ddp", processes=2) == "2 CPU processes"
+    assert label(strategy="ddp", gpus=[0, 1], nodes=3) == "GPU 0,1 on each of 3 machines"

@@ -7,6 +7,10 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 from django.utils.html import format_html_join
 
+from dashboard.experiments.core.descriptions import (
+    experiment_duration_seconds,
+    experiment_options_label,
+)
 from dashboard.experiments.core.forms import FIELDS
 from dashboard.experiments.core.limits import LaunchLimited
 from dashboard.experiments.metrics.series import series_buckets
@@ -93,7 +97,7 @@ class ExperimentAdmin(admin.ModelAdmin):
     @admin.display(description="options")
     def options(self, obj: Experiment) -> str:
         """The strategy options off their default, in the registry's words ("PowerSGD")."""
-        return obj.options_label or "–"
+        return experiment_options_label(experiment=obj) or "–"
 
     @admin.display(description="test accuracy", ordering="test_accuracy")
     def accuracy(self, obj: Experiment) -> str:
@@ -113,7 +117,7 @@ class ExperimentAdmin(admin.ModelAdmin):
 
     @admin.display(description="duration")
     def duration(self, obj: Experiment) -> str:
-        seconds = obj.duration_seconds
+        seconds = experiment_duration_seconds(experiment=obj)
         if seconds is None:
             return "–"
         minutes, secs = divmod(int(seconds), 60)

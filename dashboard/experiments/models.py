@@ -8,17 +8,7 @@ from django.urls import reverse
 from django.utils.text import capfirst
 
 from training.catalogue import MODEL_DEFAULT
-from training.registry import (
-    CHOICE,
-    MULTIPROCESS_STRATEGIES,
-    OPTIONS_DECLARED,
-    REGISTRY,
-    STRATEGIES,
-    SWITCH,
-    OptionValue,
-    StrategyOption,
-    option_value_text,
-)
+from training.registry import MULTIPROCESS_STRATEGIES, REGISTRY, StrategyOption
 
 
 class Status(models.TextChoices):
@@ -230,89 +220,13 @@ class Experiment(models.Model):
             models.Index(fields=["owner", "-created_at", "-id"], name="experiment_owner_newest"),
         ]
 
+    # Nothing but the row here: how a run reads to people (active or not, its duration, its
+    # dataset, devices, strategy and options in words) is core/descriptions.py's.
     def __str__(self) -> str:
         return f"#{self.pk} {self.name}"
 
     def get_absolute_url(self) -> str:
         return reverse("experiment-detail", args=[self.pk])
-
-    @property
-    def is_active(self) -> bool:
-        return self.status in ACTIVE_STATUSES
-
-    @property
-    def duration_seconds(self) -> float | None:
-        if self.started_at is None:
-            return None
-        end = self.finished_at
-        if end is None:
-            from django.utils import timezone
-
-            end = timezone.now()
-        return (end - self.started_at).total_seconds()
-
-    @property
-    def dataset_label(self) -> str:
-        """ "MNIST" for a built-in; else the name, with the image folder for imagefolder."""
-        if self.dataset in Dataset.values:
-            return str(Dataset(self.dataset).label)
-        return f"{self.dataset} {self.data_path}" if self.data_path else self.dataset
-
-    def options_read(self) -> list[tuple[StrategyOption, OptionValue]]:
-        """Each option its strategy reads, with the value it trains with: the stored one, else
-        the option's default (a row from before the option was declared, or made by the admin)."""
-        spec = STRATEGIES.get(self.strategy)  # None: a name no longer in the registry
-        read = []
-        for option in spec.options if spec else ():
-            value = getattr(self, option.name)
-            read.append((option, option.default if value is None else value))
-        return read
-
-    def option_values(self) -> dict[str, OptionValue | None]:
-        """Every declared option by name: what the run trains with where its strategy reads
-        it, None where it does not (the read JSON, exports)."""
-        values: dict[str, OptionValue | None] = dict.fromkeys(o.name for o in OPTIONS_DECLARED)
-        values.update((option.name, value) for option, value in self.options_read())
-        return values
-
-    @property
-    def options_label(self) -> str:
-        """ "PowerSGD, ZeRO-1 optimizer": the options it reads that are not at their default
-        (empty when none), in the registry's words."""
-        return ", ".join(
-            option_value_text(option, value)
-            for option, value in self.options_read()
-            if value != option.default
-        )
-
-    @property
-    def strategy_label(self) -> str:
-        """ "DistributedDataParallel (PowerSGD)": the strategy and its options off default."""
-        label = self.get_strategy_display()
-        return f"{label} ({self.options_label})" if self.options_label else label
-
-    @property
-    def option_facts(self) -> list[dict[str, str]]:
-        """The run page's rows: every option its strategy reads, as people read it."""
-        rows = []
-        for option, value in self.options_read():
-            if option.kind == CHOICE:
-                text = str(dict(option.choices).get(value, value))
-            elif option.kind == SWITCH:
-                text = "on" if value else "off"
-            else:
-                text = str(value)
-            rows.append({"name": option.name, "label": option_title(option), "value": text})
-        return rows
-
-    def devices_label(self) -> str:
-        # `processes` and `gpus` are per machine: say so when the run spans several.
-        each = f" on each of {self.nodes} machines" if self.nodes > 1 else ""
-        if self.gpus:
-            return "GPU " + ",".join(str(g) for g in self.gpus) + each
-        if self.strategy in PROCESS_STRATEGIES:
-            return f"{self.processes} CPU process{'' if self.processes == 1 else 'es'}{each}"
-        return "CPU"
 
 
 class SeriesPoint(models.Model):

@@ -27,6 +27,11 @@ from django.db import IntegrityError
 from django.db.models import Exists, F, OuterRef, Q
 from django.utils import timezone
 
+from dashboard.experiments.core.descriptions import (
+    experiment_dataset_label,
+    experiment_devices_label,
+    experiment_duration_seconds,
+)
 from dashboard.experiments.core.transitions import ENDS
 from dashboard.experiments.models import Experiment
 from dashboard.notifications.models import (
@@ -98,11 +103,13 @@ def run_end_text(experiment: Experiment) -> str:
         lines.append("Test accuracy: none (the run did not reach an evaluation)")
     if experiment.error:
         lines.append(f"Why: {experiment.error[:1000]}")
-    seconds = experiment.duration_seconds
+    seconds = experiment_duration_seconds(experiment=experiment)
+    devices = experiment_devices_label(experiment=experiment)
+    dataset = experiment_dataset_label(experiment=experiment)
     took = "never started" if seconds is None else f"took {format_duration(seconds)}"
     lines.append(
-        f"{experiment.get_strategy_display()}, {experiment.devices_label()}, "
-        f"{experiment.epochs} epoch(s) of {experiment.model} on {experiment.dataset_label}"
+        f"{experiment.get_strategy_display()}, {devices}, "
+        f"{experiment.epochs} epoch(s) of {experiment.model} on {dataset}"
         f"{' on ' + experiment.worker if experiment.worker else ''}; "
         f"{took}."
     )

@@ -29,6 +29,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from dashboard.experiments.core.descriptions import (
+    experiment_option_values,
+    experiment_options_label,
+)
 from dashboard.experiments.core.memory import (
     SUMMARY_FIGURES,
     experiment_memory_rows,
@@ -66,7 +70,7 @@ class Reached:
 
 
 def config_of(experiment: Experiment) -> dict[str, Any]:
-    options = experiment.option_values()
+    options = experiment_option_values(experiment=experiment)
     return {name: options.get(name, getattr(experiment, name)) for name in CONFIG_FIELDS}
 
 
@@ -169,7 +173,7 @@ def cells_build(*, runs: Sequence[Experiment], target: float) -> list[dict[str, 
         cell: dict[str, Any] = {
             "strategy": first.strategy, "processes": first.processes, "nodes": first.nodes,
             # Its options off their default, in the registry's words ("PowerSGD").
-            "options_label": first.options_label,
+            "options_label": experiment_options_label(experiment=first),
             "world_size": world_size_of(config), "global_batch": experiment_global_batch(first),
             "config": config, "runs": [e.pk for e in members],
             "seeds": [e.seed for e in members],

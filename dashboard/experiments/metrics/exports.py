@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from dashboard.env import env_int
+from dashboard.experiments.core.descriptions import experiment_option_values
 from dashboard.experiments.models import Experiment, SeriesPoint
 
 CSV_HEADER = ("key", "step", "time", "value")
@@ -123,7 +124,7 @@ def export_csv_chunks(*, experiment: Experiment) -> Iterator[str]:
 def run_fields_of(experiment: Experiment) -> dict[str, Any]:
     return {
         **{name: getattr(experiment, name) for name in (*RUN_FIELDS, *RUN_LAUNCH_FIELDS)},
-        **experiment.option_values(),
+        **experiment_option_values(experiment=experiment),
     }
 
 

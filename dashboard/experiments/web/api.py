@@ -1,4 +1,5 @@
-"""The JSON API for scripts: /api/experiments/... Same validation as the launch form."""
+"""The JSON API for scripts: /api/experiments/... Same validation as the launch form (the
+launch body's types, checks and docs: api_launch.py)."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from django.http import (
     JsonResponse,
     StreamingHttpResponse,
 )
-from ninja import Router, Schema
-from pydantic import ConfigDict, Field, create_model
+from ninja import Router
+from pydantic import Field
 from pydantic.json_schema import SkipJsonSchema
 
 from dashboard.api import (
@@ -33,7 +34,8 @@ from dashboard.experiments.core.checkpoints import (
     checkpoint_file_response,
     checkpoint_where_text,
 )
-from dashboard.experiments.core.forms import FIELDS, LIMITS, LR_MAX, MAX_GPU_IDS, ExperimentForm
+from dashboard.experiments.core.descriptions import experiment_is_active
+from dashboard.experiments.core.forms import ExperimentForm
 from dashboard.experiments.core.labels import experiment_labels_update, labels_check
 from dashboard.experiments.core.limits import LaunchLimited
 from dashboard.experiments.metrics.logs import (
@@ -51,6 +53,14 @@ from dashboard.experiments.services import (
     experiment_checkpoint_request,
     experiment_launch,
     experiment_stop,
+)
+from dashboard.experiments.web.api_launch import (
+    MAX_JSON_INT,
+    Closed,
+    LaunchIn,
+    launch_form_data,
+    launch_limited_error,
+    launch_payload_check,
 )
 from dashboard.experiments.web.api_metrics import METRICS_PARAMS, metrics_response
 from dashboard.experiments.web.api_schemas import (
@@ -71,121 +81,12 @@ from dashboard.experiments.web.run_list import (
     runs_page,
 )
 from dashboard.streaming import streamed
-from training.registry import (
-    COUNT,
-    OPTIONS_DECLARED,
-    SWITCH,
-    StrategyOption,
-    option_strategies,
-)
 
-# JSON types each field accepts; booleans are never numbers here (but a switch's values).
-FIELD_TYPES: dict[str, tuple[type, ...]] = {
-    "name": (str,),
-    "model": (str,),
-    "dataset": (str,),
-    "data_path": (str,),
-    "strategy": (str,),
-    "processes": (int,),
-    "nodes": (int,),
-    "machines": (list,),
-    "gpus": (list,),
-    "epochs": (int,),
-    "batch_size": (int,),
-    "lr": (int, float),
-    "optimizer": (str,),
-    "seed": (int,),
-    # The strategy options (training/registry.py), typed as their defaults: a switch true or
-    # false, a count an integer, a choice its values' type (ZeRO's stage 1, a comm hook "fp16").
-    **{option.name: (type(option.default),) for option in OPTIONS_DECLARED},
-}
-# Fields where null means "the default for the strategy" (an option: not given).
-NULLABLE_FIELDS = frozenset(
-    {"processes", "nodes", "data_path", *(option.name for option in OPTIONS_DECLARED)}
-)
-TYPE_NAMES = {
-    str: "a string",
-    int: "an integer",
-    float: "a number",
-    list: "a list",
-    bool: "true or false",
-}
-# Bounds checked before the form sees a value (see launch_payload_bounds_check).
-MAX_JSON_INT = 2**63 - 1
-MAX_RANK = 999_999
-MAX_STRING_CHARS = 200
-MAX_PATH_CHARS = 1000  # data_path: Experiment.data_path's column
-
+MAX_RANK = 999_999  # the logs' rank filter
 router = Router(tags=["runs"])
-OPTIONS_BY_NAME = {option.name: option for option in OPTIONS_DECLARED}
 STRING = {"type": "string"}
 WHOLE = {"type": "integer", "minimum": 0}
 LOG_FORMATS = ("json", "text")
-
-
-def _launch_field(name: str, allowed: tuple[type, ...]) -> tuple[Any, Any]:
-    """One launch field as the docs show it: its JSON type, the model's choices and help."""
-    kind: Any = {str: str, int: int, float: float, list: list[int], bool: bool}[allowed[-1]]
-    if name == "machines":
-        kind = list[str]  # worker names
-    if name in NULLABLE_FIELDS:
-        kind = kind | None
-    if name in OPTIONS_BY_NAME:
-        return kind, _option_schema_field(OPTIONS_BY_NAME[name])
-    try:
-        field = Experiment._meta.get_field(name)
-    except LookupError:
-        return kind, None  # a field the form adds (the docs say only its type)
-    extra: dict[str, Any] = {"enum": [value for value, _ in field.choices]} if field.choices else {}
-    if extra and name in NULLABLE_FIELDS:
-        extra["enum"].append(None)  # the enum sits beside anyOf: null must be one of it too
-    if not extra:
-        extra = _launch_bounds(name)
-    # Every field may be omitted (the form's default), the name included.
-    default = field.get_default() if field.has_default() else None
-    if name in NULLABLE_FIELDS:
-        default = None  # decided by the strategy and the GPUs (data_path: no image folder)
-    why = str(field.help_text) or None
-    return kind, Field(default, description=why, json_schema_extra=extra or None)
-
-
-def _option_schema_field(option: StrategyOption) -> Any:
-    """A strategy option as the docs show it: the registry's help, the strategies that read
-    it, its values (null: not given) or bounds."""
-    readers = option_strategies(option)
-    where = f"read by {', '.join(readers)}" if readers else "no strategy reads it yet"
-    extra: dict[str, Any] = {}
-    if option.kind == COUNT:
-        extra = {"minimum": option.bounds[0], "maximum": option.bounds[1]}
-    elif option.kind != SWITCH:
-        extra = {"enum": [*option.values, None]}  # beside anyOf: null is one of them too
-    why = f"{option.help} ({where}; default {json.dumps(option.default)}; null: not given)"
-    return Field(None, description=why, json_schema_extra=extra or None)
-
-
-def _launch_bounds(name: str) -> dict[str, Any]:
-    """The form's bounds of one field (forms.LIMITS, LR_MAX) and the API's string cap."""
-    if name in LIMITS:
-        low, high = LIMITS[name]
-        return {"minimum": low, "maximum": high}
-    if name == "lr":
-        return {"exclusiveMinimum": 0, "maximum": LR_MAX}
-    if FIELD_TYPES[name] == (str,):  # as launch_payload_bounds_check caps them
-        return {"maxLength": MAX_PATH_CHARS if name == "data_path" else MAX_STRING_CHARS}
-    return {}
-
-
-# The launch body for the docs only, derived from FIELD_TYPES (the API's type check) and the
-# model; the checks themselves stay in launch_payload_check and the launch form.
-class Closed(Schema):
-    model_config = ConfigDict(extra="forbid")  # an unknown field is refused
-
-
-LaunchIn: type[Schema] = create_model(  # type: ignore[call-overload]
-    "LaunchIn",
-    __base__=Closed,
-    **{name: _launch_field(name, allowed) for name, allowed in FIELD_TYPES.items()},
-)
 
 
 class LabelsIn(Closed):
@@ -227,54 +128,6 @@ LOGS_EXTRA = query_params(
         200: {"content": {"text/plain": {"schema": {"type": "string"}}}},
     }
 }
-
-
-def launch_payload_check(payload: dict[str, Any]) -> dict[str, list[str]]:
-    errors: dict[str, list[str]] = {}
-    for key in payload:
-        if key not in FIELD_TYPES:
-            errors[key] = [f"unknown field; the fields are {', '.join(FIELDS)}"]
-    for key, allowed in FIELD_TYPES.items():
-        if key not in payload or (key in NULLABLE_FIELDS and payload[key] is None):
-            continue
-        value = payload[key]
-        if isinstance(value, bool) != (allowed == (bool,)) or not isinstance(value, allowed):
-            errors[key] = [f"must be {TYPE_NAMES[allowed[-1]]}"]  # (int, float): a number
-    gpus = payload.get("gpus")
-    if isinstance(gpus, list) and any(isinstance(g, bool) or not isinstance(g, int) for g in gpus):
-        errors["gpus"] = ["must be a list of integer GPU ids"]
-    for key, why in launch_payload_bounds_check(payload).items():
-        errors.setdefault(key, why)
-    return errors
-
-
-def launch_payload_bounds_check(payload: dict[str, Any]) -> dict[str, list[str]]:
-    """Sizes the form cannot take safely: an integer too big for a float (lr) or a database
-    column is an OverflowError there, and a huge string would be echoed back in the error."""
-    errors: dict[str, list[str]] = {}
-    for key in FIELD_TYPES:
-        value = payload.get(key)
-        if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_JSON_INT:
-            errors[key] = [f"out of range (at most {MAX_JSON_INT} in size)"]
-        elif isinstance(value, str) and len(value) > (
-            most := MAX_PATH_CHARS if key == "data_path" else MAX_STRING_CHARS
-        ):
-            errors[key] = [f"at most {most} characters, not {len(value)}"]
-    gpus = payload.get("gpus")
-    if isinstance(gpus, list):
-        if len(gpus) > MAX_GPU_IDS:
-            errors["gpus"] = [f"at most {MAX_GPU_IDS} GPU ids, not {len(gpus)}"]
-        elif any(isinstance(g, int) and not isinstance(g, bool) and g < 0 for g in gpus):
-            errors["gpus"] = ["GPU ids are whole numbers from 0"]
-    return errors
-
-
-def launch_form_data(payload: dict[str, Any]) -> dict[str, Any]:
-    """Omitted fields take the form's defaults."""
-    defaults = {name: Experiment._meta.get_field(name).get_default() for name in FIELDS}
-    defaults["processes"] = None  # decided by the strategy and the GPUs
-    defaults["nodes"] = None  # one machine, or as many as `machines` names
-    return {**defaults, **payload}
 
 
 def _visible(request: HttpRequest, pk: int) -> Experiment:
@@ -362,15 +215,6 @@ def experiment_launch_view(request: HttpRequest) -> HttpResponse:
     except LaunchLimited as refused:
         raise launch_limited_error(refused) from None
     return JsonResponse(experiment_as_dict(experiment), status=201)
-
-
-def launch_limited_error(refused: LaunchLimited) -> ApiError:
-    return ApiError(
-        429,
-        refused.message,
-        details=refused.as_details(),
-        headers={"Retry-After": str(refused.retry_after)},
-    )
 
 
 @router.get(
@@ -469,7 +313,7 @@ def experiment_stop_view(request: HttpRequest, pk: int) -> JsonResponse:
     """Stop a run (owner or staff). A queued run is cancelled at once, a running one by its
     worker, which ends every process (202 either way)."""
     experiment = _controllable(request, pk, "stop")
-    if not experiment.is_active:
+    if not experiment_is_active(experiment=experiment):
         raise ApiError(409, f"the run is already {experiment.status}")
     experiment_stop(experiment=experiment, by=request.user)
     experiment.refresh_from_db()

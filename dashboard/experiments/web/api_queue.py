@@ -18,6 +18,7 @@ from django.utils import timezone
 from ninja import Router
 
 from dashboard.api import ApiError, errors, json_body, json_request_body
+from dashboard.experiments.core.descriptions import experiment_devices_label
 from dashboard.experiments.models import Experiment, Status
 from dashboard.experiments.scheduling.queue import (
     PRIORITY_RANGE,
@@ -70,7 +71,7 @@ def queue_entry(
         "processes": run.processes,
         "nodes": run.nodes,
         "gpus": run.gpus,
-        "devices_label": run.devices_label(),
+        "devices_label": experiment_devices_label(experiment=run),
         "created_at": iso_or_none(run.created_at),
         "estimated_start": iso_or_none(start),
         "estimated_start_seconds": wait,

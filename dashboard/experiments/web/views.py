@@ -21,6 +21,14 @@ from dashboard.experiments.core.checkpoints import (
     checkpoint_file_response,
     checkpoint_where_text,
 )
+from dashboard.experiments.core.descriptions import (
+    experiment_dataset_label,
+    experiment_devices_label,
+    experiment_duration_seconds,
+    experiment_is_active,
+    experiment_option_facts,
+    experiment_strategy_label,
+)
 from dashboard.experiments.core.forms import FIELDS, ExperimentForm, experiment_clone_fields
 from dashboard.experiments.core.limits import LaunchLimited
 from dashboard.experiments.core.memory import MEMORY_RULE
@@ -82,9 +90,13 @@ def _row(experiment: Experiment) -> dict[str, Any]:
     return {
         "experiment": experiment,
         "strategy_short": strategy_short(experiment.strategy),
+        # The short name's tooltip, and the model's: the same texts as the JSON's.
+        "strategy_label": experiment_strategy_label(experiment=experiment),
+        "dataset_label": experiment_dataset_label(experiment=experiment),
+        "devices_label": experiment_devices_label(experiment=experiment),
         "progress": progress_percent(experiment),
         "accuracy": format_percent(experiment.test_accuracy),
-        "duration": format_duration(experiment.duration_seconds),
+        "duration": format_duration(experiment_duration_seconds(experiment=experiment)),
     }
 
 
@@ -222,8 +234,13 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
         experiments=[experiment], visible=experiments_visible_to(request.user)
     )
     initial["scaling"] = scaling.as_dict()
+    active = experiment_is_active(experiment=experiment)
     context = {
         "experiment": experiment,
+        # Its settings in words (core/descriptions.py): the heading's and the Settings card's.
+        "devices_label": experiment_devices_label(experiment=experiment),
+        "dataset_label": experiment_dataset_label(experiment=experiment),
+        "option_facts": experiment_option_facts(experiment=experiment),
         "initial": initial,
         "ws_path": socket_path(experiment.pk),
         "logs": initial["logs"],
@@ -240,9 +257,11 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "can_control": experiment_can_control(experiment=experiment, user=request.user),
         "progress": progress_percent(experiment),
         "accuracy": format_percent(experiment.test_accuracy),
-        "duration": format_duration(experiment.duration_seconds),
+        "duration": format_duration(experiment_duration_seconds(experiment=experiment)),
         "run_info": experiment.run_info or {},
-        "final": not experiment.is_active,
+        # Queued or running: it can still be stopped, profiled or checkpointed.
+        "active": active,
+        "final": not active,
     }
     return render(request, "experiments/detail.html", context)
 
@@ -272,7 +291,7 @@ def chart_run(experiment: Experiment, *, label: str, global_batch: int) -> dict[
         "id": e.pk,
         "label": label,
         "status": e.status,
-        "active": e.is_active,
+        "active": experiment_is_active(experiment=e),
         "metrics_url": reverse("api-experiment-metrics", args=[e.pk]),
         "ws_path": socket_path(e.pk),
         "global_batch": global_batch,
@@ -286,6 +305,14 @@ def _compare_run(row: ScalingRow) -> dict[str, Any]:
     return chart_run(e, label=label, global_batch=row.global_batch)
 
 
+def _compare_line(row: ScalingRow) -> dict[str, Any]:
+    return {
+        "row": row,
+        "strategy_label": experiment_strategy_label(experiment=row.experiment),
+        "dataset_label": experiment_dataset_label(experiment=row.experiment),
+    }
+
+
 def experiment_compare(request: HttpRequest) -> HttpResponse:
     try:
         ids = compare_ids_parse(request.GET.getlist("ids"))
@@ -296,6 +323,8 @@ def experiment_compare(request: HttpRequest) -> HttpResponse:
     comparison = comparison_build(user=request.user, ids=ids)
     context = {
         **comparison,
+        # The table: each row with its strategy and dataset in words (core/descriptions.py).
+        "table": [_compare_line(row) for row in comparison["rows"]],
         "charts": {
             "runs": [_compare_run(row) for row in comparison["rows"]],
             "scaling": scaling_chart_build(comparison["rows"]),

@@ -1,0 +1,114 @@
+"""A run as people read it: whether it is still going, how long it took, and its dataset,
+devices, strategy and strategy options in words.
+
+One home for these texts, moved off the model (issue 31): the read JSON (selectors.py), the
+queue's JSON, the pages (their views put the texts in the context: templates only display) and
+the exports all say a run's settings the same way, in the registry's words.
+"""
+
+from __future__ import annotations
+
+from django.utils import timezone
+
+from dashboard.experiments.models import (
+    ACTIVE_STATUSES,
+    PROCESS_STRATEGIES,
+    Dataset,
+    Experiment,
+    option_title,
+)
+from training.registry import (
+    CHOICE,
+    OPTIONS_DECLARED,
+    STRATEGIES,
+    SWITCH,
+    OptionValue,
+    StrategyOption,
+    option_value_text,
+)
+
+
+def experiment_is_active(*, experiment: Experiment) -> bool:
+    """Queued or running: it can still be stopped, and its page still listens for events."""
+    return experiment.status in ACTIVE_STATUSES
+
+
+def experiment_duration_seconds(*, experiment: Experiment) -> float | None:
+    """From its start to its end, or to now while it runs; None before it started."""
+    if experiment.started_at is None:
+        return None
+    end = experiment.finished_at or timezone.now()
+    return (end - experiment.started_at).total_seconds()
+
+
+def experiment_dataset_label(*, experiment: Experiment) -> str:
+    """ "MNIST" for a built-in; else the name, with the image folder for imagefolder."""
+    if experiment.dataset in Dataset.values:
+        return str(Dataset(experiment.dataset).label)
+    if experiment.data_path:
+        return f"{experiment.dataset} {experiment.data_path}"
+    return experiment.dataset
+
+
+def experiment_devices_label(*, experiment: Experiment) -> str:
+    """ "GPU 0,1", "2 CPU processes on each of 3 machines" or "CPU"."""
+    # `processes` and `gpus` are per machine: say so when the run spans several.
+    each = f" on each of {experiment.nodes} machines" if experiment.nodes > 1 else ""
+    if experiment.gpus:
+        return "GPU " + ",".join(str(g) for g in experiment.gpus) + each
+    if experiment.strategy in PROCESS_STRATEGIES:
+        processes = experiment.processes
+        return f"{processes} CPU process{'' if processes == 1 else 'es'}{each}"
+    return "CPU"
+
+
+def experiment_options_read(*, experiment: Experiment) -> list[tuple[StrategyOption, OptionValue]]:
+    """Each option its strategy reads, with the value it trains with: the stored one, else
+    the option's default (a row from before the option was declared, or made by the admin)."""
+    spec = STRATEGIES.get(experiment.strategy)  # None: a name no longer in the registry
+    read = []
+    for option in spec.options if spec else ():
+        value = getattr(experiment, option.name)
+        read.append((option, option.default if value is None else value))
+    return read
+
+
+def experiment_option_values(*, experiment: Experiment) -> dict[str, OptionValue | None]:
+    """Every declared option by name: what the run trains with where its strategy reads
+    it, None where it does not (the read JSON, exports)."""
+    values: dict[str, OptionValue | None] = dict.fromkeys(o.name for o in OPTIONS_DECLARED)
+    values.update(
+        (option.name, value) for option, value in experiment_options_read(experiment=experiment)
+    )
+    return values
+
+
+def experiment_options_label(*, experiment: Experiment) -> str:
+    """ "PowerSGD, ZeRO-1 optimizer": the options it reads that are not at their default
+    (empty when none), in the registry's words."""
+    return ", ".join(
+        option_value_text(option, value)
+        for option, value in experiment_options_read(experiment=experiment)
+        if value != option.default
+    )
+
+
+def experiment_strategy_label(*, experiment: Experiment) -> str:
+    """ "DistributedDataParallel (PowerSGD)": the strategy and its options off default."""
+    label = experiment.get_strategy_display()
+    options = experiment_options_label(experiment=experiment)
+    return f"{label} ({options})" if options else label
+
+
+def experiment_option_facts(*, experiment: Experiment) -> list[dict[str, str]]:
+    """The run page's rows: every option its strategy reads, as people read it."""
+    rows = []
+    for option, value in experiment_options_read(experiment=experiment):
+        if option.kind == CHOICE:
+            text = str(dict(option.choices).get(value, value))
+        elif option.kind == SWITCH:
+            text = "on" if value else "off"
+        else:
+            text = str(value)
+        rows.append({"name": option.name, "label": option_title(option), "value": text})
+    return rows
