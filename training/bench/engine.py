@@ -43,15 +43,8 @@ from torchvision.datasets import MNIST, FashionMNIST
 from training.bench import imagefolder
 from training.catalogue import IMAGEFOLDER, MODEL_DEFAULT
 from training.data.batching import rank_batches
-from training.data.datasets import (
-    DEBIAN_FASHION_DIR,
-    Dataset,
-    DatasetMeta,
-    batch_to,
-    dataset_files,
-    dataset_meta,
-    load_dataset,
-)
+from training.data.datasets import Dataset, DatasetMeta, batch_to, dataset_meta, load_dataset
+from training.data.idx_files import DEBIAN_FASHION_DIR, dataset_files
 from training.data.streaming import split_batches
 from training.loop import StepFn, steps_run
 from training.models.build import model_build_for

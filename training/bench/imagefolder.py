@@ -30,9 +30,9 @@ from torch.utils.data import DataLoader
 from torchvision import transforms
 from torchvision.datasets import ImageFolder
 
-from training.data import datasets as training_data
 from training.data.batching import rank_batches
 from training.data.datasets import Dataset
+from training.data.idx_files import dataset_files, idx_read_into
 from training.data.sources import dataset_open
 from training.loop import StepFn, steps_run
 
@@ -61,12 +61,12 @@ def folder_ready(data_dir: Path, dataset: str, per_class: int = PER_CLASS) -> tu
 
 
 def _real(dataset: str, data_dir: Path) -> tuple[np.ndarray, np.ndarray]:
-    files = training_data.dataset_files(dataset, data_dir)
+    files = dataset_files(dataset, data_dir)
     n, h, w = files.shape("train", "images")
     images = torch.empty((n, h, w), dtype=torch.uint8)
     labels = torch.empty(n, dtype=torch.int64)
-    training_data.idx_read_into(files.path("train", "images"), images)
-    training_data.idx_read_into(files.path("train", "labels"), labels)
+    idx_read_into(files.path("train", "images"), images)
+    idx_read_into(files.path("train", "labels"), labels)
     return images.numpy(), labels.numpy()
 
 

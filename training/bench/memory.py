@@ -52,7 +52,7 @@ from typing import IO
 import psutil
 
 from training.bench.launch import training_command, training_env
-from training.data.datasets import DEBIAN_FASHION_DIR, dataset_files, mnist_full_found
+from training.data.idx_files import DEBIAN_FASHION_DIR, dataset_files, mnist_full_found
 
 LARGE, SMALL = "fashion-mnist", "mnist"
 SAMPLE_INTERVAL_S = 0.01

@@ -28,17 +28,9 @@ from torch.utils.data import DataLoader
 from torch.utils.data import Dataset as TorchDataset
 
 from training.catalogue import IMAGEFOLDER
-from training.data.datasets import (
-    IDX_NAMES,
-    Dataset,
-    Split,
-    StreamSplit,
-    channel_stats,
-    dataset_files,
-    idx_shapes,
-    idx_tensors_fill,
-)
+from training.data.datasets import Dataset, Split, StreamSplit, channel_stats
 from training.data.external import external_open
+from training.data.idx_files import IDX_NAMES, dataset_files, idx_shapes, idx_tensors_fill
 from training.data.images import DataRefused, DecodedView, FolderReader, folder_layout
 
 RESIDENT_ENV = "TRAINYARD_RESIDENT_MAX_BYTES"

@@ -41,7 +41,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 from training.checkpoint import holds_torch_optimizer, optimizer_state_load
 from training.config import TrainConfig
-from training.observe.phases import hook_timed
+from training.observe.collectives import hook_timed
 from training.process.runtime import Runtime, all_gather
 from training.registry import POWERSGD_RANK, POWERSGD_START
 from training.strategies.common import Plan, optimizer_make, plan_simple, step_default
@@ -84,7 +84,7 @@ def plan_build(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> Plan:
     if cfg.comm_hook != "none":
         notes.append(comm_hook_register(cfg.comm_hook, net, model, rt.device))
     elif cfg.phases:
-        # The default all-reduce, as a Python hook: the phases see it (training.observe.phases).
+        # The default all-reduce as a Python hook: the phases see it (training.observe.collectives).
         net.register_comm_hook(None, hook_timed(default_hooks.allreduce_hook))
     if cfg.shard_optimizer:
         return plan_sharded(cfg, rt, model, net, notes)

@@ -45,8 +45,9 @@ from training.config import TrainConfig
 from training.data.batching import DataShard
 from training.data.datasets import dataset_meta
 from training.models.build import ModelRefused, Part, model_stages, stages_split
+from training.observe.collectives import pipelining_time
 from training.observe.memory import tensor_bytes
-from training.observe.phases import method_timed, phase, pipelining_time
+from training.observe.phases import method_timed, phase
 from training.process.runtime import Runtime, all_gather
 from training.strategies.common import Plan, optimizer_make
 from training.strategies.full_state import by_name, by_number
@@ -172,8 +173,8 @@ class Pipe:
         self.optimizer = optimizer
         self.first, self.last = rt.rank == 0, rt.rank == rt.world_size - 1
         stage = PipelineStage(modules[rt.rank], rt.rank, rt.world_size, rt.device)
-        # The schedule's phases (training.observe.phases): its stage's chunks are forward and
-        # backward, its sends, receives and waits for the other stages communication.
+        # The schedule's phases (training.observe.phases, .collectives): its stage's chunks are
+        # forward and backward, its sends, receives and waits for the other stages communication.
         method_timed(stage, "forward_one_chunk", "forward")
         method_timed(stage, "backward_one_chunk", "backward")
         pipelining_time(schedules)
