@@ -38,7 +38,7 @@ from tests.test_tensor_parallel import (
 from tests.test_training import Result
 from training import cli
 from training.models.simple_cnn import SimpleCNN
-from training.registry import RULE_PIPELINE, option_refusals, pipeline_refusals
+from training.refusals import RULE_PIPELINE, option_refusals, pipeline_refusals
 
 pytestmark = pytest.mark.usefixtures("no_processes_left")
 slow = pytest.mark.slow  # each torchrun run takes 10-20 s on a loaded 2-core machine

@@ -17,14 +17,8 @@ from tests.factories import api_post, form_data, value_off_default
 from tests.test_devices import machine_make
 from training import cli
 from training.config import parse_args
-from training.registry import (
-    OPTIONS_DECLARED,
-    REGISTRY,
-    RULE_MIN_GPUS,
-    ZERO_STAGE,
-    StrategySpec,
-    strategy_refusals,
-)
+from training.refusals import RULE_MIN_GPUS, strategy_refusals
+from training.registry import OPTIONS_DECLARED, REGISTRY, ZERO_STAGE, StrategySpec
 
 pytestmark = pytest.mark.django_db
 

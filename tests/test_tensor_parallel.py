@@ -41,7 +41,7 @@ from tests.test_training import Result, assert_well_formed, run_cli
 from training import catalogue, cli
 from training.models.build import ModelRefused, model_tensor_plan, tensor_plan_widths_check
 from training.models.simple_cnn import SimpleCNN
-from training.registry import RULE_MESH, strategy_refusals
+from training.refusals import RULE_MESH, strategy_refusals
 
 STEPS = 4
 COMMON = ("--seed", "7", "--steps-per-epoch", str(STEPS), "--log-interval", "1")

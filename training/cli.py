@@ -15,15 +15,8 @@ from typing import IO, NoReturn
 
 from training.config import TrainConfig, build_parser, parse_args, under_torchrun
 from training.protocol import EventWriter, log_line_format
-from training.registry import (
-    DEEPSPEED,
-    REGISTRY,
-    RULE_MIN_GPUS,
-    TORCHRUN_STRATEGIES,
-    pipeline_refusals,
-    strategy_get,
-    strategy_refusals,
-)
+from training.refusals import RULE_MIN_GPUS, pipeline_refusals, strategy_refusals
+from training.registry import DEEPSPEED, REGISTRY, TORCHRUN_STRATEGIES, strategy_get
 
 log = logging.getLogger("training")
 
@@ -99,7 +92,7 @@ def main(argv: Sequence[str] | None = None, *, events_stream: IO[str] | None = N
 def validate_config(cfg: TrainConfig, parser: argparse.ArgumentParser) -> TrainConfig:
     """Refusals before training starts; each ends in parser.error (exit status 2).
 
-    The strategy's own rules come from the registry (the dashboard refuses the same), the
+    The strategy's own rules come from training.refusals (the dashboard refuses the same), the
     machine's from torch. A GPU minimum waits for the machine's count: "this machine has one
     GPU" is the more useful answer.
     """

@@ -1,4 +1,6 @@
-"""The run's settings, parsed from the command line (flag names follow pytorch/examples)."""
+"""The run's settings (``TrainConfig``), parsed from the command line (flag names follow
+pytorch/examples): the parser, each flag's type and help, and ``parse_args``, which runs the
+checks of flags taken together (``training.config_checks``) before it builds the config."""
 
 from __future__ import annotations
 
@@ -9,13 +11,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from training.catalogue import (
-    DATASET_NAMES_KNOWN,
-    IMAGEFOLDER,
-    MODEL_DEFAULT,
-    dataset_plugins,
-    image_folder_facts,
-)
+from training import config_checks
+from training.catalogue import DATASET_NAMES_KNOWN, MODEL_DEFAULT, dataset_plugins
 from training.registry import (
     COUNT,
     MULTIPROCESS_STRATEGIES,
@@ -25,13 +22,8 @@ from training.registry import (
     SHARED_BATCH_STRATEGIES,
     STRATEGY_NAMES,
     SWITCH,
-    SYNC_BATCHNORM_CPU_REASON,
     SYNC_BATCHNORM_STRATEGIES,
-    TENSOR_PARALLEL_STRATEGIES,
-    TORCHRUN_STRATEGIES,
-    OptionValue,
     StrategyOption,
-    option_refusals,
     option_strategies,
 )
 
@@ -307,38 +299,9 @@ def _data_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _data_check(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> str | None:
-    """--data-path resolved; refused where the dataset does not take one, required (and looked
-    at, without decoding) where it does. The engine checks the rest (train/val classes)."""
-    if ns.dataset != IMAGEFOLDER:
-        if ns.data_path is not None:
-            parser.error(
-                f"argument --data-path: only with --dataset {IMAGEFOLDER}, not {ns.dataset} "
-                "(its files are found under --data-dir)"
-            )
-        return None
-    if not ns.data_path:
-        parser.error(f"argument --data-path: required with --dataset {IMAGEFOLDER}")
-    path = Path(ns.data_path).expanduser().resolve()
-    if not path.exists():
-        parser.error(f"argument --data-path: no such folder: {ns.data_path}")
-    facts = image_folder_facts(path) if path.is_dir() else None
-    if facts is None:
-        parser.error(
-            f"argument --data-path: {ns.data_path} is not an image folder (class folders of "
-            "images, directly or under train/ and val/ or test/)"
-        )
-    if facts.classes < 2:
-        parser.error(
-            f"argument --data-path: {ns.data_path} has {facts.classes} class folder(s) with "
-            "images; classifying needs at least two"
-        )
-    return str(path)
-
-
 def _option_argument(p: argparse.ArgumentParser, option: StrategyOption) -> None:
     """A strategy's own setting, as the registry declares it; None when not given, so that
-    giving it to a strategy that does not read it is refused (``_options_check``)."""
+    giving it to a strategy that does not read it is refused (``config_checks.options_check``)."""
     takers = option_strategies(option)
     where = f"--strategy {' or '.join(takers)} only" if takers else "no strategy yet"
     default = "" if option.kind == SWITCH else f"; default: {option.default}"
@@ -374,20 +337,6 @@ def _option_argument(p: argparse.ArgumentParser, option: StrategyOption) -> None
     )
 
 
-def _options_check(
-    ns: argparse.Namespace, parser: argparse.ArgumentParser
-) -> dict[str, OptionValue]:
-    """The strategies' own settings for TrainConfig: the given ones where the strategy reads
-    them (refused where it does not, or where a value needs GPUs), else their defaults."""
-    given = {option.name: getattr(ns, option.name) for option in OPTIONS_DECLARED}
-    for option, reason in option_refusals(ns.strategy, values=given, gpus=ns.gpus):
-        parser.error(f"argument {option.flag}: {reason}")
-    return {
-        option.name: option.default if given[option.name] is None else given[option.name]
-        for option in OPTIONS_DECLARED
-    }
-
-
 def _reshard_argument(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-reshard-after-forward",
@@ -397,14 +346,6 @@ def _reshard_argument(p: argparse.ArgumentParser) -> None:
         "memory, one all-gather fewer per block "
         f"(--strategy {' or '.join(RESHARD_STRATEGIES)} only)",
     )
-
-
-def _reshard_check(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    if not ns.reshard_after_forward and ns.strategy not in RESHARD_STRATEGIES:
-        parser.error(
-            "argument --no-reshard-after-forward: applies to --strategy "
-            f"{' or '.join(RESHARD_STRATEGIES)} only, not {ns.strategy}"
-        )
 
 
 def _multinode_arguments(p: argparse.ArgumentParser) -> None:
@@ -441,45 +382,15 @@ def _multinode_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _multinode_check(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    given = [
-        flag
-        for flag, value in (
-            ("--rdzv-endpoint", ns.rdzv_endpoint),
-            ("--rdzv-id", ns.rdzv_id),
-            ("--rdzv-host", ns.rdzv_host),
-            ("--local-addr", ns.local_addr),
-        )
-        if value
-    ]
-    if ns.nnodes == 1:
-        if given:
-            parser.error(f"argument {given[0]}: only with --nnodes 2 or more")
-        return
-    if ns.strategy not in TORCHRUN_STRATEGIES:
-        parser.error(
-            f"argument --nnodes: --strategy {ns.strategy} runs on one machine; use --strategy "
-            f"{' or '.join(TORCHRUN_STRATEGIES)}"
-        )
-    if not ns.rdzv_endpoint or not ns.rdzv_id:
-        parser.error("argument --nnodes: several machines need --rdzv-endpoint and --rdzv-id")
-    host, _, port = ns.rdzv_endpoint.rpartition(":")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        parser.error("argument --rdzv-endpoint: expected HOST:PORT, e.g. 10.0.0.1:29400")
-
-
 def parse_args(argv: Sequence[str], parser: argparse.ArgumentParser | None = None) -> TrainConfig:
     parser = parser or build_parser()
     ns = parser.parse_args(list(argv))
-    if ns.resume is not None and not Path(ns.resume).is_file():
-        parser.error(f"argument --resume: no checkpoint file at {ns.resume}")
-    if ns.weights is not None and not Path(ns.weights).is_file():
-        parser.error(f"argument --weights: no file at {ns.weights}")
-    options: dict[str, Any] = dict(_options_check(ns, parser))
-    _multinode_check(ns, parser)
-    _reshard_check(ns, parser)
-    data_path = _data_check(ns, parser)
-    _model_check(ns, parser)
+    config_checks.paths_check(ns, parser)
+    options: dict[str, Any] = dict(config_checks.options_check(ns, parser))
+    config_checks.multinode_check(ns, parser)
+    config_checks.reshard_check(ns, parser)
+    data_path = config_checks.data_check(ns, parser)
+    config_checks.model_check(ns, parser)
     return TrainConfig(
         strategy=ns.strategy,
         nproc=ns.nproc if ns.nproc is not None else _default_nproc(ns.strategy, ns.gpus),
@@ -518,31 +429,6 @@ def parse_args(argv: Sequence[str], parser: argparse.ArgumentParser | None = Non
         phases=ns.phases,
         **options,
     )
-
-
-def _model_check(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    """--model names a model of the catalogue (close matches said where not), one that declares
-    a tensor-parallel plan for the strategies that split by it; --sync-batchnorm only where it
-    can run."""
-    if ns.sync_batchnorm and ns.strategy not in SYNC_BATCHNORM_STRATEGIES:
-        parser.error(
-            f"argument --sync-batchnorm: applies to --strategy "
-            f"{' or '.join(SYNC_BATCHNORM_STRATEGIES)} only, not {ns.strategy}"
-        )
-    if ns.sync_batchnorm and not ns.gpus:
-        parser.error(f"argument --sync-batchnorm: {SYNC_BATCHNORM_CPU_REASON}")
-    if ns.model == MODEL_DEFAULT:
-        return  # the built-in: no need to import torchvision to know it
-    from training import catalogue
-
-    entries = {entry.name: entry for entry in catalogue.model_entries()}
-    if ns.model not in entries:
-        message = catalogue.unknown_model_message(ns.model, list(entries))
-        parser.error(f"argument --model: {message}")
-    if ns.strategy in TENSOR_PARALLEL_STRATEGIES and not catalogue.model_tensor_parallel(
-        entries[ns.model]
-    ):
-        parser.error(f"argument --model: {catalogue.no_tensor_plan_message(ns.model)}")
 
 
 def _default_nproc(strategy: str, gpus: Sequence[int]) -> int:

@@ -9,15 +9,8 @@ from typing import Any
 from django.conf import settings
 
 from dashboard.devices.models import WorkerMachine
-from training.registry import (
-    RULE_MIN_GPUS,
-    STRATEGIES,
-    STRATEGY_NAMES,
-    StrategySpec,
-    gpu_ids_text,
-    plural,
-    strategy_refusals,
-)
+from training.refusals import RULE_MIN_GPUS, gpu_ids_text, plural, strategy_refusals
+from training.registry import STRATEGIES, STRATEGY_NAMES, StrategySpec
 
 SOURCE_WORKERS = "workers"
 SOURCE_WEB = "web"

@@ -22,13 +22,8 @@ from dashboard.experiments.models import PROCESS_STRATEGIES
 from dashboard.experiments.web.api import launch_form_data, launch_payload_check
 from dashboard.studies.models import BatchMode
 from dashboard.studies.texts import MAX_RUNS, all_skipped_text, runs_text
-from training.registry import (
-    OPTIONS_DECLARED,
-    STRATEGIES,
-    mesh_shape,
-    option_refusals,
-    strategy_get,
-)
+from training.refusals import option_refusals
+from training.registry import OPTIONS_DECLARED, STRATEGIES, mesh_shape, strategy_get
 
 AXIS_FIELDS = (
     "model", "dataset", "strategy", "processes", "nodes", "batch_size", "lr", "optimizer", "seed",
@@ -182,7 +177,7 @@ def grid_cells(axes: dict[str, list[Any]]) -> list[dict[str, Any]]:
 
 def cell_skip_reason(*, base: dict[str, Any], values: dict[str, Any]) -> str | None:
     """Why the cell is skipped: its strategy does not read an option it gives a value other
-    than the default (the registry's option_refusals, its "not read" kind). None otherwise,
+    than the default (training.refusals' option_refusals, its "not read" kind). None otherwise,
     and where the cell's types or strategy are wrong: the launch checks refuse those."""
     payload = {**base, **values}
     strategy = launch_form_data(payload)["strategy"]

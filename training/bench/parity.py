@@ -20,9 +20,9 @@ and ``ddp:comm_hook=powersgd`` compress DDP's gradient all-reduce. A switch is g
 alone or as ``=true``: ``ddp:shard_optimizer`` (``ZeroRedundancyOptimizer``). Options join with
 more colons: ``ddp:comm_hook=fp16:accumulate=2``. The defaults add ``single:precision=bf16``,
 ``ddp:precision=bf16``, ``ddp:accumulate=2``, ``ddp:comm_hook=fp16``, ``ddp:comm_hook=powersgd``,
-``ddp:comm_hook=bf16`` and ``ddp:shard_optimizer`` to every strategy of the registry. A value the
-registry refuses on this machine (``option_refusals``: the bf16 hook on Gloo, fp16 autocast
-without GPUs) is shown as skipped with the registry's reason.
+``ddp:comm_hook=bf16`` and ``ddp:shard_optimizer`` to every strategy of the registry. A value
+refused on this machine (``training.refusals.option_refusals``: the bf16 hook on Gloo, fp16
+autocast without GPUs) is shown as skipped with the refusal's reason.
 
 The accuracy table shows per strategy the per-process batch, the processes, the accuracy for
 each seed, their mean, their spread (max - min: how far seeds alone move a strategy), the
@@ -65,6 +65,7 @@ from training.cli import package_available
 from training.config import DATASETS
 from training.models.build import model_stage_limit
 from training.protocol import MemoryEntry, parse_event
+from training.refusals import option_refusals, pipeline_refusals, strategy_refusals
 from training.registry import (
     MULTIPROCESS_STRATEGIES,
     STRATEGY_NAMES,
@@ -72,10 +73,7 @@ from training.registry import (
     OptionValue,
     StrategyOption,
     mesh_shape,
-    option_refusals,
-    pipeline_refusals,
     strategy_get,
-    strategy_refusals,
 )
 
 # Every strategy the registry has (single first: the others are compared with it), then the

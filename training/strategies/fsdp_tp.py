@@ -6,7 +6,7 @@ The ranks form a (dp, tp) mesh, ``init_device_mesh(device, (world / 2, 2), mesh_
 parallel's all-reduces come in every forward and backward and want the fastest link (two GPUs of
 one machine); FSDP2's gathers and reduce-scatters, once per block, go across the pairs. A world
 that does not factor (odd, or under 4: both dimensions need 2) is refused before training
-(``training.registry.strategy_refusals``).
+(``training.refusals.strategy_refusals``).
 
 First each pair splits the model's declared linear layers as ``tensor-parallel`` does (over the
 "tp" dimension), then ``fully_shard`` shards every block and the root over "dp", as ``fsdp``

@@ -21,7 +21,8 @@ from dashboard.devices.catalogue import (
     close_names,
 )
 from training.catalogue import IMAGEFOLDER, SPLIT_STRATEGIES, no_tensor_plan_message
-from training.registry import TENSOR_PARALLEL_STRATEGIES, plural
+from training.refusals import plural
+from training.registry import TENSOR_PARALLEL_STRATEGIES
 
 Errors = dict[str, list[str]]
 LISTED_MAX = 8  # names said in a message before "and N more"

@@ -21,19 +21,21 @@ from dashboard.experiments.core.catalogue_options import (
 from dashboard.experiments.models import Experiment, option_title
 from dashboard.texts import words_joined
 from training.catalogue import MODEL_DEFAULT
+from training.refusals import (
+    RULE_PER_GPU,
+    option_refusals,
+    pipeline_refusals,
+    plural,
+    strategy_refusals,
+)
 from training.registry import (
     COUNT,
     OPTIONS_DECLARED,
     REGISTRY,
-    RULE_PER_GPU,
     SWITCH,
     StrategyOption,
     StrategySpec,
-    option_refusals,
-    pipeline_refusals,
-    plural,
     strategy_get,
-    strategy_refusals,
 )
 
 LIMITS = {
@@ -282,7 +284,7 @@ class ExperimentForm(forms.ModelForm):
         return True
 
     def _options_clean(self, data: dict[str, Any], spec: StrategySpec, gpus: list[int]) -> None:
-        """The registry's option_refusals, as the CLI asks them: a value other than the default
+        """training.refusals' option_refusals, as the CLI asks them: a value other than the default
         for a strategy that does not read the option, a GPU-only value on the CPU; each said on
         its field. Then each option holds what the run trains with where the strategy reads it
         and None elsewhere: a value left at its default is dropped, not refused, as the user

@@ -30,7 +30,7 @@ from dashboard.devices.facts import machine_facts_collect, worker_address
 from dashboard.devices.models import WorkerMachine
 from dashboard.env import env_str
 from dashboard.experiments.models import PROCESS_STRATEGIES, Experiment, Status
-from training.registry import gpu_ids_text, plural
+from training.refusals import gpu_ids_text, plural
 
 RDZV_PORTS_DEFAULT = "29400-29499"
 

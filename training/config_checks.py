@@ -1,0 +1,139 @@
+"""What the command line refuses once argparse has read each flag alone: flags that do not go
+together (an option the strategy does not read, --nnodes without a rendezvous, --data-path
+without --dataset imagefolder), files that are not there, a model the catalogue does not know.
+
+``training.config.parse_args`` calls each check in turn; a check that refuses says
+``parser.error`` in its flag's words (usage on stderr, exit 2), as argparse does for one flag.
+The rules the dashboard refuses too come from ``training.refusals``, so both say no to the same
+requests; the rest are the command line's own.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from training import catalogue
+from training.catalogue import IMAGEFOLDER, MODEL_DEFAULT, image_folder_facts
+from training.refusals import option_refusals
+from training.registry import (
+    OPTIONS_DECLARED,
+    RESHARD_STRATEGIES,
+    SYNC_BATCHNORM_CPU_REASON,
+    SYNC_BATCHNORM_STRATEGIES,
+    TENSOR_PARALLEL_STRATEGIES,
+    TORCHRUN_STRATEGIES,
+    OptionValue,
+)
+
+
+def paths_check(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """--resume and --weights name files that exist (read later, by the engine)."""
+    if ns.resume is not None and not Path(ns.resume).is_file():
+        parser.error(f"argument --resume: no checkpoint file at {ns.resume}")
+    if ns.weights is not None and not Path(ns.weights).is_file():
+        parser.error(f"argument --weights: no file at {ns.weights}")
+
+
+def options_check(
+    ns: argparse.Namespace, parser: argparse.ArgumentParser
+) -> dict[str, OptionValue]:
+    """The strategies' own settings for TrainConfig: the given ones where the strategy reads
+    them (refused where it does not, or where a value needs GPUs), else their defaults."""
+    given = {option.name: getattr(ns, option.name) for option in OPTIONS_DECLARED}
+    for option, reason in option_refusals(ns.strategy, values=given, gpus=ns.gpus):
+        parser.error(f"argument {option.flag}: {reason}")
+    return {
+        option.name: option.default if given[option.name] is None else given[option.name]
+        for option in OPTIONS_DECLARED
+    }
+
+
+def multinode_check(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """--nnodes 2 or more: a strategy torchrun starts, and a rendezvous (HOST:PORT and an id);
+    the rendezvous flags only then."""
+    given = [
+        flag
+        for flag, value in (
+            ("--rdzv-endpoint", ns.rdzv_endpoint),
+            ("--rdzv-id", ns.rdzv_id),
+            ("--rdzv-host", ns.rdzv_host),
+            ("--local-addr", ns.local_addr),
+        )
+        if value
+    ]
+    if ns.nnodes == 1:
+        if given:
+            parser.error(f"argument {given[0]}: only with --nnodes 2 or more")
+        return
+    if ns.strategy not in TORCHRUN_STRATEGIES:
+        parser.error(
+            f"argument --nnodes: --strategy {ns.strategy} runs on one machine; use --strategy "
+            f"{' or '.join(TORCHRUN_STRATEGIES)}"
+        )
+    if not ns.rdzv_endpoint or not ns.rdzv_id:
+        parser.error("argument --nnodes: several machines need --rdzv-endpoint and --rdzv-id")
+    host, _, port = ns.rdzv_endpoint.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        parser.error("argument --rdzv-endpoint: expected HOST:PORT, e.g. 10.0.0.1:29400")
+
+
+def reshard_check(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """--no-reshard-after-forward only for the strategies that reshard (FSDP2's)."""
+    if not ns.reshard_after_forward and ns.strategy not in RESHARD_STRATEGIES:
+        parser.error(
+            "argument --no-reshard-after-forward: applies to --strategy "
+            f"{' or '.join(RESHARD_STRATEGIES)} only, not {ns.strategy}"
+        )
+
+
+def data_check(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> str | None:
+    """--data-path resolved; refused where the dataset does not take one, required (and looked
+    at, without decoding) where it does. The engine checks the rest (train/val classes)."""
+    if ns.dataset != IMAGEFOLDER:
+        if ns.data_path is not None:
+            parser.error(
+                f"argument --data-path: only with --dataset {IMAGEFOLDER}, not {ns.dataset} "
+                "(its files are found under --data-dir)"
+            )
+        return None
+    if not ns.data_path:
+        parser.error(f"argument --data-path: required with --dataset {IMAGEFOLDER}")
+    path = Path(ns.data_path).expanduser().resolve()
+    if not path.exists():
+        parser.error(f"argument --data-path: no such folder: {ns.data_path}")
+    facts = image_folder_facts(path) if path.is_dir() else None
+    if facts is None:
+        parser.error(
+            f"argument --data-path: {ns.data_path} is not an image folder (class folders of "
+            "images, directly or under train/ and val/ or test/)"
+        )
+    if facts.classes < 2:
+        parser.error(
+            f"argument --data-path: {ns.data_path} has {facts.classes} class folder(s) with "
+            "images; classifying needs at least two"
+        )
+    return str(path)
+
+
+def model_check(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
+    """--model names a model of the catalogue (close matches said where not), one that declares
+    a tensor-parallel plan for the strategies that split by it; --sync-batchnorm only where it
+    can run."""
+    if ns.sync_batchnorm and ns.strategy not in SYNC_BATCHNORM_STRATEGIES:
+        parser.error(
+            f"argument --sync-batchnorm: applies to --strategy "
+            f"{' or '.join(SYNC_BATCHNORM_STRATEGIES)} only, not {ns.strategy}"
+        )
+    if ns.sync_batchnorm and not ns.gpus:
+        parser.error(f"argument --sync-batchnorm: {SYNC_BATCHNORM_CPU_REASON}")
+    if ns.model == MODEL_DEFAULT:
+        return  # the built-in: no need to import torchvision to know it
+    entries = {entry.name: entry for entry in catalogue.model_entries()}
+    if ns.model not in entries:
+        message = catalogue.unknown_model_message(ns.model, list(entries))
+        parser.error(f"argument --model: {message}")
+    if ns.strategy in TENSOR_PARALLEL_STRATEGIES and not catalogue.model_tensor_parallel(
+        entries[ns.model]
+    ):
+        parser.error(f"argument --model: {catalogue.no_tensor_plan_message(ns.model)}")

@@ -1,0 +1,232 @@
+"""The rules a request must keep on any machine, and the words that refuse it.
+
+One process per GPU under torchrun, CPU only, at most / at least so many GPUs, a 2-D mesh's
+shape, a pipeline's stages and micro-batches, an option the strategy does not read: the CLI
+(``training.cli``, ``training.config_checks``) and the dashboard (its launch form, the API,
+capacity checks, studies) both ask these functions, and each says a ``Refusal`` in its own words
+(flags or fields), so they refuse the same combinations. The facts they read are the registry's
+(``training.registry``); the machine's own limits (cores, which GPUs exist) are the caller's.
+
+Like the registry, this module imports nothing heavy (no torch): the web process reads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from training.registry import (
+    MICROBATCHES,
+    OPTIONS_DECLARED,
+    PIPELINE_SCHEDULE,
+    REGISTRY,
+    OptionValue,
+    StrategyOption,
+    StrategySpec,
+    option_strategies,
+    strategy_get,
+)
+
+RULE_PER_GPU = "per_gpu"  # torchrun strategies with GPUs: one process per GPU
+RULE_CPU_ONLY = "cpu_only"  # no GPU ids at all
+RULE_MAX_GPUS = "max_gpus"
+RULE_MIN_GPUS = "min_gpus"  # callers that know the machine say more (which one has enough)
+RULE_MESH = "mesh"  # a 2-D mesh (fsdp-tp): the ranks must factor into its two dimensions
+RULE_PIPELINE = "pipeline"  # stages, micro-batches and the batch must fit together
+NUMBER_WORDS = ("no", "one", "two", "three", "four")
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """One rule of a strategy that a request breaks, said to both audiences."""
+
+    rule: str  # one of the RULE_* names
+    field: str  # where the fix is: "processes" (--nproc) or "gpus" (--gpus)
+    message: str  # in the dashboard's words: the launch form and the API
+    cli_message: str  # in the command line's words, its flags
+
+
+def plural(count: int, word: str, words: str | None = None) -> str:
+    return f"{count} {word if count == 1 else (words or word + 's')}"
+
+
+def gpu_ids_text(ids: Sequence[int]) -> str:
+    """ "no GPU", "GPU 0", "GPUs 0, 1"."""
+    if not ids:
+        return "no GPU"
+    return f"GPU{'s' if len(ids) > 1 else ''} {', '.join(str(i) for i in ids)}"
+
+
+def _number_word(count: int) -> str:
+    return NUMBER_WORDS[count] if 0 <= count < len(NUMBER_WORDS) else str(count)
+
+
+def strategy_refusals(name: str, *, processes: int, gpus: Sequence[int]) -> list[Refusal]:
+    """What ``name`` refuses in this request on any machine; empty when it may run.
+
+    ``gpus`` empty means the CPU. The machine's own limits (cores, which GPUs exist) are the
+    caller's to check: the CLI asks torch, the dashboard its workers' reports.
+    """
+    spec = strategy_get(name)
+    refusals: list[Refusal] = []
+    if spec.torchrun and gpus and processes != len(gpus):
+        refusals.append(_refusal_per_gpu(spec, processes=processes, gpus=gpus))
+    if spec.cpu_only and gpus:
+        refusals.append(_refusal_cpu_only(spec, gpus=gpus))
+    if spec.max_gpus is not None and len(gpus) > spec.max_gpus:
+        refusals.append(_refusal_max_gpus(spec, spec.max_gpus, gpus=gpus))
+    if len(gpus) < spec.min_gpus:
+        refusals.append(_refusal_min_gpus(spec, gpus=gpus))
+    if not _mesh_fits(spec, processes):
+        refusals.append(_refusal_mesh(spec, processes=processes))
+    return refusals
+
+
+def _mesh_fits(spec: StrategySpec, processes: int) -> bool:
+    """Whether ``processes`` ranks lay out on the strategy's 2-D mesh, where it has one: groups
+    of ``tensor_ranks``, and 2 groups or more (a 1 x N mesh is tensor-parallel's)."""
+    tensor = spec.tensor_ranks
+    return tensor <= 1 or (processes % tensor == 0 and processes >= 2 * tensor)
+
+
+def option_refusals(
+    name: str, *, values: Mapping[str, OptionValue | None], gpus: Sequence[int]
+) -> list[tuple[StrategyOption, str]]:
+    """What ``name`` refuses among the options given (``values``: name -> value, None or absent
+    for not given), in words both audiences share: an option the strategy does not read, a value
+    that needs GPUs on the CPU. The CLI prefixes its flag, the dashboard names its field."""
+    spec = strategy_get(name)
+    refusals = []
+    for option in OPTIONS_DECLARED:
+        value = values.get(option.name)
+        if value is None or (option not in spec.options and value == option.default):
+            continue
+        if option not in spec.options:
+            takers = option_strategies(option)
+            where = f"--strategy {' or '.join(takers)} only" if takers else "no strategy yet"
+            refusals.append((option, f"applies to {where}, not {name}"))
+        elif not gpus and (reason := option.gpu_reason(value)):
+            refusals.append((option, f"{value}: {reason}"))
+    return refusals
+
+
+def pipeline_refusals(
+    name: str,
+    *,
+    processes: int,
+    batch_size: int,
+    microbatches: int | None,
+    schedule: str | None,
+    stages: int | None = None,
+) -> list[Refusal]:
+    """What a pipeline (a strategy that splits the model into stages) refuses in this request:
+    fewer than two stages, more stages than the model has parts (``stages``, where the caller
+    knows it), a batch that does not cut into equal micro-batches, and 1F1B with fewer
+    micro-batches than stages (torch's Schedule1F1B requires as many). Empty elsewhere."""
+    spec = strategy_get(name)
+    if not spec.stages:
+        return []
+    m = int(MICROBATCHES.default if microbatches is None else microbatches)
+    refusals = []
+    if processes < 2:
+        refusals.append(
+            Refusal(
+                RULE_PIPELINE, "processes",
+                f"a pipeline needs 2 stages or more, one a process (got {processes})",
+                f"argument --nproc: {name} runs one stage per rank and needs 2 or more "
+                f"(got --nproc {processes})",
+            )
+        )  # fmt: skip
+    elif stages is not None and processes > stages:
+        refusals.append(
+            Refusal(
+                RULE_PIPELINE, "processes",
+                f"the model splits into at most {stages} stages (its parts that hold "
+                f"parameters), one a process: give {stages} processes or fewer (got {processes})",
+                f"argument --nproc: {name} runs one stage per rank, and the model splits into at "
+                f"most {stages} stages (its parts that hold parameters); got --nproc {processes}",
+            )
+        )  # fmt: skip
+    if batch_size % m:
+        refusals.append(
+            Refusal(
+                RULE_PIPELINE, "microbatches",
+                f"the batch size {batch_size} does not cut into {m} equal micro-batches: give "
+                "a number of micro-batches that divides it",
+                f"argument --microbatches: --batch-size {batch_size} does not cut into {m} equal "
+                "micro-batches; give a number that divides it",
+            )
+        )  # fmt: skip
+    if (schedule or PIPELINE_SCHEDULE.default) == "1f1b" and m < processes:
+        refusals.append(
+            Refusal(
+                RULE_PIPELINE, "microbatches",
+                f"1F1B needs at least as many micro-batches as stages: {m} for {processes}",
+                f"argument --microbatches: --pipeline-schedule 1f1b needs at least as many "
+                f"micro-batches as stages (--nproc): got {m} for {processes}",
+            )
+        )  # fmt: skip
+    return refusals
+
+
+def _ids(gpus: Sequence[int]) -> str:
+    return ",".join(str(i) for i in gpus)
+
+
+def _refusal_per_gpu(spec: StrategySpec, *, processes: int, gpus: Sequence[int]) -> Refusal:
+    return Refusal(
+        RULE_PER_GPU,
+        "processes",
+        f"{spec.short} runs one process per GPU: {plural(processes, 'process', 'processes')} "
+        f"for {plural(len(gpus), 'GPU')} ({gpu_ids_text(gpus)})",
+        f"argument --nproc: {spec.name} runs one process per GPU, so --nproc must equal the "
+        f"number of --gpus (got --nproc {processes} and {len(gpus)} GPU(s): {_ids(gpus)})",
+    )
+
+
+def _refusal_cpu_only(spec: StrategySpec, *, gpus: Sequence[int]) -> Refusal:
+    reason = spec.cpu_reason or "needs no GPU"
+    alternatives = ", ".join(s.name for s in REGISTRY if not s.cpu_only)
+    return Refusal(
+        RULE_CPU_ONLY,
+        "gpus",
+        f"{spec.short} trains on the CPU: it {reason}; leave the GPU ids empty "
+        f"(got {gpu_ids_text(gpus)})",
+        f"argument --gpus: {spec.name} {reason}, and trains on the CPU; leave out --gpus "
+        f"(for GPUs use --strategy {alternatives})",
+    )
+
+
+def _refusal_max_gpus(spec: StrategySpec, most: int, *, gpus: Sequence[int]) -> Refusal:
+    reason = spec.max_gpus_reason or f"{spec.label} uses at most {plural(most, 'GPU')}"
+    most_text = f"{_number_word(most)} GPU{'' if most == 1 else 's'}"
+    return Refusal(
+        RULE_MAX_GPUS,
+        "gpus",
+        f"{reason}, not {len(gpus)} ({gpu_ids_text(gpus)})",
+        f"argument --gpus: {reason}; give at most {most_text} (got {len(gpus)}: {_ids(gpus)})",
+    )
+
+
+def _refusal_mesh(spec: StrategySpec, *, processes: int) -> Refusal:
+    tensor = spec.tensor_ranks
+    shape = f"data-parallel groups of {tensor} tensor-parallel ranks"
+    return Refusal(
+        RULE_MESH,
+        "processes",
+        f"{spec.short} lays its processes on a 2-D mesh ({shape}): give a multiple of {tensor}, "
+        f"{2 * tensor} or more, so that both dimensions have 2 (got {processes})",
+        f"argument --nproc: {spec.name} lays its ranks on a 2-D mesh ({shape}), so --nproc "
+        f"must be a multiple of {tensor} and at least {2 * tensor}, both dimensions 2 or more "
+        f"(got --nproc {processes}); for tensor parallel alone use --strategy tensor-parallel",
+    )
+
+
+def _refusal_min_gpus(spec: StrategySpec, *, gpus: Sequence[int]) -> Refusal:
+    asked = f"got {gpu_ids_text(gpus)}" if gpus else "no GPU ids were given"
+    return Refusal(
+        RULE_MIN_GPUS,
+        "gpus",
+        f"{spec.label} need at least {spec.min_gpus} GPUs on one machine ({asked})",
+        f"--strategy {spec.name} needs --gpus with {_number_word(spec.min_gpus)} or more ids",
+    )
