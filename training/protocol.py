@@ -108,9 +108,10 @@ class RankReport(TypedDict):
     data_seconds: float  # taking the batch and moving it to the device
     compute_seconds: float  # forward, backward and optimizer step
     rss_bytes: int  # resident memory
-    # 1.9: where the window's wall time went (training.observe.phases says what each phase holds per
-    # strategy): data_seconds, these five and other_seconds add up to it; compute_seconds is
-    # forward, backward and optimizer with the communication inside them, as before.
+    # 1.9: where the window's wall time went (observe.phases and observe.collectives say what each
+    # phase holds per strategy): data_seconds, these five and other_seconds add up to it;
+    # compute_seconds is forward, backward and optimizer with the communication inside them, as
+    # before.
     forward_seconds: NotRequired[float]
     backward_seconds: NotRequired[float]  # less DDP's wait for its last all-reduces
     optimizer_seconds: NotRequired[float]  # zero_grad and the update

@@ -8,7 +8,7 @@ from ninja import Router
 
 from dashboard.api import ApiError, errors, file_response, json_body, json_request_body
 from dashboard.experiments.core.limits import LaunchLimited
-from dashboard.experiments.web.api import launch_limited_error
+from dashboard.experiments.web.api_launch import launch_limited_error
 from dashboard.experiments.web.api_schemas import LaunchLimitedOut
 from dashboard.studies.api_schemas import (
     StudiesOut,

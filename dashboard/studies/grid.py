@@ -19,7 +19,7 @@ from typing import Any
 
 from dashboard.experiments.core.forms import ExperimentForm
 from dashboard.experiments.models import PROCESS_STRATEGIES
-from dashboard.experiments.web.api import launch_form_data, launch_payload_check
+from dashboard.experiments.web.api_launch import launch_form_data, launch_payload_check
 from dashboard.studies.models import BatchMode
 from dashboard.studies.texts import MAX_RUNS, all_skipped_text, runs_text
 from training.refusals import option_refusals

@@ -96,7 +96,7 @@
     const model = field(row, "model");
     setText(model, e.model || "");
     model.title = "on " + (e.dataset || "") + (e.data_path ? " " + e.data_path : "");
-    // Written by the server (Experiment.devices_label), as in the rows it rendered.
+    // Written by the server (core/descriptions.py: experiment_devices_label), as in the rows it rendered.
     setText(field(row, "devices"), e.devices_label || "");
 
     const pct = progressOf(e);

@@ -2,7 +2,7 @@
 plug-ins (entry point group ``trainyard.datasets``), as map-style datasets of (image, label).
 
 A built-in is read from the data folder where its files are (torchvision's own layout under
-``--data-dir``); downloaded only where ``training.data.datasets``'s rules allow (not with
+``--data-dir``); downloaded only where ``training.data.idx_files``'s rules allow (not with
 ``TRAINYARD_NO_DOWNLOAD``, and only when the download host answers); otherwise refused with the
 path to put the files in. A plug-in's ``build(*, root, train)`` gets ``<data dir>/<name>``.
 """
@@ -42,7 +42,7 @@ class External:
 
 
 def builtin_open(name: str, data_dir: Path) -> External:
-    # Here, not at the top: importing torchvision costs about 1 CPU-s (see training.data.datasets).
+    # Here, not at the top: importing torchvision costs about 1 CPU-s (see training.data.idx_files).
     import torchvision.datasets as tv
 
     cls_name, sub = TORCHVISION_DATASETS[name]

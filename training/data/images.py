@@ -196,7 +196,7 @@ def image_decode(img: Any, channels: int, size: int) -> torch.Tensor:
 
 def _resizing() -> ModuleType:
     """torchvision's image functions, imported where an image must be resized, not before:
-    torchvision's import is about 1 CPU-s (see data.datasets), paid again by every DataLoader
+    torchvision's import is about 1 CPU-s (see data.idx_files), paid again by every DataLoader
     worker that decodes, and images already at the size need none of it."""
     from torchvision.transforms import functional
 

@@ -109,8 +109,8 @@ def model_build_for(*, name: str, meta: DatasetMeta, weights: str | None = None)
 
 def _entry(name: str) -> catalogue.ModelEntry:
     if name in catalogue.BUILTIN_MODELS:
-        # Known without listing torchvision's (importing torchvision costs about 1 CPU-s in
-        # every process of a run: training.data.datasets); the built-in's name is never a plug-in's.
+        # Known without listing torchvision's (importing torchvision costs about 1 CPU-s in every
+        # process of a run: training.data.idx_files); the built-in's name is never a plug-in's.
         return catalogue.ModelEntry(name, "built in")
     entries = {entry.name: entry for entry in catalogue.model_entries()}
     entry = entries.get(name)
