@@ -450,7 +450,7 @@ def test_a_named_rank_stays_named_until_it_is_barely_slower(
     assert kept == {"rank": 2, "slower_by": 0.4, "since_step": 21}
     assert experiment_straggler(experiment=run, named=0) is None
     run.refresh_from_db()
-    assert run.straggler_rank == 2  # the sink kept it: no line, no message
+    assert run.straggler_rank == 2  # kept named: no line, no message
     for step in range(41, 61):  # busy 0.22 s
         sink.add(_step(step, [0.1, 0.1, 0.12]))  # type: ignore[arg-type]
     events_flush(sink=sink)

@@ -15,23 +15,29 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import threading
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
 from django.core import mail
-from django.db import connection
+from django.db import DatabaseError, connections
 from django.test import Client
 
 from dashboard.experiments.metrics.breakdown import experiment_straggler
 from dashboard.experiments.models import Experiment, LogLine, SeriesPoint
+from dashboard.experiments.runs import requests as requests_module
 from dashboard.experiments.runs import stragglers
 from dashboard.experiments.runs.broadcast import experiment_group
 from dashboard.experiments.runs.nodes import rank_pids_here
+from dashboard.experiments.runs.process import TrainingProcess
+from dashboard.experiments.runs.requests import RunRequests
 from dashboard.experiments.runs.sink import EventSink, PhasesStored
+from dashboard.experiments.runs.state import AttemptState
 from dashboard.experiments.runs.stragglers import events_flush
 from dashboard.notifications.models import Delivery, Kind, NotificationSettings
 from tests.test_notifications import eager  # noqa: F401 - tasks run here, mail kept
@@ -261,10 +267,22 @@ def test_the_flush_only_stores_and_sends_and_its_driver_looks_once_after_it(
     layer = get_channel_layer()
     channel = async_to_sync(layer.new_channel)()  # type: ignore[union-attr]
     async_to_sync(layer.group_add)(experiment_group(run.pk), channel)  # type: ignore[union-attr]
-    looks: list[bool] = []  # each read of the stored windows: inside a transaction?
+    looks: list[int] = []  # at each read of the stored windows, the steps another connection sees
+
+    def committed_steps() -> int:
+        seen: list[int] = []
+
+        def count() -> None:  # a connection of its own: only what was committed
+            seen.append(SeriesPoint.objects.filter(experiment=run, key="train_loss").count())
+            connections.close_all()
+
+        reader = threading.Thread(target=count)
+        reader.start()
+        reader.join()
+        return seen[0]
 
     def looking(**kwargs: Any) -> Any:
-        looks.append(connection.in_atomic_block)
+        looks.append(committed_steps())
         return experiment_straggler(**kwargs)
 
     monkeypatch.setattr(stragglers, "experiment_straggler", looking)
@@ -280,14 +298,14 @@ def test_the_flush_only_stores_and_sends_and_its_driver_looks_once_after_it(
     for step in range(5, 9):
         sink.add(_step(step, 1))  # type: ignore[arg-type]
     events_flush(sink=sink)
-    assert looks == [False]  # once, after the commit
+    assert looks == [8]  # once, after the flush of steps 5-8 committed
     sink.add({"type": "log", "level": "info", "message": "no phases in this flush"})
     sink.add({"type": "step", "epoch": 1, "step": 9, "time": 9.0, "train_loss": 1.0})
     events_flush(sink=sink)
-    assert looks == [False]  # no phases stored: no look
+    assert looks == [8]  # no phases stored: no look
     sink.add(_step(10, 1))  # type: ignore[arg-type]
     events_flush(sink=sink)
-    assert looks == [False, False]  # looked again; rank 1 stays named: nothing said
+    assert looks == [8, 10]  # looked again; rank 1 stays named: nothing said
 
     flushes = _sent(channel)
     seqs = [event["seq"] for events in flushes for event in events]
@@ -302,3 +320,82 @@ def test_the_flush_only_stores_and_sends_and_its_driver_looks_once_after_it(
     assert said["time"] == 8.0  # the latest window's
     run.refresh_from_db()
     assert run.straggler_rank == 1 and run.straggler_text == line.message
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_straggler_whose_line_is_not_stored_is_not_named_and_is_said_once_later(
+    experiment_factory: Any, user_factory: Any, settings: Any, monkeypatch: Any
+) -> None:
+    """The row's change, the line and the message commit together: where the line cannot be
+    stored, the row names nobody, nothing is sent, the sink forgets the two, and the next look
+    says it once."""
+    settings.CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
+    run = experiment_factory(owner=user_factory(), status="running")
+    layer = get_channel_layer()
+    channel = async_to_sync(layer.new_channel)()  # type: ignore[union-attr]
+    async_to_sync(layer.group_add)(experiment_group(run.pk), channel)  # type: ignore[union-attr]
+    store = LogLine.objects.bulk_create
+    refused: list[str] = []
+
+    def full_disk(rows: list[LogLine], **kwargs: Any) -> list[LogLine]:
+        if any(row.message.startswith("rank ") for row in rows) and not refused:
+            refused.append(rows[0].message)
+            raise DatabaseError("database or disk is full")
+        return store(rows, **kwargs)
+
+    monkeypatch.setattr(LogLine.objects, "bulk_create", full_disk)
+    sink = EventSink(run)
+    for step in range(1, 9):  # rank 1 slow
+        sink.add(_step(step, 1))  # type: ignore[arg-type]
+    with pytest.raises(DatabaseError):
+        events_flush(sink=sink)
+    assert refused and refused[0].startswith("rank 1 is ")
+    run.refresh_from_db()
+    assert (run.straggler_rank, run.straggler_text, run.step) == (None, "", 8)
+    assert sink.messages == [] and sink.logs == []
+    assert [event["type"] for events in _sent(channel) for event in events] == ["step"] * 8
+
+    sink.add(_step(9, 1))  # type: ignore[arg-type]
+    events_flush(sink=sink)
+    run.refresh_from_db()
+    lines = LogLine.objects.filter(experiment=run, message__regex=r"^rank \d is ")
+    assert run.straggler_rank == 1 and [line.message for line in lines] == [run.straggler_text]
+    flushes = _sent(channel)
+    assert [[event["type"] for event in events] for events in flushes] == [
+        ["step"],
+        ["log", "straggler"],
+    ]
+    seqs = [event["seq"] for events in flushes for event in events]
+    assert seqs == [9, 10, 11]  # after the stored 8: the dropped two took no numbers
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_stop_signals_the_processes_even_where_its_flush_fails(
+    experiment_factory: Any, user_factory: Any, settings: Any, monkeypatch: Any
+) -> None:
+    """Stop flushes the steps not yet stored (they may name a straggler), then ends every
+    process; a database that refuses the flush does not keep the processes alive (the supervisor
+    never asks a begun stop again)."""
+    settings.TRAINYARD_STOP_GRACE_SECONDS = 5
+    run = experiment_factory(owner=user_factory(), status="running")
+    popen = subprocess.Popen(  # noqa: S603 - a stand-in launcher that only waits
+        ["sleep", "120"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+
+    def refused(*, sink: EventSink) -> None:
+        raise DatabaseError("database is locked")
+
+    monkeypatch.setattr(requests_module, "events_flush", refused)
+    requests = RunRequests(
+        experiment=run, sink=EventSink(run), state=AttemptState(), process=TrainingProcess(popen)
+    )
+    try:
+        with pytest.raises(DatabaseError):
+            requests.stop(by="alice")
+        # Ended, and reaped by the stop's own wait (psutil), so its status reads 0 here.
+        assert popen.poll() is not None and not psutil.pid_exists(popen.pid)
+    finally:
+        if popen.poll() is None:
+            popen.kill()
+            popen.wait()

@@ -42,7 +42,7 @@ def run_ended_receive(sender: Any, *, experiment_id: int, **kwargs: Any) -> None
 
 def _straggler_notify_send(experiment_id: int, text: str) -> None:
     try:
-        # retry=False: the sink that named it must not wait for the broker; a lost one is lost
+        # retry=False: the supervisor that named it must not wait for the broker; a lost one is lost
         # (the run's log and page still say it).
         straggler_notify.apply_async(args=[experiment_id, text], retry=False)
     except Exception:
@@ -50,8 +50,8 @@ def _straggler_notify_send(experiment_id: int, text: str) -> None:
 
 
 def straggler_named_receive(sender: Any, *, experiment_id: int, text: str, **kwargs: Any) -> None:
-    """The receiver of experiments.signals.straggler_named: queued when the sink's flush commits
-    (the owner's choice is read by the task)."""
+    """The receiver of experiments.signals.straggler_named: queued when the transaction that
+    stores the named rank's line and message commits (the owner's choice is read by the task)."""
     try:
         transaction.on_commit(lambda: _straggler_notify_send(experiment_id, text))
     except Exception:

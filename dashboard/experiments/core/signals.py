@@ -14,5 +14,6 @@ run_ended = Signal()
 
 # `straggler_named(sender=Experiment, experiment_id=..., text=...)`: the run's log and page named
 # a rank markedly slower than the others (runs/stragglers.py), sent once per rank named, inside
-# the sink's transaction; ``text`` is the sentence they show.
+# the transaction that stores the row's change with the log's line and the page's message;
+# ``text`` is the sentence they show.
 straggler_named = Signal()

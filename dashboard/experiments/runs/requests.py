@@ -149,9 +149,12 @@ class RunRequests:
         else:
             message = f"Stop requested by {by}; ending every process"
         self.sink.add_output(message, level="info")
-        events_flush(sink=self.sink)  # steps not flushed yet may name a straggler
-        killed = self.process.stop(
-            rank_pids=self.state.rank_pids, grace_seconds=settings.TRAINYARD_STOP_GRACE_SECONDS
-        )
+        try:
+            events_flush(sink=self.sink)  # steps not flushed yet may name a straggler
+        finally:
+            # Signalled even where the database refused: a stop, once begun, is never asked again.
+            killed = self.process.stop(
+                rank_pids=self.state.rank_pids, grace_seconds=settings.TRAINYARD_STOP_GRACE_SECONDS
+            )
         if killed:
             self.sink.add_output(f"killed after the grace period: {killed}", level="warning")

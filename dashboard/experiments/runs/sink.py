@@ -195,6 +195,12 @@ class EventSink:
         # (None: none), which the flush reports: one rank may lag (stragglers.py).
         self.phases_time: float | None = None
 
+    def unflushed_drop(self) -> None:
+        """Forget what was added since the last flush, whose transaction rolled back; the next
+        flush renumbers from the stored last seq."""
+        self.points, self.logs, self.messages, self.updates = [], [], [], {}
+        self.checkpoints, self.phases_time = CheckpointsPending(experiment=self.experiment), None
+
     def due_in(self, now: float) -> float | None:
         """Seconds until `flush` should run (0: now), or None with nothing to send. A message
         leaves at once unless one left less than SEND_GAP_SECONDS ago."""

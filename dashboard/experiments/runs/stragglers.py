@@ -4,16 +4,18 @@ the run's row records it (one conditional update), its log gets one line, its pa
 
 The supervisor flushes its sink through ``events_flush``: once a flush that stored windows of
 several ranks' phases has committed, ``straggler_change`` reads the stored series, once per such
-flush and in transactions of its own (its change of the row is a conditional update that checks
-the row count, so a second writer cannot say it twice), and its line and its message go to the
-sink as ordinary events, numbered after that flush's, stored, then sent. The sink itself only
-says what it stored (``PhasesStored``): it never reads back what it wrote. A rank that stays
-named says nothing more.
+flush. Its change of the row (a conditional update that checks the row count, so a second writer
+cannot say it twice), its line and its message then commit together, in a transaction of their
+own: the line and the message go to the sink as ordinary events, numbered after that flush's,
+stored, then sent. The sink itself only says what it stored (``PhasesStored``): it never reads
+back what it wrote. A rank that stays named says nothing more.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from django.db import transaction
 
 from dashboard.experiments.core.messages import LogBody, StragglerBody
 from dashboard.experiments.core.signals import straggler_named
@@ -81,13 +83,24 @@ def straggler_change(*, experiment: Experiment, step: int, time: float) -> Strag
 def events_flush(*, sink: EventSink) -> None:
     """Flush the sink; where the flush stored windows of several ranks' phases, look for the
     straggler in them now that they are committed, and flush what a change says at once: its
-    log line, then its page message, numbered after the flush's own."""
+    log line, then its page message, numbered after the flush's own.
+
+    The row's change, the line and the message commit together or not at all (the sink's flush
+    is then a savepoint, and its send and the notification wait for the outer commit): where
+    they roll back, the sink forgets the two, so that the next look says it once."""
     stored = sink.flush()
     if stored is None:
         return
-    change = straggler_change(experiment=sink.experiment, step=stored.step, time=stored.time)
-    if change is None:
-        return
-    sink.add(change.log)
-    sink.add(change.message)
-    sink.flush()  # a log line and a message: no phases, so no second look
+    try:
+        with transaction.atomic():
+            change = straggler_change(
+                experiment=sink.experiment, step=stored.step, time=stored.time
+            )
+            if change is None:
+                return
+            sink.add(change.log)
+            sink.add(change.message)
+            sink.flush()  # a log line and a message: no phases, so no second look
+    except BaseException:
+        sink.unflushed_drop()
+        raise
