@@ -184,20 +184,19 @@ class EventSink:
         self.logs: list[LogLine] = []
         self.messages: list[dict[str, Any]] = []
         self.updates: dict[str, Any] = {}
-        self.checkpoints = CheckpointsPending(experiment=experiment)
+        # The training's time of the latest step this flush stores with several ranks' phases
+        # (None: none), which the flush reports: one rank may lag (stragglers.py).
+        self.phases_time: float | None = None
+        self.unflushed_drop()
         self.channel_layer = get_channel_layer()
         self.step = experiment.step  # the run's latest step: where a machine sample is placed
         # One whole copy of the model's parameters, which each rank's memory share is of: the
         # started event's, kept here since the row's run_info is written only at the flush.
         self.model_bytes = model_bytes_of(experiment.run_info)
         self.sent_at = -math.inf  # time.monotonic() of the last flush
-        # The training's time of the latest step this flush stores with several ranks' phases
-        # (None: none), which the flush reports: one rank may lag (stragglers.py).
-        self.phases_time: float | None = None
 
     def unflushed_drop(self) -> None:
-        """Forget what was added since the last flush, whose transaction rolled back; the next
-        flush renumbers from the stored last seq."""
+        """Nothing added since the last flush (or that flush rolled back: the next renumbers)."""
         self.points, self.logs, self.messages, self.updates = [], [], [], {}
         self.checkpoints, self.phases_time = CheckpointsPending(experiment=self.experiment), None
 
@@ -341,8 +340,7 @@ class EventSink:
         stored = None
         if self.phases_time is not None:
             stored = PhasesStored(step=self.step, time=self.phases_time)
-        self.points, self.logs, self.updates, self.phases_time = [], [], {}, None
-        self.checkpoints = CheckpointsPending(experiment=self.experiment)
+        self.unflushed_drop()  # the messages went with the transaction's send
         self.sent_at = time.monotonic()
         return stored
 
