@@ -5,13 +5,14 @@ from dashboard.accounts import api as accounts_api
 from dashboard.api import api_build
 from dashboard.devices import views as device_views
 from dashboard.experiments.web import api as experiment_api
-from dashboard.experiments.web import api_compare, api_exports, api_profiles, api_queue
+from dashboard.experiments.web import api_code, api_compare, api_exports, api_profiles, api_queue
 from dashboard.studies import api as studies_api
 
 api = api_build(
     [
         accounts_api.router,
         device_views.router,
+        api_code.router,
         api_compare.router,
         api_exports.router,
         experiment_api.router,

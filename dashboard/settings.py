@@ -201,6 +201,9 @@ if not DEBUG:
 # Trainyard itself.
 TRAINYARD_DATA_DIR = Path(env_str("TRAINYARD_DATA_DIR", str(VAR_DIR / "data")))
 TRAINYARD_RUNS_DIR = Path(env_str("TRAINYARD_RUNS_DIR", str(VAR_DIR / "runs")))
+# Uploaded code, an archive per content hash (POST /api/code/): shared with the workers as
+# TRAINYARD_RUNS_DIR is, where runs span machines.
+TRAINYARD_CODE_DIR = Path(env_str("TRAINYARD_CODE_DIR", str(VAR_DIR / "code")))
 # A worker that has not reported for this long no longer counts as available capacity.
 TRAINYARD_WORKER_STALE_SECONDS = env_int("TRAINYARD_WORKER_STALE_SECONDS", 60)
 TRAINYARD_DEVICE_REPORT_SECONDS = env_int("TRAINYARD_DEVICE_REPORT_SECONDS", 5)

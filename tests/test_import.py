@@ -19,11 +19,12 @@ from django.test import Client
 from torch.utils.tensorboard import SummaryWriter
 
 from dashboard.accounts.models import ApiToken
+from dashboard.experiments.core import archives
 from dashboard.experiments.core.descriptions import (
     experiment_option_values,
     experiment_strategy_label,
 )
-from dashboard.experiments.metrics import archives, imports
+from dashboard.experiments.metrics import imports
 from dashboard.experiments.metrics.imports import run_launch_parse
 from dashboard.experiments.models import Experiment, SeriesPoint
 from tests.factories import float32, logged_in

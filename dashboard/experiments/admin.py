@@ -14,7 +14,7 @@ from dashboard.experiments.core.descriptions import (
 from dashboard.experiments.core.forms import FIELDS
 from dashboard.experiments.core.limits import LaunchLimited
 from dashboard.experiments.metrics.series import series_buckets
-from dashboard.experiments.models import Checkpoint, Experiment, LogLine
+from dashboard.experiments.models import Checkpoint, CodeArchive, Experiment, LogLine
 from dashboard.experiments.services import (
     experiment_checkpoint_request,
     experiment_clone,
@@ -151,3 +151,20 @@ class ExperimentAdmin(admin.ModelAdmin):
             self.message_user(request, f"Stopped cloning: {refused.message}.", messages.WARNING)
         names = ", ".join(f"#{c.pk}" for c in clones)
         self.message_user(request, f"Queued {len(clones)} new run(s): {names}.", messages.SUCCESS)
+
+
+@admin.register(CodeArchive)
+class CodeArchiveAdmin(admin.ModelAdmin):
+    """Uploaded code, read only: it is uploaded through the API (POST /api/code/) by those
+    granted experiments.run_script (a user's permissions, on the user's page here)."""
+
+    list_display = ("id", "owner", "sha256", "kind", "files", "bytes", "created_at")
+    list_filter = ("kind",)
+    search_fields = ("sha256", "owner__username")
+    readonly_fields = (*list_display, "unpacked_bytes")
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False

@@ -219,6 +219,9 @@ class Experiment(models.Model):
             models.Index(fields=["-created_at", "-id"], name="experiment_newest"),
             models.Index(fields=["owner", "-created_at", "-id"], name="experiment_owner_newest"),
         ]
+        # A script runs arbitrary code as the worker's user: granted in the admin (staff have
+        # it by being staff, core/access.py's script_allowed).
+        permissions = [("run_script", "Can upload code and launch a script run")]
 
     # Nothing but the row here: how a run reads to people (active or not, its duration, its
     # dataset, devices, strategy and options in words) is core/descriptions.py's.
@@ -391,3 +394,26 @@ class Profile(models.Model):
 
     def __str__(self) -> str:
         return f"profile {self.pk} ({self.state}) of #{self.experiment_id}"
+
+
+class CodeArchive(models.Model):
+    """A folder of a user's code, uploaded as a .tar.gz or .zip (POST /api/code/): the archive is
+    kept once by its content's hash (scripts/code.py's code_dir), a row per owner and content, so
+    that the same upload again is the same id. Checked when stored: every member a file or a
+    folder inside it, within the bounds."""
+
+    owner = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE)
+    sha256 = models.CharField(max_length=64, help_text="the archive's bytes' SHA-256, hex")
+    kind = models.CharField(max_length=8, help_text="tar.gz or zip")
+    bytes = models.PositiveBigIntegerField(help_text="the archive's size as uploaded")
+    files = models.PositiveIntegerField(help_text="regular files it holds")
+    unpacked_bytes = models.PositiveBigIntegerField(help_text="their bytes, unpacked")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "sha256"], name="code_once_per_owner")
+        ]
+
+    def __str__(self) -> str:
+        return f"code {self.pk} ({self.sha256[:12]}, {self.files} files)"

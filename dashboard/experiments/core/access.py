@@ -19,3 +19,9 @@ def experiments_visible_to(user: Any) -> QuerySet[Experiment]:
 
 def experiment_can_control(*, experiment: Experiment, user: Any) -> bool:
     return bool(getattr(user, "is_staff", False) or experiment.owner_id == user.pk)
+
+
+def script_allowed(*, user: Any) -> bool:
+    """Whether `user` may upload code or launch a script run, which runs arbitrary code as the
+    worker's user: staff, and those granted experiments.run_script in the admin."""
+    return bool(getattr(user, "is_staff", False) or user.has_perm("experiments.run_script"))

@@ -41,8 +41,8 @@ from django.db import transaction
 from django.utils import timezone
 
 from dashboard.env import env_int
+from dashboard.experiments.core.archives import ImportRefused, tar_unpack, zip_unpack
 from dashboard.experiments.core.forms import LIMITS
-from dashboard.experiments.metrics.archives import ImportRefused, tar_unpack, zip_unpack
 from dashboard.experiments.metrics.exports import RUN_FIELDS, RUN_TEXT_TAG
 from dashboard.experiments.metrics.series import MAX_KEY_CHARS, MAX_STEP
 from dashboard.experiments.models import Experiment, SeriesPoint, Status, Strategy

@@ -7,9 +7,8 @@ are read (CSV, JSON) or from a temporary file (the TensorBoard zip), never built
 
 from __future__ import annotations
 
-from typing import IO, Any
+from typing import IO
 
-from django.core.files.uploadhandler import FileUploadHandler
 from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 from ninja import Router
 
@@ -22,7 +21,7 @@ from dashboard.api import (
     with_upload_handler,
 )
 from dashboard.experiments.core.access import experiments_visible_to
-from dashboard.experiments.metrics.archives import ImportRefused
+from dashboard.experiments.core.archives import ImportRefused
 from dashboard.experiments.metrics.exports import (
     RUN_FIELDS,
     ExportRefused,
@@ -37,6 +36,7 @@ from dashboard.experiments.metrics.scaling import compare_ids_parse
 from dashboard.experiments.models import Experiment
 from dashboard.experiments.selectors import experiment_as_dict
 from dashboard.experiments.web.api_schemas import ExperimentOut
+from dashboard.experiments.web.upload_cap import UploadCap
 from dashboard.streaming import streamed
 from dashboard.text_input import texts_fault
 
@@ -165,37 +165,14 @@ def experiments_compare_export(request: HttpRequest) -> HttpResponse:
     return _zip_response(export_tensorboard_zip(experiments=runs), name)
 
 
-class UploadCap(FileUploadHandler):
-    """Refuses an upload over the import limit before it is read: by its Content-Length, and
-    by the bytes that really arrive where there is none."""
+class ImportCap(UploadCap):
+    """An import over its limit is refused before it is read (413)."""
 
-    def __init__(self, request: HttpRequest | None = None):
-        super().__init__(request)
-        self.limit = import_max_bytes()
-        self.received = 0
+    def limit_get(self) -> int:
+        return import_max_bytes()
 
-    def _refuse(self) -> ApiError:
-        return ApiError(413, f"the upload is over the import limit of {self.limit} bytes")
-
-    def handle_raw_input(
-        self,
-        input_data: Any,
-        META: dict[str, Any],  # noqa: N803 (Django's name)
-        content_length: int,
-        boundary: bytes,
-        encoding: str | None = None,
-    ) -> None:
-        if content_length > self.limit:
-            raise self._refuse()
-
-    def receive_data_chunk(self, raw_data: bytes, start: int) -> bytes:
-        self.received += len(raw_data)
-        if self.received > self.limit:
-            raise self._refuse()
-        return raw_data
-
-    def file_complete(self, file_size: int) -> None:
-        return None
+    def refusal_text(self) -> str:
+        return f"the upload is over the import limit of {self.limit} bytes"
 
 
 @router.post(
@@ -204,7 +181,7 @@ class UploadCap(FileUploadHandler):
     response={201: ExperimentOut, **errors(400, 403, 413)},
     openapi_extra=IMPORT_BODY,
 )
-@with_upload_handler(UploadCap)
+@with_upload_handler(ImportCap)
 def experiment_import_view(request: HttpRequest) -> JsonResponse:
     """A run from a file: a TensorBoard event file, a zip or tar.gz of a log folder, or a CSV
     whose first column is step; stored as a finished, imported run of the caller's."""

@@ -1,10 +1,12 @@
-"""Bounded unpacking of uploaded archives: apart from the readers because it is the one place
+"""Bounded unpacking of uploaded archives: apart from their readers because it is the one place
 that trusts nothing about a zip or a tar. Sizes are counted as bytes really come out (headers can
 lie), members are counted, paths are kept inside the scratch folder (zip slip), links and devices
-are refused, and a small tar.gz cannot decompress to gigabytes. Only event files are unpacked.
+are refused, and a small tar.gz cannot decompress to gigabytes.
 
-The refusal (ImportRefused) and the unpacked limit live here, below the readers of imports.py,
-which raise the same refusal.
+Two callers, each with its `Bounds`: an import (metrics/imports.py) unpacks only the TensorBoard
+event files of a log folder, and refuses one too big with a 413; uploaded code (scripts/code.py)
+unpacks every file, and refuses anything over its bounds with a 400. The refusal
+(ImportRefused, the import's name for it) lives here, below the readers, which raise it too.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import lzma
 import tarfile
 import zipfile
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
@@ -42,6 +45,24 @@ def import_max_unpacked_bytes() -> int:
     return env_int("TRAINYARD_IMPORT_MAX_UNPACKED_BYTES", 200 * 1024 * 1024)
 
 
+def _is_event_file(path: PurePosixPath) -> bool:
+    return "tfevents" in path.name
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """What one caller unpacks, and how much of it."""
+
+    unpacked_bytes: int  # the members' bytes in all, as they come out
+    members: int = MAX_MEMBERS  # files, folders and the rest
+    keep: Callable[[PurePosixPath], bool] = _is_event_file  # the files unpacked; others skipped
+    over_status: int = 413  # the answer to an archive over unpacked_bytes
+
+
+def import_bounds() -> Bounds:
+    return Bounds(unpacked_bytes=import_max_unpacked_bytes())
+
+
 def _member_path(name: str) -> PurePosixPath:
     """An archive member's path, refused where it would land outside the folder (zip slip)."""
     path = PurePosixPath(name.replace("\\", "/"))
@@ -50,7 +71,7 @@ def _member_path(name: str) -> PurePosixPath:
     return path
 
 
-def _copy_capped(source: IO[bytes], target: Path, budget: int, name: str) -> int:
+def _copy_capped(source: IO[bytes], target: Path, budget: int, name: str, bounds: Bounds) -> int:
     """Copy at most `budget` bytes, counting what really comes out (headers can lie)."""
     copied = 0
     with target.open("wb") as out:
@@ -58,8 +79,8 @@ def _copy_capped(source: IO[bytes], target: Path, budget: int, name: str) -> int
             copied += len(chunk)
             if copied > budget:
                 raise ImportRefused(
-                    413,
-                    f"the archive unpacks to over {import_max_unpacked_bytes()} bytes "
+                    bounds.over_status,
+                    f"the archive unpacks to over {bounds.unpacked_bytes} bytes "
                     f"(at member {name[:120]!r})",
                 )
             out.write(chunk)
@@ -68,31 +89,35 @@ def _copy_capped(source: IO[bytes], target: Path, budget: int, name: str) -> int
 
 @dataclass
 class _Unpacker:
-    """Checks every member of an archive and unpacks its event files under `root`."""
+    """Checks every member of an archive and unpacks those its bounds keep under `root`."""
 
     root: Path
+    bounds: Bounds
     # A tar's skipped member is decompressed all the same (to reach the next header), so it
     # costs its bytes; a zip's is never read.
     skipped_cost: bool = False
-    left: int = field(default_factory=import_max_unpacked_bytes)
+    left: int = 0
     members: int = 0
     files: list[Path] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.left = self.bounds.unpacked_bytes
 
     def member(self, name: str, size: int, *, is_file: bool, is_link: bool) -> Path | None:
         """Where to unpack the member, or None to skip it."""
         self.members += 1
-        if self.members > MAX_MEMBERS:
-            raise ImportRefused(400, f"the archive holds over {MAX_MEMBERS} members")
+        if self.members > self.bounds.members:
+            raise ImportRefused(400, f"the archive holds over {self.bounds.members} members")
         path = _member_path(name)
         if is_link:
             raise ImportRefused(400, f"archive member {name[:120]!r} is a link")
         if size > self.left:
             raise ImportRefused(
-                413,
+                self.bounds.over_status,
                 f"archive member {name[:120]!r} unpacks to {size} bytes, over the "
-                f"{import_max_unpacked_bytes()} bytes an import may unpack",
+                f"{self.bounds.unpacked_bytes} bytes the archive may unpack to",
             )
-        if not is_file or "tfevents" not in path.name:
+        if not is_file or not self.bounds.keep(path):
             self.left -= size if self.skipped_cost else 0
             return None
         target = self.root.joinpath(*path.parts)
@@ -100,12 +125,12 @@ class _Unpacker:
         return target
 
     def copy(self, source: IO[bytes], target: Path, name: str) -> None:
-        self.left -= _copy_capped(source, target, self.left, name)
+        self.left -= _copy_capped(source, target, self.left, name, self.bounds)
         self.files.append(target)
 
 
-def zip_unpack(*, source: IO[bytes], root: Path) -> list[Path]:
-    unpacker = _Unpacker(root)
+def zip_unpack(*, source: IO[bytes], root: Path, bounds: Bounds | None = None) -> list[Path]:
+    unpacker = _Unpacker(root, bounds or import_bounds())
     try:
         with zipfile.ZipFile(source) as archive:
             for info in archive.infolist():
@@ -127,15 +152,16 @@ class _CappedStream(io.RawIOBase):
     and skips through it, and a small tar.gz can decompress to tens of gigabytes (skipped
     members, or a header that declares a huge size, which tarfile reads into memory)."""
 
-    def __init__(self, inner: IO[bytes] | gzip.GzipFile, cap: int):
+    def __init__(self, inner: IO[bytes] | gzip.GzipFile, cap: int, bounds: Bounds):
         super().__init__()
-        self.inner, self.cap, self.given = inner, cap, 0
+        self.inner, self.cap, self.given, self.bounds = inner, cap, 0, bounds
 
     def _spend(self, size: int) -> None:
         self.given += size
         if self.given > self.cap:
             raise ImportRefused(
-                413, f"the archive unpacks to over {import_max_unpacked_bytes()} bytes"
+                self.bounds.over_status,
+                f"the archive unpacks to over {self.bounds.unpacked_bytes} bytes",
             )
 
     def readable(self) -> bool:
@@ -181,11 +207,12 @@ def _decompressed(source: IO[bytes]) -> IO[bytes] | gzip.GzipFile:
     return source
 
 
-def tar_unpack(*, source: IO[bytes], root: Path) -> list[Path]:
-    unpacker = _Unpacker(root, skipped_cost=True)
-    cap = import_max_unpacked_bytes() + MAX_MEMBERS * TAR_OVERHEAD_PER_MEMBER
+def tar_unpack(*, source: IO[bytes], root: Path, bounds: Bounds | None = None) -> list[Path]:
+    bounds = bounds or import_bounds()
+    unpacker = _Unpacker(root, bounds, skipped_cost=True)
+    cap = bounds.unpacked_bytes + bounds.members * TAR_OVERHEAD_PER_MEMBER
     try:
-        stream = _CappedStream(_decompressed(source), cap)
+        stream = _CappedStream(_decompressed(source), cap, bounds)
         with tarfile.open(fileobj=stream, mode="r:") as archive:
             for info in archive:
                 is_link = info.issym() or info.islnk()

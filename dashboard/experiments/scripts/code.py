@@ -1,0 +1,130 @@
+"""Uploaded code: a user's folder as a .tar.gz or .zip, checked, then kept once by its content's
+hash (``code_dir()/<sha256>.<kind>``) with a row per owner (``CodeArchive``).
+
+Checked by unpacking it, bounded, into a scratch folder (core/archives.py: bytes counted as they
+come out, members counted, every path inside the folder, no links, no devices), so that what is
+kept is what a worker will unpack: a refusal names the member and the bound, and nothing is kept.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from django.conf import settings
+from django.db import IntegrityError, transaction
+
+from dashboard.env import env_int
+from dashboard.experiments.core.archives import Bounds, ImportRefused, tar_unpack, zip_unpack
+from dashboard.experiments.models import CodeArchive
+
+# An archive's kind by its first bytes (its name is the client's word): gzip, then a zip's local
+# header or the end record of an empty one.
+MAGIC = ((b"\x1f\x8b", "tar.gz"), (b"PK\x03\x04", "zip"), (b"PK\x05\x06", "zip"))
+HASH_CHUNK = 1024 * 1024
+
+
+class CodeRefused(Exception):
+    """The upload is not code Trainyard can keep: a 400, with the reason."""
+
+
+@dataclass(frozen=True)
+class Unpacked:
+    files: int
+    unpacked_bytes: int
+
+
+def code_max_bytes() -> int:
+    """The largest archive taken, as uploaded."""
+    return env_int("TRAINYARD_CODE_MAX_BYTES", 64 * 1024 * 1024)
+
+
+def code_bounds() -> Bounds:
+    """What an archive may hold: every file is unpacked, and a bound passed is a 400."""
+    return Bounds(
+        unpacked_bytes=env_int("TRAINYARD_CODE_MAX_UNPACKED_BYTES", 256 * 1024 * 1024),
+        members=env_int("TRAINYARD_CODE_MAX_FILES", 10_000),
+        keep=lambda path: True,
+        over_status=400,
+    )
+
+
+def code_dir() -> Path:
+    return Path(settings.TRAINYARD_CODE_DIR)
+
+
+def code_path(*, code: CodeArchive) -> Path:
+    return code_dir() / f"{code.sha256}.{code.kind}"
+
+
+def code_kind(*, upload: IO[bytes]) -> str:
+    head = upload.read(4)
+    upload.seek(0)
+    for magic, kind in MAGIC:
+        if head.startswith(magic):
+            return kind
+    raise CodeRefused("the archive is neither a .tar.gz nor a .zip")
+
+
+def code_sha256(*, upload: IO[bytes]) -> str:
+    digest = hashlib.sha256()
+    while chunk := upload.read(HASH_CHUNK):
+        digest.update(chunk)
+    upload.seek(0)
+    return digest.hexdigest()
+
+
+def code_unpack(*, upload: IO[bytes], kind: str, root: Path) -> Unpacked:
+    """Unpack every file of the archive under `root`, within code_bounds(); CodeRefused names
+    what is wrong (a path outside the folder, a link, a device, a bound passed, unreadable)."""
+    unpack = tar_unpack if kind == "tar.gz" else zip_unpack
+    try:
+        files = unpack(source=upload, root=root, bounds=code_bounds())
+    except ImportRefused as refused:
+        raise CodeRefused(refused.message) from None
+    finally:
+        upload.seek(0)
+    return Unpacked(files=len(files), unpacked_bytes=sum(path.stat().st_size for path in files))
+
+
+def _keep(*, upload: IO[bytes], target: Path) -> None:
+    """Write the archive to `target` whole or not at all (a temporary name, then a rename)."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if target.exists():
+        return  # the same bytes, by their hash
+    handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=".upload-")
+    try:
+        with os.fdopen(handle, "wb") as out:
+            while chunk := upload.read(HASH_CHUNK):
+                out.write(chunk)
+        os.replace(temporary, target)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+def code_store(*, owner: Any, upload: IO[bytes], size: int) -> CodeArchive:
+    """Check the archive and keep it; the same content again from the same owner is the same
+    row. CodeRefused where it is not code Trainyard can keep."""
+    if size > code_max_bytes():
+        raise CodeRefused(f"the archive is {size} bytes, over the {code_max_bytes()} taken")
+    kind = code_kind(upload=upload)
+    sha256 = code_sha256(upload=upload)
+    with tempfile.TemporaryDirectory(prefix="trainyard-code-") as scratch:
+        unpacked = code_unpack(upload=upload, kind=kind, root=Path(scratch))
+    if unpacked.files == 0:
+        raise CodeRefused("the archive holds no files")
+    existing = CodeArchive.objects.filter(owner=owner, sha256=sha256).first()
+    if existing is not None:
+        return existing
+    fields = {"kind": kind, "bytes": size, **unpacked.__dict__}
+    _keep(upload=upload, target=code_dir() / f"{sha256}.{kind}")
+    try:
+        with transaction.atomic():
+            return CodeArchive.objects.create(owner=owner, sha256=sha256, **fields)
+    except IntegrityError:  # the same upload, stored by a request that got there first
+        return CodeArchive.objects.get(owner=owner, sha256=sha256)
