@@ -250,7 +250,11 @@ def postgres_server() -> Iterator[Postgres]:
 
 # The settings under TRAINYARD_HOME, with the folder each takes there unless the environment names
 # one itself.
-HOME_FOLDERS = {"TRAINYARD_DATA_DIR": "data", "TRAINYARD_RUNS_DIR": "runs"}
+HOME_FOLDERS = {
+    "TRAINYARD_DATA_DIR": "data",
+    "TRAINYARD_RUNS_DIR": "runs",
+    "TRAINYARD_CODE_DIR": "code",
+}
 
 
 @pytest.fixture(scope="session", autouse=True)

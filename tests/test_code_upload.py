@@ -18,6 +18,8 @@ from django.contrib.auth.models import Permission
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
+from dashboard.experiments.core import archives
+from dashboard.experiments.core.access import script_allowed
 from dashboard.experiments.models import CodeArchive
 from tests.factories import logged_in
 
@@ -143,6 +145,32 @@ def _device() -> tarfile.TarInfo:
     return info
 
 
+def _pax(name: str, headers: dict[str, str]) -> tarfile.TarInfo:
+    info = tarfile.TarInfo(name)
+    info.pax_headers = headers
+    return info
+
+
+def pax_tar_gz(infos: list[tarfile.TarInfo]) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz", format=tarfile.PAX_FORMAT) as archive:
+        for info in infos:
+            archive.addfile(info, io.BytesIO(b""))
+    return out.getvalue()
+
+
+def zipped_modes(modes: dict[str, int]) -> bytes:
+    """A zip whose members carry these Unix modes (a FIFO, a device: what a zip may claim)."""
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as archive:
+        archive.writestr("train.py", FOLDER["train.py"])
+        for name, mode in modes.items():
+            info = zipfile.ZipInfo(name)
+            info.external_attr = mode << 16
+            archive.writestr(info, b"")
+    return out.getvalue()
+
+
 BIG = {"train.py": "x = 1\n" * 1000}  # 6,000 bytes unpacked, far fewer packed
 BAD = {
     "a path up and out": (tar_gz({**FOLDER, "../outside.py": "x"}), "points outside its folder"),
@@ -160,6 +188,16 @@ BAD = {
     "over the files bound": (tar_gz({f"m{i}.py": "x" for i in range(6)}), "over 5 members"),
     "over the unpacked bound": (tar_gz(BIG), "unpacks to"),
     "over the unpacked bound, zipped": (zipped(BIG), "over the 5000 bytes"),
+    "a NUL in a name": (pax_tar_gz([_pax("a.py", {"path": "lib/a\x00b.py"})]), "control character"),
+    "a tree too deep": (tar_gz({"a/" * 70 + "f.py": "x"}), "folders deep"),
+    "a name part too long": (tar_gz({"x" * 300 + ".py": "x"}), "bytes a part"),
+    # 250 KB packed, a 50 MB header unpacked: tarfile reads a pax header whole.
+    "a huge header": (
+        pax_tar_gz([_pax("a.py", {"comment": "z" * 50_000_000})]),
+        "a header of over",
+    ),
+    "a fifo, zipped": (zipped_modes({"pipe": stat.S_IFIFO | 0o644}), "is a device"),
+    "a device, zipped": (zipped_modes({"dev/null": stat.S_IFCHR | 0o666}), "is a device"),
 }
 
 
@@ -201,3 +239,67 @@ def test_the_admin_grants_the_permission_and_lists_the_uploads(
     listed = client.get("/admin/experiments/codearchive/").content.decode()
     assert code["sha256"] in listed and "carol" in listed
     assert client.get("/admin/experiments/codearchive/add/").status_code == 403
+
+
+def test_a_zip_of_too_many_members_is_refused_before_zipfile_reads_them(
+    user_factory: Any, code_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """zipfile builds an entry per member of the directory before the first can be checked:
+    the directory is counted first."""
+    monkeypatch.setenv("TRAINYARD_CODE_MAX_FILES", "5")
+    nine = zipped({f"m{i}.py": "" for i in range(9)})
+    opened: list[Any] = []
+    monkeypatch.setattr(archives.zipfile, "ZipFile", lambda *a, **k: opened.append(a))
+    response = upload(logged_in(allowed(user_factory())), nine)
+    assert response.status_code == 400 and "over 5 members" in response.json()["error"]
+    assert opened == []
+
+
+def test_one_without_the_permission_is_refused_before_the_body_is_read(
+    user_factory: Any, code_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A session's post is read by its CSRF check before the view runs: the permission is asked
+    first, so the answer is the 403, not the size's 400, and nothing is received."""
+    client = Client(enforce_csrf_checks=True)
+    client.force_login(user_factory())
+    assert client.get("/experiments/new/").status_code == 200  # sets the csrftoken cookie
+    token = client.cookies["csrftoken"].value
+    monkeypatch.setenv("TRAINYARD_CODE_MAX_BYTES", "100")
+    archive = SimpleUploadedFile("code.tar.gz", tar_gz(BIG))
+    response = client.post(URL, {"archive": archive}, HTTP_X_CSRFTOKEN=token)
+    assert response.status_code == 403 and "run_script" in response.json()["error"]
+
+
+def test_a_kept_archive_is_readable_whole_and_kept_again_where_it_was_lost(
+    user_factory: Any, code_dir: Path
+) -> None:
+    client = logged_in(allowed(user_factory()))
+    archive = tar_gz({**FOLDER, "lib/model.py": "a = 1\n"} | {"lib/model.py": "a = 2\n"})
+    body = upload(client, archive).json()
+    kept = code_dir / f"{body['sha256']}.tar.gz"
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o644  # the workers' user reads it too
+    kept.write_bytes(archive[:50])  # cut short (a crash before this fix's fsync)
+    assert upload(client, archive).json() == body
+    assert kept.read_bytes() == archive
+    kept.unlink()
+    assert upload(client, archive).json() == body and kept.read_bytes() == archive
+    assert not [path for path in code_dir.iterdir() if path.name.startswith(".upload-")]
+
+
+def test_a_member_named_twice_is_one_file(user_factory: Any, code_dir: Path) -> None:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as archive:
+        for data in (b"old", b"newer"):
+            info = tarfile.TarInfo("train.py")
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    body = upload(logged_in(allowed(user_factory())), out.getvalue()).json()
+    assert body["files"] == 1
+    assert CodeArchive.objects.get(pk=body["id"]).unpacked_bytes == len(b"newer")
+
+
+def test_an_inactive_user_may_not_run_scripts(user_factory: Any) -> None:
+    staff = user_factory(staff=True)
+    assert script_allowed(user=staff)
+    staff.is_active = False
+    assert not script_allowed(user=staff)

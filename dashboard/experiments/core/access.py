@@ -24,4 +24,6 @@ def experiment_can_control(*, experiment: Experiment, user: Any) -> bool:
 def script_allowed(*, user: Any) -> bool:
     """Whether `user` may upload code or launch a script run, which runs arbitrary code as the
     worker's user: staff, and those granted experiments.run_script in the admin."""
+    if not getattr(user, "is_active", False):
+        return False
     return bool(getattr(user, "is_staff", False) or user.has_perm("experiments.run_script"))

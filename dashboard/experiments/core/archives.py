@@ -15,6 +15,8 @@ import bz2
 import gzip
 import io
 import lzma
+import stat
+import struct
 import tarfile
 import zipfile
 import zlib
@@ -27,6 +29,15 @@ from dashboard.env import env_int
 
 MAX_MEMBERS = 10_000
 COPY_CHUNK = 1024 * 1024
+# No reader of ours asks for more at once (members are copied COPY_CHUNK at a time): a bigger
+# read is a tar header that declares a huge size (a pax or GNU long-name header, read whole).
+MAX_READ = 2 * COPY_CHUNK
+# A member's name: what a file system takes (a part of 255 bytes), and no deeper than a folder
+# tree a person makes (a deeper one makes Path.mkdir recurse past Python's limit).
+MAX_NAME_CHARS = 1024
+MAX_NAME_PARTS = 64
+MAX_PART_BYTES = 255
+ZIP_END_SEARCH = 22 + 65535  # the end record and the longest comment it may carry
 # Tar headers, their padding and long names, beyond the members' own bytes: what the
 # decompressed stream of a tar may hold past the unpacked limit.
 TAR_OVERHEAD_PER_MEMBER = 4096
@@ -64,11 +75,26 @@ def import_bounds() -> Bounds:
 
 
 def _member_path(name: str) -> PurePosixPath:
-    """An archive member's path, refused where it would land outside the folder (zip slip)."""
+    """An archive member's path, refused where it would land outside the folder (zip slip), or
+    where no file system would take it (a control character, too long, too deep)."""
     path = PurePosixPath(name.replace("\\", "/"))
     if path.is_absolute() or ".." in path.parts or (path.parts and ":" in path.parts[0]):
         raise ImportRefused(400, f"archive member {name[:120]!r} points outside its folder")
+    if any(ord(char) < 32 or ord(char) == 127 for char in name):
+        raise ImportRefused(400, f"archive member {name[:120]!r} has a control character")
+    too_long = any(len(part.encode("utf-8", "replace")) > MAX_PART_BYTES for part in path.parts)
+    if len(name) > MAX_NAME_CHARS or len(path.parts) > MAX_NAME_PARTS or too_long:
+        raise ImportRefused(
+            400,
+            f"archive member {name[:120]!r} has a name over {MAX_NAME_CHARS} characters, "
+            f"{MAX_NAME_PARTS} folders deep or {MAX_PART_BYTES} bytes a part",
+        )
     return path
+
+
+def _os_error_text(exc: BaseException) -> str:
+    """An error's words without the scratch folder's path in them."""
+    return exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
 
 
 def _copy_capped(source: IO[bytes], target: Path, budget: int, name: str, bounds: Bounds) -> int:
@@ -129,20 +155,74 @@ class _Unpacker:
         self.files.append(target)
 
 
+def _zip_directory_count(source: IO[bytes], most: int) -> None:
+    """Refuse a zip whose central directory lists over `most` entries, counted by walking its
+    headers before zipfile reads them: zipfile builds every entry first, so a 64 MiB directory
+    of tiny entries would cost a million objects before the bound is met. Left to zipfile where
+    there is no end record (its own refusal says so)."""
+    source.seek(0, io.SEEK_END)
+    size = source.tell()
+    source.seek(max(0, size - ZIP_END_SEARCH))
+    tail = source.read()
+    end = tail.rfind(b"PK\x05\x06")
+    if end < 0 or end + 22 > len(tail):
+        source.seek(0)
+        return
+    directory_bytes = struct.unpack("<I", tail[end + 12 : end + 16])[0]
+    last = end  # the record just after the directory
+    if directory_bytes == 0xFFFFFFFF and tail[end - 20 : end - 16] == b"PK\x06\x07":
+        # A zip64's: its own end record (56 bytes) sits before its locator (20), as zipfile
+        # reads it.
+        last = end - 20 - 56
+        if last < 0 or tail[last : last + 4] != b"PK\x06\x06":
+            source.seek(0)
+            return
+        directory_bytes = struct.unpack("<Q", tail[last + 40 : last + 48])[0]
+    start = size - len(tail) + last - directory_bytes  # where it is, whatever it says of itself
+    if start < 0:
+        source.seek(0)
+        return  # zipfile's refusal: a directory larger than the file
+    source.seek(max(0, start))
+    directory = source.read(directory_bytes)
+    offset = count = 0
+    while directory[offset : offset + 4] == b"PK\x01\x02" and offset + 46 <= len(directory):
+        count += 1
+        if count > most:
+            raise ImportRefused(400, f"the archive holds over {most} members")
+        lengths = struct.unpack("<HHH", directory[offset + 28 : offset + 34])
+        offset += 46 + sum(lengths)
+    source.seek(0)
+
+
+def _zip_member_kind(info: zipfile.ZipInfo) -> str:
+    """file, folder, link or device, by the Unix mode where the archive keeps one."""
+    kind = stat.S_IFMT(info.external_attr >> 16)
+    if kind == stat.S_IFLNK:
+        return "link"
+    if kind not in (0, stat.S_IFREG, stat.S_IFDIR):
+        return "device"
+    return "folder" if info.is_dir() else "file"
+
+
 def zip_unpack(*, source: IO[bytes], root: Path, bounds: Bounds | None = None) -> list[Path]:
     unpacker = _Unpacker(root, bounds or import_bounds())
     try:
+        _zip_directory_count(source, unpacker.bounds.members)
         with zipfile.ZipFile(source) as archive:
             for info in archive.infolist():
-                is_link = (info.external_attr >> 16) & 0o170000 == 0o120000
+                kind = _zip_member_kind(info)
+                if kind == "device":
+                    raise ImportRefused(400, f"archive member {info.filename[:120]!r} is a device")
                 target = unpacker.member(
-                    info.filename, info.file_size, is_file=not info.is_dir(), is_link=is_link
+                    info.filename, info.file_size, is_file=kind == "file", is_link=kind == "link"
                 )
                 if target is not None:
                     with archive.open(info) as member:
                         unpacker.copy(member, target, info.filename)
     except (zipfile.BadZipFile, zipfile.LargeZipFile, RuntimeError, EOFError, OSError) as exc:
         # RuntimeError: an encrypted member; OSError and EOFError: a truncated or corrupt one.
+        raise ImportRefused(400, f"not a readable zip: {_os_error_text(exc)}"[:300]) from None
+    except (UnicodeDecodeError, ValueError) as exc:  # a name flagged UTF-8 that is not
         raise ImportRefused(400, f"not a readable zip: {exc}"[:300]) from None
     return unpacker.files
 
@@ -177,6 +257,8 @@ class _CappedStream(io.RawIOBase):
         # Spent before reading: a read of gigabytes is refused before it is made.
         if size is None or size < 0:
             size = self.cap + 1  # all of it: refused, as it would be past the cap
+        if size > MAX_READ:
+            raise ImportRefused(400, f"the archive has a header of over {MAX_READ} bytes")
         self._spend(size)
         return self.inner.read(size)
 
@@ -225,5 +307,6 @@ def tar_unpack(*, source: IO[bytes], root: Path, bounds: Bounds | None = None) -
                 if target is not None and member is not None:
                     unpacker.copy(member, target, info.name)
     except (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError) as exc:
-        raise ImportRefused(400, f"not a readable tar archive: {exc}"[:300]) from None
+        text = _os_error_text(exc)
+        raise ImportRefused(400, f"not a readable tar archive: {text}"[:300]) from None
     return unpacker.files

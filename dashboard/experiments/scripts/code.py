@@ -11,7 +11,7 @@ from __future__ import annotations
 import hashlib
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -19,7 +19,13 @@ from django.conf import settings
 from django.db import IntegrityError, transaction
 
 from dashboard.env import env_int
-from dashboard.experiments.core.archives import Bounds, ImportRefused, tar_unpack, zip_unpack
+from dashboard.experiments.core.archives import (
+    MAX_MEMBERS,
+    Bounds,
+    ImportRefused,
+    tar_unpack,
+    zip_unpack,
+)
 from dashboard.experiments.models import CodeArchive
 
 # An archive's kind by its first bytes (its name is the client's word): gzip, then a zip's local
@@ -47,7 +53,7 @@ def code_bounds() -> Bounds:
     """What an archive may hold: every file is unpacked, and a bound passed is a 400."""
     return Bounds(
         unpacked_bytes=env_int("TRAINYARD_CODE_MAX_UNPACKED_BYTES", 256 * 1024 * 1024),
-        members=env_int("TRAINYARD_CODE_MAX_FILES", 10_000),
+        members=env_int("TRAINYARD_CODE_MAX_FILES", MAX_MEMBERS),
         keep=lambda path: True,
         over_status=400,
     )
@@ -88,23 +94,36 @@ def code_unpack(*, upload: IO[bytes], kind: str, root: Path) -> Unpacked:
         raise CodeRefused(refused.message) from None
     finally:
         upload.seek(0)
-    return Unpacked(files=len(files), unpacked_bytes=sum(path.stat().st_size for path in files))
+    kept = set(files)  # a member named twice is one file, the last one's bytes
+    return Unpacked(files=len(kept), unpacked_bytes=sum(path.stat().st_size for path in kept))
 
 
-def _keep(*, upload: IO[bytes], target: Path) -> None:
-    """Write the archive to `target` whole or not at all (a temporary name, then a rename)."""
+def _keep(*, upload: IO[bytes], target: Path, size: int) -> None:
+    """Write the archive to `target` whole or not at all: a temporary name, written and synced,
+    then a rename (synced too), readable by the workers' user. A file already there of the size
+    is these bytes (their hash names it); one of another size was cut short, and is replaced."""
     target.parent.mkdir(parents=True, exist_ok=True)
-    if target.exists():
-        return  # the same bytes, by their hash
+    if target.exists() and target.stat().st_size == size:
+        return
     handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=".upload-")
     try:
+        os.fchmod(handle, 0o644)
         with os.fdopen(handle, "wb") as out:
             while chunk := upload.read(HASH_CHUNK):
                 out.write(chunk)
+            out.flush()
+            os.fsync(out.fileno())
         os.replace(temporary, target)
+        folder = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
     except BaseException:
         Path(temporary).unlink(missing_ok=True)
         raise
+    finally:
+        upload.seek(0)
 
 
 def code_store(*, owner: Any, upload: IO[bytes], size: int) -> CodeArchive:
@@ -118,11 +137,12 @@ def code_store(*, owner: Any, upload: IO[bytes], size: int) -> CodeArchive:
         unpacked = code_unpack(upload=upload, kind=kind, root=Path(scratch))
     if unpacked.files == 0:
         raise CodeRefused("the archive holds no files")
+    # Kept first, even for a row that exists: its file may have been lost since.
+    _keep(upload=upload, target=code_dir() / f"{sha256}.{kind}", size=size)
     existing = CodeArchive.objects.filter(owner=owner, sha256=sha256).first()
     if existing is not None:
         return existing
-    fields = {"kind": kind, "bytes": size, **unpacked.__dict__}
-    _keep(upload=upload, target=code_dir() / f"{sha256}.{kind}")
+    fields = {"kind": kind, "bytes": size, **asdict(unpacked)}
     try:
         with transaction.atomic():
             return CodeArchive.objects.create(owner=owner, sha256=sha256, **fields)

@@ -10,7 +10,7 @@ from typing import Any
 from django.http import HttpRequest, JsonResponse
 from ninja import Router, Schema
 
-from dashboard.api import ApiError, errors, with_upload_handler
+from dashboard.api import MAX_BODY_BYTES, ApiError, errors, with_upload_handler
 from dashboard.experiments.core.access import script_allowed
 from dashboard.experiments.scripts.code import CodeRefused, code_max_bytes, code_store
 from dashboard.experiments.web.upload_cap import UploadCap
@@ -51,12 +51,20 @@ class CodeOut(Schema):
 
 
 class CodeCap(UploadCap):
-    """An archive over the size taken is refused before it is read, as a bad archive (400)."""
+    """Before the body is read (a session's CSRF check reads it before the view runs): a caller
+    not allowed to run scripts is refused (403), an archive over the size taken too (400)."""
 
     status = 400
+    slack = MAX_BODY_BYTES  # the multipart's own bytes around the archive
 
     def limit_get(self) -> int:
         return code_max_bytes()
+
+    def handle_raw_input(self, *args: Any, **kwargs: Any) -> None:
+        user = getattr(self.request, "user", None)
+        if user is not None and user.is_authenticated and not script_allowed(user=user):
+            raise ApiError(403, NOT_ALLOWED)
+        super().handle_raw_input(*args, **kwargs)
 
     def refusal_text(self) -> str:
         return f"the archive is over the {self.limit} bytes taken"
@@ -65,7 +73,7 @@ class CodeCap(UploadCap):
 @router.post(
     "/code/",
     url_name="api-code",
-    response={201: CodeOut, **errors(400, 403)},
+    response={201: CodeOut, **errors(400, 403, 413)},
     openapi_extra=CODE_BODY,
 )
 @with_upload_handler(CodeCap)
