@@ -5,7 +5,14 @@ from dashboard.accounts import api as accounts_api
 from dashboard.api import api_build
 from dashboard.devices import views as device_views
 from dashboard.experiments.web import api as experiment_api
-from dashboard.experiments.web import api_code, api_compare, api_exports, api_profiles, api_queue
+from dashboard.experiments.web import (
+    api_code,
+    api_compare,
+    api_exports,
+    api_profiles,
+    api_queue,
+    api_report,
+)
 from dashboard.studies import api as studies_api
 
 api = api_build(
@@ -18,6 +25,7 @@ api = api_build(
         experiment_api.router,
         api_queue.router,
         api_profiles.router,
+        api_report.router,
         studies_api.router,
     ]
 )

@@ -204,6 +204,15 @@ TRAINYARD_RUNS_DIR = Path(env_str("TRAINYARD_RUNS_DIR", str(VAR_DIR / "runs")))
 # Uploaded code, an archive per content hash (POST /api/code/): shared with the workers as
 # TRAINYARD_RUNS_DIR is, where runs span machines.
 TRAINYARD_CODE_DIR = Path(env_str("TRAINYARD_CODE_DIR", str(VAR_DIR / "code")))
+# Folders on the workers whose code a script run may name as its `code_path` (and the folders
+# under them), separated by os.pathsep ("/srv/code:/home/shared"). Empty, the default: none, so
+# a script run's code is an upload. A worker checks its own setting before it starts one.
+TRAINYARD_SCRIPT_ROOTS = [
+    Path(root) for root in env_str("TRAINYARD_SCRIPT_ROOTS", "").split(os.pathsep) if root
+]
+# After a Stop, the seconds a script run's ranks get to agree, save a checkpoint and leave
+# before they are killed (the launcher's --stop-grace): a save takes longer than our engine's.
+TRAINYARD_SCRIPT_STOP_SECONDS = env_int("TRAINYARD_SCRIPT_STOP_SECONDS", 60)
 # A worker that has not reported for this long no longer counts as available capacity.
 TRAINYARD_WORKER_STALE_SECONDS = env_int("TRAINYARD_WORKER_STALE_SECONDS", 60)
 TRAINYARD_DEVICE_REPORT_SECONDS = env_int("TRAINYARD_DEVICE_REPORT_SECONDS", 5)
@@ -221,6 +230,10 @@ TRAINYARD_PROFILE_MAX_BYTES = env_int("TRAINYARD_PROFILE_MAX_BYTES", 64 * 1024 *
 TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS = env_float("TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS", 30.0)
 TRAINYARD_MAX_ATTEMPTS = env_int("TRAINYARD_MAX_ATTEMPTS", 3)
 TRAINYARD_REAPER_SECONDS = env_float("TRAINYARD_REAPER_SECONDS", 10.0)
+# A run reported from outside (a script elsewhere posting its events) that has not posted for
+# this long: its page says so, and a Stop ends it at once (no script is there to hear it).
+# Its client posts at least every few seconds while it lives, so a minute is a real silence.
+TRAINYARD_REPORTED_SILENT_SECONDS = env_int("TRAINYARD_REPORTED_SILENT_SECONDS", 60)
 # A queued run not dispatched for this long is sent to the workers again.
 TRAINYARD_REDISPATCH_SECONDS = env_int("TRAINYARD_REDISPATCH_SECONDS", 60)
 # How long a run that waits for devices sleeps before it asks again.

@@ -22,9 +22,9 @@ from tests.test_training import ROOT
 from training.bench import parity, phases
 from training.data.idx_files import DEBIAN_FASHION_DIR
 from training.models.simple_cnn import SimpleCNN
-from training.registry import STRATEGY_NAMES
+from training.registry import ENGINE_STRATEGIES
 
-RATIO = re.compile(r"^(engine|memory|parity|phases) ratio: \d+\.\d{3}$")
+RATIO = re.compile(r"^(engine|memory|parity|phases|script|log) ratio: \d+\.\d{3}$")
 
 
 pytestmark = pytest.mark.usefixtures("no_processes_left")
@@ -217,7 +217,7 @@ def test_parity_variants_parse_plan_and_judge() -> None:
     assert {"ddp:comm_hook=fp16", "ddp:comm_hook=powersgd", "ddp:shard_optimizer"} <= set(
         parity.DEFAULT_STRATEGIES
     )
-    assert set(STRATEGY_NAMES) <= set(parity.DEFAULT_STRATEGIES)  # a new strategy by itself
+    assert set(ENGINE_STRATEGIES) <= set(parity.DEFAULT_STRATEGIES)  # a new strategy by itself
     args, _, order = parity._args_parse(["--strategies", "ddp:comm_hook=fp16,fsdp:accumulate=2"])
     assert [v.label for v in order] == [
         "single", "ddp", "ddp comm_hook=fp16", "fsdp", "fsdp accumulate=2",
@@ -242,9 +242,35 @@ def test_parity_variants_parse_plan_and_judge() -> None:
     assert sizes == ["512 B", "158.1 KiB", "6.2 MiB", "3.0 GiB"]
 
 
+@pytest.mark.slow  # a whole benchmark run
+def test_script_bench_prints_both_sides_and_its_ratio(sample_data: Path) -> None:
+    """A user's DDP script under Trainyard and under bare torchrun, one round each."""
+    lines = bench(sample_data, "script", "--dry-run")
+    assert RATIO.match(lines[-1]) and lines[-1].startswith("script ratio: "), lines
+    medians = {line.split()[0]: float(line.split()[1]) for line in lines[3:5]}
+    assert medians.keys() == {"trainyard", "bare"} and min(medians.values()) > 0, lines
+    ratio = float(lines[-1].split()[-1])
+    assert ratio == pytest.approx(medians["trainyard"] / medians["bare"], abs=0.001)
+
+
+def test_log_bench_prints_microseconds_per_call_and_its_ratio(sample_data: Path) -> None:
+    """Trainyard's run.log always; wandb and mlflow where the bench extra is installed."""
+    lines = bench(sample_data, "log", "--dry-run")
+    rows = {line.split()[0]: line.split()[1] for line in lines[1:-1]}
+    assert rows.keys() == {"trainyard", "wandb", "mlflow"}, lines
+    ours = float(rows.pop("trainyard"))
+    others = [float(figure) for figure in rows.values() if figure != "missing"]
+    assert ours > 0 and lines[1].split()[-1] == "1.00x", lines
+    if not others:
+        assert lines[-1] == "log ratio: none to compare"
+        return
+    assert RATIO.match(lines[-1]), lines
+    assert float(lines[-1].split()[-1]) == pytest.approx(min(others) / ours, rel=0.01)
+
+
 def test_bench_usage() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "training.bench"], cwd=ROOT, capture_output=True, text=True
     )
     assert proc.returncode == 2 and "engine" in proc.stderr and "memory" in proc.stderr
-    assert "parity" in proc.stderr and "phases" in proc.stderr
+    assert "parity" in proc.stderr and "phases" in proc.stderr and "script" in proc.stderr

@@ -302,5 +302,9 @@ def test_the_installed_command_imports_neither_django_nor_the_server() -> None:
     imported = {line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines()}
     assert "trainyard.cli" in imported
     for server in ("django", "dashboard", "celery", "channels", "training", "torch"):
-        assert server not in imported, server
-        assert not any(name.startswith(server + ".") for name in imported), server
+        assert server not in imported or server == "training", server
+        # Of the engine, the plain-Python homes of the wire and of how a repository is read
+        # (`trainyard run` packs one), and the packages above them.
+        shared = {"training.protocol", "training.scripts", "training.scripts.provenance"}
+        found = {name for name in imported if name.startswith(server + ".")}
+        assert not found - shared, (server, found - shared)

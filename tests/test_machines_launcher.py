@@ -17,8 +17,8 @@ from tests.few_digits import sample_data_few  # noqa: F401 (the sample_data fixt
 from tests.netns import machines, namespaces_unavailable
 from tests.test_exactness import assert_same_parameters
 from tests.test_training import run_cli
-from training.cli import torchrun_rendezvous
 from training.config import parse_args
+from training.process.torchrun import torchrun_rendezvous
 
 ROOT = Path(__file__).resolve().parent.parent
 JOB = (

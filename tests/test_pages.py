@@ -14,6 +14,7 @@ from django.templatetags.static import static
 from django.urls import reverse
 from django.utils.html import escape
 
+from dashboard.experiments.core.forms import FORM_STRATEGIES
 from dashboard.experiments.core.messages import socket_path
 from dashboard.experiments.models import Experiment, LogLine, SeriesPoint, Status
 from dashboard.experiments.routing import websocket_urlpatterns
@@ -175,15 +176,18 @@ def test_form_renders_every_strategy_help_line(client: Any, alice: Any) -> None:
     response = client.get(reverse("experiment-new"))
     assert response.status_code == 200
     html = response.content.decode()
+    # Every strategy the form offers (not yet a user's own script: the API's alone).
+    offered = [spec for spec in REGISTRY if spec.name in FORM_STRATEGIES]
+    assert [spec.name for spec in REGISTRY if spec not in offered] == ["script"]
     for spec in REGISTRY:
-        assert escape(spec.help) in html
-        assert f'data-strategy="{spec.name}"' in html
+        assert (escape(spec.help) in html) == (spec in offered)
+        assert (f'data-strategy="{spec.name}"' in html) == (spec in offered)
     # The help lines that name the strategies with processes name them from the registry.
     line = re.search(r"Processes of ([^(]+) \(the others run one\)", html)
     assert line is not None
     assert "DDP, Hogwild" in line[1]  # the registry's order, its short names
     named = set(re.split(r", | and ", line[1]))
-    assert named == {spec.short for spec in REGISTRY if spec.processes}
+    assert named == {spec.short for spec in offered if spec.processes}
     for field in VALID:
         assert f'name="{field}"' in html
 

@@ -80,7 +80,7 @@ def test_model_parallel_on_the_cpu_says_so(model_parallel: Result) -> None:
     assert_well_formed(result, "mp")
     assert_requested_checkpoint_loads(result)
     # Every type but a failure and a profile (asked for only), each with every field of its type.
-    assert {e["type"] for e in result.events} == EVENT_TYPES - {"failed", "profile"}
+    assert {e["type"] for e in result.events} == EVENT_TYPES - {"failed", "profile", "metrics"}
     assert_typed(result.events, every=True)
     started = result.started
     # The built-in's top-level children, one a stage (1.6 adds each stage's children).
@@ -105,7 +105,7 @@ def test_hogwild_two_processes_share_model_and_data(sample_data: Path, tmp_path:
     )  # fmt: skip
     assert_well_formed(result, "hw", epochs_run=1)
     assert_ended_at_target(result, epochs=2)
-    assert {e["type"] for e in result.events} == EVENT_TYPES - {"failed", "profile"}
+    assert {e["type"] for e in result.events} == EVENT_TYPES - {"failed", "profile", "metrics"}
     assert_typed(result.events, every=True)  # its shared tensors' entries too
     started = result.started
     assert started["world_size"] == 2

@@ -14,6 +14,7 @@ from types import FrameType
 from typing import IO, NoReturn
 
 from training.config import TrainConfig, build_parser, parse_args, under_torchrun
+from training.process.torchrun import socket_interfaces_set, torchrun_rendezvous
 from training.protocol import EventWriter, log_line_format
 from training.refusals import RULE_MIN_GPUS, pipeline_refusals, strategy_refusals
 from training.registry import DEEPSPEED, REGISTRY, TORCHRUN_STRATEGIES, strategy_get
@@ -41,6 +42,11 @@ def main(argv: Sequence[str] | None = None, *, events_stream: IO[str] | None = N
 
     requests_install()
 
+    if cfg.script is not None:
+        # A user's script: this process stays its launcher (the engine is not imported).
+        from training.scripts.launch import script_launch
+
+        return script_launch(cfg, events_stream=events_stream or _claim_stdout())
     if cfg.strategy in TORCHRUN_STRATEGIES and not under_torchrun():
         exec_torchrun(cfg, argv)
 
@@ -222,7 +228,7 @@ def exec_torchrun(cfg: TrainConfig, argv: Sequence[str]) -> NoReturn:
     if root not in paths:
         env["PYTHONPATH"] = os.pathsep.join([root, *paths])
     if cfg.nnodes > 1:
-        _socket_interfaces_set(env, cfg.local_addr)
+        socket_interfaces_set(env, cfg.local_addr)
     cmd = [
         sys.executable,
         "-m",
@@ -245,51 +251,6 @@ def exec_torchrun(cfg: TrainConfig, argv: Sequence[str]) -> NoReturn:
     # rank 0 and harms none of the others.
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     os.execve(sys.executable, cmd, env)
-
-
-def torchrun_rendezvous(cfg: TrainConfig) -> list[str]:
-    """torchrun's flags for where the ranks meet: --standalone on one machine; on several, the
-    c10d rendezvous hosted on the first machine's store.
-
-    torchrun decides whether it hosts the store by matching the endpoint against its host name,
-    which machines in containers or network namespaces may share: is_host says it outright. Its
-    node descriptor (and the master address the ranks connect to) is --local-addr, else the host
-    name, which such machines cannot tell apart either. torchrun's own restarts stay off
-    (--max-restarts 0): a failed node ends this attempt, and the dashboard resumes the run from
-    its newest checkpoint on machines that are free (README, "More machines").
-    """
-    if cfg.nnodes <= 1:
-        return ["--standalone"]
-    assert cfg.rdzv_endpoint is not None and cfg.rdzv_id is not None
-    flags = [
-        f"--nnodes={cfg.nnodes}",
-        "--rdzv-backend=c10d",
-        f"--rdzv-endpoint={cfg.rdzv_endpoint}",
-        f"--rdzv-id={cfg.rdzv_id}",
-        f"--rdzv-conf=is_host={str(cfg.rdzv_host).lower()}",
-        "--max-restarts=0",
-    ]
-    if cfg.local_addr:
-        flags.append(f"--local-addr={cfg.local_addr}")
-    return flags
-
-
-def _socket_interfaces_set(env: dict[str, str], address: str | None) -> None:
-    """Point Gloo and NCCL at the interface that holds --local-addr, unless the user chose one.
-
-    Left alone, Gloo binds to the address the host name resolves to, which on a machine with
-    several networks (or in a network namespace) is not the one the other machines reach.
-    """
-    if not address:
-        return
-    import psutil
-
-    for name, addresses in psutil.net_if_addrs().items():
-        if any(a.address == address for a in addresses):
-            env.setdefault("GLOO_SOCKET_IFNAME", name)
-            env.setdefault("NCCL_SOCKET_IFNAME", name)
-            return
-    log.warning("no interface here has --local-addr %s; Gloo picks its own", address)
 
 
 def _claim_stdout() -> IO[str]:

@@ -13,6 +13,7 @@ from typing import Any
 
 from training import config_checks
 from training.catalogue import DATASET_NAMES_KNOWN, MODEL_DEFAULT, dataset_plugins
+from training.config_checks import ScriptSettings
 from training.registry import (
     COUNT,
     MULTIPROCESS_STRATEGIES,
@@ -30,6 +31,10 @@ from training.registry import (
 DATASETS = ("mnist", "fashion-mnist")  # the IDX datasets; dataset_choices() has them all
 WORKERS_DEFAULT = 2
 OPTIMIZERS = ("adam", "sgd")
+
+
+# The registry's strategy that runs a user's script (training.scripts), not the engine.
+SCRIPT = "script"
 
 
 @dataclass(frozen=True)
@@ -78,6 +83,7 @@ class TrainConfig:
     sync_batchnorm: bool = False  # ddp on GPUs: BatchNorm statistics over all ranks
     reshard_after_forward: bool = True  # fsdp: free gathered parameters after each forward
     phases: bool = True  # time each rank's phases and report them (--no-phases: off)
+    script: ScriptSettings | None = None  # --strategy script: the user's code
     # where profiles asked for by SIGUSR2 go (training.observe.profiling)
     profile_dir: str | None = None
 
@@ -272,7 +278,28 @@ def build_parser() -> argparse.ArgumentParser:
         _option_argument(p, option)
     _reshard_argument(p)
     _multinode_arguments(p)
+    _script_arguments(p)
     return p
+
+
+def _script_arguments(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group(
+        "your own script",
+        "--strategy script runs CODE_DIR/ENTRYPOINT under torchrun (--nproc ranks on each of "
+        "--nnodes machines) with the arguments after --; the trainyard library inside it reports",
+    )
+    g.add_argument("--code-dir", default=None, metavar="DIR", help="the script's folder")
+    g.add_argument(
+        "--entrypoint", default=None, metavar="FILE", help="its entry point, relative to DIR"
+    )
+    g.add_argument(
+        "--stop-grace",
+        type=_int_in(0, 86400),
+        default=60,
+        metavar="SECONDS",
+        help="after SIGTERM (a Stop), how long the ranks have to agree, save and leave before "
+        "what is left is ended (default: 60)",
+    )
 
 
 def dataset_choices() -> list[str]:
@@ -384,7 +411,11 @@ def _multinode_arguments(p: argparse.ArgumentParser) -> None:
 
 def parse_args(argv: Sequence[str], parser: argparse.ArgumentParser | None = None) -> TrainConfig:
     parser = parser or build_parser()
-    ns = parser.parse_args(list(argv))
+    argv = list(argv)
+    # A script's own arguments follow "--" (argparse would read them as this parser's flags).
+    cut = argv.index("--") if "--" in argv else len(argv)
+    ns = parser.parse_args(argv[:cut])
+    script = config_checks.script_check(ns, parser, args=argv[cut + 1 :], cut=cut < len(argv))
     config_checks.paths_check(ns, parser)
     options: dict[str, Any] = dict(config_checks.options_check(ns, parser))
     config_checks.multinode_check(ns, parser)
@@ -427,6 +458,7 @@ def parse_args(argv: Sequence[str], parser: argparse.ArgumentParser | None = Non
         sync_batchnorm=ns.sync_batchnorm,
         reshard_after_forward=ns.reshard_after_forward,
         phases=ns.phases,
+        script=script,
         **options,
     )
 

@@ -11,6 +11,7 @@ requests; the rest are the command line's own.
 from __future__ import annotations
 
 import argparse
+from dataclasses import dataclass
 from pathlib import Path
 
 from training import catalogue
@@ -28,8 +29,10 @@ from training.registry import (
 
 
 def paths_check(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    """--resume and --weights name files that exist (read later, by the engine)."""
-    if ns.resume is not None and not Path(ns.resume).is_file():
+    """--resume and --weights name files that exist (read later, by the engine); a script's
+    checkpoint may be a folder (Hugging Face's checkpoint-N)."""
+    resume = None if ns.resume is None else Path(ns.resume)
+    if resume is not None and not (resume.is_file() or ns.strategy == "script" and resume.is_dir()):
         parser.error(f"argument --resume: no checkpoint file at {ns.resume}")
     if ns.weights is not None and not Path(ns.weights).is_file():
         parser.error(f"argument --weights: no file at {ns.weights}")
@@ -137,3 +140,43 @@ def model_check(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None
         entries[ns.model]
     ):
         parser.error(f"argument --model: {catalogue.no_tensor_plan_message(ns.model)}")
+
+
+SCRIPT_FLAGS = ("--code-dir", "--entrypoint")
+
+
+@dataclass(frozen=True)
+class ScriptSettings:
+    """A script run's code (TrainConfig.script): its entry point (relative to code_dir), its
+    arguments (those after ``--`` on the command line), and the seconds its ranks get to agree
+    on a Stop, save and leave."""
+
+    code_dir: str
+    entrypoint: str
+    args: tuple[str, ...]
+    stop_grace: float
+
+
+def script_check(
+    ns: argparse.Namespace, parser: argparse.ArgumentParser, *, args: list[str], cut: bool
+) -> ScriptSettings | None:
+    """--strategy script needs its folder and an entry point inside it (a file); its arguments
+    (after --) and these flags are refused with any other strategy. None for the engine's own
+    strategies."""
+    given = [flag for flag in SCRIPT_FLAGS if getattr(ns, flag[2:].replace("-", "_"))]
+    if ns.strategy != "script":
+        if given or cut:
+            what = " and ".join(given) if given else "arguments after --"
+            parser.error(f"{what}: only with --strategy script (your own script's)")
+        return None
+    missing = [flag for flag in SCRIPT_FLAGS if flag not in given]
+    if missing:
+        parser.error(f"--strategy script needs {' and '.join(missing)}")
+    folder = Path(ns.code_dir).expanduser().resolve()
+    entry = Path(ns.entrypoint)
+    if entry.is_absolute() or ".." in entry.parts:
+        parser.error(f"argument --entrypoint: {ns.entrypoint} must be a path inside --code-dir")
+    if not (folder / entry).is_file():
+        parser.error(f"argument --entrypoint: no file {ns.entrypoint} in {folder}")
+    return ScriptSettings(code_dir=str(folder), entrypoint=str(entry), args=tuple(args),
+                          stop_grace=float(ns.stop_grace))  # fmt: skip

@@ -1,4 +1,4 @@
-"""The event protocol between a training run and whoever watches it (version 1.10).
+"""The event protocol between a training run and whoever watches it (version 1.11).
 
 A run writes one JSON object per line on standard output; rank 0 alone writes them. Every object
 has the envelope (``Envelope`` below)
@@ -7,8 +7,8 @@ has the envelope (``Envelope`` below)
     minor  protocol minor version (int, 10); absent before 1.3, so a 1.0 to 1.2 writer is "1.x"
     run    the run id given with --run-id ("" when none was given)
     seq    sequence number, 1, 2, 3, ... in the order written, with no gaps
-    type   one of ``EventType``: started, step, epoch, log, checkpoint, profile, finished,
-           failed
+    type   one of ``EventType``: started, step, epoch, log, checkpoint, profile, metrics,
+           finished, failed
     time   seconds since the run started (float)
 
 and the fields of its type's ``TypedDict`` below, each described there once. Losses are null
@@ -20,7 +20,7 @@ higher major (``parse_event`` raises ``ProtocolVersionError``). Standard error i
 the training's own log lines carry ``LOG_LINE_MARKER`` (``log_line_format``, ``log_line_read``).
 
 docs/protocol.md has the whole description: the types, the reading rules, the stderr marker and
-the history of each minor version (what 1.1 to 1.10 added).
+the history of each minor version (what 1.1 to 1.11 added).
 """
 
 # No ``from __future__ import annotations`` here: on Python 3.11 it hides ``NotRequired`` from
@@ -33,11 +33,24 @@ import time
 from dataclasses import dataclass
 from typing import IO, Any, Final, Literal, NotRequired, TypedDict, Unpack, cast, get_args, overload
 
+from training.protocol_entries import (  # noqa: F401 - readers import every type from here
+    GitState,
+    MemoryEntry,
+    ModelInfo,
+    ProfileOp,
+    ProfileRankSummary,
+    ProfileTrace,
+    RankReport,
+    ScriptInfo,
+    SharedTensor,
+    Stage,
+)
+
 PROTOCOL_VERSION: Final = 1  # the major version, "v" on the wire
-PROTOCOL_MINOR: Final = 10  # the minor version, "minor" on the wire (since 1.3)
+PROTOCOL_MINOR: Final = 11  # the minor version, "minor" on the wire (since 1.3)
 
 EventType = Literal[
-    "started", "step", "epoch", "log", "checkpoint", "profile", "finished", "failed"
+    "started", "step", "epoch", "log", "checkpoint", "profile", "metrics", "finished", "failed"
 ]
 EVENT_TYPES: Final = frozenset(get_args(EventType))
 
@@ -64,73 +77,6 @@ class Envelope(TypedDict):
     run: str
     seq: int
     time: float
-
-
-# ---- nested entries --------------------------------------------------------------------------
-
-
-class SharedTensor(TypedDict):
-    """A tensor the run keeps in shared memory (dataset images/labels, Hogwild parameters)."""
-
-    name: str
-    dtype: str
-    shape: list[int]
-    bytes: int
-    is_shared: bool  # in shared memory in every process of the run
-
-
-class Stage(TypedDict):
-    """One stage of a model-parallel run's model."""
-
-    name: str
-    device: str
-    children: NotRequired[list[str]]  # 1.6: the model's top-level parts placed on it, in order
-    parameters: NotRequired[int]  # 1.6: how many of the model's parameters it holds
-
-
-class ModelInfo(TypedDict):
-    """1.6: the model a run trains, as built for its dataset (``training.models.build``)."""
-
-    name: str  # its catalogue name: "simple-cnn", a torchvision name, a plug-in's name
-    source: str  # "built in", "torchvision" or "plug-in <distribution>"
-    parameters: int
-    in_channels: int  # the dataset's channels, which its first layer takes
-    num_classes: int
-    image_size: int  # the dataset's image size (square), which it was built for
-    input_size: int  # the size its layers see: image_size, or what each batch is resized to
-
-
-class RankReport(TypedDict):
-    """One rank's (or Hogwild process's) figures for the same window as its step or epoch."""
-
-    rank: int
-    images_per_second: float
-    data_seconds: float  # taking the batch and moving it to the device
-    compute_seconds: float  # forward, backward and optimizer step
-    rss_bytes: int  # resident memory
-    # 1.9: where the window's wall time went (observe.phases and observe.collectives say what each
-    # phase holds per strategy): data_seconds, these five and other_seconds add up to it;
-    # compute_seconds is forward, backward and optimizer with the communication inside them, as
-    # before.
-    forward_seconds: NotRequired[float]
-    backward_seconds: NotRequired[float]  # less DDP's wait for its last all-reduces
-    optimizer_seconds: NotRequired[float]  # zero_grad and the update
-    communication_seconds: NotRequired[float]  # blocked in collectives, not hidden
-    other_seconds: NotRequired[float]  # the rest of the wall time (reports, requests), >= 0
-    # 1.9: bytes this rank sent in the window, by the ring algorithms' count of the tensors
-    # handed to collectives (an all-reduce of B bytes over N ranks: 2(N-1)/N x B).
-    communication_bytes: NotRequired[int]
-
-
-class MemoryEntry(TypedDict):
-    """1.7: what one rank holds at the end of an epoch (``training.observe.memory``). Bytes it holds
-    itself: of a sharded parameter (FSDP2's DTensor), its local shard."""
-
-    rank: int
-    parameter_bytes: int
-    gradient_bytes: int  # the .grad tensors left from the last step (0 where none are kept)
-    optimizer_state_bytes: int  # the optimizer's per-parameter state tensors
-    peak_bytes: int  # CUDA's max_memory_allocated on a GPU, else the process's peak RSS
 
 
 # ---- the fields of each type (what ``EventWriter.emit`` takes) ---------------------------------
@@ -189,6 +135,12 @@ class StartedFields(TypedDict):
     # steps <profile_dir>/request.json asks for (a ``profile`` event answers); null where this
     # training takes no profile requests (no --profile-dir, or a strategy that cannot).
     profile_dir: NotRequired[str | None]
+    # 1.11, a script run (strategy "script"): what ran, and the process to SIGTERM for a Stop the
+    # ranks agree on (they save, report and leave together; it ends what is left after its grace
+    # period). The engine's own fields that describe its data and loop (dataset, epochs, ...)
+    # are empty or 0 there: the script's are its own.
+    script: NotRequired[ScriptInfo]
+    stop_pid: NotRequired[int]
 
 
 class StepFields(TypedDict):
@@ -244,35 +196,6 @@ class CheckpointFields(TypedDict):
     answers_request: NotRequired[bool]
 
 
-class ProfileTrace(TypedDict):
-    """1.10: one rank's trace file, Chrome trace JSON, gzipped (Perfetto opens it)."""
-
-    rank: int
-    path: str
-    bytes: int
-
-
-class ProfileOp(TypedDict):
-    """1.10: an operator of a rank's trace (torch.profiler's key_averages)."""
-
-    name: str
-    calls: int
-    self_cpu_seconds: float  # time in the operator itself, not in the ones it calls
-    cpu_seconds: float  # with the ones it calls
-
-
-class ProfileRankSummary(TypedDict):
-    """1.10: what a rank's trace says (training.observe.trace_summary says how it is computed)."""
-
-    rank: int
-    ops: list[ProfileOp]  # the top operators by self CPU time, most first
-    wall_seconds: float  # from the trace's first event to its last
-    computation_seconds: float  # time some non-communication operator (or kernel) ran
-    communication_seconds: float  # time some collective ran (c10d, gloo, nccl)
-    overlap_seconds: float  # time both ran: communication hidden behind computation
-    device: str  # "cpu": operators on the host; "cuda": kernels on the GPU
-
-
 class ProfileFields(TypedDict):
     """1.10: a profile asked for with SIGUSR2: ``recording`` when every rank starts it,
     ``ready`` when every rank wrote its trace, ``refused`` when it cannot be recorded."""
@@ -288,9 +211,18 @@ class ProfileFields(TypedDict):
     message: NotRequired[str]  # refused: why, for people
 
 
+class MetricsFields(TypedDict):
+    """1.11: figures a script logged (``trainyard``'s ``run.log``): one rank's, at its step.
+    Stored as ``rank/<rank>/<name>``, and rank 0's also as ``<name>``."""
+
+    step: int
+    rank: int
+    values: dict[str, float | None]
+
+
 class FinishedFields(TypedDict):
     test_loss: float | None
-    test_accuracy: float  # the last evaluation's
+    test_accuracy: float | None  # the last evaluation's (1.11: null for a script run)
     epochs: int
     epochs_run: int  # epochs trained by this process, fewer than epochs after --resume
     steps: int
@@ -329,6 +261,10 @@ class ProfileEvent(Envelope, ProfileFields):
     type: Literal["profile"]
 
 
+class MetricsEvent(Envelope, MetricsFields):
+    type: Literal["metrics"]
+
+
 class FinishedEvent(Envelope, FinishedFields):
     type: Literal["finished"]
 
@@ -344,6 +280,7 @@ Event = (
     | LogEvent
     | CheckpointEvent
     | ProfileEvent
+    | MetricsEvent
     | FinishedEvent
     | FailedEvent
 )
@@ -354,6 +291,7 @@ EVENT_CLASSES: Final[dict[str, type]] = {
     "log": LogEvent,
     "checkpoint": CheckpointEvent,
     "profile": ProfileEvent,
+    "metrics": MetricsEvent,
     "finished": FinishedEvent,
     "failed": FailedEvent,
 }
@@ -392,6 +330,10 @@ class EventWriter:
     ) -> ProfileEvent | None: ...
     @overload
     def emit(
+        self, type_: Literal["metrics"], /, **fields: Unpack[MetricsFields]
+    ) -> MetricsEvent | None: ...
+    @overload
+    def emit(
         self, type_: Literal["finished"], /, **fields: Unpack[FinishedFields]
     ) -> FinishedEvent | None: ...
     @overload
@@ -404,21 +346,26 @@ class EventWriter:
         if not self.enabled:
             return None
         self.seq += 1
-        event = {
-            "v": PROTOCOL_VERSION,
-            "minor": PROTOCOL_MINOR,
-            "run": self.run_id,
-            "seq": self.seq,
-            "type": type_,
-            "time": round(time.monotonic() - self.t0, 3),
-            **fields,
-        }
+        event = envelope(run_id=self.run_id, seq=self.seq, type_=type_, t0=self.t0) | fields
         self.stream.write(json.dumps(event, allow_nan=False, default=str) + "\n")
         self.stream.flush()
         return event
 
     def log(self, message: str, level: str = "info") -> None:
         self.emit("log", level=level, message=message)
+
+
+def envelope(*, run_id: str, seq: int, type_: str, t0: float) -> dict[str, Any]:
+    """An event's first fields (``Envelope`` and its type), its time counted from ``t0``
+    (``time.monotonic()`` when the writer started); every writer of events starts with them."""
+    return {
+        "v": PROTOCOL_VERSION,
+        "minor": PROTOCOL_MINOR,
+        "run": run_id,
+        "seq": seq,
+        "type": type_,
+        "time": round(time.monotonic() - t0, 3),
+    }
 
 
 def _is_int(value: Any) -> bool:

@@ -186,7 +186,7 @@ def _refusal_per_gpu(spec: StrategySpec, *, processes: int, gpus: Sequence[int])
 
 def _refusal_cpu_only(spec: StrategySpec, *, gpus: Sequence[int]) -> Refusal:
     reason = spec.cpu_reason or "needs no GPU"
-    alternatives = ", ".join(s.name for s in REGISTRY if not s.cpu_only)
+    alternatives = ", ".join(s.name for s in REGISTRY if not s.cpu_only and not s.user_script)
     return Refusal(
         RULE_CPU_ONLY,
         "gpus",

@@ -2,9 +2,11 @@
 
 Adding a strategy is one ``StrategySpec`` here plus its module in ``training/strategies/``
 (exposing ``plan_build`` for the shared loop, or ``train`` for one that runs its own
-processes, as Hogwild does). The CLI's choices and --help, the dashboard's model choices (a
-callable: no migration), form help, list labels, capacity checks and the page's JSON
-(``{% page_facts %}``) are derived from this table; nothing else keeps a copy.
+processes, as Hogwild does); ``script``, the user's own code, has none: the CLI launches it
+before the engine would look for one (``user_script``). The CLI's choices and --help, the
+dashboard's model choices (a callable: no migration), form help, list labels, capacity checks
+and the page's JSON (``{% page_facts %}``) are derived from this table; nothing else keeps a
+copy.
 
 The facts only: the rules a request must keep on any machine (one process per GPU under
 torchrun, CPU only, at most / at least so many GPUs), which the CLI and the dashboard both ask,
@@ -247,6 +249,10 @@ class StrategySpec:
     # Why it cannot record a profile on request ("it ..."); "" where it can: every strategy of
     # the shared loop (training.observe.profiling hooks its steps).
     profile_refusal: str = ""
+    # Runs the user's own script, not the engine: it reads no model, dataset, epochs, batch
+    # size, learning rate or optimizer (the script has its own), and no module of
+    # training.strategies exists for it.
+    user_script: bool = False
 
 
 REGISTRY: tuple[StrategySpec, ...] = (
@@ -402,12 +408,30 @@ REGISTRY: tuple[StrategySpec, ...] = (
         torchrun=True,
         tensor_ranks=2,
     ),
+    StrategySpec(
+        name="script",
+        label="Your own script",
+        short="Script",
+        summary="Your own training script (--entrypoint in --code-dir) under torchrun, --nproc "
+        "processes, observed through the trainyard library it imports.",
+        help="Your own training script: its entry point runs under torchrun, one process per "
+        "rank, and reports its figures, stops and checkpoints through the trainyard library.",
+        module="script",  # none: the CLI diverts a script run before the engine
+        processes=True,
+        torchrun=True,
+        nodes=True,
+        profile_refusal="it runs your own code, which the profiler's step hooks do not reach",
+        user_script=True,
+    ),
 )
 
 STRATEGIES: dict[str, StrategySpec] = {spec.name: spec for spec in REGISTRY}
 STRATEGY_NAMES: tuple[str, ...] = tuple(STRATEGIES)
 TORCHRUN_STRATEGIES: tuple[str, ...] = tuple(s.name for s in REGISTRY if s.torchrun)
 MULTIPROCESS_STRATEGIES: tuple[str, ...] = tuple(s.name for s in REGISTRY if s.processes)
+# The strategies the engine trains (a model of the catalogue on a dataset): all but the user's
+# own script.
+ENGINE_STRATEGIES: tuple[str, ...] = tuple(s.name for s in REGISTRY if not s.user_script)
 # --sync-batchnorm: the strategies that convert BatchNorm to SyncBatchNorm, and why not on the CPU
 # (checked with torch 2.14.1 and 2 Gloo ranks: its forward raises "SyncBatchNorm expected input
 # tensor to be on GPU or XPU or privateuseone").

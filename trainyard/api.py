@@ -48,11 +48,21 @@ class Api:
         self.session.headers["Authorization"] = f"Bearer {token}"
         self.session.headers["User-Agent"] = "trainyard-cli"
 
-    def request(self, method: str, path: str, *, json: Any = None) -> Any:
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        timeout: float = TIMEOUT_SECONDS,
+        files: Any = None,
+    ) -> Any:
+        """One call; `files` (requests' multipart files) for an upload."""
         try:
             response = self.session.request(
-                method, self.url + path, json=json, timeout=TIMEOUT_SECONDS, allow_redirects=False
-            )
+                method, self.url + path, json=json, files=files, timeout=timeout,
+                allow_redirects=False,
+            )  # fmt: skip
         except requests.RequestException as exc:
             raise ApiError(0, f"cannot reach {self.url}: {exc}") from None
         if not 200 <= response.status_code < 300:

@@ -9,6 +9,8 @@ from collections.abc import Sequence
 from trainyard import commands
 from trainyard.api import ApiError
 from trainyard.config import ConfigError
+from trainyard.script_command import run_parser
+from trainyard.sync_command import sync_parser
 
 EPILOG = """\
 exit codes: 0 the run succeeded (or the command did what it asked), 1 the run failed,
@@ -110,7 +112,8 @@ def parser_build() -> argparse.ArgumentParser:
     login.add_argument("--password-stdin", action="store_true", help="read the password from stdin")
     login.add_argument("--name", default="trainyard CLI", help="the new token's name")
     login.set_defaults(handler=commands.cmd_login)
-    for command in (_launch_parser(sub), *_run_parsers(sub)):
+    commands_all = (_launch_parser(sub), *_run_parsers(sub), run_parser(sub), sync_parser(sub))
+    for command in commands_all:
         _connection_flags(command, default=argparse.SUPPRESS)
     return parser
 

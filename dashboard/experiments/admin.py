@@ -11,7 +11,7 @@ from dashboard.experiments.core.descriptions import (
     experiment_duration_seconds,
     experiment_options_label,
 )
-from dashboard.experiments.core.forms import FIELDS
+from dashboard.experiments.core.forms import FIELDS, SCRIPT_FIELDS
 from dashboard.experiments.core.limits import LaunchLimited
 from dashboard.experiments.metrics.series import series_buckets
 from dashboard.experiments.models import Checkpoint, CodeArchive, Experiment, LogLine
@@ -89,6 +89,8 @@ class ExperimentAdmin(admin.ModelAdmin):
         # What the run was launched with is its record; the New run page and the API validate
         # a launch (devices, limits) and hand it to a worker, which the admin's form would not.
         *(name for name in FIELDS if name != "name"),
+        # A script run's code, entry point and arguments: what ran, as the API checked it.
+        *SCRIPT_FIELDS,
     )
 
     def has_add_permission(self, request: HttpRequest) -> bool:

@@ -146,6 +146,34 @@ class Experiment(models.Model):
     microbatches = models.PositiveSmallIntegerField(
         null=True, blank=True, help_text="micro-batches a batch, for the pipeline"
     )
+    # A script run (strategy "script"): the user's own code, run under torchrun. Its entry point
+    # is a file of the code folder, which is an upload (`code`, unpacked afresh for each attempt
+    # under the run's folder) or a folder on the workers under their script roots (`code_path`);
+    # empty for the other strategies. The script reads none of the engine's fields above.
+    entrypoint = models.CharField(
+        max_length=1000,
+        blank=True,
+        help_text="a script run's file to run, relative to its code folder (e.g. train.py)",
+    )
+    args = models.JSONField(
+        default=list, blank=True, help_text="a script run's arguments, a list of strings"
+    )
+    code = models.ForeignKey(
+        "CodeArchive",
+        # The record of what ran: an upload a run used is kept (RESTRICT, not PROTECT: its
+        # owner may still be deleted, with their runs and uploads together).
+        on_delete=models.RESTRICT,
+        null=True,
+        blank=True,
+        related_name="runs",
+        help_text="a script run's code: an id from POST /api/code/ (yours); or code_path",
+    )
+    code_path = models.CharField(
+        max_length=1000,
+        blank=True,
+        help_text="a script run's code as a folder on the workers, under their "
+        "TRAINYARD_SCRIPT_ROOTS (an absolute path); or code",
+    )
 
     status = models.CharField(
         max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True
@@ -210,6 +238,15 @@ class Experiment(models.Model):
     # Brought in from a TensorBoard log or a CSV (POST /api/experiments/import/): its series
     # are real, but no worker trained it here.
     imported = models.BooleanField(default=False)
+    # Reported from outside (runs/reported.py): a script run on another machine creates the run
+    # and posts its events (trainyard.init with a server). No worker runs it: it is created
+    # running, never queued nor claimed, and has no heartbeat (the reaper leaves it alone);
+    # `last_heard_at` is its last post, which the run page reads to say when it fell silent.
+    # `report_key` is the script's own name for the run (every rank's, and a later
+    # `trainyard sync`'s): the same key is the same run, so creating it again is harmless.
+    reported = models.BooleanField(default=False)
+    report_key = models.CharField(max_length=64, blank=True)
+    last_heard_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -222,6 +259,13 @@ class Experiment(models.Model):
         # A script runs arbitrary code as the worker's user: granted in the admin (staff have
         # it by being staff, core/access.py's script_allowed).
         permissions = [("run_script", "Can upload code and launch a script run")]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "report_key"],
+                condition=~models.Q(report_key=""),
+                name="one_reported_run_per_key",
+            )
+        ]
 
     # Nothing but the row here: how a run reads to people (active or not, its duration, its
     # dataset, devices, strategy and options in words) is core/descriptions.py's.
@@ -394,6 +438,29 @@ class Profile(models.Model):
 
     def __str__(self) -> str:
         return f"profile {self.pk} ({self.state}) of #{self.experiment_id}"
+
+
+class ReportedMark(models.Model):
+    """How far one rank of a run reported from outside has been stored: the highest `seq` of
+    its events taken (runs/reported.py). The client sends each rank's events in seq order and
+    resends from after what was acknowledged, so an event at or below the mark is one already
+    stored (a retry, a second `trainyard sync`): counted as a duplicate, stored once. One row a
+    rank, not one an event: a run of a million points keeps a handful of rows."""
+
+    experiment = models.ForeignKey(Experiment, on_delete=models.CASCADE, related_name="marks")
+    attempt = models.PositiveSmallIntegerField()
+    rank = models.PositiveIntegerField()
+    seq = models.PositiveBigIntegerField(default=0)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["experiment", "attempt", "rank"], name="one_mark_per_rank"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"rank {self.rank} of #{self.experiment_id} at seq {self.seq}"
 
 
 class CodeArchive(models.Model):

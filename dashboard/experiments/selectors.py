@@ -7,6 +7,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
+from django.utils import timezone
+
 from dashboard.experiments.core.checkpoints import checkpoint_as_dict
 from dashboard.experiments.core.descriptions import (
     experiment_devices_label,
@@ -17,6 +19,7 @@ from dashboard.experiments.core.descriptions import (
 from dashboard.experiments.core.forms import FIELDS
 from dashboard.experiments.core.memory import experiment_memory_rows
 from dashboard.experiments.core.messages import SnapshotMessage
+from dashboard.experiments.core.reported import reported_silence_text
 from dashboard.experiments.core.run_facts import snapshot_texts
 from dashboard.experiments.metrics.breakdown import experiment_breakdown, experiment_straggler
 from dashboard.experiments.metrics.series import series_snapshot
@@ -113,12 +116,24 @@ def experiment_as_dict(experiment: Experiment, *, breakdown: bool = True) -> dic
         note=experiment.note,
         # Brought in by POST /api/experiments/import/: no worker trained it here.
         imported=experiment.imported,
+        # Reported from outside (a script elsewhere posts its events: runs/reported.py): its last
+        # post, and the run page's sentence once it has been silent too long ("" else).
+        reported=experiment.reported,
+        last_heard_at=iso_or_none(experiment.last_heard_at),
+        silence_text=reported_silence_text(experiment=experiment, now=timezone.now()),
         # The machines of the current (or last) attempt, node 0 first, with the ranks each ran.
         placement=experiment.placement,
         # Each rank's bytes at the last epoch (parameters, gradients, optimizer state, peak).
         memory=experiment.memory,
         # "DistributedDataParallel (PowerSGD)": the strategy with its options off default.
         strategy_label=experiment_strategy_label(experiment=experiment),
+        # A script run's (strategy "script"): what ran, its code as the upload's id and hash or
+        # the workers' folder; null (args: empty) for the other strategies.
+        entrypoint=experiment.entrypoint or None,
+        args=experiment.args,
+        code=experiment.code_id,
+        code_path=experiment.code_path or None,
+        code_sha256=experiment.code.sha256 if experiment.code is not None else None,
         # Each rank's shares of its wall time over the run so far, by phase (protocol 1.9).
         breakdown=experiment_breakdown(experiment=experiment) if breakdown else [],
         # The rank markedly slower than the others over the latest windows, or null; the rank

@@ -16,6 +16,7 @@ from dashboard.experiments.core.limits import launch_slot_claim
 from dashboard.experiments.core.profiles import profile_refusal
 from dashboard.experiments.models import PROFILE_IN_FLIGHT, Experiment, Profile, Status
 from dashboard.experiments.runs.lifecycle import run_cancel_queued
+from dashboard.experiments.runs.reported import reported_run_stop_silent
 from dashboard.experiments.tasks import run_experiment_send
 
 User = AbstractBaseUser | AnonymousUser
@@ -42,12 +43,15 @@ def experiment_launch(
 
 
 def experiment_stop(*, experiment: Experiment, by: Any) -> bool:
-    """Ask a run to stop. A queued run is cancelled at once; a running one by its supervisor."""
+    """Ask a run to stop. A queued run is cancelled at once; a running one by its supervisor,
+    or, reported from outside, by its script (at once where it has fallen silent)."""
     now = timezone.now()
     if run_cancel_queued(
         experiment=experiment, by=by, error=f"Stopped by {by} before it started.", now=now
     ):
         return True
+    if reported_run_stop_silent(experiment=experiment, by=by):
+        return True  # reported from outside and silent: no script is there to hear it
     requested = Experiment.objects.filter(
         pk=experiment.pk, status=Status.RUNNING, cancel_requested_at__isnull=True
     ).update(cancel_requested_at=now, cancelled_by=by)

@@ -8,6 +8,7 @@ from typing import Any
 
 from django import forms
 
+from dashboard.experiments.core.forms import FORM_STRATEGIES
 from dashboard.experiments.models import Dataset, Optimizer, option_title
 from dashboard.studies.grid import AXIS_FIELDS, NAME_MAX
 from dashboard.studies.models import BatchMode
@@ -98,7 +99,8 @@ class StudyForm(forms.Form):
         widget=forms.RadioSelect,
     )
     strategies = forms.MultipleChoiceField(
-        choices=[(spec.name, spec.label) for spec in REGISTRY],
+        # A study's runs are the launch form's: a user's own script is not offered there yet.
+        choices=[(spec.name, spec.label) for spec in REGISTRY if spec.name in FORM_STRATEGIES],
         initial=["single", "ddp"],
         required=False,
         widget=forms.CheckboxSelectMultiple,

@@ -67,8 +67,8 @@ from training.models.build import model_stage_limit
 from training.protocol import MemoryEntry, parse_event
 from training.refusals import option_refusals, pipeline_refusals, strategy_refusals
 from training.registry import (
+    ENGINE_STRATEGIES,
     MULTIPROCESS_STRATEGIES,
-    STRATEGY_NAMES,
     SWITCH,
     OptionValue,
     StrategyOption,
@@ -76,10 +76,11 @@ from training.registry import (
     strategy_get,
 )
 
-# Every strategy the registry has (single first: the others are compared with it), then the
-# options beside fp32, one batch a step and DDP's plain all-reduce.
+# Every strategy the engine trains (single first: the others are compared with it; not a user's
+# own script, which trains no model of ours), then the options beside fp32, one batch a step and
+# DDP's plain all-reduce.
 DEFAULT_STRATEGIES = (
-    *STRATEGY_NAMES,
+    *ENGINE_STRATEGIES,
     "single:precision=bf16",
     "ddp:precision=bf16",
     "ddp:accumulate=2",
@@ -124,8 +125,8 @@ def variant_parse(text: str) -> Variant:
     """``name`` or ``name:option=value[:option=value]``, a switch also as ``name:option``; a
     ValueError says what is wrong."""
     name, *pairs = text.split(":")
-    if name not in STRATEGY_NAMES:
-        raise ValueError(f"unknown strategy {name}")
+    if name not in ENGINE_STRATEGIES:
+        raise ValueError(f"unknown strategy {name} (the engine's: {', '.join(ENGINE_STRATEGIES)})")
     taken = {option.name: option for option in strategy_get(name).options}
     options = []
     for pair in pairs:
@@ -469,7 +470,7 @@ def run_one(
     epochs = [e for e in events if e["type"] == "epoch"]
     if proc.returncode == 0 and finished and epochs:
         return RunResult(
-            accuracy=float(finished[-1]["test_accuracy"]),
+            accuracy=float(finished[-1]["test_accuracy"] or 0.0),
             images_per_second=statistics.mean(float(e["images_per_second"]) for e in epochs),
             memory=tuple(epochs[-1].get("memory") or ()),
         ), ""

@@ -24,7 +24,10 @@ Trainer = Callable[[TrainConfig, Runtime, EventWriter], None]  # a strategy's ow
 
 def strategy_module(name: str) -> ModuleType:
     """``training.strategies.<module>`` of the strategy called ``name``."""
-    return importlib.import_module(f"{__name__}.{strategy_get(name).module}")
+    spec = strategy_get(name)
+    if spec.user_script:  # the CLI launches the user's script before the engine: no module
+        raise ValueError(f"strategy {name!r} runs your own script: the engine has no module for it")
+    return importlib.import_module(f"{__name__}.{spec.module}")
 
 
 def own_trainer(cfg: TrainConfig) -> Trainer | None:

@@ -11,7 +11,8 @@ from dashboard.experiments.models import Experiment
 
 
 def experiments_visible_to(user: Any) -> QuerySet[Experiment]:
-    queryset = Experiment.objects.select_related("owner")
+    # The owner and a script run's code are in every row's read JSON: one query for a page.
+    queryset = Experiment.objects.select_related("owner", "code")
     if getattr(user, "is_staff", False):
         return queryset
     return queryset.filter(owner_id=user.pk)

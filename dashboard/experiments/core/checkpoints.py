@@ -22,14 +22,16 @@ def run_dir(*, experiment_id: int) -> Path:
     return Path(settings.TRAINYARD_RUNS_DIR).resolve() / str(experiment_id)
 
 
-def checkpoint_file_resolve(*, checkpoint: Checkpoint) -> Path | None:
-    """The checkpoint's file on this machine, or None when it cannot be served from here."""
+def checkpoint_file_resolve(*, checkpoint: Checkpoint, folder_ok: bool = False) -> Path | None:
+    """The checkpoint's file on this machine, or None when it cannot be served from here.
+    `folder_ok`: a folder will do (to resume from: a Hugging Face checkpoint-N is one; a
+    download is a file)."""
     allowed = run_dir(experiment_id=checkpoint.experiment_id)
     try:
         path = Path(checkpoint.path).resolve(strict=True)
     except (OSError, RuntimeError, ValueError):  # missing, a link loop, a NUL byte
         return None
-    if not path.is_relative_to(allowed) or not path.is_file():
+    if not path.is_relative_to(allowed) or not (path.is_file() or folder_ok and path.is_dir()):
         return None
     return path
 

@@ -8,6 +8,8 @@ the exports all say a run's settings the same way, in the registry's words.
 
 from __future__ import annotations
 
+import shlex
+
 from django.utils import timezone
 
 from dashboard.experiments.models import (
@@ -26,6 +28,28 @@ from training.registry import (
     StrategyOption,
     option_value_text,
 )
+
+
+def experiment_runs_script(*, experiment: Experiment) -> bool:
+    """A run of the user's own script (strategy "script"), not of the engine."""
+    spec = STRATEGIES.get(experiment.strategy)  # None: a name no longer in the registry
+    return spec is not None and spec.user_script
+
+
+def experiment_script_facts(*, experiment: Experiment) -> list[dict[str, str]]:
+    """A script run's rows of the run page's settings, in place of the engine's it does not
+    read: its entry point, arguments as a shell would write them, and its code (the upload's
+    hash, or the folder on the workers). Empty for the other strategies."""
+    if not experiment_runs_script(experiment=experiment):
+        return []
+    if experiment.reported:  # a script elsewhere: what it ran is on its own machine
+        return [{"label": "Reported", "value": "by a script run elsewhere (trainyard.init)"}]
+    code = experiment.code
+    return [
+        {"label": "Entry point", "value": experiment.entrypoint},
+        {"label": "Arguments", "value": shlex.join(experiment.args or []) or "none"},
+        {"label": "Code", "value": f"sha256 {code.sha256}" if code else experiment.code_path},
+    ]
 
 
 def experiment_is_active(*, experiment: Experiment) -> bool:

@@ -67,9 +67,24 @@ FIELDS = (
 )
 
 
+# A script run's own fields (the API's; the launch form has none yet), which no other strategy
+# reads: stored beside the form's, checked by scripts/launch.py.
+SCRIPT_FIELDS = ("entrypoint", "args", "code", "code_path")
+# The strategies the launch form (and a study's) offers: not a user's own script, whose fields
+# the form lacks so far; the API takes every strategy. Their one home.
+FORM_STRATEGIES: tuple[str, ...] = tuple(spec.name for spec in REGISTRY if not spec.user_script)
+# The engine's settings, which a script run leaves at their defaults: the script does not read
+# them (it has its own, in its arguments).
+ENGINE_ONLY_DEFAULTS: dict[str, Any] = {
+    name: Experiment._meta.get_field(name).get_default()
+    for name in ("model", "dataset", "data_path", "epochs", "batch_size", "lr", "optimizer")
+}
+
+
 def experiment_clone_fields(*, source: Experiment) -> dict[str, Any]:
-    """The launch fields of a copy of `source`: the admin's clone, and the form it prefills."""
-    fields = {name: getattr(source, name) for name in FIELDS}
+    """The launch fields of a copy of `source`: the admin's clone, and the form it prefills (a
+    script run's own fields too: the code, entry point and arguments it ran)."""
+    fields = {name: getattr(source, name) for name in (*FIELDS, *SCRIPT_FIELDS)}
     fields["name"] = f"{source.name} (again)"[:200]
     return fields
 
@@ -80,9 +95,9 @@ GPU_ID_MAX_DIGITS = 6
 MACHINE_NAME_MAX_CHARS = 255  # WorkerMachine.hostname
 
 
-def spanning_labels() -> str:
-    """The strategies that can span machines (training/registry.py), for people."""
-    return words_joined([spec.label for spec in REGISTRY if spec.nodes])
+def spanning_labels(strategies: tuple[str, ...] = FORM_STRATEGIES) -> str:
+    """Those of `strategies` that can span machines (training/registry.py), for people."""
+    return words_joined([spec.label for spec in REGISTRY if spec.nodes and spec.name in strategies])
 
 
 class CommaListField(forms.Field):
@@ -203,8 +218,14 @@ class ExperimentForm(forms.ModelForm):
         fields = FIELDS
         widgets = {"lr": forms.NumberInput(attrs={"step": "any"})}
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, strategies: tuple[str, ...] = FORM_STRATEGIES, **kwargs: Any
+    ) -> None:
+        """``strategies``: those it takes (the page's: FORM_STRATEGIES; the API's: every one)."""
         super().__init__(*args, **kwargs)
+        self.strategies = strategies
+        strategy = self.fields["strategy"]
+        strategy.choices = [(v, label) for v, label in strategy.choices if v in strategies]
         self.fields["name"].required = False
         self.fields["model"].required = False  # simple-cnn
         # Omitted processes mean "the natural count": one per GPU, else two CPU ranks.
@@ -212,8 +233,8 @@ class ExperimentForm(forms.ModelForm):
         # Omitted nodes mean one machine, or as many as are pinned.
         self.fields["nodes"].required = False
         self.fields["nodes"].help_text = (
-            f"Machines the run spans ({spanning_labels()} only); Processes are the ranks on "
-            "each machine."
+            f"Machines the run spans ({spanning_labels(strategies)} only); Processes are the "
+            "ranks on each machine."
         )
         for option in OPTIONS_DECLARED:
             self.fields[option.name] = option_field(option)
@@ -256,6 +277,19 @@ class ExperimentForm(forms.ModelForm):
                 self.add_error(field, message)
         return not refusals
 
+    def _engine_fields_clean(self, data: dict[str, Any], spec: StrategySpec) -> None:
+        """A script run reads none of the engine's settings: one given off its default is
+        refused on its field (as an option its strategy does not read is), the others are
+        stored at their defaults."""
+        for name, default in ENGINE_ONLY_DEFAULTS.items():
+            if data.get(name) in (None, "", default):
+                data[name] = default
+            elif name not in self.errors:
+                self.add_error(
+                    name,
+                    f"{spec.label} does not read it: give your script its settings in `args`",
+                )
+
     def clean_lr(self) -> float:
         lr = self.cleaned_data["lr"]
         if not (0 < lr <= LR_MAX):
@@ -277,8 +311,8 @@ class ExperimentForm(forms.ModelForm):
         if data["nodes"] > 1 and not spec.nodes:
             self.add_error(
                 "nodes",
-                f"{spec.label} runs on one machine; only {spanning_labels()} span several machines "
-                "(torchrun's rendezvous)",
+                f"{spec.label} runs on one machine; only {spanning_labels(self.strategies)} span "
+                "several machines (torchrun's rendezvous)",
             )
             return False
         return True
@@ -308,6 +342,8 @@ class ExperimentForm(forms.ModelForm):
         if strategy is None or self.errors:
             return data
         spec = strategy_get(strategy)
+        if spec.user_script:
+            self._engine_fields_clean(data, spec)
         if not spec.processes:
             data["processes"] = 1
         elif data.get("processes") is None:
@@ -330,7 +366,8 @@ class ExperimentForm(forms.ModelForm):
             self.add_error(refusal.field, refusal.message)
         if not self._nodes_clean(data, spec) or self.errors:
             return data
-        if not self._catalogue_clean(data):
+        # A script run trains no model of the catalogue: nothing there to look for.
+        if not spec.user_script and not self._catalogue_clean(data):
             return data
         # A strategy that cannot run without GPUs is refused on the GPU field, where the fix is.
         needs_gpus = gpus or spec.min_gpus
@@ -345,7 +382,9 @@ class ExperimentForm(forms.ModelForm):
         field = "machines" if data["machines"] else "nodes" if data["nodes"] > 1 else None
         for message in messages:
             self.add_error(field or ("gpus" if needs_gpus else "processes"), message)
-        if not data.get("name"):
+        if not data.get("name") and spec.user_script:
+            data["name"] = spec.label  # scripts/launch.py names it after its entry point
+        elif not data.get("name"):
             data["name"] = f"{spec.label} on {data.get('dataset', 'mnist')}"
             if data["model"] != MODEL_DEFAULT:
                 data["name"] = f"{data['model']}, {data['name']}"[:200]

@@ -49,7 +49,12 @@ def launch_active_check(*, owner: Any) -> LaunchLimited | None:
     most = settings.TRAINYARD_MAX_ACTIVE_RUNS_PER_USER
     if most <= 0:  # 0 turns the limit off
         return None
-    active = Experiment.objects.filter(owner_id=owner.pk, status__in=ACTIVE_STATUSES).count()
+    # A run reported from outside holds no worker: it does not count against launches.
+    active = (
+        Experiment.objects.filter(owner_id=owner.pk, status__in=ACTIVE_STATUSES)
+        .exclude(reported=True)
+        .count()
+    )
     if active < most:
         return None
     return LaunchLimited(

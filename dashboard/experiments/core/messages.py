@@ -27,7 +27,8 @@ a gap: channels-redis drops messages past its capacity without a word.
                 (core/profiles.py's profile_as_dict: state, state_text, traces with their
                 download urls, the summary with its texts); the page shows ``view`` as it is
     series      the dashboard's: points of series that no step or epoch event carries (the
-                supervisor's samples of the worker's CPU and GPUs, keys as in series.py),
+                supervisor's samples of the worker's CPU and GPUs, keys as in series.py; a
+                script's ``metrics`` events of protocol 1.11, which are sent as this),
                 ``points: {key: [[step, time, value], ...]}``; the page appends each point to
                 its series as a one-point bucket, as it does with step and epoch figures
     log         a line of the run's log: the training's log events, its plain output (stderr, and

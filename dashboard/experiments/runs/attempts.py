@@ -51,7 +51,7 @@ def checkpoint_latest(*, experiment_id: int) -> Checkpoint | None:
     requested mid-epoch, the training resumes either exactly."""
     for checkpoint in Checkpoint.objects.filter(experiment_id=experiment_id).order_by("-step"):
         # Only from inside the run's own folder, as for downloads.
-        if checkpoint_file_resolve(checkpoint=checkpoint) is not None:
+        if checkpoint_file_resolve(checkpoint=checkpoint, folder_ok=True) is not None:
             return checkpoint
     return None
 

@@ -15,7 +15,11 @@ def number_or_none(value: Any) -> float | None:
     """A finite JSON number as a float; anything else (a bool, a string, NaN) as None."""
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    return float(value) if math.isfinite(value) else None
+    try:
+        number = float(value)  # an integer of 400 digits is JSON too: past a float's range
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
 
 
 def is_count(value: Any) -> bool:

@@ -78,8 +78,9 @@ class EventRelay:
         return self.stderr_bodies(self.echoes.lines_due(now))
 
     def stderr_bodies(self, lines: list[str]) -> list[Body]:
-        # After a Stop, the launcher's signal tracebacks are expected noise, not news.
-        if self.state.stopped_by is not None:
+        # After a Stop, the launcher's signal tracebacks are expected noise, not news; while a
+        # script's ranks agree on a Stop and save (stop_deadline), their lines are still news.
+        if self.state.stopped_by is not None and self.state.stop_deadline is None:
             return []
         bodies: list[Body] = []
         for line in filter(str.strip, lines):

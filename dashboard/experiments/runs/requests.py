@@ -10,17 +10,28 @@ writing what to record into the training's `profile_dir`: runs/profiles.py).
 from __future__ import annotations
 
 import signal
+import time
 from datetime import datetime
+from typing import Any
 
 from django.conf import settings
 from django.db.models import OuterRef, Subquery
 
 from dashboard.experiments.models import Experiment, Profile, ProfileState
+from dashboard.experiments.runs.bounds import is_count
 from dashboard.experiments.runs.process import TrainingProcess
 from dashboard.experiments.runs.profiles import profile_fail, profile_request_write
 from dashboard.experiments.runs.sink import EventSink
 from dashboard.experiments.runs.state import AttemptState
 from dashboard.experiments.runs.stragglers import events_flush
+from training.registry import strategy_get
+from training.scripts.launch import KILL_GRACE_SECONDS
+
+# A training's word on how long its ranks need to stop is bounded: a day.
+MAX_STOP_GRACE_SECONDS = 86400.0
+# After a script's Stop grace, its launcher's SIGTERM-then-SIGKILL of what is left
+# (training/scripts/launch.py's KILL_GRACE_SECONDS) and a margin.
+LAUNCHER_END_SECONDS = KILL_GRACE_SECONDS + 2.0
 
 
 class RunRequests:
@@ -143,6 +154,8 @@ class RunRequests:
 
     def stop(self, *, by: str) -> None:
         self.state.stopped_by = by
+        if self.stop_agreed(by=by):
+            return
         if self.state.training_finished():
             # The ranks are only tearing down (seconds for torchrun): ending them loses nothing.
             message = f"Stop requested by {by} after the training had finished; its results stand"
@@ -158,3 +171,46 @@ class RunRequests:
             )
         if killed:
             self.sink.add_output(f"killed after the grace period: {killed}", level="warning")
+
+    def stop_agreed(self, *, by: str) -> bool:
+        """A script run's Stop (protocol 1.11): SIGTERM to the process its `started` named, whose
+        ranks agree on a step, save and leave within its grace period; what is left after it
+        (and the launcher's own ending) is ended by `stop_overdue`. On a script run's other
+        machines, whose launchers write no `started`, the launcher (this supervisor's child) is
+        that process, so that no machine's ranks are killed while the others' agree. False
+        where the training named no such process, or it has ended: the Stop ends every process
+        at once."""
+        started: dict[str, Any] = dict(self.state.started_event or {})
+        pid, script = started.get("stop_pid"), started.get("script")
+        grace = script.get("stop_grace") if isinstance(script, dict) else None
+        if not started and strategy_get(self.experiment.strategy).user_script:
+            pid, grace = self.process.pid, settings.TRAINYARD_SCRIPT_STOP_SECONDS
+        if not isinstance(pid, int) or not is_count(pid) or pid == 0:
+            return False
+        if not isinstance(grace, (int, float)) or isinstance(grace, bool):
+            return False
+        if self.state.training_finished() or not self.process.signal_in_tree(
+            pid=pid, signum=signal.SIGTERM
+        ):
+            return False
+        # The launcher's own ending of what is left (its SIGTERM, then SIGKILL) comes first, so
+        # that it names the ranks it ended; this machine's grace after that.
+        wait = (min(float(grace), MAX_STOP_GRACE_SECONDS) + LAUNCHER_END_SECONDS
+                + settings.TRAINYARD_STOP_GRACE_SECONDS)  # fmt: skip
+        self.state.stop_deadline = time.monotonic() + wait
+        self.sink.add_output(
+            f"Stop requested by {by}; every rank stops at the same step, saves and leaves "
+            f"(within {grace:g} s)",
+            level="info",
+        )
+        return True
+
+    def stop_overdue(self, now: float) -> None:
+        """End what is left of an agreed Stop once its time is up (the loop asks each turn)."""
+        if self.state.stop_deadline is None or now < self.state.stop_deadline:
+            return
+        self.state.stop_deadline = None
+        killed = self.process.stop(rank_pids=self.state.rank_pids, grace_seconds=2)
+        if killed:
+            self.sink.add_output(f"killed after the Stop's grace period: {killed}",
+                                 level="warning")  # fmt: skip

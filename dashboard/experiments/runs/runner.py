@@ -53,6 +53,8 @@ from dashboard.experiments.runs.state import AttemptState
 from dashboard.experiments.runs.stragglers import events_flush
 from dashboard.experiments.runs.survival import supervisor_started
 from dashboard.experiments.scheduling.allocation import machine_local, run_cpu_threads
+from dashboard.experiments.scripts.attempt import script_code_folder, script_flags
+from dashboard.experiments.scripts.environment import script_environment
 from training.catalogue import IMAGEFOLDER, MODEL_DEFAULT
 from training.protocol import Event
 from training.registry import strategy_get
@@ -74,6 +76,12 @@ def training_command(*, experiment: Experiment) -> list[str]:
         str(experiment.pk),
         "--strategy",
         experiment.strategy,
+    ]
+    if strategy_get(experiment.strategy).user_script:
+        # The user's own script: the launcher's flags only; its code folder and arguments are
+        # the attempt's (RunSupervisor._start).
+        return command + script_flags(experiment=experiment, checkpoint_dir=run_dir / "checkpoints")
+    command += [
         "--dataset",
         experiment.dataset,
         "--epochs",
@@ -189,8 +197,10 @@ def training_environment(*, experiment: Experiment) -> dict[str, str]:
         cpu_count=machine.cpu_count,
     )
     per_process = 1 if experiment.strategy in PROCESS_STRATEGIES else max(threads, 1)
+    # A user's script runs arbitrary code: it gets no secret of the worker's (environment.py).
+    script = strategy_get(experiment.strategy).user_script
     return {
-        **os.environ,
+        **(script_environment() if script else os.environ),
         "PYTHONUNBUFFERED": "1",
         "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
         # GPU ids are NVML's, in PCI order; CUDA must number them the same way.
@@ -277,6 +287,7 @@ class RunSupervisor:
                 if now >= next_stop_check and self.state.stopped_by is None:
                     next_stop_check = now + STOP_POLL_SECONDS
                     requests.requests_check()
+                requests.stop_overdue(now)
                 if now >= next_beat:
                     next_beat = now + heartbeat_interval()
                     liveness.heartbeat()
@@ -303,10 +314,15 @@ class RunSupervisor:
 
     def _start(self) -> TrainingProcess:
         command = training_command(experiment=self.experiment)
+        script = strategy_get(self.experiment.strategy).user_script
+        if script:  # the attempt's code folder (ScriptCodeUnavailable fails the attempt)
+            command += ["--code-dir", str(script_code_folder(experiment=self.experiment))]
         if self.resume is not None:
             command += ["--resume", str(self.resume)]
         if self.multinode:
             command += node_flags(experiment=self.experiment, node_rank=self.node_rank)
+        if script:  # last: the launcher's parser stops at "--", the rest is the script's
+            command += ["--", *self.experiment.args]
         # Each rank names its machine in `started` (placement's ranks come from it).
         env = {**training_environment(experiment=self.experiment),
                "TRAINYARD_WORKER_NAME": self.experiment.worker}  # fmt: skip

@@ -16,7 +16,9 @@ test_accuracy, its mean images/s as epoch/images_per_second (a coarser figure ov
 epoch: scaling.py reads it only for a run with no step event), and what each rank holds (its
 `memory`, protocol 1.7) as rank/<r>/parameter_bytes and the like, the last epoch's also on the
 row (`Experiment.memory`, the read JSON's). The supervisor's machine samples come through
-`add_series`.
+`add_series`. A user's script reports its own figures in `metrics` events (protocol 1.11), one
+rank's at its step: stored as rank/<r>/<name>, rank 0's also as <name>, and sent to the page as
+a `series` message, the shape its charts already take.
 
 The sink is the unit of work (add, due, flush, numbering under the row lock), and that only:
 a flush says whether it stored windows of several ranks' phases (`PhasesStored`), and whoever
@@ -48,7 +50,7 @@ from dashboard.experiments.core.messages import (
 )
 from dashboard.experiments.core.profiles import profile_as_dict
 from dashboard.experiments.core.run_facts import checkpoint_texts, rank_rows, started_texts
-from dashboard.experiments.metrics.series import MAX_KEY_CHARS
+from dashboard.experiments.metrics.series import MAX_KEY_CHARS, MAX_STEP
 from dashboard.experiments.metrics.series_contract import (
     EPOCH_SERIES,
     MEMORY_FIELDS,
@@ -72,6 +74,12 @@ SEND_GAP_SECONDS = 0.05
 MAX_LOG_CHARS = 4000
 # A report is trusted to be small, not to be well-formed: bound what one event can store.
 MAX_RANKS = 1024
+MAX_METRICS_VALUES = 256  # a script's figures in one `metrics` event
+# The keys the dashboard files by rank and by machine: a script's name there would pose as
+# another rank's figure (rank/3/loss from rank 0) or a machine's sample, so it is skipped. A name
+# the engine also writes (train_loss, lr) is the script's to use, and meant to be: a script run
+# has no engine writing them, and the charts that draw them then draw the script's.
+RESERVED_PREFIXES = ("rank/", "machine/")
 
 
 def output_body(line: str, *, level: str, rank: int | None = None, machine: str = "") -> LogBody:
@@ -163,6 +171,24 @@ def event_series(message: dict[str, Any]) -> dict[str, float | None]:
     return values
 
 
+def metrics_series(message: dict[str, Any]) -> dict[str, float | None]:
+    """A script's `metrics` event (protocol 1.11) as series: rank/<r>/<name> for its rank, and
+    <name> for rank 0's (the engine's convention). Within bounds: a rank below MAX_RANKS, the
+    first MAX_METRICS_VALUES figures, names whose keys fit the column; the rest is skipped."""
+    rank, values = message.get("rank"), message.get("values")
+    if not is_count(rank) or cast(int, rank) >= MAX_RANKS or not isinstance(values, dict):
+        return {}
+    series: dict[str, float | None] = {}
+    for name, value in list(values.items())[:MAX_METRICS_VALUES]:
+        key = f"rank/{rank}/{name}"
+        if not name or len(key) > MAX_KEY_CHARS or name.startswith(RESERVED_PREFIXES):
+            continue  # (JSON's names are strings: the relay parsed it)
+        series[key] = number_or_none(value)
+        if rank == 0:
+            series[name] = series[key]
+    return series
+
+
 def log_row(message: dict[str, Any], *, experiment_id: int, seq: int, level: str) -> LogLine:
     """The log's row of a line the sink numbered `seq`, its fields bounded."""
     return LogLine(
@@ -174,6 +200,32 @@ def log_row(message: dict[str, Any], *, experiment_id: int, seq: int, level: str
         rank=rank if is_count(rank := message.get("rank")) else None,
         machine=str(message.get("machine") or "")[:255],
     )
+
+
+# Two of the stores of EVENT_STORES below, outside the class to keep it to the unit of work.
+
+
+def _metrics_store(sink: EventSink, message: dict[str, Any]) -> None:
+    """A script's figures, stored as series at its step (rank 0's moves the row's step, as
+    a step event does). The message becomes a `series` one (add_series' shape), which the
+    page's charts take; an event out of bounds stores nothing and sends no points."""
+    step, rank = cast(int, message.get("step")), message.get("rank")
+    time_ = number_or_none(message.get("time")) or 0.0
+    values = metrics_series(message) if is_count(step) and step <= MAX_STEP else {}
+    seq = message["seq"]
+    message.clear()
+    message.update(type="series", seq=seq, points={})
+    if not values:
+        return
+    sink._add_values(values, step=step, time_=time_)
+    message["points"] = {key: [[step, time_, v]] for key, v in values.items()}
+    if rank == 0:
+        sink.step = sink.updates["step"] = step
+
+
+def _failed_store(sink: EventSink, message: dict[str, Any]) -> None:
+    if message.get("traceback"):
+        sink._add_log({**message, "message": message["traceback"]}, level="error")
 
 
 class EventSink:
@@ -260,10 +312,6 @@ class EventSink:
         message["view"] = profile_as_dict(profile=profile) if profile is not None else None
         message.pop("traces", None)  # the worker's paths: the view has the download urls
         message.pop("summary", None)  # in the view, with its texts
-
-    def _failed_store(self, message: dict[str, Any]) -> None:
-        if message.get("traceback"):
-            self._add_log({**message, "message": message["traceback"]}, level="error")
 
     def _add_point(self, message: dict[str, Any]) -> None:
         reported, epoch = message.get("step"), message.get("epoch")
@@ -375,6 +423,7 @@ class EventSink:
         "log": _log_store,
         "checkpoint": _checkpoint_store,
         "profile": _profile_store,
+        "metrics": _metrics_store,
         "failed": _failed_store,
     }
 

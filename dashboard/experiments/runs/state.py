@@ -26,6 +26,9 @@ class AttemptState:
     # The requests: who asked for the Stop being carried out, and the checkpoint request passed
     # on to the training and not yet answered by a checkpoint event.
     stopped_by: str | None = None
+    # A script run's Stop, agreed by its ranks (protocol 1.11's stop_pid): when the supervisor
+    # ends what is left (its monotonic clock); None: no such Stop under way.
+    stop_deadline: float | None = None
     checkpoint_signalled: datetime | None = None
     profile_signalled: int | None = None  # the profile request passed on to the training
     # Liveness: this machine's processes are ended for good (the run moved on, or the database

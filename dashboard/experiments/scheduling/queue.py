@@ -70,6 +70,7 @@ def running_limit() -> int:
 def running_by_owner() -> Counter[int]:
     rows = (
         Experiment.objects.filter(status=Status.RUNNING)
+        .exclude(reported=True)  # a script elsewhere reporting in holds no worker
         .values("owner_id")
         .annotate(n=Count("id"))
         .values_list("owner_id", "n")

@@ -4,15 +4,18 @@ hash (``code_dir()/<sha256>.<kind>``) with a row per owner (``CodeArchive``).
 Checked by unpacking it, bounded, into a scratch folder (core/archives.py: bytes counted as they
 come out, members counted, every path inside the folder, no links, no devices), so that what is
 kept is what a worker will unpack: a refusal names the member and the bound, and nothing is kept.
+A launch lists its files through the same checks without writing them (``code_files``); the
+worker unpacks it afresh for each attempt of a run (``code_unpack_for_run``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import tempfile
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
 from django.conf import settings
@@ -26,7 +29,7 @@ from dashboard.experiments.core.archives import (
     tar_unpack,
     zip_unpack,
 )
-from dashboard.experiments.models import CodeArchive
+from dashboard.experiments.models import CodeArchive, Experiment
 
 # An archive's kind by its first bytes (its name is the client's word): gzip, then a zip's local
 # header or the end record of an empty one.
@@ -148,3 +151,60 @@ def code_store(*, owner: Any, upload: IO[bytes], size: int) -> CodeArchive:
             return CodeArchive.objects.create(owner=owner, sha256=sha256, **fields)
     except IntegrityError:  # the same upload, stored by a request that got there first
         return CodeArchive.objects.get(owner=owner, sha256=sha256)
+
+
+def _archive_open(*, code: CodeArchive) -> IO[bytes]:
+    """The kept archive, opened; CodeRefused where this machine does not have it."""
+    path = code_path(code=code)
+    try:
+        return path.open("rb")
+    except OSError:
+        raise CodeRefused(
+            f"the code {code.sha256[:12]} is not at {path} on this machine "
+            "(TRAINYARD_CODE_DIR must be shared by the server and the workers): upload it again"
+        ) from None
+
+
+def code_files(*, code: CodeArchive) -> frozenset[str]:
+    """The paths of the files the kept archive holds ("train.py", "lib/model.py"), read through
+    the upload's checks and bounds but written nowhere: each file is named to `keep`, which
+    writes none (a zip's are never read; a tar's are read past, as its unpack would)."""
+    names: set[str] = set()
+
+    def listed(path: PurePosixPath) -> bool:
+        names.add(str(path))
+        return False
+
+    unpack = tar_unpack if code.kind == "tar.gz" else zip_unpack
+    with _archive_open(code=code) as archive:
+        try:
+            # The root is never written to: `listed` keeps no file.
+            unpack(source=archive, root=code_dir(), bounds=replace(code_bounds(), keep=listed))
+        except ImportRefused as refused:
+            raise CodeRefused(refused.message) from None
+    return frozenset(names)
+
+
+def code_unpack_for_run(*, experiment: Experiment) -> Path:
+    """The run's uploaded code, unpacked afresh for its attempt under the run's folder
+    (TRAINYARD_RUNS_DIR/<id>/code/attempt-<n>), with the upload's unpacker and bounds: a
+    script may write beside itself, and an attempt must not start from what the last one left.
+    Unpacked into a scratch name, then renamed whole: on a runs folder the machines of one run
+    share, the first machine's unpack is the others' (the same archive, by its hash)."""
+    code = experiment.code
+    if code is None:
+        raise CodeRefused(f"run {experiment.pk} has no uploaded code")
+    parent = Path(settings.TRAINYARD_RUNS_DIR) / str(experiment.pk) / "code"
+    folder = parent / f"attempt-{experiment.attempt}"
+    parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(dir=parent, prefix=f".{folder.name}-"))
+    try:
+        with _archive_open(code=code) as archive:
+            code_unpack(upload=archive, kind=code.kind, root=scratch)
+        os.rename(scratch, folder)
+    except OSError:
+        if not folder.is_dir():  # not another machine's unpack of this attempt: a real error
+            raise
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return folder

@@ -14,6 +14,7 @@ from django import template
 from django.utils.html import json_script
 from django.utils.safestring import SafeString
 
+from dashboard.experiments.core.forms import FORM_STRATEGIES
 from dashboard.experiments.core.messages import SocketClose
 from dashboard.experiments.core.transitions import ENDS
 from dashboard.experiments.metrics.phases import phase_facts
@@ -40,6 +41,8 @@ def page_facts_build() -> dict[str, Any]:
                 "max_gpus": spec.max_gpus,
                 # The options it reads (the launch form shows their fields for it alone).
                 "options": [option.name for option in spec.options],
+                # The launch form offers it (a user's own script: not yet, the API only).
+                "form": spec.name in FORM_STRATEGIES,
             }
             for spec in REGISTRY
         },

@@ -61,6 +61,7 @@ from dashboard.experiments.web.api_launch import (
     launch_form_data,
     launch_limited_error,
     launch_payload_check,
+    launch_script_fields,
 )
 from dashboard.experiments.web.api_metrics import METRICS_PARAMS, metrics_response
 from dashboard.experiments.web.api_schemas import (
@@ -81,6 +82,7 @@ from dashboard.experiments.web.run_list import (
     runs_page,
 )
 from dashboard.streaming import streamed
+from training.registry import STRATEGY_NAMES
 
 MAX_RANK = 999_999  # the logs' rank filter
 router = Router(tags=["runs"])
@@ -201,17 +203,21 @@ def experiments(request: HttpRequest) -> HttpResponse:
     ),
 )
 def experiment_launch_view(request: HttpRequest) -> HttpResponse:
-    """Launch a run: the launch form's fields and checks (a refusal names each field)."""
+    """Launch a run: the launch form's fields and checks (a refusal names each field); a
+    script run's code, entry point and arguments besides (who may: experiments.run_script)."""
     payload = json_body(request)
     errors = launch_payload_check(payload)
     if errors:
         raise ApiError(400, "invalid experiment", errors)
-    form = ExperimentForm(data=launch_form_data(payload))
+    script = launch_script_fields(user=request.user, payload=payload)
+    # Every strategy, the user's own script included (the page's form offers the others).
+    form = ExperimentForm(data=launch_form_data(payload), strategies=STRATEGY_NAMES)
     if not form.is_valid():
         errors = {k: [e["message"] for e in v] for k, v in form.errors.get_json_data().items()}
         raise ApiError(400, "invalid experiment", errors)
+    fields = {**form.cleaned_data, **script}
     try:
-        experiment = experiment_launch(owner=request.user, fields=form.cleaned_data)
+        experiment = experiment_launch(owner=request.user, fields=fields)
     except LaunchLimited as refused:
         raise launch_limited_error(refused) from None
     return JsonResponse(experiment_as_dict(experiment), status=201)

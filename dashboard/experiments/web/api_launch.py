@@ -1,7 +1,9 @@
 """The launch body of POST /api/experiments/ (a study's grid checks its runs with it too): each
 field's JSON type, the checks made before the launch form sees a payload, and the body as the
 docs show it (LaunchIn), derived from the same types, the model's choices and help and the
-form's bounds, so that the docs say what the checks do. The route itself is api.py's.
+form's bounds, so that the docs say what the checks do. A script run's own fields (its code,
+entry point and arguments) are checked by scripts/launch.py, which the form does not know of.
+The route itself is api.py's.
 """
 
 from __future__ import annotations
@@ -13,12 +15,21 @@ from ninja import Schema
 from pydantic import ConfigDict, Field, create_model
 
 from dashboard.api import ApiError
-from dashboard.experiments.core.forms import FIELDS, LIMITS, LR_MAX, MAX_GPU_IDS
+from dashboard.experiments.core.access import script_allowed
+from dashboard.experiments.core.forms import FIELDS, LIMITS, LR_MAX, MAX_GPU_IDS, SCRIPT_FIELDS
 from dashboard.experiments.core.limits import LaunchLimited
 from dashboard.experiments.models import Experiment
+from dashboard.experiments.scripts.launch import (
+    MAX_ARG_CHARS,
+    MAX_ARGS,
+    ScriptRefused,
+    script_fields_given,
+    script_launch_fields,
+)
 from training.registry import (
     COUNT,
     OPTIONS_DECLARED,
+    STRATEGIES,
     SWITCH,
     StrategyOption,
     option_strategies,
@@ -43,10 +54,22 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
     # The strategy options (training/registry.py), typed as their defaults: a switch true or
     # false, a count an integer, a choice its values' type (ZeRO's stage 1, a comm hook "fp16").
     **{option.name: (type(option.default),) for option in OPTIONS_DECLARED},
+    # A script run's own (strategy "script"): its file, its arguments, and its code, an upload's
+    # id or a folder on the workers.
+    "entrypoint": (str,),
+    "args": (list,),
+    "code": (int,),
+    "code_path": (str,),
 }
 # Fields where null means "the default for the strategy" (an option: not given).
 NULLABLE_FIELDS = frozenset(
-    {"processes", "nodes", "data_path", *(option.name for option in OPTIONS_DECLARED)}
+    {
+        "processes",
+        "nodes",
+        "data_path",
+        *(option.name for option in OPTIONS_DECLARED),
+        *(name for name in SCRIPT_FIELDS if name != "args"),
+    }
 )
 TYPE_NAMES = {
     str: "a string",
@@ -58,15 +81,21 @@ TYPE_NAMES = {
 # Bounds checked before the form sees a value (see launch_payload_bounds_check).
 MAX_JSON_INT = 2**63 - 1
 MAX_STRING_CHARS = 200
-MAX_PATH_CHARS = 1000  # data_path: Experiment.data_path's column
+MAX_PATH_CHARS = 1000  # Experiment's columns of these paths
+PATH_FIELDS = ("data_path", "entrypoint", "code_path")
+SCRIPT_NOT_ALLOWED = (
+    "a script run needs the permission experiments.run_script (it runs arbitrary code on the "
+    "workers): ask an administrator"
+)
 OPTIONS_BY_NAME = {option.name: option for option in OPTIONS_DECLARED}
+DEFAULT_STRATEGY = str(Experiment._meta.get_field("strategy").get_default())
 
 
 def _launch_field(name: str, allowed: tuple[type, ...]) -> tuple[Any, Any]:
     """One launch field as the docs show it: its JSON type, the model's choices and help."""
     kind: Any = {str: str, int: int, float: float, list: list[int], bool: bool}[allowed[-1]]
-    if name == "machines":
-        kind = list[str]  # worker names
+    if name in ("machines", "args"):
+        kind = list[str]  # worker names; a script's arguments
     if name in NULLABLE_FIELDS:
         kind = kind | None
     if name in OPTIONS_BY_NAME:
@@ -109,8 +138,10 @@ def _launch_bounds(name: str) -> dict[str, Any]:
         return {"minimum": low, "maximum": high}
     if name == "lr":
         return {"exclusiveMinimum": 0, "maximum": LR_MAX}
+    if name == "args":  # as scripts/launch.py's args_error bounds them
+        return {"maxItems": MAX_ARGS, "items": {"type": "string", "maxLength": MAX_ARG_CHARS}}
     if FIELD_TYPES[name] == (str,):  # as launch_payload_bounds_check caps them
-        return {"maxLength": MAX_PATH_CHARS if name == "data_path" else MAX_STRING_CHARS}
+        return {"maxLength": MAX_PATH_CHARS if name in PATH_FIELDS else MAX_STRING_CHARS}
     return {}
 
 
@@ -131,7 +162,7 @@ def launch_payload_check(payload: dict[str, Any]) -> dict[str, list[str]]:
     errors: dict[str, list[str]] = {}
     for key in payload:
         if key not in FIELD_TYPES:
-            errors[key] = [f"unknown field; the fields are {', '.join(FIELDS)}"]
+            errors[key] = [f"unknown field; the fields are {', '.join(FIELD_TYPES)}"]
     for key, allowed in FIELD_TYPES.items():
         if key not in payload or (key in NULLABLE_FIELDS and payload[key] is None):
             continue
@@ -143,7 +174,32 @@ def launch_payload_check(payload: dict[str, Any]) -> dict[str, list[str]]:
         errors["gpus"] = ["must be a list of integer GPU ids"]
     for key, why in launch_payload_bounds_check(payload).items():
         errors.setdefault(key, why)
+    strategy = payload.get("strategy", DEFAULT_STRATEGY)
+    if isinstance(strategy, str) and not _runs_script(payload):
+        not_read = f"only a script run reads it (strategy script), not {strategy}"
+        for key in script_fields_given(payload=payload):
+            errors.setdefault(key, [not_read])
     return errors
+
+
+def _runs_script(payload: dict[str, Any]) -> bool:
+    """Whether the body launches a user's own script (strategy omitted: the default's)."""
+    name = payload.get("strategy", DEFAULT_STRATEGY)
+    spec = STRATEGIES.get(name) if isinstance(name, str) else None
+    return spec is not None and spec.user_script
+
+
+def launch_script_fields(*, user: Any, payload: dict[str, Any]) -> dict[str, Any]:
+    """A script run's own fields to store ({} for the other strategies), its name too where
+    none is given: 403 for a user who may not run scripts, 400 naming each field refused."""
+    if not _runs_script(payload):
+        return {}
+    if not script_allowed(user=user):
+        raise ApiError(403, SCRIPT_NOT_ALLOWED)
+    try:
+        return script_launch_fields(owner=user, payload=payload)
+    except ScriptRefused as refused:
+        raise ApiError(400, "invalid experiment", refused.errors) from None
 
 
 def launch_payload_bounds_check(payload: dict[str, Any]) -> dict[str, list[str]]:
@@ -155,7 +211,7 @@ def launch_payload_bounds_check(payload: dict[str, Any]) -> dict[str, list[str]]
         if isinstance(value, int) and not isinstance(value, bool) and abs(value) > MAX_JSON_INT:
             errors[key] = [f"out of range (at most {MAX_JSON_INT} in size)"]
         elif isinstance(value, str) and len(value) > (
-            most := MAX_PATH_CHARS if key == "data_path" else MAX_STRING_CHARS
+            most := MAX_PATH_CHARS if key in PATH_FIELDS else MAX_STRING_CHARS
         ):
             errors[key] = [f"at most {most} characters, not {len(value)}"]
     gpus = payload.get("gpus")

@@ -126,6 +126,19 @@ class ExperimentOut(OptionsOut):
     # is more than 1.5x the median of the other ranks' (metrics/breakdown.py), or null:
     # `slower_by` that ratio minus 1, `since_step` where its latest run of slow windows began.
     straggler: StragglerOut | None = None
+    # A script run (strategy "script"): its file relative to its code folder, its arguments, and
+    # its code, an upload's id (and the archive's SHA-256) or a folder on the workers; null (args:
+    # empty) for the other strategies.
+    entrypoint: str | None = None
+    args: list[str] = []
+    code: int | None = None
+    code_path: str | None = None
+    code_sha256: str | None = None
+    # Reported from outside (a script elsewhere posts its events, POST .../events/): its last
+    # post, and a sentence once it has been silent past TRAINYARD_REPORTED_SILENT_SECONDS.
+    reported: bool = False
+    last_heard_at: str | None = None
+    silence_text: str = ""
 
 
 class ExperimentListOut(Schema):

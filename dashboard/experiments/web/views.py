@@ -27,9 +27,15 @@ from dashboard.experiments.core.descriptions import (
     experiment_duration_seconds,
     experiment_is_active,
     experiment_option_facts,
+    experiment_script_facts,
     experiment_strategy_label,
 )
-from dashboard.experiments.core.forms import FIELDS, ExperimentForm, experiment_clone_fields
+from dashboard.experiments.core.forms import (
+    FIELDS,
+    FORM_STRATEGIES,
+    ExperimentForm,
+    experiment_clone_fields,
+)
 from dashboard.experiments.core.limits import LaunchLimited
 from dashboard.experiments.core.memory import MEMORY_RULE
 from dashboard.experiments.core.messages import socket_path
@@ -66,6 +72,8 @@ DETAIL_LOG_LINES = 200
 LIST_LIMIT = 50
 # What a launch post carries besides the form's own fields.
 FORM_POST_EXTRA_KEYS = frozenset({"csrfmiddlewaretoken", "clone"})
+# The strategies with processes that the launch form offers (its help names them).
+FORM_PROCESS_STRATEGIES = tuple(name for name in PROCESS_STRATEGIES if name in FORM_STRATEGIES)
 
 
 def strategy_short(name: str) -> str:
@@ -172,7 +180,7 @@ def form_unknown_keys(*, data: Any, form: ExperimentForm) -> str:
 
 def _form_help() -> dict[str, str]:
     """Help lines that name the strategies with processes ("DDP, Hogwild and DeepSpeed")."""
-    names = words_joined([STRATEGIES[name].short for name in PROCESS_STRATEGIES])
+    names = words_joined([STRATEGIES[name].short for name in FORM_PROCESS_STRATEGIES])
     shared = words_joined([STRATEGIES[name].short for name in SHARED_BATCH_STRATEGIES])
     return {
         "processes_help": f"Processes of {names} (the others run one); leave empty for one per "
@@ -217,8 +225,8 @@ def experiment_new(request: HttpRequest) -> HttpResponse:
         "form": form,
         "source": source,
         "launch_options": options,
-        "strategy_help": REGISTRY,
-        "process_strategies": " ".join(str(value) for value in PROCESS_STRATEGIES),
+        "strategy_help": [spec for spec in REGISTRY if spec.name in FORM_STRATEGIES],
+        "process_strategies": " ".join(FORM_PROCESS_STRATEGIES),
         **_form_help(),
     }
     response = render(request, "experiments/form.html", context, status=status)
@@ -241,6 +249,9 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "devices_label": experiment_devices_label(experiment=experiment),
         "dataset_label": experiment_dataset_label(experiment=experiment),
         "option_facts": experiment_option_facts(experiment=experiment),
+        # A script run's entry point, arguments and code, in place of the engine's settings
+        # (empty for the other strategies; the launch form cannot run it again yet).
+        "script_facts": experiment_script_facts(experiment=experiment),
         "initial": initial,
         "ws_path": socket_path(experiment.pk),
         "logs": initial["logs"],

@@ -1,0 +1,128 @@
+"""A user's own script through the whole stack: uploaded, launched through the API, watched,
+asked for a checkpoint and stopped (Redis, daphne, a Celery worker, torchrun ranks).
+
+The script is tests/scripts/plain_ddp/train.py (plain DDP, two Gloo ranks, `trainyard` inside);
+the engine-side behaviour without the dashboard is tests/test_script_runs.py's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from tests.stack import Stack, wait_for
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+PLAIN_DDP = Path(__file__).resolve().parent / "scripts" / "plain_ddp"
+TRAINYARD = Path(sys.executable).parent / "trainyard"
+
+
+def folder_packed(folder: Path) -> bytes:
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as archive:
+        archive.add(folder / "train.py", arcname="train.py")
+    return out.getvalue()
+
+
+def series_of(session: Any, stack: Stack, pk: int) -> dict[str, Any]:
+    response = session.get(f"{stack.base_url}/api/experiments/{pk}/metrics/", timeout=10)
+    return dict(response.json()["series"])
+
+
+def test_an_uploaded_script_runs_reports_every_rank_and_stops_where_its_ranks_agree(
+    stack: Stack,
+) -> None:
+    root = stack.login("root")  # staff: may run scripts
+    packed = folder_packed(PLAIN_DDP)
+    response = root.post(f"{stack.base_url}/api/code/",
+                         files={"archive": ("code.tar.gz", packed)}, timeout=30)  # fmt: skip
+    assert response.status_code == 201, response.text
+    code = response.json()
+    launched = root.post(f"{stack.base_url}/api/experiments/", timeout=30, json={
+        "name": "my script", "strategy": "script", "processes": 2, "code": code["id"],
+        "entrypoint": "train.py", "args": ["--steps", "100000", "--sleep", "0.05"],
+    })  # fmt: skip
+    assert launched.status_code == 201, launched.text
+    run = launched.json()
+    assert run["code_sha256"] == hashlib.sha256(packed).hexdigest() == code["sha256"]
+    assert run["entrypoint"] == "train.py" and run["args"][:2] == ["--steps", "100000"]
+    pk = run["id"]
+
+    # Every rank's figures, and rank 0's as the run's own.
+    wait_for(lambda: {"loss", "rank/0/loss", "rank/1/loss"} <= series_of(root, stack, pk).keys(),
+             timeout=180, what="each rank's loss")  # fmt: skip
+    row = stack.experiment_row(pk)
+    launcher = psutil.Process(row["launcher_pid"])
+    family = [launcher, *launcher.children(recursive=True)]
+    assert len(family) >= 4  # the launcher, torchrun, two ranks
+
+    asked = root.post(f"{stack.base_url}/api/experiments/{pk}/checkpoint/", timeout=10)
+    assert asked.status_code == 202, asked.text
+    checkpoints = f"{stack.base_url}/api/experiments/{pk}/checkpoints/"
+    wait_for(lambda: root.get(checkpoints, timeout=10).json()["checkpoints"], timeout=60,
+             what="the requested checkpoint")  # fmt: skip
+
+    stopped = root.post(f"{stack.base_url}/api/experiments/{pk}/stop/", timeout=10)
+    assert stopped.status_code == 202, stopped.text
+    final = wait_for(lambda: (r := stack.experiment_row(pk))["status"] != "running" and r,
+                     timeout=90, what="the cancelled status")  # fmt: skip
+    assert final["status"] == "cancelled"
+    wait_for(lambda: not [p for p in family if _alive(p)], timeout=10, what="every process gone")
+
+    saved = root.get(checkpoints, timeout=10).json()["checkpoints"]
+    assert len(saved) == 2, saved  # the one asked for, and the one the Stop saved
+    last = max(c["step"] for c in saved)
+    series = series_of(root, stack, pk)
+    assert _last_step(series["rank/0/loss"]) == _last_step(series["rank/1/loss"]) == last
+    logs = root.get(f"{stack.base_url}/api/experiments/{pk}/logs/", timeout=10).json()
+    messages = [line["message"] for line in logs["lines"]]
+    assert f"Stopped: 2 rank(s) left at step {last}." in messages, messages[-10:]
+    assert logs["ranks"] == [0, 1]
+    for rank in (0, 1):  # each rank's own output, kept as its log
+        own = root.get(f"{stack.base_url}/api/experiments/{pk}/logs/?rank={rank}", timeout=10)
+        assert any(line["message"].startswith("step 1 loss") for line in own.json()["lines"])
+
+
+def _last_step(series: dict[str, Any]) -> int:
+    return int(series["buckets"][-1][1])  # the last bucket's step_last
+
+
+def _alive(process: psutil.Process) -> bool:
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_trainyard_run_packs_the_folder_uploads_launches_and_watches(
+    stack: Stack, tmp_path: Path
+) -> None:
+    folder = tmp_path / "my-project"
+    folder.mkdir()
+    shutil.copy(PLAIN_DDP / "train.py", folder)
+    (folder / "notes.pt").write_text("not uploaded")
+    (folder / ".gitignore").write_text("*.pt\n")
+    token = stack.manage("create_token", "root").strip()
+    env = {**os.environ, "TRAINYARD_URL": stack.base_url, "TRAINYARD_TOKEN": token}
+    done = subprocess.run(  # noqa: S603
+        [str(TRAINYARD), "run", "--nproc", "2", "train.py", "--", "--steps", "3"],
+        cwd=folder, env=env, capture_output=True, text=True, timeout=240, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "uploaded 2 files" in done.stderr  # train.py and .gitignore, not notes.pt
+    pk = int(done.stdout.split("#")[1].split()[0])  # "run #12 succeeded"
+    root = stack.login("root")
+    detail = root.get(f"{stack.base_url}/api/experiments/{pk}/", timeout=10).json()
+    assert detail["status"] == "succeeded" and detail["args"] == ["--steps", "3"]
+    assert {"rank/0/loss", "rank/1/loss"} <= series_of(root, stack, pk).keys()

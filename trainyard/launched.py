@@ -1,0 +1,34 @@
+"""`python -m trainyard.launched -- ENTRY ARGS...`: what torchrun starts on each rank of a script
+run; it runs ENTRY as `python ENTRY ARGS...` would (`__main__`, its folder first on sys.path,
+sys.argv as the script expects), through runpy, as TraceML does: the one place where what must
+be in place before the script's first line goes: the frameworks' integrations
+(trainyard/integrations/), attached when the script imports each framework.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+from collections.abc import Sequence
+
+from trainyard.hooks import hooks_install
+from trainyard.integrations import hooks_wanted
+
+
+def main(argv: Sequence[str]) -> None:
+    argv = list(argv)
+    if argv[:1] == ["--"]:  # torchrun passes "--" through or drops it depending on the version
+        argv = argv[1:]
+    if not argv:
+        raise SystemExit("usage: python -m trainyard.launched -- ENTRY [ARGS...]")
+    path = os.path.abspath(argv[0])
+    sys.argv = [path, *argv[1:]]
+    # `python ENTRY` puts ENTRY's folder first; `-m` put the working directory there.
+    sys.path[0] = os.path.dirname(path)
+    hooks_install(hooks_wanted())
+    runpy.run_path(path, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
