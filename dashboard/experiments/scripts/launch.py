@@ -18,8 +18,11 @@ from dashboard.experiments.models import CodeArchive
 from dashboard.experiments.scripts.code import CodeRefused, code_files
 from dashboard.experiments.scripts.folders import code_path_refusal, entrypoint_refusal
 
-MAX_ARGS = 256
-MAX_ARG_CHARS = 4096
+# A launch's whole body is at most 64 KiB (dashboard/api.py's MAX_BODY_BYTES): every args the
+# schema calls valid must fit in it (128 x 400 characters, with the JSON's quotes, is ~52 KB), or
+# a request the docs allow would be refused as too large.
+MAX_ARGS = 128
+MAX_ARG_CHARS = 400
 FILES_NAMED = 5  # of the code's files, in a refusal that says what it holds
 NAME_CHARS = 200  # Experiment.name's column
 
