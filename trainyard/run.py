@@ -24,16 +24,29 @@ from trainyard.channel import EventChannel, number_or_none
 MAX_FIGURES = 256
 
 
-def _control_read(path: str | None) -> dict[str, Any]:
-    """The launcher's requests: {"stop": bool, "checkpoint": count}; {} where there are none."""
-    if not path:
-        return {}
-    try:
-        with open(path, encoding="utf-8") as control:
-            found = json.load(control)
-    except (OSError, ValueError):
-        return {}  # not written yet, or being replaced (it is replaced whole: read it next time)
-    return found if isinstance(found, dict) else {}
+class Control:
+    """The launcher's requests, {"stop": bool, "checkpoint": count} ({} where there are none),
+    read again only when the file changed: it is asked every step, and changes once a run or
+    so (the launcher replaces it whole: a new one is a new inode)."""
+
+    def __init__(self, path: str | None):
+        self.path = path
+        self.seen: tuple[int, int, int] | None = None
+        self.found: dict[str, Any] = {}
+
+    def read(self) -> dict[str, Any]:
+        if not self.path:
+            return {}
+        try:
+            stat = os.stat(self.path)
+            if (stat.st_ino, stat.st_mtime_ns, stat.st_size) != self.seen:
+                with open(self.path, encoding="utf-8") as control:
+                    found = json.load(control)
+                self.found = found if isinstance(found, dict) else {}
+                self.seen = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
+        except (OSError, ValueError):
+            return {}  # not written yet, or being replaced: read it next time
+        return self.found
 
 
 class Run:
@@ -58,7 +71,7 @@ class Run:
         self.channel = channel or (
             EventChannel(events, rank=self.rank, run_id=run_id) if events else None
         )
-        self.control = env.get("TRAINYARD_CONTROL") if events else None
+        self.control = Control(env.get("TRAINYARD_CONTROL") if events else None)
         self.resume_path: str | None = env.get("TRAINYARD_RESUME_PATH") or None
         folder = env.get("TRAINYARD_CHECKPOINT_DIR")
         # Where the launcher keeps the run's checkpoints (None: the script chooses its own).
@@ -88,7 +101,7 @@ class Run:
         """The requests to agree on: what the server last answered (a run reported from
         outside), else the launcher's control file."""
         answered = getattr(self.channel, "requests", None)
-        return answered() if callable(answered) else _control_read(self.control)
+        return answered() if callable(answered) else self.control.read()
 
     def log(self, values: dict[str, Any], *, step: int | None = None) -> None:
         """Figures of this rank at `step` (default: the last one logged, plus one): kept as

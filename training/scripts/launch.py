@@ -13,7 +13,6 @@ is ended at once on a Stop: nothing in it would hear the request.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import queue
@@ -32,6 +31,7 @@ from typing import IO, Any
 
 from training.config import ScriptSettings, TrainConfig
 from training.process.torchrun import socket_interfaces_set, torchrun_rendezvous
+from training.process.tree import OutputLine, output_lines_forward, process_tree_stop
 from training.protocol import EventWriter, ScriptInfo
 from training.scripts.channel import RankEvents
 from training.scripts.control import Requests, requests_write
@@ -45,7 +45,6 @@ EXIT_STOPPED = 143  # as a process ended by SIGTERM: the run ended because it wa
 POLL_SECONDS = 0.1
 KILL_GRACE_SECONDS = 5.0  # after the Stop's grace: torchrun's SIGTERM, then SIGKILL
 TAIL_LINES = 30
-Lines = queue.Queue[tuple[str, str | None]]  # (stream, line; None once it closed)
 
 
 class ScriptLauncher:
@@ -91,9 +90,9 @@ class ScriptLauncher:
         if self.chief:
             started_emit(self)
         process = self.torchrun_start()
-        lines: Lines = queue.Queue()
+        lines: queue.Queue[OutputLine] = queue.Queue()
         for stream, source in ((process.stdout, "stdout"), (process.stderr, "stderr")):
-            threading.Thread(target=_lines_forward, args=(stream, source, lines),
+            threading.Thread(target=output_lines_forward, args=(stream, source, lines),
                              daemon=True).start()  # fmt: skip
         open_streams = 2
         try:
@@ -319,28 +318,10 @@ def _torch_version() -> str:
         return ""
 
 
-def _lines_forward(stream: IO[str], source: str, lines: Lines) -> None:
-    for line in stream:
-        lines.put((source, line))
-    lines.put((source, None))
-
-
 def _process_end(process: subprocess.Popen[str], *, grace: float) -> None:
-    """SIGTERM torchrun (it passes it to every rank), then SIGKILL it and its ranks: they live
-    in sessions of their own, so each is signalled by pid."""
-    if process.poll() is not None:
-        return
-    import psutil
-
-    try:
-        family = [psutil.Process(process.pid), *psutil.Process(process.pid).children(True)]
-    except psutil.NoSuchProcess:
-        return
-    process.terminate()
-    _, alive = psutil.wait_procs(family, timeout=grace)
-    for left in alive:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            left.kill()
+    """End torchrun and its ranks (by PID: they live in sessions of their own), then reap it."""
+    if process.poll() is None:
+        process_tree_stop(root_pid=process.pid, extra_pids=[], grace_seconds=grace)
     process.wait()
 
 

@@ -11,23 +11,13 @@ import queue
 import subprocess
 import threading
 from pathlib import Path
-from typing import IO
 
 from dashboard.experiments.runs.processes import (
     parent_death_signal_set,
     process_in_tree_signal,
     process_tree_stop,
 )
-
-# A line of output: ("stdout" or "stderr", the line; None once that stream closed).
-OutputLine = tuple[str, str | None]
-
-
-def output_lines_forward(stream: IO[str], source: str, lines: queue.Queue[OutputLine]) -> None:
-    """Put each line of `stream` on `lines`, then None once it closed (a thread per stream)."""
-    for line in stream:
-        lines.put((source, line))
-    lines.put((source, None))
+from training.process.tree import OutputLine, output_lines_forward
 
 
 def training_process_start(
