@@ -13,4 +13,5 @@ urlpatterns = [
         views.experiment_checkpoint_download,
         name="experiment-checkpoint",
     ),
+    path("experiments/<int:pk>/code/", views.experiment_code_download, name="experiment-code"),
 ]

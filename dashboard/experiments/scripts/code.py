@@ -5,7 +5,8 @@ Checked by unpacking it, bounded, into a scratch folder (core/archives.py: bytes
 come out, members counted, every path inside the folder, no links, no devices), so that what is
 kept is what a worker will unpack: a refusal names the member and the bound, and nothing is kept.
 A launch lists its files through the same checks without writing them (``code_files``); the
-worker unpacks it afresh for each attempt of a run (``code_unpack_for_run``).
+worker unpacks it afresh for each attempt of a run (``code_unpack_for_run``); the run's owner may
+download it as kept (``code_archive_open``, ``code_download_name``).
 """
 
 from __future__ import annotations
@@ -153,8 +154,9 @@ def code_store(*, owner: Any, upload: IO[bytes], size: int) -> CodeArchive:
         return CodeArchive.objects.get(owner=owner, sha256=sha256)
 
 
-def _archive_open(*, code: CodeArchive) -> IO[bytes]:
-    """The kept archive, opened; CodeRefused where this machine does not have it."""
+def code_archive_open(*, code: CodeArchive) -> IO[bytes]:
+    """The kept archive, opened (to unpack, list or download it); CodeRefused where this machine
+    does not have it."""
     path = code_path(code=code)
     try:
         return path.open("rb")
@@ -163,6 +165,12 @@ def _archive_open(*, code: CodeArchive) -> IO[bytes]:
             f"the code {code.sha256[:12]} is not at {path} on this machine "
             "(TRAINYARD_CODE_DIR must be shared by the server and the workers): upload it again"
         ) from None
+
+
+def code_download_name(*, experiment: Experiment, code: CodeArchive) -> str:
+    """What a run's upload downloads as: the run, the hash's head (the same name for the same
+    bytes) and its kind as uploaded ("run-12-code-3f2a9c1b7d4e.tar.gz")."""
+    return f"run-{experiment.pk}-code-{code.sha256[:12]}.{code.kind}"
 
 
 def code_files(*, code: CodeArchive) -> frozenset[str]:
@@ -176,7 +184,7 @@ def code_files(*, code: CodeArchive) -> frozenset[str]:
         return False
 
     unpack = tar_unpack if code.kind == "tar.gz" else zip_unpack
-    with _archive_open(code=code) as archive:
+    with code_archive_open(code=code) as archive:
         try:
             # The root is never written to: `listed` keeps no file.
             unpack(source=archive, root=code_dir(), bounds=replace(code_bounds(), keep=listed))
@@ -199,7 +207,7 @@ def code_unpack_for_run(*, experiment: Experiment) -> Path:
     parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(dir=parent, prefix=f".{folder.name}-"))
     try:
-        with _archive_open(code=code) as archive:
+        with code_archive_open(code=code) as archive:
             code_unpack(upload=archive, kind=code.kind, root=scratch)
         os.rename(scratch, folder)
     except OSError:

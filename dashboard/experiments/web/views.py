@@ -10,7 +10,13 @@ from dataclasses import replace
 from typing import Any
 from urllib.parse import urlencode
 
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseNotFound
+from django.http import (
+    FileResponse,
+    Http404,
+    HttpRequest,
+    HttpResponse,
+    HttpResponseNotFound,
+)
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 
@@ -52,6 +58,7 @@ from dashboard.experiments.metrics.scaling import (
     scaling_rows_build,
 )
 from dashboard.experiments.models import PROCESS_STRATEGIES, Dataset, Experiment, Status, Strategy
+from dashboard.experiments.scripts.code import CodeRefused, code_archive_open, code_download_name
 from dashboard.experiments.selectors import experiment_snapshot_build
 from dashboard.experiments.services import experiment_launch
 from dashboard.experiments.web.run_list import (
@@ -70,6 +77,8 @@ from training.registry import REGISTRY, SHARED_BATCH_STRATEGIES, STRATEGIES
 DETAIL_LOG_LINES = 200
 # Rows of the list page's first page; "More runs" loads the next ones (keyset, run_list.py).
 LIST_LIMIT = 50
+# An uploaded archive's kind (scripts/code.py's MAGIC), as its download says it.
+CODE_CONTENT_TYPES = {"tar.gz": "application/gzip", "zip": "application/zip"}
 # What a launch post carries besides the form's own fields.
 FORM_POST_EXTRA_KEYS = frozenset({"csrfmiddlewaretoken", "clone"})
 # The strategies with processes that the launch form offers (its help names them).
@@ -243,6 +252,7 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
     )
     initial["scaling"] = scaling.as_dict()
     active = experiment_is_active(experiment=experiment)
+    can_control = experiment_can_control(experiment=experiment, user=request.user)
     context = {
         "experiment": experiment,
         # Its settings in words (core/descriptions.py): the heading's and the Settings card's.
@@ -252,6 +262,7 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
         # A script run's entry point, arguments and code, in place of the engine's settings
         # (empty for the other strategies; the launch form cannot run it again yet).
         "script_facts": experiment_script_facts(experiment=experiment),
+        "code_download": bool(experiment.code_id) and can_control,
         "initial": initial,
         "ws_path": socket_path(experiment.pk),
         "logs": initial["logs"],
@@ -265,7 +276,7 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "scaling_note": baseline_batch_note(scaling),
         "baseline_rule": BASELINE_RULE,
         "no_baseline": NO_BASELINE,
-        "can_control": experiment_can_control(experiment=experiment, user=request.user),
+        "can_control": can_control,
         "progress": progress_percent(experiment),
         "accuracy": format_percent(experiment.test_accuracy),
         "duration": format_duration(experiment_duration_seconds(experiment=experiment)),
@@ -277,6 +288,11 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
     return render(request, "experiments/detail.html", context)
 
 
+def _not_here(reason: str) -> HttpResponse:
+    """A 404 in plain text: the reason is the useful part, and the default 404 page drops it."""
+    return HttpResponseNotFound(reason, content_type="text/plain; charset=utf-8")
+
+
 def experiment_checkpoint_download(request: HttpRequest, pk: int, step: int) -> HttpResponse:
     """The checkpoint file at one step: owner or staff, and only from inside the runs folder."""
     experiment = _visible_or_404(request, pk)
@@ -285,12 +301,31 @@ def experiment_checkpoint_download(request: HttpRequest, pk: int, step: int) -> 
     checkpoint = get_object_or_404(experiment.checkpoints, step=step)
     path = checkpoint_file_resolve(checkpoint=checkpoint)
     if path is None:
-        # Plain text: the reason is the useful part, and the default 404 page drops it.
-        return HttpResponseNotFound(
-            checkpoint_where_text(checkpoint=checkpoint, experiment=experiment),
-            content_type="text/plain; charset=utf-8",
-        )
+        return _not_here(checkpoint_where_text(checkpoint=checkpoint, experiment=experiment))
     return checkpoint_file_response(checkpoint=checkpoint, path=path)
+
+
+def experiment_code_download(request: HttpRequest, pk: int) -> HttpResponse:
+    """A script run's upload, the archive's bytes as stored (.tar.gz or .zip): owner or staff, as
+    its checkpoints are; a 404 for everyone else, so that it says nothing of the run."""
+    experiment = _visible_or_404(request, pk)
+    if not experiment_can_control(experiment=experiment, user=request.user):
+        raise Http404("No such code")
+    code = experiment.code
+    if code is None:
+        folder = experiment.code_path
+        ran = f": it ran the folder {folder} on its workers" if folder else ""
+        return _not_here(f"Run {experiment.pk} has no uploaded code to download{ran}.")
+    try:
+        archive = code_archive_open(code=code)
+    except CodeRefused as missing:
+        return _not_here(str(missing))
+    return FileResponse(
+        archive,
+        as_attachment=True,
+        filename=code_download_name(experiment=experiment, code=code),
+        content_type=CODE_CONTENT_TYPES[code.kind],
+    )
 
 
 def chart_run(experiment: Experiment, *, label: str, global_batch: int) -> dict[str, Any]:
