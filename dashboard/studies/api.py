@@ -33,7 +33,7 @@ router = Router(tags=["studies"])
 
 def study_refused_error(refused: StudyRefused) -> ApiError:
     details = {} if refused.cell is None else {"cell": refused.cell}
-    return ApiError(400, refused.message, refused.errors, details=details)
+    return ApiError(refused.status, refused.message, refused.errors, details=details)
 
 
 def _visible(request: HttpRequest, pk: int) -> Study:

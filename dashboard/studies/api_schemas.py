@@ -13,6 +13,7 @@ from ninja import Schema
 from pydantic import ConfigDict, Field
 from pydantic.json_schema import SkipJsonSchema
 
+from dashboard.studies.args_axes import ARGS_AXIS_PATTERN
 from dashboard.studies.grid import AXIS_FIELDS, NAME_MAX
 from dashboard.studies.models import BatchMode
 
@@ -27,8 +28,13 @@ class StudyIn(Schema):
     )
     axes: dict[str, list[Any]] = Field(
         default_factory=dict,
-        description="launch field -> the values to sweep; one run a cell",
-        json_schema_extra={"propertyNames": {"enum": list(AXIS_FIELDS)}},
+        description="launch field -> the values to sweep; one run a cell. A script run's "
+        "arguments too: args.<flag> appends --<flag> <value> to the base's args",
+        json_schema_extra={
+            "propertyNames": {
+                "anyOf": [{"enum": list(AXIS_FIELDS)}, {"pattern": ARGS_AXIS_PATTERN}]
+            }
+        },
     )
     target_accuracy: float = Field(gt=0, le=1, description="the test accuracy to reach")
     stop_at_target: bool = False

@@ -54,10 +54,11 @@ from training.registry import OPTIONS_DECLARED
 
 OPTION_NAMES = tuple(option.name for option in OPTIONS_DECLARED)
 # A cell's config: the launch fields that make runs differ, the seed left out; the strategy
-# options as the runs train with them (null where the strategy does not read one).
+# options as the runs train with them (null where the strategy does not read one); a script
+# run's entry point and arguments (its args axes' cells differ only there).
 CONFIG_FIELDS = (
     "model", "dataset", "data_path", "strategy", "processes", "nodes", "gpus", "epochs",
-    "batch_size", "lr", "optimizer", *OPTION_NAMES,
+    "batch_size", "lr", "optimizer", *OPTION_NAMES, "entrypoint", "args",
 )  # fmt: skip
 ENDED = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.LOST)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from typing import Any, TypedDict
 
+from dashboard.studies.args_axes import args_axes_read
 from dashboard.studies.texts import SECONDS_DECIMALS, fastest_text
 
 
@@ -41,8 +42,9 @@ class Fastest(TypedDict):
 
 def cell_values(*, cell: dict[str, Any], axes: dict[str, list[Any]]) -> dict[str, Any]:
     """The cell's value of each of the study's axes but the seed (a cell pools its seeds), as its
-    runs train with it; an option its strategy does not read (None) says nothing of the cell."""
-    config = cell["config"]
+    runs train with it (an args axis's as the script got it); an option its strategy does not
+    read (None) says nothing of the cell."""
+    config = {**cell["config"], **args_axes_read(args=cell["config"]["args"], axes=axes)}
     return {key: config[key] for key in axes if key != "seed" and config.get(key) is not None}
 
 

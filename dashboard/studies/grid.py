@@ -7,7 +7,10 @@ value other than the option's default), as `strategy [ddp, fsdp] x comm_hook [no
 gives fsdp with fp16. Such a cell is a question the grid asked by its shape, not a mistake;
 running it at the default would repeat the default's cell under another name. The study says
 which cells it skipped and why (``cells_skipped``: worked out again from the axes when read, so
-nothing more is stored). A study whose every cell is skipped is refused."""
+nothing more is stored). A study whose every cell is skipped is refused.
+
+A script run's study may also sweep the script's own arguments (``args.<flag>`` axes:
+args_axes.py); its cells need the owner's permission to run scripts, as a launch does (403)."""
 
 from __future__ import annotations
 
@@ -17,13 +20,25 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from dashboard.api import ApiError
 from dashboard.experiments.core.forms import ExperimentForm
 from dashboard.experiments.models import PROCESS_STRATEGIES
-from dashboard.experiments.web.api_launch import launch_form_data, launch_payload_check
+from dashboard.experiments.web.api_launch import (
+    launch_form_data,
+    launch_payload_check,
+    launch_script_fields,
+)
+from dashboard.studies.args_axes import ARGS_AXIS, args_axis_error, cell_payload, is_args_axis
 from dashboard.studies.models import BatchMode
 from dashboard.studies.texts import MAX_RUNS, all_skipped_text, runs_text
 from training.refusals import option_refusals
-from training.registry import OPTIONS_DECLARED, STRATEGIES, mesh_shape, strategy_get
+from training.registry import (
+    OPTIONS_DECLARED,
+    STRATEGIES,
+    STRATEGY_NAMES,
+    mesh_shape,
+    strategy_get,
+)
 
 AXIS_FIELDS = (
     "model", "dataset", "strategy", "processes", "nodes", "batch_size", "lr", "optimizer", "seed",
@@ -35,15 +50,22 @@ NAME_MAX = 120
 
 
 class StudyRefused(Exception):
-    """A study that is not launched: the API answers 400 with these errors, the form shows them."""
+    """A study that is not launched: the API answers `status` (400; 403 where the owner may not
+    launch a cell at all) with these errors, the form shows them."""
 
     def __init__(
-        self, message: str, errors: dict[str, list[str]], *, cell: dict[str, Any] | None = None
+        self,
+        message: str,
+        errors: dict[str, list[str]],
+        *,
+        cell: dict[str, Any] | None = None,
+        status: int = 400,
     ) -> None:
         super().__init__(message)
         self.message = message
         self.errors = errors
         self.cell = cell  # {"index", "values"} of the cell that failed, if one did
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -75,19 +97,24 @@ def _number(value: Any) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
-def _axes_check(axes: Any) -> dict[str, list[str]]:
+def _axes_check(axes: Any, base: dict[str, Any]) -> dict[str, list[str]]:
     if not isinstance(axes, dict):
         return {"axes": ["must be an object of {field: [values]}"]}
     errors: dict[str, list[str]] = {}
     for key, values in axes.items():
-        if key not in AXIS_FIELDS:
-            errors[f"axes.{key}"] = [f"not an axis; the axes are {', '.join(AXIS_FIELDS)}"]
+        if key not in AXIS_FIELDS and not is_args_axis(key):
+            errors[f"axes.{key}"] = [
+                f"not an axis; the axes are {', '.join(AXIS_FIELDS)}, and a script run's "
+                f"arguments as {ARGS_AXIS}<flag>"
+            ]
         elif not isinstance(values, list) or not values:
             errors[f"axes.{key}"] = ["must be a non-empty list of values"]
         elif len(values) > MAX_RUNS:
             errors[f"axes.{key}"] = [f"at most {MAX_RUNS} values"]
         elif len({json.dumps(v, sort_keys=True) for v in values}) < len(values):
             errors[f"axes.{key}"] = ["each value may appear once"]
+        elif is_args_axis(key) and (why := args_axis_error(key=key, values=values, base=base)):
+            errors[f"axes.{key}"] = [why]
     return errors
 
 
@@ -106,7 +133,7 @@ def study_request_parse(payload: dict[str, Any]) -> StudyRequest:
         errors["base"] = ["must be an object of launch fields"]
     elif "name" in base:
         errors["base.name"] = ["each run is named after the study and its cell"]
-    errors.update(_axes_check(payload.get("axes", {})))
+    errors.update(_axes_check(payload.get("axes", {}), base if isinstance(base, dict) else {}))
     target: Any = payload.get("target_accuracy")
     if not _number(target) or not 0 < target <= 1:
         errors["target_accuracy"] = ["a test accuracy above 0 and at most 1, e.g. 0.97"]
@@ -140,25 +167,42 @@ def world_size_of(fields: dict[str, Any]) -> int:
     return 1
 
 
-def _launch_check(payload: dict[str, Any]) -> tuple[dict[str, Any], dict[str, list[str]]]:
-    """One launch's checks, as POST /api/experiments/ makes them: cleaned fields or errors."""
+def _launch_check(
+    payload: dict[str, Any], *, owner: Any
+) -> tuple[dict[str, Any], dict[str, list[str]]]:
+    """One launch's checks, as POST /api/experiments/ makes them, in its order: cleaned fields
+    (a script run's own among them) or errors; StudyRefused (403) for an owner who may not run
+    the cell's script."""
     errors = launch_payload_check(payload)
     if errors:
         return {}, errors
-    form = ExperimentForm(data=launch_form_data(payload))
+    try:
+        script = launch_script_fields(user=owner, payload=payload)
+    except ApiError as refused:
+        if refused.status == 403:
+            raise StudyRefused(refused.message, refused.errors, status=403) from None
+        return {}, refused.errors
+    # Every strategy, as the API takes them (the study form offers the launch form's).
+    form = ExperimentForm(data=launch_form_data(payload), strategies=STRATEGY_NAMES)
     if not form.is_valid():
         return {}, {k: [e["message"] for e in v] for k, v in form.errors.get_json_data().items()}
-    return dict(form.cleaned_data), {}
+    return {**form.cleaned_data, **script}, {}
 
 
-def _cell_check(request: StudyRequest, values: dict[str, Any]) -> tuple[dict[str, Any], dict]:
-    fields, errors = _launch_check({**request.base, **values})
+def _cell_check(
+    request: StudyRequest, values: dict[str, Any], *, owner: Any
+) -> tuple[dict[str, Any], dict]:
+    payload = cell_payload(base=request.base, values=values)
+    fields, errors = _launch_check(payload, owner=owner)
     if (
         errors
         or request.batch_mode != BatchMode.GLOBAL
         or fields["strategy"] not in PROCESS_STRATEGIES
     ):
         return fields, errors
+    if strategy_get(fields["strategy"]).user_script:
+        # The engine's batch size is not the script's: its own is in its args, to split itself.
+        return {}, {"batch_mode": ["a script run reads no batch size: use per_process"]}
     # The base batch is the global one: each data-parallel slice takes its share; the ranks
     # that split the model (tensor-parallel's, a pipeline's stages) share their slice's batch.
     world, whole = world_size_of(fields), fields["batch_size"]
@@ -166,7 +210,7 @@ def _cell_check(request: StudyRequest, values: dict[str, Any]) -> tuple[dict[str
     if whole % slices:
         over = f"{world} processes" if slices == world else f"{slices} data-parallel groups"
         return {}, {"batch_size": [f"a global batch of {whole} does not split over {over}"]}
-    return _launch_check({**request.base, **values, "batch_size": whole // slices})
+    return _launch_check({**payload, "batch_size": whole // slices}, owner=owner)
 
 
 def grid_cells(axes: dict[str, list[Any]]) -> list[dict[str, Any]]:
@@ -179,7 +223,7 @@ def cell_skip_reason(*, base: dict[str, Any], values: dict[str, Any]) -> str | N
     """Why the cell is skipped: its strategy does not read an option it gives a value other
     than the default (training.refusals' option_refusals, its "not read" kind). None otherwise,
     and where the cell's types or strategy are wrong: the launch checks refuse those."""
-    payload = {**base, **values}
+    payload = cell_payload(base=base, values=values)
     strategy = launch_form_data(payload)["strategy"]
     if launch_payload_check(payload) or strategy not in STRATEGIES:
         return None
@@ -206,16 +250,17 @@ def cell_values_text(values: dict[str, Any]) -> str:
     return ", ".join(f"{key}={value}" for key, value in values.items()) or "the base config"
 
 
-def study_plan(request: StudyRequest) -> list[PlannedRun]:
-    """The study's runs in grid order, each checked as one launch; raises StudyRefused naming the
-    first bad cell. Cells that the launch checks make identical (the processes of a one-process
-    strategy are normalised to 1) are one run; skipped cells (``cells_skipped``) are none."""
+def study_plan(*, owner: Any, request: StudyRequest) -> list[PlannedRun]:
+    """The study's runs in grid order, each checked as `owner`'s launch; raises StudyRefused
+    naming the first bad cell. Cells that the launch checks make identical (the processes of a
+    one-process strategy are normalised to 1) are one run; skipped cells (``cells_skipped``)
+    are none."""
     grid = grid_cells(request.axes)
     planned: dict[str, PlannedRun] = {}
     for index, values in enumerate(grid, start=1):
         if cell_skip_reason(base=request.base, values=values) is not None:
             continue
-        fields, errors = _cell_check(request, values)
+        fields, errors = _cell_check(request, values, owner=owner)
         if errors:
             where = f"cell {index} of {len(grid)} ({cell_values_text(values)})"
             raise StudyRefused(

@@ -14,6 +14,7 @@ from django.utils import timezone
 from dashboard.experiments.core.limits import launch_slot_claim
 from dashboard.experiments.models import Experiment, Status
 from dashboard.experiments.services import experiment_launch, experiment_stop
+from dashboard.studies.args_axes import is_args_axis
 from dashboard.studies.cells import OPTION_NAMES, cells_build, scaling_build
 from dashboard.studies.fastest import fastest_build
 from dashboard.studies.grid import AXIS_FIELDS, StudyRequest, cells_skipped, study_plan
@@ -21,13 +22,14 @@ from dashboard.studies.models import Study, StudyRun
 from training.registry import strategy_get
 
 PROGRESS_KEYS = ("queued", "running", "succeeded", "failed", "cancelled")
-# The strategy options last (added after the others: a script reading columns by place keeps
-# working), each as the cell's runs train with it, empty where the strategy does not read it.
+# The strategy options after the others (added later: a script reading columns by place keeps
+# working), each as the cell's runs train with it, empty where the strategy does not read it;
+# then a script run's entry point and arguments (empty for the engine's strategies).
 CELL_CSV_COLUMNS = (
     "strategy", "processes", "nodes", "world_size", "global_batch", "seeds", "runs",
     "time_to_target_seconds", "images_to_target", "runs_reached", "final_accuracy_mean",
     "final_accuracy_std", "images_per_second", "speedup", "efficiency", "memory_held_bytes",
-    "memory_peak_bytes", *OPTION_NAMES,
+    "memory_peak_bytes", *OPTION_NAMES, "entrypoint", "args",
 )  # fmt: skip
 
 
@@ -53,6 +55,8 @@ def run_name(*, study_name: str, fields: dict[str, Any], values: dict[str, Any])
         # An option the cell's strategy does not read (None) says nothing of the run.
         if named and fields[key] is not None:
             parts.append(f"{key.replace('_', ' ')} {fields[key]}")
+    # A script's arguments by their axes' names, as the cell's values say them: "args.lr 0.1".
+    parts += [f"{key} {value}" for key, value in values.items() if is_args_axis(key)]
     parts.append(f"seed {fields['seed']}")
     return " · ".join([study_name, *parts])[:200]
 
@@ -61,7 +65,7 @@ def study_create(*, owner: Any, request: StudyRequest) -> Study:
     """Check every cell as one launch (StudyRefused names the first bad one), then store the study
     and queue its runs in one transaction: all of them or none. The study is one launch for the
     owner's limits (LaunchLimited), and its runs wait in the queue past the active-run limit."""
-    planned = study_plan(request)
+    planned = study_plan(owner=owner, request=request)
     target = request.target_accuracy if request.stop_at_target else None
     with transaction.atomic():
         launch_slot_claim(owner=owner, queue_over_active=True)

@@ -3,6 +3,7 @@ the page and the JSON say the same thing."""
 
 from __future__ import annotations
 
+import shlex
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -121,6 +122,14 @@ def _winner_text(fastest: Mapping[str, Any]) -> str:
     return f"{fastest['label']}, {seconds}"
 
 
+def cell_settings_text(config: Mapping[str, Any]) -> str:
+    """What a cell trains with beside its strategy: the engine's batch size, learning rate and
+    optimizer, or a script's command line (its args axes' pairs last), as a shell writes it."""
+    if config["entrypoint"]:
+        return shlex.join([config["entrypoint"], *config["args"]])
+    return f"bs {config['batch_size']} · lr {config['lr']} · {config['optimizer']}"
+
+
 def cell_texts(cell: dict[str, object]) -> dict[str, str]:
     """A cell's figures as the study page shows them (the page's script places these as they
     are: it formats nothing itself)."""
@@ -138,6 +147,7 @@ def cell_texts(cell: dict[str, object]) -> dict[str, str]:
     )
     return {
         **{f"memory_{line}": text for line, text in memory_summary_texts(**memory).items()},
+        "settings": cell_settings_text(cast(Mapping[str, Any], cell["config"])),
         "time_to_target": seconds_text(seconds) if isinstance(seconds, float) else "—",
         "images_to_target": f"{images:,.0f} images" if isinstance(images, float) else "",
         "reached": str(cell["reached_text"]),

@@ -175,14 +175,14 @@ def launch_payload_check(payload: dict[str, Any]) -> dict[str, list[str]]:
     for key, why in launch_payload_bounds_check(payload).items():
         errors.setdefault(key, why)
     strategy = payload.get("strategy", DEFAULT_STRATEGY)
-    if isinstance(strategy, str) and not _runs_script(payload):
+    if isinstance(strategy, str) and not launch_runs_script(payload):
         not_read = f"only a script run reads it (strategy script), not {strategy}"
         for key in script_fields_given(payload=payload):
             errors.setdefault(key, [not_read])
     return errors
 
 
-def _runs_script(payload: dict[str, Any]) -> bool:
+def launch_runs_script(payload: dict[str, Any]) -> bool:
     """Whether the body launches a user's own script (strategy omitted: the default's)."""
     name = payload.get("strategy", DEFAULT_STRATEGY)
     spec = STRATEGIES.get(name) if isinstance(name, str) else None
@@ -192,7 +192,7 @@ def _runs_script(payload: dict[str, Any]) -> bool:
 def launch_script_fields(*, user: Any, payload: dict[str, Any]) -> dict[str, Any]:
     """A script run's own fields to store ({} for the other strategies), its name too where
     none is given: 403 for a user who may not run scripts, 400 naming each field refused."""
-    if not _runs_script(payload):
+    if not launch_runs_script(payload):
         return {}
     if not script_allowed(user=user):
         raise ApiError(403, SCRIPT_NOT_ALLOWED)
