@@ -176,7 +176,7 @@ def test_form_renders_every_strategy_help_line(client: Any, alice: Any) -> None:
     response = client.get(reverse("experiment-new"))
     assert response.status_code == 200
     html = response.content.decode()
-    # Every strategy the form offers (not yet a user's own script: the API's alone).
+    # Every strategy the form offers (a user's own script only to those allowed to run one).
     offered = [spec for spec in REGISTRY if spec.name in FORM_STRATEGIES]
     assert [spec.name for spec in REGISTRY if spec not in offered] == ["script"]
     for spec in REGISTRY:

@@ -2,8 +2,8 @@
 the launch by the API (its code an upload of the requester's or a folder under the script
 roots, its entry point a file of it, its arguments strings) and every refusal, with nothing
 stored; the read JSON; the worker's command (the attempt's code unpacked afresh, the script's
-arguments last, after "--"); the sink storing a script's `metrics` events within bounds; and the
-launch form, which does not offer it yet."""
+arguments last, after "--"); the sink storing a script's `metrics` events within bounds. The
+launch page's script fields are tests/test_script_form.py's."""
 
 from __future__ import annotations
 
@@ -28,7 +28,7 @@ from dashboard.experiments.scripts.launch import MAX_ARG_CHARS, MAX_ARGS
 from dashboard.experiments.services import experiment_clone
 from dashboard.experiments.templatetags.page_facts import page_facts_build
 from dashboard.experiments.web.api_launch import LaunchIn
-from tests.factories import api_post, form_data, logged_in
+from tests.factories import api_post, logged_in
 from tests.test_code_upload import FOLDER, allowed, tar_gz, zipped
 from training.registry import REGISTRY
 from training.strategies import strategy_module
@@ -100,12 +100,12 @@ def test_a_script_run_of_an_upload_launches_and_reads_back_what_ran(
     run = Experiment.objects.get(pk=body["id"])
     # The engine's settings stay at their defaults: the script has its own.
     assert (run.model, run.dataset, run.epochs, run.lr) == ("simple-cnn", "mnist", 1, 1e-3)
-    # The run page says what ran in place of the engine's settings, and offers no Run again.
+    # The run page says what ran in place of the engine's settings, and offers to run it again.
     page = client.get(run.get_absolute_url()).content.decode()
     assert "<dt>Entry point</dt><dd>train.py</dd>" in page
     assert "<dt>Arguments</dt><dd>--epochs 2</dd>" in page
     assert f"<dd>sha256 {code.sha256}</dd>" in page and 'id="param-model"' not in page
-    assert 'id="clone-link"' not in page
+    assert 'id="clone-link"' in page
 
 
 def test_a_script_run_of_a_folder_under_the_script_roots(
@@ -216,16 +216,13 @@ def test_another_strategy_is_refused_the_script_fields_by_name(
 # --- the launch form and the docs --------------------------------------------------------------
 
 
-def test_the_launch_form_does_not_offer_a_script_run_yet(owner: Any) -> None:
-    client = logged_in(owner)
-    page = client.get("/experiments/new/").content.decode()
-    assert '<option value="ddp"' in page and '<option value="script"' not in page
-    assert '<li data-strategy="script"' not in page and '<li data-strategy="ddp"' in page
-    response = client.post("/experiments/new/", form_data(strategy="script"))
-    assert response.status_code == 400 and not Experiment.objects.exists()
+def test_the_study_form_does_not_offer_a_script_run(owner: Any) -> None:
+    """The launch page offers one (tests/test_script_form.py); a study's page not yet (its API
+    does, with args.* axes: tests/test_study_script_args.py)."""
+    page = logged_in(owner).get("/studies/new/").content.decode()
+    assert page.count('value="script"') == 0
     facts = page_facts_build()["strategies"]
     assert facts["script"]["form"] is False and facts["ddp"]["form"] is True
-    assert client.get("/studies/new/").content.decode().count('value="script"') == 0
 
 
 def test_the_docs_describe_the_script_fields() -> None:

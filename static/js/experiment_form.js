@@ -1,8 +1,9 @@
 // Launch form: shows the help line of the chosen strategy only, dims the processes field unless
 // the strategy starts several processes and the machines field unless it can span machines, and
 // shows each strategy option (ZeRO's stage, DDP's comm hook, ...) for the strategies that read
-// it. Without this script every line and field stays visible (the server ignores what a
-// strategy does not use at its default, and refuses the rest with the reason).
+// it, and a user's own script's fields in place of the engine's. Without this script every line
+// and field stays visible (the server ignores what a strategy does not use at its default, and
+// refuses the rest with the reason).
 (function () {
   "use strict";
 
@@ -96,6 +97,20 @@
     if (input) input.addEventListener("change", syncCatalogue);
   }
   syncCatalogue();
+
+  // A user's own script reads none of the engine's model, data and training fields: they are
+  // hidden for it (the server stores their defaults), and its own fields shown in their place.
+  const engineOnly = form.querySelectorAll(".engine-only");
+  const scriptOnly = form.querySelectorAll(".script-only");
+  function syncScript() {
+    if (!window.Trainyard) return;
+    const spec = Trainyard.facts.strategies[strategy.value];
+    const isScript = Boolean(spec && spec.user_script);
+    for (const node of engineOnly) node.hidden = isScript;
+    for (const node of scriptOnly) node.hidden = !isScript;
+  }
+  strategy.addEventListener("change", syncScript);
+  syncScript();
 
   strategy.addEventListener("change", syncOptions);
   syncOptions();

@@ -8,6 +8,7 @@ from django import forms
 from django.core import validators
 
 from dashboard.devices.capacity import capacity_check
+from dashboard.experiments.core.access import script_allowed
 from dashboard.experiments.core.catalogue_checks import (
     data_path_normalise,
     launch_catalogue_check,
@@ -67,12 +68,22 @@ FIELDS = (
 )
 
 
-# A script run's own fields (the API's; the launch form has none yet), which no other strategy
-# reads: stored beside the form's, checked by scripts/launch.py.
+# A script run's own fields, which no other strategy reads: stored beside the form's, checked by
+# scripts/launch.py (the launch page's are scripts/form.py's).
 SCRIPT_FIELDS = ("entrypoint", "args", "code", "code_path")
-# The strategies the launch form (and a study's) offers: not a user's own script, whose fields
-# the form lacks so far; the API takes every strategy. Their one home.
+# The strategies the launch form (and a study's) offers everyone: the engine's. A user's own
+# script is offered besides to those allowed to run one (launch_form_strategies); the API takes
+# every strategy. Their one home.
 FORM_STRATEGIES: tuple[str, ...] = tuple(spec.name for spec in REGISTRY if not spec.user_script)
+SCRIPT_STRATEGIES: tuple[str, ...] = tuple(spec.name for spec in REGISTRY if spec.user_script)
+
+
+def launch_form_strategies(*, user: Any) -> tuple[str, ...]:
+    """What the launch page offers `user`: the engine's strategies, and a script of their own
+    where they may run one (a script runs arbitrary code as the worker's user)."""
+    return FORM_STRATEGIES + (SCRIPT_STRATEGIES if script_allowed(user=user) else ())
+
+
 # The engine's settings, which a script run leaves at their defaults: the script does not read
 # them (it has its own, in its arguments).
 ENGINE_ONLY_DEFAULTS: dict[str, Any] = {

@@ -41,8 +41,10 @@ def page_facts_build() -> dict[str, Any]:
                 "max_gpus": spec.max_gpus,
                 # The options it reads (the launch form shows their fields for it alone).
                 "options": [option.name for option in spec.options],
-                # The launch form offers it (a user's own script: not yet, the API only).
+                # The launch form offers it to everyone; a user's own script (user_script) only
+                # to those allowed to run one, in place of the engine's model, data and training.
                 "form": spec.name in FORM_STRATEGIES,
+                "user_script": spec.user_script,
             }
             for spec in REGISTRY
         },

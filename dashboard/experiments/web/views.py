@@ -20,7 +20,11 @@ from django.http import (
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 
-from dashboard.experiments.core.access import experiment_can_control, experiments_visible_to
+from dashboard.experiments.core.access import (
+    experiment_can_control,
+    experiments_visible_to,
+    script_allowed,
+)
 from dashboard.experiments.core.catalogue_options import launch_options
 from dashboard.experiments.core.checkpoints import (
     checkpoint_file_resolve,
@@ -37,10 +41,13 @@ from dashboard.experiments.core.descriptions import (
     experiment_strategy_label,
 )
 from dashboard.experiments.core.forms import (
+    ENGINE_ONLY_DEFAULTS,
     FIELDS,
     FORM_STRATEGIES,
+    SCRIPT_STRATEGIES,
     ExperimentForm,
     experiment_clone_fields,
+    launch_form_strategies,
 )
 from dashboard.experiments.core.limits import LaunchLimited
 from dashboard.experiments.core.memory import MEMORY_RULE
@@ -58,7 +65,14 @@ from dashboard.experiments.metrics.scaling import (
     scaling_rows_build,
 )
 from dashboard.experiments.models import PROCESS_STRATEGIES, Dataset, Experiment, Status, Strategy
-from dashboard.experiments.scripts.code import CodeRefused, code_archive_open, code_download_name
+from dashboard.experiments.scripts.code import (
+    CodeRefused,
+    code_archive_open,
+    code_bounds,
+    code_download_name,
+    code_max_bytes,
+)
+from dashboard.experiments.scripts.form import ScriptForm, script_folders
 from dashboard.experiments.selectors import experiment_snapshot_build
 from dashboard.experiments.services import experiment_launch
 from dashboard.experiments.web.run_list import (
@@ -180,9 +194,10 @@ def _visible_or_404(request: HttpRequest, pk: Any) -> Experiment:
     return get_object_or_404(experiments_visible_to(request.user), pk=pk)
 
 
-def form_unknown_keys(*, data: Any, form: ExperimentForm) -> str:
-    """Names a launch post carries that the form does not read: refused, not dropped."""
-    unknown = sorted(set(data) - set(form.fields) - FORM_POST_EXTRA_KEYS)
+def form_unknown_keys(*, data: Any, form: ExperimentForm, script: ScriptForm | None = None) -> str:
+    """Names a launch post carries that the forms do not read: refused, not dropped."""
+    known = set(form.fields) | set(script.fields if script is not None else ())
+    unknown = sorted(set(data) - known - FORM_POST_EXTRA_KEYS)
     # Names come from the client: show a few, shortened.
     return ", ".join(name[:40] for name in unknown[:5]) + (", ..." if len(unknown) > 5 else "")
 
@@ -200,22 +215,60 @@ def _form_help() -> dict[str, str]:
     }
 
 
+def _launch_forms(
+    request: HttpRequest, source: Experiment | None, strategies: tuple[str, ...]
+) -> tuple[ExperimentForm, ScriptForm]:
+    """The page's two forms: the engine's fields and a script's, bound to a post, or filled
+    from the run copied."""
+    if request.method == "POST":
+        data = request.POST.copy()
+        if data.get("strategy") in SCRIPT_STRATEGIES:
+            # The page hides the engine's fields for a script, which reads none of them: what
+            # they hold was left from another strategy, and the run stores their defaults.
+            for name, default in ENGINE_ONLY_DEFAULTS.items():
+                data[name] = "" if default is None else str(default)
+        return ExperimentForm(data, strategies=strategies), ScriptForm(request.POST)
+    initial = experiment_clone_fields(source=source) if source else None
+    script_initial = ScriptForm.initial_of(initial) if initial else None
+    form = ExperimentForm(initial=initial, strategies=strategies)
+    return form, ScriptForm(initial=script_initial)
+
+
+def _launch_fields(
+    request: HttpRequest, form: ExperimentForm, script: ScriptForm
+) -> dict[str, Any] | None:
+    """The run's fields once both forms are valid, else None with the reasons on them; the
+    script's fields are read only for a script run (the others drop them, as their options)."""
+    form_valid, script_valid = form.is_valid(), script.is_valid()
+    strategy = form.cleaned_data.get("strategy") if hasattr(form, "cleaned_data") else None
+    runs_script = strategy in SCRIPT_STRATEGIES
+    if not form_valid or (runs_script and not script_valid):
+        return None
+    if not runs_script:
+        return dict(form.cleaned_data)
+    script_fields = script.launch_fields(owner=request.user, name=request.POST.get("name", ""))
+    return None if script_fields is None else {**form.cleaned_data, **script_fields}
+
+
 def experiment_new(request: HttpRequest) -> HttpResponse:
     source: Experiment | None = None
     clone_id = request.POST.get("clone") if request.method == "POST" else request.GET.get("clone")
     if clone_id:
         source = _visible_or_404(request, clone_id)
 
+    strategies = launch_form_strategies(user=request.user)
+    form, script = _launch_forms(request, source, strategies)
     retry_after: int | None = None
+    status = 200
     if request.method == "POST":
-        form = ExperimentForm(request.POST)
-        unknown = form_unknown_keys(data=request.POST, form=form)
+        unknown = form_unknown_keys(data=request.POST, form=form, script=script)
         if unknown:
             form.add_error(None, f"unknown fields: {unknown}; the fields are {', '.join(FIELDS)}")
-        if form.is_valid():
+        fields = _launch_fields(request, form, script)
+        if fields is not None and not unknown:
             try:
                 experiment = experiment_launch(
-                    owner=request.user, fields=form.cleaned_data, cloned_from=source
+                    owner=request.user, fields=fields, cloned_from=source
                 )
             except LaunchLimited as refused:
                 form.add_error(None, refused.message)
@@ -223,25 +276,48 @@ def experiment_new(request: HttpRequest) -> HttpResponse:
             else:
                 return redirect(experiment)
         status = 400 if retry_after is None else 429
-    else:
-        form = ExperimentForm(initial=experiment_clone_fields(source=source) if source else None)
-        status = 200
 
     # What the online workers have: the selects' options, and their explanations for the script.
     options = launch_options()
     form.options_apply(options)
     context = {
         "form": form,
+        "script_form": script,
+        "offers_script": bool(set(strategies) & set(SCRIPT_STRATEGIES)),
+        "script_folders": script_folders(),
+        "code_upload": _code_upload_facts(source),
         "source": source,
         "launch_options": options,
-        "strategy_help": [spec for spec in REGISTRY if spec.name in FORM_STRATEGIES],
-        "process_strategies": " ".join(FORM_PROCESS_STRATEGIES),
+        "strategy_help": [spec for spec in REGISTRY if spec.name in strategies],
+        "process_strategies": " ".join(name for name in PROCESS_STRATEGIES if name in strategies),
         **_form_help(),
     }
     response = render(request, "experiments/form.html", context, status=status)
     if retry_after is not None:
         response["Retry-After"] = str(retry_after)
     return response
+
+
+def _code_upload_facts(source: Experiment | None) -> dict[str, Any]:
+    """What the page's upload needs: the route, the largest archive taken, and the code of the
+    run copied (shown as already uploaded)."""
+    code = source.code if source is not None and source.code_id else None
+    bounds = code_bounds()
+    return {
+        "url": reverse("api-code"),
+        "max_bytes": code_max_bytes(),
+        "max_unpacked_bytes": bounds.unpacked_bytes,
+        "max_files": bounds.members,
+        "current": {"id": code.pk, "sha256": code.sha256, "files": code.files, "bytes": code.bytes}
+        if code
+        else None,
+    }
+
+
+def _can_run_again(experiment: Experiment, user: Any) -> bool:
+    if experiment.imported or experiment.reported:
+        return False
+    return experiment.strategy not in SCRIPT_STRATEGIES or script_allowed(user=user)
 
 
 def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
@@ -260,8 +336,11 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "dataset_label": experiment_dataset_label(experiment=experiment),
         "option_facts": experiment_option_facts(experiment=experiment),
         # A script run's entry point, arguments and code, in place of the engine's settings
-        # (empty for the other strategies; the launch form cannot run it again yet).
+        # (empty for the other strategies).
         "script_facts": experiment_script_facts(experiment=experiment),
+        # "Run again" fills the launch form with its settings: not for a run trained elsewhere
+        # (imported, or reported by a script there), nor a script for one who may not run one.
+        "can_run_again": _can_run_again(experiment, request.user),
         "code_download": bool(experiment.code_id) and can_control,
         "initial": initial,
         "ws_path": socket_path(experiment.pk),
