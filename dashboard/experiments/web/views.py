@@ -64,7 +64,14 @@ from dashboard.experiments.metrics.scaling import (
     scaling_chart_build,
     scaling_rows_build,
 )
-from dashboard.experiments.models import PROCESS_STRATEGIES, Dataset, Experiment, Status, Strategy
+from dashboard.experiments.models import (
+    PROCESS_STRATEGIES,
+    CodeArchive,
+    Dataset,
+    Experiment,
+    Status,
+    Strategy,
+)
 from dashboard.experiments.scripts.code import (
     CodeRefused,
     code_archive_open,
@@ -285,7 +292,10 @@ def experiment_new(request: HttpRequest) -> HttpResponse:
         "script_form": script,
         "offers_script": bool(set(strategies) & set(SCRIPT_STRATEGIES)),
         "script_folders": script_folders(),
-        "code_upload": _code_upload_facts(source),
+        "code_upload": _code_upload_facts(
+            user=request.user,
+            code=script.data.get("code") if script.is_bound else script.initial.get("code"),
+        ),
         "source": source,
         "launch_options": options,
         "strategy_help": [spec for spec in REGISTRY if spec.name in strategies],
@@ -298,19 +308,21 @@ def experiment_new(request: HttpRequest) -> HttpResponse:
     return response
 
 
-def _code_upload_facts(source: Experiment | None) -> dict[str, Any]:
-    """What the page's upload needs: the route, the largest archive taken, and the code of the
-    run copied (shown as already uploaded)."""
-    code = source.code if source is not None and source.code_id else None
+def _code_upload_facts(*, user: Any, code: Any) -> dict[str, Any]:
+    """What the page's upload needs: the route, the bounds, and the code already uploaded (the
+    run copied, or the one a refused post carried), shown as such so that it is not sent again."""
+    archive = None
+    if isinstance(code, int) or (isinstance(code, str) and code.isdigit()):
+        archive = CodeArchive.objects.filter(pk=int(code), owner_id=user.pk).first()
     bounds = code_bounds()
     return {
         "url": reverse("api-code"),
         "max_bytes": code_max_bytes(),
         "max_unpacked_bytes": bounds.unpacked_bytes,
         "max_files": bounds.members,
-        "current": {"id": code.pk, "sha256": code.sha256, "files": code.files, "bytes": code.bytes}
-        if code
-        else None,
+        "current": None
+        if archive is None
+        else {"sha256": archive.sha256, "files": archive.files, "bytes": archive.bytes},
     }
 
 
