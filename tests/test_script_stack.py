@@ -1,5 +1,6 @@
 """A user's own script through the whole stack: uploaded, launched through the API, watched,
-asked for a checkpoint and stopped (Redis, daphne, a Celery worker, torchrun ranks).
+asked for a checkpoint and stopped, or resumed from it on a new worker after its machine died
+(Redis, daphne, a Celery worker, torchrun ranks).
 
 The script is tests/scripts/plain_ddp/train.py (plain DDP, two Gloo ranks, `trainyard` inside);
 the engine-side behaviour without the dashboard is tests/test_script_runs.py's.
@@ -7,10 +8,13 @@ the engine-side behaviour without the dashboard is tests/test_script_runs.py's.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
+import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
@@ -103,6 +107,70 @@ def _alive(process: psutil.Process) -> bool:
         return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def machine_crash(stack: Stack, launcher: psutil.Process) -> None:
+    """The worker's machine dies with the run on it: every process of the worker, the launcher,
+    torchrun and the ranks SIGKILLed, none given the time to save or say anything. The worker is
+    stopped first: its supervisor would otherwise see its launcher die and settle the run."""
+    os.killpg(stack.services["worker"].process.pid, signal.SIGSTOP)
+    for process in [launcher, *launcher.children(recursive=True)]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            process.kill()
+    stack.services["worker"].kill()
+
+
+def test_a_script_whose_machine_died_resumes_from_its_checkpoint_on_a_new_worker(
+    stack: Stack,
+) -> None:
+    root = stack.login("root")
+    packed = folder_packed(PLAIN_DDP)
+    code = root.post(f"{stack.base_url}/api/code/",
+                     files={"archive": ("code.tar.gz", packed)}, timeout=30).json()  # fmt: skip
+    steps = 120  # about 6 s of steps at least: the crash comes well before the end
+    launched = root.post(f"{stack.base_url}/api/experiments/", timeout=30, json={
+        "name": "survivor script", "strategy": "script", "processes": 2, "code": code["id"],
+        "entrypoint": "train.py", "args": ["--steps", str(steps), "--sleep", "0.05"],
+    })  # fmt: skip
+    assert launched.status_code == 201, launched.text
+    pk = launched.json()["id"]
+    wait_for(lambda: "rank/1/loss" in series_of(root, stack, pk), timeout=180,
+             what="the first steps")  # fmt: skip
+    asked = root.post(f"{stack.base_url}/api/experiments/{pk}/checkpoint/", timeout=10)
+    assert asked.status_code == 202, asked.text
+    checkpoints = f"{stack.base_url}/api/experiments/{pk}/checkpoints/"
+    [saved] = wait_for(lambda: root.get(checkpoints, timeout=10).json()["checkpoints"],
+                       timeout=60, what="the requested checkpoint")  # fmt: skip
+    launcher = psutil.Process(stack.experiment_row(pk)["launcher_pid"])
+    past = "steps past the checkpoint, which the next attempt replaces"
+    wait_for(lambda: _last_step(series_of(root, stack, pk)["rank/0/loss"]) > saved["step"],
+             timeout=30, what=past)  # fmt: skip
+    machine_crash(stack, launcher)
+    stack.worker_start()  # as systemd would: the worker back, its run gone with the machine
+
+    final = wait_for(lambda: (r := stack.experiment_row(pk))["status"] in {"succeeded", "failed"}
+                     and r, timeout=240, what="the resumed run to end")  # fmt: skip
+    ((attempt, attempts, error),) = stack.query(
+        "SELECT attempt, attempts, error FROM experiments_experiment WHERE id = ?", pk
+    )
+    assert final["status"] == "succeeded", error + stack.diagnostics()
+    assert attempt == 2 and [a["outcome"] for a in json.loads(attempts)] == ["lost", "succeeded"]
+    # The script was handed the checkpoint (run.resume_path) and went on from its step: each
+    # rank's points are every step once, those the lost attempt took past it replaced.
+    messages = [message for (message,) in stack.query(
+        "SELECT message FROM experiments_logline WHERE experiment_id = ? AND rank = 0"
+        " ORDER BY seq, id", pk,
+    )]  # fmt: skip
+    resumed = f"resumed from {saved['path']} at step {saved['step']}"
+    assert resumed in messages, messages[-20:]
+    after = [m for m in messages[messages.index(resumed) :] if m.startswith("step ")]
+    assert after[0].startswith(f"step {saved['step'] + 1} loss"), after[:3]
+    for rank in (0, 1):
+        stored = stack.query(
+            "SELECT step FROM experiments_seriespoint WHERE experiment_id = ? AND key = ?"
+            " ORDER BY id", pk, f"rank/{rank}/loss",
+        )  # fmt: skip
+        assert [step for (step,) in stored] == list(range(1, steps + 1))
 
 
 def test_trainyard_run_packs_the_folder_uploads_launches_and_watches(
