@@ -22,6 +22,7 @@ import psutil
 import pytest
 
 from training.config import parse_args
+from trainyard import agree
 from trainyard.run import Run
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -214,6 +215,31 @@ def test_outside_a_launch_the_library_is_quiet_and_checks_what_it_is_given() -> 
     with pytest.raises(TypeError, match="step must be"):
         run.log({"loss": 0.1}, step=True)  # type: ignore[arg-type]
     run.finish()
+
+
+def test_the_ranks_agree_about_every_quarter_second_at_calls_they_agreed_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clock = [100.0]
+    monkeypatch.setattr(agree.time, "monotonic", lambda: clock[0])
+    pace = agree.Pace(fixed=None, seconds=0.25)
+    assert pace.tick() and pace.proposal() == 1  # no pace known: the next call agrees too
+    pace.agreed(1)
+    assert pace.tick() and pace.proposal() == 2  # a call no time after: twice as many, no more
+    pace.agreed(2)
+    clock[0] += 0.04
+    assert not pace.tick() and pace.tick() and pace.proposal() == 4  # the pace not yet reached
+    pace.agreed(4)
+    clock[0] += 0.08  # 20 ms a call, measured over 4: 12 calls fill 0.25 s
+    assert [pace.tick() for _ in range(4)] == [False] * 3 + [True] and pace.proposal() == 8
+    pace.agreed(8)
+    clock[0] += 0.16
+    assert [pace.tick() for _ in range(8)][-1] and pace.proposal() == 12
+    pace.agreed(12)
+    assert [pace.tick() for _ in range(12)] == [False] * 11 + [True]
+    clock[0] += 24.0  # 2 s a call: every call agrees
+    assert pace.proposal() == 1
+    assert agree.Pace(fixed=3, seconds=0.25).proposal() == 3  # TRAINYARD_AGREE_EVERY
 
 
 def test_in_a_launch_the_library_writes_its_rank_s_events(tmp_path: Path) -> None:

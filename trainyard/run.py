@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from trainyard.agree import Agreement
+from trainyard.agree import Agreement, Pace
 from trainyard.channel import EventChannel, number_or_none
 
 # Each `log` may carry this many figures at most (the dashboard stores no more of one event).
@@ -77,9 +77,14 @@ class Run:
         # Where the launcher keeps the run's checkpoints (None: the script chooses its own).
         self.checkpoint_dir: Path | None = Path(folder) if folder else None
         self.agreement = agreement or Agreement()
-        self.every = max(1, int(env.get("TRAINYARD_AGREE_EVERY", "1")))
-        self.calls = {"stop": 0, "checkpoint": 0}
+        every = env.get("TRAINYARD_AGREE_EVERY")
+        self.pace = Pace(
+            fixed=max(1, int(every)) if every else None,
+            seconds=float(env.get("TRAINYARD_AGREE_SECONDS", "0.25")),
+        )
+        self.listening = False
         self.stopping = False
+        self.stop_said = False
         self.requests_agreed = 0  # the checkpoint requests every rank has seen
         self.requests_answered = 0
         self.step = 0
@@ -114,33 +119,41 @@ class Run:
         figures = {str(name): number_or_none(value) for name, value in values.items()}
         self._send("metrics", step=self.step, values=figures)
 
-    def _due(self, kind: str) -> bool:
-        """Whether this call agrees (every `every`-th call of its kind, on every rank alike)."""
-        self.calls[kind] += 1
-        return self.calls[kind] % self.every == 0
+    def _agree(self) -> None:
+        """At the calls the ranks agreed on (agree.py's Pace), one all-reduce agrees on the
+        Stop, the checkpoint requests and the next such call, whichever of should_stop and
+        checkpoint_requested asks: a script (or a framework's callback) asking both each step
+        makes one collective, not two."""
+        due = self.pace.tick()
+        if self.stopping or not (due or self.agreement.alone()):
+            return
+        requests = self._requests()
+        count = requests.get("checkpoint")
+        asked = count if isinstance(count, int) and not isinstance(count, bool) else 0
+        stop, agreed, every = self.agreement.largest_each(
+            [1 if requests.get("stop") is True else 0, asked, -self.pace.proposal()]
+        )
+        self.pace.agreed(-every)
+        self.requests_agreed = max(self.requests_agreed, agreed)
+        self.stopping = bool(stop)
 
     def should_stop(self, *, step: int | None = None) -> bool:
         """Whether the run was asked to stop: the same answer on every rank at the same call.
         Save, call checkpoint_saved, then leave the loop and call finish(). `step`: the step
         this rank is at, which the run's log says it stopped at (default: the last logged)."""
-        if self.calls["stop"] == 0:
+        if not self.listening:
+            self.listening = True
             self._send("listening")  # the launcher may now wait for the ranks to agree on a Stop
-        if self.stopping or not self._due("stop"):
-            return self.stopping
-        asked = 1 if self._requests().get("stop") is True else 0
-        if self.agreement.largest(asked):
-            self.stopping = True
+        self._agree()
+        if self.stopping and not self.stop_said:
+            self.stop_said = True
             self._send("stopping", step=self.step if step is None else step)
         return self.stopping
 
     def checkpoint_requested(self) -> bool:
         """Whether a checkpoint was asked for (and not yet saved): the same answer on every
         rank at the same call. Save it, then call checkpoint_saved."""
-        if not self._due("checkpoint"):
-            return False
-        count = self._requests().get("checkpoint")
-        asked = count if isinstance(count, int) and not isinstance(count, bool) else 0
-        self.requests_agreed = max(self.requests_agreed, self.agreement.largest(asked))
+        self._agree()
         return self.requests_agreed > self.requests_answered
 
     def checkpoint_saved(self, path: str | os.PathLike[str], *, step: int) -> None:

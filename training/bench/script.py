@@ -55,7 +55,7 @@ def images_per_second(side: str, *, nproc: int, script_args: list[str], folder: 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m training.bench script")
     parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--steps", type=int, default=120)
+    parser.add_argument("--steps", type=int, default=600)
     parser.add_argument("--nproc", type=int, default=2)
     parser.add_argument("--dry-run", action="store_true", help="one round of a few steps")
     args = parser.parse_args(argv)
