@@ -93,6 +93,14 @@ def test_an_uploaded_script_runs_reports_every_rank_and_stops_where_its_ranks_ag
     messages = [line["message"] for line in logs["lines"]]
     assert f"Stopped: 2 rank(s) left at step {last}." in messages, messages[-10:]
     assert logs["ranks"] == [0, 1]
+    # Where each rank's steps went, measured by the observer (no line of the script asks it).
+    read = root.get(f"{stack.base_url}/api/experiments/{pk}/", timeout=10).json()
+    assert [entry["rank"] for entry in read["breakdown"]] == [0, 1], read["breakdown"]
+    for entry in read["breakdown"]:
+        shares = [entry[name] for name in ("data", "forward", "backward", "optimizer",
+                                           "communication", "other")]  # fmt: skip
+        assert sum(shares) == pytest.approx(1, abs=0.05) and entry["backward"] > 0, entry
+    assert {"rank/0/backward_seconds", "rank/1/communication_bytes"} <= series.keys()
     for rank in (0, 1):  # each rank's own output, kept as its log
         own = root.get(f"{stack.base_url}/api/experiments/{pk}/logs/?rank={rank}", timeout=10)
         assert any(line["message"].startswith("step 1 loss") for line in own.json()["lines"])

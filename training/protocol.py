@@ -1,10 +1,10 @@
-"""The event protocol between a training run and whoever watches it (version 1.11).
+"""The event protocol between a training run and whoever watches it (version 1.12).
 
 A run writes one JSON object per line on standard output; rank 0 alone writes them. Every object
 has the envelope (``Envelope`` below)
 
     v      protocol major version (int, 1)
-    minor  protocol minor version (int, 10); absent before 1.3, so a 1.0 to 1.2 writer is "1.x"
+    minor  protocol minor version (int, 12); absent before 1.3, so a 1.0 to 1.2 writer is "1.x"
     run    the run id given with --run-id ("" when none was given)
     seq    sequence number, 1, 2, 3, ... in the order written, with no gaps
     type   one of ``EventType``: started, step, epoch, log, checkpoint, profile, metrics,
@@ -20,7 +20,7 @@ higher major (``parse_event`` raises ``ProtocolVersionError``). Standard error i
 the training's own log lines carry ``LOG_LINE_MARKER`` (``log_line_format``, ``log_line_read``).
 
 docs/protocol.md has the whole description: the types, the reading rules, the stderr marker and
-the history of each minor version (what 1.1 to 1.11 added).
+the history of each minor version (what 1.1 to 1.12 added).
 """
 
 # No ``from __future__ import annotations`` here: on Python 3.11 it hides ``NotRequired`` from
@@ -47,7 +47,7 @@ from training.protocol_entries import (  # noqa: F401 - readers import every typ
 )
 
 PROTOCOL_VERSION: Final = 1  # the major version, "v" on the wire
-PROTOCOL_MINOR: Final = 11  # the minor version, "minor" on the wire (since 1.3)
+PROTOCOL_MINOR: Final = 12  # the minor version, "minor" on the wire (since 1.3)
 
 EventType = Literal[
     "started", "step", "epoch", "log", "checkpoint", "profile", "metrics", "finished", "failed"
@@ -148,8 +148,12 @@ class StepFields(TypedDict):
 
     epoch: int  # 1-based
     step: int  # global optimizer step, 1-based
-    train_loss: float | None  # mean over the steps since the last step event, over ranks
-    images_per_second: float  # all ranks together
+    # Mean over the steps since the last step event, over ranks. 1.12: absent where the writer
+    # does not know the loss (a script's observer, training/scripts/observer.py).
+    train_loss: NotRequired[float | None]
+    # All ranks together. 1.12: absent where no rank counted its samples (a script's observer
+    # counts the batches its DataLoaders give).
+    images_per_second: NotRequired[float]
     # 1.1: rank 0's alone; for Hogwild "rank 0" is process 0 (the parent only evaluates).
     data_seconds: NotRequired[float]
     compute_seconds: NotRequired[float]

@@ -36,8 +36,12 @@ def number_or_none(value: Any) -> float | None:
 class EventChannel:
     """Appends this rank's events to its file; flushed per event (a crash loses none written)."""
 
-    def __init__(self, folder: str | os.PathLike[str], *, rank: int, run_id: str):
-        self.path = Path(folder) / f"rank-{rank}.jsonl"
+    def __init__(
+        self, folder: str | os.PathLike[str], *, rank: int, run_id: str, file: str | None = None
+    ):
+        """`file`: the file's name in `folder` (default rank-<rank>.jsonl; the launcher's
+        observer writes its own, training/scripts/observer.py)."""
+        self.path = Path(folder) / (file or f"rank-{rank}.jsonl")
         self.rank = rank
         self.run_id = run_id
         self.seq = 0

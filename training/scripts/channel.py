@@ -16,6 +16,8 @@ from pathlib import Path
 from typing import Any
 
 RANK_FILE = re.compile(r"rank-(\d{1,6})\.jsonl")
+# The observer's (observer.py, rank 0's alone): the windows of every rank's phases.
+OBSERVER_FILE = re.compile(r"observer-(\d{1,6})\.jsonl")
 # A line longer than this is not a rank's event (a broken writer): skipped, not buffered forever.
 MAX_LINE_BYTES = 1024 * 1024
 
@@ -32,12 +34,13 @@ class RankEvents:
 
     folder: Path
     files: dict[int, RankFile] = field(default_factory=dict)
+    names: re.Pattern[str] = RANK_FILE
 
     def read(self) -> list[dict[str, Any]]:
         """The events written since the last read, each rank's in its order."""
         events: list[dict[str, Any]] = []
-        for path in sorted(self.folder.glob("rank-*.jsonl")):
-            matched = RANK_FILE.fullmatch(path.name)
+        for path in sorted(self.folder.glob("*.jsonl")):
+            matched = self.names.fullmatch(path.name)
             if matched is not None:
                 events += self._read_one(path, self.files.setdefault(int(matched[1]), RankFile()))
         return events

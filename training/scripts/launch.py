@@ -1,9 +1,10 @@
 """``python -m training --strategy script``: a user's script under torchrun, spoken for.
 
-The launcher starts torchrun over ``trainyard.launched`` (which runs the entry point as
-``python ENTRY ARGS`` would), each rank's output tagged by torchrun (``--tee``) and passed on to
-stderr as that rank's log lines, and reads the events the ranks' trainyard library writes
-(channel.py) to write them on stdout as this run's protocol events. It is the process a Stop
+The launcher starts torchrun over ``training.scripts.rank`` (the observer of each step's phases,
+observer.py, then the entry point run as ``python ENTRY ARGS`` would), each rank's output tagged
+by torchrun (``--tee``) and passed on to stderr as that rank's log lines, and reads the events
+the ranks' trainyard library and the observer write (channel.py) to write them on stdout as this
+run's protocol events. It is the process a Stop
 and a checkpoint request are sent to (``stop_pid``, ``requests_pid``): SIGTERM writes a stop
 into the control file (control.py) the ranks agree on, then waits ``--stop-grace`` seconds for
 them to save and leave before it ends what is left, naming each rank it had to end; SIGUSR1
@@ -33,7 +34,7 @@ from training.config import ScriptSettings, TrainConfig
 from training.process.torchrun import socket_interfaces_set, torchrun_rendezvous
 from training.process.tree import OutputLine, output_lines_forward, process_tree_stop
 from training.protocol import EventWriter, ScriptInfo
-from training.scripts.channel import RankEvents
+from training.scripts.channel import OBSERVER_FILE, RankEvents
 from training.scripts.control import Requests, requests_write
 from training.scripts.output import RANK_PREFIX, rank_line
 from training.scripts.provenance import git_state, packages_installed
@@ -45,6 +46,8 @@ EXIT_STOPPED = 143  # as a process ended by SIGTERM: the run ended because it wa
 POLL_SECONDS = 0.1
 KILL_GRACE_SECONDS = 5.0  # after the Stop's grace: torchrun's SIGTERM, then SIGKILL
 TAIL_LINES = 30
+# What a rank's event carries besides its type's fields (its own envelope and rank).
+ENVELOPE_KEYS = frozenset({"v", "minor", "run", "seq", "type", "time", "rank"})
 
 
 class ScriptLauncher:
@@ -58,6 +61,7 @@ class ScriptLauncher:
         self.control = self.folder / "control.json"
         self.requests = Requests()
         self.rank_events = RankEvents(self.folder)
+        self.observer_events = RankEvents(self.folder, names=OBSERVER_FILE)
         self.tail: deque[str] = deque(maxlen=TAIL_LINES)  # torchrun's and the ranks' stderr
         self.rank_tails: dict[int, deque[str]] = {}  # each rank's own stderr
         self.hello: dict[int, int] = {}  # rank -> pid, of the ranks that run the library
@@ -106,8 +110,10 @@ class ScriptLauncher:
                 elif line:
                     self.line_take(source, line)
                 self.events_take()
+                self.windows_take()
                 self.requests_take(process)
             self.events_take()
+            self.windows_take()
             return final_say(self, process.wait())
         finally:
             _process_end(process, grace=KILL_GRACE_SECONDS)
@@ -119,7 +125,7 @@ class ScriptLauncher:
             sys.executable, "-m", "torch.distributed.run", *torchrun_rendezvous(cfg),
             f"--nproc-per-node={cfg.nproc}", "--tee=3",
             "--log-line-prefix-template=[rank${rank}]: ",
-            "-m", "trainyard.launched", "--", script.entrypoint, *script.args,
+            "-m", "training.scripts.rank", "--", script.entrypoint, *script.args,
         ]  # fmt: skip
         return subprocess.Popen(  # noqa: S603 - the user's own script is what a script run is
             command,
@@ -191,6 +197,14 @@ class ScriptLauncher:
                     path=str(event.get("path")), requested=event.get("requested") is True,
                     answers_request=event.get("answers_request") is True,
                 )  # fmt: skip
+
+    def windows_take(self) -> None:
+        """The observer's windows (rank 0's, on the first machine): each a `step` event with
+        every rank's phases, passed on as the engine's are."""
+        for event in self.observer_events.read():
+            if event["type"] == "step" and self.chief and isinstance(event.get("ranks"), list):
+                fields = {k: v for k, v in event.items() if k not in ENVELOPE_KEYS}
+                self.events.emit("step", **fields)
 
     def metrics_emit(self, event: dict[str, Any], *, rank: int) -> None:
         values = event.get("values")

@@ -1,0 +1,148 @@
+"""Where a script's steps go, with no Trainyard line in it (issue 33): the observer every rank
+runs before the script (training/scripts/observer.py), through the launcher as the worker
+starts it, no dashboard (tests/test_script_stack.py has the run page's side).
+
+tests/scripts/observed/train.py trains a small CNN on Fashion-MNIST through a DataLoader, wrapped
+in DDP or sharded by FSDP2, or alone; it imports neither trainyard nor training.
+"""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.test_script_runs import ROOT, Launched
+from training.observe.phases import PHASES
+
+OBSERVED = ROOT / "tests" / "scripts" / "observed"
+# The script's model: 160 + 4,640 + 8,010 float32 parameters.
+MODEL_BYTES = 4 * (16 * 9 + 16 + 32 * 16 * 9 + 32 + 32 * 5 * 5 * 10 + 10)
+BATCH = 32
+
+
+@pytest.fixture
+def code(tmp_path: Path) -> Path:
+    folder = tmp_path / "code"
+    shutil.copytree(OBSERVED, folder)
+    shutil.copy(ROOT / "tests" / "scripts" / "fashion.py", folder)
+    return folder
+
+
+def windows(
+    tmp_path: Path, code: Path, monkeypatch: pytest.MonkeyPatch, *, nproc: int, wrap: str
+) -> list[dict[str, Any]]:
+    """The run's step events (the observer's windows, every 4 steps)."""
+    monkeypatch.setenv("TRAINYARD_OBSERVE_EVERY", "4")
+    run = Launched(tmp_path, "--nproc", str(nproc), "--entrypoint", "train.py", code=code,
+                   args=["--wrap", wrap, "--epochs", "2", "--images", "1024"])  # fmt: skip
+    assert run.end() == 0, run.stderr
+    steps = run.of_type("step")
+    assert steps, run.stderr
+    return steps
+
+
+def assert_whole(step: dict[str, Any], steps_in: int, ranks: int) -> None:
+    """Each rank's six phases add up to its window's wall time (its samples over its images/s),
+    and the run's images/s are its ranks'."""
+    assert [r["rank"] for r in step["ranks"]] == list(range(ranks))
+    for rank in step["ranks"]:
+        wall = steps_in * BATCH / rank["images_per_second"]
+        phases = sum(rank[f"{name}_seconds"] for name in PHASES)
+        assert phases == pytest.approx(wall, rel=0.05), rank
+        assert rank["compute_seconds"] == pytest.approx(
+            sum(rank[f"{name}_seconds"] for name in PHASES if name not in ("data", "other"))
+        )
+        assert min(rank[f"{name}_seconds"] for name in PHASES) >= 0
+        assert rank["forward_seconds"] > 0 and rank["backward_seconds"] > 0 and rank["data_seconds"]
+    total = sum(r["images_per_second"] for r in step["ranks"])
+    assert step["images_per_second"] == pytest.approx(total, abs=0.2)
+    assert step["epoch"] == 0 and "train_loss" not in step
+
+
+@pytest.mark.parametrize(
+    ("wrap", "per_step"),
+    [
+        # DDP all-reduces every gradient: 2(N-1)/N x the model's bytes, N = 2.
+        ("ddp", MODEL_BYTES),
+        # FSDP2 all-gathers each shard for forward and again for backward ((N-1) x a half each)
+        # and reduce-scatters the gradients ((N-1)/N x all of them).
+        ("fsdp", MODEL_BYTES // 2 * 3),
+    ],
+)
+def test_a_scripts_phases_and_bytes_are_measured_on_every_rank(
+    tmp_path: Path, code: Path, monkeypatch: pytest.MonkeyPatch, wrap: str, per_step: int
+) -> None:
+    steps = windows(tmp_path, code, monkeypatch, nproc=2, wrap=wrap)
+    # 1,024 images over 2 ranks in batches of 32: 16 steps an epoch, 2 epochs; a window the
+    # first step, then every 4.
+    assert [s["step"] for s in steps] == [1, 5, 9, 13, 17, 21, 25, 29]
+    previous = 0
+    for step in steps:
+        steps_in = step["step"] - previous
+        previous = step["step"]
+        assert_whole(step, steps_in, ranks=2)
+        for rank in step["ranks"]:
+            assert rank["communication_bytes"] == per_step * steps_in, (wrap, rank)
+            assert rank["communication_seconds"] > 0
+
+
+def test_one_process_has_no_communication(
+    tmp_path: Path, code: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    steps = windows(tmp_path, code, monkeypatch, nproc=1, wrap="none")
+    assert [s["step"] for s in steps][:3] == [1, 5, 9]
+    for step in steps[1:]:
+        assert_whole(step, 4, ranks=1)
+        [rank] = step["ranks"]
+        assert rank["communication_bytes"] == 0 and rank["communication_seconds"] == 0
+
+
+BROKEN = textwrap.dedent(
+    """
+    import sys
+    import torch
+    from torch.nn.modules import module as modules
+    from training.observe import phases
+    from training.scripts.observer import observer_install
+
+    observer = observer_install({"RANK": "0", "WORLD_SIZE": "1", "TRAINYARD_OBSERVE_EVERY": "3"})
+    entered = phases.CLOCK.enter
+
+    def enter(name):
+        if name == "backward":
+            raise RuntimeError("a clock that breaks")
+        entered(name)
+
+    phases.CLOCK.enter = enter
+    model = torch.nn.Linear(4, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(8):
+        loss = model(torch.ones(2, 4)).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    print("trained", step + 1, "steps")
+    print("hooks left", len(modules._global_forward_pre_hooks) + len(modules._global_forward_hooks))
+    print("backward wrapped", hasattr(torch.autograd.backward, "__wrapped__"))
+    """
+)
+
+
+def test_an_observer_hook_that_raises_is_said_once_and_the_script_trains_on() -> None:
+    done = subprocess.run([sys.executable, "-c", BROKEN], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, check=False)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    said = [line for line in done.stderr.splitlines() if "observer stopped" in line]
+    assert said == [
+        "trainyard's observer stopped: its backward hook raised RuntimeError: a clock "
+        "that breaks; the script goes on, unobserved"
+    ], done.stderr
+    assert "trained 8 steps" in done.stdout
+    # Taken out at the next window's end: nothing of it is left in the process.
+    assert "hooks left 0" in done.stdout and "backward wrapped False" in done.stdout

@@ -1,0 +1,373 @@
+"""Where a user's script spends each step, with no line of it changed (issue 33): installed in
+every rank before the script's first line (``python -m training.scripts.rank``), it measures the
+same six phases as the engine's own runs (``training.observe.phases``), on the same clock.
+
+- **Steps** end at the first optimizer's ``step`` (torch's global optimizer hooks): a window is
+  a number of steps the ranks agree on (below), so every rank's window covers the same steps.
+- **data**: the time in a ``DataLoader`` iterator's ``__next__``, and the samples it gave (the
+  first dimension of the batch's first tensor), from which the images/s come.
+- **forward**: from the outermost module's call to its return (torch's global forward hooks;
+  modules called inside another are not counted twice).
+- **backward**: ``torch.autograd.backward`` (what ``loss.backward()`` calls).
+- **optimizer**: the optimizers' ``step`` and ``zero_grad``.
+- **communication** and its bytes: ``training.observe.collectives``, as for the engine: every
+  ``torch.distributed`` collective called from Python, the functional ones (DTensor), and DDP's
+  gradient all-reduces through a timed communication hook (the script's own hook, timed, or
+  the default all-reduce's, registered at the first backward where the script has none).
+- **other**: the rest of the window's wall time (the script's own work between steps).
+
+The window's length: about TRAINYARD_OBSERVE_SECONDS (2 s) of steps, agreed as the ranks agree
+on a Stop (trainyard/agree.py's Pace): at the end of each window one all-gather on a Gloo group
+of the observer's own carries every rank's figures to rank 0 and each rank's proposal for the
+next window, the smallest taken. Rank 0 writes the window as a protocol ``step`` event (its
+``ranks`` as the engine's, no ``train_loss``: the script's loss is its own) to
+``observer-0.jsonl`` beside the ranks' files, which the launcher passes on.
+
+It fails open: a hook that raises is taken out with every other one, said once on stderr (the
+rank's log), and the script goes on unobserved.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import sys
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import psutil
+import torch
+import torch.distributed as dist
+
+from training.observe import collectives, phases
+from trainyard.agree import Pace
+from trainyard.channel import EventChannel
+
+OBSERVER_FILE = "observer-{rank}.jsonl"
+# The window's figures, in the order the all-gather carries them (the proposal first).
+ROW = (
+    "proposal", "samples", "data", "forward", "backward", "optimizer", "communication",
+    "sent_bytes", "wall", "rss", "failed",
+)  # fmt: skip
+_PROCESS = psutil.Process()
+
+
+class Observer:
+    """One rank's observer: its hooks, the open window and the rank's channel to the launcher."""
+
+    def __init__(self, env: dict[str, str]):
+        self.rank = int(env.get("RANK", "0"))
+        self.world_size = int(env.get("WORLD_SIZE", "1"))
+        every = env.get("TRAINYARD_OBSERVE_EVERY")
+        self.pace = Pace(
+            fixed=max(1, int(every)) if every else None,
+            seconds=float(env.get("TRAINYARD_OBSERVE_SECONDS", "2")),
+        )
+        folder, run_id = env.get("TRAINYARD_EVENTS_DIR"), env.get("TRAINYARD_RUN_ID", "")
+        self.channel = (
+            EventChannel(folder, rank=0, run_id=run_id, file=OBSERVER_FILE.format(rank=0))
+            if folder and self.rank == 0
+            else None
+        )
+        self.owner = threading.get_ident()  # the thread whose time the clock keeps
+        self.depth = 0  # modules being called, outermost first
+        self.data = 0.0
+        self.samples = 0
+        self.step = 0
+        self.first_optimizer: int | None = None
+        self.mark = (time.perf_counter(), phases.CLOCK.read(), 0.0, 0)
+        self.group: Any = None
+        self.handles: list[Any] = []
+        self.undo: list[Callable[[], None]] = []
+        self.ddps: list[Any] = []  # DDP modules seen, to give a timed hook at the first backward
+        self.failed = False
+        self.begun = False
+
+    def begin(self) -> None:
+        """The first window starts at the script's first batch or forward, not at its first line
+        (its imports and data loading are no step's). On a GPU the phases are CUDA events'
+        (phases.clock_for), on the device the script chose by then."""
+        self.begun = True
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            phases.clock_for(torch.device("cuda", torch.cuda.current_device()))
+        self.mark = (time.perf_counter(), phases.CLOCK.read(), self.data, self.samples)
+
+    # ---- hooks ---------------------------------------------------------------------------------
+    def fail_open(self, hook: Callable[..., Any], *, steps: bool = False) -> Callable[..., Any]:
+        """`hook`, which on an error stops measuring and says so once: the script goes on. The
+        step hook (`steps`) keeps counting steps and closing windows, so that this rank still
+        meets the others at the window's all-gather: there all ranks learn of the failure and
+        take every hook out at the same step (one rank's leaving alone would leave the others
+        waiting in it)."""
+
+        @functools.wraps(hook)
+        def safe(*args: Any, **kwargs: Any) -> Any:
+            if self.failed and not steps:
+                return None
+            try:
+                return hook(*args, **kwargs)
+            except Exception as error:  # noqa: BLE001 - the script must not die of its observer
+                self.fail(f"its {hook.__name__.strip('_')} hook raised "
+                          f"{type(error).__name__}: {error}")  # fmt: skip
+                return None
+
+        return safe
+
+    def fail(self, why: str) -> None:
+        """Measuring stops here (the clock off, the wrappers passing calls through); said once
+        on this rank's stderr, its log."""
+        if self.failed:
+            return
+        self.failed = True
+        phases.clock_off()
+        sys.stderr.write(f"trainyard's observer stopped: {why}; the script goes on, unobserved\n")
+        sys.stderr.flush()
+
+    def _forward_pre(self, module: Any, args: Any) -> None:
+        if threading.get_ident() != self.owner:
+            return
+        if self.depth == 0:
+            if not self.begun:
+                self.begin()
+            phases.CLOCK.enter("forward")
+            ddp = isinstance(module, torch.nn.parallel.DistributedDataParallel)
+            if ddp and all(known is not module for known in self.ddps):
+                self.ddps.append(module)
+        self.depth += 1
+
+    def _forward_post(self, module: Any, args: Any, output: Any) -> None:
+        if threading.get_ident() != self.owner or self.depth == 0:
+            return
+        self.depth -= 1
+        if self.depth == 0:
+            phases.CLOCK.leave()
+
+    def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if threading.get_ident() == self.owner:
+            phases.CLOCK.enter("optimizer")
+
+    def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        if threading.get_ident() != self.owner:
+            return
+        if not self.failed:
+            phases.CLOCK.leave()
+        if self.first_optimizer is None:
+            self.first_optimizer = id(optimizer)
+        if id(optimizer) == self.first_optimizer:
+            self.step_end()
+
+    def _ddp_hooks_give(self) -> None:
+        """A timed all-reduce for each DDP module the script gave no hook of its own (its own
+        are timed when registered): at the first backward, after which none can be added."""
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        for module in self.ddps:
+            if not module._comm_hooks and not getattr(module, "_trainyard_timed", False):
+                module._trainyard_timed = True
+                register = type(module).register_comm_hook.__wrapped__
+                register(module, None, collectives.hook_timed(default_hooks.allreduce_hook))
+        self.ddps.clear()
+
+    # ---- windows -------------------------------------------------------------------------------
+    def step_end(self) -> None:
+        self.step += 1
+        if self.pace.tick():
+            self.window_close()
+
+    def window_close(self) -> None:
+        # Every rank reaches the all-gather at the agreed step whatever its own figures: one that
+        # left for an error of its own would leave the others waiting in it.
+        try:
+            row = self.row_take()
+        except Exception as error:  # noqa: BLE001
+            self.fail(f"its window could not be read: {type(error).__name__}: {error}")
+            row = [float(self.pace.proposal())] + [0.0] * (len(ROW) - 2) + [1.0]
+        rows = self.rows_gather(row)
+        if any(r[-1] for r in rows):  # a rank failed: every rank leaves here, together
+            self.uninstall()
+            return
+        self.pace.agreed(int(min(r[0] for r in rows)))
+        if self.channel is not None:
+            self.channel.send("step", **step_fields(self.step, rows))
+
+    def row_take(self) -> list[float]:
+        """This rank's figures of the window that ends here (ROW's order), and the next one
+        begun."""
+        start, clock_before, data_before, samples_before = self.mark
+        now, clock_now = time.perf_counter(), phases.CLOCK.read()
+        spent = [after - before for after, before in zip(clock_now, clock_before, strict=True)]
+        rss = float(_PROCESS.memory_info().rss)
+        self.mark = (now, clock_now, self.data, self.samples)
+        return [float(self.pace.proposal()), float(self.samples - samples_before),
+                self.data - data_before, *spent, now - start, rss, float(self.failed)]  # fmt: skip
+
+    def rows_gather(self, row: list[float]) -> list[list[float]]:
+        """Every rank's row, rank order, on the observer's own group (made at the first window,
+        which every rank closes at the same step); its own collective is neither timed nor
+        counted."""
+        if self.world_size <= 1 or not (dist.is_available() and dist.is_initialized()):
+            return [row]
+        if self.group is None:
+            self.group = dist.new_group(backend="gloo")
+        mine = torch.tensor(row, dtype=torch.float64)
+        out = [torch.empty_like(mine) for _ in range(self.world_size)]
+        ALL_GATHER(out, mine, group=self.group)
+        return [[float(v) for v in o.tolist()] for o in out]
+
+    # ---- installing ----------------------------------------------------------------------------
+    def install(self) -> None:
+        from torch.nn.modules import module as modules
+        from torch.optim import optimizer as optimizers
+        from torch.utils.data import dataloader
+
+        self.handles += [
+            modules.register_module_forward_pre_hook(self.fail_open(self._forward_pre)),
+            modules.register_module_forward_hook(self.fail_open(self._forward_post),
+                                                 always_call=True),
+            optimizers.register_optimizer_step_pre_hook(self.fail_open(self._optimizer_pre)),
+            optimizers.register_optimizer_step_post_hook(
+                self.fail_open(self._optimizer_post, steps=True)
+            ),
+        ]  # fmt: skip
+        self._wrap(torch.autograd, "backward", self._timed_backward)
+        self._wrap(torch.optim.Optimizer, "zero_grad", self._timed("optimizer"))
+        self._wrap(dataloader._BaseDataLoaderIter, "__next__", self._timed_next)
+        self._wrap(torch.nn.parallel.DistributedDataParallel, "register_comm_hook",
+                   self._timed_registration)  # fmt: skip
+        collectives.collectives_time()
+
+    def _wrap(self, owner: Any, name: str, make: Callable[[Any], Any]) -> None:
+        original = getattr(owner, name)
+        wrapped = make(original)
+        functools.update_wrapper(wrapped, original)
+        setattr(owner, name, wrapped)
+        self.undo.append(lambda: setattr(owner, name, original))
+
+    def _timed(self, phase: str) -> Callable[[Any], Any]:
+        """A wrapper timing its calls as `phase`; an error of the clock's (never the call's own)
+        stops the observer, not the call."""
+
+        def make(original: Any) -> Any:
+            def timed(*args: Any, **kwargs: Any) -> Any:
+                if self.failed or threading.get_ident() != self.owner:
+                    return original(*args, **kwargs)
+                if not self._clock_step(phase):
+                    return original(*args, **kwargs)
+                try:
+                    return original(*args, **kwargs)
+                finally:
+                    self._clock_step(phase, leave=True)
+
+            return timed
+
+        return make
+
+    def _clock_step(self, phase: str, *, leave: bool = False) -> bool:
+        """`phase` entered (or left) on the clock; False where the clock raised."""
+        try:
+            if leave:
+                phases.CLOCK.leave()
+            else:
+                phases.CLOCK.enter(phase)
+        except Exception as error:  # noqa: BLE001 - the script must not die of its observer
+            self.fail(f"its {phase} hook raised {type(error).__name__}: {error}")
+            return False
+        return True
+
+    def _timed_backward(self, original: Any) -> Any:
+        timed = self._timed("backward")(original)
+
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            if self.ddps and not self.failed:
+                self.fail_open(self._ddp_hooks_give)()
+            return timed(*args, **kwargs)
+
+        return backward
+
+    def _timed_next(self, original: Any) -> Any:
+        def next_timed(iterator: Any) -> Any:
+            if self.failed or threading.get_ident() != self.owner:
+                return original(iterator)
+            if not self.begun:
+                self.begin()
+            began = time.perf_counter()
+            batch = original(iterator)  # StopIteration passes through, its time uncounted
+            self.data += time.perf_counter() - began
+            self.samples += batch_samples(batch)
+            return batch
+
+        return next_timed
+
+    def _timed_registration(self, original: Any) -> Any:
+        def register(module: Any, state: Any, hook: Any) -> Any:
+            if self.failed:
+                return original(module, state, hook)
+            module._trainyard_timed = True
+            return original(module, state, collectives.hook_timed(hook))
+
+        return register
+
+    def uninstall(self) -> None:
+        """Every hook and wrapper out (the collectives' stay, their clock off), on every rank at
+        the same step; the script goes on as if never observed."""
+        self.failed = True
+        phases.clock_off()
+        for handle in self.handles:
+            handle.remove()
+        for undo in reversed(self.undo):
+            undo()
+        self.handles, self.undo = [], []
+
+
+ALL_GATHER = dist.all_gather  # before collectives_time wraps it: the observer's own is not timed
+
+
+def batch_samples(batch: Any) -> int:
+    """The samples in a batch: the first dimension of its first tensor (a tensor, a tuple or
+    list of them, or a mapping: a Hugging Face batch's input_ids); 0 where there is none."""
+    first = batch
+    for _ in range(3):  # ((images, labels), ...) at most this deep
+        if isinstance(first, torch.Tensor):
+            return int(first.shape[0]) if first.dim() else 1
+        if isinstance(first, dict):
+            first = next(iter(first.values()), None)
+        elif isinstance(first, (list, tuple)) and first:
+            first = first[0]
+        else:
+            return 0
+    return 0
+
+
+def step_fields(step: int, rows: list[list[float]]) -> dict[str, Any]:
+    """The window as a protocol ``step`` event's fields (1.12: no train_loss)."""
+    ranks = []
+    for rank, values in enumerate(rows):
+        row = dict(zip(ROW, values, strict=True))
+        wall = max(row["wall"], 1e-9)
+        clocked = sum(row[name] for name in phases.CLOCK_PHASES)
+        ranks.append({
+            "rank": rank,
+            "images_per_second": round(row["samples"] / wall, 1),
+            "data_seconds": row["data"],
+            "compute_seconds": clocked,
+            "rss_bytes": int(row["rss"]),
+            **{f"{name}_seconds": row[name] for name in phases.CLOCK_PHASES},
+            "other_seconds": max(0.0, row["wall"] - row["data"] - clocked),
+            "communication_bytes": int(row["sent_bytes"]),
+        })  # fmt: skip
+    fields: dict[str, Any] = {"epoch": 0, "step": step, "ranks": ranks}
+    if any(r["images_per_second"] for r in ranks):
+        fields["images_per_second"] = round(sum(r["images_per_second"] for r in ranks), 1)
+    return fields
+
+
+def observer_install(env: dict[str, str] | None = None) -> Observer | None:
+    """The observer in this rank, unless TRAINYARD_OBSERVE=0."""
+    env = dict(os.environ if env is None else env)
+    if env.get("TRAINYARD_OBSERVE", "1") == "0":
+        return None
+    observer = Observer(env)
+    observer.install()
+    return observer
