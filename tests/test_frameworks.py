@@ -1,6 +1,7 @@
 """Hugging Face, Lightning and TensorBoard scripts with no Trainyard line in them, launched as
 the worker launches a script run: figures of every rank, a checkpoint asked for and a Stop,
-agreed by the ranks and carried out through the frameworks' own controls, and resume.
+agreed by the ranks and carried out through the frameworks' own controls, and resume; each
+rank's step phases, seen by the observer.
 
 Each script (tests/scripts/<name>/train.py) is copied with its data reader (fashion.py) into a
 folder of its own, as a user's folder would be uploaded.
@@ -42,6 +43,16 @@ def stop_after_a_checkpoint(run: Launched) -> int:
     return int(step)
 
 
+def assert_observed(run: Launched) -> None:
+    """The observer saw the framework's steps on both ranks (issue 33): windows of phases."""
+    windows = run.of_type("step")
+    assert windows, run.stderr
+    for window in windows:
+        assert [r["rank"] for r in window["ranks"]] == [0, 1]
+    assert all(r["backward_seconds"] > 0 and r["forward_seconds"] > 0 for r in windows[-1]["ranks"])
+    assert any(r["communication_bytes"] > 0 for w in windows for r in w["ranks"])
+
+
 def loss_steps(run: Launched, rank: int, name: str) -> list[int]:
     return [e["step"] for e in run.of_type("metrics") if e["rank"] == rank and name in e["values"]]
 
@@ -54,6 +65,7 @@ def test_a_hugging_face_trainer_reports_each_rank_stops_agreed_and_resumes(
     run = Launched(tmp_path, "--nproc", "2", "--entrypoint", "train.py", code=code,
                    args=["--max-steps", "1000", "--sleep", "0.2"])  # fmt: skip
     step = stop_after_a_checkpoint(run)
+    assert_observed(run)
     # Each rank's own loss (the Trainer's logged one is the mean over ranks: loss_mean).
     ours = [e["values"]["loss"] for e in run.of_type("metrics") if "loss" in e["values"]]
     assert loss_steps(run, 0, "loss")[-1] == loss_steps(run, 1, "loss")[-1] == step
@@ -75,6 +87,7 @@ def test_a_lightning_trainer_reports_each_rank_and_stops_agreed(tmp_path: Path) 
     run = Launched(tmp_path, "--nproc", "2", "--entrypoint", "train.py", code=code,
                    args=["--max-steps", "1000", "--sleep", "0.2"])  # fmt: skip
     step = stop_after_a_checkpoint(run)
+    assert_observed(run)
     assert loss_steps(run, 0, "train_loss") and loss_steps(run, 1, "train_loss")
     assert Path(run.of_type("checkpoint")[-1]["path"]).name == f"step-{step}.ckpt"
 
