@@ -90,6 +90,12 @@ def test_a_scripts_phases_and_bytes_are_measured_on_every_rank(
         for rank in step["ranks"]:
             assert rank["communication_bytes"] == per_step * steps_in, (wrap, rank)
             assert rank["communication_seconds"] > 0
+        # What each rank holds: DDP a whole copy, FSDP2 its half (SGD without momentum keeps
+        # no state); the gradients of the last step, as many.
+        held = MODEL_BYTES if wrap == "ddp" else MODEL_BYTES // 2
+        assert [(m["rank"], m["parameter_bytes"], m["gradient_bytes"], m["optimizer_state_bytes"])
+                for m in step["memory"]] == [(0, held, held, 0), (1, held, held, 0)]  # fmt: skip
+        assert min(m["peak_bytes"] for m in step["memory"]) > 0
 
 
 def test_one_process_has_no_communication(

@@ -101,6 +101,8 @@ def test_an_uploaded_script_runs_reports_every_rank_and_stops_where_its_ranks_ag
                                            "communication", "other")]  # fmt: skip
         assert sum(shares) == pytest.approx(1, abs=0.05) and entry["backward"] > 0, entry
     assert {"rank/0/backward_seconds", "rank/1/communication_bytes"} <= series.keys()
+    # And what each rank holds: the one-weight model's parameter and bias, float32.
+    assert [(m["rank"], m["parameter_bytes"]) for m in read["memory"]] == [(0, 8), (1, 8)]
     for rank in (0, 1):  # each rank's own output, kept as its log
         own = root.get(f"{stack.base_url}/api/experiments/{pk}/logs/?rank={rank}", timeout=10)
         assert any(line["message"].startswith("step 1 loss") for line in own.json()["lines"])

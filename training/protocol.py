@@ -163,6 +163,9 @@ class StepFields(TypedDict):
     # 1.8, --compile only, where some rank compiled in the window: rank 0's seconds in
     # torch.compile, taken out of compute_seconds and images_per_second.
     compile_seconds: NotRequired[float]
+    # 1.12, a script's observer: what each rank holds at the window's end (the engine says it
+    # in its epoch events).
+    memory: NotRequired[list[MemoryEntry]]
 
 
 class EpochFields(TypedDict):

@@ -92,6 +92,8 @@ window.TrainyardCharts = (function () {
     if (msg.type === "step") {
       for (const [field, key] of Object.entries(contract.step_series)) put(out, key, msg.step, t, msg[field]);
       putRanks(out, msg.ranks, contract.rank_fields.concat(contract.phase_fields), msg.step, t);
+      // A script's observer says what each rank holds every window (protocol 1.12).
+      putRanks(out, msg.memory, contract.memory_fields, msg.step, t);
     } else if (msg.type === "epoch") {
       for (const [field, key] of Object.entries(contract.epoch_series)) put(out, key, msg.step, t, msg[field]);
       // What each rank holds at the epoch's end (protocol 1.7's `memory`, as the sink stored it).

@@ -309,7 +309,8 @@
     addThroughput(msg.type, msg.images_per_second);
     renderScaling();
     if (msg.texts && msg.texts.ranks) renderRanks(msg.texts.ranks, msg.step);
-    // Epoch events only: a step's leave the last epoch's figures in place.
+    // An engine's epoch events, a script's step events (its observer's windows, protocol 1.12);
+    // an engine's steps leave the last epoch's figures in place.
     if (msg.texts && msg.texts.memory) renderMemory(msg.texts.memory);
   }
 

@@ -34,6 +34,7 @@ import os
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -41,15 +42,17 @@ import psutil
 import torch
 import torch.distributed as dist
 
-from training.observe import collectives, phases
+from training.observe import collectives, memory, phases
 from trainyard.agree import Pace
 from trainyard.channel import EventChannel
 
 OBSERVER_FILE = "observer-{rank}.jsonl"
+# What a rank holds (the engine's memory entry, protocol 1.7), carried in each window.
+MEMORY_FIGURES = ("parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "peak_bytes")
 # The window's figures, in the order the all-gather carries them (the proposal first).
 ROW = (
     "proposal", "samples", "data", "forward", "backward", "optimizer", "communication",
-    "sent_bytes", "wall", "rss", "failed",
+    "sent_bytes", "wall", "rss", *MEMORY_FIGURES, "failed",
 )  # fmt: skip
 _PROCESS = psutil.Process()
 
@@ -77,6 +80,9 @@ class Observer:
         self.samples = 0
         self.step = 0
         self.first_optimizer: int | None = None
+        # The optimizers the script made (weakly: one it drops is not kept alive), whose
+        # parameters, gradients and state are what the rank holds.
+        self.optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
         self.mark = (time.perf_counter(), phases.CLOCK.read(), 0.0, 0)
         self.group: Any = None
         self.handles: list[Any] = []
@@ -147,6 +153,7 @@ class Observer:
     def _optimizer_pre(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if threading.get_ident() == self.owner:
             phases.CLOCK.enter("optimizer")
+            self.optimizers.add(optimizer)
 
     def _optimizer_post(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         if threading.get_ident() != self.owner:
@@ -201,7 +208,22 @@ class Observer:
         rss = float(_PROCESS.memory_info().rss)
         self.mark = (now, clock_now, self.data, self.samples)
         return [float(self.pace.proposal()), float(self.samples - samples_before),
-                self.data - data_before, *spent, now - start, rss, float(self.failed)]  # fmt: skip
+                self.data - data_before, *spent, now - start, rss, *self.memory_take(),
+                float(self.failed)]  # fmt: skip
+
+    def memory_take(self) -> list[float]:
+        """MEMORY_FIGURES of this rank: the parameters its optimizers hold (each once), their
+        gradients, the optimizers' state, and the peak (CUDA's allocator's, else the process's
+        resident set), as the engine counts them (training/observe/memory.py)."""
+        params = {id(p): p for opt in list(self.optimizers) for g in opt.param_groups
+                  for p in g["params"]}  # fmt: skip
+        device = next((p.device for p in params.values() if p.device.type == "cuda"), None)
+        return [
+            float(sum(memory.tensor_bytes(p) for p in params.values())),
+            float(sum(memory.tensor_bytes(p.grad) for p in params.values() if p.grad is not None)),
+            float(sum(memory.optimizer_state_bytes(opt) for opt in list(self.optimizers))),
+            float(memory.peak_bytes(device or torch.device("cpu"))),
+        ]
 
     def rows_gather(self, row: list[float]) -> list[list[float]]:
         """Every rank's row, rank order, on the observer's own group (made at the first window,
@@ -341,7 +363,8 @@ def batch_samples(batch: Any) -> int:
 
 
 def step_fields(step: int, rows: list[list[float]]) -> dict[str, Any]:
-    """The window as a protocol ``step`` event's fields (1.12: no train_loss)."""
+    """The window as a protocol ``step`` event's fields (1.12: no train_loss; what each rank
+    holds as `memory`, as an engine's epoch event says it)."""
     ranks = []
     for rank, values in enumerate(rows):
         row = dict(zip(ROW, values, strict=True))
@@ -357,7 +380,11 @@ def step_fields(step: int, rows: list[list[float]]) -> dict[str, Any]:
             "other_seconds": max(0.0, row["wall"] - row["data"] - clocked),
             "communication_bytes": int(row["sent_bytes"]),
         })  # fmt: skip
-    fields: dict[str, Any] = {"epoch": 0, "step": step, "ranks": ranks}
+    memories = [dict(zip(ROW, values, strict=True)) for values in rows]
+    fields: dict[str, Any] = {"epoch": 0, "step": step, "ranks": ranks, "memory": [
+        {"rank": rank, **{name: int(row[name]) for name in MEMORY_FIGURES}}
+        for rank, row in enumerate(memories)
+    ]}  # fmt: skip
     if any(r["images_per_second"] for r in ranks):
         fields["images_per_second"] = round(sum(r["images_per_second"] for r in ranks), 1)
     return fields

@@ -174,9 +174,10 @@ class SeriesMessage(SeriesBody, Numbered):
 # shared_total_text, machines_text: which ranks ran on which machine, "" on one}; step and
 # epoch {ranks: rows with ips_text, data_text, compute_text, rss_text, split_text,
 # data_percent, compute_percent, and machine on several machines}, when the event has per-rank
-# figures; epoch also {memory: each rank's entry of its `memory` (protocol 1.7, as stored: counts
-# only) with held_bytes, share, share_percent and parameters_text, gradients_text,
-# optimizer_text, held_text, peak_text, share_text (core/memory.py)}, when it has memory;
+# figures; epoch (and a script's step, protocol 1.12) also {memory: each rank's entry of its
+# `memory` (protocol 1.7, as stored: counts only) with held_bytes, share, share_percent and
+# parameters_text, gradients_text, optimizer_text, held_text, peak_text, share_text
+# (core/memory.py)}, when it has memory;
 # checkpoint {size_text, kind_text}; the snapshot all of these, its checkpoints as rows, its
 # memory the last epoch's (``Experiment.memory``).
 

@@ -321,7 +321,9 @@ class EventSink:
         texts: dict[str, Any] = {}  # the page places them as they are
         if "rank/1/other_seconds" in values:  # a second rank's phases: one may lag
             self.phases_time = time_
-        if message["type"] == "epoch" and "memory" in message:
+        # An engine's epoch event says what each rank holds; a script's observer, each window
+        # (protocol 1.12).
+        if "memory" in message:
             # What each rank holds (protocol 1.7), checked and kept on the row (the read JSON's).
             # The page charts the entries the row keeps: the same points live as on a reload.
             entries = memory_entries(message["memory"])
