@@ -2,7 +2,7 @@
 the rare sessions that are lent a GPU machine: every row's command checked by training's own CLI
 for the CPU and for GPU machines (without training: each strategy is trained by its own tests),
 and a few rows run for real (one batch per epoch; GPU-only strategies must be refused with their
-reason, as the form and the CLI refuse them)."""
+reason, as the form and the CLI refuse them), the observed script's row among them."""
 
 from __future__ import annotations
 
@@ -23,6 +23,7 @@ import pytest
 
 from tests.conftest import need
 from tests.few_digits import fashion_few_tests_write
+from tests.test_script_observer import MODEL_BYTES
 from training import cli
 from training.config import build_parser, parse_args
 from training.data import idx_files
@@ -124,6 +125,32 @@ def test_the_plan_has_every_strategy_and_each_row_is_a_command_the_cli_takes(
     assert (deepspeed == "trains") == cli.deepspeed_available()
 
 
+def test_the_script_rows_launch_is_one_the_cli_takes_on_every_machine(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The script-observer row's launcher command, checked by training's own CLI as the other
+    rows' are: on the CPU 2 Gloo ranks, on GPUs a rank per GPU (two at most) with the script on
+    CUDA; the script's images a whole number of its batches a rank, a window's worth or more."""
+    code = tmp_path / "code"
+    code.mkdir()
+    for path in gpu_check.SCRIPT_FILES:  # the files it copies, where it copies them
+        (code / Path(path).name).write_text((ROOT / path).read_text())
+    for gpus in PLANNED_GPUS:
+        for dry_run in (True, False):
+            argv = gpu_check.script_argv(code, tmp_path / "checkpoints", gpus, dry_run)
+            refusal = cli_refusal(argv, gpus=gpus, monkeypatch=monkeypatch)
+            assert refusal is None, (gpus, argv, refusal)
+            cfg = parse_args(argv, build_parser())
+            assert cfg.script is not None and cfg.nproc == (min(gpus, 2) or 2)
+            assert list(cfg.gpus) == (list(range(cfg.nproc)) if gpus else [])
+            script = dict(zip(cfg.script.args[::2], cfg.script.args[1::2], strict=True))
+            assert script["--device"] == ("cuda" if gpus else "cpu")
+            assert script["--wrap"] == "ddp" and script["--epochs"] == "1"
+            assert int(script["--batch-size"]) == gpu_check.SCRIPT_BATCH
+            steps, rest = divmod(int(script["--images"]), cfg.nproc * gpu_check.SCRIPT_BATCH)
+            assert rest == 0 and steps > gpu_check.SCRIPT_EVERY, (gpus, dry_run, steps)
+
+
 @pytest.mark.slow  # two strategies trained, their variants refused or skipped, the benchmark
 def test_the_device_check_runs_and_reads_the_machine(tmp_path: Path) -> None:
     """The script run as on a GPU machine, for the strategies of ``TRAINED`` (every other row's
@@ -135,7 +162,7 @@ def test_the_device_check_runs_and_reads_the_machine(tmp_path: Path) -> None:
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, str(SCRIPT), "run", "--dry-run", "--out", str(out), "--strategies",
-         ",".join(TRAINED)],
+         ",".join([*TRAINED, gpu_check.SCRIPT_ROW])],
         capture_output=True, text=True, cwd=ROOT, timeout=600,
         env={**os.environ, "TMPDIR": str(tmp_path)},
     )  # fmt: skip
@@ -144,9 +171,9 @@ def test_the_device_check_runs_and_reads_the_machine(tmp_path: Path) -> None:
     assert summary[0].startswith("gpu-check: 0 GPU(s); python ")
     assert summary[2].split() == ["strategy", "ok", "wall", "s", "devices", "result"]
     variants = [label for label, strategy, _ in gpu_check.VARIANTS if strategy in TRAINED]
-    table = summary[3 : 3 + len(TRAINED) + len(variants)]
+    table = summary[3 : 4 + len(TRAINED) + len(variants)]
     rows = {line.split()[0]: line for line in table}
-    assert list(rows) == [*TRAINED, *variants]
+    assert list(rows) == [*TRAINED, *variants, gpu_check.SCRIPT_ROW]
     for strategy in ("single", "ddp"):
         row = rows[strategy]  # the phases checked on every trained row (within 5%: ok)
         assert re.search(r" yes +\d+\.\d +cpu[\w,]* +[\d,]+ img/s, accuracy [01]\.\d{4}, "
@@ -157,6 +184,11 @@ def test_the_device_check_runs_and_reads_the_machine(tmp_path: Path) -> None:
     assert "refused:" in rows["ddp/hook-bf16"] and "Gloo" in rows["ddp/hook-bf16"]
     assert " yes " in rows["single/compile"] and "skipped: no GPU" in rows["single/compile"]
     assert " yes " in rows["ddp/powersgd"] and "skipped: no GPU" in rows["ddp/powersgd"]
+    # A user's own DDP script through the launcher, 2 Gloo ranks: the observer's two windows
+    # (steps 1 and 11 of 12) judged, DDP's all-reduce of the whole model counted each step.
+    assert re.search(r" yes +\d+\.\d +cpu,cpu +[\d,]+ img/s, 2 windows, phases off wall by "
+                     rf"\d+\.\d%, all-reduced {MODEL_BYTES:,} B a step$",
+                     rows[gpu_check.SCRIPT_ROW]), rows[gpu_check.SCRIPT_ROW]  # fmt: skip
     assert proc.stdout.strip().splitlines()[-1] == "gpu-check: all as expected"
     # The engine benchmark's two workloads, as its defaults run them (tests/test_bench.py runs
     # each alone).
@@ -166,7 +198,9 @@ def test_the_device_check_runs_and_reads_the_machine(tmp_path: Path) -> None:
     assert facts["cpu_count"] >= 1 and facts["torch"]["distributed_backends"]["gloo"]
     assert f"device page (NVML, as a worker reads it): {facts['gpu_status']}" in summary
     # Every run's own output is kept for the note.
-    assert "===== -m training --strategy ddp" in (out / "gpu-check.log").read_text()
+    logged = (out / "gpu-check.log").read_text()
+    assert "===== -m training --strategy ddp" in logged
+    assert "===== -m training --strategy script --run-id script-observer" in logged
 
 
 def _full_epoch_events(images: int, batch: int, interval: int, step_s: float) -> list[Any]:
