@@ -181,6 +181,14 @@ def test_a_script_whose_machine_died_resumes_from_its_checkpoint_on_a_new_worker
             " ORDER BY id", pk, f"rank/{rank}/loss",
         )  # fmt: skip
         assert [step for (step,) in stored] == list(range(1, steps + 1))
+        # The observer's windows go on from the checkpoint's step too (TRAINYARD_RESUME_STEP),
+        # not from 1 again: each window's step once, in order, none past the last.
+        windows = [step for (step,) in stack.query(
+            "SELECT step FROM experiments_seriespoint WHERE experiment_id = ? AND key = ?"
+            " ORDER BY id", pk, f"rank/{rank}/other_seconds",
+        )]  # fmt: skip
+        assert windows == sorted(set(windows)) and windows[-1] <= steps, windows
+        assert any(step > saved["step"] for step in windows), windows
 
 
 def test_trainyard_run_packs_the_folder_uploads_launches_and_watches(

@@ -162,6 +162,8 @@ class ScriptLauncher:
         env.pop("TRAINYARD_RESUME_PATH", None)
         if cfg.resume:
             env["TRAINYARD_RESUME_PATH"] = cfg.resume
+        else:  # the step of a checkpoint resumed from (the dashboard's): none without one
+            env.pop("TRAINYARD_RESUME_STEP", None)
         return env
 
     # ---- what the ranks write and say ----------------------------------------------------

@@ -78,7 +78,9 @@ class Observer:
         self.depth = 0  # modules being called, outermost first
         self.data = 0.0
         self.samples = 0
-        self.step = 0
+        # A resumed attempt's steps go on from its checkpoint's (the dashboard says which).
+        resumed = env.get("TRAINYARD_RESUME_STEP", "")
+        self.step = int(resumed) if resumed.isdigit() else 0
         self.first_optimizer: int | None = None
         # The optimizers the script made (weakly: one it drops is not kept alive), whose
         # parameters, gradients and state are what the rank holds.

@@ -326,6 +326,10 @@ class RunSupervisor:
         # Each rank names its machine in `started` (placement's ranks come from it).
         env = {**training_environment(experiment=self.experiment),
                "TRAINYARD_WORKER_NAME": self.experiment.worker}  # fmt: skip
+        if script and self.resume is not None:
+            # The step the checkpoint holds (the run is back at it: attempts.py): a script's
+            # observer counts its steps on from there, as the script does from its checkpoint.
+            env["TRAINYARD_RESUME_STEP"] = str(self.experiment.step)
         process = training_process_start(command=command, env=env, cwd=settings.BASE_DIR)
         log.info("experiment %s: pid %s: %s", self.experiment.pk, process.pid, " ".join(command))
         if self.node_rank == 0:  # the run's row is node 0's; the others' is their RunNode
