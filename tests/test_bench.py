@@ -24,7 +24,7 @@ from training.data.idx_files import DEBIAN_FASHION_DIR
 from training.models.simple_cnn import SimpleCNN
 from training.registry import ENGINE_STRATEGIES
 
-RATIO = re.compile(r"^(engine|memory|parity|phases|script|log) ratio: \d+\.\d{3}$")
+RATIO = re.compile(r"^(engine|memory|parity|phases|script|observe|log) ratio: \d+\.\d{3}$")
 
 
 pytestmark = pytest.mark.usefixtures("no_processes_left")
@@ -253,6 +253,29 @@ def test_script_bench_prints_both_sides_and_its_ratio(sample_data: Path) -> None
     assert ratio == pytest.approx(medians["trainyard"] / medians["bare"], abs=0.001)
 
 
+@pytest.mark.slow  # four short 2-rank trainings
+def test_observe_bench_prints_each_script_both_sides_and_its_ratio(sample_data: Path) -> None:
+    """The DDP and the FSDP2 script, observed in each rank and bare, one round each: every
+    observed run wrote its window events (the benchmark fails otherwise)."""
+    lines = bench(sample_data, "observe", "--dry-run")
+    assert RATIO.match(lines[-1]) and lines[-1].startswith("observe ratio: "), lines
+    rounds = [line.split() for line in lines if line.startswith("round ")]
+    assert sorted((r[2], r[3]) for r in rounds) == [
+        ("ddp", "bare"), ("ddp", "observed"), ("fsdp", "bare"), ("fsdp", "observed"),
+    ], lines  # fmt: skip
+    at = lines.index(next(line for line in lines if line.startswith("script ")))
+    medians = {(row[0], row[1]): float(row[2]) for row in map(str.split, lines[at + 1 : at + 7])
+               if len(row) == 3}  # fmt: skip
+    assert len(medians) == 4 and min(medians.values()) > 0, lines
+    ratios = {}
+    for wrap in ("ddp", "fsdp"):
+        ratio = next(line for line in lines if line.startswith(f"observe ratio {wrap}: "))
+        ratios[wrap] = float(ratio.split()[-1])
+        expected = medians[wrap, "observed"] / medians[wrap, "bare"]
+        assert ratios[wrap] == pytest.approx(expected, abs=0.001), lines
+    assert float(lines[-1].split()[-1]) == min(ratios.values())
+
+
 def test_log_bench_prints_microseconds_per_call_and_its_ratio(sample_data: Path) -> None:
     """Trainyard's run.log always; wandb and mlflow where the bench extra is installed."""
     lines = bench(sample_data, "log", "--dry-run")
@@ -274,3 +297,4 @@ def test_bench_usage() -> None:
     )
     assert proc.returncode == 2 and "engine" in proc.stderr and "memory" in proc.stderr
     assert "parity" in proc.stderr and "phases" in proc.stderr and "script" in proc.stderr
+    assert "observe" in proc.stderr

@@ -1,5 +1,5 @@
-"""``python -m training.bench engine|memory|parity|phases|script|log [options]`` (``--help``
-on each)."""
+"""``python -m training.bench engine|memory|parity|phases|script|observe|log [options]``
+(``--help`` on each)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    commands = ("engine", "memory", "parity", "phases", "script", "log")
+    commands = ("engine", "memory", "parity", "phases", "script", "observe", "log")
     if not args or args[0] not in commands:
         print(
             f"usage: python -m training.bench {{{','.join(commands)}}} [options]\n"
@@ -20,6 +20,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             "          images/s and memory per rank\n"
             "  phases  images/s with each rank's phases timed vs without (--no-phases)\n"
             "  script  a user's DDP script's images/s under Trainyard vs bare torchrun\n"
+            "  observe a user's DDP and FSDP2 scripts' images/s observed in each rank vs bare\n"
             "  log     one run.log of five figures vs wandb.log and mlflow.log_metrics",
             file=sys.stderr,
         )
