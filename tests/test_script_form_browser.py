@@ -34,7 +34,10 @@ FILES = {
     DEEP: "x = 1\n",
     "empty.py": "",
 }
-LEFT_OUT = {".git/config": "[core]\n", "lib/__pycache__/model.cpython-311.pyc": "\0", "a.pyc": ""}
+LEFT_OUT = {
+    ".git/config": "[core]\n", "lib/__pycache__/model.cpython-311.pyc": "\0", "a.pyc": "",
+    ".env": "SECRET=1\n", "lib/.env.local": "TOKEN=2\n",
+}  # fmt: skip
 
 
 @pytest.fixture

@@ -152,3 +152,49 @@ def test_an_observer_hook_that_raises_is_said_once_and_the_script_trains_on() ->
     assert "trained 8 steps" in done.stdout
     # Taken out at the next window's end: nothing of it is left in the process.
     assert "hooks left 0" in done.stdout and "backward wrapped False" in done.stdout
+
+
+UNEVEN = textwrap.dedent(
+    """
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    own = [dist.new_group([i]) for i in range(dist.get_world_size())]
+    # DDP over a group of one: each rank averages its own gradients only.
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Linear(1, 1, bias=False), process_group=own[rank]
+    )
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(10 if rank == 0 else 6):  # rank 0 steps on alone after step 6
+        loss = model(torch.full((4, 1), float(rank + 1))).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        if step == 0:
+            print(f"rank {rank} grad {model.module.weight.grad.item()}", flush=True)
+        optimizer.step()
+    print(f"rank {rank} done", flush=True)
+    del model, optimizer
+    dist.destroy_process_group()
+    """
+)
+
+
+def test_ranks_that_step_unevenly_lose_the_observer_not_their_training(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Ranks that never all reach a window's step (DDP's Join, a learner beside actors) are not
+    held: the observer waits TRAINYARD_OBSERVE_WAIT_SECONDS for them, then leaves for good; and
+    the default hook it gives DDP keeps DDP's own group (not every rank's)."""
+    code = tmp_path / "uneven"
+    code.mkdir()
+    (code / "train.py").write_text(UNEVEN)
+    monkeypatch.setenv("TRAINYARD_OBSERVE_EVERY", "4")
+    monkeypatch.setenv("TRAINYARD_OBSERVE_WAIT_SECONDS", "3")
+    run = Launched(tmp_path, "--nproc", "2", "--entrypoint", "train.py", code=code, args=[])
+    assert run.end() == 0, run.stderr
+    for said in ("rank 0 grad 4.0", "rank 1 grad 8.0", "rank 0 done", "rank 1 done"):
+        assert said in run.stderr, run.stderr
+    assert "its ranks did not meet at step 9 within 3 s" in run.stderr
+    assert [s["step"] for s in run.of_type("step")] == [1, 5]

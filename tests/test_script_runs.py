@@ -242,6 +242,16 @@ def test_the_ranks_agree_about_every_quarter_second_at_calls_they_agreed_on(
     assert agree.Pace(fixed=3, seconds=0.25).proposal() == 3  # TRAINYARD_AGREE_EVERY
 
 
+def test_before_its_process_group_a_rank_takes_no_pace_of_its_own() -> None:
+    """Calls made alone (before init_process_group) fix no pace: each rank would fix its own,
+    and the first call in the group would be due on one rank and not the other."""
+    run = Run(env={})
+    for _ in range(5):
+        run.should_stop()
+        run.checkpoint_requested()
+    assert run.pace.due == run.pace.calls + 1
+
+
 def test_in_a_launch_the_library_writes_its_rank_s_events(tmp_path: Path) -> None:
     control = tmp_path / "control.json"
     control.write_text(json.dumps({"stop": False, "checkpoint": 1}))

@@ -213,3 +213,12 @@ def test_a_cell_that_is_no_valid_script_launch_refuses_the_study(
     answer = refused(logged_in(owner), study(code, **change), field, words)
     assert answer["cell"]["index"] == cell
     assert launched == []
+
+
+def test_an_args_axis_is_read_back_by_its_flag_whatever_order_the_axes_come_in() -> None:
+    """PostgreSQL's jsonb gives a study's axes back in its own key order, not the request's."""
+    from dashboard.studies.args_axes import args_axes_read
+
+    args = ["--epochs", "2", "--lr", "0.5", "--lr", "0.1", "--momentum", "0.9"]
+    for axes in (["args.lr", "args.momentum"], ["args.momentum", "args.lr", "seed"]):
+        assert args_axes_read(args=args, axes=axes) == {"args.lr": "0.1", "args.momentum": "0.9"}

@@ -124,8 +124,8 @@ class Run:
         Stop, the checkpoint requests and the next such call, whichever of should_stop and
         checkpoint_requested asks: a script (or a framework's callback) asking both each step
         makes one collective, not two."""
-        due = self.pace.tick()
-        if self.stopping or not (due or self.agreement.alone()):
+        due, alone = self.pace.tick(), self.agreement.alone()
+        if self.stopping or not (due or alone):
             return
         requests = self._requests()
         count = requests.get("checkpoint")
@@ -133,7 +133,9 @@ class Run:
         stop, agreed, every = self.agreement.largest_each(
             [1 if requests.get("stop") is True else 0, asked, -self.pace.proposal()]
         )
-        self.pace.agreed(-every)
+        # Alone, a rank's own pace is no agreement: the first call in a process group must be
+        # due on every rank, however many calls each made before it.
+        self.pace.agreed(1 if alone else -every)
         self.requests_agreed = max(self.requests_agreed, agreed)
         self.stopping = bool(stop)
 

@@ -64,10 +64,15 @@ def cell_payload(*, base: dict[str, Any], values: dict[str, Any]) -> dict[str, A
 
 
 def args_axes_read(*, args: list[str], axes: Iterable[str]) -> dict[str, str]:
-    """Each args axis's value in a cell's stored args, as the script got it: the cell's pairs
-    are the last ones, in the axes' order (cell_payload), whatever the base's args hold."""
-    keys = [key for key in axes if is_args_axis(key)]
-    if not keys or len(args) < 2 * len(keys):
-        return {}
-    tail = args[len(args) - 2 * len(keys) :]
-    return {key: tail[2 * i + 1] for i, key in enumerate(keys)}
+    """Each args axis's value in a cell's stored args, as the script got it: the word after the
+    last `--<flag>` (the cell's pair is appended after the base's args: cell_payload). Read by
+    name, not by place: a study's axes come back from PostgreSQL's jsonb in another order."""
+    found: dict[str, str] = {}
+    for key in axes:
+        if not is_args_axis(key):
+            continue
+        flag = _flag(key)
+        at = max((i for i, word in enumerate(args[:-1]) if word == flag), default=None)
+        if at is not None:
+            found[key] = args[at + 1]
+    return found

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import io
+import shlex
 from typing import Any
 
 from django.db import transaction
@@ -183,7 +184,8 @@ def study_cells_csv(study: Study) -> str:
         row = [cell[key] if key in cell else cell["config"][key] for key in CELL_CSV_COLUMNS]
         writer.writerow(
             [
-                " ".join(map(str, v)) if isinstance(v, list) else ("" if v is None else v)
+                # A list (a script's args) as a shell writes it: an argument with a space stays one.
+                shlex.join(map(str, v)) if isinstance(v, list) else ("" if v is None else v)
                 for v in row
             ]
         )

@@ -17,7 +17,7 @@
   const submit = document.querySelector('#experiment-form button[type="submit"]');
   const bound = (name) => Number(set.getAttribute("data-" + name));
   // Never part of the code: version control, virtual environments, caches (as `trainyard run`
-  // leaves them out, with the folder's .gitignore besides).
+  // leaves them out, with the folder's .gitignore besides; the page does not read .gitignore).
   const SKIPPED = new Set([
     ".git", ".hg", ".svn", "__pycache__", ".venv", "venv", "node_modules",
     ".mypy_cache", ".pytest_cache", ".ruff_cache", ".ipynb_checkpoints", ".tox",
@@ -35,8 +35,12 @@
     return parts.length > 1 ? parts.slice(1) : parts;
   }
 
+  // Secrets too: a .env file is the machine's, not the code's (the upload is kept, and staff
+  // may download it).
   function kept(parts) {
-    return !parts.some((part) => SKIPPED.has(part)) && !parts[parts.length - 1].endsWith(".pyc");
+    const name = parts[parts.length - 1];
+    return !parts.some((part) => SKIPPED.has(part)) && !name.endsWith(".pyc") &&
+      name !== ".env" && !name.startsWith(".env.");
   }
 
   function octal(value, width) {

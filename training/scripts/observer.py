@@ -29,6 +29,7 @@ rank's log), and the script goes on unobserved.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import os
 import sys
@@ -63,6 +64,7 @@ class Observer:
     def __init__(self, env: dict[str, str]):
         self.rank = int(env.get("RANK", "0"))
         self.world_size = int(env.get("WORLD_SIZE", "1"))
+        self.wait_seconds = float(env.get("TRAINYARD_OBSERVE_WAIT_SECONDS", "60"))
         every = env.get("TRAINYARD_OBSERVE_EVERY")
         self.pace = Pace(
             fixed=max(1, int(every)) if every else None,
@@ -134,7 +136,8 @@ class Observer:
         sys.stderr.flush()
 
     def _forward_pre(self, module: Any, args: Any) -> None:
-        if threading.get_ident() != self.owner:
+        # Traced by torch.compile: nothing of it may run there (get_ident breaks the graph).
+        if torch.compiler.is_compiling() or threading.get_ident() != self.owner:
             return
         if self.depth == 0:
             if not self.begun:
@@ -146,7 +149,7 @@ class Observer:
         self.depth += 1
 
     def _forward_post(self, module: Any, args: Any, output: Any) -> None:
-        if threading.get_ident() != self.owner or self.depth == 0:
+        if torch.compiler.is_compiling() or threading.get_ident() != self.owner or not self.depth:
             return
         self.depth -= 1
         if self.depth == 0:
@@ -176,7 +179,10 @@ class Observer:
             if not module._comm_hooks and not getattr(module, "_trainyard_timed", False):
                 module._trainyard_timed = True
                 register = type(module).register_comm_hook.__wrapped__
-                register(module, None, collectives.hook_timed(default_hooks.allreduce_hook))
+                # The module's own group as the hook's state: None would mean WORLD, and
+                # average a data-parallel subgroup's gradients over every rank.
+                hook = collectives.hook_timed(default_hooks.allreduce_hook)
+                register(module, module.process_group, hook)
         self.ddps.clear()
 
     # ---- windows -------------------------------------------------------------------------------
@@ -193,11 +199,20 @@ class Observer:
         except Exception as error:  # noqa: BLE001
             self.fail(f"its window could not be read: {type(error).__name__}: {error}")
             row = [float(self.pace.proposal())] + [0.0] * (len(ROW) - 2) + [1.0]
-        rows = self.rows_gather(row)
+        try:
+            rows = self.rows_gather(row)
+        except Exception as error:  # noqa: BLE001 - a rank that never came: see rows_gather
+            self.fail(f"its ranks did not meet at step {self.step} within "
+                      f"{self.wait_seconds:g} s ({type(error).__name__}: {error})")  # fmt: skip
+            self.uninstall()
+            return
         if any(r[-1] for r in rows):  # a rank failed: every rank leaves here, together
             self.uninstall()
             return
-        self.pace.agreed(int(min(r[0] for r in rows)))
+        if len(rows) < self.world_size:  # no group yet: no pace agreed, the next step closes
+            self.pace.agreed(1)
+        else:
+            self.pace.agreed(int(min(r[0] for r in rows)))
         if self.channel is not None:
             self.channel.send("step", **step_fields(self.step, rows))
 
@@ -234,7 +249,12 @@ class Observer:
         if self.world_size <= 1 or not (dist.is_available() and dist.is_initialized()):
             return [row]
         if self.group is None:
-            self.group = dist.new_group(backend="gloo")
+            # Bounded: ranks that take different steps (DDP's Join with uneven inputs, a learner
+            # beside actors without optimizers) never all come; the observer then leaves for
+            # good after this wait, rather than hold the script.
+            self.group = dist.new_group(
+                backend="gloo", timeout=datetime.timedelta(seconds=self.wait_seconds)
+            )
         mine = torch.tensor(row, dtype=torch.float64)
         out = [torch.empty_like(mine) for _ in range(self.world_size)]
         ALL_GATHER(out, mine, group=self.group)
