@@ -17,8 +17,10 @@ from typing import Any
 
 import pytest
 
+from tests.test_protocol import EVENT_CLASSES, assert_matches, assert_nested_match
 from tests.test_script_runs import ROOT, Launched
 from training.observe.phases import PHASES
+from training.protocol import MemoryEntry
 
 OBSERVED = ROOT / "tests" / "scripts" / "observed"
 # The script's model: 160 + 4,640 + 8,010 float32 parameters.
@@ -63,6 +65,11 @@ def assert_whole(step: dict[str, Any], steps_in: int, ranks: int) -> None:
     total = sum(r["images_per_second"] for r in step["ranks"])
     assert step["images_per_second"] == pytest.approx(total, abs=0.2)
     assert step["epoch"] == 0 and "train_loss" not in step
+    # The launcher's step events are the protocol's (1.12), nested entries too.
+    assert_matches(step, EVENT_CLASSES["step"], every=False)
+    assert_nested_match(step, every=True)
+    for entry in step["memory"]:
+        assert_matches(entry, MemoryEntry, every=True)
 
 
 @pytest.mark.parametrize(
