@@ -5,17 +5,14 @@ filters, sorting, an idle poll answered 304, rank 1's lines filtered, tags and n
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from django.test import Client
 
 from dashboard.experiments.models import Experiment, LogLine, Status
-from dashboard.serving import CHROMIUM, CHROMIUM_ARGS
-from tests.conftest import need
+from tests.live_browser import live_page
 from tests.stack import ROOT
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -25,27 +22,12 @@ ARTIFACTS = ROOT / "test-artifacts"
 
 @pytest.fixture
 def page(live_server: Any, user_factory: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    need(Path(CHROMIUM).exists() or shutil.which("chromium") is not None, "no Chromium")
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API
-    from playwright.sync_api import sync_playwright
-
     alice = user_factory(username="alice")
-    client = Client()
-    client.force_login(alice)
-    session = client.cookies["sessionid"].value
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        context = browser.new_context(  # reduced motion: tests/test_browser.py's page
-            viewport={"width": 1366, "height": 900}, reduced_motion="reduce"
-        )
-        context.add_cookies([{"name": "sessionid", "value": session, "url": live_server.url}])
-        page = context.new_page()
-        errors: list[str] = []
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
+    # Reduced motion: tests/test_browser.py's page.
+    context = {"viewport": {"width": 1366, "height": 900}, "reduced_motion": "reduce"}
+    with live_page(live_server, alice, monkeypatch, **context) as page:
         page.alice = alice
         yield page
-        browser.close()
-    assert not errors, f"script errors in the page: {errors}"
 
 
 def screenshot(page: Any, name: str) -> None:

@@ -6,19 +6,16 @@ split as a shell would. The run itself, through Celery and torchrun, is test_scr
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import Permission
-from django.test import Client
 
 from dashboard.experiments.models import CodeArchive, Experiment
 from dashboard.experiments.scripts.code import code_files
-from dashboard.serving import CHROMIUM, CHROMIUM_ARGS
-from tests.conftest import need
+from tests.live_browser import live_page
 from tests.stack import ROOT
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
@@ -53,29 +50,12 @@ def folder(tmp_path: Path) -> Path:
 def page(
     live_server: Any, user_factory: Any, settings: Any, tmp_path: Path, monkeypatch: Any
 ) -> Iterator[Any]:
-    need(Path(CHROMIUM).exists() or shutil.which("chromium") is not None, "no Chromium")
-    monkeypatch.setenv("DJANGO_ALLOW_ASYNC_UNSAFE", "true")  # Playwright's sync API
     settings.TRAINYARD_CODE_DIR = tmp_path / "code"
-    from playwright.sync_api import sync_playwright
-
     user = user_factory(username="scripter")
     user.user_permissions.add(Permission.objects.get(codename="run_script"))
-    client = Client()
-    client.force_login(user)
-    with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-        context = browser.new_context(viewport={"width": 1280, "height": 900})
-        context.add_cookies(
-            [{"name": "sessionid", "value": client.cookies["sessionid"].value,
-              "url": live_server.url}]
-        )  # fmt: skip
-        page = context.new_page()
-        errors: list[str] = []
-        page.on("pageerror", lambda exc: errors.append(str(exc)))
+    with live_page(live_server, user, monkeypatch, viewport={"width": 1280, "height": 900}) as page:
         page.user = user
         yield page
-        browser.close()
-    assert not errors, f"script errors in the page: {errors}"
 
 
 def test_a_folder_packed_by_the_page_is_the_code_the_run_launches_with(

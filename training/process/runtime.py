@@ -96,9 +96,23 @@ def all_gather_floats(rt: Runtime, values: list[float]) -> list[list[float]]:
     """Every rank's ``values`` (same length on all), rank order; one small collective."""
     if not rt.distributed:
         return [list(values)]
-    t = torch.tensor(values, dtype=torch.float64, device=rt.device)
-    out = [torch.empty_like(t) for _ in range(rt.world_size)]
-    dist.all_gather(out, t)
+    return floats_gather(values, world_size=rt.world_size, device=rt.device)
+
+
+def floats_gather(
+    values: list[float],
+    *,
+    world_size: int,
+    device: torch.device | None = None,
+    group: Any = None,
+    gather: Any = None,
+) -> list[list[float]]:
+    """Every rank's ``values`` over ``group`` (default: every rank), rank order, by ``gather``
+    (default: ``dist.all_gather`` as looked up now; a script's observer passes the one before the
+    collectives were timed, so that its own is not counted as the script's)."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
+    out = [torch.empty_like(t) for _ in range(world_size)]
+    (gather or dist.all_gather)(out, t, group=group)
     return [[float(v) for v in o.tolist()] for o in out]
 
 

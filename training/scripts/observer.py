@@ -44,6 +44,7 @@ import torch
 import torch.distributed as dist
 
 from training.observe import collectives, memory, phases
+from training.process.runtime import floats_gather
 from trainyard.agree import Pace
 from trainyard.channel import EventChannel
 
@@ -255,10 +256,7 @@ class Observer:
             self.group = dist.new_group(
                 backend="gloo", timeout=datetime.timedelta(seconds=self.wait_seconds)
             )
-        mine = torch.tensor(row, dtype=torch.float64)
-        out = [torch.empty_like(mine) for _ in range(self.world_size)]
-        ALL_GATHER(out, mine, group=self.group)
-        return [[float(v) for v in o.tolist()] for o in out]
+        return floats_gather(row, world_size=self.world_size, group=self.group, gather=ALL_GATHER)
 
     # ---- installing ----------------------------------------------------------------------------
     def install(self) -> None:
