@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import socket
@@ -72,6 +73,9 @@ def finish(rt: Runtime) -> None:
 
 def stop(rt: Runtime | None) -> None:
     if rt is not None and rt.distributed and dist.is_initialized():
+        # DDP's reducers in reference cycles go first, their threads with them, while the
+        # interpreter runs (trainyard.launched.entry_run says why).
+        gc.collect()
         dist.destroy_process_group()
 
 

@@ -29,6 +29,7 @@ rank's log), and the script goes on unobserved.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import functools
 import os
@@ -350,6 +351,15 @@ class Observer:
             return original(module, state, collectives.hook_timed(hook))
 
         return register
+
+    def close(self) -> None:
+        """At the script's end: the observer's group destroyed while the interpreter still runs
+        (a Gloo group's threads left to its finalization can abort the rank: see
+        trainyard.launched.entry_run), unless the script's destroy_process_group took it."""
+        group, self.group = self.group, None
+        if group is not None and dist.is_initialized():
+            with contextlib.suppress(ValueError):  # destroyed with every group by the script
+                dist.destroy_process_group(group)
 
     def uninstall(self) -> None:
         """Every hook and wrapper out (the collectives' stay, their clock off), on every rank at

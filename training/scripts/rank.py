@@ -13,12 +13,17 @@ from trainyard.launched import main as script_run
 
 
 def main(argv: list[str]) -> None:
+    observer = None
     try:
-        observer_install()
+        observer = observer_install()
     except Exception as error:  # noqa: BLE001 - the script runs, observed or not
         print(f"trainyard's observer could not start ({type(error).__name__}: {error}); "
               "the script runs unobserved", file=sys.stderr, flush=True)  # fmt: skip
-    script_run(argv)
+    try:
+        script_run(argv)
+    finally:
+        if observer is not None:
+            observer.close()
 
 
 if __name__ == "__main__":
