@@ -1,14 +1,14 @@
-"""The event protocol between a training run and whoever watches it (version 1.12).
+"""The event protocol between a training run and whoever watches it (version 1.13).
 
 A run writes one JSON object per line on standard output; rank 0 alone writes them. Every object
 has the envelope (``Envelope`` below)
 
     v      protocol major version (int, 1)
-    minor  protocol minor version (int, 12); absent before 1.3, so a 1.0 to 1.2 writer is "1.x"
+    minor  protocol minor version (int, 13); absent before 1.3, so a 1.0 to 1.2 writer is "1.x"
     run    the run id given with --run-id ("" when none was given)
     seq    sequence number, 1, 2, 3, ... in the order written, with no gaps
     type   one of ``EventType``: started, step, epoch, log, checkpoint, profile, metrics,
-           finished, failed
+           stalled, finished, failed
     time   seconds since the run started (float)
 
 and the fields of its type's ``TypedDict`` below, each described there once. Losses are null
@@ -20,7 +20,7 @@ higher major (``parse_event`` raises ``ProtocolVersionError``). Standard error i
 the training's own log lines carry ``LOG_LINE_MARKER`` (``log_line_format``, ``log_line_read``).
 
 docs/protocol.md has the whole description: the types, the reading rules, the stderr marker and
-the history of each minor version (what 1.1 to 1.12 added).
+the history of each minor version (what 1.1 to 1.13 added).
 """
 
 # No ``from __future__ import annotations`` here: on Python 3.11 it hides ``NotRequired`` from
@@ -43,14 +43,16 @@ from training.protocol_entries import (  # noqa: F401 - readers import every typ
     RankReport,
     ScriptInfo,
     SharedTensor,
+    StalledRank,
     Stage,
 )
 
 PROTOCOL_VERSION: Final = 1  # the major version, "v" on the wire
-PROTOCOL_MINOR: Final = 12  # the minor version, "minor" on the wire (since 1.3)
+PROTOCOL_MINOR: Final = 13  # the minor version, "minor" on the wire (since 1.3)
 
 EventType = Literal[
-    "started", "step", "epoch", "log", "checkpoint", "profile", "metrics", "finished", "failed"
+    "started", "step", "epoch", "log", "checkpoint", "profile", "metrics", "stalled", "finished",
+    "failed",
 ]
 EVENT_TYPES: Final = frozenset(get_args(EventType))
 
@@ -227,6 +229,16 @@ class MetricsFields(TypedDict):
     values: dict[str, float | None]
 
 
+class StalledFields(TypedDict):
+    """1.13: the ranks made no step for max(60 s, 10 x the median step time) while their
+    processes live (a script run's launcher watches its machine's ranks): where each rank is.
+    Said once when the stall begins, and again with ``since`` null when a step comes again."""
+
+    since: float | None  # Unix time of the ranks' last step (or start); null: stepping again
+    ranks: list[StalledRank]  # the launcher's machine's ranks, rank order; empty when null
+    text: str  # for people: who waits in which collective, who never entered it
+
+
 class FinishedFields(TypedDict):
     test_loss: float | None
     test_accuracy: float | None  # the last evaluation's (1.11: null for a script run)
@@ -272,6 +284,10 @@ class MetricsEvent(Envelope, MetricsFields):
     type: Literal["metrics"]
 
 
+class StalledEvent(Envelope, StalledFields):
+    type: Literal["stalled"]
+
+
 class FinishedEvent(Envelope, FinishedFields):
     type: Literal["finished"]
 
@@ -288,6 +304,7 @@ Event = (
     | CheckpointEvent
     | ProfileEvent
     | MetricsEvent
+    | StalledEvent
     | FinishedEvent
     | FailedEvent
 )
@@ -299,6 +316,7 @@ EVENT_CLASSES: Final[dict[str, type]] = {
     "checkpoint": CheckpointEvent,
     "profile": ProfileEvent,
     "metrics": MetricsEvent,
+    "stalled": StalledEvent,
     "finished": FinishedEvent,
     "failed": FailedEvent,
 }
@@ -339,6 +357,10 @@ class EventWriter:
     def emit(
         self, type_: Literal["metrics"], /, **fields: Unpack[MetricsFields]
     ) -> MetricsEvent | None: ...
+    @overload
+    def emit(
+        self, type_: Literal["stalled"], /, **fields: Unpack[StalledFields]
+    ) -> StalledEvent | None: ...
     @overload
     def emit(
         self, type_: Literal["finished"], /, **fields: Unpack[FinishedFields]

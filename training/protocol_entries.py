@@ -122,3 +122,16 @@ class ScriptInfo(TypedDict):
     stop_grace: float  # seconds the ranks have to agree on a Stop, save and leave (stop_pid)
     packages: list[str]  # the interpreter's distributions, "name==version", as pip freeze says
     git: NotRequired[GitState]  # where code_dir is in a git repository
+
+
+class StalledRank(TypedDict):
+    """1.13: one rank of a stalled run: the collective the stall is about (the latest any rank
+    entered, ``"<op> #<n>"``: the n-th collective each rank made), whether this rank entered it
+    and has not left it (waits in it), and its Python stack taken from outside its code
+    (faulthandler, every thread)."""
+
+    rank: int
+    collective: str  # "" where no rank made a collective yet
+    entered: bool
+    stack: str
+    waiting_since: NotRequired[float | None]  # Unix time it entered, where it waits in it
