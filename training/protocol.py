@@ -43,8 +43,8 @@ from training.protocol_entries import (  # noqa: F401 - readers import every typ
     RankReport,
     ScriptInfo,
     SharedTensor,
-    StalledRank,
     Stage,
+    StalledRank,
 )
 
 PROTOCOL_VERSION: Final = 1  # the major version, "v" on the wire
