@@ -51,7 +51,15 @@ PROTOCOL_VERSION: Final = 1  # the major version, "v" on the wire
 PROTOCOL_MINOR: Final = 13  # the minor version, "minor" on the wire (since 1.3)
 
 EventType = Literal[
-    "started", "step", "epoch", "log", "checkpoint", "profile", "metrics", "stalled", "finished",
+    "started",
+    "step",
+    "epoch",
+    "log",
+    "checkpoint",
+    "profile",
+    "metrics",
+    "stalled",
+    "finished",
     "failed",
 ]
 EVENT_TYPES: Final = frozenset(get_args(EventType))

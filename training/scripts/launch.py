@@ -38,6 +38,7 @@ from training.scripts.channel import OBSERVER_FILE, RankEvents
 from training.scripts.control import Requests, requests_write
 from training.scripts.output import RANK_PREFIX, rank_line
 from training.scripts.provenance import git_state, packages_installed
+from training.scripts.stall import StallWatch, stall_floor
 
 log = logging.getLogger("training")
 
@@ -74,6 +75,7 @@ class ScriptLauncher:
         self.checkpoints_asked = 0
         self.killed: list[str] = []
         self.started_at = time.monotonic()
+        self.stall = StallWatch(self.folder, floor=stall_floor(os.environ))
 
     # ---- signals: the handlers only note; the loop acts ----------------------------------
     def signals_install(self) -> None:
@@ -112,6 +114,7 @@ class ScriptLauncher:
                 self.events_take()
                 self.windows_take()
                 self.requests_take(process)
+                self.stall_take()
             self.events_take()
             self.windows_take()
             return final_say(self, process.wait())
@@ -207,6 +210,15 @@ class ScriptLauncher:
             if event["type"] == "step" and self.chief and isinstance(event.get("ranks"), list):
                 fields = {k: v for k, v in event.items() if k not in ENVELOPE_KEYS}
                 self.events.emit("step", **fields)
+
+    def stall_take(self) -> None:
+        """A stall begun or over, said (stall.py; the first machine's ranks, by the first
+        machine's launcher: the others' ranks are not seen from here). Not after a Stop."""
+        if not self.chief or self.stop_asked:
+            return
+        fields = self.stall.check(time.time())
+        if fields is not None:
+            self.events.emit("stalled", **fields)
 
     def metrics_emit(self, event: dict[str, Any], *, rank: int) -> None:
         values = event.get("values")

@@ -38,6 +38,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import psutil
@@ -46,6 +47,7 @@ import torch.distributed as dist
 
 from training.observe import collectives, memory, phases
 from training.process.runtime import floats_gather
+from training.scripts.progress_hooks import ProgressHooks
 from trainyard.agree import Pace
 from trainyard.channel import EventChannel
 
@@ -96,12 +98,17 @@ class Observer:
         self.ddps: list[Any] = []  # DDP modules seen, to give a timed hook at the first backward
         self.failed = False
         self.begun = False
+        # Every rank's progress for its launcher's stall watch (progress.py), apart from the
+        # phases: it goes on where measuring stops, until the ranks leave the observer together.
+        self.progress = progress_hooks(folder, self.rank)
 
     def begin(self) -> None:
         """The first window starts at the script's first batch or forward, not at its first line
         (its imports and data loading are no step's). On a GPU the phases are CUDA events'
         (phases.clock_for), on the device the script chose by then."""
         self.begun = True
+        if self.progress is not None:
+            self.progress.groups_hook()
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             phases.clock_for(torch.device("cuda", torch.cuda.current_device()))
         self.mark = (time.perf_counter(), phases.CLOCK.read(), self.data, self.samples)
@@ -144,6 +151,8 @@ class Observer:
         if self.depth == 0:
             if not self.begun:
                 self.begin()
+            if self.progress is not None:
+                self.progress.forwarded()
             phases.CLOCK.enter("forward")
             ddp = isinstance(module, torch.nn.parallel.DistributedDataParallel)
             if ddp and all(known is not module for known in self.ddps):
@@ -190,6 +199,8 @@ class Observer:
     # ---- windows -------------------------------------------------------------------------------
     def step_end(self) -> None:
         self.step += 1
+        if self.progress is not None:
+            self.progress.stepped(self.step)
         if self.pace.tick():
             self.window_close()
 
@@ -257,6 +268,8 @@ class Observer:
             self.group = dist.new_group(
                 backend="gloo", timeout=datetime.timedelta(seconds=self.wait_seconds)
             )
+            if self.progress is not None:
+                self.progress.ignored = self.group
         return floats_gather(row, world_size=self.world_size, group=self.group, gather=ALL_GATHER)
 
     # ---- installing ----------------------------------------------------------------------------
@@ -356,6 +369,8 @@ class Observer:
         """At the script's end: the observer's group destroyed while the interpreter still runs
         (a Gloo group's threads left to its finalization can abort the rank: see
         trainyard.launched.entry_run), unless the script's destroy_process_group took it."""
+        if self.progress is not None:  # this rank is done: no stall to tell from it now
+            self.progress.remove()
         group, self.group = self.group, None
         if group is not None and dist.is_initialized():
             with contextlib.suppress(ValueError):  # destroyed with every group by the script
@@ -366,6 +381,8 @@ class Observer:
         the same step; the script goes on as if never observed."""
         self.failed = True
         phases.clock_off()
+        if self.progress is not None:
+            self.progress.remove()
         for handle in self.handles:
             handle.remove()
         for undo in reversed(self.undo):
@@ -418,6 +435,19 @@ def step_fields(step: int, rows: list[list[float]]) -> dict[str, Any]:
     if any(r["images_per_second"] for r in ranks):
         fields["images_per_second"] = round(sum(r["images_per_second"] for r in ranks), 1)
     return fields
+
+
+def progress_hooks(folder: str | None, rank: int) -> ProgressHooks | None:
+    """This rank's progress record and its hooks, where a launcher watches (an events folder);
+    none where they cannot start (said once: the script runs, its stalls unseen)."""
+    if not folder:
+        return None
+    try:
+        return ProgressHooks(Path(folder), rank)
+    except Exception as error:  # noqa: BLE001 - the script must not die of its observer
+        sys.stderr.write(f"trainyard's stall watch could not start: {type(error).__name__}: "
+                         f"{error}; the script goes on\n")  # fmt: skip
+        return None
 
 
 def observer_install(env: dict[str, str] | None = None) -> Observer | None:
