@@ -8,21 +8,28 @@ in DDP or sharded by FSDP2, or alone; it imports neither trainyard nor training.
 
 from __future__ import annotations
 
+import re
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from tests.test_protocol import EVENT_CLASSES, assert_matches, assert_nested_match
 from tests.test_script_runs import ROOT, Launched
 from training.observe.phases import PHASES
-from training.protocol import MemoryEntry
+from training.protocol import MemoryEntry, StalledRank
 
 OBSERVED = ROOT / "tests" / "scripts" / "observed"
+STALLED_TEXT = re.compile(
+    r"No step for \d+ s: rank 1 never entered (all_reduce #\d+); "
+    r"rank 0 waits in it since \d\d:\d\d:\d\d UTC\."
+)
 # The script's model: 160 + 4,640 + 8,010 float32 parameters.
 MODEL_BYTES = 4 * (16 * 9 + 16 + 32 * 16 * 9 + 32 + 32 * 5 * 5 * 10 + 10)
 BATCH = 32
@@ -205,3 +212,41 @@ def test_ranks_that_step_unevenly_lose_the_observer_not_their_training(
         assert said in run.stderr, run.stderr
     assert "its ranks did not meet at step 9 within 3 s" in run.stderr
     assert [s["step"] for s in run.of_type("step")] == [1, 5]
+
+
+def test_a_hung_rank_is_named_with_its_stack_until_it_steps_and_a_stop_ends_every_process(
+    tmp_path: Path, code: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rank 1 sleeps before step 6's forward for 8 s, then before step 12's for good; rank 0
+    waits for it in DDP's all-reduce. The watch's floor, 2 s here (60 s by default)."""
+    monkeypatch.setenv("TRAINYARD_STALL_SECONDS", "2")
+    run = Launched(tmp_path, "--nproc", "2", "--entrypoint", "train.py", code=code,
+                   args=["--wrap", "ddp", "--epochs", "20", "--images", "1024",
+                         "--pause", "6:8", "--pause", "12:3600"])  # fmt: skip
+    first = run.wait_for(lambda e: e["type"] == "stalled")
+    assert_stalled(first)
+    over = run.wait_for(lambda e: e["type"] == "stalled")
+    assert over["since"] is None and over["ranks"] == [], over
+    assert over["text"].startswith("The stall is over after ") and "steps again" in over["text"]
+    second = run.wait_for(lambda e: e["type"] == "stalled")
+    assert_stalled(second)
+    assert STALLED_TEXT.match(second["text"])[1] != STALLED_TEXT.match(first["text"])[1]
+    ranks = psutil.Process(run.process.pid).children(recursive=True)
+    run.process.send_signal(signal.SIGTERM)  # the dashboard's Stop
+    assert run.end() == 143, run.stderr
+    assert not [p for p in ranks if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+
+
+def assert_stalled(event: dict[str, Any]) -> None:
+    assert_matches(event, EVENT_CLASSES["stalled"], every=False)
+    for entry in event["ranks"]:
+        assert_matches(entry, StalledRank, every=True)
+    found = STALLED_TEXT.match(event["text"])
+    assert found, event["text"]
+    waiting, hung = event["ranks"]
+    assert [(r["rank"], r["entered"]) for r in (waiting, hung)] == [(0, True), (1, False)]
+    assert waiting["collective"] == hung["collective"] == found[1]
+    assert event["since"] <= waiting["waiting_since"] + 1 and hung["waiting_since"] is None
+    # Each rank's Python stack, taken from outside: where the script is.
+    assert 'train.py", line' in waiting["stack"] and "backward" in waiting["stack"]
+    assert "in wait_for_nothing" in hung["stack"], hung["stack"]

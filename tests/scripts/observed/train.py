@@ -3,7 +3,8 @@ DataLoader, over Gloo, wrapped in DDP (--wrap ddp) or sharded by FSDP2 (--wrap f
 with parameters, then the root), SGD. The observer (training/scripts/observer.py) must find its
 steps, phases and collectives on its own. Rank 0 prints every rank's images/s after --warmup
 steps (python -m training.bench observe reads it). --device cuda puts each rank's model and
-batches on its own GPU (cuda:LOCAL_RANK) over NCCL (.ci/gpu-check's script-observer row)."""
+batches on its own GPU (cuda:LOCAL_RANK) over NCCL (.ci/gpu-check's script-observer row).
+--pause STEP:SECONDS hangs rank 1 before that step for that long (the stall test's)."""
 
 import argparse
 import os
@@ -24,7 +25,21 @@ parser.add_argument("--images", type=int, default=2048)
 parser.add_argument("--batch-size", type=int, default=32)
 parser.add_argument("--warmup", type=int, default=5, help="steps before images/s is measured")
 parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+parser.add_argument(
+    "--pause",
+    action="append",
+    default=[],
+    metavar="STEP:SECONDS",
+    help="rank 1 sleeps before that step's forward (the stall test's)",
+)
 args = parser.parse_args()
+PAUSES = {int(at): float(seconds) for at, seconds in (p.split(":") for p in args.pause)}
+
+
+def wait_for_nothing(seconds: float) -> None:
+    """A hung rank, as the stall test makes one: its stack names this function."""
+    time.sleep(seconds)
+
 
 if args.device == "cuda":
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
@@ -57,6 +72,8 @@ for epoch in range(args.epochs):
     loader.sampler.set_epoch(epoch)
     for images, labels in loader:
         images, labels = images.to(device), labels.to(device)
+        if dist.get_rank() == 1 and step + 1 in PAUSES:
+            wait_for_nothing(PAUSES[step + 1])
         loss = F.cross_entropy(model(images), labels)
         optimizer.zero_grad()
         loss.backward()

@@ -1,0 +1,119 @@
+"""What feeds a rank's progress record (progress.py): the observer calls ``stepped`` and
+``forwarded``; every collective on every process group is seen through c10d's own hooks
+(``ProcessGroup.register_pre_hook`` / ``register_post_hook``: DDP's bucket all-reduces, FSDP2's,
+DTensor's and the script's own calls alike, on any backend), the collective left when its work
+completes (the work's future, which the backend's thread completes).
+
+Groups made after the first step (a DeviceMesh's, ``new_group``) are hooked at the next step;
+the observer's own group is not the script's and is left out. Fail-open: a hook that raises
+would raise inside the script's collective, so each swallows its error, says it once, and the
+record stops being watched.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+
+from training.scripts.progress import ProgressWriter
+
+HOOK_ID = 0x7A7D  # ours among a group's hooks (unregistered by it)
+# c10d's HookOpName, as torch.distributed names the call.
+OP_NAMES = {"allreduce": "all_reduce", "allgather": "all_gather", "alltoall": "all_to_all"}
+
+
+class ProgressHooks:
+    def __init__(self, folder: Path, rank: int):
+        self.writer = ProgressWriter(folder, rank)
+        self.hooked: list[Any] = []  # the process groups hooked
+        self.ignored: Any = None  # the observer's own group
+        self.broken = False
+        self.groups_seen = 0
+        # The collective a thread's call entered, for its return (the same thread's next hook).
+        self.calls = threading.local()
+
+    def stepped(self, step: int) -> None:
+        self._safely(self.writer.stepped, step)
+        self._safely(self.groups_hook)
+
+    def forwarded(self) -> None:
+        self._safely(self.writer.forwarded)
+
+    def groups_hook(self) -> None:
+        """Every process group known now, hooked once (cheap to call at each step: the count
+        of groups is compared first)."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return
+        groups = dist.distributed_c10d._world.pg_map
+        if len(groups) == self.groups_seen:
+            return
+        self.groups_seen = len(groups)
+        for group in list(groups):
+            if group is self.ignored or any(group is known for known in self.hooked):
+                continue
+            if not hasattr(group, "register_pre_hook"):  # before torch 2.13: no collective seen
+                return
+            group.register_pre_hook(HOOK_ID, self._entered)
+            group.register_post_hook(HOOK_ID, self._returned)
+            self.hooked.append(group)
+
+    def _entered(self, args: Any) -> None:
+        if self.broken:
+            return
+        try:
+            name = args.name.name.lower()
+            self.calls.seq = self.writer.entered(OP_NAMES.get(name, name))
+        except Exception as error:  # noqa: BLE001 - never raise inside the script's collective
+            self.fail(error)
+
+    def _returned(self, args: Any) -> None:
+        """The call returned: the collective is left when its work completes (at once for a
+        call that waited, later for an async one)."""
+        if self.broken:
+            return
+        try:
+            seq, work = getattr(self.calls, "seq", 0), args.work
+            if work is None:
+                self.writer.left(seq)
+            else:
+                work.get_future().add_done_callback(lambda _: self._left(seq))
+        except Exception as error:  # noqa: BLE001
+            self.fail(error)
+
+    def _left(self, seq: int) -> None:
+        try:
+            self.writer.left(seq)
+        except Exception as error:  # noqa: BLE001 - on the backend's thread: never raise there
+            self.fail(error)
+
+    def _safely(self, call: Any, *args: Any) -> None:
+        if self.broken:
+            return
+        try:
+            call(*args)
+        except Exception as error:  # noqa: BLE001
+            self.fail(error)
+
+    def fail(self, error: Exception) -> None:
+        if self.broken:
+            return
+        self.broken = True
+        sys.stderr.write(f"trainyard's stall watch stopped on this rank: {type(error).__name__}: "
+                         f"{error}; the script goes on\n")  # fmt: skip
+        self.remove()
+
+    def remove(self) -> None:
+        """Hooks out and the record unwatched: this rank's steps are no longer counted."""
+        self.broken = True
+        for group in self.hooked:
+            with contextlib.suppress(Exception):  # a group destroyed has no hooks left
+                group.unregister_pre_hook(HOOK_ID)
+                group.unregister_post_hook(HOOK_ID)
+        self.hooked = []
+        with contextlib.suppress(Exception):  # its folder gone with the launcher
+            self.writer.unwatched()

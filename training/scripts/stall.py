@@ -1,0 +1,153 @@
+"""The launcher's stall watch (issue 33 item 3): a run whose ranks make no step for
+max(TRAINYARD_STALL_SECONDS, 60 by default; 10 x the median step time) while their processes
+live is stalled. The watch reads every rank's progress record on this machine (progress.py)
+once a second; when the ranks stall it takes each rank's Python stack (STACK_SIGNAL: faulthandler
+in the rank writes it) and says, per rank, the latest collective any rank entered and whether
+this rank waits in it: "rank 1 never entered all_reduce #1842; rank 0 waits in it since
+12:03:04". A step (a forward, a collective completed) after that ends the stall.
+
+Judged from the first step on (before it there is no step time to go by, and loading may take
+long), and only while every rank's observer watches (one that left, or ended, counts no steps).
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from collections import deque
+from pathlib import Path
+
+from training.protocol import StalledFields, StalledRank
+from training.scripts.progress import STACK_FILE, STACK_SIGNAL, RankProgress, progress_read
+
+FLOOR_SECONDS = 60.0
+STEP_TIMES = 10  # x the median step time
+CHECK_SECONDS = 1.0
+STACK_WAIT_SECONDS = 3.0
+
+
+class StallWatch:
+    def __init__(self, folder: Path, *, floor: float = FLOOR_SECONDS):
+        self.folder, self.floor = folder, floor
+        self.checked = 0.0
+        self.since: float | None = None  # the stall's: the ranks' last move
+        self.per_step: deque[float] = deque(maxlen=64)  # seconds a step took, as seen here
+        self.seen: tuple[int, float] | None = None  # (the furthest rank's step, when seen)
+
+    def check(self, now: float) -> StalledFields | None:
+        """A ``stalled`` event's fields where a stall begins or ends, else None (``now``: Unix
+        time; the records' times are too)."""
+        if now - self.checked < CHECK_SECONDS:
+            return None
+        self.checked = now
+        ranks = progress_read(self.folder)
+        judged = bool(ranks) and all(r.watched for r in ranks)
+        if self.since is not None:
+            if not judged:
+                return self.over(now, why="a rank's script ended or its observer left")
+            if max(r.active_at for r in ranks) > self.since:
+                return self.over(now, why="steps again")
+            return None
+        if not judged or not any(r.stepped_at for r in ranks):
+            return None
+        self.steps_note(ranks, now)
+        moved = max(r.active_at for r in ranks)
+        if now - moved < self.bound():
+            return None
+        self.since = moved
+        return stall_fields(ranks, now=now, stacks=stacks_take(self.folder, ranks))
+
+    def steps_note(self, ranks: list[RankProgress], now: float) -> None:
+        step = max(r.step for r in ranks)
+        if self.seen is not None and step > self.seen[0]:
+            self.per_step.append((now - self.seen[1]) / (step - self.seen[0]))
+        if self.seen is None or step != self.seen[0]:
+            self.seen = (step, now)
+
+    def bound(self) -> float:
+        median = statistics.median(self.per_step) if self.per_step else 0.0
+        return max(self.floor, STEP_TIMES * median)
+
+    def over(self, now: float, *, why: str) -> StalledFields:
+        assert self.since is not None
+        text = f"The stall is over after {now - self.since:.0f} s: {why}."
+        self.since, self.seen = None, None  # the pause is no step's time
+        return {"since": None, "ranks": [], "text": text}
+
+
+def stall_floor(env: dict[str, str] | os._Environ[str]) -> float:
+    """TRAINYARD_STALL_SECONDS, the watch's floor (60 s; a test's few seconds)."""
+    value = env.get("TRAINYARD_STALL_SECONDS", "")
+    try:
+        return max(0.5, float(value)) if value else FLOOR_SECONDS
+    except ValueError:
+        return FLOOR_SECONDS
+
+
+def stacks_take(folder: Path, ranks: list[RankProgress]) -> dict[int, str]:
+    """Every rank's stack, dumped by its faulthandler on STACK_SIGNAL into its stack file (its
+    appends land at the start of the emptied file)."""
+    asked: dict[int, Path | None] = {}
+    for r in ranks:
+        path = folder / STACK_FILE.format(rank=r.rank)
+        try:
+            path.write_text("")
+            os.kill(r.pid, STACK_SIGNAL)
+            asked[r.rank] = path
+        except OSError as error:  # the rank ended, or its folder is gone
+            asked[r.rank] = None if isinstance(error, ProcessLookupError) else path
+    deadline = time.monotonic() + STACK_WAIT_SECONDS
+    while time.monotonic() < deadline and not all(_dumped(p) for p in asked.values() if p):
+        time.sleep(0.05)
+    time.sleep(0.1)  # the last lines of a dump still being written
+    return {
+        rank: (path.read_text(errors="replace") if path and path.is_file() else "")
+        or "(no stack: the process did not answer)"
+        for rank, path in asked.items()
+    }
+
+
+def _dumped(path: Path) -> bool:
+    return path.is_file() and path.stat().st_size > 0
+
+
+def stall_fields(ranks: list[RankProgress], *, now: float, stacks: dict[int, str]) -> StalledFields:
+    latest = max(r.collectives for r in ranks)
+    op = next((r.op for r in ranks if r.collectives == latest), "")
+    collective = f"{op} #{latest}" if latest else ""
+    entries: list[StalledRank] = []
+    for r in ranks:
+        entered = bool(latest) and r.collectives == latest and r.inside
+        entries.append({
+            "rank": r.rank, "collective": collective, "entered": entered,
+            "stack": stacks.get(r.rank, ""), "waiting_since": r.entered_at if entered else None,
+        })  # fmt: skip
+    stepped = max(r.stepped_at for r in ranks)
+    return {
+        "since": max(r.active_at for r in ranks),
+        "ranks": entries,
+        "text": f"No step for {now - stepped:.0f} s: {stall_sentence(ranks, entries)}.",
+    }
+
+
+def stall_sentence(ranks: list[RankProgress], entries: list[StalledRank]) -> str:
+    waiting = [e for e in entries if e["entered"]]
+    collective = entries[0]["collective"] if entries else ""
+    latest = max((r.collectives for r in ranks), default=0)
+    never = [r.rank for r in ranks if r.collectives < latest]
+    if not waiting:
+        return "no rank waits in a collective; each rank's stack says where it is"
+    parts = []
+    if never:
+        parts.append(f"{_ranks(never)} never entered {collective}")
+    since = min(e["waiting_since"] or 0.0 for e in waiting)
+    clock = time.strftime("%H:%M:%S", time.gmtime(since))
+    verb = "waits" if len(waiting) == 1 else "wait"
+    where = "in it" if never else f"in {collective}"
+    parts.append(f"{_ranks([e['rank'] for e in waiting])} {verb} {where} since {clock} UTC")
+    return "; ".join(parts)
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else "ranks " + ", ".join(map(str, ranks))
