@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -182,6 +183,9 @@ def test_a_really_slow_rank_is_named_once_and_an_even_run_names_nobody(
         lines[0].message.startswith(f"rank {SLOW_RANK} is ")
         and "the others spend" in lines[0].message
     )
+    # The phase where its extra time went (wherever the pauses fell most).
+    assert re.search(r"; its (data|forward|backward|optimizer|other) takes \d+\.\dx theirs$",
+                     lines[0].message), lines[0].message  # fmt: skip
     assert uneven.straggler_text == lines[0].message
     [message] = _straggler_messages(channel)
     assert message["text"] == lines[0].message and message["straggler"]["rank"] == SLOW_RANK
@@ -249,6 +253,8 @@ def test_a_change_of_straggler_is_said_once_each_and_its_owner_is_told_if_asked(
     # Rank 1 busy 0.4 s a step, the others 0.2 s waiting 0.3 s of their 0.5 s.
     first = "rank 1 is 2.0x slower than the median since step 1: the others spend 60% of"
     assert first in message.body
+    # Where its extra time went: its forward, 0.3 s a step to their 0.1 s.
+    assert "in communication; its forward takes 3.0x theirs" in message.body
     assert Delivery.objects.get().kind == Kind.STRAGGLER
     # Cleared: the box is hidden on alice's page.
     body = page.get(f"/experiments/{alices}/").content.decode()

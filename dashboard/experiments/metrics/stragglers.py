@@ -3,11 +3,14 @@ run page's banner and the notification all say it in these words (issue 19, part
 
 ``breakdown.experiment_straggler`` names the rank (its busy time over the others' median); what
 the others did meanwhile is their communication share over the same windows: the time they spent
-blocked in collectives, waiting for it, over their wall time.
+blocked in collectives, waiting for it, over their wall time; and where it spent its extra time,
+the busy phase furthest over the others' median (issue 33: "its backward takes 2.1x theirs").
 """
 
 from __future__ import annotations
 
+import statistics
+from dataclasses import dataclass
 from typing import Final
 
 from dashboard.experiments.metrics.breakdown import PHASES, STRAGGLER_WINDOWS, Straggler
@@ -16,10 +19,30 @@ from dashboard.experiments.models import Experiment, SeriesPoint
 _SECONDS: Final = tuple(f"{name}_seconds" for name in PHASES)
 
 
-def others_communication_share(*, experiment: Experiment, straggler: Straggler) -> float | None:
-    """The ranks other than the straggler: their communication seconds over their wall time
-    (the six phases), over the latest STRAGGLER_WINDOWS step windows from its since_step on;
-    None without figures."""
+@dataclass(frozen=True)
+class StragglerContext:
+    """What the others did meanwhile (their communication share: the time they spent blocked in
+    collectives, waiting for it, over their wall time) and the phase where the straggler spent
+    its extra time, with its ratio to the others' median."""
+
+    others_share: float | None
+    phase: tuple[str, float] | None
+
+
+def straggler_context(*, experiment: Experiment, straggler: Straggler) -> StragglerContext:
+    """Over the latest STRAGGLER_WINDOWS step windows from its since_step on."""
+    seconds = _phase_seconds(experiment=experiment, straggler=straggler)
+    others = {rank: phases for rank, phases in seconds.items() if rank != straggler["rank"]}
+    wall = sum(sum(phases.values()) for phases in others.values())
+    waited = sum(phases.get("communication", 0.0) for phases in others.values())
+    return StragglerContext(
+        others_share=waited / wall if wall > 0 else None,
+        phase=_extra_phase(seconds.get(straggler["rank"], {}), list(others.values())),
+    )
+
+
+def _phase_seconds(*, experiment: Experiment, straggler: Straggler) -> dict[int, dict[str, float]]:
+    """rank -> phase -> seconds, summed over the windows."""
     steps = list(
         SeriesPoint.objects.filter(
             experiment_id=experiment.pk, key="rank/0/other_seconds",
@@ -28,32 +51,49 @@ def others_communication_share(*, experiment: Experiment, straggler: Straggler) 
         .order_by("-step")
         .values_list("step", flat=True)[:STRAGGLER_WINDOWS]
     )  # fmt: skip
-    if not steps:
-        return None
     points = SeriesPoint.objects.filter(
         experiment_id=experiment.pk, key__startswith="rank/", step__in=steps
     ).values_list("key", "value")
-    communication = wall = 0.0
+    seconds: dict[int, dict[str, float]] = {}
     for key, value in points:
         _, rank, name = key.split("/", 2)
-        if rank.isdigit() and int(rank) != straggler["rank"] and name in _SECONDS:
-            seconds = max(value or 0.0, 0.0)
-            wall += seconds
-            communication += seconds if name == "communication_seconds" else 0.0
-    return communication / wall if wall > 0 else None
+        if rank.isdigit() and name in _SECONDS:
+            phases = seconds.setdefault(int(rank), {})
+            phase = name.removesuffix("_seconds")
+            phases[phase] = phases.get(phase, 0.0) + max(value or 0.0, 0.0)
+    return seconds
 
 
-def straggler_text(straggler: Straggler, *, others_share: float | None) -> str:
+def _extra_phase(
+    mine: dict[str, float], others: list[dict[str, float]]
+) -> tuple[str, float] | None:
+    """The busy phase (communication aside: that is the others' waiting) where the straggler
+    spent most time over the others' median, and its ratio to that median."""
+    best: tuple[float, str, float] | None = None
+    for phase in PHASES:
+        if phase == "communication" or not others:
+            continue
+        median = statistics.median(o.get(phase, 0.0) for o in others)
+        extra = mine.get(phase, 0.0) - median
+        if extra > 0 and median > 0 and (best is None or extra > best[0]):
+            best = (extra, phase, mine.get(phase, 0.0) / median)
+    return None if best is None else (best[1], best[2])
+
+
+def straggler_text(straggler: Straggler, *, context: StragglerContext) -> str:
     """ "rank 1 is 2.6x slower than the median since step 340: the others spend 61% of their
-    time waiting for it in communication"."""
+    time waiting for it in communication; its backward takes 2.1x theirs"."""
     text = (
         f"rank {straggler['rank']} is {1 + straggler['slower_by']:.1f}x slower than the median "
         f"since step {straggler['since_step']}"
     )
-    if others_share is None:
-        return text
-    waiting = f"the others spend {others_share:.0%} of their time waiting for it in communication"
-    return f"{text}: {waiting}"
+    said = []
+    if context.others_share is not None:
+        said.append(f"the others spend {context.others_share:.0%} of their time waiting for it "
+                    "in communication")  # fmt: skip
+    if context.phase is not None:
+        said.append(f"its {context.phase[0]} takes {context.phase[1]:.1f}x theirs")
+    return f"{text}: {'; '.join(said)}" if said else text
 
 
 def straggler_cleared_text(*, rank: int, step: int) -> str:

@@ -21,8 +21,8 @@ from dashboard.experiments.core.messages import LogBody, StragglerBody
 from dashboard.experiments.core.signals import straggler_named
 from dashboard.experiments.metrics.breakdown import experiment_straggler
 from dashboard.experiments.metrics.stragglers import (
-    others_communication_share,
     straggler_cleared_text,
+    straggler_context,
     straggler_text,
 )
 from dashboard.experiments.models import Experiment
@@ -61,8 +61,8 @@ def straggler_change(*, experiment: Experiment, step: int, time: float) -> Strag
     if found is None:
         text = straggler_cleared_text(rank=announced or 0, step=step)
     else:
-        share = others_communication_share(experiment=experiment, straggler=found)
-        text = straggler_text(found, others_share=share)
+        context = straggler_context(experiment=experiment, straggler=found)
+        text = straggler_text(found, context=context)
     if not _row_claim(
         experiment=experiment, before=announced, after=rank, text="" if found is None else text
     ):
