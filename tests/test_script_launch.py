@@ -287,12 +287,15 @@ def test_a_script_gets_none_of_the_workers_secrets(
         ("CUDA_VISIBLE_DEVICES", "0"),
         ("HF_HOME", "/hf"),
         ("SITE_X", "1"),
+        ("TRAINYARD_STALL_SECONDS", "30"),  # Trainyard's own settings of a script run pass
+        ("TRAINYARD_OBSERVE_EVERY", "5"),
     ):
         monkeypatch.setenv(name, value)  # fmt: skip
     monkeypatch.setenv("TRAINYARD_SCRIPT_ENV", "SITE_X")
     env = runner.training_environment(experiment=script_run)
     assert not {"SECRET_KEY", "DATABASE_URL", "REDIS_URL", "AWS_SECRET_ACCESS_KEY"} & env.keys()
     assert env["CUDA_VISIBLE_DEVICES"] == "0" and env["HF_HOME"] == "/hf" and env["SITE_X"] == "1"
+    assert (env["TRAINYARD_STALL_SECONDS"], env["TRAINYARD_OBSERVE_EVERY"]) == ("30", "5")
     assert env["PATH"] and env["TRAINYARD_RUN_ID"] == str(script_run.pk)
     # The engine's own runs keep the worker's environment (its plug-ins may read it).
     script_run.strategy = "ddp"
