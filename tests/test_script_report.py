@@ -92,6 +92,9 @@ def test_only_the_runs_owner_may_post_its_events(user_factory: Any, alice: Any) 
 BAD_BODIES = [
     ({"events": "many"}, '{"events": [...]}'),
     ({"events": [{**metrics(0, 1, 1, 0.5), "type": "step"}]}, "`type` must be one of"),
+    # Only a Trainyard launch watches its ranks from outside (protocol 1.13).
+    ({"events": [{"type": "stalled", "rank": 0, "seq": 1, "since": 1.0, "ranks": [], "text": ""}]},
+     "`type` must be one of"),
     ({"events": [metrics(2, 1, 1, 0.5)]}, "`rank` must be a whole number below the run's 2"),
     ({"events": [metrics(0, 0, 1, 0.5)]}, "`seq` must be a whole number from 1"),
     ({"events": [metrics(0, 2, 1, 0.5), metrics(1, 1, 1, 0.5), metrics(0, 2, 2, 0.5)]},

@@ -208,6 +208,13 @@ class Experiment(models.Model):
     # page's banner shows; null and empty while no rank is named.
     straggler_rank = models.PositiveIntegerField(null=True, blank=True)
     straggler_text = models.CharField(max_length=300, blank=True)
+    # A run whose ranks make no step while their processes live, as its launcher said it
+    # (protocol 1.13; runs/stalls.py): since when, where each rank is and its stack, and the
+    # sentence ({since, ranks, text}, core/stalls.py's Stalled, the read JSON's). Null while it
+    # steps: set and cleared by conditional updates, and cleared when the attempt ends.
+    stalled = models.JSONField(
+        null=True, blank=True, help_text="no step while the processes live: where each rank is"
+    )
 
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     cancelled_by = _who_asked()

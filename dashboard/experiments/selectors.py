@@ -21,6 +21,7 @@ from dashboard.experiments.core.memory import experiment_memory_rows
 from dashboard.experiments.core.messages import SnapshotMessage
 from dashboard.experiments.core.reported import reported_silence_text
 from dashboard.experiments.core.run_facts import snapshot_texts
+from dashboard.experiments.core.stalls import stalled_texts
 from dashboard.experiments.metrics.breakdown import experiment_breakdown, experiment_straggler
 from dashboard.experiments.metrics.series import series_snapshot
 from dashboard.experiments.models import Experiment
@@ -68,8 +69,9 @@ def experiment_snapshot_build(*, experiment: Experiment, log_lines: int) -> Snap
             checkpoints=checkpoints,
             memory=experiment_memory_rows(experiment),
         )
-        # The straggler box's sentence (runs/stragglers.py), empty while no rank is named.
-        | {"straggler": experiment.straggler_text},
+        # The straggler box's sentence (runs/stragglers.py), empty while no rank is named; the
+        # stalled banner's lines beside the experiment's stalled (core/stalls.py).
+        | {"straggler": experiment.straggler_text, "stalled": stalled_texts(experiment.stalled)},
     }
 
 
@@ -143,5 +145,8 @@ def experiment_as_dict(experiment: Experiment, *, breakdown: bool = True) -> dic
             if breakdown
             else None
         ),
+        # Null, or where the ranks of a running run that makes no step are (protocol 1.13, as
+        # its launcher said): since, each rank's collective, whether it waits in it, its stack.
+        stalled=experiment.stalled,
     )
     return data

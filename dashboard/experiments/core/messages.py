@@ -36,6 +36,10 @@ a gap: channels-redis drops messages past its capacity without a word.
                 the training's end, which the page shows as a line: the status is the dashboard's)
     straggler   the dashboard's: the rank named a straggler appeared, changed or cleared
                 (runs/stragglers.py), with the sentence the page's banner shows (empty: none)
+    stalled     the launcher's stalled event (protocol 1.13) as the row took it (runs/stalls.py):
+                ``stalled``, the read JSON's (since, ranks with each one's stack, text), null
+                once steps come again; ``text`` and ``level``, the run log's line ("": none);
+                ``texts`` (core/stalls.py: since, each rank's line), which the banner places
     finished    the dashboard's: the run succeeded, with its final test loss and accuracy
     failed      the dashboard's: the run failed, was stopped or was lost; error says why
     error       the consumer's answer to anything a client sends (the channel is one-way); no seq
@@ -53,6 +57,7 @@ other way round.
 from enum import IntEnum
 from typing import Any, Final, Literal, NotRequired, TypedDict
 
+from dashboard.experiments.core.stalls import Stalled, StalledTexts
 from training.protocol import (
     CheckpointFields,
     EpochFields,
@@ -130,6 +135,15 @@ class StragglerBody(TypedDict):
     text: str  # the sentence the run's log got; the banner shows it while a rank is named
 
 
+class StalledBody(TypedDict):
+    type: Literal["stalled"]
+    stalled: Stalled | None  # the read JSON's stalled, None once steps come again
+    texts: StalledTexts
+    text: str  # the line the run's log got ("": none, the row was not changed)
+    level: str  # its level: warning when a stall begins, info when it is over
+    time: NotRequired[float]  # the training's, as the event said it
+
+
 class LogBody(LogFields):
     type: Literal["log"]
     time: NotRequired[float]  # the training's (seconds since it started); none for plain output
@@ -147,6 +161,10 @@ class StatusMessage(StatusBody, Numbered):
 
 
 class StragglerMessage(StragglerBody, Numbered):
+    pass
+
+
+class StalledMessage(StalledBody, Numbered):
     pass
 
 
@@ -276,6 +294,7 @@ Body = (
     | LogBody
     | SeriesBody
     | StragglerBody
+    | StalledBody
     | ProfileBody
 )
 
@@ -290,6 +309,7 @@ Message = (
     | LogMessage
     | SeriesMessage
     | StragglerMessage
+    | StalledMessage
     | RunFinishedMessage
     | RunFailedMessage
     | ErrorMessage

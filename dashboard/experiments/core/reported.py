@@ -33,10 +33,12 @@ MAX_KEY_CHARS = SeriesPoint._meta.get_field("key").max_length or 200
 LOG_LEVELS = frozenset({"info", "warning", "error"})
 # The library says these to a launcher only: taken, counted in the rank's order, never stored.
 # A `done` of rank 0 ends the run (runs/reported.py). A type of no one's (a newer library's) is
-# taken the same way, as the protocol's readers ignore what they do not know; the engine's own
-# types are refused: a script that sent them would be telling the dashboard what it is not.
+# taken the same way, as the protocol's readers ignore what they do not know; what only a
+# Trainyard launch writes is refused, the engine's own types and the launcher's `stalled` (it
+# watches its ranks from outside: protocol 1.13): a script that sent them would be telling the
+# dashboard what it is not.
 LAUNCHER_ONLY = frozenset({"hello", "listening", "stopping", "done"})
-ENGINE_ONLY = frozenset({"started", "step", "epoch", "profile", "finished"})
+WORKER_ONLY = frozenset({"started", "step", "epoch", "profile", "stalled", "finished"})
 MAX_TYPE_CHARS = 40
 
 
@@ -120,7 +122,7 @@ def _event_read(event: Any, *, world_size: int) -> ReportedEvent:
     if not isinstance(event, dict):
         raise ReportRefused("must be an object")
     kind, rank, seq = event.get("type"), event.get("rank"), event.get("seq")
-    if not isinstance(kind, str) or not 0 < len(kind) <= MAX_TYPE_CHARS or kind in ENGINE_ONLY:
+    if not isinstance(kind, str) or not 0 < len(kind) <= MAX_TYPE_CHARS or kind in WORKER_ONLY:
         raise ReportRefused(f"`type` must be one of {', '.join(sorted(TYPE_FAULTS))}")
     if not _is_whole(rank, high=world_size - 1):
         raise ReportRefused(f"`rank` must be a whole number below the run's {world_size}")

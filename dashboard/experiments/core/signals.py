@@ -17,3 +17,8 @@ run_ended = Signal()
 # the transaction that stores the row's change with the log's line and the page's message;
 # ``text`` is the sentence they show.
 straggler_named = Signal()
+
+# `run_stalled(sender=Experiment, experiment_id=..., text=...)`: a run's ranks made no step while
+# their processes live, and its row took the stall (runs/stalls.py): sent once per stall that
+# begins, where the row changes; ``text`` is the launcher's sentence, the run log's line.
+run_stalled = Signal()

@@ -56,13 +56,15 @@ NEXT: dict[str, frozenset[str]] = {
 FINISHED = frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED})
 # The ends of a run: nothing moves it on from these (lost is not one: it resumes or fails).
 ENDS = frozenset(status for status, onwards in NEXT.items() if not onwards)
-# What an attempt leaves behind when it ends, however it ends: no launcher to signal, and no
+# What an attempt leaves behind when it ends, however it ends: no launcher to signal, no
 # checkpoint request (one the training never got to has nothing left to answer it; a next
-# attempt starts from the newest checkpoint).
+# attempt starts from the newest checkpoint), and no stall (ranks that ended wait for nothing:
+# the page hides the banner at the end it is told of, with no message of its own).
 ATTEMPT_ENDED: dict[str, Any] = {
     "launcher_pid": None,
     "checkpoint_requested_at": None,
     "checkpoint_requested_by": None,
+    "stalled": None,
 }
 
 

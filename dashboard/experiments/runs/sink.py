@@ -18,7 +18,9 @@ epoch: scaling.py reads it only for a run with no step event), and what each ran
 row (`Experiment.memory`, the read JSON's). The supervisor's machine samples come through
 `add_series`. A user's script reports its own figures in `metrics` events (protocol 1.11), one
 rank's at its step: stored as rank/<r>/<name>, rank 0's also as <name>, and sent to the page as
-a `series` message, the shape its charts already take.
+a `series` message, the shape its charts already take. A script run's launcher says when its
+ranks stall and step again (`stalled`, protocol 1.13): the row takes it at once (stalls.py), the
+log a line, and the page a `stalled` message.
 
 The sink is the unit of work (add, due, flush, numbering under the row lock), and that only:
 a flush says whether it stored windows of several ranks' phases (`PhasesStored`), and whoever
@@ -50,6 +52,7 @@ from dashboard.experiments.core.messages import (
 )
 from dashboard.experiments.core.profiles import profile_as_dict
 from dashboard.experiments.core.run_facts import checkpoint_texts, rank_rows, started_texts
+from dashboard.experiments.core.stalls import STALLED_UNREAD
 from dashboard.experiments.metrics.series import MAX_KEY_CHARS, MAX_STEP
 from dashboard.experiments.metrics.series_contract import (
     EPOCH_SERIES,
@@ -63,6 +66,7 @@ from dashboard.experiments.runs.bounds import is_count, number_or_none
 from dashboard.experiments.runs.broadcast import checkpoint_saved_text, events_broadcast
 from dashboard.experiments.runs.profiles import profile_event_store
 from dashboard.experiments.runs.retention import CheckpointsPending, checkpoint_row
+from dashboard.experiments.runs.stalls import stalled_body, stalled_change, stalled_read
 from training.protocol import Event
 
 log = logging.getLogger(__name__)
@@ -221,6 +225,26 @@ def _metrics_store(sink: EventSink, message: dict[str, Any]) -> None:
     message["points"] = {key: [[step, time_, v]] for key, v in values.items()}
     if rank == 0:
         sink.step = sink.updates["step"] = step
+
+
+def _stalled_store(sink: EventSink, message: dict[str, Any]) -> None:
+    """The launcher's word that the ranks stalled, or step again (protocol 1.13), recorded on
+    the row at once, as a profile's is: a rare event, and the row is what the read JSON and a
+    reloaded page show. The message becomes the page's `stalled` one, with the log's line;
+    where the row did not change (the attempt ended, the stall was cleared already), it says
+    `stalled` null and no line. One the dashboard cannot read is a warning line, nothing more."""
+    said = stalled_read(message)
+    time_ = number_or_none(message.get("time")) or 0.0
+    seq = message["seq"]
+    message.clear()
+    if said is None:
+        message.update(type="log", seq=seq, level="warning", message=STALLED_UNREAD, time=time_)
+        sink._add_log(message, level="warning")
+        return
+    change = stalled_change(experiment=sink.experiment, said=said)
+    message.update(change or stalled_body(None, text=""), seq=seq, time=time_)
+    if change is not None:
+        sink._add_log({"message": change["text"], "time": time_}, level=change["level"])
 
 
 def _failed_store(sink: EventSink, message: dict[str, Any]) -> None:
@@ -426,6 +450,7 @@ class EventSink:
         "checkpoint": _checkpoint_store,
         "profile": _profile_store,
         "metrics": _metrics_store,
+        "stalled": _stalled_store,
         "failed": _failed_store,
     }
 

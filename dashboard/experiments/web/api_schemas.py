@@ -59,6 +59,20 @@ class StragglerOut(Schema):
     since_step: int
 
 
+class StalledRankOut(Open):
+    rank: int
+    collective: str  # "all_reduce #42": the latest any rank entered ("" where none made one)
+    entered: bool  # true: it waits in that collective; false: it never entered it
+    stack: str  # every thread's Python stack, taken from outside its code
+    waiting_since: str | None = None  # ISO 8601, where it waits
+
+
+class StalledOut(Open):
+    since: str  # ISO 8601: the ranks' last step
+    ranks: list[StalledRankOut]
+    text: str = ""  # the launcher's sentence, the run log's line
+
+
 class ExperimentOut(OptionsOut):
     """A run, as every route that answers with one gives it."""
 
@@ -126,6 +140,10 @@ class ExperimentOut(OptionsOut):
     # is more than 1.5x the median of the other ranks' (metrics/breakdown.py), or null:
     # `slower_by` that ratio minus 1, `since_step` where its latest run of slow windows began.
     straggler: StragglerOut | None = None
+    # A running run whose ranks make no step while their processes live (protocol 1.13: a
+    # script run's launcher watches them), or null: `since` their last step, and per rank the
+    # latest collective any rank entered, whether it waits in it (`entered`) and its stack.
+    stalled: StalledOut | None = None
     # A script run (strategy "script"): its file relative to its code folder, its arguments, and
     # its code, an upload's id (and the archive's SHA-256) or a folder on the workers; null (args:
     # empty) for the other strategies.
