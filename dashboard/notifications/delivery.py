@@ -50,6 +50,7 @@ SIGNATURE_HEADER = "X-Trainyard-Signature"
 DELIVERY_HEADER = "X-Trainyard-Delivery"
 EVENT = "run.ended"
 STRAGGLER_EVENT = "run.straggler"
+STALLED_EVENT = "run.stalled"
 WEBHOOK_TIMEOUT_SECONDS = 10
 # How much of an exception's words is kept to show on the settings page.
 ERROR_CHARS = 300
@@ -117,16 +118,33 @@ def run_end_text(experiment: Experiment) -> str:
     return "\n".join(lines)
 
 
-def straggler_subject(experiment: Experiment) -> str:
-    return " ".join(f"Trainyard: run #{experiment.pk} “{experiment.name}” has a straggler".split())
+@dataclass(frozen=True)
+class News:
+    """News of a running run, of one kind: the subject's words, the webhook's `event`, and the
+    owner's switch for it (a field of NotificationSettings)."""
+
+    subject: str
+    event: str
+    switch: str
 
 
-def straggler_text(delivery: Delivery) -> str:
-    """The straggler's sentence as the run's log said it, and a link to the run."""
+NEWS: dict[str, News] = {
+    Kind.STRAGGLER: News("has a straggler", STRAGGLER_EVENT, "straggler_enabled"),
+    Kind.STALLED: News("is stalled", STALLED_EVENT, "stalled_enabled"),
+}
+
+
+def news_subject(delivery: Delivery) -> str:
     experiment = delivery.experiment
-    return "\n".join(
-        [f"Run #{experiment.pk} “{experiment.name}”: {delivery.text}.", run_link(experiment)]
-    )
+    subject = f"Trainyard: run #{experiment.pk} “{experiment.name}” {NEWS[delivery.kind].subject}"
+    return " ".join(subject.split())
+
+
+def news_text(delivery: Delivery) -> str:
+    """The sentence as the run's log said it (a straggler's, a stall's), and a link to the run."""
+    experiment = delivery.experiment
+    said = f"Run #{experiment.pk} “{experiment.name}”: {delivery.text.rstrip('.')}."
+    return "\n".join([said, run_link(experiment)])
 
 
 def run_end_payload(*, experiment: Experiment, delivery: Delivery) -> dict[str, Any]:
@@ -173,18 +191,19 @@ def run_end_deliveries_create(*, experiment_id: int) -> list[int]:
     return _deliveries_create(experiment=experiment, kind=Kind.RUN_END)
 
 
-def straggler_deliveries_create(*, experiment_id: int, text: str) -> list[int]:
-    """The deliveries to send for a run's first straggler (``text``: the log's sentence), by
-    id; none for an owner who did not ask, or a run whose first one was announced."""
+def news_deliveries_create(*, experiment_id: int, kind: str, text: str) -> list[int]:
+    """The deliveries to send for news of a running run (``kind``: NEWS's, its first straggler
+    or its first stall; ``text``: the log's sentence), by id; none for an owner who did not ask,
+    or a run whose first one of that kind was announced."""
     experiment = Experiment.objects.select_related("owner").filter(pk=experiment_id).first()
     if experiment is None:
         return []
-    return _deliveries_create(experiment=experiment, kind=Kind.STRAGGLER, text=text)
+    return _deliveries_create(experiment=experiment, kind=kind, text=text)
 
 
 def _deliveries_create(*, experiment: Experiment, kind: str, text: str = "") -> list[int]:
     prefs = NotificationSettings.objects.filter(user=experiment.owner).first()
-    if prefs is None or (kind == Kind.STRAGGLER and not prefs.straggler_enabled):
+    if prefs is None or (kind in NEWS and not getattr(prefs, NEWS[kind].switch)):
         return []
     created = []
     for channel, target in _targets(prefs):
@@ -247,11 +266,11 @@ def delivery_give_up(*, delivery_id: int) -> None:
 
 def _email_send(delivery: Delivery) -> Attempt:
     experiment = delivery.experiment
-    straggler = delivery.kind == Kind.STRAGGLER
+    news = delivery.kind in NEWS
     try:
         send_mail(
-            straggler_subject(experiment) if straggler else run_end_subject(experiment),
-            straggler_text(delivery) if straggler else run_end_text(experiment),
+            news_subject(delivery) if news else run_end_subject(experiment),
+            news_text(delivery) if news else run_end_text(experiment),
             None,  # DEFAULT_FROM_EMAIL
             [delivery.target],
         )
@@ -264,8 +283,8 @@ def _email_send(delivery: Delivery) -> Attempt:
 def _webhook_post(delivery: Delivery) -> Attempt:
     prefs = NotificationSettings.objects.get(user=delivery.user)
     payload = run_end_payload(experiment=delivery.experiment, delivery=delivery)
-    if delivery.kind == Kind.STRAGGLER:
-        payload.update(event=STRAGGLER_EVENT, text=straggler_text(delivery))
+    if delivery.kind in NEWS:
+        payload.update(event=NEWS[delivery.kind].event, text=news_text(delivery))
     body = json.dumps(payload, separators=(",", ":"), sort_keys=True).encode("utf-8")
     signature = webhook_signature(
         secret=prefs.webhook_secret, body=body, timestamp=int(timezone.now().timestamp())

@@ -27,7 +27,10 @@ class NotificationSettingsForm(forms.ModelForm):
 
     class Meta:
         model = NotificationSettings
-        fields = ("email_enabled", "email", "webhook_enabled", "webhook_url", "straggler_enabled")
+        fields = (
+            "email_enabled", "email", "webhook_enabled", "webhook_url", "straggler_enabled",
+            "stalled_enabled",
+        )  # fmt: skip
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)

@@ -21,9 +21,13 @@ class NotificationSettings(models.Model):
     email_enabled = models.BooleanField("email me when a run ends", default=False)
     email = models.EmailField(blank=True, help_text="Empty: your account's address.")
     webhook_enabled = models.BooleanField("call a webhook when a run ends", default=False)
-    # On the channels chosen above, besides the run's end (dashboard.experiments' straggler_named).
+    # On the channels chosen above, besides the run's end (dashboard.experiments' straggler_named
+    # and run_stalled).
     straggler_enabled = models.BooleanField(
         "also when a rank of a run is named a straggler", default=False
+    )
+    stalled_enabled = models.BooleanField(
+        "also when a run stalls: no step while its processes live", default=False
     )
     webhook_url = models.URLField(blank=True, max_length=500)
     # Kept in the clear: signing needs the secret itself, and the receiver holds a copy anyway.
@@ -48,11 +52,13 @@ class Channel(models.TextChoices):
 
 
 class Kind(models.TextChoices):
-    """What a message is about: a run's end, or a rank of a running run named a straggler (the
-    first one named: a run's stragglers after it are in its log and on its page)."""
+    """What a message is about: a run's end, a rank of a running run named a straggler (the
+    first one named: a run's stragglers after it are in its log and on its page), or a running
+    run stalled (its first stall, likewise)."""
 
     RUN_END = "run_end"
     STRAGGLER = "straggler"
+    STALLED = "stalled"
 
 
 class DeliveryState(models.TextChoices):
@@ -65,8 +71,8 @@ class DeliveryState(models.TextChoices):
 
 
 class Delivery(models.Model):
-    """One message about one run's end (or its first straggler) on one channel. Unique per run,
-    channel and kind, so a task that runs twice sends once."""
+    """One message about one run's end (or its first straggler, or its first stall) on one
+    channel. Unique per run, channel and kind, so a task that runs twice sends once."""
 
     experiment = models.ForeignKey(
         "experiments.Experiment", on_delete=models.CASCADE, related_name="+"
@@ -74,8 +80,9 @@ class Delivery(models.Model):
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+")
     channel = models.CharField(max_length=16, choices=Channel.choices)
     kind = models.CharField(max_length=16, choices=Kind.choices, default=Kind.RUN_END)
-    # A straggler's sentence as the run's log said it when the message was made (the run's row
-    # keeps only the current one); empty for a run's end, whose words come from the run.
+    # A straggler's or a stall's sentence as the run's log said it when the message was made
+    # (the run's row keeps only the current one); empty for a run's end, whose words come from
+    # the run.
     text = models.TextField(blank=True)
     target = models.CharField(max_length=500, help_text="the address or URL it went to")
     state = models.CharField(

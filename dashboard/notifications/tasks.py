@@ -17,10 +17,11 @@ from dashboard.notifications.delivery import (
     deliveries_stale,
     delivery_attempt,
     delivery_give_up,
+    news_deliveries_create,
     run_end_deliveries_create,
     runs_unannounced,
-    straggler_deliveries_create,
 )
+from dashboard.notifications.models import Kind
 
 
 @shared_task(name="notifications.run_end_notify", ignore_result=True)
@@ -31,7 +32,17 @@ def run_end_notify(experiment_id: int) -> None:
 
 @shared_task(name="notifications.straggler_notify", ignore_result=True)
 def straggler_notify(experiment_id: int, text: str) -> None:
-    for delivery_id in straggler_deliveries_create(experiment_id=experiment_id, text=text):
+    _news_send(experiment_id=experiment_id, kind=Kind.STRAGGLER, text=text)
+
+
+@shared_task(name="notifications.stalled_notify", ignore_result=True)
+def stalled_notify(experiment_id: int, text: str) -> None:
+    _news_send(experiment_id=experiment_id, kind=Kind.STALLED, text=text)
+
+
+def _news_send(*, experiment_id: int, kind: str, text: str) -> None:
+    """Queue the deliveries of news of a running run (its first straggler, its first stall)."""
+    for delivery_id in news_deliveries_create(experiment_id=experiment_id, kind=kind, text=text):
         delivery_send.delay(delivery_id)
 
 
