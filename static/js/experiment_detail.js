@@ -145,9 +145,10 @@
 
   // ---- page state ----------------------------------------------------------------------------
 
-  const stopButton = $("stop-button");
+  // The header's Stop and the same one in the stalled banner (templates/experiments/_stalled.html).
+  const stopButtons = Array.from(document.querySelectorAll("#stop-button, [data-run-stop]"));
   const stopError = $("stop-error");
-  let stopping = stopButton ? stopButton.disabled : false;
+  let stopping = stopButtons.some((button) => button.disabled);
 
   function renderStatus(status) {
     const badge = $("status-badge");
@@ -155,7 +156,7 @@
     badge.className = "badge status-" + status;
     const fill = $("progress-bar").firstElementChild;
     fill.className = "status-" + status;
-    if (stopButton && !ACTIVE.has(status)) stopButton.hidden = true;
+    if (!ACTIVE.has(status)) for (const button of stopButtons) button.hidden = true;
   }
 
   function renderProgress() {
@@ -233,7 +234,7 @@
     if ("dataset_source" in e) setText($("info-dataset-source"), x.dataset_source || "—");
     if ("started_at" in e) setTime($("info-started"), x.started_at);
     if ("finished_at" in e) setTime($("info-finished"), x.finished_at);
-    if (x.stop_requested && stopButton && !stopping) markStopping();
+    if (x.stop_requested && stopButtons.length && !stopping) markStopping();
     renderDuration();
     if (e.started_at && !isNum(runCtx.startedAt)) {
       runContext(null, e);
@@ -309,6 +310,12 @@
     appendLog({ time: msg.time, level: "info", message: msg.log_text });
   }
 
+  // A stall's line, as the sink stored it with the row's change (none where nothing changed);
+  // the banner is static/js/stalled.js's.
+  function onStalled(msg) {
+    if (msg.text) appendLog({ time: msg.time, level: msg.level, message: msg.text });
+  }
+
   function onStatus(msg) {
     applyExperiment(
       Object.assign(
@@ -351,6 +358,7 @@
     finished: onFinished,
     failed: onFailed,
     series: onSeries,
+    stalled: onStalled,
   });
   // Unknown types are ignored, as the protocol asks.
   const ignore = () => {};
@@ -381,8 +389,10 @@
 
   function markStopping() {
     stopping = true;
-    stopButton.disabled = true;
-    stopButton.textContent = "Stopping…";
+    for (const button of stopButtons) {
+      button.disabled = true;
+      button.textContent = "Stopping…";
+    }
   }
 
   // After a refused stop the page may be behind (the run ended meanwhile): ask for the truth.
@@ -400,8 +410,8 @@
     }
   }
 
-  if (stopButton) {
-    stopButton.addEventListener("click", async function () {
+  for (const button of stopButtons) {
+    button.addEventListener("click", async function () {
       if (stopping) return;
       markStopping();
       stopError.hidden = true;
@@ -425,8 +435,10 @@
         if (isFinal()) closeForGood();
       } catch (err) {
         stopping = false;
-        stopButton.disabled = false;
-        stopButton.textContent = "Stop";
+        for (const other of stopButtons) {
+          other.disabled = false;
+          other.textContent = "Stop";
+        }
         stopError.textContent = "Could not stop the run: " + err.message;
         stopError.hidden = false;
         refreshExperiment();

@@ -52,6 +52,7 @@ from dashboard.experiments.core.forms import (
 from dashboard.experiments.core.limits import LaunchLimited
 from dashboard.experiments.core.memory import MEMORY_RULE
 from dashboard.experiments.core.messages import socket_path
+from dashboard.experiments.core.stalls import stalled_rows
 from dashboard.experiments.metrics.phases import SHARES_RULE
 from dashboard.experiments.metrics.scaling import (
     BASELINE_RULE,
@@ -362,6 +363,9 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "rank_rows": initial["texts"]["ranks"],
         "memory_rows": initial["texts"]["memory"],
         "memory_rule": MEMORY_RULE,
+        # The stalled banner's ranks: each one's line and stack (core/stalls.py), none while it
+        # steps; the same lines as the snapshot's texts.stalled, which stalled.js places.
+        "stalled_rows": stalled_rows(experiment.stalled),
         "checkpoints": initial["texts"]["checkpoints"],
         "scaling": scaling,
         "scaling_note": baseline_batch_note(scaling),
