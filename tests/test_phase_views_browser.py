@@ -27,6 +27,19 @@ LIVE_STEP = """(step) => document.getElementById("experiment-detail").dispatchEv
     rank, data_seconds: 0.5, forward_seconds: 0.5, backward_seconds: 0, optimizer_seconds: 0,
     communication_seconds: 0, other_seconds: 0, communication_bytes: 0 })) } }))"""
 
+# A stalled message as the sink sends it (runs/stalls.py), its texts core/stalls.py's.
+LIVE_STALLED = """(stalled) => document.getElementById("experiment-detail").dispatchEvent(
+  new CustomEvent("run:message", { detail: { type: "stalled", stalled, text: "", level: "info",
+    texts: stalled ? { since: "no step since 10:02:02 UTC",
+                       ranks: ["rank 1 never entered all_reduce #42"] }
+      : { since: "", ranks: [] } } }))"""
+STALLED = {
+    "since": "2026-12-06T10:02:02+00:00",
+    "text": "No step for 62 s: rank 1 never entered all_reduce #42.",
+    "ranks": [{"rank": 1, "collective": "all_reduce #42", "entered": False, "waiting_since": None,
+               "stack": 'Thread 0x7e (most recent call first):\n  File "x.py", line 31 in wait'}],
+}  # fmt: skip
+
 
 @pytest.fixture
 def tab(request: pytest.FixtureRequest) -> Any:
@@ -88,3 +101,18 @@ def test_a_run_without_phases_says_so_and_draws_no_chart(tab: Any, stack: Stack)
     assert tab.locator("#phases-none").inner_text() == "Phases not measured for this run."
     assert tab.locator("#phases-body").is_hidden()
     assert tab.locator("#phases-chart canvas").count() == 0
+    # Nor was it stalled (a run from before protocol 1.13): no banner. Once its socket has said
+    # its snapshot (and closed: the run is over), a stalled message shows the banner with each
+    # rank's line and its stack folded under it; a null one hides it again.
+    assert tab.locator("#stalled-box").is_hidden()
+    tab.wait_for_selector("#conn[data-state='closed']", state="attached", timeout=30_000)
+    tab.evaluate(LIVE_STALLED, STALLED)
+    assert tab.locator("#stalled-box").is_visible()
+    assert tab.locator("#stalled-text").inner_text() == STALLED["text"]
+    rank = tab.locator("#stalled-ranks li[data-rank='1']")
+    assert rank.locator(".stalled-line").inner_text() == "rank 1 never entered all_reduce #42"
+    assert rank.locator("pre").is_hidden()  # folded
+    rank.locator("summary").click()
+    assert 'File "x.py", line 31 in wait' in rank.locator("pre").inner_text()
+    tab.evaluate(LIVE_STALLED, None)
+    assert tab.locator("#stalled-box").is_hidden()
