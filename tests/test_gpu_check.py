@@ -187,7 +187,8 @@ def test_the_device_check_runs_and_reads_the_machine(tmp_path: Path) -> None:
     # A user's own DDP script through the launcher, 2 Gloo ranks: the observer's two windows
     # (steps 1 and 11 of 12) judged, DDP's all-reduce of the whole model counted each step.
     assert re.search(r" yes +\d+\.\d +cpu,cpu +[\d,]+ img/s, 2 windows, phases off wall by "
-                     rf"\d+\.\d%, all-reduced {MODEL_BYTES:,} B a step$",
+                     rf"\d+\.\d%, all-reduced {MODEL_BYTES:,} B a step, stalled, rank 1 named, "
+                     r"then over \(all_reduce #\d+\)$",
                      rows[gpu_check.SCRIPT_ROW]), rows[gpu_check.SCRIPT_ROW]  # fmt: skip
     assert proc.stdout.strip().splitlines()[-1] == "gpu-check: all as expected"
     # The engine benchmark's two workloads, as its defaults run them (tests/test_bench.py runs
@@ -291,3 +292,14 @@ def test_unknown_strategies_are_named() -> None:
     )  # fmt: skip
     assert proc.returncode == 2
     assert "unknown strategies ['tpu-magic']" in proc.stderr
+
+
+def test_the_script_rows_stall_must_name_rank_1_alone_then_end() -> None:
+    ranks = [{"rank": 0, "entered": True, "collective": "all_reduce #5"},
+             {"rank": 1, "entered": False, "collective": "all_reduce #5"}]  # fmt: skip
+    stall, over = {"since": 1.0, "ranks": ranks}, {"since": None, "ranks": []}
+    said = gpu_check.stall_result([stall, over])
+    assert said == "stalled, rank 1 named, then over (all_reduce #5)"
+    assert gpu_check.stall_result([stall]) == "1 stalled events, not a stall and its end"
+    both = {"since": 1.0, "ranks": [dict(r, entered=True) for r in ranks]}
+    assert gpu_check.stall_result([both, over]).startswith("a stall naming [(0, True), (1, True)]")

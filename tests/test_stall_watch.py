@@ -44,8 +44,9 @@ def test_a_stall_past_the_floor_names_who_never_entered_and_ends_at_a_step(
     assert watch.check(now + 4) is None
     stalled = watch.check(now + 10)
     assert stalled is not None
-    assert stalled["text"].startswith("No step for 1") and " s: rank 1 never entered " in (
-        stalled["text"]
+    assert (
+        stalled["text"].startswith("No step for 1")
+        and " s: rank 1 never entered " in (stalled["text"])
     )
     assert "all_reduce #2; rank 0 waits in it since " in stalled["text"]
     waiting, hung = stalled["ranks"]

@@ -83,13 +83,21 @@ class ProgressWriter:
 
     def stepped(self, step: int) -> None:
         with self.lock:
-            self.values[2], self.values[3] = step, time.time()
+            now = self.values[3] = time.time()
+            self.values[2] = step
+            self._moved(now)
             self._write()
 
     def forwarded(self) -> None:
         with self.lock:
-            self.values[4] = time.time()
+            now = self.values[4] = time.time()
+            self._moved(now)
             self._write()
+
+    def _moved(self, now: float) -> None:
+        """A rank that moves on has left its collective (one whose work says no completion)."""
+        if self.values[5] and self.values[8] == 0.0:
+            self.values[8] = now
 
     def entered(self, op: str) -> int:
         """A collective entered: its number (this rank's count)."""

@@ -2,12 +2,15 @@
 ``forwarded``; every collective on every process group is seen through c10d's own hooks
 (``ProcessGroup.register_pre_hook`` / ``register_post_hook``: DDP's bucket all-reduces, FSDP2's,
 DTensor's and the script's own calls alike, on any backend), the collective left when its work
-completes (the work's future, which the backend's thread completes).
+completes (the work's future, which the backend's thread completes). Some works have no future
+(Gloo's coalesced all-gather and reduce-scatter, FSDP2's): theirs are left when the rank next
+moves (a forward, a step), which a rank stuck waiting in one never does.
 
 Groups made after the first step (a DeviceMesh's, ``new_group``) are hooked at the next step;
 the observer's own group is not the script's and is left out. Fail-open: a hook that raises
-would raise inside the script's collective, so each swallows its error, says it once, and the
-record stops being watched.
+would raise inside the script's collective, so each swallows its error, says it once and goes
+quiet, and the record stops being watched; the hooks come out at the rank's next step (taking
+one out while c10d runs the group's hooks would pull the list from under it).
 """
 
 from __future__ import annotations
@@ -36,8 +39,12 @@ class ProgressHooks:
         self.groups_seen = 0
         # The collective a thread's call entered, for its return (the same thread's next hook).
         self.calls = threading.local()
+        self.futureless: set[str] = set()  # ops whose works have no future (asked once)
 
     def stepped(self, step: int) -> None:
+        if self.broken:
+            self.remove()
+            return
         self._safely(self.writer.stepped, step)
         self._safely(self.groups_hook)
 
@@ -76,12 +83,16 @@ class ProgressHooks:
         call that waited, later for an async one)."""
         if self.broken:
             return
+        seq, work, name = getattr(self.calls, "seq", 0), args.work, args.name.name
+        if work is None or name in self.futureless:
+            return  # left at the rank's next move
         try:
-            seq, work = getattr(self.calls, "seq", 0), args.work
-            if work is None:
-                self.writer.left(seq)
-            else:
-                work.get_future().add_done_callback(lambda _: self._left(seq))
+            future = work.get_future()
+        except RuntimeError:  # "Work::getFuture not implemented": not asked again for this op
+            self.futureless.add(name)
+            return
+        try:
+            future.add_done_callback(lambda _: self._left(seq))
         except Exception as error:  # noqa: BLE001
             self.fail(error)
 
@@ -105,10 +116,12 @@ class ProgressHooks:
         self.broken = True
         sys.stderr.write(f"trainyard's stall watch stopped on this rank: {type(error).__name__}: "
                          f"{error}; the script goes on\n")  # fmt: skip
-        self.remove()
+        with contextlib.suppress(Exception):  # its folder gone with the launcher
+            self.writer.unwatched()
 
     def remove(self) -> None:
-        """Hooks out and the record unwatched: this rank's steps are no longer counted."""
+        """Hooks out and the record unwatched: this rank's steps are no longer counted. Never
+        from inside a hook of the groups'."""
         self.broken = True
         for group in self.hooked:
             with contextlib.suppress(Exception):  # a group destroyed has no hooks left
