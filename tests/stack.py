@@ -208,6 +208,9 @@ def stack_running(
         "TRAINYARD_LAUNCH_RATE_PER_MINUTE": "0",
         # The tests' webhook receivers listen on 127.0.0.1, which webhooks otherwise refuse.
         "TRAINYARD_WEBHOOK_ALLOW_PRIVATE": "1",
+        # A script run stalled after 8 s without a step, not 60 (the stall test's hung rank);
+        # the stack's other scripts step every 50 ms.
+        "TRAINYARD_STALL_SECONDS": "8",
         "PYTHONUNBUFFERED": "1",
         "DEBUG": "1",
     }

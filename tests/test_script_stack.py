@@ -29,13 +29,16 @@ from tests.stack import Stack, wait_for
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
 PLAIN_DDP = Path(__file__).resolve().parent / "scripts" / "plain_ddp"
+OBSERVED = Path(__file__).resolve().parent / "scripts" / "observed"
+FASHION = Path("/usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz")
 TRAINYARD = Path(sys.executable).parent / "trainyard"
 
 
-def folder_packed(folder: Path) -> bytes:
+def folder_packed(folder: Path, *more: Path) -> bytes:
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w:gz") as archive:
-        archive.add(folder / "train.py", arcname="train.py")
+        for path in (folder / "train.py", *more):
+            archive.add(path, arcname=path.name)
     return out.getvalue()
 
 
@@ -212,3 +215,46 @@ def test_trainyard_run_packs_the_folder_uploads_launches_and_watches(
     detail = root.get(f"{stack.base_url}/api/experiments/{pk}/", timeout=10).json()
     assert detail["status"] == "succeeded" and detail["args"] == ["--steps", "3"]
     assert {"rank/0/loss", "rank/1/loss"} <= series_of(root, stack, pk).keys()
+
+
+@pytest.mark.skipif(not FASHION.is_file(), reason="needs dataset-fashion-mnist")
+def test_a_hung_rank_is_named_on_the_run_with_its_stack_and_a_stop_ends_every_process(
+    stack: Stack,
+) -> None:
+    """tests/scripts/observed (no Trainyard line) with rank 1 asleep before step 5 for good:
+    rank 0 waits in DDP's all-reduce. The stack's stall floor is 8 s (tests/stack.py)."""
+    root = stack.login("root")
+    packed = folder_packed(OBSERVED, OBSERVED.parent / "fashion.py")
+    code = root.post(f"{stack.base_url}/api/code/",
+                     files={"archive": ("code.tar.gz", packed)}, timeout=30).json()  # fmt: skip
+    launched = root.post(f"{stack.base_url}/api/experiments/", timeout=30, json={
+        "name": "hung script", "strategy": "script", "processes": 2, "code": code["id"],
+        "entrypoint": "train.py",
+        "args": ["--wrap", "ddp", "--epochs", "9", "--images", "1024", "--pause", "5:3600"],
+    })  # fmt: skip
+    assert launched.status_code == 201, launched.text
+    pk = launched.json()["id"]
+    detail = f"{stack.base_url}/api/experiments/{pk}/"
+    stalled = wait_for(lambda: root.get(detail, timeout=10).json()["stalled"], timeout=120,
+                       what="the run stalled")  # fmt: skip
+    waiting, hung = stalled["ranks"]
+    assert [(r["rank"], r["entered"]) for r in (waiting, hung)] == [(0, True), (1, False)]
+    assert waiting["collective"] == hung["collective"]
+    assert waiting["collective"].startswith("all_reduce #")
+    assert "in wait_for_nothing" in hung["stack"] and 'train.py", line' in waiting["stack"]
+    assert stalled["since"][:4].isdigit()  # an ISO time
+    logs = root.get(f"{detail}logs/", timeout=10).json()
+    said = [line for line in logs["lines"] if line["message"].startswith("No step for ")]
+    assert len(said) == 1 and "rank 1 never entered all_reduce #" in said[0]["message"], said
+    alice = stack.login("alice")  # not hers: nothing of it
+    assert alice.get(detail, timeout=10).status_code == 404
+
+    family = [psutil.Process(stack.experiment_row(pk)["launcher_pid"])]
+    family += family[0].children(recursive=True)
+    stopped = root.post(f"{detail}stop/", timeout=10)
+    assert stopped.status_code == 202, stopped.text
+    final = wait_for(lambda: (r := stack.experiment_row(pk))["status"] != "running" and r,
+                     timeout=90, what="the cancelled status")  # fmt: skip
+    assert final["status"] == "cancelled"
+    wait_for(lambda: not [p for p in family if _alive(p)], timeout=10, what="every process gone")
+    assert root.get(detail, timeout=10).json()["stalled"] is None  # an ended run is not stalled
