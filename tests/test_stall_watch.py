@@ -26,10 +26,10 @@ def ranks(tmp_path: Path) -> Iterator[tuple[ProgressWriter, ProgressWriter]]:
 
 
 def steps(writers: tuple[ProgressWriter, ...], step: int) -> None:
-    """A step on each rank, with its all-reduce entered and left."""
+    """A step on each rank, with its all-reduce entered (and left: the step comes after it)."""
     for writer in writers:
         writer.forwarded()
-        writer.left(writer.entered("all_reduce"))
+        writer.entered("all_reduce")
         writer.stepped(step)
 
 

@@ -1,8 +1,8 @@
 """Each rank's progress, for its launcher to tell a stalled run (issue 33 item 3): the rank's
-observer keeps its steps, its last forward and the latest collective it entered (and whether it
-left it) in ``progress-<rank>.bin`` in the events folder, one fixed record rewritten in place
-through mmap (a memory write per collective, no system call); the launcher reads every rank's
-record on its machine (stall.py).
+observer keeps its steps, its last forward and the latest collective it entered (left when the
+rank next moves) in ``progress-<rank>.bin`` in the events folder, one fixed record rewritten in
+place through mmap (a memory write per collective, no system call); the launcher reads every
+rank's record on its machine (stall.py).
 
 A rank's Python stack is taken from outside its code: faulthandler, registered on STACK_SIGNAL,
 writes every thread's stack to ``stack-<rank>.txt`` from its C signal handler, so a rank blocked
@@ -50,8 +50,9 @@ class RankProgress:
     @property
     def active_at(self) -> float:
         """When this rank last moved: a step, a forward (an evaluation loop makes no step but is
-        no stall) or a collective completed (a distributed checkpoint's); a hung rank does none."""
-        return max(self.stepped_at, self.forward_at, self.left_at)
+        no stall) or a collective entered (a distributed checkpoint's); a hung rank does none
+        (one waiting in a collective has not moved since it entered it)."""
+        return max(self.stepped_at, self.forward_at, self.entered_at)
 
     @property
     def inside(self) -> bool:
@@ -59,8 +60,8 @@ class RankProgress:
 
 
 class ProgressWriter:
-    """This rank's record. Collectives are entered on the script's threads and left on the
-    backend's (a work's completion callback): a lock keeps each rewrite whole."""
+    """This rank's record. Collectives may be entered on other threads than the script's
+    (autograd's, where DDP's reducer runs on a GPU): a lock keeps each rewrite whole."""
 
     def __init__(self, folder: Path, rank: int):
         path = folder / PROGRESS_FILE.format(rank=rank)
@@ -95,23 +96,15 @@ class ProgressWriter:
             self._write()
 
     def _moved(self, now: float) -> None:
-        """A rank that moves on has left its collective (one whose work says no completion)."""
+        """A rank that moves on has left its collective."""
         if self.values[5] and self.values[8] == 0.0:
             self.values[8] = now
 
-    def entered(self, op: str) -> int:
-        """A collective entered: its number (this rank's count)."""
+    def entered(self, op: str) -> None:
+        """A collective entered (the one before it left: collectives are entered in order)."""
         with self.lock:
-            seq = int(self.values[5]) + 1
-            self.values[5:9] = [seq, op.encode()[:24], time.time(), 0.0]
+            self.values[5:9] = [int(self.values[5]) + 1, op.encode()[:24], time.time(), 0.0]
             self._write()
-            return seq
-
-    def left(self, seq: int) -> None:
-        with self.lock:
-            if self.values[5] == seq and self.values[8] == 0.0:
-                self.values[8] = time.time()
-                self._write()
 
     def unwatched(self) -> None:
         """The observer left (it failed, or the ranks could not meet): no step is counted from

@@ -1,14 +1,15 @@
 """What feeds a rank's progress record (progress.py): the observer calls ``stepped`` and
-``forwarded``; every collective on every process group is seen through c10d's own hooks
-(``ProcessGroup.register_pre_hook`` / ``register_post_hook``: DDP's bucket all-reduces, FSDP2's,
-DTensor's and the script's own calls alike, on any backend), the collective left when its work
-completes (the work's future, which the backend's thread completes). Some works have no future
-(Gloo's coalesced all-gather and reduce-scatter, FSDP2's): theirs are left when the rank next
-moves (a forward, a step), which a rank stuck waiting in one never does.
+``forwarded``; every collective on every process group is seen entering through c10d's own hook
+(``ProcessGroup.register_pre_hook``: DDP's bucket all-reduces, FSDP2's, DTensor's and the
+script's own calls alike, on any backend). A collective is left when the rank next moves (a
+forward, a step, the next collective): a rank stuck waiting in one, synchronously or at DDP's
+end of backward for its async all-reduces, never does. One Python call per collective, on the
+calling thread: no post hook, no work futures (whose callbacks would take the GIL from the
+backend's threads, and which Gloo's coalesced works lack).
 
 Groups made after the first step (a DeviceMesh's, ``new_group``) are hooked at the next step;
 the observer's own group is not the script's and is left out. Fail-open: a hook that raises
-would raise inside the script's collective, so each swallows its error, says it once and goes
+would raise inside the script's collective, so it swallows its error, says it once and goes
 quiet, and the record stops being watched; the hooks come out at the rank's next step (taking
 one out while c10d runs the group's hooks would pull the list from under it).
 """
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
@@ -37,9 +37,6 @@ class ProgressHooks:
         self.ignored: Any = None  # the observer's own group
         self.broken = False
         self.groups_seen = 0
-        # The collective a thread's call entered, for its return (the same thread's next hook).
-        self.calls = threading.local()
-        self.futureless: set[str] = set()  # ops whose works have no future (asked once)
 
     def stepped(self, step: int) -> None:
         if self.broken:
@@ -66,7 +63,6 @@ class ProgressHooks:
             if not hasattr(group, "register_pre_hook"):  # before torch 2.13: no collective seen
                 return
             group.register_pre_hook(HOOK_ID, self._entered)
-            group.register_post_hook(HOOK_ID, self._returned)
             self.hooked.append(group)
 
     def _entered(self, args: Any) -> None:
@@ -74,32 +70,8 @@ class ProgressHooks:
             return
         try:
             name = args.name.name.lower()
-            self.calls.seq = self.writer.entered(OP_NAMES.get(name, name))
+            self.writer.entered(OP_NAMES.get(name, name))
         except Exception as error:  # noqa: BLE001 - never raise inside the script's collective
-            self.fail(error)
-
-    def _returned(self, args: Any) -> None:
-        """The call returned: the collective is left when its work completes (at once for a
-        call that waited, later for an async one)."""
-        if self.broken:
-            return
-        seq, work, name = getattr(self.calls, "seq", 0), args.work, args.name.name
-        if work is None or name in self.futureless:
-            return  # left at the rank's next move
-        try:
-            future = work.get_future()
-        except RuntimeError:  # "Work::getFuture not implemented": not asked again for this op
-            self.futureless.add(name)
-            return
-        try:
-            future.add_done_callback(lambda _: self._left(seq))
-        except Exception as error:  # noqa: BLE001
-            self.fail(error)
-
-    def _left(self, seq: int) -> None:
-        try:
-            self.writer.left(seq)
-        except Exception as error:  # noqa: BLE001 - on the backend's thread: never raise there
             self.fail(error)
 
     def _safely(self, call: Any, *args: Any) -> None:
@@ -126,7 +98,6 @@ class ProgressHooks:
         for group in self.hooked:
             with contextlib.suppress(Exception):  # a group destroyed has no hooks left
                 group.unregister_pre_hook(HOOK_ID)
-                group.unregister_post_hook(HOOK_ID)
         self.hooked = []
         with contextlib.suppress(Exception):  # its folder gone with the launcher
             self.writer.unwatched()
