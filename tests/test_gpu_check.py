@@ -295,11 +295,14 @@ def test_unknown_strategies_are_named() -> None:
 
 
 def test_the_script_rows_stall_must_name_rank_1_alone_then_end() -> None:
-    ranks = [{"rank": 0, "entered": True, "collective": "all_reduce #5"},
-             {"rank": 1, "entered": False, "collective": "all_reduce #5"}]  # fmt: skip
+    behind = "rank 1 never entered all_reduce #5: its last, all_reduce #4, done"
+    ranks = [{"rank": 0, "entered": True, "collective": "all_reduce #5",
+              "line": "rank 0 waits in all_reduce #5 since 10:00:00 UTC"},
+             {"rank": 1, "entered": False, "collective": "all_reduce #4",
+              "line": behind}]  # fmt: skip
     stall, over = {"since": 1.0, "ranks": ranks}, {"since": None, "ranks": []}
     said = gpu_check.stall_result([stall, over])
     assert said == "stalled, rank 1 named, then over (all_reduce #5)"
     assert gpu_check.stall_result([stall]) == "1 stalled events, not a stall and its end"
-    both = {"since": 1.0, "ranks": [dict(r, entered=True) for r in ranks]}
-    assert gpu_check.stall_result([both, over]).startswith("a stall naming [(0, True), (1, True)]")
+    even = {"since": 1.0, "ranks": [dict(r, line=f"rank {r['rank']} waits") for r in ranks]}
+    assert gpu_check.stall_result([even, over]).startswith("a stall whose lines are ")

@@ -44,6 +44,7 @@ def entry(tmp_path: Path, body: str) -> subprocess.CompletedProcess[str]:
         ("def main():\n    sys.exit(0)\nmain()\n", 0),
         ("def main():\n    sys.exit(3)\nmain()\n", 3),
         ("del held\n", 0),  # dropped by the script: freed only by a collection
+        ("def main():\n    raise ValueError('bad data')\nmain()\n", 1),
     ],
 )
 def test_what_a_script_leaves_is_freed_before_the_interpreter_finalizes(
@@ -58,3 +59,11 @@ def test_a_scripts_exit_message_is_said_as_python_says_it(tmp_path: Path) -> Non
     done = entry(tmp_path, "sys.exit('no data found')\n")
     assert done.returncode == 1
     assert done.stderr.strip().endswith("no data found")
+
+
+def test_a_scripts_error_is_said_as_python_says_it(tmp_path: Path) -> None:
+    done = entry(tmp_path, "def main():\n    raise ValueError('bad data')\nmain()\n")
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert lines[0] == "Traceback (most recent call last):" and "in main" in done.stderr
+    assert lines[-1] == "ValueError: bad data"

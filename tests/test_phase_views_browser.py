@@ -30,7 +30,7 @@ LIVE_STEP = """(step) => document.getElementById("experiment-detail").dispatchEv
 # A stalled message as the sink sends it (runs/stalls.py), its texts core/stalls.py's.
 LIVE_STALLED = """(stalled) => document.getElementById("experiment-detail").dispatchEvent(
   new CustomEvent("run:message", { detail: { type: "stalled", stalled, text: "", level: "info",
-    texts: stalled ? { since: "no step since 10:02:02 UTC",
+    texts: stalled ? { since: "stalled since 10:02:02 UTC",
                        ranks: ["rank 1 never entered all_reduce #42"] }
       : { since: "", ranks: [] } } }))"""
 STALLED = {

@@ -244,8 +244,14 @@ def assert_stalled(event: dict[str, Any]) -> None:
     found = STALLED_TEXT.match(event["text"])
     assert found, event["text"]
     waiting, hung = event["ranks"]
+    # Each rank's own last collective: rank 0 is in the latest, rank 1 done with the one before.
     assert [(r["rank"], r["entered"]) for r in (waiting, hung)] == [(0, True), (1, False)]
-    assert waiting["collective"] == hung["collective"] == found[1]
+    latest = int(found[1].split("#")[1])
+    # (an all-reduce of DDP's, or the observer's own window all-gather)
+    assert waiting["collective"] == found[1] and hung["collective"].endswith(f" #{latest - 1}")
+    assert waiting["line"].startswith(f"rank 0 waits in {found[1]} since ")
+    before = hung["collective"]
+    assert hung["line"] == f"rank 1 never entered {found[1]}: its last, {before}, done"
     assert event["since"] <= waiting["waiting_since"] + 1 and hung["waiting_since"] is None
     # Each rank's Python stack, taken from outside: where the script is.
     assert 'train.py", line' in waiting["stack"] and "backward" in waiting["stack"]

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from training.scripts.progress import STACK_SIGNAL, ProgressWriter, progress_read
+from training.scripts.progress_hooks import ProgressHooks
 from training.scripts.stall import StallWatch, stall_floor
 
 
@@ -51,7 +52,8 @@ def test_a_stall_past_the_floor_names_who_never_entered_and_ends_at_a_step(
     assert "all_reduce #2; rank 0 waits in it since " in stalled["text"]
     waiting, hung = stalled["ranks"]
     assert (waiting["entered"], hung["entered"]) == (True, False)
-    assert waiting["collective"] == hung["collective"] == "all_reduce #2"
+    assert (waiting["collective"], hung["collective"]) == ("all_reduce #2", "all_reduce #1")
+    assert hung["line"] == "rank 1 never entered all_reduce #2: its last, all_reduce #1, done"
     assert stalled["since"] == pytest.approx(waiting["waiting_since"], abs=0.01)
     assert stalled["since"] == pytest.approx(now, abs=5)
     # The stack each rank's faulthandler dumped: this process's, here, at the watch's call.
@@ -96,3 +98,27 @@ def test_the_floor_is_the_environments() -> None:
     assert stall_floor({}) == 60
     assert stall_floor({"TRAINYARD_STALL_SECONDS": "2"}) == 2
     assert stall_floor({"TRAINYARD_STALL_SECONDS": "soon"}) == 60
+
+
+def test_a_record_the_observer_left_is_still_fed_by_its_own_hooks(tmp_path: Path) -> None:
+    """The observer stopped measuring (a hook raised, its ranks did not meet): the record's own
+    hooks count any optimizer's steps on from the observer's, and say forwards."""
+    import torch
+
+    hooks = ProgressHooks(tmp_path, 0)
+    try:
+        hooks.fallback(step=5)
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        model(torch.ones(1, 2)).sum().backward()
+        optimizer.step()
+        [record] = progress_read(tmp_path)
+        assert (record.watched, record.step) == (True, 6) and record.forward_at > 0
+        hooks.remove()  # the script's end: hooks out, the record no longer judged
+        optimizer.step()
+        [record] = progress_read(tmp_path)
+        assert (record.watched, record.step) == (False, 6)
+    finally:
+        hooks.remove()
+        faulthandler.unregister(STACK_SIGNAL)
+        hooks.writer.stacks.close()

@@ -39,29 +39,29 @@ TEXT = (
 STACK_0 = 'Thread 0x7f (most recent call first):\n  File "train.py", line 40 in backward\n'
 STACK_1 = 'Thread 0x7e (most recent call first):\n  File "train.py", line 31 in wait_for_nothing\n'
 OVER = "The stall is over after 75 s: steps again."
+# Each rank's line, the launcher's (training/scripts/stall.py): rank 1's last collective is #41.
+LINE_0 = "rank 0 waits in all_reduce #42 since 10:03:04 UTC"
+LINE_1 = "rank 1 never entered all_reduce #42: its last, all_reduce #41, done"
 STORED = {
     "since": "2026-12-06T10:02:02+00:00",
     "text": TEXT,
     "ranks": [
         {"rank": 0, "collective": "all_reduce #42", "entered": True, "stack": STACK_0,
-         "waiting_since": "2026-12-06T10:03:04.250000+00:00"},
-        {"rank": 1, "collective": "all_reduce #42", "entered": False, "stack": STACK_1,
-         "waiting_since": None},
+         "waiting_since": "2026-12-06T10:03:04.250000+00:00", "line": LINE_0},
+        {"rank": 1, "collective": "all_reduce #41", "entered": False, "stack": STACK_1,
+         "waiting_since": None, "line": LINE_1},
     ],
 }  # fmt: skip
-LINES = [
-    "rank 0 waits in all_reduce #42 since 10:03:04 UTC",
-    "rank 1 never entered all_reduce #42",
-]
+LINES = [LINE_0, LINE_1]
 
 
 def stalled(since: Any = SINCE, **fields: Any) -> dict[str, Any]:
     """A `stalled` event as the launcher writes it (training/scripts/stall.py)."""
     ranks = [
         {"rank": 0, "collective": "all_reduce #42", "entered": True, "stack": STACK_0,
-         "waiting_since": WAITING},
-        {"rank": 1, "collective": "all_reduce #42", "entered": False, "stack": STACK_1,
-         "waiting_since": None},
+         "waiting_since": WAITING, "line": LINE_0},
+        {"rank": 1, "collective": "all_reduce #41", "entered": False, "stack": STACK_1,
+         "waiting_since": None, "line": LINE_1},
     ]  # fmt: skip
     return {"v": 1, "minor": 13, "run": "7", "seq": 9, "type": "stalled", "time": 80.5,
             "since": since, "ranks": [] if since is None else ranks, "text": TEXT,
@@ -141,7 +141,7 @@ def test_a_stall_is_stored_logged_sent_shown_and_announced_once_then_cleared(
         [said] = [m for m in sent_of(channel) if m["type"] == "stalled"]
         assert said["seq"] == line.seq and said["stalled"] == STORED
         assert (said["text"], said["level"], said["time"]) == (TEXT, "warning", 80.5)
-        assert said["texts"] == {"since": "no step since 10:02:02 UTC", "ranks": LINES}
+        assert said["texts"] == {"since": "stalled since 10:02:02 UTC", "ranks": LINES}
 
         # Said again while stalled (another machine's launcher): replaced and said, not
         # announced again.
@@ -157,7 +157,7 @@ def test_a_stall_is_stored_logged_sent_shown_and_announced_once_then_cleared(
             ]  # fmt: skip
             shown = banner(client.get(f"/experiments/{run.pk}/").content.decode())
             assert 'aria-labelledby="stalled-title">' in shown  # not hidden
-            assert "No step for 70 s: the same." in shown and "no step since 10:02:02 UTC" in shown
+            assert "No step for 70 s: the same." in shown and "stalled since 10:02:02 UTC" in shown
             for line_text in LINES:
                 assert line_text in shown
             assert "in wait_for_nothing" in shown and "<summary>Python stack</summary>" in shown
@@ -253,7 +253,7 @@ def test_a_stalled_event_it_cannot_read_breaks_nothing(
     ranks = [
         "rank 0", {"rank": -1}, {"rank": True},
         {"rank": 3, "collective": 42, "entered": "yes", "stack": "x" * (3 * MAX_STACK_CHARS),
-         "waiting_since": "10:00"},
+         "waiting_since": "10:00", "line": ["not", "words"]},
     ]  # fmt: skip
     feed(sink, stalled(ranks=ranks, text=None))
     run.refresh_from_db()
@@ -261,7 +261,7 @@ def test_a_stalled_event_it_cannot_read_breaks_nothing(
         "since": STORED["since"],
         "text": "No step since 2026-12-06T10:02:02+00:00.",  # the launcher said no words
         "ranks": [{"rank": 3, "collective": "", "entered": False,
-                   "stack": "x" * MAX_STACK_CHARS, "waiting_since": None}],
+                   "stack": "x" * MAX_STACK_CHARS, "waiting_since": None, "line": ""}],
     }  # fmt: skip
     # The sink goes on storing the training's events.
     feed(sink, step(7))

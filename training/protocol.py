@@ -242,7 +242,7 @@ class StalledFields(TypedDict):
     processes live (a script run's launcher watches its machine's ranks): where each rank is.
     Said once when the stall begins, and again with ``since`` null when a step comes again."""
 
-    since: float | None  # Unix time of the ranks' last step (or start); null: stepping again
+    since: float | None  # Unix time the ranks last moved (a step, a forward...); null: over
     ranks: list[StalledRank]  # the launcher's machine's ranks, rank order; empty when null
     text: str  # for people: who waits in which collective, who never entered it
 

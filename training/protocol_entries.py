@@ -125,13 +125,15 @@ class ScriptInfo(TypedDict):
 
 
 class StalledRank(TypedDict):
-    """1.13: one rank of a stalled run: the collective the stall is about (the latest any rank
-    entered, ``"<op> #<n>"``: the n-th collective each rank made), whether this rank entered it
-    and has not left it (waits in it), and its Python stack taken from outside its code
-    (faulthandler, every thread)."""
+    """1.13: one rank of a stalled run: the last collective it entered (``"<op> #<n>"``: its
+    n-th; "" where it made none), whether it is still in it (it has not moved since: a step, a
+    forward, a backward's end), its line for people against the latest collective any rank
+    entered ("rank 1 never entered all_reduce #42: its last, all_reduce #41, done"), and its
+    Python stack taken from outside its code (faulthandler, every thread)."""
 
     rank: int
-    collective: str  # "" where no rank made a collective yet
+    collective: str
     entered: bool
     stack: str
-    waiting_since: NotRequired[float | None]  # Unix time it entered, where it waits in it
+    waiting_since: NotRequired[float | None]  # Unix time it entered it, where still in it
+    line: NotRequired[str]

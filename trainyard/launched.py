@@ -11,6 +11,7 @@ import gc
 import os
 import runpy
 import sys
+import traceback
 from collections.abc import Sequence
 
 from trainyard.hooks import hooks_install
@@ -37,15 +38,20 @@ def entry_run(path: str) -> None:
     a Gloo worker thread still releasing a collective's tensors then finds Python finalizing,
     is ended mid-destructor and aborts the rank ("terminate called without an active
     exception": 4 in 30 runs of tests/scripts/observed under torchrun --tee, with or without
-    Trainyard; 0 in 40 once collected here). A SystemExit's frames hold the script's globals:
-    its code is kept, the exception dropped, then collected and raised again."""
+    Trainyard; 0 in 40 once collected here). An exception's frames hold the script's globals:
+    a SystemExit's code is kept, another's traceback printed (exit status 1, as Python's), the
+    exception dropped, then collected."""
     leaving: tuple[object] | None = None
     try:
         runpy.run_path(path, run_name="__main__")  # the globals it returns, dropped
     except SystemExit as exit_:
         leaving = (exit_.code,)
+    except Exception:  # said as Python says it, then the same exit status (1)
+        traceback.print_exc()
+        leaving = (1,)
     gc.collect()
     if leaving is not None:
+        sys.stderr.flush()
         raise SystemExit(leaving[0])
 
 

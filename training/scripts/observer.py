@@ -270,7 +270,12 @@ class Observer:
             )
             if self.progress is not None:
                 self.progress.ignored = self.group
-        return floats_gather(row, world_size=self.world_size, group=self.group, gather=ALL_GATHER)
+        if self.progress is not None:  # a rank that never comes leaves the others waiting here
+            self.progress.entered("observer all_gather")
+        rows = floats_gather(row, world_size=self.world_size, group=self.group, gather=ALL_GATHER)
+        if self.progress is not None:
+            self.progress.moved()
+        return rows
 
     # ---- installing ----------------------------------------------------------------------------
     def install(self) -> None:
@@ -338,7 +343,10 @@ class Observer:
         def backward(*args: Any, **kwargs: Any) -> Any:
             if self.ddps and not self.failed:
                 self.fail_open(self._ddp_hooks_give)()
-            return timed(*args, **kwargs)
+            done = timed(*args, **kwargs)
+            if self.progress is not None:  # past the collectives it waited for (DDP's)
+                self.progress.moved()
+            return done
 
         return backward
 
@@ -373,7 +381,9 @@ class Observer:
             self.progress.remove()
         group, self.group = self.group, None
         if group is not None and dist.is_initialized():
-            with contextlib.suppress(ValueError):  # destroyed with every group by the script
+            # ValueError: destroyed with every group by the script; the script's exit status,
+            # not an error of the observer's group, is the rank's.
+            with contextlib.suppress(Exception):
                 dist.destroy_process_group(group)
 
     def uninstall(self) -> None:
@@ -381,8 +391,8 @@ class Observer:
         the same step; the script goes on as if never observed."""
         self.failed = True
         phases.clock_off()
-        if self.progress is not None:
-            self.progress.remove()
+        if self.progress is not None:  # the stall watch goes on, on hooks of its own
+            self.progress.fallback(step=self.step)
         for handle in self.handles:
             handle.remove()
         for undo in reversed(self.undo):

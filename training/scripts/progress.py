@@ -50,9 +50,10 @@ class RankProgress:
     @property
     def active_at(self) -> float:
         """When this rank last moved: a step, a forward (an evaluation loop makes no step but is
-        no stall) or a collective entered (a distributed checkpoint's); a hung rank does none
-        (one waiting in a collective has not moved since it entered it)."""
-        return max(self.stepped_at, self.forward_at, self.entered_at)
+        no stall), a collective entered (a distributed checkpoint's) or left (a backward's
+        end); a hung rank does none (one waiting in a collective has not moved since it
+        entered it)."""
+        return max(self.stepped_at, self.forward_at, self.entered_at, self.left_at)
 
     @property
     def inside(self) -> bool:
@@ -93,6 +94,11 @@ class ProgressWriter:
         with self.lock:
             now = self.values[4] = time.time()
             self._moved(now)
+            self._write()
+
+    def moved(self) -> None:
+        with self.lock:
+            self._moved(time.time())
             self._write()
 
     def _moved(self, now: float) -> None:

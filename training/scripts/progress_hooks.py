@@ -18,15 +18,18 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import torch
 import torch.distributed as dist
 
 from training.scripts.progress import ProgressWriter
 
 HOOK_ID = 0x7A7D  # ours among a group's hooks (unregistered by it)
 # c10d's HookOpName, as torch.distributed names the call.
+FALLBACK_SECONDS = 0.1  # a forward said at most this often once the observer's hooks are out
 OP_NAMES = {"allreduce": "all_reduce", "allgather": "all_gather", "alltoall": "all_to_all"}
 
 
@@ -37,6 +40,9 @@ class ProgressHooks:
         self.ignored: Any = None  # the observer's own group
         self.broken = False
         self.groups_seen = 0
+        self.handles: list[Any] = []  # the fallback's hooks
+        self.steps = 0  # the fallback's count, from the observer's
+        self.forward_seen = 0.0
 
     def stepped(self, step: int) -> None:
         if self.broken:
@@ -47,6 +53,40 @@ class ProgressHooks:
 
     def forwarded(self) -> None:
         self._safely(self.writer.forwarded)
+
+    def moved(self) -> None:
+        """The rank is past its collective (a backward returned: DDP's all-reduces are done)."""
+        self._safely(self.writer.moved)
+
+    def entered(self, op: str) -> None:
+        """A collective of the observer's own group (not hooked), which every rank enters."""
+        self._safely(self.writer.entered, op)
+
+    def fallback(self, *, step: int) -> None:
+        """The observer stopped measuring (its hooks out): this record keeps being fed by hooks
+        of its own, any optimizer's step and a forward at most every FALLBACK_SECONDS, so
+        that a stall is still told."""
+        from torch.nn.modules import module as modules
+        from torch.optim import optimizer as optimizers
+
+        self.steps = step
+
+        def stepped(optimizer: Any, args: Any, kwargs: Any) -> None:
+            self.steps += 1
+            self.stepped(self.steps)
+
+        def forwarded(module: Any, args: Any) -> None:
+            if torch.compiler.is_compiling():
+                return
+            now = time.monotonic()
+            if now - self.forward_seen >= FALLBACK_SECONDS:
+                self.forward_seen = now
+                self.forwarded()
+
+        self.handles += [
+            optimizers.register_optimizer_step_post_hook(stepped),
+            modules.register_module_forward_pre_hook(forwarded),
+        ]
 
     def groups_hook(self) -> None:
         """Every process group known now, hooked once (cheap to call at each step: the count
@@ -98,6 +138,8 @@ class ProgressHooks:
         for group in self.hooked:
             with contextlib.suppress(Exception):  # a group destroyed has no hooks left
                 group.unregister_pre_hook(HOOK_ID)
-        self.hooked = []
+        for handle in self.handles:
+            handle.remove()
+        self.hooked, self.handles = [], []
         with contextlib.suppress(Exception):  # its folder gone with the launcher
             self.writer.unwatched()

@@ -2,9 +2,10 @@
 max(TRAINYARD_STALL_SECONDS, 60 by default; 10 x the median step time) while their processes
 live is stalled. The watch reads every rank's progress record on this machine (progress.py)
 once a second; when the ranks stall it takes each rank's Python stack (STACK_SIGNAL: faulthandler
-in the rank writes it) and says, per rank, the latest collective any rank entered and whether
-this rank waits in it: "rank 1 never entered all_reduce #1842; rank 0 waits in it since
-12:03:04". A step (a forward, a collective completed) after that ends the stall.
+in the rank writes it) and says, per rank, the last collective it entered and whether it is
+still in it, against the latest any rank entered: "rank 1 never entered all_reduce #1842; rank 0
+waits in it since 12:03:04 UTC". A move after that (a step, a forward, a collective entered)
+ends the stall.
 
 Judged from the first step on (before it there is no step time to go by, and loading may take
 long), and only while every rank's observer watches (one that left, or ended, counts no steps).
@@ -113,39 +114,68 @@ def _dumped(path: Path) -> bool:
 
 
 def stall_fields(ranks: list[RankProgress], *, now: float, stacks: dict[int, str]) -> StalledFields:
+    """Each rank's own last collective and whether it is still in it, its line and stack; the
+    sentence about the latest collective any rank entered."""
     latest = max(r.collectives for r in ranks)
-    op = next((r.op for r in ranks if r.collectives == latest), "")
-    collective = f"{op} #{latest}" if latest else ""
     entries: list[StalledRank] = []
     for r in ranks:
-        entered = bool(latest) and r.collectives == latest and r.inside
         entries.append({
-            "rank": r.rank, "collective": collective, "entered": entered,
-            "stack": stacks.get(r.rank, ""), "waiting_since": r.entered_at if entered else None,
+            "rank": r.rank, "collective": _own(r), "entered": r.inside,
+            "stack": stacks.get(r.rank, ""), "waiting_since": r.entered_at if r.inside else None,
+            "line": rank_line(r, latest=latest, latest_name=_latest_name(ranks)),
         })  # fmt: skip
     stepped = max(r.stepped_at for r in ranks)
     return {
         "since": max(r.active_at for r in ranks),
         "ranks": entries,
-        "text": f"No step for {now - stepped:.0f} s: {stall_sentence(ranks, entries)}.",
+        "text": f"No step for {now - stepped:.0f} s: {stall_sentence(ranks)}.",
     }
 
 
-def stall_sentence(ranks: list[RankProgress], entries: list[StalledRank]) -> str:
-    waiting = [e for e in entries if e["entered"]]
-    collective = entries[0]["collective"] if entries else ""
+def _own(r: RankProgress) -> str:
+    return f"{r.op} #{r.collectives}" if r.collectives else ""
+
+
+def _latest_name(ranks: list[RankProgress]) -> str:
+    latest = max(r.collectives for r in ranks)
+    return next((_own(r) for r in ranks if r.collectives == latest), "")
+
+
+def _clock(when: float) -> str:
+    return time.strftime("%H:%M:%S UTC", time.gmtime(when))
+
+
+def rank_line(r: RankProgress, *, latest: int, latest_name: str) -> str:
+    """Where one rank is against the latest collective any rank entered."""
+    own = _own(r)
+    if not r.collectives:
+        return f"rank {r.rank} made no collective yet"
+    if r.collectives < latest:
+        where = (
+            f"it waits in {own} since {_clock(r.entered_at)}"
+            if r.inside
+            else f"its last, {own}, done"
+        )
+        return f"rank {r.rank} never entered {latest_name}: {where}"
+    if r.inside:
+        return f"rank {r.rank} waits in {own} since {_clock(r.entered_at)}"
+    return f"rank {r.rank} entered {own} at {_clock(r.entered_at)} and moved on"
+
+
+def stall_sentence(ranks: list[RankProgress]) -> str:
     latest = max((r.collectives for r in ranks), default=0)
-    never = [r.rank for r in ranks if r.collectives < latest]
-    if not waiting:
+    behind = [r.rank for r in ranks if r.collectives < latest]
+    waiting = [r for r in ranks if latest and r.collectives == latest and r.inside]
+    if not behind and not waiting:
         return "no rank waits in a collective; each rank's stack says where it is"
-    parts = []
-    if never:
-        parts.append(f"{_ranks(never)} never entered {collective}")
-    since = min(e["waiting_since"] or 0.0 for e in waiting)
-    clock = time.strftime("%H:%M:%S", time.gmtime(since))
-    verb = "waits" if len(waiting) == 1 else "wait"
-    where = "in it" if never else f"in {collective}"
-    parts.append(f"{_ranks([e['rank'] for e in waiting])} {verb} {where} since {clock} UTC")
+    name, parts = _latest_name(ranks), []
+    if behind:
+        parts.append(f"{_ranks(behind)} never entered {name}")
+    if waiting:
+        verb = "waits" if len(waiting) == 1 else "wait"
+        where = "in it" if behind else f"in {name}"
+        since = _clock(min(r.entered_at for r in waiting))
+        parts.append(f"{_ranks([r.rank for r in waiting])} {verb} {where} since {since}")
     return "; ".join(parts)
 
 

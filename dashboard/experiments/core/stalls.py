@@ -1,36 +1,39 @@
 """A stalled run (protocol 1.13): what the row keeps of the launcher's ``stalled`` event, and the
 words the page and the log say of it.
 
-The row's ``stalled`` is the read JSON's as it is: ``since`` (ISO 8601, UTC: the ranks' last
-step), ``ranks`` (each one's ``rank``, ``collective``, ``entered``: true where it waits in that
-collective, its ``stack``, and ``waiting_since``, ISO or null) and ``text``, the launcher's
-sentence. What each rank's line says is written here only: the run page renders it on the
-server (templates/experiments/_stalled.html) and the ``stalled`` messages carry the same
-``texts``, so that static/js/stalled.js only places them.
+The row's ``stalled`` is the read JSON's as it is: ``since`` (ISO 8601, UTC: when the ranks
+last moved), ``ranks`` (each one's ``rank``, ``collective``: the last it entered, ``entered``:
+true where it is still in it, its ``stack``, ``waiting_since``, ISO or null, and ``line``, the
+launcher's words for it against the latest collective any rank entered) and ``text``, the
+launcher's sentence. The page's words for a rank are made here only (the launcher's line, or
+these where an older launcher sent none): the run page renders them on the server
+(templates/experiments/_stalled.html) and the ``stalled`` messages carry the same ``texts``, so
+that static/js/stalled.js only places them.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Final, TypedDict
+from typing import Final, NotRequired, TypedDict
 
 
 class StalledRank(TypedDict):
     rank: int
-    collective: str  # "all_reduce #42": the latest any rank entered; "" where none made one
-    entered: bool  # true: it waits in that collective; false: it never entered it
+    collective: str  # "all_reduce #42": the last this rank entered; "" where it made none
+    entered: bool  # true: it is still in that collective (has not moved since)
     stack: str  # every thread's Python stack, taken from outside the rank's code
-    waiting_since: str | None  # ISO 8601 (UTC), where it waits
+    waiting_since: str | None  # ISO 8601 (UTC), where it is still in it
+    line: NotRequired[str]  # the launcher's words for this rank
 
 
 class Stalled(TypedDict):
-    since: str  # ISO 8601 (UTC): the ranks' last step
+    since: str  # ISO 8601 (UTC): when the ranks last moved
     ranks: list[StalledRank]
     text: str  # the launcher's sentence, which the run's log got
 
 
 class StalledTexts(TypedDict):
-    since: str  # "no step since 10:03:04 UTC"
+    since: str  # "stalled since 10:03:04 UTC"
     ranks: list[str]  # each rank's line, in the order of ``Stalled.ranks``
 
 
@@ -58,12 +61,14 @@ def clock_text(iso: str | None) -> str:
 
 
 def stalled_rank_text(entry: StalledRank) -> str:
-    """One rank's line: where it is in the collective the stall is about."""
+    """One rank's line: the launcher's, or where it is in its last collective."""
+    if entry.get("line"):
+        return entry["line"]
     rank, collective = entry["rank"], entry["collective"]
     if not collective:
         return f"rank {rank} made no collective yet"
     if not entry["entered"]:
-        return f"rank {rank} never entered {collective}"
+        return f"rank {rank} is not in a collective (its last: {collective})"
     since = clock_text(entry.get("waiting_since"))
     return f"rank {rank} waits in {collective}" + (f" since {since}" if since else "")
 
@@ -81,6 +86,6 @@ def stalled_texts(stalled: Stalled | None) -> StalledTexts:
     """What the page places beside the stored ``stalled``: empty while it steps."""
     since = clock_text(stalled["since"]) if stalled else ""
     return {
-        "since": f"no step since {since}" if since else "",
+        "since": f"stalled since {since}" if since else "",
         "ranks": [row["line"] for row in stalled_rows(stalled)],
     }

@@ -55,13 +55,14 @@ def iso_of(unix: Any) -> str | None:
 def _rank_read(entry: Any) -> StalledRank | None:
     if not isinstance(entry, dict) or not is_count(entry.get("rank")):
         return None
-    collective, stack = entry.get("collective"), entry.get("stack")
+    collective, stack, line = entry.get("collective"), entry.get("stack"), entry.get("line")
     return {
         "rank": entry["rank"],
         "collective": collective[:MAX_COLLECTIVE_CHARS] if isinstance(collective, str) else "",
         "entered": entry.get("entered") is True,
         "stack": stack[:MAX_STACK_CHARS] if isinstance(stack, str) else "",
         "waiting_since": iso_of(entry.get("waiting_since")),
+        "line": line[: MAX_COLLECTIVE_CHARS * 4] if isinstance(line, str) else "",
     }
 
 

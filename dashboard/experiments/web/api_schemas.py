@@ -61,10 +61,11 @@ class StragglerOut(Schema):
 
 class StalledRankOut(Open):
     rank: int
-    collective: str  # "all_reduce #42": the latest any rank entered ("" where none made one)
-    entered: bool  # true: it waits in that collective; false: it never entered it
+    collective: str  # "all_reduce #42": the last this rank entered ("" where it made none)
+    entered: bool  # true: it is still in that collective (has not moved since)
     stack: str  # every thread's Python stack, taken from outside its code
-    waiting_since: str | None = None  # ISO 8601, where it waits
+    waiting_since: str | None = None  # ISO 8601, where it is still in it
+    line: str = ""  # the launcher's words for it, against the latest any rank entered
 
 
 class StalledOut(Open):
