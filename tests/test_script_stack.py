@@ -80,12 +80,7 @@ def test_an_uploaded_script_runs_reports_every_rank_and_stops_where_its_ranks_ag
     wait_for(lambda: root.get(checkpoints, timeout=10).json()["checkpoints"], timeout=60,
              what="the requested checkpoint")  # fmt: skip
 
-    stopped = root.post(f"{stack.base_url}/api/experiments/{pk}/stop/", timeout=10)
-    assert stopped.status_code == 202, stopped.text
-    final = wait_for(lambda: (r := stack.experiment_row(pk))["status"] != "running" and r,
-                     timeout=90, what="the cancelled status")  # fmt: skip
-    assert final["status"] == "cancelled"
-    wait_for(lambda: not [p for p in family if _alive(p)], timeout=10, what="every process gone")
+    stopped_and_gone(root, stack, pk, family)
 
     saved = root.get(checkpoints, timeout=10).json()["checkpoints"]
     assert len(saved) == 2, saved  # the one asked for, and the one the Stop saved
@@ -109,6 +104,16 @@ def test_an_uploaded_script_runs_reports_every_rank_and_stops_where_its_ranks_ag
     for rank in (0, 1):  # each rank's own output, kept as its log
         own = root.get(f"{stack.base_url}/api/experiments/{pk}/logs/?rank={rank}", timeout=10)
         assert any(line["message"].startswith("step 1 loss") for line in own.json()["lines"])
+
+
+def stopped_and_gone(root: Any, stack: Stack, pk: int, family: list[psutil.Process]) -> None:
+    """Stop asked through the API: the run cancelled and every process of it gone."""
+    stopped = root.post(f"{stack.base_url}/api/experiments/{pk}/stop/", timeout=10)
+    assert stopped.status_code == 202, stopped.text
+    final = wait_for(lambda: (r := stack.experiment_row(pk))["status"] != "running" and r,
+                     timeout=90, what="the cancelled status")  # fmt: skip
+    assert final["status"] == "cancelled"
+    wait_for(lambda: not [p for p in family if _alive(p)], timeout=10, what="every process gone")
 
 
 def _last_step(series: dict[str, Any]) -> int:
@@ -251,10 +256,5 @@ def test_a_hung_rank_is_named_on_the_run_with_its_stack_and_a_stop_ends_every_pr
 
     family = [psutil.Process(stack.experiment_row(pk)["launcher_pid"])]
     family += family[0].children(recursive=True)
-    stopped = root.post(f"{detail}stop/", timeout=10)
-    assert stopped.status_code == 202, stopped.text
-    final = wait_for(lambda: (r := stack.experiment_row(pk))["status"] != "running" and r,
-                     timeout=90, what="the cancelled status")  # fmt: skip
-    assert final["status"] == "cancelled"
-    wait_for(lambda: not [p for p in family if _alive(p)], timeout=10, what="every process gone")
+    stopped_and_gone(root, stack, pk, family)
     assert root.get(detail, timeout=10).json()["stalled"] is None  # an ended run is not stalled

@@ -116,13 +116,13 @@ def _dumped(path: Path) -> bool:
 def stall_fields(ranks: list[RankProgress], *, now: float, stacks: dict[int, str]) -> StalledFields:
     """Each rank's own last collective and whether it is still in it, its line and stack; the
     sentence about the latest collective any rank entered."""
-    latest = max(r.collectives for r in ranks)
+    latest, latest_name = max(r.collectives for r in ranks), _latest_name(ranks)
     entries: list[StalledRank] = []
     for r in ranks:
         entries.append({
             "rank": r.rank, "collective": _own(r), "entered": r.inside,
             "stack": stacks.get(r.rank, ""), "waiting_since": r.entered_at if r.inside else None,
-            "line": rank_line(r, latest=latest, latest_name=_latest_name(ranks)),
+            "line": rank_line(r, latest=latest, latest_name=latest_name),
         })  # fmt: skip
     stepped = max(r.stepped_at for r in ranks)
     return {
