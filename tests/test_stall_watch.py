@@ -1,5 +1,5 @@
-"""The launcher's stall watch (training/scripts/stall.py) over ranks' progress records
-(training/scripts/progress.py), written here as the ranks' observers write them, with the
+"""The launcher's stall watch (training/observe/stall.py) over ranks' progress records
+(training/observe/progress.py), written here as the ranks' observers write them, with the
 watch's clock given. Both records live in this process: its stack, dumped by faulthandler on
 the watch's signal, is each rank's. tests/test_script_observer.py has a real hung rank."""
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from training.scripts.progress import STACK_SIGNAL, ProgressWriter, progress_read
-from training.scripts.progress_hooks import ProgressHooks
-from training.scripts.stall import StallWatch, stall_floor
+from training.observe.progress import STACK_SIGNAL, ProgressWriter, progress_read
+from training.observe.progress_hooks import ProgressHooks
+from training.observe.stall import StallWatch, stall_floor
 
 
 @pytest.fixture
@@ -78,6 +78,23 @@ def test_the_bound_is_ten_median_steps_over_the_floor(
     assert watch.check(start + 25) is None
     stalled = watch.check(start + 35)
     assert stalled is not None and "no rank waits in a collective" in stalled["text"]
+
+
+def test_a_pause_of_the_watch_itself_is_not_the_ranks_stall(
+    tmp_path: Path, ranks: tuple[ProgressWriter, ProgressWriter]
+) -> None:
+    """An engine run's watch is a thread of rank 0: a run suspended whole (every process) and
+    continued finds its records old; it judges them from its own return on."""
+    watch = StallWatch(tmp_path, floor=5, unwatched="a rank's training ended")
+    steps(ranks, 1)
+    now = time.time()
+    watch.paused(now + 100)
+    assert watch.check(now + 101) is None and watch.check(now + 104) is None
+    stalled = watch.check(now + 106)  # past the floor after the watch came back
+    assert stalled is not None and stalled["since"] == pytest.approx(now + 100)
+    ranks[1].unwatched()  # a rank ended: the stall is over, in the engine's words
+    over = watch.check(now + 110)
+    assert over is not None and over["text"].endswith("a rank's training ended.")
 
 
 def test_no_stall_before_the_first_step_or_while_a_rank_is_unwatched(

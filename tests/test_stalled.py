@@ -39,7 +39,7 @@ TEXT = (
 STACK_0 = 'Thread 0x7f (most recent call first):\n  File "train.py", line 40 in backward\n'
 STACK_1 = 'Thread 0x7e (most recent call first):\n  File "train.py", line 31 in wait_for_nothing\n'
 OVER = "The stall is over after 75 s: steps again."
-# Each rank's line, the launcher's (training/scripts/stall.py): rank 1's last collective is #41.
+# Each rank's line, the launcher's (training/observe/stall.py): rank 1's last collective is #41.
 LINE_0 = "rank 0 waits in all_reduce #42 since 10:03:04 UTC"
 LINE_1 = "rank 1 never entered all_reduce #42: its last, all_reduce #41, done"
 STORED = {
@@ -56,7 +56,7 @@ LINES = [LINE_0, LINE_1]
 
 
 def stalled(since: Any = SINCE, **fields: Any) -> dict[str, Any]:
-    """A `stalled` event as the launcher writes it (training/scripts/stall.py)."""
+    """A `stalled` event as the launcher writes it (training/observe/stall.py)."""
     ranks = [
         {"rank": 0, "collective": "all_reduce #42", "entered": True, "stack": STACK_0,
          "waiting_since": WAITING, "line": LINE_0},

@@ -307,7 +307,7 @@ def test_single_one_epoch(sample_data: Path) -> None:
     assert result.finished["test_accuracy"] > 0.8
     # Every type a run without a checkpoint folder writes, each with every field of its type.
     # metrics: a user script's figures (the engine reports its own in step and epoch events);
-    # stalled: a script run's launcher's.
+    # stalled: only where ranks stop stepping (tests/test_engine_stall.py).
     not_written = {"failed", "profile", "checkpoint", "metrics", "stalled"}
     assert {e["type"] for e in result.events} == EVENT_TYPES - not_written
     assert_typed(result.events, every=True)

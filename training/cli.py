@@ -7,6 +7,7 @@ import logging
 import os
 import signal
 import sys
+import tempfile
 import traceback
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,6 +15,7 @@ from types import FrameType
 from typing import IO, NoReturn
 
 from training.config import TrainConfig, build_parser, parse_args, under_torchrun
+from training.observe.progress import PROGRESS_ENV
 from training.process.torchrun import socket_interfaces_set, torchrun_rendezvous
 from training.protocol import EventWriter, log_line_format
 from training.refusals import RULE_MIN_GPUS, pipeline_refusals, strategy_refusals
@@ -229,6 +231,9 @@ def exec_torchrun(cfg: TrainConfig, argv: Sequence[str]) -> NoReturn:
         env["PYTHONPATH"] = os.pathsep.join([root, *paths])
     if cfg.nnodes > 1:
         socket_interfaces_set(env, cfg.local_addr)
+    # Each rank's progress record for rank 0's stall watch (training.observe.rank_watch), which
+    # removes the folder at the end.
+    env[PROGRESS_ENV] = tempfile.mkdtemp(prefix="trainyard-progress-")
     cmd = [
         sys.executable,
         "-m",

@@ -39,6 +39,7 @@ from training.observe.memory import memory_report
 from training.observe.meter import Window, window_report
 from training.observe.phases import clock_for, clock_off
 from training.observe.profiling import ProfileRecorder
+from training.observe.rank_watch import RankWatch, rank_watched
 from training.observe.reporting import epoch_emit, log_to
 from training.process.run_requests import checkpoint_request_pending, checkpoint_request_take
 from training.process.runtime import Runtime, all_gather, all_reduce_sum, machine_name
@@ -61,11 +62,15 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
     run = _setup(cfg, rt)
     _started_emit(cfg, rt, events, run)
     profiles = ProfileRecorder(cfg, rt, events)  # profiles on request (SIGUSR2)
-    epochs_drive(
-        cfg, rt, events, resume=run.resume, t_start=t_start,
-        epoch_train=lambda work: _epoch_train(cfg, rt, events, run, work, profiles),
-        evaluate=lambda: _evaluate(cfg, rt, run),
-    )  # fmt: skip
+    # A hung rank named within a minute, not after the collective's timeout (rank_watch.py).
+    with rank_watched(rt, events) as watch:
+        if watch is not None:
+            watch.forwards_seen(run.plan.eval_net)
+        epochs_drive(
+            cfg, rt, events, resume=run.resume, t_start=t_start,
+            epoch_train=lambda work: _epoch_train(cfg, rt, events, run, work, profiles, watch),
+            evaluate=lambda: _evaluate(cfg, rt, run),
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -140,6 +145,7 @@ def _epoch_train(
     run: _Run,
     work: EpochStart,
     profiles: ProfileRecorder | None = None,
+    watch: RankWatch | None = None,
 ) -> tuple[int, Tested]:
     """Train, evaluate and checkpoint one epoch; returns (global step, its test figures)."""
     epoch, step, done_before = work.epoch, work.step_base, work.skip
@@ -152,7 +158,7 @@ def _epoch_train(
     step, whole = epoch_run(
         cfg=cfg, rt=rt, events=events, plan=run.plan, data=run.data,
         batches=batches[done_before:], epoch=epoch, step=step, done_before=done_before,
-        profiles=profiles,
+        profiles=profiles, watch=watch,
     )  # fmt: skip
     report = window_report(rt, whole, replicas(run.plan, rt))
     # Before evaluation, which may free or gather (FSDP2 reshards): what training held.
@@ -194,10 +200,11 @@ def epoch_run(
     step: int,
     done_before: int = 0,
     profiles: ProfileRecorder | None = None,
+    watch: RankWatch | None = None,
 ) -> tuple[int, Window]:
     """Train on ``batches`` (the epoch's, after the ``done_before`` a resumed run had done),
-    emitting step events, writing requested checkpoints and recording requested profiles;
-    returns (global step, the epoch's window)."""
+    emitting step events, writing requested checkpoints and recording requested profiles, and
+    telling the stall ``watch`` of each step; returns (global step, the epoch's window)."""
     # On the output device: that is where the loss is (model-parallel: the last stage's).
     interval, whole = Window(plan.output_device), Window(plan.output_device)
     slices = plan.shard(rt.rank, rt.world_size).count
@@ -206,6 +213,8 @@ def epoch_run(
     )
     for i, timing in enumerate(timings):
         step += 1
+        if watch is not None:
+            watch.stepped(step)
         interval.add(timing)
         whole.add(timing)
         last = i == len(batches) - 1

@@ -29,6 +29,7 @@ the history of each minor version (what 1.1 to 1.13 added).
 import json
 import re
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from typing import IO, Any, Final, Literal, NotRequired, TypedDict, Unpack, cast, get_args, overload
@@ -339,6 +340,9 @@ class EventWriter:
         self.stream = stream if stream is not None else sys.stdout
         self.seq = 0
         self.t0 = time.monotonic()
+        # An engine run's rank 0 writes from its stall watch's thread too: seq in order, lines
+        # whole. Reentrant: a signal handler that writes runs on the thread it interrupts.
+        self.lock = threading.RLock()
 
     # One signature per type: mypy checks every call's field names and types.
     @overload
@@ -382,10 +386,11 @@ class EventWriter:
             raise ValueError(f"unknown event type {type_!r}")
         if not self.enabled:
             return None
-        self.seq += 1
-        event = envelope(run_id=self.run_id, seq=self.seq, type_=type_, t0=self.t0) | fields
-        self.stream.write(json.dumps(event, allow_nan=False, default=str) + "\n")
-        self.stream.flush()
+        with self.lock:
+            self.seq += 1
+            event = envelope(run_id=self.run_id, seq=self.seq, type_=type_, t0=self.t0) | fields
+            self.stream.write(json.dumps(event, allow_nan=False, default=str) + "\n")
+            self.stream.flush()
         return event
 
     def log(self, message: str, level: str = "info") -> None:

@@ -31,6 +31,7 @@ from types import FrameType
 from typing import IO, Any
 
 from training.config import ScriptSettings, TrainConfig
+from training.observe.stall import StallWatch, stall_floor
 from training.process.torchrun import socket_interfaces_set, torchrun_rendezvous
 from training.process.tree import OutputLine, output_lines_forward, process_tree_stop
 from training.protocol import EventWriter, ScriptInfo
@@ -38,7 +39,6 @@ from training.scripts.channel import OBSERVER_FILE, RankEvents
 from training.scripts.control import Requests, requests_write
 from training.scripts.output import RANK_PREFIX, rank_line
 from training.scripts.provenance import git_state, packages_installed
-from training.scripts.stall import StallWatch, stall_floor
 
 log = logging.getLogger("training")
 

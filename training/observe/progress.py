@@ -24,6 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+# The folder of an engine run's records on one machine, made by the CLI before it execs torchrun
+# (a script run's are in its launcher's events folder).
+PROGRESS_ENV = "TRAINYARD_PROGRESS_DIR"
 PROGRESS_FILE = "progress-{rank}.bin"
 PROGRESS_NAME = re.compile(r"progress-(\d{1,6})\.bin")
 STACK_FILE = "stack-{rank}.txt"

@@ -1,14 +1,16 @@
-"""The launcher's stall watch (issue 33 item 3): a run whose ranks make no step for
+"""The stall watch (issue 33 item 3): a run whose ranks make no step for
 max(TRAINYARD_STALL_SECONDS, 60 by default; 10 x the median step time) while their processes
-live is stalled. The watch reads every rank's progress record on this machine (progress.py)
-once a second; when the ranks stall it takes each rank's Python stack (STACK_SIGNAL: faulthandler
-in the rank writes it) and says, per rank, the last collective it entered and whether it is
-still in it, against the latest any rank entered: "rank 1 never entered all_reduce #1842; rank 0
-waits in it since 12:03:04 UTC". A move after that (a step, a forward, a collective entered)
-ends the stall.
+live is stalled. A script run's launcher runs it (training/scripts/launch.py), an engine run's
+rank 0 in a thread (rank_watch.py). The watch reads every rank's progress record on this
+machine (progress.py) once a second; when the ranks stall it takes each rank's Python stack
+(STACK_SIGNAL: faulthandler in the rank writes it) and says, per rank, the last collective it
+entered and whether it is still in it, against the latest any rank entered: "rank 1 never
+entered all_reduce #1842; rank 0 waits in it since 12:03:04 UTC". A move after that (a step, a
+forward, a collective entered) ends the stall.
 
 Judged from the first step on (before it there is no step time to go by, and loading may take
-long), and only while every rank's observer watches (one that left, or ended, counts no steps).
+long), and only while every rank's record is watched (a script's rank whose observer left, or a
+rank that ended, counts no steps).
 """
 
 from __future__ import annotations
@@ -17,21 +19,27 @@ import os
 import statistics
 import time
 from collections import deque
+from collections.abc import Mapping
 from pathlib import Path
 
+from training.observe.progress import STACK_FILE, STACK_SIGNAL, RankProgress, progress_read
 from training.protocol import StalledFields, StalledRank
-from training.scripts.progress import STACK_FILE, STACK_SIGNAL, RankProgress, progress_read
 
 FLOOR_SECONDS = 60.0
 STEP_TIMES = 10  # x the median step time
 CHECK_SECONDS = 1.0
+SCRIPT_UNWATCHED = "a rank's script ended or its observer left"
 STACK_WAIT_SECONDS = 3.0
 
 
 class StallWatch:
-    def __init__(self, folder: Path, *, floor: float = FLOOR_SECONDS):
+    def __init__(
+        self, folder: Path, *, floor: float = FLOOR_SECONDS, unwatched: str = SCRIPT_UNWATCHED
+    ):
         self.folder, self.floor = folder, floor
+        self.unwatched = unwatched  # why a rank's record is no longer judged, in the over's text
         self.checked = 0.0
+        self.awake = 0.0  # when the watch came back from a pause of its own (paused)
         self.since: float | None = None  # the stall's: the ranks' last move
         self.per_step: deque[float] = deque(maxlen=64)  # seconds a step took, as seen here
         self.seen: tuple[int, float] | None = None  # (the furthest rank's step, when seen)
@@ -46,18 +54,23 @@ class StallWatch:
         judged = bool(ranks) and all(r.watched for r in ranks)
         if self.since is not None:
             if not judged:
-                return self.over(now, why="a rank's script ended or its observer left")
+                return self.over(now, why=self.unwatched)
             if max(r.active_at for r in ranks) > self.since:
                 return self.over(now, why="steps again")
             return None
         if not judged or not any(r.stepped_at for r in ranks):
             return None
         self.steps_note(ranks, now)
-        moved = max(r.active_at for r in ranks)
+        moved = max(self.awake, *(r.active_at for r in ranks))
         if now - moved < self.bound():
             return None
         self.since = moved
         return stall_fields(ranks, now=now, stacks=stacks_take(self.folder, ranks))
+
+    def paused(self, now: float) -> None:
+        """The watch itself did not run for a while (its process was stopped, as a suspended
+        run's every process is): the ranks' silence until now is not theirs to be judged by."""
+        self.awake, self.seen = now, None
 
     def steps_note(self, ranks: list[RankProgress], now: float) -> None:
         step = max(r.step for r in ranks)
@@ -77,7 +90,7 @@ class StallWatch:
         return {"since": None, "ranks": [], "text": text}
 
 
-def stall_floor(env: dict[str, str] | os._Environ[str]) -> float:
+def stall_floor(env: Mapping[str, str]) -> float:
     """TRAINYARD_STALL_SECONDS, the watch's floor (60 s; a test's few seconds)."""
     value = env.get("TRAINYARD_STALL_SECONDS", "")
     try:
