@@ -185,10 +185,11 @@ def test_the_device_check_runs_and_reads_the_machine(tmp_path: Path) -> None:
     assert " yes " in rows["single/compile"] and "skipped: no GPU" in rows["single/compile"]
     assert " yes " in rows["ddp/powersgd"] and "skipped: no GPU" in rows["ddp/powersgd"]
     # A user's own DDP script through the launcher, 2 Gloo ranks: the observer's two windows
-    # (steps 1 and 11 of 12) judged, DDP's all-reduce of the whole model counted each step.
+    # (steps 1 and 11 of 12) judged, DDP's all-reduce of the whole model counted each step; the
+    # profile asked at the first window recorded at step 12 on both ranks.
     assert re.search(r" yes +\d+\.\d +cpu,cpu +[\d,]+ img/s, 2 windows, phases off wall by "
                      rf"\d+\.\d%, all-reduced {MODEL_BYTES:,} B a step, stalled, rank 1 named, "
-                     r"then over \(all_reduce #\d+\)$",
+                     r"then over \(all_reduce #\d+\), profiled 1 step\(s\) on 2 rank\(s\), cpu$",
                      rows[gpu_check.SCRIPT_ROW]), rows[gpu_check.SCRIPT_ROW]  # fmt: skip
     assert proc.stdout.strip().splitlines()[-1] == "gpu-check: all as expected"
     # The engine benchmark's two workloads, as its defaults run them (tests/test_bench.py runs

@@ -20,17 +20,17 @@ from __future__ import annotations
 
 import gzip
 import json
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeGuard
+from typing import Any
 
+import torch
 from torch.profiler import ProfilerAction, ProfilerActivity, profile
 
 from training.config import TrainConfig
 from training.observe.trace_summary import STEP_MARK, overlap_of
 from training.process.run_requests import (
-    PROFILE_MAX_STEPS,
-    PROFILE_REQUEST_FILE,
+    ProfileRequest,
+    profile_request_read,
     profile_request_take,
 )
 from training.process.runtime import Runtime, all_gather, all_reduce_sum
@@ -38,12 +38,8 @@ from training.protocol import EventWriter, ProfileOp, ProfileRankSummary, Profil
 from training.registry import strategy_get
 
 TOP_OPS = 10  # operators per rank in the summary
-
-
-@dataclass(frozen=True)
-class ProfileRequest:
-    profile: int  # the request's number, echoed in its events (the dashboard's row)
-    steps: int
+# What a rank brings to the profile's end: its trace and summary, or why it has none.
+Written = tuple[ProfileTrace, ProfileRankSummary] | str
 
 
 def profile_dir_of(cfg: TrainConfig) -> str | None:
@@ -53,25 +49,50 @@ def profile_dir_of(cfg: TrainConfig) -> str | None:
     return cfg.profile_dir
 
 
-def profile_request_read(profile_dir: Path) -> ProfileRequest | str:
-    """The request in ``request.json``, or why it is not one."""
+def trace_path(profile_dir: Path, *, profile: int, rank: int) -> Path:
+    return profile_dir / str(profile) / f"rank-{rank}.json.gz"
+
+
+def profiler_start(device: torch.device) -> profile:
+    """A profiler recording from now on: CPU activities, CUDA's too on a GPU."""
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    # A schedule that always records is the profiler's own default, but given, it makes
+    # the profiler mark each step (ProfilerStep#0, #1, ...) in the trace for the viewer.
+    profiler = profile(activities=activities, schedule=_always_record)
+    profiler.start()
+    return profiler
+
+
+def trace_write(profiler: profile, path: Path, *, rank: int) -> Written:
+    """The stopped profiler's trace written to ``path`` with its summary, or why it could not
+    be (a full disk, an unwritable folder: the training goes on)."""
     try:
-        asked = json.loads((profile_dir / PROFILE_REQUEST_FILE).read_text())
-    except (OSError, ValueError) as exc:
-        return f"no readable {PROFILE_REQUEST_FILE} in {profile_dir}: {exc}"
-    if not isinstance(asked, dict):
-        return f"{PROFILE_REQUEST_FILE} must hold a JSON object, got {asked!r}"
-    number, steps = asked.get("profile", 0), asked.get("steps")
-    if not (_is_int(number) and _is_int(steps) and 1 <= steps <= PROFILE_MAX_STEPS and number >= 0):
-        return (
-            f"{PROFILE_REQUEST_FILE} must hold integers profile (>= 0) and steps "
-            f"(1..{PROFILE_MAX_STEPS}), got {asked!r}"
-        )
-    return ProfileRequest(profile=number, steps=steps)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        profiler.export_chrome_trace(str(path))
+        trace = ProfileTrace(rank=rank, path=str(path), bytes=path.stat().st_size)
+        return trace, rank_summary(profiler, path, rank=rank)
+    except Exception as exc:  # noqa: BLE001 - said in the profile's event, not raised
+        return f"rank {rank}: {type(exc).__name__}: {exc}"
 
 
-def _is_int(value: Any) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool)
+def profile_end_fields(
+    request: ProfileRequest, *, first_step: int, recorded: int, gathered: list[Written]
+) -> dict[str, Any]:
+    """The ``profile`` event once every rank's part is gathered: ``ready`` with each rank's
+    trace and summary, or ``refused`` with what went wrong on which rank."""
+    failures = [w for w in gathered if isinstance(w, str)]
+    if failures:
+        return dict(
+            profile=request.profile, state="refused", steps=request.steps,
+            message=("the profile could not be written: " + "; ".join(failures))[:1000],
+        )  # fmt: skip
+    done = [w for w in gathered if not isinstance(w, str)]
+    return dict(
+        profile=request.profile, state="ready", steps=request.steps, first_step=first_step,
+        recorded_steps=recorded, traces=[t for t, _ in done], summary=[s for _, s in done],
+    )  # fmt: skip
 
 
 class ProfileRecorder:
@@ -127,14 +148,8 @@ class ProfileRecorder:
         return found
 
     def _start(self, request: ProfileRequest, *, first_step: int) -> None:
-        activities = [ProfilerActivity.CPU]
-        if self.rt.device.type == "cuda":
-            activities.append(ProfilerActivity.CUDA)
         self.request, self.first_step, self.recorded = request, first_step, 0
-        # A schedule that always records is the profiler's own default, but given, it makes
-        # the profiler mark each step (ProfilerStep#0, #1, ...) in the trace for the viewer.
-        self.profiler = profile(activities=activities, schedule=_always_record)
-        self.profiler.start()
+        self.profiler = profiler_start(self.rt.device)
         self.events.emit(
             "profile", profile=request.profile, state="recording", steps=request.steps,
             first_step=first_step,
@@ -145,31 +160,15 @@ class ProfileRecorder:
         profiler, request = self.profiler, self.request
         self.profiler = self.request = None
         profiler.stop()
-        path = self.dir / str(request.profile) / f"rank-{self.rt.rank}.json.gz"
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            profiler.export_chrome_trace(str(path))
-            trace = ProfileTrace(rank=self.rt.rank, path=str(path), bytes=path.stat().st_size)
-            written: tuple[ProfileTrace, ProfileRankSummary] | str = (
-                trace,
-                rank_summary(profiler, path, rank=self.rt.rank),
-            )
-        except Exception as exc:  # a full disk, an unwritable folder: the training goes on
-            written = f"rank {self.rt.rank}: {type(exc).__name__}: {exc}"
+        path = trace_path(self.dir, profile=request.profile, rank=self.rt.rank)
+        written = trace_write(profiler, path, rank=self.rt.rank)
         gathered = all_gather(self.rt, written)  # every rank finishes on this step, failed or not
-        failures = [w for w in gathered if isinstance(w, str)]
-        if failures:
-            self.events.emit(
-                "profile", profile=request.profile, state="refused", steps=request.steps,
-                message=("the profile could not be written: " + "; ".join(failures))[:1000],
-            )  # fmt: skip
-            return
-        done = [w for w in gathered if not isinstance(w, str)]
         self.events.emit(
-            "profile", profile=request.profile, state="ready", steps=request.steps,
-            first_step=self.first_step, recorded_steps=self.recorded,
-            traces=[t for t, _ in done], summary=[s for _, s in done],
-        )  # fmt: skip
+            "profile",
+            **profile_end_fields(
+                request, first_step=self.first_step, recorded=self.recorded, gathered=gathered
+            ),
+        )
 
 
 def _always_record(step: int) -> ProfilerAction:

@@ -13,8 +13,12 @@ No torch here: the CLI installs the handler before it imports torch.
 
 from __future__ import annotations
 
+import json
 import signal
+from dataclasses import dataclass
+from pathlib import Path
 from types import FrameType
+from typing import Any, TypeGuard
 
 # A profile request's words, read by the training (training.observe.profiling) and written by
 # whoever asks (the dashboard's supervisor, or a person at a shell): in the --profile-dir, this file
@@ -24,6 +28,34 @@ PROFILE_MAX_STEPS = 200
 
 _checkpoint_requested = False
 _profile_requested = False
+
+
+@dataclass(frozen=True)
+class ProfileRequest:
+    profile: int  # the request's number, echoed in its events (the dashboard's row)
+    steps: int
+
+
+def profile_request_read(profile_dir: Path) -> ProfileRequest | str:
+    """The request in ``request.json``, or why it is not one (read by the engine's rank 0, and
+    by a script run's launcher, which passes it on to its ranks)."""
+    try:
+        asked = json.loads((profile_dir / PROFILE_REQUEST_FILE).read_text())
+    except (OSError, ValueError) as exc:
+        return f"no readable {PROFILE_REQUEST_FILE} in {profile_dir}: {exc}"
+    if not isinstance(asked, dict):
+        return f"{PROFILE_REQUEST_FILE} must hold a JSON object, got {asked!r}"
+    number, steps = asked.get("profile", 0), asked.get("steps")
+    if not (_is_int(number) and _is_int(steps) and 1 <= steps <= PROFILE_MAX_STEPS and number >= 0):
+        return (
+            f"{PROFILE_REQUEST_FILE} must hold integers profile (>= 0) and steps "
+            f"(1..{PROFILE_MAX_STEPS}), got {asked!r}"
+        )
+    return ProfileRequest(profile=number, steps=steps)
+
+
+def _is_int(value: Any) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def requests_install() -> None:

@@ -9,7 +9,9 @@ and a checkpoint request are sent to (``stop_pid``, ``requests_pid``): SIGTERM w
 into the control file (control.py) the ranks agree on, then waits ``--stop-grace`` seconds for
 them to save and leave before it ends what is left, naming each rank it had to end; SIGUSR1
 asks for a checkpoint the same way. A script none of whose ranks asks ``run.should_stop()``
-is ended at once on a Stop: nothing in it would hear the request.
+is ended at once on a Stop: nothing in it would hear the request. SIGUSR2 asks for a profile
+(--profile-dir's request.json says of how many steps), which the ranks' observers record
+(profiles.py).
 """
 
 from __future__ import annotations
@@ -32,11 +34,17 @@ from typing import IO, Any
 
 from training.config import ScriptSettings, TrainConfig
 from training.observe.stall import StallWatch, stall_floor
+from training.process.run_requests import profile_request_read, profile_request_take
 from training.process.torchrun import socket_interfaces_set, torchrun_rendezvous
 from training.process.tree import OutputLine, output_lines_forward, process_tree_stop
 from training.protocol import EventWriter, ScriptInfo
 from training.scripts.channel import OBSERVER_FILE, RankEvents
-from training.scripts.control import Requests, requests_write
+from training.scripts.control import (
+    PROFILE_DIR_ENV,
+    Requests,
+    profiles_refusal,
+    requests_write,
+)
 from training.scripts.output import RANK_PREFIX, rank_line
 from training.scripts.provenance import git_state, packages_installed
 
@@ -76,6 +84,9 @@ class ScriptLauncher:
         self.killed: list[str] = []
         self.started_at = time.monotonic()
         self.stall = StallWatch(self.folder, floor=stall_floor(os.environ))
+        # Profiles on request: where the ranks write them, or why they cannot.
+        self.profile_refusal = profiles_refusal(profile_dir=cfg.profile_dir, env=os.environ)
+        self.profile_dir = None if self.profile_refusal else cfg.profile_dir
 
     # ---- signals: the handlers only note; the loop acts ----------------------------------
     def signals_install(self) -> None:
@@ -114,6 +125,7 @@ class ScriptLauncher:
                 self.events_take()
                 self.windows_take()
                 self.requests_take(process)
+                self.profile_take()
                 self.stall_take()
             self.events_take()
             self.windows_take()
@@ -159,6 +171,9 @@ class ScriptLauncher:
             TRAINYARD_EVENTS_DIR=str(self.folder),
             TRAINYARD_CONTROL=str(self.control),
         )
+        env.pop(PROFILE_DIR_ENV, None)
+        if self.profile_dir is not None:
+            env[PROFILE_DIR_ENV] = self.profile_dir
         if cfg.checkpoint_dir:
             Path(cfg.checkpoint_dir).mkdir(parents=True, exist_ok=True)
             env["TRAINYARD_CHECKPOINT_DIR"] = cfg.checkpoint_dir
@@ -205,11 +220,12 @@ class ScriptLauncher:
 
     def windows_take(self) -> None:
         """The observer's windows (rank 0's, on the first machine): each a `step` event with
-        every rank's phases, passed on as the engine's are."""
+        every rank's phases, passed on as the engine's are; and its `profile` events."""
         for event in self.observer_events.read():
-            if event["type"] == "step" and self.chief and isinstance(event.get("ranks"), list):
+            window = event["type"] == "step" and isinstance(event.get("ranks"), list)
+            if self.chief and (window or event["type"] == "profile"):
                 fields = {k: v for k, v in event.items() if k not in ENVELOPE_KEYS}
-                self.events.emit("step", **fields)
+                self.events.emit(event["type"], **fields)
 
     def stall_take(self) -> None:
         """A stall begun or over, said (stall.py; the first machine's ranks, by the first
@@ -230,6 +246,22 @@ class ScriptLauncher:
         self.events.emit("metrics", step=step, rank=rank, values=values)
 
     # ---- requests ----------------------------------------------------------------------------
+    def profile_take(self) -> None:
+        """A profile request (SIGUSR2) passed on to the ranks in the control file, whose
+        observers agree on the step to start at; refused here where they cannot record it."""
+        if not profile_request_take():
+            return
+        found = (
+            profile_request_read(Path(self.profile_dir))
+            if self.profile_dir is not None
+            else f"this script run takes no profile requests: {self.profile_refusal}"
+        )
+        if isinstance(found, str):
+            self.events.emit("profile", profile=0, state="refused", steps=0, message=found)
+            return
+        self.requests.profile, self.requests.profile_steps = found.profile, found.steps
+        requests_write(path=self.control, requests=self.requests)
+
     def requests_take(self, process: subprocess.Popen[str]) -> None:
         if self.checkpoints_asked != self.requests.checkpoint and not self.stop_asked:
             self.requests.checkpoint = self.checkpoints_asked
@@ -287,7 +319,7 @@ def started_emit(launcher: ScriptLauncher) -> None:
         launcher_pid=os.getpid(), notes=script_notes(script, world=world, cfg=cfg),
         requests_pid=os.getpid(), stop_pid=os.getpid(),
         script=script_info(script),
-        profile_dir=None,
+        profile_dir=launcher.profile_dir,
     )  # fmt: skip
 
 

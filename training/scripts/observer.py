@@ -47,6 +47,7 @@ import torch.distributed as dist
 
 from training.observe import collectives, memory, phases
 from training.process.runtime import floats_gather
+from training.scripts.profiles import PROFILE_FIGURES, ScriptProfiles, objects_gather
 from training.scripts.progress_hooks import ProgressHooks
 from trainyard.agree import Pace
 from trainyard.channel import EventChannel
@@ -57,7 +58,8 @@ MEMORY_FIGURES = ("parameter_bytes", "gradient_bytes", "optimizer_state_bytes", 
 # The window's figures, in the order the all-gather carries them (the proposal first).
 ROW = (
     "proposal", "samples", "data", "forward", "backward", "optimizer", "communication",
-    "sent_bytes", "wall", "rss", *MEMORY_FIGURES, "failed",
+    "sent_bytes", "wall", "rss", *MEMORY_FIGURES,
+    *PROFILE_FIGURES, "failed",
 )  # fmt: skip
 _PROCESS = psutil.Process()
 
@@ -80,6 +82,9 @@ class Observer:
             if folder and self.rank == 0
             else None
         )
+        # Profiles on request (profiles.py): asked in the window's row, agreed in its gather.
+        send = self.channel.send if self.channel is not None else None
+        self.profiles = ScriptProfiles(env, rank=self.rank, send=send)
         self.owner = threading.get_ident()  # the thread whose time the clock keeps
         self.depth = 0  # modules being called, outermost first
         self.data = 0.0
@@ -201,6 +206,7 @@ class Observer:
         self.step += 1
         if self.progress is not None:
             self.progress.stepped(self.step)
+        self.profiles.stepped(gather=self.objects_gather)
         if self.pace.tick():
             self.window_close()
 
@@ -226,6 +232,7 @@ class Observer:
             self.pace.agreed(1)
         else:
             self.pace.agreed(int(min(r[0] for r in rows)))
+            self.profiles.agreed(rows, at=ROW.index(PROFILE_FIGURES[0]), step=self.step)
         if self.channel is not None:
             self.channel.send("step", **step_fields(self.step, rows))
 
@@ -239,7 +246,7 @@ class Observer:
         self.mark = (now, clock_now, self.data, self.samples)
         return [float(self.pace.proposal()), float(self.samples - samples_before),
                 self.data - data_before, *spent, now - start, rss, *self.memory_take(),
-                float(self.failed)]  # fmt: skip
+                *self.profiles.row(), float(self.failed)]  # fmt: skip
 
     def memory_take(self) -> list[float]:
         """MEMORY_FIGURES of this rank: the parameters its optimizers hold (each once), their
@@ -276,6 +283,10 @@ class Observer:
         if self.progress is not None:
             self.progress.moved()
         return rows
+
+    def objects_gather(self, value: Any) -> list[Any]:
+        """Every rank's `value` on the observer's group, at a step every rank ends together."""
+        return objects_gather(value, group=self.group, world_size=self.world_size)
 
     # ---- installing ----------------------------------------------------------------------------
     def install(self) -> None:
@@ -377,6 +388,7 @@ class Observer:
         """At the script's end: the observer's group destroyed while the interpreter still runs
         (a Gloo group's threads left to its finalization can abort the rank: see
         trainyard.launched.entry_run), unless the script's destroy_process_group took it."""
+        self.profiles.abandon("the script ended")
         if self.progress is not None:  # this rank is done: no stall to tell from it now
             self.progress.remove()
         group, self.group = self.group, None
@@ -391,6 +403,7 @@ class Observer:
         the same step; the script goes on as if never observed."""
         self.failed = True
         phases.clock_off()
+        self.profiles.abandon("trainyard's observer stopped")
         if self.progress is not None:  # the stall watch goes on, on hooks of its own
             self.progress.fallback(step=self.step)
         for handle in self.handles:
