@@ -103,6 +103,29 @@ def test_a_strategy_that_cannot_is_refused_with_the_registrys_reason(
 
 
 @pytest.mark.django_db
+def test_a_script_run_is_asked_where_its_launcher_takes_profiles_and_refused_where_not(
+    user_factory: Any, experiment_factory: Any
+) -> None:
+    """A script's ranks record profiles (training/scripts/profiles.py) where its launcher named a
+    profile_dir in its started event; its observer off, or reported from outside, it says why."""
+    alice = user_factory()
+    script = {"owner": alice, "status": "running", "strategy": "script", "entrypoint": "t.py"}
+    starting = experiment_factory(**script)  # no started event yet: the supervisor waits for it
+    taking = experiment_factory(**script, run_info={"strategy": "script", "profile_dir": "/p"})
+    unobserved = experiment_factory(**script, run_info={"strategy": "script", "profile_dir": None})
+    reported = experiment_factory(**script, reported=True)
+    assert [ask(logged_in(alice), run).status_code for run in (starting, taking)] == [202, 202]
+    html = logged_in(alice).get(unobserved.get_absolute_url()).content.decode()
+    assert 'id="profile-button"' not in html and "TRAINYARD_OBSERVE=0" in html
+    for run, says in (
+        (unobserved, "its observer, which records them, is off"),
+        (reported, "A run reported from outside cannot record a profile"),
+    ):
+        response = ask(logged_in(alice), run)
+        assert response.status_code == 409 and says in response.json()["error"]
+
+
+@pytest.mark.django_db
 def test_a_token_may_ask(user_factory: Any, experiment_factory: Any) -> None:
     alice = user_factory()
     run = experiment_factory(owner=alice, status="running")

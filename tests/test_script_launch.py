@@ -255,7 +255,9 @@ def test_the_training_command_of_a_script_run_is_the_launchers(
         "-m", "training", "--run-id", str(script_run.pk), "--strategy", "script",
         "--nproc", "2", "--entrypoint", "train.py",
         "--checkpoint-dir", str(dirs / "runs" / str(script_run.pk) / "checkpoints"),
-        "--stop-grace", "90", "--gpus", "0,1",
+        "--stop-grace", "90",
+        "--profile-dir", str(dirs / "runs" / str(script_run.pk) / "profiles"),
+        "--gpus", "0,1",
     ]  # fmt: skip
 
 

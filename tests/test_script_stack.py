@@ -79,6 +79,20 @@ def test_an_uploaded_script_runs_reports_every_rank_and_stops_where_its_ranks_ag
     checkpoints = f"{stack.base_url}/api/experiments/{pk}/checkpoints/"
     wait_for(lambda: root.get(checkpoints, timeout=10).json()["checkpoints"], timeout=60,
              what="the requested checkpoint")  # fmt: skip
+    # A profile, as of an engine's run: every rank's trace, recorded by the observer.
+    asked = root.post(f"{stack.base_url}/api/experiments/{pk}/profile/", json={"steps": 3},
+                      timeout=10)  # fmt: skip
+    assert asked.status_code == 202, asked.text
+    latest = f"{stack.base_url}/api/experiments/{pk}/profiles/latest/"
+
+    def profile_ended() -> dict[str, Any] | None:
+        profile = root.get(latest, timeout=10).json()["profile"]
+        return None if profile["in_flight"] else profile
+
+    profile = wait_for(profile_ended, timeout=60, what="the profile")
+    assert (profile["state"], profile["recorded_steps"]) == ("ready", 3), profile
+    assert [t["rank"] for t in profile["traces"]] == [0, 1]
+    assert all(s["ops"] for s in profile["summary"])
 
     stopped_and_gone(root, stack, pk, family)
 

@@ -29,6 +29,16 @@ from training.process.run_requests import PROFILE_MAX_STEPS
 from training.registry import strategy_get
 
 PROFILE_STEPS_DEFAULT = 20  # what the page's field offers
+# A script run whose launcher named no profile folder: its observer is off, which records them
+# (training/scripts/control.py's profiles_refusal says which on the worker, in the run's log).
+SCRIPT_UNPROFILED = (
+    "This script run cannot record a profile: its observer, which records them, is off "
+    "(TRAINYARD_OBSERVE=0 on its worker)."
+)
+REPORTED_UNPROFILED = (
+    "A run reported from outside cannot record a profile: no Trainyard launcher runs its "
+    "script to pass the request on."
+)
 
 
 def profiles_dir(*, experiment_id: int) -> Path:
@@ -37,11 +47,18 @@ def profiles_dir(*, experiment_id: int) -> Path:
 
 
 def profile_refusal(*, experiment: Experiment) -> str:
-    """Why this run's strategy cannot record a profile ("" when it can): the registry's word."""
+    """Why this run cannot record a profile ("" when it can): its strategy's (the registry's
+    word), or, for a script, no launcher to ask or one that said it takes no profiles (its
+    started event names no profile_dir)."""
     reason = strategy_get(experiment.strategy).profile_refusal
-    return (
-        f"{experiment.get_strategy_display()} cannot record a profile: {reason}" if reason else ""
-    )
+    if reason:
+        return f"{experiment.get_strategy_display()} cannot record a profile: {reason}"
+    if experiment.reported:
+        return REPORTED_UNPROFILED
+    started = experiment.run_info
+    if strategy_get(experiment.strategy).user_script and started and not started.get("profile_dir"):
+        return SCRIPT_UNPROFILED
+    return ""
 
 
 def profile_trace_resolve(*, profile: Profile, rank: int) -> Path | None:

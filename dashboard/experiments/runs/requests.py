@@ -17,6 +17,7 @@ from typing import Any
 from django.conf import settings
 from django.db.models import OuterRef, Subquery
 
+from dashboard.experiments.core.profiles import SCRIPT_UNPROFILED
 from dashboard.experiments.models import Experiment, Profile, ProfileState
 from dashboard.experiments.runs.bounds import is_count
 from dashboard.experiments.runs.process import TrainingProcess
@@ -88,8 +89,9 @@ class RunRequests:
         pid, folder = started.get("requests_pid"), started.get("profile_dir")
         if not isinstance(pid, int) or isinstance(pid, bool) or not isinstance(folder, str):
             self._profile_drop(
-                profile_id, "this training takes no profile requests (its started event names "
-                "no profile_dir: an engine before protocol 1.10, or a strategy that cannot)",
+                profile_id, SCRIPT_UNPROFILED if strategy_get(self.experiment.strategy).user_script
+                else "this training takes no profile requests (its started event names no "
+                "profile_dir: an engine before protocol 1.10, or a strategy that cannot)",
             )  # fmt: skip
             return
         if failed := profile_request_write(profile_dir=folder, profile_id=profile_id, steps=steps):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from django.conf import settings
 
+from dashboard.experiments.core.profiles import profiles_dir
 from dashboard.experiments.models import Experiment
 from dashboard.experiments.scripts.code import CodeRefused, code_unpack_for_run
 from dashboard.experiments.scripts.folders import code_path_refusal, entrypoint_refusal
@@ -38,6 +39,9 @@ def script_flags(*, experiment: Experiment, checkpoint_dir: Path) -> list[str]:
         # After a Stop: the ranks' time to agree, save and leave, before they are killed.
         "--stop-grace",
         str(settings.TRAINYARD_SCRIPT_STOP_SECONDS),
+        # Profiles on request, recorded by the ranks' observer (runs/profiles.py).
+        "--profile-dir",
+        str(profiles_dir(experiment_id=experiment.pk)),
     ]
     if experiment.gpus:
         flags += ["--gpus", ",".join(str(g) for g in experiment.gpus)]
