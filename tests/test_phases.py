@@ -15,6 +15,7 @@ from django.test import Client
 from torch import nn
 
 from dashboard.experiments.metrics.breakdown import PHASES, experiment_straggler
+from dashboard.experiments.metrics.stragglers import straggler_context, straggler_text
 from dashboard.experiments.models import LogLine, SeriesPoint
 from dashboard.experiments.runs.sink import EventSink
 from dashboard.experiments.runs.stragglers import events_flush
@@ -422,7 +423,59 @@ def test_a_rank_markedly_slower_than_the_others_is_named_an_even_run_names_nobod
     assert experiment_straggler(experiment=even) is None
     named = experiment_straggler(experiment=uneven)
     # Over the 8 windows: (2 x 0.2 + 6 x 0.4) / (8 x 0.2) - 1.
-    assert named == {"rank": 2, "slower_by": 0.75, "since_step": 3}
+    assert named == {"rank": 2, "slower_by": 0.75, "since_step": 3, "late_seconds": None}
+
+
+def _arrived(event: dict[str, Any], late: list[float], collectives: int = 4) -> dict[str, Any]:
+    """``event`` with each rank's arrival (protocol 1.14): seconds late per collective."""
+    for rank, seconds in zip(event["ranks"], late, strict=True):
+        rank.update(arrived_late_seconds=seconds, collectives=collectives)
+    return event
+
+
+@pytest.mark.django_db
+def test_the_busiest_rank_is_named_where_it_also_arrives_last_with_how_late(
+    experiment_factory: Any, user_factory: Any
+) -> None:
+    """From step 3 rank 2 is busy 0.4 s against the others' 0.2 s (1x slower). Where it also
+    comes to each of its 4 collectives 0.1 s after the others it is named, with that; where the
+    collectives wait for rank 0 instead (busy time's noise, not the straggler), nobody is; where
+    one window says no arrivals (a run before 1.14), busy time alone names it."""
+    owner = user_factory()
+    runs = {name: experiment_factory(owner=owner) for name in ("last", "other", "mixed")}
+    for name, run in runs.items():
+        sink = EventSink(run)
+        for step in range(1, 9):
+            event = _step(step, [0.1, 0.1, 0.3 if step >= 3 else 0.1])
+            late = [-0.05, -0.05, 0.1] if step >= 3 else [0.0005, 0.0005, -0.001]
+            if name == "other":
+                late = late[::-1]
+            if name != "mixed" or step > 1:
+                event = _arrived(event, late)
+            sink.add(event)  # type: ignore[arg-type]
+        sink.flush()
+    named = experiment_straggler(experiment=runs["last"])
+    # Late 6 x 4 x 0.1 - 2 x 4 x 0.001 s over 32 collectives.
+    assert named == {"rank": 2, "slower_by": 0.75, "since_step": 3, "late_seconds": 0.0747}
+    text = straggler_text(
+        named, context=straggler_context(experiment=runs["last"], straggler=named)
+    )
+    said = "rank 2 is 1.8x slower than the median since step 3: it reaches each collective 75 ms"
+    assert text.startswith(f"{said} after the others; the others spend "), text
+    assert experiment_straggler(experiment=runs["other"]) is None
+    assert experiment_straggler(experiment=runs["mixed"]) == {
+        "rank": 2, "slower_by": 0.75, "since_step": 3, "late_seconds": None
+    }  # fmt: skip
+
+
+def test_lateness_is_against_the_median_of_the_others_and_only_for_the_same_collectives() -> None:
+    assert phases.lateness([(3, 100.0), (3, 100.5), (3, 100.1)]) == pytest.approx(
+        [-0.3, 0.45, -0.15]
+    )
+    assert phases.lateness([(3, 100.0), (3, 100.25)]) == [-0.25, 0.25]
+    assert phases.lateness([(3, 100.0), (2, 100.25)]) is None  # not the same collectives
+    assert phases.lateness([(0, 0.0), (0, 0.0)]) is None
+    assert phases.lateness([(3, 100.0)]) is None
 
 
 def test_the_engine_and_the_dashboard_name_the_same_phases_in_the_same_order() -> None:
@@ -441,13 +494,18 @@ def test_a_named_rank_stays_named_until_it_is_barely_slower(
     for step in range(1, 21):  # busy 0.4 s against the others' 0.2 s
         sink.add(_step(step, [0.1, 0.1, 0.3]))  # type: ignore[arg-type]
     events_flush(sink=sink)  # as the supervisor flushes: the straggler is looked for after
-    assert experiment_straggler(experiment=run) == {"rank": 2, "slower_by": 1.0, "since_step": 1}
+    assert experiment_straggler(experiment=run) == {
+        "rank": 2,
+        "slower_by": 1.0,
+        "since_step": 1,
+        "late_seconds": None,
+    }
     for step in range(21, 41):  # busy 0.28 s
         sink.add(_step(step, [0.1, 0.1, 0.18]))  # type: ignore[arg-type]
     events_flush(sink=sink)
     assert experiment_straggler(experiment=run) is None
     kept = experiment_straggler(experiment=run, named=2)
-    assert kept == {"rank": 2, "slower_by": 0.4, "since_step": 21}
+    assert kept == {"rank": 2, "slower_by": 0.4, "since_step": 21, "late_seconds": None}
     assert experiment_straggler(experiment=run, named=0) is None
     run.refresh_from_db()
     assert run.straggler_rank == 2  # kept named: no line, no message
@@ -469,6 +527,6 @@ def test_a_named_rank_stays_named_until_it_is_barely_slower(
         sink.add(_step(step, [0.1, 0.1, 0.17, 0.19]))  # type: ignore[arg-type]
     sink.flush()
     assert experiment_straggler(experiment=four, named=3) == {
-        "rank": 3, "slower_by": 0.45, "since_step": 1
+        "rank": 3, "slower_by": 0.45, "since_step": 1, "late_seconds": None
     }  # fmt: skip
     assert experiment_straggler(experiment=four, named=2) is None

@@ -48,7 +48,7 @@ def test_the_writer_puts_major_and_minor_on_the_wire() -> None:
     buffer = io.StringIO()
     EventWriter("r", stream=buffer).log("hello")
     event = json.loads(buffer.getvalue())
-    assert (event["v"], event["minor"]) == (PROTOCOL_VERSION, PROTOCOL_MINOR) == (1, 13)
+    assert (event["v"], event["minor"]) == (PROTOCOL_VERSION, PROTOCOL_MINOR) == (1, 14)
     # A reader of 1.0 to 1.2 checked only that v is an int it knows: it still reads this.
     assert isinstance(event["v"], int) and not isinstance(event["v"], bool)
 

@@ -8,6 +8,7 @@ in DDP or sharded by FSDP2, or alone; it imports neither trainyard nor training.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import signal
@@ -20,8 +21,12 @@ from typing import Any
 import psutil
 import pytest
 
+from dashboard.experiments.metrics.breakdown import experiment_straggler
+from dashboard.experiments.metrics.stragglers import straggler_context, straggler_text
+from dashboard.experiments.runs.sink import EventSink
 from tests.test_protocol import EVENT_CLASSES, assert_matches, assert_nested_match
 from tests.test_script_runs import ROOT, Launched
+from tests.test_stragglers import Pauser
 from training.observe.phases import PHASES
 from training.protocol import MemoryEntry, StalledRank
 
@@ -89,10 +94,23 @@ def assert_whole(step: dict[str, Any], steps_in: int, ranks: int) -> None:
         ("fsdp", MODEL_BYTES // 2 * 3),
     ],
 )
+@pytest.mark.django_db
 def test_a_scripts_phases_and_bytes_are_measured_on_every_rank(
-    tmp_path: Path, code: Path, monkeypatch: pytest.MonkeyPatch, wrap: str, per_step: int
+    tmp_path: Path,
+    code: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    wrap: str,
+    per_step: int,
+    experiment_factory: Any,
+    user_factory: Any,
 ) -> None:
     steps = windows(tmp_path, code, monkeypatch, nproc=2, wrap=wrap)
+    even = experiment_factory(owner=user_factory(), strategy="script")
+    sink = EventSink(even)
+    for step in steps:
+        sink.add(step)
+    sink.flush()
+    assert experiment_straggler(experiment=even) is None  # even ranks: nobody named
     # 1,024 images over 2 ranks in batches of 32: 16 steps an epoch, 2 epochs; a window the
     # first step, then every 4.
     assert [s["step"] for s in steps] == [1, 5, 9, 13, 17, 21, 25, 29]
@@ -104,12 +122,64 @@ def test_a_scripts_phases_and_bytes_are_measured_on_every_rank(
         for rank in step["ranks"]:
             assert rank["communication_bytes"] == per_step * steps_in, (wrap, rank)
             assert rank["communication_seconds"] > 0
+            # Every collective entered, at least one a step (protocol 1.14), ...
+            assert rank["collectives"] >= steps_in, rank
+        # ... and each rank's arrival at them against the other's: one's lateness the other's
+        # lead.
+        late = [rank["arrived_late_seconds"] for rank in step["ranks"]]
+        assert late[0] == -late[1] and abs(late[0]) < 1, late
         # What each rank holds: DDP a whole copy, FSDP2 its half (SGD without momentum keeps
         # no state); the gradients of the last step, as many.
         held = MODEL_BYTES if wrap == "ddp" else MODEL_BYTES // 2
         assert [(m["rank"], m["parameter_bytes"], m["gradient_bytes"], m["optimizer_state_bytes"])
                 for m in step["memory"]] == [(0, held, held, 0), (1, held, held, 0)]  # fmt: skip
         assert min(m["peak_bytes"] for m in step["memory"]) > 0
+
+
+@pytest.mark.django_db
+def test_a_paused_rank_of_a_script_is_named_by_when_it_comes_to_the_collectives_and_its_phase(
+    tmp_path: Path,
+    code: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    experiment_factory: Any,
+    user_factory: Any,
+) -> None:
+    """Rank 1 of a plain DDP script, paused (SIGSTOP) most of every tenth of a second as
+    tests/test_stragglers.py pauses an engine's rank: its windows stored as the supervisor
+    stores them, it is named with how late it comes and the phase of its extra time; the even
+    runs of test_a_scripts_phases_and_bytes_are_measured_on_every_rank name nobody."""
+    monkeypatch.setenv("TRAINYARD_OBSERVE_EVERY", "4")
+    run = Launched(tmp_path, "--nproc", "2", "--entrypoint", "train.py", code=code,
+                   args=["--wrap", "ddp", "--epochs", "2", "--images", "1024"])  # fmt: skip
+    run.wait_for(lambda e: e["type"] == "step")  # the ranks are in the script
+    pauser = Pauser(rank_pid(run.process.pid, 1))
+    pauser.start()
+    try:
+        assert run.end() == 0, run.stderr
+    finally:
+        pauser.stop()
+    experiment = experiment_factory(owner=user_factory(), strategy="script")
+    sink = EventSink(experiment)
+    for step in run.of_type("step"):
+        sink.add(step)
+    sink.flush()
+    named = experiment_straggler(experiment=experiment)
+    assert named is not None and named["rank"] == 1, run.of_type("step")
+    assert named["late_seconds"] is not None and named["late_seconds"] > 0.005, named
+    text = straggler_text(named, context=straggler_context(experiment=experiment, straggler=named))
+    said = (r"rank 1 is \d+\.\dx slower than the median since step \d+: it reaches each "
+            r"collective \d+ ms after the others; the others spend \d+% of their time waiting "
+            r"for it in communication; its \w+ takes \d+\.\dx theirs$")  # fmt: skip
+    assert re.match(said, text), text
+
+
+def rank_pid(launcher: int, rank: int) -> int:
+    """The pid of a launcher's rank, by the RANK torchrun gave it."""
+    for process in psutil.Process(launcher).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            if process.environ().get("RANK") == str(rank) and "python" in process.name():
+                return process.pid
+    raise AssertionError(f"no rank {rank} under {launcher}")
 
 
 def test_one_process_has_no_communication(

@@ -171,6 +171,8 @@ def test_a_really_slow_rank_is_named_once_and_an_even_run_names_nobody(
     named = experiment_straggler(experiment=uneven)
     assert named is not None and named["rank"] == SLOW_RANK, named
     assert named["slower_by"] > 0.5, named
+    # It is the one the collectives wait for (protocol 1.14): it comes to them last.
+    assert named["late_seconds"] is not None and named["late_seconds"] > 0.005, named
     # The other rank waits for it: its communication share rises above the even run's.
     assert _others_communication_share(uneven) > _others_communication_share(even) + 0.1
 
@@ -183,6 +185,7 @@ def test_a_really_slow_rank_is_named_once_and_an_even_run_names_nobody(
         lines[0].message.startswith(f"rank {SLOW_RANK} is ")
         and "the others spend" in lines[0].message
     )
+    assert re.search(r": it reaches each collective \d+ ms after the others; ", lines[0].message)
     # The phase where its extra time went (wherever the pauses fell most).
     assert re.search(r"; its (data|forward|backward|optimizer|other) takes \d+\.\dx theirs$",
                      lines[0].message), lines[0].message  # fmt: skip

@@ -1,10 +1,10 @@
-"""The event protocol between a training run and whoever watches it (version 1.13).
+"""The event protocol between a training run and whoever watches it (version 1.14).
 
 A run writes one JSON object per line on standard output; rank 0 alone writes them. Every object
 has the envelope (``Envelope`` below)
 
     v      protocol major version (int, 1)
-    minor  protocol minor version (int, 13); absent before 1.3, so a 1.0 to 1.2 writer is "1.x"
+    minor  protocol minor version (int, 14); absent before 1.3, so a 1.0 to 1.2 writer is "1.x"
     run    the run id given with --run-id ("" when none was given)
     seq    sequence number, 1, 2, 3, ... in the order written, with no gaps
     type   one of ``EventType``: started, step, epoch, log, checkpoint, profile, metrics,
@@ -20,7 +20,7 @@ higher major (``parse_event`` raises ``ProtocolVersionError``). Standard error i
 the training's own log lines carry ``LOG_LINE_MARKER`` (``log_line_format``, ``log_line_read``).
 
 docs/protocol.md has the whole description: the types, the reading rules, the stderr marker and
-the history of each minor version (what 1.1 to 1.13 added).
+the history of each minor version (what 1.1 to 1.14 added).
 """
 
 # No ``from __future__ import annotations`` here: on Python 3.11 it hides ``NotRequired`` from
@@ -49,7 +49,7 @@ from training.protocol_entries import (  # noqa: F401 - readers import every typ
 )
 
 PROTOCOL_VERSION: Final = 1  # the major version, "v" on the wire
-PROTOCOL_MINOR: Final = 13  # the minor version, "minor" on the wire (since 1.3)
+PROTOCOL_MINOR: Final = 14  # the minor version, "minor" on the wire (since 1.3)
 
 EventType = Literal[
     "started",

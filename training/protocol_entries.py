@@ -63,6 +63,11 @@ class RankReport(TypedDict):
     # 1.9: bytes this rank sent in the window, by the ring algorithms' count of the tensors
     # handed to collectives (an all-reduce of B bytes over N ranks: 2(N-1)/N x B).
     communication_bytes: NotRequired[int]
+    # 1.14: how late this rank entered the window's collectives, per collective, after the
+    # median of the other ranks (seconds, below 0 where earlier: who arrives last is the
+    # straggler), and how many it entered; only where every rank entered the same number.
+    arrived_late_seconds: NotRequired[float]
+    collectives: NotRequired[int]
 
 
 class MemoryEntry(TypedDict):

@@ -39,6 +39,12 @@ DDP's buckets hold every gradient: a DDP step of a model of P float32 parameters
 2(N-1)/N x 4P bytes (with ``--comm-hook fp16`` half of it; PowerSGD's factors are what its
 all-reduces take).
 
+Each collective a rank enters through these wrappers (not the point-to-point sends and
+receives, whose numbers differ between a pipeline's stages, nor the waits) also marks its
+arrival on the clock's wall-clock (``PhaseClock.arrived``): a window's mean arrival, compared
+between ranks (``phases.lateness``), says who the others wait for (protocol 1.14). DDP's bucket
+all-reduces arrive when its hook calls ``dist.all_reduce``, as soon as the bucket is ready.
+
 Nothing here is wrapped with the clock off (``--no-phases``, ``phases.clock_off``).
 """
 
@@ -190,10 +196,22 @@ FUNCTIONAL_SENDS: Final[dict[str, Counted]] = {
 _INSIDE = threading.local()
 
 
+# Not arrivals at a collective (``phases.PhaseClock.arrived``): point-to-point sends and
+# receives, which the ranks of a pipeline make in different numbers and orders, and the waits
+# for a collective already entered.
+NOT_ARRIVALS: Final = frozenset(
+    {"send", "recv", "batch_isend_irecv", "_batch_p2p", "_wait_batch_p2p", "wait_tensor"}
+)
+
+
 @contextlib.contextmanager
-def _collective(counted: Counted, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[None]:
+def _collective(
+    counted: Counted, args: tuple[Any, ...], kwargs: dict[str, Any], *, arrives: bool
+) -> Iterator[None]:
     depth = getattr(_INSIDE, "depth", 0)
     if depth == 0:
+        if arrives:
+            phases.CLOCK.arrived()
         with contextlib.suppress(Exception):  # counting never fails a collective
             phases.CLOCK.sent(counted(args, kwargs))
     _INSIDE.depth = depth + 1
@@ -204,12 +222,12 @@ def _collective(counted: Counted, args: tuple[Any, ...], kwargs: dict[str, Any])
         _INSIDE.depth = depth
 
 
-def _timed(collective: F, counted: Counted) -> F:
+def _timed(collective: F, counted: Counted, *, arrives: bool) -> F:
     @functools.wraps(collective)
     def timed(*args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling():  # traced into a graph: nothing runs here
             return collective(*args, **kwargs)
-        with _collective(counted, args, kwargs):
+        with _collective(counted, args, kwargs, arrives=arrives):
             return collective(*args, **kwargs)
 
     timed.__trainyard_timed__ = True  # type: ignore[attr-defined]
@@ -222,7 +240,7 @@ def module_timed(module: Any, sends: dict[str, Counted]) -> None:
     for name, counted in sends.items():
         collective = getattr(module, name, None)
         if collective is not None and not getattr(collective, "__trainyard_timed__", False):
-            setattr(module, name, _timed(collective, counted))
+            setattr(module, name, _timed(collective, counted, arrives=name not in NOT_ARRIVALS))
 
 
 def collectives_time() -> None:

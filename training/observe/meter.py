@@ -27,13 +27,13 @@ from typing import Any
 import psutil
 import torch
 
-from training.observe.phases import CLOCK, CLOCK_PHASES
+from training.observe.phases import CLOCK, CLOCK_PHASES, arrival_mean, lateness
 from training.process.runtime import Runtime, all_gather_floats
 
 _PROCESS = psutil.Process()
 ROW_FIELDS = (
     "loss_sum", "steps", "images", "data_seconds", "compute_seconds", "elapsed", "rss",
-    "compile_seconds", *CLOCK_PHASES, "communication_bytes", "wall",
+    "compile_seconds", *CLOCK_PHASES, "communication_bytes", "wall", "collectives", "arrival",
 )  # fmt: skip
 
 
@@ -62,6 +62,7 @@ class Window:
     # The phase clock's totals at the start (training.observe.phases): the window's are the
     # difference.
     clock_start: tuple[float, ...] = field(default_factory=CLOCK.read)
+    arrivals_start: tuple[int, float] = field(default_factory=CLOCK.arrivals_read)
 
     def __post_init__(self) -> None:
         self.loss_sum = torch.zeros((), dtype=torch.float64, device=self.device)
@@ -83,6 +84,7 @@ class Window:
         # phases add up to the whole wall time (compiling falls in forward and backward).
         wall = max(time.perf_counter() - self.started, 1e-9)
         elapsed = max(wall - self.compile_seconds, 1e-9)
+        collectives, arrival = arrival_mean(self.arrivals_start, CLOCK.arrivals_read())
         return [
             float(self.loss_sum.item()),
             float(self.steps),
@@ -94,6 +96,8 @@ class Window:
             self.compile_seconds,
             *phases,
             wall,
+            float(collectives),
+            arrival,
         ]
 
 
@@ -112,6 +116,7 @@ def report_from_rows(rows: list[list[float]], replicas: int = 1) -> dict[str, An
     compile_seconds where some rank compiled in the window. Where ``replicas`` ranks train on
     each image together (a tensor-parallel group), each counts it: the total counts it once."""
     per_rank = [dict(zip(ROW_FIELDS, row, strict=True)) for row in rows]
+    late = lateness([(int(r["collectives"]), r["arrival"]) for r in per_rank])
     loss_sum = sum(r["loss_sum"] for r in per_rank)
     steps = sum(r["steps"] for r in per_rank)
     ranks = [
@@ -122,6 +127,7 @@ def report_from_rows(rows: list[list[float]], replicas: int = 1) -> dict[str, An
             "compute_seconds": round(r["compute_seconds"], 4),
             "rss_bytes": int(r["rss"]),
             **(phase_fields(r) if CLOCK.enabled else {}),
+            **(arrival_fields(late[i], r["collectives"]) if late and CLOCK.enabled else {}),
         }
         for i, r in enumerate(per_rank)
     ]
@@ -147,6 +153,12 @@ def phase_fields(row: dict[str, float]) -> dict[str, Any]:
         "other_seconds": round(other, 4),
         "communication_bytes": int(row["communication_bytes"]),
     }
+
+
+def arrival_fields(late: float, collectives: float) -> dict[str, Any]:
+    """1.14: how late a rank entered the window's collectives, per collective, after the median
+    of the other ranks (``phases.lateness``), and how many it entered."""
+    return {"arrived_late_seconds": round(late, 5), "collectives": int(collectives)}
 
 
 def finite(value: float) -> float | None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import statistics
 import threading
 import time
 from threading import get_ident
@@ -49,6 +50,9 @@ PHASES: Final = ("data", *CLOCK_PHASES, "other")
 # The label of a phase's time after a hand-over, until it is known whether that hand-over was
 # the last (then it is communication) or not (then it is the phase's own).
 _TAIL: Final = "tail"
+# The wall clock arrivals are taken on (ranks compare theirs); a test's own phase timer stays
+# apart from it.
+_WALL_CLOCK: Final = time.time
 
 
 class HostTimer:
@@ -133,6 +137,12 @@ class PhaseClock:
 
     def __init__(self, timer: Timer | None = None) -> None:
         self.sent_bytes = 0
+        # Arrivals at collectives (issue 33, stragglers by arrival): how many this process
+        # entered and the sum of the wall-clock times it entered them at, after arrival_base
+        # (small numbers, summed without losing the milliseconds).
+        self.arrivals = 0
+        self.arrival_sum = 0.0
+        self.arrival_base = _WALL_CLOCK()
         self.enabled = True  # False: --no-phases (clock_off)
         self._lock = threading.Lock()
         self._owner = get_ident()
@@ -225,6 +235,20 @@ class PhaseClock:
         with self._lock:
             self.sent_bytes += int(count)
 
+    def arrived(self) -> None:
+        """This process enters a collective now (any thread: DDP's hooks may run on autograd's).
+        The wall clock, not the phases' timer: ranks compare their times with each other's."""
+        now = _WALL_CLOCK() - self.arrival_base
+        with self._lock:
+            self.arrivals += 1
+            self.arrival_sum += now
+
+    def arrivals_read(self) -> tuple[int, float]:
+        """The collectives entered so far and the sum of their times: a window subtracts two
+        (``arrival_mean``)."""
+        with self._lock:
+            return self.arrivals, self.arrival_sum
+
     def read(self) -> tuple[float, ...]:
         """The totals so far, CLOCK_PHASES order, then the bytes sent: a window subtracts two.
         A device's segments are added up here, after waiting for the last one."""
@@ -238,6 +262,32 @@ class PhaseClock:
 
 
 CLOCK = PhaseClock()
+
+
+def arrival_mean(start: tuple[int, float], end: tuple[int, float]) -> tuple[int, float]:
+    """The collectives entered between two ``arrivals_read`` and the mean wall-clock time
+    (Unix seconds) they were entered at; (0, 0.0) where none was."""
+    count = end[0] - start[0]
+    if count <= 0:
+        return 0, 0.0
+    return count, CLOCK.arrival_base + (end[1] - start[1]) / count
+
+
+def lateness(arrivals: list[tuple[int, float]]) -> list[float] | None:
+    """Each rank's mean arrival at the window's collectives after the median of the other
+    ranks' (seconds; below 0: before them), from every rank's ``arrival_mean``, rank order; None
+    where it cannot be told: one rank, a rank that entered none, or ranks that entered different
+    numbers of them (pipeline stages, ranks in different groups), whose means are not of the
+    same collectives. Two ranks on one machine share its clock; on several machines their
+    clocks' offset (NTP's: about a millisecond) is in it."""
+    counts = {count for count, _ in arrivals}
+    if len(arrivals) < 2 or len(counts) != 1 or 0 in counts:
+        return None
+    means = [mean for _, mean in arrivals]
+    return [
+        mean - statistics.median(means[:rank] + means[rank + 1 :])
+        for rank, mean in enumerate(means)
+    ]
 
 
 _UNTIMED: Final = contextlib.nullcontext()

@@ -46,6 +46,7 @@ import torch
 import torch.distributed as dist
 
 from training.observe import collectives, memory, phases
+from training.observe.meter import arrival_fields
 from training.process.runtime import floats_gather
 from training.scripts.profiles import PROFILE_FIGURES, ScriptProfiles, objects_gather
 from training.scripts.progress_hooks import ProgressHooks
@@ -58,7 +59,7 @@ MEMORY_FIGURES = ("parameter_bytes", "gradient_bytes", "optimizer_state_bytes", 
 # The window's figures, in the order the all-gather carries them (the proposal first).
 ROW = (
     "proposal", "samples", "data", "forward", "backward", "optimizer", "communication",
-    "sent_bytes", "wall", "rss", *MEMORY_FIGURES,
+    "sent_bytes", "wall", "collectives", "arrival", "rss", *MEMORY_FIGURES,
     *PROFILE_FIGURES, "failed",
 )  # fmt: skip
 _PROCESS = psutil.Process()
@@ -97,6 +98,7 @@ class Observer:
         # parameters, gradients and state are what the rank holds.
         self.optimizers: weakref.WeakSet[torch.optim.Optimizer] = weakref.WeakSet()
         self.mark = (time.perf_counter(), phases.CLOCK.read(), 0.0, 0)
+        self.arrivals = phases.CLOCK.arrivals_read()  # the window's start's
         self.group: Any = None
         self.handles: list[Any] = []
         self.undo: list[Callable[[], None]] = []
@@ -117,6 +119,7 @@ class Observer:
         if torch.cuda.is_available() and torch.cuda.is_initialized():
             phases.clock_for(torch.device("cuda", torch.cuda.current_device()))
         self.mark = (time.perf_counter(), phases.CLOCK.read(), self.data, self.samples)
+        self.arrivals = phases.CLOCK.arrivals_read()
 
     # ---- hooks ---------------------------------------------------------------------------------
     def fail_open(self, hook: Callable[..., Any], *, steps: bool = False) -> Callable[..., Any]:
@@ -243,10 +246,12 @@ class Observer:
         now, clock_now = time.perf_counter(), phases.CLOCK.read()
         spent = [after - before for after, before in zip(clock_now, clock_before, strict=True)]
         rss = float(_PROCESS.memory_info().rss)
-        self.mark = (now, clock_now, self.data, self.samples)
+        arrivals = phases.CLOCK.arrivals_read()
+        collectives, arrival = phases.arrival_mean(self.arrivals, arrivals)
+        self.mark, self.arrivals = (now, clock_now, self.data, self.samples), arrivals
         return [float(self.pace.proposal()), float(self.samples - samples_before),
-                self.data - data_before, *spent, now - start, rss, *self.memory_take(),
-                *self.profiles.row(), float(self.failed)]  # fmt: skip
+                self.data - data_before, *spent, now - start, float(collectives), arrival, rss,
+                *self.memory_take(), *self.profiles.row(), float(self.failed)]  # fmt: skip
 
     def memory_take(self) -> list[float]:
         """MEMORY_FIGURES of this rank: the parameters its optimizers hold (each once), their
@@ -436,8 +441,9 @@ def step_fields(step: int, rows: list[list[float]]) -> dict[str, Any]:
     """The window as a protocol ``step`` event's fields (1.12: no train_loss; what each rank
     holds as `memory`, as an engine's epoch event says it)."""
     ranks = []
-    for rank, values in enumerate(rows):
-        row = dict(zip(ROW, values, strict=True))
+    named = [dict(zip(ROW, values, strict=True)) for values in rows]
+    late = phases.lateness([(int(row["collectives"]), row["arrival"]) for row in named])
+    for rank, row in enumerate(named):
         wall = max(row["wall"], 1e-9)
         clocked = sum(row[name] for name in phases.CLOCK_PHASES)
         ranks.append({
@@ -449,11 +455,11 @@ def step_fields(step: int, rows: list[list[float]]) -> dict[str, Any]:
             **{f"{name}_seconds": row[name] for name in phases.CLOCK_PHASES},
             "other_seconds": max(0.0, row["wall"] - row["data"] - clocked),
             "communication_bytes": int(row["sent_bytes"]),
+            **(arrival_fields(late[rank], row["collectives"]) if late else {}),
         })  # fmt: skip
-    memories = [dict(zip(ROW, values, strict=True)) for values in rows]
     fields: dict[str, Any] = {"epoch": 0, "step": step, "ranks": ranks, "memory": [
         {"rank": rank, **{name: int(row[name]) for name in MEMORY_FIGURES}}
-        for rank, row in enumerate(memories)
+        for rank, row in enumerate(named)
     ]}  # fmt: skip
     if any(r["images_per_second"] for r in ranks):
         fields["images_per_second"] = round(sum(r["images_per_second"] for r in ranks), 1)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Final, TypedDict
 
 from django.db.models import Sum
@@ -77,11 +78,20 @@ def _rank_shares(seconds: dict[int, dict[str, float]]) -> list[RankBreakdown]:
 
 # --- the straggler ------------------------------------------------------------------------
 
-# A rank is named when its busy time is this much above the median of the others' (0.5: half
-# as long again). Synchronous methods give every rank the same wall time per step, so a rank's
-# busy time (every phase but communication, the waiting in collectives) tells the slow rank
-# apart: the others wait for it in their collectives. Noise between even ranks on a shared
-# machine stays within some 20% here; a rank sharing its core with another process doubles.
+# A rank is named when its busy time (every phase but communication, the waiting in
+# collectives) is this much above the median of the others' (0.5: half as long again), and,
+# where every rank of every window looked at says when it entered its collectives (protocol
+# 1.14, issue 33), when it is also the one that comes to them last. Synchronous methods give
+# every rank the same wall time per step, so a rank's busy time tells the slow rank apart: the
+# others wait for it in their collectives; and who arrives last does not even out either.
+# Measured side by side on tests/test_stragglers.py's paused rank (2.5x slower) and its even
+# run (the closing note of issue 33), busy time separates them better than arrival alone: a
+# rank late by d at each of a step's collectives of T seconds is d / (T - d) slower only where
+# they come at the step's end, and the early ones of a step find it less late; arrival read as
+# busy time's check, not its stand-in, keeps a rank busy by noise from being named while
+# another is the one the collectives wait for, and says by how much it comes after them.
+# Noise between even ranks on a shared machine stays within some 20% here; a rank sharing its
+# core with another process doubles.
 STRAGGLER_THRESHOLD: Final = 0.5
 # A rank already named stays named while it is still the slowest and this much slower: a rank
 # hovering about the threshold is named once, not named and cleared in turn.
@@ -90,65 +100,117 @@ STRAGGLER_KEPT: Final = 0.25
 # latest unbroken run of slow windows began.
 STRAGGLER_WINDOWS: Final = 20
 _BUSY: Final = tuple(name for name in PHASES if name != "communication")
+_ARRIVAL: Final = re.compile(r"^rank/(\d+)/(arrived_late_seconds|collectives)$")
 
 
 class Straggler(TypedDict):
     rank: int
     slower_by: float  # its busy time over the median of the other ranks', minus 1
     since_step: int  # the step of the first window of its latest unbroken run of slow windows
+    # How late it entered each collective, on average over the windows, after the others
+    # (seconds); None where the ranks do not say it (runs before 1.14, pipeline stages).
+    late_seconds: float | None
 
 
-def _slower_by(busy: dict[int, float], rank: int) -> float:
-    others = sorted(v for r, v in busy.items() if r != rank)
+@dataclass
+class _Window:
+    """One step event's figures per rank: busy seconds, seconds late at each collective on
+    average, and the collectives entered."""
+
+    busy: dict[int, float] = field(default_factory=dict)
+    late: dict[int, float] = field(default_factory=dict)
+    collectives: dict[int, float] = field(default_factory=dict)
+
+    def add(self, rank: int, name: str, value: float) -> None:
+        """A busy phase's seconds (added up), or one of the arrival's figures."""
+        if name == "arrived_late_seconds":
+            self.late[rank] = value
+        elif name == "collectives":
+            self.collectives[rank] = value
+        else:
+            self.busy[rank] = self.busy.get(rank, 0.0) + value
+
+
+def _by_arrival(windows: list[_Window]) -> bool:
+    """Every window has every rank's arrival (1.14), of two ranks or more."""
+    return all(
+        len(w.busy) >= 2 and set(w.late) == set(w.busy) == set(w.collectives) for w in windows
+    )
+
+
+def _median_of_others(values: dict[int, float], rank: int) -> float:
+    others = sorted(v for r, v in values.items() if r != rank)
     middle = len(others) // 2
-    median = others[middle] if len(others) % 2 else (others[middle - 1] + others[middle]) / 2
-    return busy[rank] / median - 1 if median > 0 else 0.0
+    return others[middle] if len(others) % 2 else (others[middle - 1] + others[middle]) / 2
 
 
-def _candidate(total: dict[int, float], named: int | None) -> tuple[int, float] | None:
-    """The slowest rank and the bar its windows must pass: the threshold, or the lower bar when
-    it is the rank already named (another rank slowest clears it: the banner names the slowest).
-    Its since_step is judged by the same bar, so a kept rank's can be earlier than the step its
-    naming said."""
-    rank = max(total, key=lambda r: _slower_by(total, r))
-    bar = STRAGGLER_KEPT if rank == named else STRAGGLER_THRESHOLD
-    return (rank, bar) if _slower_by(total, rank) > bar else None
+def _slower(windows: list[_Window]) -> dict[int, float]:
+    """Each rank's busy time over ``windows`` over the median of the others', minus 1."""
+    total: dict[int, float] = {}
+    for window in windows:
+        for rank, busy in window.busy.items():
+            total[rank] = total.get(rank, 0.0) + busy
+    return {
+        r: busy / median - 1 if (median := _median_of_others(total, r)) > 0 else 0.0
+        for r, busy in total.items()
+    }
 
 
-def experiment_straggler(*, experiment: Experiment, named: int | None = None) -> Straggler | None:
-    """The rank markedly slower than the others over the latest windows, or None; ``named``,
-    the rank the run names now, stays named down to STRAGGLER_KEPT."""
+def _late(windows: list[_Window]) -> dict[int, float]:
+    """How late each rank entered each collective, on average over ``windows``, after the
+    others (1.14's windows only)."""
+    late = {}
+    for rank in windows[0].busy:
+        count = sum(w.collectives[rank] for w in windows)
+        late[rank] = sum(w.late[rank] * w.collectives[rank] for w in windows) / max(count, 1)
+    return late
+
+
+def _straggler_windows(*, experiment: Experiment) -> dict[int, _Window]:
+    """The latest STRAGGLER_WINDOWS step events' figures, step -> window."""
     steps = list(
         SeriesPoint.objects.filter(experiment_id=experiment.pk, key="rank/0/other_seconds")
         .order_by("-step")
         .values_list("step", flat=True)[:STRAGGLER_WINDOWS]
     )
-    if not steps:
-        return None
     points = SeriesPoint.objects.filter(
-        experiment_id=experiment.pk, key__startswith="rank/", key__endswith="_seconds",
-        step__gte=min(steps),
-    ).values_list("key", "step", "value")  # fmt: skip
-    windows: dict[int, dict[int, float]] = {}  # step -> rank -> busy seconds
+        experiment_id=experiment.pk, key__startswith="rank/", step__in=steps
+    ).values_list("key", "step", "value")
+    windows = {step: _Window() for step in steps}
     for key, step, value in points:
-        found = _KEY.match(key)
-        if found and found[2] in _BUSY and step in steps:
-            busy = windows.setdefault(step, {})
-            busy[int(found[1])] = busy.get(int(found[1]), 0.0) + max(value or 0.0, 0.0)
-    total: dict[int, float] = {}
-    for busy in windows.values():
-        for rank, seconds in busy.items():
-            total[rank] = total.get(rank, 0.0) + seconds
-    if len(total) < 2:
+        if (found := _KEY.match(key)) and found[2] in _BUSY:
+            windows[step].add(int(found[1]), found[2], max(value or 0.0, 0.0))
+        elif (found := _ARRIVAL.match(key)) and value is not None:
+            windows[step].add(int(found[1]), found[2], value)
+    return windows
+
+
+def experiment_straggler(*, experiment: Experiment, named: int | None = None) -> Straggler | None:
+    """The rank markedly slower than the others over the latest windows, or None; ``named``,
+    the rank the run names now, stays named down to STRAGGLER_KEPT (another rank slowest
+    clears it: the banner names the slowest)."""
+    windows = _straggler_windows(experiment=experiment)
+    newest_first = [windows[step] for step in sorted(windows, reverse=True)]
+    if len({rank for w in newest_first for rank in w.busy}) < 2:
         return None
-    candidate = _candidate(total, named)
-    if candidate is None:
+    slower = _slower(newest_first)
+    rank = max(slower, key=lambda r: slower[r])
+    bar = STRAGGLER_KEPT if rank == named else STRAGGLER_THRESHOLD
+    late = _late(newest_first) if _by_arrival(newest_first) else None
+    if slower[rank] <= bar or (late is not None and not _last(late, rank)):
         return None
-    rank, bar = candidate
-    slower_by = _slower_by(total, rank)
-    since = steps[0]
-    for step in steps:  # newest first: back while the window was slow too
-        if rank not in windows.get(step, {}) or _slower_by(windows[step], rank) <= bar:
+    since = max(windows)
+    for step in sorted(windows, reverse=True):  # newest first: back while the window was slow
+        window = windows[step]
+        if rank not in window.busy or _slower([window]).get(rank, 0.0) <= bar:
             break
         since = step
-    return Straggler(rank=rank, slower_by=round(slower_by, 3), since_step=since)
+    return Straggler(
+        rank=rank, slower_by=round(slower[rank], 3), since_step=since,
+        late_seconds=None if late is None else round(late[rank], 4),
+    )  # fmt: skip
+
+
+def _last(late: dict[int, float], rank: int) -> bool:
+    """``rank`` comes to the collectives after every other rank, on average."""
+    return late[rank] > 0 and late[rank] == max(late.values())

@@ -38,6 +38,10 @@ PHASE_FIELDS: Final = (
     "forward_seconds", "backward_seconds", "optimizer_seconds", "communication_seconds",
     "other_seconds", "communication_bytes",
 )  # fmt: skip
+# How late each rank entered the window's collectives after the others, per collective, and how
+# many it entered (protocol 1.14), stored as rank/<r>/<field> where a step's `ranks` carry them:
+# the straggler rule's figures (metrics/breakdown.py).
+ARRIVAL_FIELDS: Final = ("arrived_late_seconds", "collectives")
 # What each rank holds at an epoch's end (its `memory`, protocol 1.7's MemoryEntry less `rank`),
 # stored as rank/<r>/<field> at the epoch's step: sharded strategies' 1/N over the epochs.
 MEMORY_FIELDS: Final = ("parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "peak_bytes")

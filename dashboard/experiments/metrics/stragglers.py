@@ -4,7 +4,8 @@ run page's banner and the notification all say it in these words (issue 19, part
 ``breakdown.experiment_straggler`` names the rank (its busy time over the others' median); what
 the others did meanwhile is their communication share over the same windows: the time they spent
 blocked in collectives, waiting for it, over their wall time; and where it spent its extra time,
-the busy phase furthest over the others' median (issue 33: "its backward takes 2.1x theirs").
+the busy phase furthest over the others' median (issue 33: "its backward takes 2.1x theirs");
+and, where it was named by when it arrives at the collectives, by how much it comes after them.
 """
 
 from __future__ import annotations
@@ -81,19 +82,27 @@ def _extra_phase(
 
 
 def straggler_text(straggler: Straggler, *, context: StragglerContext) -> str:
-    """ "rank 1 is 2.6x slower than the median since step 340: the others spend 61% of their
-    time waiting for it in communication; its backward takes 2.1x theirs"."""
+    """ "rank 1 is 2.6x slower than the median since step 340: it reaches each collective 180
+    ms after the others; the others spend 61% of their time waiting for it in communication;
+    its backward takes 2.1x theirs" (the first clause where it was named by arrival)."""
     text = (
         f"rank {straggler['rank']} is {1 + straggler['slower_by']:.1f}x slower than the median "
         f"since step {straggler['since_step']}"
     )
     said = []
+    late = straggler.get("late_seconds")
+    if late is not None:
+        said.append(f"it reaches each collective {_duration(late)} after the others")
     if context.others_share is not None:
         said.append(f"the others spend {context.others_share:.0%} of their time waiting for it "
                     "in communication")  # fmt: skip
     if context.phase is not None:
         said.append(f"its {context.phase[0]} takes {context.phase[1]:.1f}x theirs")
     return f"{text}: {'; '.join(said)}" if said else text
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
 
 
 def straggler_cleared_text(*, rank: int, step: int) -> str:

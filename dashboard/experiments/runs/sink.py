@@ -55,6 +55,7 @@ from dashboard.experiments.core.run_facts import checkpoint_texts, rank_rows, st
 from dashboard.experiments.core.stalls import STALLED_UNREAD
 from dashboard.experiments.metrics.series import MAX_KEY_CHARS, MAX_STEP
 from dashboard.experiments.metrics.series_contract import (
+    ARRIVAL_FIELDS,
     EPOCH_SERIES,
     MEMORY_FIELDS,
     PHASE_FIELDS,
@@ -172,6 +173,7 @@ def event_series(message: dict[str, Any]) -> dict[str, float | None]:
     if message["type"] == "step":
         values.update(_rank_series(message.get("ranks"), fields=RANK_FIELDS))
         values.update(_rank_series(message.get("ranks"), fields=PHASE_FIELDS, given=True))
+        values.update(_rank_series(message.get("ranks"), fields=ARRIVAL_FIELDS, given=True))
     return values
 
 

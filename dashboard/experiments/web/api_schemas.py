@@ -57,6 +57,7 @@ class StragglerOut(Schema):
     rank: int
     slower_by: float
     since_step: int
+    late_seconds: float | None = None
 
 
 class StalledRankOut(Open):
@@ -138,8 +139,11 @@ class ExperimentOut(OptionsOut):
     # to 1. Empty for a run from before 1.9, and in the list of runs.
     breakdown: list[PhaseShares] = []
     # The rank whose busy time (every phase but communication) over the latest 20 step events
-    # is more than 1.5x the median of the other ranks' (metrics/breakdown.py), or null:
-    # `slower_by` that ratio minus 1, `since_step` where its latest run of slow windows began.
+    # is more than 1.5x the median of the other ranks' and, where the ranks say when they enter
+    # their collectives (protocol 1.14), that comes to them last (metrics/breakdown.py), or
+    # null: `slower_by` that ratio minus 1, `since_step` where its latest run of slow windows
+    # began, `late_seconds` how late it enters each collective after the others (null where
+    # the ranks do not say).
     straggler: StragglerOut | None = None
     # A running run whose ranks make no step while their processes live (protocol 1.13: a
     # script run's launcher watches them), or null: `since` their last step, and per rank the
