@@ -14,6 +14,10 @@ its top operators by self CPU time (the profiler's ``key_averages``) and communi
 computation from the trace's events (``observe.trace_summary``). Rank 0 gathers the files and
 summaries and reports them in a ``profile`` event: ``recording`` when it starts, ``ready`` when
 every trace is written, ``refused`` when it cannot be recorded.
+
+A user's script run records with the same functions (``profiler_start``, ``trace_write``,
+``profile_end_fields``), from its ranks' observer, which agrees on the first step in its own
+window instead (training/scripts/profiles.py).
 """
 
 from __future__ import annotations

@@ -290,8 +290,14 @@ class Observer:
         return rows
 
     def objects_gather(self, value: Any) -> list[Any]:
-        """Every rank's `value` on the observer's group, at a step every rank ends together."""
-        return objects_gather(value, group=self.group, world_size=self.world_size)
+        """Every rank's `value` on the observer's group, at a step every rank ends together (a
+        profile's last), a collective the stall watch names as the window's is."""
+        if self.progress is not None:
+            self.progress.entered("observer all_gather")
+        values = objects_gather(value, group=self.group, world_size=self.world_size)
+        if self.progress is not None:
+            self.progress.moved()
+        return values
 
     # ---- installing ----------------------------------------------------------------------------
     def install(self) -> None:
