@@ -218,6 +218,11 @@ class Experiment(models.Model):
 
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
     cancelled_by = _who_asked()
+    # The Stop asked is "Stop and resume from the last checkpoint" (a stalled run's banner): its
+    # supervisor queues the run again instead of cancelling it (runs/lifecycle.py run_restart).
+    resume_requested = models.BooleanField(
+        default=False, help_text="the Stop asked starts a new attempt from the last checkpoint"
+    )
     # A checkpoint asked for and not yet passed on to the training (the supervisor clears it).
     checkpoint_requested_at = models.DateTimeField(null=True, blank=True)
     checkpoint_requested_by = _who_asked()

@@ -21,7 +21,7 @@ from dashboard.experiments.core.memory import experiment_memory_rows
 from dashboard.experiments.core.messages import SnapshotMessage
 from dashboard.experiments.core.reported import reported_silence_text
 from dashboard.experiments.core.run_facts import snapshot_texts
-from dashboard.experiments.core.stalls import stalled_texts
+from dashboard.experiments.core.stalls import StalledTexts, resume_offer, stalled_texts
 from dashboard.experiments.metrics.breakdown import experiment_breakdown, experiment_straggler
 from dashboard.experiments.metrics.series import series_snapshot
 from dashboard.experiments.models import Experiment
@@ -71,8 +71,15 @@ def experiment_snapshot_build(*, experiment: Experiment, log_lines: int) -> Snap
         )
         # The straggler box's sentence (runs/stragglers.py), empty while no rank is named; the
         # stalled banner's lines beside the experiment's stalled (core/stalls.py).
-        | {"straggler": experiment.straggler_text, "stalled": stalled_texts(experiment.stalled)},
+        | {"straggler": experiment.straggler_text, "stalled": _stalled_texts(experiment)},
     }
+
+
+def _stalled_texts(experiment: Experiment) -> StalledTexts:
+    """The banner's texts; the Stop and resume's only while stalled (it asks the checkpoints)."""
+    if not experiment.stalled:
+        return stalled_texts(None)
+    return stalled_texts(experiment.stalled, resume=resume_offer(experiment=experiment))
 
 
 def iso_or_none(value: datetime | None) -> str | None:

@@ -14,6 +14,7 @@ from django.utils import timezone
 from dashboard.experiments.core.forms import experiment_clone_fields
 from dashboard.experiments.core.limits import launch_slot_claim
 from dashboard.experiments.core.profiles import profile_refusal
+from dashboard.experiments.core.stalls import resume_offer
 from dashboard.experiments.models import PROFILE_IN_FLIGHT, Experiment, Profile, Status
 from dashboard.experiments.runs.lifecycle import run_cancel_queued
 from dashboard.experiments.runs.reported import reported_run_stop_silent
@@ -68,6 +69,22 @@ def experiment_checkpoint_request(*, experiment: Experiment, by: Any) -> str | N
         return None
     experiment.refresh_from_db()
     return _not_running_text(experiment, "write a checkpoint")
+
+
+def experiment_resume_request(*, experiment: Experiment, by: Any) -> str | None:
+    """Ask a running run to stop and resume from its last checkpoint (the stalled banner's
+    button): its supervisor ends every process as for a Stop, then queues the run again, and
+    the next attempt starts from the newest checkpoint. Returns why it cannot, or None."""
+    offer = resume_offer(experiment=experiment)
+    if not offer["resumable"]:
+        return offer["text"]
+    requested = Experiment.objects.filter(
+        pk=experiment.pk, status=Status.RUNNING, cancel_requested_at__isnull=True
+    ).update(cancel_requested_at=timezone.now(), cancelled_by=by, resume_requested=True)
+    if requested:
+        return None
+    experiment.refresh_from_db()
+    return _not_running_text(experiment, "be stopped and resumed")
 
 
 def experiment_profile_request(

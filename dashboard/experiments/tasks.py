@@ -17,7 +17,7 @@ from celery import shared_task
 from django.conf import settings
 
 from dashboard.devices.facts import machine_name, machine_queue
-from dashboard.experiments.models import Experiment
+from dashboard.experiments.models import Experiment, Status
 from dashboard.experiments.runs.claim import experiment_claim
 from dashboard.experiments.runs.nodes import nodes_further
 from dashboard.experiments.runs.runner import experiment_node_supervise, experiment_supervise
@@ -50,7 +50,10 @@ def run_experiment(self: Any, experiment_id: int, wake: bool = False) -> str | N
         log.info("experiment %s was not queued any more; not starting it", experiment_id)
         return None
     run_nodes_send(experiment_id=experiment_id)  # committed: each further node to its machine
-    return experiment_supervise(experiment_id=experiment_id, worker=worker)
+    status = experiment_supervise(experiment_id=experiment_id, worker=worker)
+    if status == Status.QUEUED:  # stopped to resume from its last checkpoint: the next attempt
+        run_experiment_send(experiment=Experiment.objects.get(pk=experiment_id))
+    return status
 
 
 def run_nodes_send(*, experiment_id: int) -> None:

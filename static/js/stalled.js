@@ -2,7 +2,9 @@
 // dashboard's: the row's `stalled` (runs/stalls.py) and each rank's line (core/stalls.py's
 // texts), from the snapshot on every connect and from a `stalled` message when a stall begins
 // or ends. An attempt that ends clears the row in its own transition, with no message of its
-// own: its end hides the banner here. The page only places what it is sent.
+// own: its end hides the banner here. The page only places what it is sent, the words beside
+// "Stop and resume from the last checkpoint" too (texts.resume: whether it can, and why not);
+// the button posts to the run's resume route, whose refusal is said as the server words it.
 (function () {
   "use strict";
   const root = document.getElementById("experiment-detail");
@@ -12,7 +14,20 @@
   const since = document.getElementById("stalled-since");
   const list = document.getElementById("stalled-ranks");
   const template = document.getElementById("stalled-rank-template");
+  const resumeButton = document.getElementById("stalled-resume"); // owner or staff, while active
+  const resumeText = document.getElementById("stalled-resume-text");
+  const resumeError = document.getElementById("stalled-resume-error");
   let shown = null; // what the list holds: a stack someone opened stays open on a new snapshot
+  let resumable = Boolean(resumeButton && !resumeButton.disabled);
+  let stopping = false; // a Stop, or this button's, asked: the run ends either way
+
+  function resumeShow(offer) {
+    if (!resumeButton) return;
+    offer = offer && typeof offer === "object" ? offer : {};
+    resumable = offer.resumable === true;
+    resumeText.textContent = offer.text || "";
+    resumeButton.disabled = stopping || !resumable;
+  }
 
   function rankItem(rank, line) {
     const item = template.content.firstElementChild.cloneNode(true);
@@ -33,12 +48,46 @@
     text.textContent = stalled ? stalled.text || "" : "";
     since.textContent = texts.since || "";
     list.replaceChildren(...ranks.map((rank, i) => rankItem(rank, lines[i])));
+    resumeShow(texts.resume);
     box.hidden = !stalled;
   }
+
+  async function resume() {
+    const { csrfToken } = window.Trainyard;
+    stopping = true;
+    resumeButton.disabled = true;
+    resumeError.hidden = true;
+    try {
+      const response = await fetch(root.dataset.resumeUrl, {
+        method: "POST",
+        credentials: "same-origin",
+        headers: { "X-CSRFToken": csrfToken(), Accept: "application/json" },
+      });
+      if (response.ok) return; // the Stop shows as asked; the run's messages say the rest
+      let body = {};
+      try {
+        body = await response.json();
+      } catch (err) {
+        body = {};
+      }
+      throw new Error(body.error || String(response.status));
+    } catch (err) {
+      stopping = false;
+      resumeButton.disabled = !resumable;
+      resumeError.textContent = err.message;
+      resumeError.hidden = false;
+    }
+  }
+
+  if (resumeButton) resumeButton.addEventListener("click", resume);
 
   root.addEventListener("run:message", function (event) {
     const msg = event.detail;
     if (!msg || typeof msg !== "object") return;
+    if (msg.experiment && msg.experiment.stop_requested && resumeButton) {
+      stopping = true; // asked here or elsewhere: nothing left to resume from this page
+      resumeButton.disabled = true;
+    }
     if (msg.type === "stalled") show(msg.stalled, msg.texts);
     else if (msg.type === "snapshot" && msg.experiment) {
       show(msg.experiment.stalled, (msg.texts || {}).stalled);

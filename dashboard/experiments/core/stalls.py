@@ -8,13 +8,18 @@ launcher's words for it against the latest collective any rank entered) and ``te
 launcher's sentence. The page's words for a rank are made here only (the launcher's line, or
 these where an older launcher sent none): the run page renders them on the server
 (templates/experiments/_stalled.html) and the ``stalled`` messages carry the same ``texts``, so
-that static/js/stalled.js only places them.
+that static/js/stalled.js only places them. So are the words beside the banner's "Stop and resume
+from the last checkpoint" (``resume_offer``: the checkpoint it resumes from, or why it cannot),
+which services.py's ``experiment_resume_request`` refuses with.
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Final, NotRequired, TypedDict
+from typing import TYPE_CHECKING, Final, NotRequired, TypedDict
+
+if TYPE_CHECKING:
+    from dashboard.experiments.models import Experiment
 
 
 class StalledRank(TypedDict):
@@ -32,9 +37,15 @@ class Stalled(TypedDict):
     text: str  # the launcher's sentence, which the run's log got
 
 
+class ResumeOffer(TypedDict):
+    resumable: bool  # a Stop and resume can be asked (a checkpoint to resume from)
+    text: str  # beside the button: what it does, or why it cannot
+
+
 class StalledTexts(TypedDict):
     since: str  # "stalled since 10:03:04 UTC"
     ranks: list[str]  # each rank's line, in the order of ``Stalled.ranks``
+    resume: ResumeOffer  # the banner's Stop and resume ("" and false while it steps)
 
 
 class StalledRow(TypedDict):
@@ -50,6 +61,37 @@ STALLED_UNREAD: Final = (
     "The launcher said the run stalled, but not in a form this dashboard reads (protocol 1.13: "
     "`since` a Unix time or null): the stall is not shown."
 )
+
+
+RESUME_NONE: Final = (
+    "No checkpoint to resume from: the run saved none before it stalled. Stop ends it; "
+    "checkpoints are written at each epoch's end and on request."
+)
+RESUME_NODES: Final = (
+    "A run on several machines is not resumed from here: Stop it, then run it again with its "
+    "last checkpoint."
+)
+RESUME_REPORTED: Final = (
+    "A run reported from outside is not resumed from here: its script runs where you started it."
+)
+NO_RESUME: ResumeOffer = {"resumable": False, "text": ""}
+
+
+def resume_offer(*, experiment: Experiment) -> ResumeOffer:
+    """Whether the run can be stopped and resumed from its last checkpoint, in words: the next
+    attempt starts from the newest checkpoint the run reported (runs/attempts.py)."""
+    if experiment.reported:
+        return {"resumable": False, "text": RESUME_REPORTED}
+    if experiment.nodes > 1:
+        return {"resumable": False, "text": RESUME_NODES}
+    last = experiment.checkpoints.order_by("-step").first()
+    if last is None:
+        return {"resumable": False, "text": RESUME_NONE}
+    return {
+        "resumable": True,
+        "text": f"ends every process and starts attempt {experiment.attempt + 1} from the last "
+        f"checkpoint (step {last.step}).",
+    }
 
 
 def clock_text(iso: str | None) -> str:
@@ -82,10 +124,12 @@ def stalled_rows(stalled: Stalled | None) -> list[StalledRow]:
     ]
 
 
-def stalled_texts(stalled: Stalled | None) -> StalledTexts:
-    """What the page places beside the stored ``stalled``: empty while it steps."""
+def stalled_texts(stalled: Stalled | None, *, resume: ResumeOffer = NO_RESUME) -> StalledTexts:
+    """What the page places beside the stored ``stalled``: empty while it steps; ``resume``,
+    the run's ``resume_offer`` (a stall's)."""
     since = clock_text(stalled["since"]) if stalled else ""
     return {
         "since": f"stalled since {since}" if since else "",
         "ranks": [row["line"] for row in stalled_rows(stalled)],
+        "resume": resume if stalled else NO_RESUME,
     }

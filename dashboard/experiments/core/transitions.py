@@ -1,19 +1,20 @@
 """Every change of a run's status, and nothing else: read or add a transition here.
 
     queued ──start──▶ running ──finish──▶ succeeded | failed | cancelled
-      │                 │
-      │ cancel_queued   │ lose (the reaper: no heartbeat)
-      ▼                 ▼
+      │                 │  │
+      │ cancel_queued   │  └──restart──▶ queued   (Stop and resume: from its last checkpoint)
+      ▼                 ▼ lose (the reaper: no heartbeat)
     cancelled          lost ──requeue──▶ queued   (attempts left: resumes from a checkpoint)
                         │
                         └───give_up───▶ failed   (attempts used up)
 
 Who moves a run: a worker's claim (runs/claim.py) starts it, its supervisor (runner.py)
-finishes it, the reaper (survival.py) loses, requeues and gives up on it, a Stop (services.py)
-cancels a queued one. A running run is cancelled by its supervisor, which ends the training and
-finishes the run with the outcome `cancelled`. Every change but the start goes through
-runs/lifecycle.py, which does the transition here and tells the run's pages in one function
-(the start's page message waits for the further nodes' tasks: runner.experiment_supervise).
+finishes it (or, asked to stop and resume, restarts it), the reaper (survival.py) loses,
+requeues and gives up on it, a Stop (services.py) cancels a queued one. A running run is
+cancelled by its supervisor, which ends the training and finishes the run with the outcome
+`cancelled`. Every change but the start goes through runs/lifecycle.py, which does the
+transition here and tells the run's pages in one function (the start's page message waits for
+the further nodes' tasks: runner.experiment_supervise).
 
 Each transition is one conditional UPDATE: the row changes only while it is still in the status
 the transition starts from (and, where it matters, on the same attempt or heartbeat), and the
@@ -46,7 +47,9 @@ from dashboard.experiments.models import (
 # The diagram above as data: from each status, the statuses a run may move to.
 NEXT: dict[str, frozenset[str]] = {
     Status.QUEUED: frozenset({Status.RUNNING, Status.CANCELLED}),
-    Status.RUNNING: frozenset({Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.LOST}),
+    Status.RUNNING: frozenset(
+        {Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.LOST, Status.QUEUED}
+    ),
     Status.LOST: frozenset({Status.QUEUED, Status.FAILED}),
     Status.SUCCEEDED: frozenset(),
     Status.FAILED: frozenset(),
@@ -77,6 +80,8 @@ class Outcome:
     error: str = ""
     test_loss: float | None = None
     test_accuracy: float | None = None
+    # Ended by a Stop and resume: the run is queued again (experiment_restart), not finished.
+    restart: bool = False
 
 
 def _move(
@@ -155,6 +160,24 @@ def experiment_finish(
         **ATTEMPT_ENDED,
         **(unstopped if outcome.status == Status.SUCCEEDED else {}),
     )
+
+
+def experiment_restart(
+    *, experiment: Experiment, history: list[dict[str, Any]], waiting_reason: str, now: datetime
+) -> bool:
+    """running -> queued, for the attempt that ran: its supervisor ended it as asked (Stop and
+    resume), and the next attempt resumes from the newest checkpoint (runs/attempts.py)."""
+    fields: dict[str, Any] = {
+        "attempts": history,
+        "waiting_reason": waiting_reason[:300],
+        "heartbeat_at": now,
+        "cancel_requested_at": None,
+        "cancelled_by": None,
+        "resume_requested": False,
+        **ATTEMPT_ENDED,
+    }
+    where = {"attempt": experiment.attempt}
+    return _move(experiment.pk, Status.RUNNING, Status.QUEUED, where=where, **fields)
 
 
 def experiment_lose(

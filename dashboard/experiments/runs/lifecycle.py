@@ -52,6 +52,25 @@ def run_requeue(*, sink: EventSink, waiting_reason: str, now: datetime) -> bool:
     return True
 
 
+def run_restart(*, experiment: Experiment, sink: EventSink, outcome: Outcome) -> bool:
+    """running -> queued: the attempt ended by a Stop and resume (``outcome``, cancelled, says
+    who asked); the caller sends the run to a worker, whose attempt resumes from the newest
+    checkpoint. False when the run had moved on."""
+    now = timezone.now()
+    history = attempts_with_current(
+        experiment=experiment, outcome=outcome.status, reason=outcome.error, ended_at=now
+    )
+    waiting = f"attempt {experiment.attempt} stopped to resume from its last checkpoint"
+    if not transitions.experiment_restart(
+        experiment=experiment, history=history, waiting_reason=waiting, now=now
+    ):
+        events_flush(sink=sink)
+        return False
+    sink.add({"type": "status", "status": Status.QUEUED, "reason": waiting})
+    events_flush(sink=sink)
+    return True
+
+
 def run_give_up(*, sink: EventSink, error: str, now: datetime) -> bool:
     """lost -> failed, its attempts used up."""
     if not transitions.experiment_give_up(experiment_id=sink.experiment.pk, error=error, now=now):

@@ -24,6 +24,9 @@ def attempt_outcome(*, state: AttemptState, returncode: int, stderr_tail: Iterab
             test_loss=final.get("test_loss"),
             test_accuracy=final.get("test_accuracy"),
         )
+    if state.stopped_by is not None and state.resuming:
+        error = f"Stopped by {state.stopped_by} to resume from the last checkpoint."
+        return Outcome(Status.CANCELLED, error=error, restart=True)
     if state.stopped_by is not None:
         return Outcome(Status.CANCELLED, error=f"Stopped by {state.stopped_by}.")
     if final.get("type") == "failed":

@@ -59,6 +59,7 @@ class RunRequests:
             .values(
                 "cancel_requested_at",
                 "cancelled_by__username",
+                "resume_requested",
                 "checkpoint_requested_at",
                 "checkpoint_requested_by__username",
                 "profile_id",
@@ -69,6 +70,7 @@ class RunRequests:
         if row is None:
             return
         if row["cancel_requested_at"] is not None:
+            self.state.resuming = row["resume_requested"]  # then queued again (outcome.py)
             self.stop(by=row["cancelled_by__username"] or "someone")
         elif row["checkpoint_requested_at"] not in (None, self.state.checkpoint_signalled):
             self.checkpoint_request_pass(
@@ -161,6 +163,9 @@ class RunRequests:
         if self.state.training_finished():
             # The ranks are only tearing down (seconds for torchrun): ending them loses nothing.
             message = f"Stop requested by {by} after the training had finished; its results stand"
+        elif self.state.resuming:
+            message = (f"Stop and resume from the last checkpoint requested by {by}; ending "
+                       "every process, then queuing the run's next attempt")  # fmt: skip
         else:
             message = f"Stop requested by {by}; ending every process"
         self.sink.add_output(message, level="info")

@@ -32,7 +32,7 @@ from dashboard.experiments.models import (
     Status,
 )
 from dashboard.experiments.runs.attempts import checkpoint_latest, experiment_resume_prepare
-from dashboard.experiments.runs.lifecycle import run_finish
+from dashboard.experiments.runs.lifecycle import run_finish, run_restart
 from dashboard.experiments.runs.liveness import Liveness, heartbeat_interval
 from dashboard.experiments.runs.nodes import (
     node_entry,
@@ -178,6 +178,9 @@ def attempt_supervise(
             experiment.pk,
         )
         return None
+    if outcome.restart:  # Stop and resume: queued again, for the caller to send
+        restarted = run_restart(experiment=experiment, sink=sink, outcome=outcome)
+        return Status.QUEUED if restarted else None
     if not run_finish(experiment=experiment, sink=sink, outcome=outcome):
         return None  # the run moved on before this attempt settled
     return outcome.status

@@ -19,9 +19,12 @@ from typing import Any
 from dashboard.experiments.core.messages import StalledBody
 from dashboard.experiments.core.signals import run_stalled
 from dashboard.experiments.core.stalls import (
+    NO_RESUME,
     STEPS_AGAIN,
+    ResumeOffer,
     Stalled,
     StalledRank,
+    resume_offer,
     stalled_texts,
 )
 from dashboard.experiments.models import Experiment, Status
@@ -84,11 +87,13 @@ def stalled_read(message: dict[str, Any]) -> StalledSaid | None:
     return StalledSaid(stalled={"since": iso, "ranks": entries, "text": text}, text=text)
 
 
-def stalled_body(stalled: Stalled | None, *, text: str) -> StalledBody:
+def stalled_body(
+    stalled: Stalled | None, *, text: str, resume: ResumeOffer = NO_RESUME
+) -> StalledBody:
     """The page's message: the row's ``stalled`` (None: none) and the log's line, a warning
-    while stalled ("": no line)."""
+    while stalled ("": no line); ``resume``: the banner's Stop and resume (a stall's)."""
     return {
-        "type": "stalled", "stalled": stalled, "texts": stalled_texts(stalled),
+        "type": "stalled", "stalled": stalled, "texts": stalled_texts(stalled, resume=resume),
         "text": text, "level": "info" if stalled is None else "warning",
     }  # fmt: skip
 
@@ -116,4 +121,4 @@ def stalled_change(*, experiment: Experiment, said: StalledSaid) -> StalledBody 
         run_stalled.send(sender=Experiment, experiment_id=experiment.pk, text=said.text)
     elif _rows(experiment).filter(stalled__isnull=False).update(stalled=stalled) != 1:
         return None
-    return stalled_body(stalled, text=said.text)
+    return stalled_body(stalled, text=said.text, resume=resume_offer(experiment=experiment))

@@ -26,6 +26,7 @@ class AttemptState:
     # The requests: who asked for the Stop being carried out, and the checkpoint request passed
     # on to the training and not yet answered by a checkpoint event.
     stopped_by: str | None = None
+    resuming: bool = False  # the Stop was "Stop and resume": the run is queued again (outcome.py)
     # A script run's Stop, agreed by its ranks (protocol 1.11's stop_pid): when the supervisor
     # ends what is left (its monotonic clock); None: no such Stop under way.
     stop_deadline: float | None = None

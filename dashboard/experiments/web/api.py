@@ -52,6 +52,7 @@ from dashboard.experiments.selectors import experiment_as_dict
 from dashboard.experiments.services import (
     experiment_checkpoint_request,
     experiment_launch,
+    experiment_resume_request,
     experiment_stop,
 )
 from dashboard.experiments.web.api_launch import (
@@ -335,7 +336,25 @@ def experiment_checkpoint_view(request: HttpRequest, pk: int) -> JsonResponse:
     """Ask a running run to write a checkpoint after its current step (202); it is reported by
     a `checkpoint` event and listed with the run's checkpoints."""
     experiment = _controllable(request, pk, "checkpoint")
-    refused = experiment_checkpoint_request(experiment=experiment, by=request.user)
+    return _asked(experiment, experiment_checkpoint_request(experiment=experiment, by=request.user))
+
+
+@router.post(
+    "/experiments/{pk}/resume/",
+    url_name="api-experiment-resume",
+    response={202: ExperimentOut, **errors(403, 404, 409)},
+)
+def experiment_resume_view(request: HttpRequest, pk: int) -> JsonResponse:
+    """Stop a running run and resume it from its last checkpoint (owner or staff; 202): its
+    worker ends every process, then the run is queued again and its next attempt starts from
+    the newest checkpoint. 409 where it is not running, is stopping already, or has no
+    checkpoint to resume from (the answer says which)."""
+    experiment = _controllable(request, pk, "stop and resume")
+    return _asked(experiment, experiment_resume_request(experiment=experiment, by=request.user))
+
+
+def _asked(experiment: Experiment, refused: str | None) -> JsonResponse:
+    """A request's answer: 409 with why it cannot be, else the run as it now stands (202)."""
     if refused:
         raise ApiError(409, refused)
     experiment.refresh_from_db()
