@@ -13,12 +13,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from typing import Any
+from datetime import timedelta
+from typing import Any, cast
 
 import pytest
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
-from django.test import TestCase
+from django.test import Client, TestCase
+from django.utils import timezone
 
 from dashboard.experiments.core.transitions import Outcome
 from dashboard.experiments.models import Experiment, LogLine, Status
@@ -27,7 +29,9 @@ from dashboard.experiments.runs.lifecycle import run_finish
 from dashboard.experiments.runs.process import TrainingProcess
 from dashboard.experiments.runs.runner import RunSupervisor
 from dashboard.experiments.runs.sink import EventSink
+from dashboard.experiments.runs.survival import experiment_mark_lost
 from dashboard.experiments.services import experiment_stop
+from training.protocol import Event
 
 pytestmark = pytest.mark.django_db
 
@@ -148,8 +152,45 @@ def test_a_stop_during_training_cancels(
     logs = list(LogLine.objects.filter(experiment=run).values_list("level", "message"))
     assert ("info", f"training stopped, as {alice.username} asked") in logs
     assert not [m for level, m in logs if level == "error" or "Traceback" in m], logs
-    assert run.cancelled_by == alice and run.test_accuracy is None
+    assert run.cancelled_by == alice and run.test_accuracy == 0.5
     assert tearing_down.poll() is not None
+
+
+def test_a_stopped_or_lost_run_keeps_the_figures_of_its_last_evaluation(
+    user_factory: Any, experiment_factory: Any, tearing_down: subprocess.Popen[str]
+) -> None:
+    """Issue 34 item 1: the read JSON and the list of a run stopped (or lost) after its
+    evaluations keep the last one's test accuracy and loss, as its charts keep the points."""
+    alice = user_factory()
+    client = Client()
+    client.force_login(alice)
+    stopped = experiment_factory(owner=alice, status=Status.RUNNING, attempt=1)
+    supervisor = supervisor_of(stopped)
+    for seq, (epoch, accuracy, loss) in enumerate([(1, 0.93, 0.2), (2, 0.964, 0.12)], start=1):
+        supervisor.line_take("stdout", event_line(
+            seq, "epoch", epoch=epoch, step=64 * epoch, test_accuracy=accuracy, test_loss=loss,
+        ))  # fmt: skip
+    supervisor.line_take("stdout", event_line(3, "epoch", epoch=3, step=192))  # not evaluated
+    supervisor.sink.flush()
+    assert experiment_stop(experiment=stopped, by=alice)
+    supervisor.requests_for(TrainingProcess(tearing_down)).requests_check()
+    outcome = supervisor.outcome(tearing_down.wait(timeout=10))
+    assert run_finish(experiment=stopped, sink=supervisor.sink, outcome=outcome)
+
+    lost = experiment_factory(owner=alice, status=Status.RUNNING, attempt=1,
+                              heartbeat_at=timezone.now() - timedelta(minutes=5))  # fmt: skip
+    sink = EventSink(lost)
+    sink.add(cast(Event, {"type": "epoch", "epoch": 1, "step": 10, "test_accuracy": 0.9,
+                          "test_loss": 0.3}))  # fmt: skip
+    sink.flush()
+    assert experiment_mark_lost(experiment=lost, now=timezone.now()) is not None
+
+    read = client.get(f"/api/experiments/{stopped.pk}/").json()
+    assert (read["status"], read["test_accuracy"], read["test_loss"]) == ("cancelled", 0.964, 0.12)
+    read = client.get(f"/api/experiments/{lost.pk}/").json()
+    assert (read["test_accuracy"], read["test_loss"]) == (0.9, 0.3)
+    listed = {row["id"]: row for row in client.get("/api/experiments/").json()["experiments"]}
+    assert listed[stopped.pk]["test_accuracy"] == 0.964
 
 
 def _group_messages(run: Experiment, settle: Any) -> list[dict[str, Any]]:

@@ -155,11 +155,17 @@ def experiment_finish(
         attempts=history,
         finished_at=finished_at,
         error=outcome.error,
-        test_loss=outcome.test_loss,
-        test_accuracy=outcome.test_accuracy,
+        **outcome_figures(outcome),
         **ATTEMPT_ENDED,
         **(unstopped if outcome.status == Status.SUCCEEDED else {}),
     )
+
+
+def outcome_figures(outcome: Outcome) -> dict[str, float]:
+    """The test figures the end gives the row: the finished event's. An end without them (a
+    Stop, a failure) keeps those of the last evaluation, which the sink wrote to the row."""
+    figures = {"test_loss": outcome.test_loss, "test_accuracy": outcome.test_accuracy}
+    return {key: value for key, value in figures.items() if value is not None}
 
 
 def experiment_restart(

@@ -85,6 +85,8 @@ MAX_METRICS_VALUES = 256  # a script's figures in one `metrics` event
 # the engine also writes (train_loss, lr) is the script's to use, and meant to be: a script run
 # has no engine writing them, and the charts that draw them then draw the script's.
 RESERVED_PREFIXES = ("rank/", "machine/")
+# The row's figures of an evaluation, named as their series (EPOCH_SERIES).
+EVALUATED_FIELDS = ("test_loss", "test_accuracy")
 
 
 def output_body(line: str, *, level: str, rank: int | None = None, machine: str = "") -> LogBody:
@@ -206,6 +208,14 @@ def log_row(message: dict[str, Any], *, experiment_id: int, seq: int, level: str
         rank=rank if is_count(rank := message.get("rank")) else None,
         machine=str(message.get("machine") or "")[:255],
     )
+
+
+def evaluated_figures(values: Mapping[str, float | None]) -> dict[str, float]:
+    """The row's test figures an epoch's evaluation gives (its series' values, none where it
+    did not evaluate): kept on the row as they come, so that a run stopped or lost after an
+    evaluation still shows it, on its page and in the list, as its charts do."""
+    found = {key: values.get(key) for key in EVALUATED_FIELDS}
+    return {key: value for key, value in found.items() if value is not None}
 
 
 # Two of the stores of EVENT_STORES below, outside the class to keep it to the unit of work.
@@ -359,6 +369,7 @@ class EventSink:
         self._add_values(values, step=step, time_=time_)
         self.step = step
         self.updates.update(step=step, epoch=epoch if is_count(epoch) else 0)
+        self.updates.update(evaluated_figures(values))
         stats = rank_stats_from_event(message)
         if stats is not None:
             self.updates["rank_stats"] = stats
