@@ -9,6 +9,7 @@ window.TrainyardCharts = (function () {
   "use strict";
 
   const { isNum, el, bytesText } = window.Trainyard;
+  const Axis = window.TrainyardAxis;
 
   // Bucket fields, by index (the series contract).
   const SF = 0, SL = 1, TF = 2, TL = 3, MIN = 4, MAX = 5, MEAN = 6, N = 8;
@@ -330,7 +331,6 @@ window.TrainyardCharts = (function () {
         bands.push({ series: [base + 1, base], fill: alpha(line.color, 0.15) });
       }
       const axis = { stroke: cssVar("--muted", "#6b7280"), grid: { stroke: cssVar("--grid", "rgba(0,0,0,.06)"), width: 1 }, ticks: { width: 1, stroke: cssVar("--grid", "rgba(0,0,0,.06)") } };
-      const unit = this.spec.unit;
       return Object.assign(this.size(), {
         series,
         bands,
@@ -338,16 +338,32 @@ window.TrainyardCharts = (function () {
         // The scale is set here (onSelect), after reading the selection in the old one.
         cursor: { drag: { x: true, y: false, setScale: false }, points: { show: false } },
         scales: { x: { time: this.xMode === "wall" }, y: this.yScale() },
-        axes: [
-          Object.assign({}, axis, this.xMode === "wall" ? {} : { values: (u, ticks) => ticks.map((t) => (Math.abs(t) >= 1e4 ? (t / 1000).toFixed(0) + "k" : String(+t.toPrecision(6)))) }),
-          // Bytes read "928.8 MiB": wider than plain numbers.
-          Object.assign({}, axis, { size: unit === "bytes" ? 80 : 60, values: (u, ticks) => ticks.map((t) => numberText(t, unit)) }),
-        ],
+        axes: [Object.assign({}, axis, this.xAxis()), Object.assign({}, axis, this.yAxis())],
         hooks: {
           setSelect: [(u) => this.onSelect(u)],
           setCursor: [(u) => this.onCursor(u)],
         },
       });
+    }
+
+    /** The x axis' ticks and labels (static/js/axis.js): steps and images are counts, ticked at
+     * whole numbers; wall time is uPlot's clock. */
+    xAxis() {
+      if (this.xMode === "wall") return {};
+      if (this.xMode === "time") return { values: (u, ticks) => Axis.labels(ticks) };
+      return { incrs: Axis.COUNT_INCRS, values: (u, ticks) => Axis.countLabels(ticks) };
+    }
+
+    /** The y axis: one unit, just enough decimals, a gutter as wide as its widest label; on a
+     * log scale each tick has its own exponent (1e-4, 1e-3). */
+    yAxis() {
+      const unit = this.spec.unit;
+      const values = this.log
+        ? (u, ticks) => ticks.map((t) => Axis.labels([t], unit)[0])
+        : (u, ticks) => Axis.labels(ticks, unit);
+      const out = { values, size: (u, texts) => Axis.gutter(texts) };
+      if (unit === "bytes" && !this.log) out.incrs = Axis.BYTE_INCRS;
+      return out;
     }
 
     /** The y scale: log when toggled; from 0 for sizes (`zero`), whose level is the point: an

