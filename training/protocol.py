@@ -240,8 +240,9 @@ class MetricsFields(TypedDict):
 
 class StalledFields(TypedDict):
     """1.13: the ranks made no step for max(60 s, 10 x the median step time) while their
-    processes live (a script run's launcher watches its machine's ranks): where each rank is.
-    Said once when the stall begins, and again with ``since`` null when a step comes again."""
+    processes live (a script run's launcher watches its machine's ranks; since 1.14 an engine
+    torchrun run's rank 0 its machine's too): where each rank is. Said once when the stall
+    begins, and again with ``since`` null when a step comes again."""
 
     since: float | None  # Unix time the ranks last moved (a step, a forward...); null: over
     ranks: list[StalledRank]  # the launcher's machine's ranks, rank order; empty when null
