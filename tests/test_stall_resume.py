@@ -13,7 +13,7 @@ from django.test import Client
 
 from dashboard.experiments.core.stalls import RESUME_NODES, RESUME_NONE
 from dashboard.experiments.models import Checkpoint, Experiment, Status
-from dashboard.experiments.runs.lifecycle import run_restart
+from dashboard.experiments.runs.lifecycle import run_finish, run_restart
 from dashboard.experiments.runs.outcome import attempt_outcome
 from dashboard.experiments.runs.sink import EventSink
 from dashboard.experiments.runs.state import AttemptState
@@ -138,3 +138,18 @@ def test_the_attempt_a_stop_and_resume_ended_queues_the_run_again(
     # A plain Stop still cancels.
     assert attempt_outcome(state=AttemptState(stopped_by="alice"), returncode=-15,
                            stderr_tail=[]).restart is False  # fmt: skip
+
+
+def test_a_stop_and_resume_after_the_training_finished_resumes_nothing(
+    user_factory: Any, experiment_factory: Any
+) -> None:
+    """The training's `finished` came first: its results stand, the request is cleared."""
+    alice = user_factory(username="alice")
+    run = stalled_run(experiment_factory, alice)
+    Experiment.objects.filter(pk=run.pk).update(resume_requested=True)
+    state = AttemptState(stopped_by="alice", resuming=True, final_event={"type": "finished"})
+    outcome = attempt_outcome(state=state, returncode=0, stderr_tail=[])
+    assert (outcome.status, outcome.restart) == (Status.SUCCEEDED, False)
+    assert run_finish(experiment=run, sink=EventSink(run), outcome=outcome)
+    row = Experiment.objects.get(pk=run.pk)
+    assert (row.status, row.resume_requested, row.stalled) == (Status.SUCCEEDED, False, None)

@@ -82,6 +82,7 @@ class ExperimentAdmin(admin.ModelAdmin):
         "rank_stats",
         "cancel_requested_at",
         "cancelled_by",
+        "resume_requested",
         "checkpoint_requested_at",
         "checkpoint_requested_by",
         "launcher_pid",

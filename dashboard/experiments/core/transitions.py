@@ -156,6 +156,7 @@ def experiment_finish(
         finished_at=finished_at,
         error=outcome.error,
         **outcome_figures(outcome),
+        resume_requested=False,  # a Stop and resume that came too late resumes nothing
         **ATTEMPT_ENDED,
         **(unstopped if outcome.status == Status.SUCCEEDED else {}),
     )
