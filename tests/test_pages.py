@@ -16,6 +16,11 @@ from django.utils.html import escape
 
 from dashboard.experiments.core.forms import FORM_STRATEGIES
 from dashboard.experiments.core.messages import socket_path
+from dashboard.experiments.metrics.series_contract import (
+    ARRIVAL_FIELDS,
+    MEMORY_FIELDS,
+    PHASE_FIELDS,
+)
 from dashboard.experiments.models import Experiment, LogLine, SeriesPoint, Status
 from dashboard.experiments.routing import websocket_urlpatterns
 from dashboard.experiments.runs import sink
@@ -517,7 +522,15 @@ def test_the_page_facts_carry_the_series_contract(client: Any, alice: Any) -> No
         assert chart_of(key) == (key, "")
     assert chart_of("rank/3/rss_bytes") == ("rank_rss", "rank 3")
     assert chart_of("gpu/host-a/1/utilization") == ("gpu_util", "host-a GPU 1")
-    assert chart_of("epoch/images_per_second") is None  # scaling reads it; no chart of its own
+    # Every stored key has a chart and so a title (issue 34: no chart on compare or a study titled
+    # with a raw key); the run page leaves the phases to their own view and epoch images/s out.
+    assert chart_of("epoch/images_per_second") == ("epoch_ips", "")
+    fields = (*sink.RANK_FIELDS, *PHASE_FIELDS, *ARRIVAL_FIELDS, *MEMORY_FIELDS)
+    assert all(chart_of(f"rank/1/{field}") for field in fields)
+    off_run_page = {c["id"] for c in charts if c.get("run_page") is False}
+    assert chart_of("rank/0/backward_seconds") == ("phase_backward", "rank 0")
+    assert {"epoch_ips", "phase_backward", "rank_late"} <= off_run_page
+    assert len({c["id"] for c in charts}) == len(charts)
 
 
 def test_charts_js_keeps_no_copy_of_the_series_contract() -> None:

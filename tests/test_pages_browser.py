@@ -6,6 +6,7 @@ the values the issue saw. The pages' heights at 1440 px are printed: figures, no
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -48,6 +49,40 @@ def page_open(page: Any, url: str) -> None:
     page.goto(url)
     if page.locator("#charts").count():
         page.wait_for_selector(READY, timeout=30_000)
+
+
+# A series key as stored: snake_case words or a lowercase path (rank/0/backward_seconds).
+RAW_KEY = re.compile(r"\b[a-z0-9]+(?:_[a-z0-9]+)+\b|\b[a-z0-9_]+/[a-z0-9_/]+")
+
+
+@pytest.fixture(params=[1280, 1920], ids=["1280px", "1920px"])
+def sized(
+    request: pytest.FixtureRequest,
+    live_server: Any,
+    runs: dict[str, Any],
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[Any]:
+    context = {"viewport": {"width": request.param, "height": 900}, "reduced_motion": "reduce"}
+    with live_page(live_server, runs["user"], monkeypatch, **context) as page:
+        yield page
+
+
+def test_no_sideways_scroll(sized: Any, live_server: Any, runs: dict[str, Any]) -> None:
+    overflow = """() => [document.documentElement, ...document.querySelectorAll('.table-scroll')]
+        .filter((e) => e.scrollWidth > e.clientWidth + 1)
+        .map((e) => (e.id || e.className) + ': ' + e.scrollWidth + ' > ' + e.clientWidth)"""
+    for name in ("list", "compare", "study"):
+        page_open(sized, urls(live_server, runs)[name])
+        assert sized.evaluate(overflow) == [], name
+
+
+def test_no_chart_titled_with_a_raw_series_key(
+    sized: Any, live_server: Any, runs: dict[str, Any]
+) -> None:
+    for name in ("run", "compare", "study"):
+        page_open(sized, urls(live_server, runs)[name])
+        titles = sized.locator(".chart-card h2").all_inner_texts()
+        assert titles and [t for t in titles if RAW_KEY.search(t)] == [], name
 
 
 def test_the_page_heights_at_1440(wide: Any, live_server: Any, runs: dict[str, Any]) -> None:

@@ -85,10 +85,11 @@
     if (experiment && experiment.started_at) runCtx.startedAt = Date.parse(experiment.started_at) / 1000;
   }
 
-  // The chart and line of a series key, made on first sight (machine and GPU series).
+  // The chart and line of a series key, made on first sight (machine and GPU series); none for
+  // the figures this page shows another way (the contract's run_page: false, the phases' view).
   function lineOf(key) {
     const found = chartSet && Charts.specOf(key);
-    if (!found) return null;
+    if (!found || found.spec.run_page === false) return null;
     return { chart: found.spec, name: found.line, opts: { color: Charts.specColor(found.spec), ctx: runCtx, meta: { key } } };
   }
 

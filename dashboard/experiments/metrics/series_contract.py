@@ -12,6 +12,8 @@ dashboard/devices/facts.py (``machine_samples_collect``), which may not import t
 
 from typing import Any, Final, NotRequired, TypedDict
 
+from dashboard.experiments.metrics.phases import PHASE_STYLES
+
 # Event field -> series key, by event type (rank 0's figures are the run's own series).
 STEP_SERIES: Final = {
     name: name
@@ -61,12 +63,22 @@ class ChartSpec(TypedDict):
     zero: NotRequired[bool]  # the y axis starts at 0: a size's level, not its wiggle, matters
     factor: NotRequired[float]  # fractions shown as percent
     color: NotRequired[str]  # a CSS variable of the stylesheet
+    # False: the run page shows these figures another way (the phases' view) or not at all; the
+    # compare and study pages, which overlay every stored series, still title them from here.
+    run_page: NotRequired[bool]
 
 
 def _per_rank(
-    chart_id: str, field: str, title: str, unit: str | None = None, *, zero: bool = False
+    chart_id: str,
+    field: str,
+    title: str,
+    unit: str | None = None,
+    *,
+    zero: bool = False,
+    run_page: bool = True,
 ) -> ChartSpec:
-    """The chart of one of RANK_FIELDS or MEMORY_FIELDS, a line per rank."""
+    """The chart of one of RANK_FIELDS, PHASE_FIELDS, ARRIVAL_FIELDS or MEMORY_FIELDS, a line
+    per rank."""
     spec: ChartSpec = {
         "id": chart_id,
         "title": title,
@@ -77,7 +89,21 @@ def _per_rank(
         spec["unit"] = unit
     if zero:
         spec["zero"] = True
+    if not run_page:
+        spec["run_page"] = False
     return spec
+
+
+def _phase_charts() -> tuple[ChartSpec, ...]:
+    """Each phase's seconds per rank, titled with the phase's label (metrics/phases.py): the run
+    page draws them in its phases' view (static/js/phases.js), the other pages as charts."""
+    charts = []
+    for field in PHASE_FIELDS:
+        name = field.removesuffix("_seconds")
+        if name in PHASE_STYLES:
+            title = f"{PHASE_STYLES[name][0]} per rank (s)"
+            charts.append(_per_rank(f"phase_{name}", field, title, run_page=False))
+    return tuple(charts)
 
 
 # In the order the run page shows them.
@@ -97,6 +123,13 @@ CHARTS: Final[tuple[ChartSpec, ...]] = (
     _per_rank("rank_data", "data_seconds", "Waiting for data per rank (s)"),
     _per_rank("rank_compute", "compute_seconds", "Compute per rank (s)"),
     _per_rank("rank_rss", "rss_bytes", "Memory (RSS) per rank", unit="bytes"),
+    {"id": "epoch_ips", "title": "Images/s per epoch", "match": "^epoch/images_per_second$",
+     "run_page": False},
+    *_phase_charts(),
+    _per_rank("rank_sent", "communication_bytes", "Sent per rank", unit="bytes", run_page=False),
+    _per_rank("rank_late", "arrived_late_seconds", "Late at collectives per rank (s)",
+              run_page=False),
+    _per_rank("rank_collectives", "collectives", "Collectives per rank", run_page=False),
     # What each rank holds changes little over epochs: from 0, so that DDP's whole copy and
     # FSDP's 1/N read as levels.
     _per_rank("rank_parameters", "parameter_bytes", "Parameters held per rank", unit="bytes",
