@@ -29,12 +29,20 @@ $(VENV)/.installed: pyproject.toml .ci/pip_parallel.py
 setup: $(VENV)/.installed
 	$(PY) manage.py migrate --noinput -v 0
 
+# `make run` keeps its terminal for what a person acts on: the address, the admin's first login,
+# warnings and errors. `make run VERBOSE=1` (or VERBOSE=1 in the environment) shows as well the
+# services' banners, every task (the lost-run sweep's, every 10 s) and every request. The
+# Procfile's own defaults are the verbose ones (a `honcho start` of its own shows everything).
+VERBOSE ?=
+RUN_LOGS = $(if $(VERBOSE),SERVICES_VERBOSITY=1 CELERY_QUIET= CELERY_LOG_LEVEL=INFO LOG_LEVEL=INFO,\
+  SERVICES_VERBOSITY=0 CELERY_QUIET=--quiet CELERY_LOG_LEVEL=WARNING LOG_LEVEL=WARNING)
+
 run:
 	@.ci/system-packages run
 	@$(MAKE) --no-print-directory setup
 	@$(PY) manage.py ensure_admin
-	@echo "Trainyard: http://127.0.0.1:$(PORT)/  (Ctrl-C stops everything)"
-	WEB_PORT=$(PORT) $(VENV)/bin/honcho -f Procfile start
+	@echo "Trainyard: http://127.0.0.1:$(PORT)/  (Ctrl-C stops everything; make run VERBOSE=1 says more)"
+	@$(RUN_LOGS) WEB_PORT=$(PORT) $(VENV)/bin/honcho -f Procfile start
 
 worker: setup
 	$(VENV)/bin/celery -A dashboard worker --loglevel INFO

@@ -59,9 +59,12 @@ class Command(BaseCommand):
         data_dir = Path(settings.VAR_DIR) / "redis"
         data_dir.mkdir(parents=True, exist_ok=True)
         binary = redis_binary()
-        self.stdout.write(f"Starting {binary} on {host}:{port} (data in {data_dir})")
-        self.stdout.flush()
+        if options["verbosity"] >= 1:
+            self.stdout.write(f"Starting {binary} on {host}:{port} (data in {data_dir})")
+            self.stdout.flush()
         command = [binary, "--port", str(port), "--bind", host, "--dir", str(data_dir)]
+        # -v 0 (make run's default): Redis' own start-up notices too are left out.
+        command += ["--loglevel", "notice" if options["verbosity"] >= 1 else "warning"]
         # The broker holds queued runs: an append-only file keeps them across a restart.
         os.execv(binary, [*command, "--appendonly", "yes", "--appendfsync", "everysec"])
 
