@@ -1,9 +1,11 @@
 """An engine run that hangs, through the whole stack (Redis, daphne, a Celery worker, torchrun
 ranks; the session's stack, whose TRAINYARD_STALL_SECONDS is 8): rank 1 of a DDP run is stopped
 by the test (SIGSTOP: its process lives and makes no step), rank 0's stall watch names it on the
-run (read JSON `stalled`, log line), and the banner's "Stop and resume from the last
-checkpoint" (POST /api/experiments/<id>/resume/) ends every process of the attempt and queues
-the run again; its second attempt resumes from the epoch-1 checkpoint and succeeds."""
+run (read JSON `stalled`, log line, the page's banner), and the banner's "Stop and resume from
+the last checkpoint", clicked in Chromium (POST /api/experiments/<id>/resume/), ends every
+process of the attempt and queues the run again; its second attempt resumes from the epoch-1
+checkpoint and succeeds. SQLite only: the restart's conditional updates are
+tests/test_stall_resume.py's on either engine."""
 
 from __future__ import annotations
 
@@ -16,9 +18,15 @@ import psutil
 import pytest
 
 from tests.stack import Stack, wait_for
+from tests.test_browser import browser, log_in, page  # noqa: F401 (fixtures)
 from tests.test_survival_integration import assert_history_whole, launch, points
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
+pytestmark = [
+    pytest.mark.integration,
+    pytest.mark.browser,
+    pytest.mark.sqlite_only,
+    pytest.mark.timeout(400),
+]
 
 
 def read(session: Any, stack: Stack, pk: int) -> dict[str, Any]:
@@ -27,6 +35,7 @@ def read(session: Any, stack: Stack, pk: int) -> dict[str, Any]:
 
 def test_a_hung_engine_rank_is_named_and_the_run_resumes_from_its_checkpoint(
     stack: Stack,
+    page: Any,  # noqa: F811 - the fixture
 ) -> None:
     alice = stack.login("alice")
     pk = launch(alice, stack, name="hangs", strategy="ddp", processes=2, epochs=3)
@@ -53,11 +62,11 @@ def test_a_hung_engine_rank_is_named_and_the_run_resumes_from_its_checkpoint(
             " AND message LIKE 'No step for %'", pk, "warning",
         )  # fmt: skip
         assert logged, "the stall's log line"
-        # Another user may not; the owner may, and the attempt ends to be queued again.
+        # Another user may not; the owner may, from the banner, and the attempt ends to be
+        # queued again.
         bob = stack.login("bob")
         assert bob.post(f"{stack.base_url}/api/experiments/{pk}/resume/").status_code == 404
-        asked = alice.post(f"{stack.base_url}/api/experiments/{pk}/resume/", timeout=10)
-        assert asked.status_code == 202, asked.text
+        resume_clicked(page, stack, pk)
         wait_for(lambda: not _alive(hung), timeout=60, what="the stopped rank ended")
     finally:
         with contextlib.suppress(psutil.NoSuchProcess):
@@ -80,6 +89,23 @@ def test_a_hung_engine_rank_is_named_and_the_run_resumes_from_its_checkpoint(
     )]  # fmt: skip
     assert any(m.startswith("Stop and resume from the last checkpoint requested by alice")
                for m in messages), messages[-30:]  # fmt: skip
+
+
+def resume_clicked(page: Any, stack: Stack, pk: int) -> None:  # noqa: F811 - the fixture
+    """The run page as its owner: the banner with each rank's line and the button, which says
+    the checkpoint it resumes from; clicked, the run is asked to stop and resume."""
+    log_in(page, stack, "alice")
+    page.goto(f"{stack.base_url}/experiments/{pk}/")
+    page.wait_for_selector("#stalled-box:not([hidden])", timeout=20_000)
+    assert "rank 1" in page.locator("#stalled-ranks li[data-rank='1']").inner_text()
+    button = page.locator("#stalled-resume")
+    assert button.is_enabled()
+    said = page.locator("#stalled-resume-text").inner_text()
+    assert "from the last checkpoint (step " in said, said
+    button.click()
+    # Asked (the attempts' record below says by whom and why): the button stays disabled.
+    page.wait_for_function("() => document.getElementById('stalled-resume').disabled")
+    assert page.locator("#stalled-resume-error").is_hidden()
 
 
 def _alive(process: psutil.Process) -> bool:
