@@ -37,6 +37,7 @@ from dashboard.experiments.core.descriptions import (
     experiment_duration_seconds,
     experiment_is_active,
     experiment_option_facts,
+    experiment_options_label,
     experiment_script_facts,
     experiment_strategy_label,
 )
@@ -449,6 +450,9 @@ def _compare_run(row: ScalingRow) -> dict[str, Any]:
 def _compare_line(row: ScalingRow) -> dict[str, Any]:
     return {
         "row": row,
+        # The short name in the narrow column, its options in words; the whole label its tooltip.
+        "strategy_short": strategy_short(row.experiment.strategy),
+        "options_label": experiment_options_label(experiment=row.experiment),
         "strategy_label": experiment_strategy_label(experiment=row.experiment),
         "dataset_label": experiment_dataset_label(experiment=row.experiment),
     }
