@@ -124,6 +124,12 @@ def option_fill(field: Any, value: str) -> None:
 def test_start_ddp_and_watch_it_live(page: Any, stack: Stack) -> None:
     log_in(page, stack, "alice")
     start_run(page, stack, name="browser ddp", epochs=2)
+    # The Rank filter gains each rank as it first logs (issue 34 item 7): opened at launch, the
+    # page had none to offer; rank 1's first line comes live, with no reload.
+    offered = "() => Array.from(document.querySelectorAll('#log-rank option'), o => o.value)"
+    assert "1" not in page.evaluate(offered)
+    page.wait_for_function(f"() => ({offered})().includes('1')", timeout=120_000)
+    assert page.evaluate(f"() => ({offered})().indexOf('1') > 0")  # after "every rank"
     # Points arrive over the WebSocket, without a reload.
     page.wait_for_function(f"() => ({CHART_POINTS})().some(n => n >= 3)", timeout=120_000)
     screenshot(page, "live-chart.png")

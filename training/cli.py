@@ -9,14 +9,18 @@ import signal
 import sys
 import tempfile
 import traceback
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import FrameType
 from typing import IO, NoReturn
 
 from training.config import TrainConfig, build_parser, parse_args, under_torchrun
 from training.observe.progress import PROGRESS_ENV
-from training.process.torchrun import socket_interfaces_set, torchrun_rendezvous
+from training.process.torchrun import (
+    socket_interfaces_set,
+    torchrun_rank_output,
+    torchrun_rendezvous,
+)
 from training.protocol import EventWriter, log_line_format
 from training.refusals import RULE_MIN_GPUS, pipeline_refusals, strategy_refusals
 from training.registry import DEEPSPEED, REGISTRY, TORCHRUN_STRATEGIES, strategy_get
@@ -62,8 +66,7 @@ def main(argv: Sequence[str] | None = None, *, events_stream: IO[str] | None = N
     rank = int(os.environ.get("RANK", "0")) if cfg.strategy in TORCHRUN_STRATEGIES else 0
     logging.basicConfig(
         stream=sys.stderr,
-        # A reader of the events (the dashboard) sets WARNING: the info lines repeat the events.
-        level=os.environ.get("TRAINYARD_LOG_LEVEL", "INFO").upper(),
+        level=log_level(rank=rank, environ=os.environ),
         # Readable at a shell, and marked so that a watcher tells these lines from other output.
         format=log_line_format(rank=rank),
     )
@@ -95,6 +98,17 @@ def main(argv: Sequence[str] | None = None, *, events_stream: IO[str] | None = N
         return EXIT_FAILED
     finally:
         runtime.stop(rt)
+
+
+def log_level(*, rank: int, environ: Mapping[str, str]) -> str:
+    """This rank's logging level. A reader of the events (the dashboard) sets
+    TRAINYARD_LOG_LEVEL=WARNING: rank 0's info lines repeat its events. The other ranks write no
+    events, so their info lines are their own news: TRAINYARD_RANKS_LOG_LEVEL, where set, is
+    theirs."""
+    level = environ.get("TRAINYARD_LOG_LEVEL", "INFO")
+    if rank > 0:
+        level = environ.get("TRAINYARD_RANKS_LOG_LEVEL", level)
+    return level.upper()
 
 
 def validate_config(cfg: TrainConfig, parser: argparse.ArgumentParser) -> TrainConfig:
@@ -240,6 +254,11 @@ def exec_torchrun(cfg: TrainConfig, argv: Sequence[str]) -> NoReturn:
         "torch.distributed.run",
         *torchrun_rendezvous(cfg),
         f"--nproc-per-node={cfg.nproc}",
+        # Each rank's stderr (its prints too: _claim_stdout) with its rank. Its files go in the
+        # records' folder, which the machine's first rank removes at the end: torchrun's tail
+        # has them open by then, and nothing is left behind in /tmp.
+        *torchrun_rank_output(streams=2),
+        f"--log-dir={Path(env[PROGRESS_ENV]) / 'output'}",
         "-m",
         "training",
         # Without "--" torchrun's own parser reads our flags too: it takes abbreviations, so

@@ -475,3 +475,28 @@ def log_line_message(line: str) -> str | None:
     """The message of one of the training's stderr log lines, or None for any other line."""
     read = log_line_read(line)
     return read.message if read is not None else None
+
+
+# torchrun writes each rank's stderr after this prefix (its --tee with
+# --log-line-prefix-template, training/process/torchrun.py), the engine's and a script's ranks
+# alike, so that a watcher keeps every line with the rank that wrote it: a library's, a
+# traceback's and a print's as well as the marked log lines (which say their rank themselves).
+RANK_OUTPUT_TEMPLATE: Final = "[rank${rank}]: "
+# torch's C++ logging (c10d's lines) writes the same words again after it ("[rank1]:[I1206 ..."):
+# one prefix is enough.
+RANK_OUTPUT_PREFIX: Final = re.compile(r"\[rank(\d{1,6})\]: ?(?:\[rank\1\]: ?)?")
+
+
+@dataclass(frozen=True)
+class RankOutput:
+    """A line of torchrun's stderr, read back: whose it was, and the line as the rank wrote it."""
+
+    rank: int | None  # None: not a rank's line (torchrun's own, a launcher's)
+    line: str
+
+
+def rank_output_read(line: str) -> RankOutput:
+    found = RANK_OUTPUT_PREFIX.match(line)
+    if found is None:
+        return RankOutput(rank=None, line=line)
+    return RankOutput(rank=int(found[1]), line=line[found.end() :])

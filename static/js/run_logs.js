@@ -3,7 +3,8 @@
 // from the socket) shows the latest lines; once a filter is set or "Whole log" pressed, this
 // script shows #log-pages instead, read from GET /api/experiments/<id>/logs/ (which does the
 // filtering: "warnings and worse" is the server's rule, not a copy of it here). While the run
-// logs more, new lines are fetched after the last one shown when the live box grows.
+// logs more, new lines are fetched after the last one shown when the live box grows. The Rank
+// filter offers each rank as it first logs, live.
 (function () {
   "use strict";
 
@@ -45,11 +46,16 @@
     return logsUrl + (query ? "?" + query : "");
   }
 
+  // Each rank once, in order, after "every rank": a rank that first logs late (rank 1 at its
+  // start, after the page loaded) takes its place among the others.
   function ranksShow(ranks) {
     const have = new Set(Array.from(rankSelect.options, (o) => o.value));
     for (const rank of ranks || []) {
-      if (have.has(String(rank))) continue;
-      rankSelect.append(el("option", { value: String(rank) }, "rank " + rank));
+      if (!Number.isInteger(rank) || have.has(String(rank))) continue;
+      have.add(String(rank));
+      const option = el("option", { value: String(rank) }, "rank " + rank);
+      const after = Array.from(rankSelect.options).find((o) => o.value !== "" && Number(o.value) > rank);
+      rankSelect.insertBefore(option, after || null);
     }
   }
 
@@ -122,6 +128,15 @@
     }, 500);
   }).observe(liveBox, { childList: true });
 
-  // The ranks that logged, for the filter: one line's request brings them.
+  // The ranks that logged, for the filter: one line's request brings them, then the run's live
+  // messages (static/js/experiment_detail.js announces each) those that log later.
   fetchPage(logsUrl + "?limit=1");
+  const page = document.getElementById("experiment-detail");
+  if (page) {
+    page.addEventListener("run:message", function (event) {
+      const msg = event.detail || {};
+      if (msg.type === "log") ranksShow([msg.rank]);
+      else if (Array.isArray(msg.logs)) ranksShow(msg.logs.map((line) => line.rank));
+    });
+  }
 })();

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 
 from training.config import TrainConfig
+from training.protocol import RANK_OUTPUT_TEMPLATE
 
 log = logging.getLogger("training")
 
@@ -35,6 +36,15 @@ def torchrun_rendezvous(cfg: TrainConfig) -> list[str]:
     if cfg.local_addr:
         flags.append(f"--local-addr={cfg.local_addr}")
     return flags
+
+
+def torchrun_rank_output(*, streams: int) -> list[str]:
+    """torchrun's flags that put each rank's ``streams`` (2: stderr, 3: stdout and stderr, as
+    its --tee reads them) on its own, each line after the rank's prefix (protocol.py's
+    RANK_OUTPUT_TEMPLATE). Without them the ranks' lines come mixed, no watcher can tell whose a
+    line is, and only lines that say their rank (the marked log lines) are kept as a rank's.
+    torchrun writes each rank's to a file of its log folder and tails it (0.1 s apart)."""
+    return [f"--tee={streams}", f"--log-line-prefix-template={RANK_OUTPUT_TEMPLATE}"]
 
 
 def socket_interfaces_set(env: dict[str, str], address: str | None) -> None:

@@ -35,7 +35,11 @@ from typing import IO, Any
 from training.config import ScriptSettings, TrainConfig
 from training.observe.stall import StallWatch, stall_floor
 from training.process.run_requests import profile_request_read, profile_request_take
-from training.process.torchrun import socket_interfaces_set, torchrun_rendezvous
+from training.process.torchrun import (
+    socket_interfaces_set,
+    torchrun_rank_output,
+    torchrun_rendezvous,
+)
 from training.process.tree import OutputLine, output_lines_forward, process_tree_stop
 from training.protocol import EventWriter, ScriptInfo
 from training.scripts.channel import OBSERVER_FILE, RankEvents
@@ -138,8 +142,7 @@ class ScriptLauncher:
         cfg, script = self.cfg, self.script
         command = [
             sys.executable, "-m", "torch.distributed.run", *torchrun_rendezvous(cfg),
-            f"--nproc-per-node={cfg.nproc}", "--tee=3",
-            "--log-line-prefix-template=[rank${rank}]: ",
+            f"--nproc-per-node={cfg.nproc}", *torchrun_rank_output(streams=3),
             "-m", "training.scripts.rank", "--", script.entrypoint, *script.args,
         ]  # fmt: skip
         return subprocess.Popen(  # noqa: S603 - the user's own script is what a script run is

@@ -5,12 +5,10 @@ its stream (level ``stdout`` or ``stderr``). torchrun's own lines pass as they a
 
 from __future__ import annotations
 
-import re
 import time
 
 from training.protocol import LOG_LINE_MARKER, LOG_LINE_SEPARATOR
-
-RANK_PREFIX = re.compile(r"\[rank(\d{1,6})\]: ?")
+from training.protocol import RANK_OUTPUT_PREFIX as RANK_PREFIX
 
 
 def rank_line(source: str, line: str) -> str:

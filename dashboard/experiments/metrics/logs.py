@@ -1,7 +1,8 @@
 """Reading a run's log: by rank and level, a page at a time, or whole as text.
 
 Lines are stored by the sink (rank 0's log events, and every rank's stderr lines with the rank
-and level their marker says, see training/protocol.py); this module only reads them.
+torchrun's prefix or their marker says, and the level their marker says, see
+training/protocol.py); this module only reads them.
 """
 
 from __future__ import annotations
@@ -12,11 +13,14 @@ from typing import Final
 
 from django.db.models import QuerySet
 
+from dashboard.experiments.core.log_noise import NOISE_LEVEL
 from dashboard.experiments.models import Experiment, LogLine
 
 # How bad a level is, to filter by "this level or worse". Plain output has no level of its own:
-# stdout counts as info, stderr (tracebacks, torchrun's own lines) as a warning.
+# stdout counts as info, stderr (tracebacks, torchrun's own lines) as a warning; a library's
+# known-harmless lines (core/log_noise.py) as less than debug.
 LEVEL_SEVERITY: Final = {
+    NOISE_LEVEL: 5,
     "debug": 10,
     "info": 20,
     "stdout": 20,

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+from dashboard.experiments.core.log_noise import NOISE_LEVEL, noise_text
 from dashboard.experiments.core.messages import Body, LogBody
 from dashboard.experiments.runs.nodes import rank_pids_here
 from dashboard.experiments.runs.sink import output_body
@@ -30,6 +31,7 @@ from training.protocol import (
     StepEvent,
     log_line_read,
     parse_event,
+    rank_output_read,
 )
 
 STDERR_TAIL_LINES = 30
@@ -84,15 +86,9 @@ class EventRelay:
             return []
         bodies: list[Body] = []
         for line in filter(str.strip, lines):
-            # A training log line is kept as its message, with the rank and level that wrote it
-            # (the run page filters by them); any other line as it came.
-            read = log_line_read(line)
+            read = stderr_line_read(line)
             bodies.append(
-                output_body(line, level="stderr", machine=self.machine)
-                if read is None
-                else output_body(
-                    read.message, level=read.level or "stderr", rank=read.rank, machine=self.machine
-                )  # fmt: skip
+                output_body(read.message, level=read.level, rank=read.rank, machine=self.machine)
             )
         return bodies
 
@@ -165,6 +161,31 @@ class EventRelay:
     }
 
 
+@dataclass(frozen=True)
+class StderrLine:
+    """A line of the training's stderr as the log keeps it."""
+
+    message: str
+    rank: int | None  # the rank that wrote it; None for torchrun's own lines
+    level: str
+
+
+def stderr_line_read(line: str) -> StderrLine:
+    """Whose a line of stderr was (torchrun's prefix, else what a marked log line says), and
+    how the log keeps it: a training log line as its message and level (the run page filters
+    by both), a library's known noise marked so (core/log_noise.py), any other line as it
+    came, at level stderr."""
+    output = rank_output_read(line.rstrip("\n"))
+    read = log_line_read(output.line)
+    if read is not None:
+        rank = read.rank if read.rank is not None else output.rank
+        return StderrLine(message=read.message, rank=rank, level=read.level or "stderr")
+    noise = noise_text(output.line)
+    if noise is not None:
+        return StderrLine(message=noise, rank=output.rank, level=NOISE_LEVEL)
+    return StderrLine(message=output.line, rank=output.rank, level="stderr")
+
+
 class StderrEchoes:
     """Rank 0 writes each of its log messages twice: to stderr for a person at a shell, and as a
     ``log`` event. The run's log keeps the event; the stderr copy is dropped.
@@ -185,7 +206,7 @@ class StderrEchoes:
         self.events: deque[str] = deque(maxlen=200)  # recent log events' messages
 
     def line_hold(self, line: str, *, now: float) -> None:
-        read = log_line_read(line)
+        read = log_line_read(rank_output_read(line).line)
         if read is None:
             self.held.append((now, None, line))
             return

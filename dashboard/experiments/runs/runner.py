@@ -214,8 +214,10 @@ def training_environment(*, experiment: Experiment) -> dict[str, str]:
         "TRAINYARD_SUPERVISOR_PID": str(os.getpid()),
         "TRAINYARD_SUPERVISOR_STARTED": repr(supervisor_started()),
         "TRAINYARD_RUN_ID": str(experiment.pk),
-        # The events carry what the engine's info lines say; keep its warnings and errors.
+        # The events carry what rank 0's info lines say; keep its warnings and errors. The other
+        # ranks' info lines are said nowhere else (the log keeps them with their rank).
         "TRAINYARD_LOG_LEVEL": "WARNING",
+        "TRAINYARD_RANKS_LOG_LEVEL": "INFO",
     }
 
 
