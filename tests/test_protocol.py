@@ -31,7 +31,13 @@ from training.protocol import (
 
 # Fields that only some runs write (deepspeed, model-parallel; compile_seconds with --compile).
 # Fields only some strategies write: deepspeed's, model parallel's, --compile's, a script run's.
-STRATEGY_FIELDS = {"zero_stage", "stages", "compile_seconds", "script", "stop_pid"}
+# (arrived_late_seconds and collectives: a rank's arrival at collectives, 1.14, which one
+# process, Hogwild's and a pipeline's stages do not say; checked where they are, by
+# tests/test_script_observer.py and tests/test_stragglers.py.)
+STRATEGY_FIELDS = {
+    "zero_stage", "stages", "compile_seconds", "script", "stop_pid", "arrived_late_seconds",
+    "collectives",
+}  # fmt: skip
 # Fields of a type that only a script's observer writes (protocol 1.12): a step's memory, which
 # the engine says in its epoch events (checked there).
 OBSERVER_FIELDS = {"StepEvent": {"memory"}}

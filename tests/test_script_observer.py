@@ -220,6 +220,7 @@ BROKEN = textwrap.dedent(
     print("trained", step + 1, "steps")
     print("hooks left", len(modules._global_forward_pre_hooks) + len(modules._global_forward_hooks))
     print("backward wrapped", hasattr(torch.autograd.backward, "__wrapped__"))
+    print("modules wrapped", hasattr(torch.nn.Module.__call__, "__wrapped__"))
     """
 )
 
@@ -236,6 +237,7 @@ def test_an_observer_hook_that_raises_is_said_once_and_the_script_trains_on() ->
     assert "trained 8 steps" in done.stdout
     # Taken out at the next window's end: nothing of it is left in the process.
     assert "hooks left 0" in done.stdout and "backward wrapped False" in done.stdout
+    assert "modules wrapped False" in done.stdout
 
 
 UNEVEN = textwrap.dedent(
