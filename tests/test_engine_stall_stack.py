@@ -57,11 +57,11 @@ def test_a_hung_engine_rank_is_named_and_the_run_resumes_from_its_checkpoint(
         assert waiting["entered"] is True and waiting["collective"], stalled
         assert stopped["stack"] == "(no stack: the process did not answer)"
         assert stalled["text"].startswith("No step for "), stalled
-        logged = stack.query(
+        # The row takes the stall at once; its log line comes with the sink's next flush.
+        wait_for(lambda: stack.query(
             "SELECT message FROM experiments_logline WHERE experiment_id = ? AND level = ?"
             " AND message LIKE 'No step for %'", pk, "warning",
-        )  # fmt: skip
-        assert logged, "the stall's log line"
+        ), timeout=15, what="the stall's log line")  # fmt: skip
         # Another user may not; the owner may, from the banner, and the attempt ends to be
         # queued again.
         bob = stack.login("bob")
