@@ -18,6 +18,7 @@ from dashboard.experiments.core.forms import FORM_STRATEGIES
 from dashboard.experiments.core.messages import socket_path
 from dashboard.experiments.metrics.series_contract import (
     ARRIVAL_FIELDS,
+    CHART_SECTIONS,
     MEMORY_FIELDS,
     PHASE_FIELDS,
 )
@@ -508,8 +509,11 @@ def test_the_page_facts_carry_the_series_contract(client: Any, alice: Any) -> No
     assert [c["id"] for c in charts][:3] == ["train_loss", "test_loss", "test_accuracy"]
     assert charts[2] == {
         "id": "test_accuracy", "title": "Test accuracy", "match": "^test_accuracy$", "unit": "%",
-        "factor": 100, "color": "--chart-acc",
+        "factor": 100, "color": "--chart-acc", "section": "training",
     }  # fmt: skip
+    # Every chart goes in one of the pages' sections that hold charts.
+    sections = [section["id"] for section in series["sections"]]
+    assert {c["section"] for c in charts} <= set(CHART_SECTIONS) <= set(sections)
 
     def chart_of(key: str) -> tuple[str, str | None] | None:
         for chart in charts:

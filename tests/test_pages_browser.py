@@ -85,14 +85,70 @@ def test_no_chart_titled_with_a_raw_series_key(
         assert titles and [t for t in titles if RAW_KEY.search(t)] == [], name
 
 
+def section_open(page: Any, section: str) -> bool:
+    return bool(page.evaluate("(id) => document.getElementById('section-' + id).open", section))
+
+
+def test_sections_fold_and_stay_folded_after_a_reload(
+    sized: Any, live_server: Any, runs: dict[str, Any]
+) -> None:
+    at = urls(live_server, runs)
+    page_open(sized, at["run"])
+    # The most read open, the rest folded, until the user says otherwise.
+    assert section_open(sized, "training") and not section_open(sized, "memory")
+    sized.locator("#section-training > summary").click()
+    sized.locator("#section-memory > summary").click()
+    assert not sized.locator("[data-chart='train_loss'] canvas").is_visible()
+    # A chart drawn while folded takes the section's width once opened.
+    width = "(id) => TrainyardCharts.instances.get(id).u.width"
+    sized.wait_for_function(f"() => ({width})('rank_parameters') > 300")
+    sized.reload()
+    page_open(sized, at["run"])
+    assert not section_open(sized, "training") and section_open(sized, "memory")
+    # Remembered for this user across the pages with sections, under a key of their own.
+    page_open(sized, at["compare"])
+    assert not section_open(sized, "training") and section_open(sized, "memory")
+    keys = sized.evaluate("() => Object.keys(localStorage)")
+    assert keys == [f"trainyard:sections:{runs['user'].pk}"]
+    sized.locator("#section-training > summary").click()
+    sized.reload()
+    page_open(sized, at["compare"])
+    assert section_open(sized, "training")
+
+
+def test_a_per_rank_figure_is_one_chart_with_a_rank_to_pick(
+    sized: Any, live_server: Any, runs: dict[str, Any]
+) -> None:
+    page_open(sized, urls(live_server, runs)["compare"])
+    drawn = "(id) => Object.keys(TrainyardCharts.instances.get(id).drawn().lines)"
+    assert sized.locator("[data-chart^='phase_backward']").count() == 1
+    single, ddp = (f"#{runs[name]}" for name in ("single", "ddp"))
+    lines = sized.evaluate(drawn, "phase_backward")
+    assert {line.split(" ")[0] for line in lines} == {single, ddp}
+    assert all(line.endswith(" · rank 0") for line in lines)
+    sized.get_by_label("Backward per rank (s): which to draw").select_option("rank 1")
+    lines = sized.evaluate(drawn, "phase_backward")
+    assert len(lines) == 1 and lines[0].startswith(ddp) and lines[0].endswith(" · rank 1")
+
+
+# Every section folded, as a user may leave them: the page's height then.
+FOLD_ALL = """() => {
+  document.querySelectorAll("details.page-section").forEach((d) => { d.open = false; });
+  return document.documentElement.scrollHeight;
+}"""
+
+
 def test_the_page_heights_at_1440(wide: Any, live_server: Any, runs: dict[str, Any]) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
     for name, url in urls(live_server, runs).items():
         page_open(wide, url)
         height = wide.evaluate("() => document.documentElement.scrollHeight")
-        charts = wide.locator(".chart-card").count()
-        print(f"{name}: {height} px tall, {charts} chart cards")  # noqa: T201
-        ARTIFACTS.mkdir(exist_ok=True)
+        charts = wide.locator(".chart-card:visible").count()
         wide.screenshot(path=str(ARTIFACTS / f"pages-{name}-1440.png"), full_page=True)
+        folded = wide.evaluate(FOLD_ALL)
+        print(f"{name}: {height} px, {folded} px folded, {charts} charts shown")  # noqa: T201
+        wide.wait_for_timeout(100)  # the toggles' events store the folding: forget it
+        wide.evaluate("() => localStorage.clear()")
 
 
 # The values the issue saw break the axes (static/js/axis.js): a learning rate in 1e-4 steps,

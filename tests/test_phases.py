@@ -11,14 +11,20 @@ from typing import Any
 
 import pytest
 import torch
+from django.core import mail
 from django.test import Client
 from torch import nn
 
 from dashboard.experiments.metrics.breakdown import PHASES, experiment_straggler
-from dashboard.experiments.metrics.stragglers import straggler_context, straggler_text
+from dashboard.experiments.metrics.stragglers import (
+    stage_imbalance_text,
+    straggler_context,
+    straggler_text,
+)
 from dashboard.experiments.models import LogLine, SeriesPoint
 from dashboard.experiments.runs.sink import EventSink
 from dashboard.experiments.runs.stragglers import events_flush
+from dashboard.notifications.models import NotificationSettings
 from tests.few_digits import sample_data_few  # noqa: F401 (the sample_data fixture)
 from tests.phase_checks import SECONDS, assert_phases_add_up, phase_windows
 from tests.test_training import Result, needs_cuda, run_cli
@@ -530,3 +536,60 @@ def test_a_named_rank_stays_named_until_it_is_barely_slower(
         "rank": 3, "slower_by": 0.45, "since_step": 1, "late_seconds": None
     }  # fmt: skip
     assert experiment_straggler(experiment=four, named=2) is None
+
+
+def _cadence(forwards_at: dict[int, list[float]]) -> list[dict[str, Any]]:
+    """The engine's cadence (issue 34 item 8): step 1 reported alone, then every 10 steps."""
+    return [_step(step, forwards) for step, forwards in forwards_at.items()]
+
+
+@pytest.mark.django_db
+def test_the_warm_up_window_names_nobody(experiment_factory: Any, user_factory: Any) -> None:
+    """A cold start's step 1, reported alone, where rank 0 took 3x the others (its first
+    allocations and connections), is the warm-up: nobody is named at step 1 nor after it. A
+    rank slow from step 10 on is named, since step 10."""
+    owner = user_factory()
+    cold, slow = experiment_factory(owner=owner), experiment_factory(owner=owner)
+    even, rank0_cold = [0.1, 0.1, 0.1], [0.3, 0.1, 0.1]
+    sink = EventSink(cold)
+    for event in _cadence({1: rank0_cold, 10: even, 20: even}):
+        sink.add(event)  # type: ignore[arg-type]
+        events_flush(sink=sink)
+        assert experiment_straggler(experiment=cold) is None, event["step"]
+    cold.refresh_from_db()
+    assert cold.straggler_rank is None
+    assert not LogLine.objects.filter(experiment=cold, message__contains="slower").exists()
+    sink = EventSink(slow)
+    for event in _cadence({1: even, 10: [0.1, 0.1, 0.3], 20: [0.1, 0.1, 0.3]}):
+        sink.add(event)  # type: ignore[arg-type]
+    sink.flush()
+    assert experiment_straggler(experiment=slow) == {
+        "rank": 2, "slower_by": 1.0, "since_step": 10, "late_seconds": None
+    }  # fmt: skip
+
+
+@pytest.mark.django_db
+def test_a_pipelines_busiest_stage_is_said_as_the_splits_imbalance(
+    experiment_factory: Any, user_factory: Any, django_capture_on_commit_callbacks: Any
+) -> None:
+    """On a pipeline each rank is a stage: the one the split gave more work is not a slow
+    rank. Said as the stages' imbalance on the row, in the log and the read JSON's rank; no
+    notification (nothing is wrong with a machine)."""
+    owner = user_factory(email="owner@example.com")
+    NotificationSettings.objects.create(user=owner, email_enabled=True, straggler_enabled=True)
+    run = experiment_factory(owner=owner, strategy="pipeline", processes=2, status="running")
+    sink = EventSink(run)
+    with django_capture_on_commit_callbacks(execute=True):  # a notification would go here
+        for step in range(1, 11):  # stage 0 busy 0.46 s a step, stage 1 0.2 s
+            sink.add(_step(step, [0.36, 0.1]))  # type: ignore[arg-type]
+            events_flush(sink=sink)
+    run.refresh_from_db()
+    assert run.straggler_rank == 0
+    assert run.straggler_text == "stage 0 takes 2.3x stage 1: the split is unbalanced"
+    assert LogLine.objects.filter(experiment=run, message=run.straggler_text).count() == 1
+    assert not LogLine.objects.filter(experiment=run, message__contains="slower").exists()
+    assert mail.outbox == []
+    named = experiment_straggler(experiment=run)
+    assert named is not None  # three stages: against their median
+    said = stage_imbalance_text(named, other_stages=(1, 2))
+    assert said == "stage 0 takes 2.3x the other stages: the split is unbalanced"

@@ -95,6 +95,17 @@ def test_compare_api_numbers(client: Client, runs: dict[str, Experiment]) -> Non
     assert body["missing"] == []
 
 
+def test_the_batch_warning_speaks_of_the_strategies_compared(
+    client: Client, runs: dict[str, Experiment]
+) -> None:
+    """Issue 34 item 8: DDP against a single device is not explained with DataParallel."""
+    warning = compare(client, runs["single"], runs["ddp"], api=True).json()["batch_warning"]
+    assert "more than their strategies (Single device and DistributedDataParallel)" in warning
+    assert ("Each step here takes Single device one batch of 64 images; DistributedDataParallel "
+            "64 images a process x 2 processes.") in warning  # fmt: skip
+    assert "DataParallel " not in warning.replace("DistributedDataParallel", "")
+
+
 def test_no_warning_when_the_global_batches_agree(
     client: Client, runs: dict[str, Experiment]
 ) -> None:

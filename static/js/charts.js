@@ -57,12 +57,14 @@ window.TrainyardCharts = (function () {
   /** A single-line chart's colour from the stylesheet; undefined picks from the palette. */
   const specColor = (spec) => (spec.color ? cssVar(spec.color, undefined) : undefined);
 
-  /** The spec of a chart of one key (the compare page): ours where we know it, else generic. */
-  function keySpec(key) {
+  /** The chart of one key on the compare and study pages, and the group of its line there:
+   * {spec, group}. A per-rank (machine, GPU) figure is one chart whose lines are the runs, one
+   * group per rank drawn at a time; a key the contract does not know (an imported run's own tag)
+   * is a chart of its own, titled with the only name it has. */
+  function keyChart(key) {
     const found = specOf(key);
-    if (found && !found.spec.line) return found.spec;
-    const title = found ? found.spec.title + " · " + found.line : key;
-    return { id: key, title, unit: found ? found.spec.unit : undefined, zero: found ? found.spec.zero : undefined, log: /loss/.test(key) };
+    if (found) return { spec: found.spec, group: found.spec.line ? found.line : undefined };
+    return { spec: { id: key, title: key, section: contract.other_section, log: /loss/.test(key) }, group: undefined };
   }
 
   // ---- live messages -> points ---------------------------------------------------------------
@@ -181,7 +183,10 @@ window.TrainyardCharts = (function () {
       this.card = card;
       this.xMode = xMode || "step";
       this.fetchRange = fetchRange || null;
-      this.lines = new Map(); // name -> {name, color, buckets, count, ctx, zoom}
+      this.lines = new Map(); // name -> {name, group, color, buckets, count, ctx, zoom}
+      // Lines of several groups (a compare page's runs, per rank): the group drawn, picked in a
+      // select (one chart per figure, not one per rank).
+      this.pick = null;
       this.smoothing = 0;
       this.log = false;
       this.zoomed = false;
@@ -200,11 +205,13 @@ window.TrainyardCharts = (function () {
       this.sliderText = el("span", { class: "chart-smooth-value" }, "0");
       this.logBox = el("input", { type: "checkbox", "aria-label": this.spec.title + ": log scale" });
       this.reset = el("button", { type: "button", class: "button small chart-reset", hidden: "" }, "Reset zoom");
+      this.picker = el("select", { class: "chart-pick", "aria-label": this.spec.title + ": which to draw", hidden: "" });
       this.note = el("p", { class: "chart-note muted small" });
       this.hover = el("div", { class: "chart-hover small", "aria-live": "off" });
       const controls = el("div", { class: "chart-controls small" }, [
         el("label", { title: "TensorBoard's debiased exponential moving average; the raw curve stays faint behind" }, ["Smoothing ", this.slider, " ", this.sliderText]),
         this.spec.log ? el("label", {}, [this.logBox, " log"]) : null,
+        this.picker,
         this.reset,
       ]);
       let head = card.querySelector(".chart-head");
@@ -224,6 +231,13 @@ window.TrainyardCharts = (function () {
         this.rebuild();
       });
       this.reset.addEventListener("click", () => this.zoomReset());
+      this.picker.addEventListener("change", () => {
+        this.pick = this.picker.value;
+        for (const line of this.lines.values()) line.zoom = null;
+        this.zoomed = false;
+        this.reset.hidden = true;
+        this.rebuild();
+      });
       new ResizeObserver(() => {
         if (this.u) this.u.setSize(this.size());
       }).observe(this.box);
@@ -235,10 +249,11 @@ window.TrainyardCharts = (function () {
 
     /** Replace a line's buckets (a snapshot, or the metrics API). `meta` is the page's (which
      * series key and run the line draws), handed back to fetchRange. */
-    setLine(name, { series, color, ctx, meta }) {
+    setLine(name, { series, color, ctx, meta, group }) {
       const old = this.lines.get(name);
       this.lines.set(name, {
         name,
+        group: group !== undefined ? group : old && old.group,
         meta: meta || (old && old.meta) || {},
         color: color || (old && old.color) || PALETTE[this.lines.size % PALETTE.length],
         buckets: (series && series.buckets) || [],
@@ -255,8 +270,8 @@ window.TrainyardCharts = (function () {
     }
 
     /** Live points [[step, time, value], ...] as one-point buckets at the end of a line. */
-    append(name, points, { color, ctx, meta } = {}) {
-      if (!this.lines.has(name)) this.setLine(name, { series: null, color, ctx, meta });
+    append(name, points, { color, ctx, meta, group } = {}) {
+      if (!this.lines.has(name)) this.setLine(name, { series: null, color, ctx, meta, group });
       const line = this.lines.get(name);
       for (const [step, time, v] of points) {
         const last = line.buckets[line.buckets.length - 1];
@@ -268,6 +283,28 @@ window.TrainyardCharts = (function () {
       }
       while (line.buckets.length > LIVE_BUCKET_LIMIT) line.buckets = halve(line.buckets);
       this.schedule();
+    }
+
+    /** The lines drawn: every line, or the picked group's where lines come in groups. */
+    shown() {
+      const all = [...this.lines.values()];
+      if (this.pick === null) return all;
+      return all.filter((l) => l.group === undefined || l.group === this.pick);
+    }
+
+    /** The group select: hidden below two groups; the first group drawn until one is picked. */
+    renderPicker() {
+      const groups = [...new Set([...this.lines.values()].map((l) => l.group).filter((g) => g !== undefined))];
+      this.picker.hidden = groups.length < 2;
+      if (!groups.length) {
+        this.pick = null;
+        return;
+      }
+      if (!groups.includes(this.pick)) this.pick = groups[0];
+      if (this.picker.options.length !== groups.length) {
+        this.picker.replaceChildren(...groups.map((g) => el("option", { value: g }, g)));
+      }
+      this.picker.value = this.pick;
     }
 
     setXMode(mode) {
@@ -292,7 +329,7 @@ window.TrainyardCharts = (function () {
       const f = this.spec.factor || 1;
       const keep = this.log ? (v) => (isNum(v) && v > 0 ? v * f : null) : (v) => (isNum(v) ? v * f : null);
       const tables = [];
-      for (const line of this.lines.values()) {
+      for (const line of this.shown()) {
         const toX = XS[this.xMode];
         const xs = [], mins = [], maxs = [], means = [];
         for (const b of line.zoom || line.buckets) {
@@ -319,7 +356,7 @@ window.TrainyardCharts = (function () {
       const series = [{ label: "x" }];
       const bands = [];
       const smoothing = this.smoothing > 0;
-      for (const line of this.lines.values()) {
+      for (const line of this.shown()) {
         const base = series.length;
         const faint = alpha(line.color, 0.35);
         const common = { spanGaps: true, points: { show: false } };
@@ -384,12 +421,14 @@ window.TrainyardCharts = (function () {
     }
 
     redraw() {
-      const any = [...this.lines.values()].some((l) => l.buckets.length);
+      this.renderPicker();
+      const shown = this.shown();
+      const any = shown.some((l) => l.buckets.length);
       if (this.empty) this.empty.hidden = any;
       this.renderLegend();
       this.renderNote();
       if (!any || typeof uPlot === "undefined") return;
-      if (this.u && this.u.series.length === 1 + 4 * this.lines.size) {
+      if (this.u && this.u.series.length === 1 + 4 * shown.length) {
         this.u.setData(this.data(), !this.zoomed);
         return;
       }
@@ -400,7 +439,7 @@ window.TrainyardCharts = (function () {
     }
 
     renderNote() {
-      const bucketed = [...this.lines.values()].some((l) => l.count > (l.zoom || l.buckets).length);
+      const bucketed = this.shown().some((l) => l.count > (l.zoom || l.buckets).length);
       let text = "";
       if (bucketed) text = "Each bucket drawn as its min–max band and its mean";
       if (this.smoothing > 0) {
@@ -412,13 +451,17 @@ window.TrainyardCharts = (function () {
     }
 
     renderLegend() {
-      if (this.lines.size < 2) return;
+      const shown = this.shown();
+      if (this.legend) this.legend.hidden = shown.length < 2;
+      if (shown.length < 2) return;
       if (!this.legend) {
         this.legend = el("ul", { class: "chart-legend small" });
         this.box.before(this.legend);
       }
-      if (this.legend.children.length === this.lines.size) return;
-      this.legend.replaceChildren(...[...this.lines.values()].map((l) => el("li", {}, [
+      const names = shown.map((l) => l.name).join("\n");
+      if (this.legend.dataset.names === names) return;
+      this.legend.dataset.names = names;
+      this.legend.replaceChildren(...shown.map((l) => el("li", {}, [
         el("span", { class: "swatch", style: "background:" + l.color }), l.name,
       ])));
     }
@@ -432,11 +475,12 @@ window.TrainyardCharts = (function () {
       const unit = this.spec.unit;
       const parts = [xText(this.xMode, u.data[0][i])];
       let s = 1;
-      for (const line of this.lines.values()) {
+      const shown = this.shown();
+      for (const line of shown) {
         const mean = u.data[s + 2][i], min = u.data[s][i], max = u.data[s + 1][i], sm = u.data[s + 3][i];
         s += 4;
         if (!isNum(mean)) continue;
-        let text = (this.lines.size > 1 ? line.name + ": " : "") + numberText(mean, unit);
+        let text = (shown.length > 1 ? line.name + ": " : "") + numberText(mean, unit);
         if (isNum(min) && isNum(max) && min !== max) text += " (" + numberText(min, unit) + "–" + numberText(max, unit) + ")";
         if (isNum(sm)) text += ", smoothed " + numberText(sm, unit);
         parts.push(text);
@@ -460,7 +504,7 @@ window.TrainyardCharts = (function () {
       this.reset.hidden = false;
       if (!this.fetchRange) return;
       const toX = XS[this.xMode];
-      const asked = [...this.lines.values()].map(async (line) => {
+      const asked = this.shown().map(async (line) => {
         let from = null, to = null;
         for (const b of line.buckets) {
           const x = toX(b, line.ctx);
@@ -496,7 +540,7 @@ window.TrainyardCharts = (function () {
       if (!this.u) return null;
       const out = { x: Array.from(this.u.data[0]), xMode: this.xMode, log: this.u.scales.y.distr === 3, lines: {} };
       let s = 1;
-      for (const name of this.lines.keys()) {
+      for (const { name } of this.shown()) {
         const [min, max, mean, smoothed] = [0, 1, 2, 3].map((k) => Array.from(this.u.data[s + k]));
         const dotted = this.u.series[s + 2].points.show(this.u, s + 2);
         out.lines[name] = { min, max, mean, smoothed, dotted };
@@ -536,17 +580,25 @@ window.TrainyardCharts = (function () {
       let chart = this.charts.get(spec.id);
       if (!chart) {
         // In SPECS order whenever a series first appears (a machine's CPU after the losses).
+        // In its section's grid where the page has one (the contract's `section`), else here.
+        const home = this.homeOf(spec);
         const rank = (id) => { const i = SPECS.findIndex((s) => s.id === id); return i < 0 ? SPECS.length : i; };
         let next = null;
         for (const c of this.charts.values()) {
+          if (c.card.parentNode !== home) continue;
           if (rank(c.spec.id) > rank(spec.id) && (!next || rank(c.spec.id) < rank(next.spec.id))) next = c;
         }
-        const card = this.container.querySelector('[data-chart="' + spec.id + '"]') || cardMake(this.container, spec, next && next.card);
+        const card = document.querySelector('[data-chart="' + CSS.escape(spec.id) + '"]') || cardMake(home, spec, next && next.card);
         chart = new SeriesChart(card, { spec, xMode: this.xMode, fetchRange: this.fetchRange });
         this.charts.set(spec.id, chart);
         registry.set(spec.id, chart);
       }
       return chart;
+    }
+
+    homeOf(spec) {
+      const section = spec.section || contract.other_section;
+      return document.querySelector('[data-section-charts="' + section + '"]') || this.container;
     }
 
     setXMode(mode) {
@@ -604,5 +656,5 @@ window.TrainyardCharts = (function () {
   // Every chart on the page by id: tests and bench_charts read what is drawn through it.
   const registry = new Map();
 
-  return { SPECS, X_MODES, PALETTE, specOf, specColor, keySpec, messagePoints, smooth, numberText, SeriesChart, ChartSet, xSelectBind, scalingChart, instances: registry };
+  return { SPECS, X_MODES, PALETTE, specOf, specColor, keyChart, messagePoints, smooth, numberText, SeriesChart, ChartSet, xSelectBind, scalingChart, instances: registry };
 })();

@@ -46,13 +46,21 @@
     return rank(a) - rank(b) || a.localeCompare(b);
   }
 
-  function lineOpts(run, key) {
-    return { color: run.color, ctx: run.ctx, meta: { key, run } };
+  // A key's chart and the run's line there: a per-rank figure's lines are named by run and rank,
+  // and grouped by rank (the chart draws one rank at a time, picked in its select).
+  function lineOf(run, key) {
+    const { spec, group } = Charts.keyChart(key);
+    return {
+      chart: set.chart(spec),
+      name: group === undefined ? run.label : run.label + " · " + group,
+      opts: { color: run.color, ctx: run.ctx, meta: { key, run }, group },
+    };
   }
 
   function setRunSeries(run, series) {
     for (const [key, s] of Object.entries(series || {})) {
-      set.chart(Charts.keySpec(key)).setLine(run.label, Object.assign({ series: s }, lineOpts(run, key)));
+      const at = lineOf(run, key);
+      at.chart.setLine(at.name, Object.assign({ series: s }, at.opts));
     }
   }
 
@@ -68,7 +76,8 @@
       onEvent(msg) {
         if (msg.type === "started" && isNum(msg.global_batch_size)) run.ctx.globalBatch = msg.global_batch_size;
         for (const [key, points] of Object.entries(Charts.messagePoints(msg))) {
-          set.chart(Charts.keySpec(key)).append(run.label, points, lineOpts(run, key));
+          const at = lineOf(run, key);
+          at.chart.append(at.name, points, at.opts);
         }
         if (msg.type === "finished" || msg.type === "failed") run.active = false;
       },
@@ -81,7 +90,7 @@
     for (const body of answers) Object.keys((body && body.series) || {}).forEach((k) => keys.add(k));
     document.getElementById("charts-loading").remove();
     // Charts made in key order, so that the page reads the same for every set of runs.
-    for (const key of [...keys].sort(keyOrder)) set.chart(Charts.keySpec(key));
+    for (const key of [...keys].sort(keyOrder)) set.chart(Charts.keyChart(key).spec);
     answers.forEach((body, i) => {
       if (body) setRunSeries(runs[i], body.series);
     });

@@ -19,6 +19,7 @@
     const root = document.getElementById("experiment-detail");
     if (!box || !root || !window.Trainyard) return;
     const { facts, el, isNum, bytesText, setText } = window.Trainyard;
+    const Axis = window.TrainyardAxis;
     const { phases, bytes_field: BYTES, not_measured: NOT_MEASURED } = facts.phases;
     const FIELDS = new Set([...phases.map((p) => p.field), BYTES]);
     const FINAL = new Set(facts.final_statuses);
@@ -168,7 +169,11 @@
           value: (u, v) => (isNum(v) ? v.toFixed(1) + "%" : "—"),
         }))],
         scales: { x: { time: false }, y: { range: [0, 100] } },
-        axes: [{ stroke: muted, grid }, { stroke: muted, grid, values: (u, ticks) => ticks.map((t) => t + "%") }],
+        // Steps tick at whole numbers, labelled as every chart's axes are (static/js/axis.js).
+        axes: [
+          { stroke: muted, grid, incrs: Axis.COUNT_INCRS, values: (u, ticks) => Axis.countLabels(ticks) },
+          { stroke: muted, grid, values: (u, ticks) => Axis.labels(ticks, "%") },
+        ],
       }, data, target);
       new ResizeObserver(() => chart.setSize({ width: Math.max(200, target.clientWidth), height: 220 })).observe(target);
     }

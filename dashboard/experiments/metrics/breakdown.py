@@ -167,12 +167,16 @@ def _late(windows: list[_Window]) -> dict[int, float]:
 
 
 def _straggler_windows(*, experiment: Experiment) -> dict[int, _Window]:
-    """The latest STRAGGLER_WINDOWS step events' figures, step -> window."""
-    steps = list(
-        SeriesPoint.objects.filter(experiment_id=experiment.pk, key="rank/0/other_seconds")
-        .order_by("-step")
-        .values_list("step", flat=True)[:STRAGGLER_WINDOWS]
-    )
+    """The latest STRAGGLER_WINDOWS step events' figures, step -> window, the warm-up's left
+    out (_warm_up_step)."""
+    windows = SeriesPoint.objects.filter(experiment_id=experiment.pk, key="rank/0/other_seconds")
+    first_two = list(windows.order_by("step").values_list("step", flat=True)[:2])
+    warm_up = _warm_up_step(first_two)
+    steps = [
+        step
+        for step in windows.order_by("-step").values_list("step", flat=True)[:STRAGGLER_WINDOWS]
+        if step != warm_up
+    ]
     points = SeriesPoint.objects.filter(
         experiment_id=experiment.pk, key__startswith="rank/", step__in=steps
     ).values_list("key", "step", "value")
@@ -209,6 +213,22 @@ def experiment_straggler(*, experiment: Experiment, named: int | None = None) ->
         rank=rank, slower_by=round(slower[rank], 3), since_step=since,
         late_seconds=None if late is None else round(late[rank], 4),
     )  # fmt: skip
+
+
+def _warm_up_step(first_two: list[int]) -> int | None:
+    """The step of the run's warm-up window, or None where it has none: its first window where
+    it covers fewer steps than the next (or no next has come yet). The engine reports step 1
+    alone, so that the page has a point at once, and that step carries the cold start (the
+    allocator's first blocks, the process group's first connections, caches filled): a rank
+    slow there is no straggler (issue 34 item 8: one was named at step 1, cleared at step 10).
+    Where every window covers as many steps as the first (one a step) it is a window like the
+    others."""
+    if not first_two:
+        return None
+    if len(first_two) == 1:
+        return first_two[0]
+    first, second = first_two
+    return first if first < second - first else None
 
 
 def _last(late: dict[int, float], rank: int) -> bool:

@@ -15,7 +15,8 @@ and DeepSpeed; GPUs for DataParallel, its primitives and model parallel (1 on th
 
 Matching the batch size per process makes DDP's global batch (batch x processes) larger than the
 baseline's, while DataParallel splits one batch across its GPUs: runs that look alike then train on
-different global batches, which changes throughput and accuracy alike. Pages warn where they differ.
+different global batches, which changes throughput and accuracy alike. Pages warn where they differ,
+saying how each compared strategy makes its global batch.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from dashboard.experiments.models import (
     Status,
     Strategy,
 )
-from training.registry import REGISTRY
+from training.registry import REGISTRY, strategy_get
 
 # The compare page is one table: a handful of runs, not a report.
 COMPARE_MAX_RUNS = 20
@@ -248,13 +249,37 @@ def batch_warning_text(rows: Sequence[ScalingRow]) -> str | None:
     sizes = ", ".join(
         f"#{row.experiment.pk} {row.experiment.strategy} {row.global_batch}" for row in rows
     )
+    strategies = list(dict.fromkeys(_strategy_label(row.experiment) for row in rows))
+    made = "; ".join(dict.fromkeys(_global_batch_made(row.experiment) for row in rows))
     return (
         f"Global batch sizes differ ({sizes}). A larger global batch means fewer optimizer steps "
-        "per epoch, so higher images/s and a different accuracy: the difference is not the "
-        "strategy's alone. DataParallel splits its batch across GPUs while DDP takes a batch per "
-        "process; compare runs with equal global batches (e.g. DDP 2 x 32 against DataParallel "
-        "64) to compare the strategies."
+        "per epoch, so higher images/s and a different accuracy: these runs differ by more "
+        f"than their strategies ({_and(strategies)}). Each step here takes {made}. To compare "
+        "the strategies, give every run the same global batch."
     )
+
+
+def _strategy_label(experiment: Experiment) -> str:
+    try:
+        return strategy_get(experiment.strategy).label
+    except ValueError:  # a strategy the registry no longer has: its stored name
+        return experiment.strategy
+
+
+def _global_batch_made(experiment: Experiment) -> str:
+    """How a run's global batch is made, in words: "DistributedDataParallel 64 images a
+    process x 2 processes" (experiment_global_batch's rule)."""
+    label, batches = _strategy_label(experiment), experiment.accumulate or 1
+    accumulated = f" x {batches} batches accumulated" if batches > 1 else ""
+    if experiment.strategy in PROCESS_STRATEGIES:
+        processes = max(1, experiment.processes)
+        return (f"{label} {experiment.batch_size} images a process x {processes} "
+                f"processes{accumulated}")  # fmt: skip
+    return f"{label} one batch of {experiment.batch_size} images{accumulated}"
+
+
+def _and(names: list[str]) -> str:
+    return names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
 
 
 def baseline_batch_note(row: ScalingRow) -> str | None:

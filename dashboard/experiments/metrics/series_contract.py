@@ -49,6 +49,34 @@ ARRIVAL_FIELDS: Final = ("arrived_late_seconds", "collectives")
 MEMORY_FIELDS: Final = ("parameter_bytes", "gradient_bytes", "optimizer_state_bytes", "peak_bytes")
 
 
+class Section(TypedDict):
+    """One foldable section of the run, compare and study pages: its title, and whether it is
+    open until the user folds it (static/js/sections.js remembers their choice)."""
+
+    id: str
+    title: str
+    open: bool
+
+
+# The pages' sections in their order, the most read open (issue 34: pages as walls). A chart goes
+# in its spec's section; the pages' templates put their tables and panels in the others.
+SECTIONS: Final[tuple[Section, ...]] = (
+    {"id": "summary", "title": "Summary", "open": True},
+    {"id": "training", "title": "Training curves", "open": True},
+    {"id": "time", "title": "Where the time goes", "open": True},
+    {"id": "memory", "title": "Memory", "open": False},
+    {"id": "ranks", "title": "Per rank", "open": False},
+    {"id": "system", "title": "System", "open": False},
+    {"id": "logs", "title": "Logs", "open": True},
+    {"id": "profiles", "title": "Profiles", "open": True},
+    {"id": "checkpoints", "title": "Checkpoints", "open": True},
+)
+# The sections that hold charts, and the one of a series the contract does not know (an imported
+# run's own tags).
+CHART_SECTIONS: Final = ("training", "time", "memory", "ranks", "system")
+OTHER_SECTION: Final = "training"
+
+
 class ChartSpec(TypedDict):
     """One chart of the run page. `match` is a regular expression over series keys, written in
     the syntax Python and JavaScript share; `line` names a line of a chart of several (per rank,
@@ -57,6 +85,7 @@ class ChartSpec(TypedDict):
     id: str
     title: str
     match: str
+    section: str  # one of CHART_SECTIONS
     line: NotRequired[str]
     log: NotRequired[bool]  # the log scale is offered
     unit: NotRequired[str]  # "%" or "bytes"
@@ -74,6 +103,7 @@ def _per_rank(
     title: str,
     unit: str | None = None,
     *,
+    section: str = "ranks",
     zero: bool = False,
     run_page: bool = True,
 ) -> ChartSpec:
@@ -83,6 +113,7 @@ def _per_rank(
         "id": chart_id,
         "title": title,
         "match": rf"^rank/(\d+)/{field}$",
+        "section": section,
         "line": "rank $1",
     }
     if unit:
@@ -102,49 +133,59 @@ def _phase_charts() -> tuple[ChartSpec, ...]:
         name = field.removesuffix("_seconds")
         if name in PHASE_STYLES:
             title = f"{PHASE_STYLES[name][0]} per rank (s)"
-            charts.append(_per_rank(f"phase_{name}", field, title, run_page=False))
+            charts.append(_per_rank(f"phase_{name}", field, title, section="time", run_page=False))
     return tuple(charts)
 
 
 # In the order the run page shows them.
 CHARTS: Final[tuple[ChartSpec, ...]] = (
+    # Training curves.
     {"id": "train_loss", "title": "Training loss", "match": "^train_loss$", "log": True,
-     "color": "--chart-train"},
+     "color": "--chart-train", "section": "training"},
     {"id": "test_loss", "title": "Test loss", "match": "^test_loss$", "log": True,
-     "color": "--chart-test"},
+     "color": "--chart-test", "section": "training"},
     {"id": "test_accuracy", "title": "Test accuracy", "match": "^test_accuracy$", "unit": "%",
-     "factor": 100, "color": "--chart-acc"},
-    {"id": "images_per_second", "title": "Images/s", "match": "^images_per_second$"},
-    {"id": "lr", "title": "Learning rate", "match": "^lr$", "log": True},
-    {"id": "data_seconds", "title": "Waiting for data (s)", "match": "^data_seconds$"},
-    {"id": "compute_seconds", "title": "Compute (s)", "match": "^compute_seconds$"},
-    {"id": "rss_bytes", "title": "Memory (RSS)", "match": "^rss_bytes$", "unit": "bytes"},
+     "factor": 100, "color": "--chart-acc", "section": "training"},
+    {"id": "images_per_second", "title": "Images/s", "match": "^images_per_second$",
+     "section": "training"},
+    {"id": "epoch_ips", "title": "Images/s per epoch", "match": "^epoch/images_per_second$",
+     "section": "training", "run_page": False},
+    {"id": "lr", "title": "Learning rate", "match": "^lr$", "log": True, "section": "training"},
+    # Where the time goes.
+    {"id": "data_seconds", "title": "Waiting for data (s)", "match": "^data_seconds$",
+     "section": "time"},
+    {"id": "compute_seconds", "title": "Compute (s)", "match": "^compute_seconds$",
+     "section": "time"},
+    *_phase_charts(),
+    _per_rank("rank_sent", "communication_bytes", "Sent per rank", unit="bytes", section="time",
+              run_page=False),
+    _per_rank("rank_late", "arrived_late_seconds", "Late at collectives per rank (s)",
+              section="time", run_page=False),
+    _per_rank("rank_collectives", "collectives", "Collectives per rank", section="time",
+              run_page=False),
+    # Memory. What each rank holds changes little over epochs: from 0, so that DDP's whole copy
+    # and FSDP's 1/N read as levels.
+    {"id": "rss_bytes", "title": "Memory (RSS)", "match": "^rss_bytes$", "unit": "bytes",
+     "section": "memory"},
+    _per_rank("rank_rss", "rss_bytes", "Memory (RSS) per rank", unit="bytes", section="memory"),
+    _per_rank("rank_parameters", "parameter_bytes", "Parameters held per rank", unit="bytes",
+              section="memory", zero=True),
+    _per_rank("rank_gradients", "gradient_bytes", "Gradients held per rank", unit="bytes",
+              section="memory", zero=True),
+    _per_rank("rank_optimizer", "optimizer_state_bytes", "Optimizer state held per rank",
+              unit="bytes", section="memory", zero=True),
+    _per_rank("rank_peak", "peak_bytes", "Peak memory per rank", unit="bytes", section="memory"),
+    # Per rank.
     _per_rank("rank_ips", "images_per_second", "Images/s per rank"),
     _per_rank("rank_data", "data_seconds", "Waiting for data per rank (s)"),
     _per_rank("rank_compute", "compute_seconds", "Compute per rank (s)"),
-    _per_rank("rank_rss", "rss_bytes", "Memory (RSS) per rank", unit="bytes"),
-    {"id": "epoch_ips", "title": "Images/s per epoch", "match": "^epoch/images_per_second$",
-     "run_page": False},
-    *_phase_charts(),
-    _per_rank("rank_sent", "communication_bytes", "Sent per rank", unit="bytes", run_page=False),
-    _per_rank("rank_late", "arrived_late_seconds", "Late at collectives per rank (s)",
-              run_page=False),
-    _per_rank("rank_collectives", "collectives", "Collectives per rank", run_page=False),
-    # What each rank holds changes little over epochs: from 0, so that DDP's whole copy and
-    # FSDP's 1/N read as levels.
-    _per_rank("rank_parameters", "parameter_bytes", "Parameters held per rank", unit="bytes",
-              zero=True),
-    _per_rank("rank_gradients", "gradient_bytes", "Gradients held per rank", unit="bytes",
-              zero=True),
-    _per_rank("rank_optimizer", "optimizer_state_bytes", "Optimizer state held per rank",
-              unit="bytes", zero=True),
-    _per_rank("rank_peak", "peak_bytes", "Peak memory per rank", unit="bytes"),
+    # System.
     {"id": "cpu", "title": "Machine CPU", "match": r"^machine/(.+)/cpu_percent$", "unit": "%",
-     "line": "$1"},
+     "line": "$1", "section": "system"},
     {"id": "gpu_util", "title": "GPU utilisation", "match": r"^gpu/(.+)/(\d+)/utilization$",
-     "unit": "%", "line": "$1 GPU $2"},
+     "unit": "%", "line": "$1 GPU $2", "section": "system"},
     {"id": "gpu_memory", "title": "GPU memory", "match": r"^gpu/(.+)/(\d+)/memory_bytes$",
-     "unit": "bytes", "line": "$1 GPU $2"},
+     "unit": "bytes", "line": "$1 GPU $2", "section": "system"},
 )  # fmt: skip
 
 
@@ -152,6 +193,8 @@ def series_contract_facts() -> dict[str, Any]:
     """The contract as the pages' facts carry it (Trainyard.facts.series in common.js)."""
     return {
         "charts": list(CHARTS),
+        "sections": list(SECTIONS),
+        "other_section": OTHER_SECTION,
         "step_series": STEP_SERIES,
         "epoch_series": EPOCH_SERIES,
         "rank_fields": list(RANK_FIELDS),

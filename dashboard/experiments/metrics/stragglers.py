@@ -6,6 +6,8 @@ the others did meanwhile is their communication share over the same windows: the
 blocked in collectives, waiting for it, over their wall time; and where it spent its extra time,
 the busy phase furthest over the others' median (issue 33: "its backward takes 2.1x theirs");
 and, where it was named by when it arrives at the collectives, by how much it comes after them.
+On a pipeline the ranks are stages of the model, each with its own work: the rank named is the
+stage the split gave the most, said as such (issue 34 item 8), not as a slow rank.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Final
 
 from dashboard.experiments.metrics.breakdown import PHASES, STRAGGLER_WINDOWS, Straggler
 from dashboard.experiments.models import Experiment, SeriesPoint
+from training.registry import strategy_get
 
 _SECONDS: Final = tuple(f"{name}_seconds" for name in PHASES)
 
@@ -28,6 +31,17 @@ class StragglerContext:
 
     others_share: float | None
     phase: tuple[str, float] | None
+    # A pipeline's ranks are its stages (each runs its own part of the model): the other
+    # stages, where the rank named is one. Its extra time is the split's, not a slow machine's.
+    other_stages: tuple[int, ...] | None = None
+
+
+def run_has_stages(experiment: Experiment) -> bool:
+    """Each rank runs a stage of the model (a pipeline): ranks differ by their stage's work."""
+    try:
+        return strategy_get(experiment.strategy).stages
+    except ValueError:  # a strategy the registry no longer has
+        return False
 
 
 def straggler_context(*, experiment: Experiment, straggler: Straggler) -> StragglerContext:
@@ -39,6 +53,7 @@ def straggler_context(*, experiment: Experiment, straggler: Straggler) -> Stragg
     return StragglerContext(
         others_share=waited / wall if wall > 0 else None,
         phase=_extra_phase(seconds.get(straggler["rank"], {}), list(others.values())),
+        other_stages=tuple(sorted(others)) if run_has_stages(experiment) else None,
     )
 
 
@@ -84,7 +99,10 @@ def _extra_phase(
 def straggler_text(straggler: Straggler, *, context: StragglerContext) -> str:
     """ "rank 1 is 2.6x slower than the median since step 340: it reaches each collective 180
     ms after the others; the others spend 61% of their time waiting for it in communication;
-    its backward takes 2.1x theirs" (the first clause where it was named by arrival)."""
+    its backward takes 2.1x theirs" (the first clause where it was named by arrival). On a
+    pipeline, the stages' imbalance: stage_imbalance_text."""
+    if context.other_stages is not None:
+        return stage_imbalance_text(straggler, other_stages=context.other_stages)
     text = (
         f"rank {straggler['rank']} is {1 + straggler['slower_by']:.1f}x slower than the median "
         f"since step {straggler['since_step']}"
@@ -101,9 +119,21 @@ def straggler_text(straggler: Straggler, *, context: StragglerContext) -> str:
     return f"{text}: {'; '.join(said)}" if said else text
 
 
+def stage_imbalance_text(straggler: Straggler, *, other_stages: tuple[int, ...]) -> str:
+    """ "stage 0 takes 2.3x stage 1: the split is unbalanced" (its busy time over the other
+    stages' median): no rank is slow, the model's split gives one stage more work."""
+    others = f"stage {other_stages[0]}" if len(other_stages) == 1 else "the other stages"
+    return (
+        f"stage {straggler['rank']} takes {1 + straggler['slower_by']:.1f}x {others}: the split "
+        "is unbalanced"
+    )
+
+
 def _duration(seconds: float) -> str:
     return f"{seconds * 1000:.0f} ms" if seconds < 1 else f"{seconds:.1f} s"
 
 
-def straggler_cleared_text(*, rank: int, step: int) -> str:
+def straggler_cleared_text(*, rank: int, step: int, stages: bool = False) -> str:
+    if stages:
+        return f"stage {rank} no longer takes markedly longer than the others (step {step})"
     return f"rank {rank} is no longer slower than the others (step {step})"

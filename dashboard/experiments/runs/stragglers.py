@@ -21,6 +21,7 @@ from dashboard.experiments.core.messages import LogBody, StragglerBody
 from dashboard.experiments.core.signals import straggler_named
 from dashboard.experiments.metrics.breakdown import experiment_straggler
 from dashboard.experiments.metrics.stragglers import (
+    run_has_stages,
     straggler_cleared_text,
     straggler_context,
     straggler_text,
@@ -58,8 +59,9 @@ def straggler_change(*, experiment: Experiment, step: int, time: float) -> Strag
     rank = found["rank"] if found is not None else None
     if rank == announced:
         return None
+    stages = run_has_stages(experiment)
     if found is None:
-        text = straggler_cleared_text(rank=announced or 0, step=step)
+        text = straggler_cleared_text(rank=announced or 0, step=step, stages=stages)
     else:
         context = straggler_context(experiment=experiment, straggler=found)
         text = straggler_text(found, context=context)
@@ -72,7 +74,8 @@ def straggler_change(*, experiment: Experiment, step: int, time: float) -> Strag
         "straggler": dict(found or {}) or None,
         "text": text,
     }
-    if found is not None:
+    # A pipeline's unbalanced split is no slow machine to be told of: said on the page alone.
+    if found is not None and not stages:
         straggler_named.send(sender=Experiment, experiment_id=experiment.pk, text=text)
     level = "info" if found is None else "warning"
     return StragglerChange(
