@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -98,6 +99,7 @@ def main(argv: Sequence[str] | None = None, *, events_stream: IO[str] | None = N
         return EXIT_FAILED
     finally:
         runtime.stop(rt)
+        _progress_folder_remove()
 
 
 def log_level(*, rank: int, environ: Mapping[str, str]) -> str:
@@ -245,8 +247,8 @@ def exec_torchrun(cfg: TrainConfig, argv: Sequence[str]) -> NoReturn:
         env["PYTHONPATH"] = os.pathsep.join([root, *paths])
     if cfg.nnodes > 1:
         socket_interfaces_set(env, cfg.local_addr)
-    # Each rank's progress record for rank 0's stall watch (training.observe.rank_watch), which
-    # removes the folder at the end.
+    # Each rank's progress record for rank 0's stall watch (training.observe.rank_watch); the
+    # first rank removes the folder when it ends (_progress_folder_remove).
     env[PROGRESS_ENV] = tempfile.mkdtemp(prefix="trainyard-progress-")
     cmd = [
         sys.executable,
@@ -275,6 +277,14 @@ def exec_torchrun(cfg: TrainConfig, argv: Sequence[str]) -> NoReturn:
     # rank 0 and harms none of the others.
     signal.signal(signal.SIGUSR1, signal.SIG_IGN)
     os.execve(sys.executable, cmd, env)
+
+
+def _progress_folder_remove() -> None:
+    """The machine's first rank removes the records' folder exec_torchrun made, however the
+    run ended (the other ranks' records stay mapped in them, unlinked)."""
+    folder = os.environ.get(PROGRESS_ENV)
+    if folder and os.environ.get("LOCAL_RANK") == "0":
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def _claim_stdout() -> IO[str]:

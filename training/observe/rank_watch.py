@@ -4,7 +4,7 @@ step, evaluation's forwards) and c10d's pre-hook (every collective entered: prog
 and the watch (stall.py) reads the records once a second and writes the same ``stalled`` event.
 
 The records' folder is made by the CLI before it becomes torchrun (PROGRESS_ENV, one per machine)
-and removed by the machine's first rank when it ends.
+and removed by the CLI of the machine's first rank when it ends.
 
 Where the watch runs: in a thread of rank 0. A script run's launcher is a process of ours above
 torchrun and reads its ranks from outside; an engine run has none (the CLI execs torchrun, so
@@ -24,7 +24,6 @@ import contextlib
 import faulthandler
 import logging
 import os
-import shutil
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -80,7 +79,6 @@ class RankWatch:
     """This rank's side: its record, fed by the loop and c10d's pre-hook; on rank 0 the watch."""
 
     def __init__(self, folder: Path, rt: Runtime, events: EventWriter, floor: float):
-        self.folder, self.first = folder, rt.local_rank == 0
         self.hooks = ProgressHooks(folder, rt.rank)
         self.hooks.groups_hook()  # the collectives before the first step are seen too
         self.forward_hooks: list[Any] = []
@@ -106,8 +104,6 @@ class RankWatch:
         self.hooks.remove()
         faulthandler.unregister(STACK_SIGNAL)  # before its file closes: no dump into another
         self.hooks.writer.stacks.close()
-        if self.first:  # the others' records stay readable to them: unlinked, still mapped
-            shutil.rmtree(self.folder, ignore_errors=True)
 
 
 def rank_watch(
@@ -119,9 +115,7 @@ def rank_watch(
     folder = environ.get(PROGRESS_ENV, "")
     if not (rt.distributed and folder):
         return None
-    if rt.rank != rt.local_rank:  # another machine's: no record read here, its folder unused
-        if rt.local_rank == 0:
-            shutil.rmtree(folder, ignore_errors=True)
+    if rt.rank != rt.local_rank:  # another machine's: no record read there
         return None
     try:
         return RankWatch(Path(folder), rt, events, stall_floor(environ))
