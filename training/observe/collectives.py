@@ -41,7 +41,7 @@ all-reduces take).
 
 Each collective a rank enters through these wrappers (not the point-to-point sends and
 receives, whose numbers differ between a pipeline's stages, nor the waits) also marks its
-arrival on the clock's wall-clock (``PhaseClock.arrived``): a window's mean arrival, compared
+arrival on the clock's wall-clock (``PhaseClock.entered``): a window's mean arrival, compared
 between ranks (``phases.lateness``), says who the others wait for (protocol 1.14). DDP's bucket
 all-reduces arrive when its hook calls ``dist.all_reduce``, as soon as the bucket is ready.
 
@@ -50,10 +50,9 @@ Nothing here is wrapped with the clock off (``--no-phases``, ``phases.clock_off`
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Final, TypeVar
 
 import torch
@@ -196,7 +195,7 @@ FUNCTIONAL_SENDS: Final[dict[str, Counted]] = {
 _INSIDE = threading.local()
 
 
-# Not arrivals at a collective (``phases.PhaseClock.arrived``): point-to-point sends and
+# Not arrivals at a collective (``phases.PhaseClock.entered``): point-to-point sends and
 # receives, which the ranks of a pipeline make in different numbers and orders, and the waits
 # for a collective already entered.
 NOT_ARRIVALS: Final = frozenset(
@@ -204,31 +203,30 @@ NOT_ARRIVALS: Final = frozenset(
 )
 
 
-@contextlib.contextmanager
-def _collective(
-    counted: Counted, args: tuple[Any, ...], kwargs: dict[str, Any], *, arrives: bool
-) -> Iterator[None]:
-    depth = getattr(_INSIDE, "depth", 0)
-    if depth == 0:
-        if arrives:
-            phases.CLOCK.arrived()
-        with contextlib.suppress(Exception):  # counting never fails a collective
-            phases.CLOCK.sent(counted(args, kwargs))
-    _INSIDE.depth = depth + 1
+def _sends(counted: Counted, args: tuple[Any, ...], kwargs: dict[str, Any]) -> float:
     try:
-        with phases.CLOCK.phase("communication"):
-            yield
-    finally:
-        _INSIDE.depth = depth
+        return counted(args, kwargs)
+    except Exception:  # noqa: BLE001 - counting never fails a collective
+        return 0
 
 
 def _timed(collective: F, counted: Counted, *, arrives: bool) -> F:
+    # Plain code, no context manager of a generator's: FSDP2 calls these a few times a layer.
     @functools.wraps(collective)
     def timed(*args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling():  # traced into a graph: nothing runs here
             return collective(*args, **kwargs)
-        with _collective(counted, args, kwargs, arrives=arrives):
+        depth = getattr(_INSIDE, "depth", 0)
+        if depth == 0:
+            phases.CLOCK.entered(_sends(counted, args, kwargs), arrives=arrives)
+        _INSIDE.depth = depth + 1
+        clock = phases.CLOCK
+        clock.enter("communication")
+        try:
             return collective(*args, **kwargs)
+        finally:
+            clock.leave()
+            _INSIDE.depth = depth
 
     timed.__trainyard_timed__ = True  # type: ignore[attr-defined]
     return timed  # type: ignore[return-value]

@@ -231,17 +231,17 @@ class PhaseClock:
             self._segments += [(start, end, label) for start, end in self._tail]
             self._tail.clear()
 
-    def sent(self, count: float) -> None:
-        with self._lock:
-            self.sent_bytes += int(count)
-
-    def arrived(self) -> None:
-        """This process enters a collective now (any thread: DDP's hooks may run on autograd's).
-        The wall clock, not the phases' timer: ranks compare their times with each other's."""
+    def entered(self, count: float, *, arrives: bool) -> None:
+        """This process enters a collective now that sends ``count`` bytes (any thread: DDP's
+        hooks may run on autograd's); ``arrives``: one all its group's ranks enter alike (not a
+        point-to-point send), whose time on the wall clock (not the phases' timer: ranks
+        compare theirs with each other's) counts as an arrival."""
         now = _WALL_CLOCK() - self.arrival_base
         with self._lock:
-            self.arrivals += 1
-            self.arrival_sum += now
+            self.sent_bytes += int(count)
+            if arrives:
+                self.arrivals += 1
+                self.arrival_sum += now
 
     def arrivals_read(self) -> tuple[int, float]:
         """The collectives entered so far and the sum of their times: a window subtracts two
