@@ -18,6 +18,11 @@ account_urlpatterns = [
     ),
 ]
 
+# The admin says whose it is (templates/admin/base_site.html adds the dashboard's icon).
+admin.site.site_header = "Trainyard administration"
+admin.site.site_title = "Trainyard admin"
+admin.site.index_title = "Runs, studies, devices and users"
+
 urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/", include(account_urlpatterns)),

@@ -26,7 +26,7 @@ def test_list_shows_status_strategy_owner_accuracy_and_duration(
     owner = user_factory(username="carol")
     experiment_factory(owner=owner, name="fast one", status="succeeded", test_accuracy=0.9731)
     page = admin_client_.get("/admin/experiments/experiment/").content.decode()
-    for text in ("fast one", "succeeded", "DistributedDataParallel", "carol", "97.31%"):
+    for text in ("fast one", "succeeded", "DistributedDataParallel", "DDP", "carol", "97.31%"):
         assert text in page
     filtered = admin_client_.get("/admin/experiments/experiment/?status__exact=failed")
     assert "fast one" not in filtered.content.decode()
@@ -74,3 +74,38 @@ def test_launches_go_through_the_form_and_records_stay_as_run(
     page = admin_client_.get(f"/admin/experiments/experiment/{run.pk}/change/").content.decode()
     assert 'name="name"' in page  # a rename is harmless
     assert 'name="lr"' not in page and 'name="strategy"' not in page and "0.001" in page
+
+
+def test_the_change_page_reads_its_json_formatted_read_only_and_folded(
+    admin_client_: Client, user_factory: Any, experiment_factory: Any
+) -> None:
+    run = experiment_factory(
+        owner=user_factory(),
+        run_info={"world_size": 2, "devices": ["cpu", "cpu"]},
+        tags=["baseline"],
+        note="first try",
+    )
+    page = admin_client_.get(f"/admin/experiments/experiment/{run.pk}/change/").content.decode()
+    # The run's reports in a <pre> each, indented, not a box of one-line JSON to edit.
+    assert '<pre class="json">{\n  &quot;world_size&quot;: 2,' in page
+    for name in ("run_info", "rank_stats", "memory", "attempts", "stalled", "tags", "gpus"):
+        assert f'name="{name}"' not in page, name
+    assert "baseline" in page and 'name="note"' in page and 'name="name"' in page
+    # What it was launched with, what it reported and its bookkeeping: folded sections.
+    for title in ("Launched with", "What it reported", "Requests and bookkeeping"):
+        assert title in page
+    assert page.count('class="module collapse') >= 3 or page.count("<details") >= 3
+
+
+def test_the_list_filters_mean_something_and_the_admin_is_branded(
+    admin_client_: Client, user_factory: Any, experiment_factory: Any
+) -> None:
+    experiment_factory(owner=user_factory(), name="one", status="succeeded")
+    page = admin_client_.get("/admin/experiments/experiment/").content.decode()
+    # No filter per strategy option ("By accumulate: 1, -"), the ones a person looks by.
+    assert "By accumulate" not in page and "By comm hook" not in page
+    assert "By status" in page and "By strategy" in page and "By dataset" in page
+    index = admin_client_.get("/admin/").content.decode()
+    for text in (page, index):
+        assert "Trainyard administration" in text
+        assert '<link rel="icon" href="data:image/svg+xml,' in text  # no /favicon.ico asked

@@ -1,15 +1,26 @@
+"""The admin of runs (issue 34 item 12: an admin worth opening): a list whose columns fit and
+whose filters mean something, and a change page that reads: what was launched, what the run
+reported, its bookkeeping, each folded, the reports' JSON formatted and read only (a run's record
+changes through the dashboard and its API; here only its name, tags' neighbour note and queue
+priority)."""
+
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from typing import Any
 
 from django.contrib import admin, messages
+from django.db import models
 from django.db.models import QuerySet
 from django.http import HttpRequest
-from django.utils.html import format_html_join
+from django.utils.html import format_html, format_html_join
 
 from dashboard.experiments.core.descriptions import (
+    experiment_dataset_label,
     experiment_duration_seconds,
     experiment_options_label,
+    experiment_strategy_label,
 )
 from dashboard.experiments.core.forms import FIELDS, SCRIPT_FIELDS
 from dashboard.experiments.core.limits import LaunchLimited
@@ -20,13 +31,40 @@ from dashboard.experiments.services import (
     experiment_clone,
     experiment_stop,
 )
-from training.registry import OPTIONS_DECLARED
+from training.registry import STRATEGIES
+
+# The fields a person may change here: the run's name, its note and its place in the queue.
+EDITABLE = ("name", "note", "priority")
+# The change page's first, open part: what the run is and how it ended.
+SUMMARY = (
+    "name", "status", "owner", "strategy", "model", "dataset", "test_accuracy", "test_loss",
+    "epoch", "step", "total_steps", "created_at", "started_at", "finished_at", "worker", "error",
+    "tags", "note", "priority",
+)  # fmt: skip
+# The JSON the run and its workers wrote, shown formatted (a <pre> each) rather than as one line.
+JSON_FIELDS = tuple(
+    f.name for f in Experiment._meta.get_fields() if isinstance(f, models.JSONField)
+)
+
+
+def _json_display(name: str) -> Callable[[Any, Experiment], str]:
+    def show(self: Any, obj: Experiment) -> str:
+        value = getattr(obj, name)
+        if value in (None, "", [], {}):
+            return "–"
+        if name == "tags":
+            return ", ".join(map(str, value))
+        return format_html('<pre class="json">{}</pre>', json.dumps(value, indent=2))
+
+    show.short_description = name.replace("_", " ")  # type: ignore[attr-defined]
+    return show
 
 
 class ReadOnlyInline(admin.TabularInline):
     extra = 0
     can_delete = False
     show_change_link = False
+    classes = ("collapse",)  # folded: a long run's log is thousands of lines
 
     def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
         return False
@@ -37,7 +75,7 @@ class ReadOnlyInline(admin.TabularInline):
 
 class LogLineInline(ReadOnlyInline):
     model = LogLine
-    fields = ("seq", "time", "level", "message")
+    fields = ("seq", "time", "rank", "level", "message")
     readonly_fields = fields
 
 
@@ -49,58 +87,61 @@ class CheckpointInline(ReadOnlyInline):
 
 @admin.register(Experiment)
 class ExperimentAdmin(admin.ModelAdmin):
+    # Seven columns that fit beside the admin's menu at 1280 px: the strategy short with its
+    # options (the whole label its tooltip), the model on its data in one.
     list_display = (
-        "name", "status", "strategy", "options", "model", "dataset", "owner", "priority",
-        "accuracy", "duration", "created_at",
+        "name", "status", "strategy_label", "model_label", "owner", "accuracy", "duration",
     )  # fmt: skip
-    # Every strategy option the registry declares filters too (null: its strategy does not
-    # read it).
-    list_filter = (
-        "status", "strategy", *(option.name for option in OPTIONS_DECLARED), "model", "dataset",
-        "owner", "priority",
-    )  # fmt: skip
-    search_fields = ("name",)
+    # What a person looks for runs by; not each strategy option, whose values read "1" or "-".
+    list_filter = ("status", "strategy", "dataset", "model", "imported", "reported", "owner")
+    search_fields = ("name", "tags", "note")
     date_hierarchy = "created_at"
     actions = ("stop_runs", "checkpoint_runs", "clone_and_relaunch")
-    inlines = (LogLineInline, CheckpointInline)
-    readonly_fields = (
-        "series_summary",
-        "status",
-        "created_at",
-        "started_at",
-        "finished_at",
-        "worker",
-        "error",
-        "test_loss",
-        "test_accuracy",
-        "epoch",
-        "step",
-        "total_steps",
-        "last_seq",
-        "notes",
-        "run_info",
-        "rank_stats",
-        "cancel_requested_at",
-        "cancelled_by",
-        "resume_requested",
-        "checkpoint_requested_at",
-        "checkpoint_requested_by",
-        "launcher_pid",
-        "cloned_from",
-        # What the run was launched with is its record; the New run page and the API validate
-        # a launch (devices, limits) and hand it to a worker, which the admin's form would not.
-        *(name for name in FIELDS if name != "name"),
-        # A script run's code, entry point and arguments: what ran, as the API checked it.
-        *SCRIPT_FIELDS,
-    )
+    inlines = (CheckpointInline, LogLineInline)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
 
-    @admin.display(description="options")
-    def options(self, obj: Experiment) -> str:
-        """The strategy options off their default, in the registry's words ("PowerSGD")."""
-        return experiment_options_label(experiment=obj) or "–"
+    def _shown(self, name: str) -> str:
+        return f"{name}_json" if name in JSON_FIELDS else name
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        """Every field but EDITABLE: what the run was launched with is its record (the New run
+        page and the API validate a launch and hand it to a worker, which this form would not);
+        what it reported is the workers'."""
+        names = [f.name for f in Experiment._meta.concrete_fields if f.name != "id"]
+        return ["series_summary", *(self._shown(n) for n in names if n not in EDITABLE)]
+
+    def get_fieldsets(self, request: HttpRequest, obj: Any = None) -> Any:
+        names = [f.name for f in Experiment._meta.concrete_fields if f.name != "id"]
+        launch = [n for n in (*FIELDS, *SCRIPT_FIELDS) if n in names and n not in SUMMARY]
+        reported = [n for n in JSON_FIELDS if n not in (*SUMMARY, *launch)]
+        rest = [n for n in names if n not in (*SUMMARY, *launch, *reported)]
+        folded = ["collapse"]
+        return (
+            (None, {"fields": [self._shown(n) for n in SUMMARY]}),
+            ("Launched with", {"fields": [self._shown(n) for n in launch], "classes": folded}),
+            ("What it reported", {
+                "fields": ["series_summary", *(self._shown(n) for n in reported)],
+                "classes": folded,
+            }),
+            ("Requests and bookkeeping", {"fields": rest, "classes": folded}),
+        )  # fmt: skip
+
+    @admin.display(description="strategy", ordering="strategy")
+    def strategy_label(self, obj: Experiment) -> str:
+        """The short name and the options off their default ("DDP (PowerSGD)"), the whole
+        label its tooltip."""
+        spec = STRATEGIES.get(obj.strategy)
+        options = experiment_options_label(experiment=obj)
+        short = (spec.short if spec else obj.strategy) + (f" ({options})" if options else "")
+        return format_html(
+            '<abbr title="{}">{}</abbr>', experiment_strategy_label(experiment=obj), short
+        )
+
+    @admin.display(description="model and data", ordering="model")
+    def model_label(self, obj: Experiment) -> str:
+        return f"{obj.model} on {experiment_dataset_label(experiment=obj)}"
 
     @admin.display(description="test accuracy", ordering="test_accuracy")
     def accuracy(self, obj: Experiment) -> str:
@@ -154,6 +195,10 @@ class ExperimentAdmin(admin.ModelAdmin):
             self.message_user(request, f"Stopped cloning: {refused.message}.", messages.WARNING)
         names = ", ".join(f"#{c.pk}" for c in clones)
         self.message_user(request, f"Queued {len(clones)} new run(s): {names}.", messages.SUCCESS)
+
+
+for _name in JSON_FIELDS:
+    setattr(ExperimentAdmin, f"{_name}_json", _json_display(_name))
 
 
 @admin.register(CodeArchive)
