@@ -9,8 +9,16 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 from django.utils import timezone
+from django.utils.html import escape
 
+from dashboard.experiments.metrics.throughput import (
+    THROUGHPUT_RULE,
+    THROUGHPUT_TITLE,
+    throughput_of,
+)
 from dashboard.experiments.models import Experiment, SeriesPoint
+from dashboard.experiments.runs.sink import EventSink
+from dashboard.experiments.selectors import experiment_snapshot_build
 
 pytestmark = pytest.mark.django_db
 
@@ -52,7 +60,7 @@ def runs(alice: Any, user_factory: Any) -> dict[str, Experiment]:
     bob = user_factory(username="bob")
     return {
         "older_single": run_make(alice, ips=[50], strategy="single", processes=1, age=60),
-        "single": run_make(alice, ips=[100, 300], strategy="single", processes=1, age=30),
+        "single": run_make(alice, ips=[200, 200], strategy="single", processes=1, age=30),
         # Newer, but not the same config, not finished, or not alice's: never the baseline.
         "single_b32": run_make(alice, ips=[10], strategy="single", processes=1, batch_size=32),
         "single_failed": run_make(alice, ips=[10], strategy="single", processes=1, status="failed"),
@@ -76,7 +84,7 @@ def test_compare_api_numbers(client: Client, runs: dict[str, Experiment]) -> Non
     assert response.status_code == 200, response.content
     body = response.json()
     single, ddp, dp = body["runs"]
-    assert single["throughput"] == pytest.approx(200)  # the step events' mean, not the epoch's
+    assert single["throughput"] == pytest.approx(200)  # the step events', not the epoch's
     assert single["baseline"]["id"] == runs["single"].pk and single["speedup"] == pytest.approx(1)
     assert ddp["world_size"] == 2 and ddp["global_batch"] == 128
     assert ddp["baseline"] == {
@@ -93,6 +101,22 @@ def test_compare_api_numbers(client: Client, runs: dict[str, Experiment]) -> Non
     assert "Global batch sizes differ" in body["batch_warning"]
     assert f"#{runs['ddp'].pk} ddp 128" in body["batch_warning"]
     assert body["missing"] == []
+
+
+def test_throughput_is_the_images_over_the_time_that_trained_them(
+    alice: Any, client: Client
+) -> None:
+    """Issue 34 item 2: one definition. Windows of 10 steps at 100 img/s and 300 img/s, then an
+    epoch's short last window (2 steps at 50 img/s): 22 steps' images over their time, where
+    the mean of the events said 150 and the last window 50."""
+    run = run_make(alice, ips=[100, 300], strategy="single", processes=1)
+    SeriesPoint.objects.create(experiment=run, key="images_per_second", step=22, time=3, value=50)
+    expected = 22 / (10 / 100 + 10 / 300 + 2 / 50)
+    assert throughput_of([(10, 100), (20, 300), (22, 50)]) == pytest.approx(expected)
+    [row] = compare(client, run, api=True).json()["runs"]
+    assert row["throughput"] == pytest.approx(expected)
+    assert throughput_of([(10, 100), (10, 900), (5, 900)]) == pytest.approx(100)  # gone over
+    assert throughput_of([]) is None
 
 
 def test_the_batch_warning_speaks_of_the_strategies_compared(
@@ -190,3 +214,41 @@ def test_run_page_shows_its_scaling(client: Client, runs: dict[str, Experiment])
     # Its global batch is twice the baseline's: said next to the figures.
     assert "global batch is 128 images, its baseline&#x27;s 64" in html
     assert response.context["initial"]["scaling"]["baseline"]["id"] == runs["single"].pk
+
+
+def _window(step: int, ips: float) -> Any:
+    """A step event of two even ranks at ``ips`` images/s together."""
+    ranks = [{"rank": r, "images_per_second": ips / 2, "data_seconds": 0.1,
+              "compute_seconds": 0.3, "rss_bytes": 1} for r in (0, 1)]  # fmt: skip
+    return {"type": "step", "epoch": 1, "step": step, "time": float(step),
+            "train_loss": 1.0, "images_per_second": ips, "ranks": ranks}  # fmt: skip
+
+
+def test_the_headline_the_scaling_card_and_each_rank_say_one_throughput(
+    alice: Any, client: Client
+) -> None:
+    """Issue 34 item 2: live (each step message), after a reload (the snapshot), on the Scaling
+    card and in the Ranks table, the run's images/s over the training so far: the step-1 window
+    at 50 img/s, 9 steps at 200, an epoch's short last window of 2 steps at 40."""
+    run = run_make(alice, ips=[], strategy="ddp", processes=2, status="running")
+    sink = EventSink(run)
+    sent = [sink.add(_window(step, ips)) for step, ips in ((1, 50), (10, 200), (12, 40))]
+    sink.flush()
+    expected = 12 / (1 / 50 + 9 / 200 + 2 / 40)
+    last = sent[-1]
+    assert last["throughput"] == pytest.approx(expected)  # type: ignore[typeddict-item]
+    each = f"{expected / 2:,.0f}"  # each rank's, over the same windows
+    assert [row["ips_text"] for row in last["texts"]["ranks"]] == [each, each]  # type: ignore[typeddict-item]
+    run.refresh_from_db()
+    snapshot = experiment_snapshot_build(experiment=run, log_lines=10)
+    assert snapshot["throughput"] == pytest.approx(expected)
+    assert [row["ips_text"] for row in snapshot["texts"]["ranks"]] == [each, each]
+    [row] = compare(client, run, api=True).json()["runs"]
+    assert row["throughput"] == pytest.approx(expected)
+    # The next attempt's supervisor (a sink of its own) goes on from the stored windows.
+    again = EventSink(run).add(_window(20, 200))
+    assert again["throughput"] == pytest.approx(20 / (1 / 50 + 17 / 200 + 2 / 40))  # type: ignore[typeddict-item]
+    page = client.get(reverse("experiment-detail", args=[run.pk])).content.decode()
+    named = f'title="{escape(THROUGHPUT_RULE)}">{THROUGHPUT_TITLE}<'
+    assert page.count(named) == 2  # the headline's and the Scaling card's
+    assert "img/s so far" in page  # the Ranks table's column

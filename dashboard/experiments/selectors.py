@@ -24,6 +24,11 @@ from dashboard.experiments.core.run_facts import snapshot_texts
 from dashboard.experiments.core.stalls import StalledTexts, resume_offer, stalled_texts
 from dashboard.experiments.metrics.breakdown import experiment_breakdown, experiment_straggler
 from dashboard.experiments.metrics.series import series_snapshot
+from dashboard.experiments.metrics.throughput import (
+    rank_stats_so_far,
+    run_figure,
+    run_throughput_read,
+)
 from dashboard.experiments.models import Experiment
 
 
@@ -50,6 +55,7 @@ def experiment_snapshot_build(*, experiment: Experiment, log_lines: int) -> Snap
     logs = [line.as_dict() for line in experiment.logs.order_by("-seq", "-id")[:log_lines]]
     logs.reverse()
     run, rank_stats = experiment_run_facts(experiment), experiment.rank_stats or {}
+    throughput = run_throughput_read(experiment_id=experiment.pk)
     checkpoints = [
         checkpoint_as_dict(checkpoint=c, experiment=experiment)
         for c in experiment.checkpoints.all()
@@ -63,9 +69,10 @@ def experiment_snapshot_build(*, experiment: Experiment, log_lines: int) -> Snap
         "run": run,
         "rank_stats": rank_stats,
         "checkpoints": checkpoints,
+        "throughput": run_figure(throughput),
         "texts": snapshot_texts(
             run=run,
-            rank_stats=rank_stats,
+            rank_stats=rank_stats_so_far(rank_stats, ranks=throughput.ranks()),
             checkpoints=checkpoints,
             memory=experiment_memory_rows(experiment),
         )

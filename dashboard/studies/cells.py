@@ -45,8 +45,8 @@ from dashboard.experiments.metrics.scaling import (
     batch_warning_text,
     experiment_global_batch,
     scaling_chart_build,
-    throughputs_read,
 )
+from dashboard.experiments.metrics.throughput import throughputs_read
 from dashboard.experiments.models import Experiment, SeriesPoint, Status
 from dashboard.studies.grid import world_size_of
 from dashboard.studies.texts import cell_texts, reached_text

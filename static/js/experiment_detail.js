@@ -253,9 +253,9 @@
   function handleSnapshot(msg) {
     announce(msg);
     const series = msg.series || {};
-    const ips = (series.images_per_second || { buckets: [] }).buckets;
-    // A bucket's last value (index 7 of the series contract).
-    state.ips = ips.length ? ips[ips.length - 1][7] : null;
+    // The run's images/s over the training so far (dashboard/experiments/metrics/throughput.py),
+    // as each step message brings it: the same figure live and after a reload.
+    state.ips = isNum(msg.throughput) ? msg.throughput : null;
     runContext(msg.run, msg.experiment);
     applyExperiment(msg.experiment);
     resetSeries(series);
@@ -288,15 +288,15 @@
 
   function onStep(msg) {
     appendSeries(Charts.messagePoints(msg));
-    if (isNum(msg.images_per_second)) state.ips = msg.images_per_second;
+    // The run's figure so far; the message's images_per_second is its window's (the chart's).
+    if (isNum(msg.throughput)) state.ips = msg.throughput;
     Object.assign(state.experiment, { epoch: msg.epoch, step: msg.step });
     renderProgress();
   }
 
   function onEpoch(msg) {
     appendSeries(Charts.messagePoints(msg));
-    // The epoch's mean, as a reloaded page shows it (its last stored point's).
-    if (isNum(msg.images_per_second)) state.ips = msg.images_per_second;
+    if (isNum(msg.throughput)) state.ips = msg.throughput;
     Object.assign(state.experiment, {
       epoch: msg.epoch, step: msg.step, test_loss: msg.test_loss, test_accuracy: msg.test_accuracy,
     });

@@ -190,12 +190,12 @@ class SeriesMessage(SeriesBody, Numbered):
 # ``texts``: the message's figures as the page shows them (run_facts.py writes them, the page
 # only places them): started {shared_tensors: rows with shape_text and bytes_text,
 # shared_total_text, machines_text: which ranks ran on which machine, "" on one}; step and
-# epoch {ranks: rows with ips_text, data_text, compute_text, rss_text, split_text,
-# data_percent, compute_percent, and machine on several machines}, when the event has per-rank
-# figures; epoch (and a script's step, protocol 1.12) also {memory: each rank's entry of its
-# `memory` (protocol 1.7, as stored: counts only) with held_bytes, share, share_percent and
-# parameters_text, gradients_text, optimizer_text, held_text, peak_text, share_text
-# (core/memory.py)}, when it has memory;
+# epoch {ranks: rows with ips_text (the rank's images/s over the training so far), data_text,
+# compute_text, rss_text, split_text, data_percent, compute_percent, and machine on several
+# machines}, when the event has per-rank figures; epoch (and a script's step, protocol 1.12)
+# also {memory: each rank's entry of its `memory` (protocol 1.7, as stored: counts only) with
+# held_bytes, share, share_percent and parameters_text, gradients_text, optimizer_text,
+# held_text, peak_text, share_text (core/memory.py)}, when it has memory;
 # checkpoint {size_text, kind_text}; the snapshot all of these, its checkpoints as rows, its
 # memory the last epoch's (``Experiment.memory``).
 
@@ -210,12 +210,16 @@ class StepMessage(StepFields, Numbered):
     type: Literal["step"]
     time: float
     texts: NotRequired[dict[str, Any]]
+    # The run's images/s over the training so far (metrics/throughput.py), the page's headline
+    # figure; the event's own images_per_second is its window's (the chart's point).
+    throughput: NotRequired[float | None]
 
 
 class EpochMessage(EpochFields, Numbered):
     type: Literal["epoch"]
     time: float
     texts: NotRequired[dict[str, Any]]
+    throughput: NotRequired[float | None]  # as the step message's
 
 
 class CheckpointMessage(CheckpointFields, Numbered):
@@ -272,6 +276,7 @@ class SnapshotMessage(TypedDict):
     checkpoints: list[dict[str, Any]]  # checkpoints.checkpoint_as_dict, in step order
     scaling: NotRequired[dict[str, Any]]  # embedded in the page only: scaling.py's facts
     texts: dict[str, Any]  # run_facts.snapshot_texts: the panels' rows, formatted
+    throughput: float | None  # as a step message's: the run's images/s so far
 
 
 class ErrorMessage(TypedDict):

@@ -1,7 +1,8 @@
 """Scaling figures: throughput, speedup against a `single` run, efficiency, and the batch caveat.
 
-Throughput is the mean images/s of a run's step events (all ranks together, as the training
-reports them); a run with no step event (a --dry-run) falls back to its epoch events.
+Throughput is throughput.py's, the one every page shows: the images trained over the wall time of
+the step windows that trained them (all ranks together); a run with no step event (a --dry-run)
+is read from its epoch events.
 
 The baseline of a run is the newest succeeded `single` run the viewer can see with the *same
 config*: the same model and dataset (and image folder), epochs, batch size per process and
@@ -21,7 +22,7 @@ saying how each compared strategy makes its global batch.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,7 +35,7 @@ from dashboard.experiments.metrics.phases import (
     run_shares,
     shares_text,
 )
-from dashboard.experiments.metrics.series import series_mean
+from dashboard.experiments.metrics.throughput import throughputs_read
 from dashboard.experiments.models import (
     PROCESS_STRATEGIES,
     Experiment,
@@ -61,16 +62,6 @@ BASELINE_RULE = (
     "epochs, batch size per process and optimizer, on the same machine and the same kind of "
     "device (CPU, or one GPU for runs on GPUs)."
 )
-
-
-def throughputs_read(*, experiment_ids: Iterable[int]) -> dict[int, float]:
-    """Mean images/s of each run's step events (epoch events where it has none)."""
-    ids = set(experiment_ids)
-    found = series_mean(experiment_ids=list(ids), key="images_per_second")
-    missing = ids - found.keys()
-    if missing:  # the epochs' means are their own series (series_contract.EPOCH_SERIES)
-        found.update(series_mean(experiment_ids=list(missing), key="epoch/images_per_second"))
-    return found
 
 
 def experiment_world_size(experiment: Experiment) -> int:

@@ -227,16 +227,6 @@ def series_raw(
     return SeriesPage(series=series, next_after=next_after)
 
 
-def series_mean(*, experiment_ids: list[int], key: str) -> dict[int, float]:
-    """The mean of one series in each of these runs (runs without it are left out)."""
-    rows = (
-        SeriesPoint.objects.filter(experiment_id__in=experiment_ids, key=key, value__isnull=False)
-        .values("experiment_id")
-        .annotate(mean=Avg("value"))
-    )
-    return {row["experiment_id"]: float(row["mean"]) for row in rows}
-
-
 def series_delete_after(*, experiment: Experiment, step: int) -> int:
     """Remove the points after `step` (a resumed attempt replays those steps); returns how many."""
     removed, _ = SeriesPoint.objects.filter(experiment_id=experiment.pk, step__gt=step).delete()

@@ -62,6 +62,12 @@ from dashboard.experiments.metrics.series_contract import (
     RANK_FIELDS,
     STEP_SERIES,
 )
+from dashboard.experiments.metrics.throughput import (
+    Throughput,
+    rank_stats_so_far,
+    run_figure,
+    run_throughput_read,
+)
 from dashboard.experiments.models import Experiment, LogLine, SeriesPoint
 from dashboard.experiments.runs.bounds import is_count, number_or_none
 from dashboard.experiments.runs.broadcast import checkpoint_saved_text, events_broadcast
@@ -282,6 +288,7 @@ class EventSink:
         # started event's, kept here since the row's run_info is written only at the flush.
         self.model_bytes = model_bytes_of(experiment.run_info)
         self.sent_at = -math.inf  # time.monotonic() of the last flush
+        self.throughput: Throughput | None = None  # read at the first step or epoch event
 
     def unflushed_drop(self) -> None:
         """Nothing added since the last flush (or that flush rolled back: the next renumbers)."""
@@ -370,12 +377,24 @@ class EventSink:
         self.step = step
         self.updates.update(step=step, epoch=epoch if is_count(epoch) else 0)
         self.updates.update(evaluated_figures(values))
+        throughput = self._throughput_add(values, step=step)
+        message["throughput"] = run_figure(throughput)
         stats = rank_stats_from_event(message)
         if stats is not None:
             self.updates["rank_stats"] = stats
-            texts["ranks"] = rank_rows(stats)
+            texts["ranks"] = rank_rows(rank_stats_so_far(stats, ranks=throughput.ranks()))
         if texts:
             message["texts"] = texts
+
+    def _throughput_add(self, values: Mapping[str, float | None], *, step: int) -> Throughput:
+        """The run's running throughput (throughput.py: the page's one figure, and each rank's),
+        read from the stored points at this sink's first step or epoch, then kept here."""
+        if self.throughput is None:
+            self.throughput = run_throughput_read(experiment_id=self.experiment.pk)
+        for key, value in values.items():
+            if key.endswith("images_per_second"):
+                self.throughput.add(key, step, value)
+        return self.throughput
 
     def _add_values(self, values: dict[str, float | None], *, step: int, time_: float) -> None:
         self.points.extend(

@@ -66,6 +66,7 @@ from dashboard.experiments.metrics.scaling import (
     scaling_chart_build,
     scaling_rows_build,
 )
+from dashboard.experiments.metrics.throughput import THROUGHPUT_RULE, THROUGHPUT_TITLE
 from dashboard.experiments.models import (
     PROCESS_STRATEGIES,
     CodeArchive,
@@ -372,6 +373,9 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "scaling_note": baseline_batch_note(scaling),
         "baseline_rule": BASELINE_RULE,
         "no_baseline": NO_BASELINE,
+        # The headline's, the Scaling card's and the Ranks table's images/s: one definition.
+        "throughput_title": THROUGHPUT_TITLE,
+        "throughput_rule": THROUGHPUT_RULE,
         "can_control": can_control,
         "progress": progress_percent(experiment),
         "accuracy": format_percent(experiment.test_accuracy),
