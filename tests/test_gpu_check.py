@@ -189,7 +189,8 @@ def test_the_device_check_runs_and_reads_the_machine(tmp_path: Path) -> None:
     # profile asked at the first window recorded at step 12 on both ranks.
     assert re.search(r" yes +\d+\.\d +cpu,cpu +[\d,]+ img/s, 2 windows, phases off wall by "
                      rf"\d+\.\d%, all-reduced {MODEL_BYTES:,} B a step, stalled, rank 1 named, "
-                     r"then over \(all_reduce #\d+\), profiled 1 step\(s\) on 2 rank\(s\), cpu$",
+                     r"then over \(all_reduce #\d+\), arrivals in every window \(latest rank by "
+                     r"[\d,]+ ms at most\), profiled 1 step\(s\) on 2 rank\(s\), cpu$",
                      rows[gpu_check.SCRIPT_ROW]), rows[gpu_check.SCRIPT_ROW]  # fmt: skip
     assert proc.stdout.strip().splitlines()[-1] == "gpu-check: all as expected"
     # The engine benchmark's two workloads, as its defaults run them (tests/test_bench.py runs

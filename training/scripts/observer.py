@@ -47,9 +47,9 @@ import torch.distributed as dist
 
 from training.observe import collectives, memory, phases
 from training.observe.meter import arrival_fields
+from training.observe.progress_hooks import ProgressHooks
 from training.process.runtime import floats_gather
 from training.scripts.profiles import PROFILE_FIGURES, ScriptProfiles, objects_gather
-from training.scripts.progress_hooks import ProgressHooks
 from trainyard.agree import Pace
 from trainyard.channel import EventChannel
 
