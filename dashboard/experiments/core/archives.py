@@ -1,7 +1,8 @@
 """Bounded unpacking of uploaded archives: apart from their readers because it is the one place
 that trusts nothing about a zip or a tar. Sizes are counted as bytes really come out (headers can
 lie), members are counted, paths are kept inside the scratch folder (zip slip), links and devices
-are refused, and a small tar.gz cannot decompress to gigabytes.
+are refused, a zip's members are read only where zipfile's reader is bounded (stored, deflate),
+and a small tar.gz cannot decompress to gigabytes.
 
 Two callers, each with its `Bounds`: an import (metrics/imports.py) unpacks only the TensorBoard
 event files of a log folder, and refuses one too big with a 413; uploaded code (scripts/code.py)
@@ -38,6 +39,13 @@ MAX_NAME_CHARS = 1024
 MAX_NAME_PARTS = 64
 MAX_PART_BYTES = 255
 ZIP_END_SEARCH = 22 + 65535  # the end record and the longest comment it may carry
+ZIP_ENTRY_HEADER = 46  # a central directory entry's fixed part, before its name and extras
+# The zip methods read: those whose reader in zipfile is bounded. ZipExtFile asks the deflate
+# decompressor for at most the bytes wanted (max_length); bzip2 and LZMA members it decompresses
+# whole chunk by chunk with no bound, so a few KB of them expand to gigabytes in one read,
+# whatever the copy around it counts. Method 9 (deflate64) and the rest zipfile cannot read.
+ZIP_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflate"}
+ZIP_METHODS_REFUSED = {zipfile.ZIP_BZIP2: "bzip2", zipfile.ZIP_LZMA: "LZMA", 9: "deflate64"}
 # Tar headers, their padding and long names, beyond the members' own bytes: what the
 # decompressed stream of a tar may hold past the unpacked limit.
 TAR_OVERHEAD_PER_MEMBER = 4096
@@ -158,8 +166,10 @@ class _Unpacker:
 def _zip_directory_count(source: IO[bytes], most: int) -> None:
     """Refuse a zip whose central directory lists over `most` entries, counted by walking its
     headers before zipfile reads them: zipfile builds every entry first, so a 64 MiB directory
-    of tiny entries would cost a million objects before the bound is met. Left to zipfile where
-    there is no end record (its own refusal says so)."""
+    of tiny entries would cost a million objects before the bound is met. The walk reads one
+    fixed-size header at a time (never the directory whole), so it costs the same whatever the
+    directory says of itself. Left to zipfile where there is no end record (its own refusal
+    says so)."""
     source.seek(0, io.SEEK_END)
     size = source.tell()
     source.seek(max(0, size - ZIP_END_SEARCH))
@@ -182,15 +192,16 @@ def _zip_directory_count(source: IO[bytes], most: int) -> None:
     if start < 0:
         source.seek(0)
         return  # zipfile's refusal: a directory larger than the file
-    source.seek(max(0, start))
-    directory = source.read(directory_bytes)
     offset = count = 0
-    while directory[offset : offset + 4] == b"PK\x01\x02" and offset + 46 <= len(directory):
+    while offset + ZIP_ENTRY_HEADER <= directory_bytes:
+        source.seek(start + offset)
+        header = source.read(ZIP_ENTRY_HEADER)
+        if len(header) < ZIP_ENTRY_HEADER or not header.startswith(b"PK\x01\x02"):
+            break
         count += 1
         if count > most:
             raise ImportRefused(400, f"the archive holds over {most} members")
-        lengths = struct.unpack("<HHH", directory[offset + 28 : offset + 34])
-        offset += 46 + sum(lengths)
+        offset += ZIP_ENTRY_HEADER + sum(struct.unpack("<HHH", header[28:34]))
     source.seek(0)
 
 
@@ -204,12 +215,25 @@ def _zip_member_kind(info: zipfile.ZipInfo) -> str:
     return "folder" if info.is_dir() else "file"
 
 
+def _zip_method_check(info: zipfile.ZipInfo) -> None:
+    """Refuse a member compressed other than stored or deflate (see ZIP_METHODS), read or not:
+    the archive is refused whole, naming the member and its method, before anything expands."""
+    if info.compress_type not in ZIP_METHODS:
+        method = ZIP_METHODS_REFUSED.get(info.compress_type, f"method {info.compress_type}")
+        raise ImportRefused(
+            400,
+            f"archive member {info.filename[:120]!r} is compressed with {method}: "
+            f"only stored or deflate members are read (zip them with deflate)",
+        )
+
+
 def zip_unpack(*, source: IO[bytes], root: Path, bounds: Bounds | None = None) -> list[Path]:
     unpacker = _Unpacker(root, bounds or import_bounds())
     try:
         _zip_directory_count(source, unpacker.bounds.members)
         with zipfile.ZipFile(source) as archive:
             for info in archive.infolist():
+                _zip_method_check(info)
                 kind = _zip_member_kind(info)
                 if kind == "device":
                     raise ImportRefused(400, f"archive member {info.filename[:120]!r} is a device")
