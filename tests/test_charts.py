@@ -150,6 +150,8 @@ def test_drag_zoom_asks_for_finer_buckets(tab: Any, stack: Stack, big_run: int) 
     log_in(tab, stack, "alice")
     open_run(tab, stack, big_run)
     full = tab.evaluate(DRAWN, TRAIN)["x"]
+    # Below the run's summary: scrolled to, as a reader does, so that the mouse reaches it.
+    tab.locator("[data-chart='train_loss']").scroll_into_view_if_needed()
     over = tab.locator("[data-chart='train_loss'] .u-over").bounding_box()
     y = over["y"] + over["height"] / 2
     # Hover: the values under the cursor, the bucket's min-max beside its mean.
