@@ -43,12 +43,41 @@ def format_duration(seconds: float | None) -> str:
 
 # The queue (/queue/ and GET /api/queue/): how a start is estimated, said once.
 QUEUE_ESTIMATE_METHOD = (
-    "Estimated start: the running runs are expected to end at their pace so far (time since "
-    "their start x steps left / steps done); queued runs to take as long as the last finished "
-    "runs of the same strategy, dataset, processes, nodes, epochs and batch size; then the queue "
-    "is replayed in claim order on the machines online. Unknown where a run it waits for has "
-    "taken no step yet and nothing like it has finished."
+    "Estimated start: a running run is expected to end at its pace so far (time since its start "
+    "x steps left / steps done) once it is a tenth of the way through, before that (its time is "
+    "then mostly start-up) to take as long as the last finished runs like it; queued runs to "
+    "take as long as the last finished runs of the same strategy, model, dataset, processes, "
+    "nodes, epochs and batch size; then the queue is replayed in claim order on the machines "
+    "online. Unknown where a run it waits for is less than a tenth of the way through and "
+    "nothing like it has finished. Each estimate says what it rests on."
 )
+QUEUE_BASIS_FREE = "its devices are free now"
+QUEUE_BASIS_UNKNOWN = (
+    "no estimate: a run it waits for is less than a tenth of the way through and nothing like "
+    "it has finished"
+)
+
+
+def queue_basis_pace_text(*, run: int, step: int, total: int, seconds: float) -> str:
+    """A running run's end expected from its pace so far."""
+    done = f"{step:,} of {total:,} steps in {format_duration(seconds)}"
+    return f"#{run} ends at its pace so far ({done})"
+
+
+def queue_basis_typical_text(*, run: int, runs: int, seconds: float) -> str:
+    """A run's length expected from finished runs like it."""
+    like = (
+        "the last finished run like it" if runs == 1 else f"the last {runs} finished runs like it"
+    )
+    return f"#{run} ends {format_duration(seconds)} after its start, as {like} took"
+
+
+def queue_basis_wait_text(bases: list[str]) -> str:
+    """A queued run's start: after the ends of these runs, each with how it was expected."""
+    said = [basis for basis in bases if basis]
+    return "when " + "; and ".join(said) if said else QUEUE_BASIS_UNKNOWN
+
+
 QUEUE_OTHERS_RUN = "another user's run"
 
 

@@ -240,6 +240,51 @@ def test_estimates_replay_the_queue_from_the_running_runs_progress(
     assert starts[third.pk] is None  # waits for the second, whose length nobody knows
 
 
+def test_each_estimate_says_its_basis_and_a_first_step_is_no_pace(
+    client: Any, user_factory: Any, experiment_factory: Any
+):
+    """Issue 34 item 11: a run one step in (its time mostly start-up) is not extrapolated; the
+    estimate rests on finished runs like it, or there is none, and each says which."""
+    alice, root = user_factory(), user_factory(staff=True)
+    now = timezone.now()
+    WorkerMachine.objects.create(hostname="m1", report={"cpu_count": 2}, reported_at=now)
+    # One step of 200 after 10 s: extrapolated, 33 minutes; nothing like it finished: unknown.
+    running = queued(
+        experiment_factory, alice, "running", status=Status.RUNNING, worker="m1", step=1,
+        total_steps=200, started_at=now - timedelta(seconds=10), epochs=3,
+    )  # fmt: skip
+    waiting = queued(experiment_factory, alice, "waiting", epochs=1)
+    entry = _listing(client, root)["queue"][0]
+    assert entry["id"] == waiting.pk
+    assert entry["estimated_start_seconds"] is None
+    assert entry["estimated_start_basis"].startswith("no estimate")
+    # A finished run like it took 60 s: the running one is expected to end 50 s from now.
+    queued(
+        experiment_factory, alice, "done", status=Status.SUCCEEDED, worker="m1", epochs=3,
+        started_at=now - timedelta(seconds=600), finished_at=now - timedelta(seconds=540),
+    )  # fmt: skip
+    entry = _listing(client, root)["queue"][0]
+    assert entry["estimated_start_seconds"] == pytest.approx(50, abs=5)
+    assert entry["estimated_start_basis"] == (
+        f"when #{running.pk} ends 1m 00s after its start, as the last finished run like it took"
+    )
+    # A tenth of the way through, its pace says when it ends.
+    Experiment.objects.filter(pk=running.pk).update(step=20)
+    entry = _listing(client, root)["queue"][0]
+    assert entry["estimated_start_seconds"] == pytest.approx(90, abs=5)
+    assert entry["estimated_start_basis"] == (
+        f"when #{running.pk} ends at its pace so far (20 of 200 steps in 10s)"
+    )
+    # Alice sees no other user's run number in it; an idle machine starts a run now.
+    Experiment.objects.filter(pk=running.pk).update(owner=root)
+    entry = _listing(client, alice)["queue"][0]
+    assert f"#{running.pk}" not in entry["estimated_start_basis"]
+    Experiment.objects.filter(pk=running.pk).update(status=Status.SUCCEEDED)
+    assert _listing(client, alice)["queue"][0]["estimated_start_basis"] == (
+        "its devices are free now"
+    )
+
+
 def test_the_run_woken_when_a_machine_frees_is_the_first_that_could_start_there(
     user_factory: Any, experiment_factory: Any, settings: Any
 ):

@@ -169,6 +169,44 @@ def test_an_accumulating_runs_global_batch_counts_its_batches(alice: Any, client
     assert row["global_batch"] == 2 * 2 * CONFIG["batch_size"]
 
 
+@pytest.mark.parametrize(
+    ("strategy", "processes", "nodes"),
+    [("tensor-parallel", 2, 1), ("fsdp-tp", 4, 1), ("pipeline", 2, 1), ("ddp", 2, 2),
+     ("single", 1, 1), ("dp", 1, 1)],
+)  # fmt: skip
+def test_a_queued_runs_global_batch_is_the_one_the_engine_reports(
+    alice: Any, strategy: str, processes: int, nodes: int
+) -> None:
+    """Issue 34 item 11: a queued tensor-parallel run said 128 and 64 once it ran. Before the
+    start the figure is computed as the engine's started event will say it (its ranks' plan)."""
+    from types import SimpleNamespace
+
+    from dashboard.experiments.metrics.scaling import experiment_global_batch
+    from training.observe.reporting import started_fields
+    from training.registry import mesh_shape, strategy_get
+
+    queued = run_make(
+        alice, ips=[100], strategy=strategy, processes=processes, nodes=nodes, batch_size=64,
+        gpus=[0, 1] if strategy == "dp" else [],
+    )  # fmt: skip
+    world = processes * nodes if strategy_get(strategy).processes else 1
+    # The engine's plan: a tensor-parallel group or a pipeline's ranks share one batch.
+    batch_ranks = mesh_shape(strategy, world)[0]
+    cfg = SimpleNamespace(
+        strategy=strategy, dataset="mnist", data_path="", epochs=1, batch_size=64, accumulate=1,
+        precision="fp32", compile=False, optimizer="adam", lr=0.001, seed=1, dry_run=False,
+    )  # fmt: skip
+    rt = SimpleNamespace(world_size=world, device_label="cpu")
+    data = SimpleNamespace(source="", mode="", train=[0] * 10, test=[0] * 10)
+    started = started_fields(cfg, rt, data, 1, 1, world=world, batch_ranks=batch_ranks)  # type: ignore[arg-type]
+    assert experiment_global_batch(queued) == started["global_batch_size"]
+    Experiment.objects.filter(pk=queued.pk).update(run_info=started)
+    queued.refresh_from_db()
+    assert experiment_global_batch(queued) == started["global_batch_size"]
+    if strategy == "tensor-parallel":
+        assert started["global_batch_size"] == 64
+
+
 def test_compare_page_renders_the_table(client: Client, runs: dict[str, Experiment]) -> None:
     response = compare(client, runs["single"], runs["ddp"], runs["single_bob"])
     assert response.status_code == 200

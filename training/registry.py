@@ -496,3 +496,12 @@ def mesh_shape(name: str, processes: int) -> tuple[int, int]:
     split data only, (1, N) for tensor-parallel, (N/2, 2) for fsdp-tp."""
     tensor = strategy_get(name).tensor_ranks or processes
     return max(processes // tensor, 1), tensor
+
+
+def global_batch_size(name: str, *, batch_size: int, accumulate: int = 1, world: int) -> int:
+    """Images per optimizer step over the whole run: --batch-size x --accumulate x the groups
+    that take a batch of their own (mesh_shape's data-parallel size over ``world`` ranks; one
+    for the strategies of one process, DataParallel splitting its one batch). One home: the
+    dashboard's figure of a queued run is the one the engine reports once it starts."""
+    groups = mesh_shape(name, world)[0] if strategy_get(name).processes else 1
+    return batch_size * max(1, accumulate) * groups

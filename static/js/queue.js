@@ -80,7 +80,10 @@
       el("td", {}, devices),
       priorityCell(entry, listing),
       el("td", { "data-field": "reason" }, entry.reason),
-      el("td", { "data-field": "estimate", title: entry.estimated_start || "" }, entry.estimated_start_text),
+      el("td", { "data-field": "estimate", title: entry.estimated_start || "" }, [
+        entry.estimated_start_text,
+        el("div", { class: "muted small", "data-field": "estimate-basis" }, entry.estimated_start_basis),
+      ]),
       cancelCell(entry),
     ]);
   }

@@ -42,7 +42,7 @@ from dashboard.experiments.models import (
     Status,
     Strategy,
 )
-from training.registry import REGISTRY, strategy_get
+from training.registry import REGISTRY, global_batch_size, strategy_get
 
 # The compare page is one table: a handful of runs, not a report.
 COMPARE_MAX_RUNS = 20
@@ -80,10 +80,16 @@ def experiment_global_batch(experiment: Experiment) -> int:
     reported = (experiment.run_info or {}).get("global_batch_size")
     if isinstance(reported, int) and not isinstance(reported, bool) and reported > 0:
         return reported
-    batches = experiment.accumulate or 1  # --accumulate: batches a rank adds up per step
-    if experiment.strategy in PROCESS_STRATEGIES:
-        return experiment.batch_size * max(1, experiment.processes) * batches
-    return experiment.batch_size * batches  # DataParallel splits this one batch across its GPUs
+    # As the engine will count it (training/registry.py): a tensor-parallel group shares one.
+    try:
+        return global_batch_size(
+            experiment.strategy,
+            batch_size=experiment.batch_size,
+            accumulate=experiment.accumulate or 1,
+            world=max(1, experiment.processes) * max(1, experiment.nodes),
+        )
+    except ValueError:  # a strategy the registry no longer has: as one batch a process
+        return experiment.batch_size * max(1, experiment.processes) * (experiment.accumulate or 1)
 
 
 def single_baseline_find(

@@ -25,7 +25,7 @@ from dashboard.experiments.scheduling.queue import (
     experiment_priority_set,
     queue_ordered,
 )
-from dashboard.experiments.scheduling.queue_estimate import queue_estimates
+from dashboard.experiments.scheduling.queue_estimate import Estimate, queue_estimates_explained
 from dashboard.experiments.selectors import iso_or_none
 from dashboard.experiments.web.api_schemas import PriorityIn, PriorityOut, QueueOut
 from dashboard.experiments.web.params import body_int
@@ -54,8 +54,15 @@ def reason_for_viewer(reason: str, *, viewer_runs: set[int] | None) -> str:
 
 
 def queue_entry(
-    run: Experiment, *, position: int, start: datetime | None, now: datetime, reason: str
+    run: Experiment,
+    *,
+    position: int,
+    estimate: Estimate,
+    now: datetime,
+    reason: str,
+    viewer_runs: set[int] | None = None,
 ) -> dict[str, Any]:
+    start = estimate.start
     wait = max(0.0, (start - now).total_seconds()) if start else None
     return {
         "id": run.pk,
@@ -76,6 +83,8 @@ def queue_entry(
         "estimated_start": iso_or_none(start),
         "estimated_start_seconds": wait,
         "estimated_start_text": queue_start_text(wait),
+        # What the estimate rests on (which run's end, expected how): shown beside it.
+        "estimated_start_basis": reason_for_viewer(estimate.basis, viewer_runs=viewer_runs),
         "url": run.get_absolute_url(),
         "stop_url": reverse("api-experiment-stop", args=[run.pk]),
         "priority_url": reverse("api-queue-priority", args=[run.pk]),
@@ -86,7 +95,7 @@ def queue_listing(*, user: Any, now: datetime) -> dict[str, Any]:
     """The queue as `user` may see it: claim order, positions counted over everyone's runs."""
     staff = bool(getattr(user, "is_staff", False))
     queued = list(queue_ordered().select_related("owner"))
-    starts = queue_estimates(queued=queued, now=now)
+    estimates = queue_estimates_explained(queued=queued, now=now)
     mine = None if staff else set(
         Experiment.objects.filter(owner_id=user.pk).values_list("pk", flat=True)
     )  # fmt: skip
@@ -94,9 +103,10 @@ def queue_listing(*, user: Any, now: datetime) -> dict[str, Any]:
         queue_entry(
             run,
             position=position,
-            start=starts.get(run.pk),
+            estimate=estimates[run.pk],
             now=now,
             reason=reason_for_viewer(run.waiting_reason, viewer_runs=mine),
+            viewer_runs=mine,
         )
         for position, run in enumerate(queued, start=1)
         if staff or run.owner_id == user.pk

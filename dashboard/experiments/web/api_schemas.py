@@ -280,6 +280,7 @@ class QueueEntryOut(Open):
     priority: int
     estimated_start: str | None
     estimated_start_seconds: float | None
+    estimated_start_basis: str  # what the estimate rests on, in words
     url: str
     stop_url: str
     priority_url: str
