@@ -288,7 +288,10 @@ class EventSink:
         # started event's, kept here since the row's run_info is written only at the flush.
         self.model_bytes = model_bytes_of(experiment.run_info)
         self.sent_at = -math.inf  # time.monotonic() of the last flush
-        self.throughput: Throughput | None = None  # read at the first step or epoch event
+        # The run's running throughput (throughput.py: the page's one figure, and each rank's),
+        # from the windows stored so far (a next attempt goes on from them), then kept here:
+        # read now, as the sink is made, so that `add` never waits on the database.
+        self.throughput = run_throughput_read(experiment_id=experiment.pk)
 
     def unflushed_drop(self) -> None:
         """Nothing added since the last flush (or that flush rolled back: the next renumbers)."""
@@ -387,10 +390,7 @@ class EventSink:
             message["texts"] = texts
 
     def _throughput_add(self, values: Mapping[str, float | None], *, step: int) -> Throughput:
-        """The run's running throughput (throughput.py: the page's one figure, and each rank's),
-        read from the stored points at this sink's first step or epoch, then kept here."""
-        if self.throughput is None:
-            self.throughput = run_throughput_read(experiment_id=self.experiment.pk)
+        """The running throughput with this step or epoch event's figures added."""
         for key, value in values.items():
             if key.endswith("images_per_second"):
                 self.throughput.add(key, step, value)
