@@ -96,3 +96,61 @@ def test_a_code_upload_of_a_bzip2_or_lzma_zip_is_refused_and_nothing_kept(
     assert response.status_code == 400, response.content
     assert "'train.py'" in response.json()["error"]
     assert not CodeArchive.objects.exists() and not (tmp_path / "code").exists()
+
+
+def _event_file_declaring(folder: Path, dims: list[int], **values: Any) -> bytes:
+    """A TensorBoard event file of one scalars-plugin tensor declaring `dims` but holding
+    `values` (one float: TensorBoard's make_ndarray repeats it to the declared shape)."""
+    from tensorboard.compat.proto.summary_pb2 import Summary, SummaryMetadata
+    from tensorboard.compat.proto.tensor_pb2 import TensorProto
+    from tensorboard.compat.proto.tensor_shape_pb2 import TensorShapeProto
+    from tensorboard.compat.proto.types_pb2 import DT_FLOAT
+    from torch.utils.tensorboard import SummaryWriter
+
+    shape = TensorShapeProto(dim=[TensorShapeProto.Dim(size=size) for size in dims])
+    tensor = TensorProto(dtype=DT_FLOAT, tensor_shape=shape, **values)
+    metadata = SummaryMetadata(plugin_data=SummaryMetadata.PluginData(plugin_name="scalars"))
+    writer = SummaryWriter(log_dir=str(folder))
+    writer.add_scalar("loss", 1.0, 0)
+    value = Summary.Value(tag="huge", metadata=metadata, tensor=tensor)
+    writer._get_file_writer().add_summary(Summary(value=[value]), 1)
+    writer.close()
+    (path,) = folder.glob("events.out.tfevents.*")
+    return path.read_bytes()
+
+
+def test_a_tensorboard_tensor_declaring_a_huge_shape_is_refused_before_it_is_made(
+    tmp_path: Path,
+) -> None:
+    from dashboard.experiments.metrics import imports
+
+    plain = _event_file_declaring(tmp_path / "plain", [], float_val=[1.0])
+    data = _event_file_declaring(tmp_path / "log", [EXPANDED // 4], float_val=[1.0])
+    assert len(data) < 1_000
+    # What reading any event file costs (TensorBoard's reader buffers 16 MiB), with its modules
+    # imported: the hostile file may cost no more than that and PEAK_MOST.
+    usual, _ = _peak(lambda: imports.tensorboard_read(files=list((tmp_path / "plain").iterdir())))
+    assert len(plain) < 1_000
+    peak, raised = _peak(lambda: imports.tensorboard_read(files=list((tmp_path / "log").iterdir())))
+    assert peak < usual + PEAK_MOST, f"refusing took {peak} bytes, reading {usual}"
+    assert isinstance(raised, archives.ImportRefused), raised
+    assert raised.status == 400 and "'huge'" in raised.message
+    assert f"declares {EXPANDED // 4} values" in raised.message
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("dims", "values"),
+    [([EXPANDED // 4], {"float_val": [1.0]}), ([], {}), ([2, -1], {"float_val": [1.0]})],
+    ids=["huge", "empty", "negative"],
+)
+def test_the_import_route_refuses_a_tensor_that_is_no_scalar_and_stores_nothing(
+    dims: list[int], values: dict[str, Any], user_factory: Any, tmp_path: Path
+) -> None:
+    client = logged_in(user_factory(username="alice"))
+    data = _event_file_declaring(tmp_path, dims, **values)
+    upload = SimpleUploadedFile("events.out.tfevents.1", data)
+    response = client.post("/api/experiments/import/", {"file": upload})
+    assert response.status_code == 400, response.content
+    assert "'huge'" in response.json()["error"]
+    assert not Experiment.objects.exists() and not SeriesPoint.objects.exists()

@@ -184,11 +184,30 @@ def _csv_tensorboard_read(rows: Iterator[list[str]], filename: str) -> ImportedS
     return found
 
 
-def _tensor_scalar(event: Any) -> float:
+def _tensor_values_check(tag: str, tensor: Any) -> None:
+    """Refuse a scalars-plugin tensor that is not one value, by the shape it declares and before
+    any array is made: TensorBoard's make_ndarray repeats a single value to the declared shape
+    (np.repeat), so a file under 1 KB declaring [2**31] would ask for gigabytes."""
+    declared = 1
+    for dim in tensor.tensor_shape.dim:
+        if dim.size < 0:
+            raise ImportRefused(400, f"series {tag[:80]!r}: a tensor of unknown shape")
+        declared *= dim.size
+    if declared != 1:
+        raise ImportRefused(
+            400, f"series {tag[:80]!r}: a tensor that declares {declared} values; a scalar has one"
+        )
+
+
+def _tensor_scalar(tag: str, event: Any) -> float:
+    """The one value of a scalar tensor, its shape checked as it was read
+    (_tensor_values_check); one the reader cannot make a float of is refused in its words."""
     from tensorboard.util import tensor_util
 
-    array = tensor_util.make_ndarray(event.tensor_proto)
-    return float(array.reshape(-1)[0])
+    try:
+        return float(tensor_util.make_ndarray(event.tensor_proto).reshape(-1)[0])
+    except (TypeError, ValueError, IndexError) as exc:
+        raise ImportRefused(400, f"series {tag[:80]!r}: not a number ({exc})"[:300]) from None
 
 
 Scalar = tuple[int, float, float]  # step, wall time, value
@@ -229,6 +248,7 @@ def _scalar_accumulator() -> type[Any]:
             # The tag's metadata is stored before its first value is processed.
             metadata = self.summary_metadata.get(tag)
             if metadata is not None and metadata.plugin_data.plugin_name == "scalars":
+                _tensor_values_check(tag, tensor)
                 self.budget.take()
                 super()._ProcessTensor(tag, wall_time, step, tensor)
 
@@ -260,7 +280,7 @@ def _folder_scalars(folder: Path, budget: _PointBudget) -> dict[str, list[Scalar
     }
     for tag in tags.get("tensors", []):
         events = accumulator.Tensors(tag)
-        found[tag] = [(e.step, e.wall_time, _tensor_scalar(e)) for e in events]
+        found[tag] = [(e.step, e.wall_time, _tensor_scalar(tag, e)) for e in events]
     return found
 
 
