@@ -15,6 +15,36 @@ def bytes_text(value: int | float | None) -> str:
     raise AssertionError("unreachable")
 
 
+# Why a machine has no GPU, in words, for NVML's error strings (pynvml.NVMLError's str): the
+# devices page says "no GPU (NVIDIA's library is not installed)", not NVML's words.
+NO_GPU_REASONS = {
+    "NVML Shared Library Not Found": "NVIDIA's library is not installed",
+    "Driver Not Loaded": "NVIDIA's driver is not loaded",
+    "Insufficient Permissions": "this worker's user may not read the GPUs",
+    "Function Not Found": "NVIDIA's library is older than its driver",
+    "RM has detected an NVML/RM version mismatch.": "NVIDIA's library and driver versions differ",
+}
+NO_GPU_DEVICE = "no GPU (NVIDIA's library sees none)"
+
+
+def no_gpu_text(nvml_error: str) -> str:
+    """ "no GPU (NVIDIA's library is not installed)": why a machine has no GPU, from NVML's
+    error string; an error not known here is quoted as NVML says it."""
+    reason = NO_GPU_REASONS.get(nvml_error.strip(), f"NVML says: {nvml_error.strip()}")
+    return f"no GPU ({reason})"
+
+
+def gpu_status_text(status: str | None) -> str:
+    """A worker's gpu_status as the page says it; a report from before no_gpu_text said NVML's
+    words ("no GPU: NVML Shared Library Not Found")."""
+    if not status:
+        return "no GPU (not reported)"
+    if status.startswith("no GPU: "):
+        said = status.removeprefix("no GPU: ")
+        return NO_GPU_DEVICE if said == "NVML works but reports no device" else no_gpu_text(said)
+    return status
+
+
 def words_joined(words: list[str]) -> str:
     """ "a", "a and b", "a, b and c"."""
     if len(words) < 2:

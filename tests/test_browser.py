@@ -161,6 +161,9 @@ def test_device_page_shows_the_worker(page: Any, stack: Stack) -> None:
     body.get_by_text("test-worker").first.wait_for()
     text = body.inner_text()
     assert "no GPU" in text and "gloo" in text.lower() and "/dev/shm" in text
+    # Issue 34 item 14: who holds the machine now, how busy it is, GPUs in words, no probe.
+    assert "Held now" in text and "CPU busy" in text and "% of all cores" in text
+    assert "NVML Shared Library" not in text and "probe" not in text
     screenshot(page, "devices.png")
 
 

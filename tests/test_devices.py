@@ -154,8 +154,8 @@ def test_facts_say_no_gpu_plainly_without_nvml() -> None:
     facts = machine_facts_collect()
 
     assert facts["gpus"] == []
-    assert facts["gpu_status"].startswith("no GPU: ")
-    assert len(facts["gpu_status"]) > len("no GPU: ")
+    assert facts["gpu_status"].startswith("no GPU (")
+    assert len(facts["gpu_status"]) > len("no GPU ()")
 
 
 def test_facts_when_nvml_init_fails(monkeypatch: pytest.MonkeyPatch, nvml_fresh: None) -> None:
@@ -167,8 +167,24 @@ def test_facts_when_nvml_init_fails(monkeypatch: pytest.MonkeyPatch, nvml_fresh:
     facts = machine_facts_collect(with_torch=False)
 
     assert facts["gpus"] == []
-    assert facts["gpu_status"] == "no GPU: Driver Not Loaded"
+    assert facts["gpu_status"] == "no GPU (NVIDIA's driver is not loaded)"
     assert "torch" not in facts  # the web process's fallback does not import torch
+
+
+def test_facts_say_nvidias_library_is_not_installed(
+    monkeypatch: pytest.MonkeyPatch, nvml_fresh: None
+) -> None:
+    """Issue 34 item 14: not NVML's "NVML Shared Library Not Found"."""
+
+    def nvml_init_missing() -> None:
+        raise pynvml.NVMLError(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND)
+
+    monkeypatch.setattr(pynvml, "nvmlInit", nvml_init_missing)
+
+    facts = machine_facts_collect(with_torch=False)
+
+    assert facts["gpu_status"] == "no GPU (NVIDIA's library is not installed)"
+    assert 0 <= facts["cpu_percent"] <= 100 and facts["load_average"] >= 0
 
 
 def test_facts_read_gpus_through_nvml(monkeypatch: pytest.MonkeyPatch, nvml_fresh: None) -> None:
@@ -531,11 +547,57 @@ def test_device_page_shows_each_machine(client_logged_in: Client) -> None:
     assert "last report 3600 s ago" in html
     assert "NVIDIA H100 80GB HBM3" in html
     assert "1.0 GiB / 80.0 GiB" in html
-    assert "no GPU: Driver Not Loaded" in html
+    # An old report's NVML words said plainly.
+    assert "no GPU (NVIDIA&#x27;s driver is not loaded)" in html
     assert "file_descriptor, file_system" in html
     assert "nccl yes" in html and "mpi no" in html
     assert "Bus error" not in html  # 16 GiB of /dev/shm needs no hint
     assert reverse("api-devices") in html  # where the page's script polls
+
+
+def test_device_page_says_which_runs_hold_which_cores_and_gpus(
+    client_logged_in: Client, user: Any, experiment_factory: Any
+) -> None:
+    """Issue 34 item 14: who holds what now, how busy, no probe tensor, the GPU status plainly;
+    another user's run is not named."""
+    from dashboard.experiments.models import Status
+
+    machine_make(hostname="gpu-node-1", cpu_count=4, gpu_ids=(0, 1))
+    cpu_box = machine_make(hostname="cpu-box", cpu_count=4)
+    cpu_box.report = {**cpu_box.report, "cpu_percent": 37.4, "load_average": 1.5,
+                      "gpu_status": "no GPU: NVML Shared Library Not Found"}  # fmt: skip
+    cpu_box.save()
+    mine = experiment_factory(
+        owner=user, name="mine", strategy="ddp", processes=2, gpus=[1],
+        status=Status.RUNNING, worker="gpu-node-1",
+    )  # fmt: skip
+    other = get_user_model().objects.create_user(username="bob", password="s3cret-pass-word")
+    experiment_factory(
+        owner=other, name="bobs", strategy="ddp", processes=2, gpus=[],
+        status=Status.RUNNING, worker="cpu-box",
+    )  # fmt: skip
+
+    html = client_logged_in.get(reverse("device-list")).content.decode()
+    assert f"#{mine.pk} mine" in html and "bobs" not in html
+    assert "0 of 4 cores and 1 GPU held by 1 run" in html
+    assert "2 of 4 cores held by 1 run" in html and "another user&#x27;s run" in html
+    assert "37 % of all cores (load 1.50 over a minute)" in html
+    assert "no GPU (NVIDIA&#x27;s library is not installed)" in html
+    assert "NVML Shared Library Not Found" not in html
+    assert "probe" not in html and "works (checked at each report)" in html
+
+    machines = {
+        m["hostname"]: m for m in client_logged_in.get(reverse("api-devices")).json()["machines"]
+    }
+    now = machines["gpu-node-1"]["now"]
+    assert now["gpu_holders"] == {"1": f"#{mine.pk} mine"}
+    assert [(h["label"], h["gpus"], h["held_text"]) for h in now["holds"]] == [
+        (f"#{mine.pk} mine", [1], "GPU 1")
+    ]
+    assert machines["cpu-box"]["now"]["holds"][0]["held_text"] == "2 cores"
+    assert machines["cpu-box"]["now"]["gpu_status_text"] == (
+        "no GPU (NVIDIA's library is not installed)"
+    )
 
 
 def test_device_page_warns_about_a_small_dev_shm(client_logged_in: Client) -> None:

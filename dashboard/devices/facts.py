@@ -20,6 +20,8 @@ from typing import Any
 import psutil
 import pynvml
 
+from dashboard.texts import NO_GPU_DEVICE, no_gpu_text
+
 logger = logging.getLogger(__name__)
 
 SHM_PATH = "/dev/shm"  # noqa: S108 - the POSIX shared memory mount, not a temporary file
@@ -123,9 +125,9 @@ def gpu_facts_collect() -> dict[str, Any]:
         gpus = [gpu_facts_collect_one(index=index) for index in range(count)]
         driver = _nvml_read(pynvml.nvmlSystemGetDriverVersion)
     except pynvml.NVMLError as exc:
-        return {"gpus": [], "gpu_status": f"no GPU: {exc}", "nvml_driver_version": None}
+        return {"gpus": [], "gpu_status": no_gpu_text(str(exc)), "nvml_driver_version": None}
     if not gpus:
-        status = "no GPU: NVML works but reports no device"
+        status = NO_GPU_DEVICE
     else:
         status = f"{len(gpus)} GPU{'s' if len(gpus) != 1 else ''} through NVML"
     return {
@@ -234,6 +236,10 @@ def machine_facts_collect(*, with_torch: bool = True) -> dict[str, Any]:
         "hostname": machine_name(),
         "collected_at": datetime.now(UTC).isoformat(),
         "cpu_count": cpu_count_usable(),
+        # Busy now: percent of all cores since this process's previous call (the reporter's
+        # last report), and the load average over a minute.
+        "cpu_percent": float(psutil.cpu_percent(interval=None)),
+        "load_average": round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None,
         "memory": {"total_bytes": memory.total, "available_bytes": memory.available},
         **gpu_facts_collect(),
         # What a training subprocess inherits; the launcher should set PCI_BUS_ID so that the

@@ -43,9 +43,22 @@
     ];
   }
 
-  function gpuSection(report) {
+  // The runs running here and what each holds, in the server's words (views.running_holds).
+  function holdsSection(now) {
+    const holds = now.holds || [];
+    if (!holds.length) return [];
+    const rows = holds.map((hold) => [
+      hold.url ? el("a", { href: hold.url }, hold.label) : hold.label,
+      hold.strategy,
+      hold.held_text + (hold.ranks_text ? ` (${hold.ranks_text} here)` : ""),
+    ]);
+    return [table("holds", ["Running here", "Strategy", "Holds"], rows)];
+  }
+
+  function gpuSection(report, now) {
     const gpus = report.gpus || [];
     if (!gpus.length) return [];
+    const holders = now.gpu_holders || {};
     const rows = gpus.map((gpu) => [
       gpu.index,
       gpu.name || "?",
@@ -54,9 +67,10 @@
       gpu.utilization_percent === null || gpu.utilization_percent === undefined
         ? "?"
         : `${gpu.utilization_percent} %`,
+      holders[String(gpu.index)] || "free",
     ]);
     return [
-      table("gpus", ["GPU", "Name", "PCI bus", "Memory used / total", "Utilization"], rows),
+      table("gpus", ["GPU", "Name", "PCI bus", "Memory used / total", "Utilization", "Held by"], rows),
       el(
         "p",
         { class: "muted" },
@@ -97,7 +111,7 @@
     return nodes;
   }
 
-  function shmSection(shm) {
+  function shmSection(shm, now) {
     const nodes = [el("h3", {}, "Shared memory")];
     if (shm.present) {
       nodes.push(
@@ -108,6 +122,7 @@
           ],
           ["Sharing strategy", shm.sharing_strategy || "?"],
           ["Strategies available", (shm.sharing_strategies || []).join(", ") || "?"],
+          ["Sharing a tensor", now.sharing_text],
         ])
       );
       if (shm.total_bytes !== undefined && shm.total_bytes < SHM_LOW_BYTES) {
@@ -125,17 +140,6 @@
       }
     } else {
       nodes.push(el("p", {}, shm.status || "shared memory not reported"));
-    }
-    const tensors = shm.shared_tensors || [];
-    if (tensors.length) {
-      const rows = tensors.map((t) => [
-        t.name,
-        yesNo(t.is_shared),
-        t.dtype || "",
-        (t.shape || []).join(" × "),
-        t.error ? t.error : t.bytes,
-      ]);
-      nodes.push(table("shared-tensors", ["Shared tensor", "is_shared", "dtype", "shape", "bytes"], rows));
     }
     return nodes;
   }
@@ -174,7 +178,8 @@
     const report = machine.report || {};
     const memory = report.memory || {};
     const gpus = report.gpus || [];
-    const gpuStatus = report.gpu_status || "no GPU: not reported";
+    const now = machine.now || {};
+    const gpuStatus = now.gpu_status_text;
     return el("section", { class: "card machine", "data-hostname": machine.hostname }, [
       el("header", { class: "machine-head" }, [
         el("h2", {}, machine.hostname),
@@ -187,12 +192,15 @@
         ["Address", `${machine.address || "not reported"} · queue machine.${machine.hostname}`],
         ["CPU cores", report.cpu_count ?? "?"],
         ["Memory", `${bytesText(memory.available_bytes)} available of ${bytesText(memory.total_bytes)}`],
+        ["CPU busy", now.cpu_busy_text],
         ["GPUs", gpus.length ? `${gpus.length} (${gpuStatus})` : gpuStatus],
+        ["Held now", now.held_text],
         ...torchPairs(report.torch || {}),
       ]),
-      ...gpuSection(report),
+      ...holdsSection(now),
+      ...gpuSection(report, now),
       ...catalogueSection(machine.catalogue),
-      ...shmSection(report.shared_memory || {}),
+      ...shmSection(report.shared_memory || {}, now),
       ...runTensorsSection(machine.runs),
     ]);
   }
