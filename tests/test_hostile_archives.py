@@ -154,3 +154,71 @@ def test_the_import_route_refuses_a_tensor_that_is_no_scalar_and_stores_nothing(
     assert response.status_code == 400, response.content
     assert "'huge'" in response.json()["error"]
     assert not Experiment.objects.exists() and not SeriesPoint.objects.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("filename", "content", "reason"),
+    [
+        ("wide.csv", b"step,a,b,c,d\n1,1,2,3,4\n", "over 3 series"),
+        (
+            "long.csv",
+            b"key,step,time,value\n" + b"".join(b"s%d,1,0,1\n" % i for i in range(4)),
+            "over 3 series",
+        ),
+        ("tb.csv", b"step,loss\n" + b"1,2\n" * 5, "5 points at step 1, over the 4"),
+        ("tb.csv", b"step,loss\n" + b"1,2\n" * 4, ""),
+    ],
+    ids=["wide", "long", "one step", "at the bound"],
+)
+def test_an_import_is_bounded_in_series_and_points_a_step(
+    filename: str, content: bytes, reason: str, user_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TRAINYARD_IMPORT_MAX_SERIES", "3")
+    monkeypatch.setenv("TRAINYARD_IMPORT_MAX_POINTS_PER_STEP", "4")
+    client = logged_in(user_factory(username="alice"))
+    response = client.post(
+        "/api/experiments/import/", {"file": SimpleUploadedFile(filename, content)}
+    )
+    if not reason:
+        assert response.status_code == 201, response.content
+        return
+    assert response.status_code == 400, response.content
+    assert reason in response.json()["error"]
+    assert not Experiment.objects.exists() and not SeriesPoint.objects.exists()
+
+
+@pytest.mark.django_db
+def test_a_zip_of_event_files_with_too_many_series_is_refused(
+    user_factory: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from torch.utils.tensorboard import SummaryWriter
+
+    monkeypatch.setenv("TRAINYARD_IMPORT_MAX_SERIES", "3")
+    writer = SummaryWriter(log_dir=str(tmp_path / "logs"))
+    for tag in ("a", "b", "c", "d"):
+        writer.add_scalar(tag, 1.0, 0)
+    writer.close()
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        for path in (tmp_path / "logs").iterdir():
+            archive.write(path, f"logs/{path.name}")
+    client = logged_in(user_factory(username="alice"))
+    upload = SimpleUploadedFile("logs.zip", buffer.getvalue())
+    response = client.post("/api/experiments/import/", {"file": upload})
+    assert response.status_code == 400 and "over 3 series" in response.json()["error"]
+    assert not Experiment.objects.exists() and not SeriesPoint.objects.exists()
+
+
+def test_a_csv_of_one_huge_line_is_refused_without_splitting_it(tmp_path: Path) -> None:
+    """A header of a million columns (8 MB): refused having read no more than a line's bound,
+    never split into a million cells."""
+    from dashboard.experiments.metrics import imports
+
+    header = "step," + ",".join(f"s{i:06d}" for i in range(1_000_000)) + "\n1\n"
+    upload = SimpleUploadedFile("wide.csv", header.encode())
+    (tmp_path / "scratch").mkdir()
+    peak, raised = _peak(lambda: imports.import_read(upload=upload, folder=tmp_path / "scratch"))
+    assert peak < PEAK_MOST, f"refusing took {peak} bytes"
+    assert isinstance(raised, archives.ImportRefused) and raised.status == 400, raised
+    assert "CSV line 1 is over" in raised.message

@@ -16,7 +16,8 @@ their own scripts on the dashboard's runs. The upload is one of:
 Every scalar tag becomes a series under its own name, so `train_loss` or `test_accuracy` land
 on the run page's charts. TensorBoard's wall times become `time` relative to the first one.
 Nothing is stored unless the whole file reads: one transaction, after the file is read.
-Limits (bytes of the upload, bytes unpacked from an archive, points) come from the environment.
+Limits (bytes of the upload, bytes unpacked from an archive, points, series, points of a series
+at one step, and so a CSV line's length) come from the environment.
 Archives are unpacked, within their own bounds, by archives.py.
 """
 
@@ -24,17 +25,17 @@ from __future__ import annotations
 
 import csv
 import functools
-import io
 import itertools
 import json
 import math
 import os
 import tempfile
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import IO, Any
 
 from django.core.files.uploadedfile import UploadedFile
 from django.db import transaction
@@ -79,6 +80,24 @@ def import_max_points() -> int:
     return env_int("TRAINYARD_IMPORT_MAX_POINTS", 2_000_000)
 
 
+def import_max_series() -> int:
+    """Series an imported run may have: the run's readers (snapshot, metrics, raw pages) go
+    through its series, bounded for a trained run by what its engine reports."""
+    return env_int("TRAINYARD_IMPORT_MAX_SERIES", 1000)
+
+
+def import_max_points_per_step() -> int:
+    """Points one series may have at one step (a log restarted may repeat a few steps): the
+    readers take a step's points together."""
+    return env_int("TRAINYARD_IMPORT_MAX_POINTS_PER_STEP", 16)
+
+
+def _csv_max_line_chars() -> int:
+    """A CSV line's most characters: a header of the most series, each of the longest name,
+    quoted; a line is read no further, so a file of one long line costs no more."""
+    return (import_max_series() + 3) * (MAX_KEY_CHARS + 3)
+
+
 @dataclass
 class ImportedSeries:
     """What a file held: per key, (step, seconds since the start, value) in file order; `start`
@@ -90,6 +109,7 @@ class ImportedSeries:
     # model, dataset, data_path, strategy, processes and options as our TensorBoard export
     # wrote them (empty from elsewhere)
     run_fields: dict[str, Any] = field(default_factory=dict)
+    max_series: int = field(default_factory=import_max_series)
 
     def add(self, key: str, step: int, time: float, value: float | None) -> None:
         if not key or len(key) > MAX_KEY_CHARS:
@@ -101,8 +121,23 @@ class ImportedSeries:
         self.count += 1
         if self.count > import_max_points():
             raise ImportRefused(413, f"the file holds over {import_max_points()} points")
+        if key not in self.points and len(self.points) >= self.max_series:
+            raise ImportRefused(400, f"the file holds over {self.max_series} series")
         finite = value is not None and math.isfinite(value)
         self.points.setdefault(key, []).append((step, time, value if finite else None))
+
+    def steps_check(self) -> None:
+        """Refuse a series with over import_max_points_per_step() points at one step; checked
+        once all is read (the points bound has bounded the work), one series at a time."""
+        most = import_max_points_per_step()
+        for key, points in self.points.items():
+            step, count = Counter(step for step, _, _ in points).most_common(1)[0]
+            if count > most:
+                raise ImportRefused(
+                    400,
+                    f"series {key[:80]!r} has {count} points at step {step}, over the {most} "
+                    "a series may have at one step",
+                )
 
 
 def _number(text: str, where: str) -> float | None:
@@ -125,9 +160,24 @@ def _cells_check(row: list[str], expected: int, line: int) -> None:
         raise ImportRefused(400, f"CSV line {line}: {len(row)} cells, the header has {expected}")
 
 
-def csv_read(*, text: str, filename: str = "") -> ImportedSeries:
-    rows = csv.reader(io.StringIO(text))
+def _csv_lines(source: IO[str]) -> Iterator[str]:
+    """The file's lines, each read no further than _csv_max_line_chars(): csv.reader splits a
+    whole line into cells before any check sees it."""
+    most = _csv_max_line_chars()
+    for number in itertools.count(1):
+        line = source.readline(most + 1)
+        if not line:
+            return
+        if len(line) > most:
+            raise ImportRefused(400, f"CSV line {number} is over {most} characters")
+        yield line
+
+
+def csv_read(*, source: IO[str], filename: str = "") -> ImportedSeries:
+    rows = csv.reader(_csv_lines(source))
     header = [cell.strip() for cell in next(rows, [])]
+    if len(header) > import_max_series() + 2:  # step, time and the series
+        raise ImportRefused(400, f"the CSV has over {import_max_series()} series columns")
     if header == LONG_CSV_HEADER:
         return _csv_long_read(rows)
     if [cell.lower() for cell in header] == TENSORBOARD_CSV_HEADER:
@@ -336,10 +386,10 @@ def import_read(*, upload: UploadedFile, folder: Path) -> tuple[ImportedSeries, 
             return tensorboard_read(files=tar_unpack(source=source, root=folder / "log")), kind
     if kind == "csv":
         try:
-            text = saved.read_text(encoding="utf-8-sig")
+            with saved.open(encoding="utf-8-sig", newline="") as text:
+                return csv_read(source=text, filename=upload.name or ""), kind
         except UnicodeDecodeError:
             raise ImportRefused(400, "the CSV is not UTF-8 text") from None
-        return csv_read(text=text, filename=upload.name or ""), kind
     return tensorboard_read(files=[saved]), "TensorBoard event file"
 
 
@@ -426,6 +476,7 @@ def experiment_import(
         found, kind = import_read(upload=upload, folder=Path(scratch))
     if not found.count:
         raise ImportRefused(400, "the file holds no points")
+    found.steps_check()
     # Only the notes say it; a character no column stores is dropped rather than refused.
     filename = "".join(c for c in PurePosixPath(upload.name or "upload").name if not text_fault(c))
     started = datetime.fromtimestamp(found.start, tz=UTC) if found.start else timezone.now()
