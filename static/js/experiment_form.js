@@ -119,6 +119,27 @@
   strategy.addEventListener("change", sync);
   sync();
 
+  // The Processes and Batch size lines of the chosen strategy, and a pipeline's stage limit
+  // for the chosen model, as the server wrote them (#form-help, core/form_texts.py).
+  const helpNode = document.getElementById("form-help");
+  const formHelp = helpNode ? JSON.parse(helpNode.textContent) : null;
+  function syncFieldHelp() {
+    if (!formHelp) return;
+    const lines = formHelp.strategies[strategy.value];
+    if (!lines) return;
+    const processesHelp = document.getElementById("id_processes_helptext");
+    const batchHelp = document.getElementById("id_batch_size_helptext");
+    let processes = lines.processes;
+    if (lines.stages && model) {
+      processes += " " + (formHelp.stage_limits[model.value] || formHelp.stages_unknown);
+    }
+    if (processesHelp) processesHelp.textContent = processes;
+    if (batchHelp) batchHelp.textContent = lines.batch_size;
+  }
+  strategy.addEventListener("change", syncFieldHelp);
+  if (model) model.addEventListener("change", syncFieldHelp);
+  syncFieldHelp();
+
   // A second click while the first POST is on its way would launch two runs.
   const button = form.querySelector('button[type="submit"]');
   const buttonText = button ? button.textContent : "";

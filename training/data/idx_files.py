@@ -42,6 +42,7 @@ from typing import IO, Any
 import numpy as np
 import torch
 
+from training.catalogue import MNIST_SAMPLE_TEST_PER_CLASS, MNIST_SAMPLE_TRAIN_PER_CLASS
 from training.data.downloads import downloads_disabled, reachable_mirror
 
 log = logging.getLogger(__name__)
@@ -49,8 +50,9 @@ log = logging.getLogger(__name__)
 DEBIAN_FASHION_DIR = Path("/usr/share/datasets/fashion-mnist")
 SAMPLE_DIRNAME = "mnist-sample"
 SAMPLE_SOURCE_PREFIX = "MNIST sample"
-SAMPLE_TRAIN_PER_CLASS = 400
-SAMPLE_TEST_PER_CLASS = 100
+# The sample's split: its home is the catalogue, which says the sample's size to the dashboard.
+SAMPLE_TRAIN_PER_CLASS = MNIST_SAMPLE_TRAIN_PER_CLASS
+SAMPLE_TEST_PER_CLASS = MNIST_SAMPLE_TEST_PER_CLASS
 # Fixed, so every run and every rank sees the same sample split.
 SAMPLE_SPLIT_SEED = 20240601
 SPLITS = ("train", "test")

@@ -160,9 +160,41 @@ def _together_check(
     }  # fmt: skip
 
 
+def training_set_size(*, dataset: str, catalogues: list[MachineCatalogue]) -> int | None:
+    """The fewest training images of `dataset` an online worker that has it reports (the
+    MNIST sample's 4,000 where a worker has only the sample); None where none says."""
+    sizes = [
+        int(d["train_images"])
+        for c in catalogues
+        for d in c.dataset_details
+        if d.get("name") == dataset and isinstance(d.get("train_images"), int)
+    ]
+    return min(sizes) if sizes else None
+
+
+def _batch_check(
+    *, dataset: str, global_batch: int | None, made: str, catalogues: list[MachineCatalogue]
+) -> list[str]:
+    """A global batch larger than the training set is refused: the epoch would be one short
+    step (DDP x2 with 8,192 on the sample's 4,000 'succeeded' after one step at 36.5%)."""
+    size = training_set_size(dataset=dataset, catalogues=catalogues)
+    if global_batch is None or size is None or global_batch <= size:
+        return []
+    return [global_batch_refusal(dataset=dataset, size=size, global_batch=global_batch, made=made)]
+
+
+def global_batch_refusal(*, dataset: str, size: int, global_batch: int, made: str) -> str:
+    """Why a global batch larger than the training set is refused, with what fits."""
+    return (
+        f"the global batch, {global_batch:,} images a step ({made}), is larger than "
+        f"{dataset}'s training set on the workers ({size:,} images): an epoch would be one "
+        f"short step. Make the global batch at most {size:,}, or better a tenth of it"
+    )
+
+
 def launch_catalogue_check(
     *, model: str, dataset: str, data_path: str, strategy: str, nodes: int = 1,
-    machines: list[str] | None = None,
+    machines: list[str] | None = None, global_batch: int | None = None, batch_made: str = "",
 ) -> Errors:  # fmt: skip
     """The refusals, by field; empty when some online worker (or `nodes` of them, or every
     pinned one) has the model, the dataset and the image folder."""
@@ -178,6 +210,10 @@ def launch_catalogue_check(
     }
     if dataset == IMAGEFOLDER and not checks["dataset"]:
         checks["data_path"] = _data_path_check(data_path=data_path, catalogues=catalogues)
+    if not checks["dataset"]:
+        checks["batch_size"] = _batch_check(
+            dataset=dataset, global_batch=global_batch, made=batch_made, catalogues=catalogues
+        )
     errors = {name: why for name, why in checks.items() if why}
     if errors:
         return errors
@@ -197,6 +233,21 @@ def pipeline_stage_limit(*, model: str) -> int | None:
         return _stage_limit(model)
     counts = [c.models_stages[model] for c in catalogues if model in c.models_stages]
     return min(counts) if counts else None
+
+
+def stage_limits_known() -> dict[str, int]:
+    """The stage limits the launch form can say before launch: the built-in models' (cheap,
+    cached) and the plug-ins' the online workers report; a torchvision model's is counted at
+    launch (building each on the meta device for the page would cost seconds)."""
+    limits: dict[str, int] = {}
+    for model in BUILTIN_MODELS:
+        stages = _stage_limit(model)
+        if stages is not None:
+            limits[model] = stages
+    for catalogue in catalogues_online():
+        for model, stages in catalogue.models_stages.items():
+            limits[model] = min(stages, limits.get(model, stages))
+    return limits
 
 
 @functools.cache

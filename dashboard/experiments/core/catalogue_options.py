@@ -12,8 +12,9 @@ from dashboard.devices.catalogue import (
     MachineCatalogue,
     catalogues_online,
 )
+from dashboard.experiments.core.catalogue_checks import training_set_size
 from dashboard.texts import bytes_text
-from training.catalogue import IMAGEFOLDER
+from training.catalogue import IMAGEFOLDER, MNIST_SAMPLE_NAME
 
 SOURCE_HELP = {
     "built in": "Trainyard's small CNN for 28x28 images: the default, and the fastest to train.",
@@ -53,13 +54,27 @@ def _datasets(catalogues: list[MachineCatalogue]) -> list[dict[str, Any]]:
         details = {str(d.get("name")): d for d in catalogue.dataset_details}
         for name in catalogue.datasets:
             detail = details.get(name, {})
-            row = rows.setdefault(name, {"name": name, "machines": [], "help": ""})
+            row = rows.setdefault(
+                name, {"name": name, "label": name, "machines": [], "help": "", "sample": []}
+            )
             row["machines"].append(catalogue.hostname)
             row["help"] = (
                 row["help"]
                 or BUILTIN_DATASET_HELP.get(name)
                 or (IMAGEFOLDER_HELP if name == IMAGEFOLDER else str(detail.get("source") or ""))
             )
+            if detail.get("sample"):
+                row["sample"].append((catalogue.hostname, str(detail.get("source") or "")))
+    for row in rows.values():
+        # "mnist" where a worker has only the offline sample: said in the choice and its help.
+        if row["sample"]:
+            hosts, source = [host for host, _ in row["sample"]], row["sample"][0][1]
+            everywhere = len(hosts) == len(row["machines"])
+            where = "" if everywhere else f" on {', '.join(hosts)}"
+            row["label"] = f"{row['name']} ({MNIST_SAMPLE_NAME}{where})"
+            row["help"] = f"{row['help']} {source[0].upper()}{source[1:]}{where}."
+        row["train_images"] = training_set_size(dataset=row["name"], catalogues=catalogues)
+        del row["sample"]
     return list(rows.values())
 
 
@@ -105,7 +120,7 @@ def model_choices(options: dict[str, Any]) -> list[Any]:
 
 
 def dataset_choices(options: dict[str, Any]) -> list[tuple[str, str]]:
-    return [(row["name"], row["name"]) for row in options["datasets"]]
+    return [(row["name"], row.get("label") or row["name"]) for row in options["datasets"]]
 
 
 def folder_choices(options: dict[str, Any]) -> list[tuple[str, str]]:

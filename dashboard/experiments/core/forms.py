@@ -36,6 +36,8 @@ from training.registry import (
     SWITCH,
     StrategyOption,
     StrategySpec,
+    global_batch_size,
+    global_batch_words,
     strategy_get,
 )
 
@@ -279,9 +281,18 @@ class ExperimentForm(forms.ModelForm):
         data["data_path"] = data_path_normalise(
             dataset=data["dataset"], data_path=data.get("data_path")
         )
+        strategy, accumulate = data["strategy"], data.get("accumulate") or 1
+        world = data["processes"] * data["nodes"]
+        made = global_batch_words(
+            strategy, batch_size=data["batch_size"], accumulate=accumulate, world=world
+        )
         refusals = launch_catalogue_check(
             model=data["model"], dataset=data["dataset"], data_path=data["data_path"],
-            strategy=data["strategy"], nodes=data["nodes"], machines=data["machines"],
+            strategy=strategy, nodes=data["nodes"], machines=data["machines"],
+            global_batch=global_batch_size(
+                strategy, batch_size=data["batch_size"], accumulate=accumulate, world=world
+            ),
+            batch_made=made,
         )  # fmt: skip
         for field, messages in refusals.items():
             for message in messages:

@@ -10,6 +10,7 @@ from dataclasses import replace
 from typing import Any
 from urllib.parse import urlencode
 
+from django.db.models import QuerySet
 from django.http import (
     FileResponse,
     Http404,
@@ -25,6 +26,7 @@ from dashboard.experiments.core.access import (
     experiments_visible_to,
     script_allowed,
 )
+from dashboard.experiments.core.catalogue_checks import stage_limits_known
 from dashboard.experiments.core.catalogue_options import launch_options
 from dashboard.experiments.core.checkpoints import (
     checkpoint_file_resolve,
@@ -41,6 +43,7 @@ from dashboard.experiments.core.descriptions import (
     experiment_script_facts,
     experiment_strategy_label,
 )
+from dashboard.experiments.core.form_texts import form_help
 from dashboard.experiments.core.forms import (
     ENGINE_ONLY_DEFAULTS,
     FIELDS,
@@ -170,7 +173,8 @@ def experiment_list(request: HttpRequest) -> HttpResponse:
         query = replace(list_query_parse(request.GET), limit=LIST_LIMIT)
     except ListQueryError as exc:
         query, error = ListQuery(limit=LIST_LIMIT), str(exc)
-    page = runs_page(visible=experiments_visible_to(request.user), query=query)
+    visible = experiments_visible_to(request.user)
+    page = runs_page(visible=visible, query=query)
     params = _filter_params(query)
     following = {**list_query_params(query), "page": page.next}
     context = {
@@ -184,15 +188,16 @@ def experiment_list(request: HttpRequest) -> HttpResponse:
         "sorts": _sort_links(query),
         "statuses": Status.choices,
         "strategies": Strategy.choices,
-        "datasets": _dataset_filter_choices(),
+        "datasets": _dataset_filter_choices(visible=visible),
         "show_owner": request.user.is_staff,
     }
     return render(request, "experiments/list.html", context)
 
 
-def _dataset_filter_choices() -> list[tuple[str, str]]:
-    """The built-ins, then every other dataset a run has used (imagefolder, plug-ins)."""
-    used = Experiment.objects.exclude(dataset__in=Dataset.values).values_list("dataset", flat=True)
+def _dataset_filter_choices(*, visible: QuerySet[Experiment]) -> list[tuple[str, str]]:
+    """The built-ins, then every other dataset a run the user may see has used (imagefolder,
+    plug-ins): another user's plug-in's name is theirs."""
+    used = visible.exclude(dataset__in=Dataset.values).values_list("dataset", flat=True)
     return [*Dataset.choices, *((name, name) for name in sorted(set(used)))]
 
 
@@ -301,6 +306,8 @@ def experiment_new(request: HttpRequest) -> HttpResponse:
         ),
         "source": source,
         "launch_options": options,
+        # Each strategy's help and each model's stage limit, which the page's script shows.
+        "form_help": form_help(stage_limits=stage_limits_known()),
         "strategy_help": [spec for spec in REGISTRY if spec.name in strategies],
         "process_strategies": " ".join(name for name in PROCESS_STRATEGIES if name in strategies),
         **_form_help(),
