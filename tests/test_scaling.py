@@ -125,8 +125,8 @@ def test_the_batch_warning_speaks_of_the_strategies_compared(
     """Issue 34 item 8: DDP against a single device is not explained with DataParallel."""
     warning = compare(client, runs["single"], runs["ddp"], api=True).json()["batch_warning"]
     assert "more than their strategies (Single device and DistributedDataParallel)" in warning
-    assert ("Each step here takes Single device one batch of 64 images; DistributedDataParallel "
-            "64 images a process x 2 processes.") in warning  # fmt: skip
+    assert ("Each step here takes Single device one batch of 64; DistributedDataParallel 64 a "
+            "process x 2 processes.") in warning  # fmt: skip
     assert "DataParallel " not in warning.replace("DistributedDataParallel", "")
 
 

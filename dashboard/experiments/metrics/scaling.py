@@ -42,7 +42,7 @@ from dashboard.experiments.models import (
     Status,
     Strategy,
 )
-from training.registry import REGISTRY, global_batch_size, strategy_get
+from training.registry import REGISTRY, global_batch_size, global_batch_words, strategy_get
 
 # The compare page is one table: a handful of runs, not a report.
 COMPARE_MAX_RUNS = 20
@@ -264,15 +264,19 @@ def _strategy_label(experiment: Experiment) -> str:
 
 
 def _global_batch_made(experiment: Experiment) -> str:
-    """How a run's global batch is made, in words: "DistributedDataParallel 64 images a
-    process x 2 processes" (experiment_global_batch's rule)."""
-    label, batches = _strategy_label(experiment), experiment.accumulate or 1
-    accumulated = f" x {batches} batches accumulated" if batches > 1 else ""
-    if experiment.strategy in PROCESS_STRATEGIES:
-        processes = max(1, experiment.processes)
-        return (f"{label} {experiment.batch_size} images a process x {processes} "
-                f"processes{accumulated}")  # fmt: skip
-    return f"{label} one batch of {experiment.batch_size} images{accumulated}"
+    """How a run's global batch is made, in words: "DistributedDataParallel 64 a process x 2
+    processes" (the registry's words for experiment_global_batch's rule)."""
+    label = _strategy_label(experiment)
+    try:
+        words = global_batch_words(
+            experiment.strategy,
+            batch_size=experiment.batch_size,
+            accumulate=experiment.accumulate or 1,
+            world=max(1, experiment.processes) * max(1, experiment.nodes),
+        )
+    except ValueError:  # a strategy the registry no longer has
+        return label
+    return f"{label} {words}"
 
 
 def _and(names: list[str]) -> str:
