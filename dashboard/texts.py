@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 def bytes_text(value: int | float | None) -> str:
     """Binary units, the way /dev/shm and GPU memory are sized."""
@@ -109,6 +111,27 @@ def queue_basis_wait_text(bases: list[str]) -> str:
 
 
 QUEUE_OTHERS_RUN = "another user's run"
+
+# Stop and Cancel ask first where a run was launched this long ago: ending it throws away the
+# time it took (its training, or its place in the queue). A run of a minute needs no question.
+LONG_RUN_SECONDS = 300
+
+
+def end_confirm(*, name: str, launched_at: float, queued: bool = False) -> dict[str, Any]:
+    """What the Stop (run page) and Cancel (queue page) buttons ask, and from when (epoch
+    seconds): the page's script asks with window.confirm once that moment has passed."""
+    minutes = LONG_RUN_SECONDS // 60
+    if queued:
+        text = (
+            f"Cancel “{name}”? It has waited in the queue for {minutes} minutes or "
+            "more and loses its place."
+        )
+    else:
+        text = (
+            f"End “{name}”? It was launched {minutes} minutes or more ago: what it "
+            "has trained stays on its page, but it can go on only from a checkpoint."
+        )
+    return {"text": text, "from": launched_at + LONG_RUN_SECONDS}
 
 
 def runs_ahead_text(count: int) -> str:

@@ -285,6 +285,29 @@ def test_each_estimate_says_its_basis_and_a_first_step_is_no_pace(
     )
 
 
+def test_stop_and_cancel_ask_first_for_a_run_launched_long_ago(
+    client: Any, user_factory: Any, experiment_factory: Any
+):
+    """Issue 34 item 10: the queue's Cancel and the run page's Stop carry the question and the
+    moment from which it is asked (launch + LONG_RUN_SECONDS); the page's script asks then."""
+    from dashboard.texts import LONG_RUN_SECONDS
+
+    alice = user_factory()
+    waiting = queued(experiment_factory, alice, "long wait")
+    entry = _listing(client, alice)["queue"][0]
+    ask = entry["cancel_confirm"]
+    assert ask["from"] == pytest.approx(waiting.created_at.timestamp() + LONG_RUN_SECONDS)
+    assert ask["text"].startswith("Cancel “long wait”? It has waited in the queue for 5 minutes")
+    running = queued(
+        experiment_factory, alice, "long run", status=Status.RUNNING, worker="m1",
+        started_at=timezone.now(),
+    )  # fmt: skip
+    page = client.get(running.get_absolute_url()).content.decode()
+    start = int(running.created_at.timestamp() + LONG_RUN_SECONDS)
+    assert f'data-confirm-from="{start}"' in page
+    assert 'data-confirm-text="End “long run”? It was launched 5 minutes or more ago' in page
+
+
 def test_the_run_woken_when_a_machine_frees_is_the_first_that_could_start_there(
     user_factory: Any, experiment_factory: Any, settings: Any
 ):

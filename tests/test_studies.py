@@ -295,6 +295,43 @@ def test_the_form_page_launches_a_scaling_study(client: Client, launched: Any) -
     assert study.get_absolute_url() in listed
 
 
+def test_the_study_form_offers_the_workers_models_and_data_with_help_that_is_not_stale(
+    client: Client, launched: Any
+) -> None:
+    """Issue 34 item 10: models and datasets offered as the launch form offers them, the
+    process counts' help naming every strategy that takes one (the registry's), and a default
+    target the default epoch reaches."""
+    from dashboard.devices.models import WorkerMachine
+    from dashboard.experiments.core.forms import FORM_STRATEGIES
+    from dashboard.studies.texts import PROCESS_COUNTS_HELP, TARGET_DEFAULT
+    from training.registry import REGISTRY
+
+    report = {
+        "cpu_count": 4, "gpus": [], "models": ["simple-cnn", "resnet18"],
+        "model_sources": {"simple-cnn": "built in", "resnet18": "torchvision"},
+        "datasets": ["mnist", "fashion-mnist"],
+        "dataset_details": [
+            {"name": "mnist", "sample": True, "train_images": 4000, "source": "the sample"},
+            {"name": "fashion-mnist", "train_images": 60000, "source": "Debian's"},
+        ],
+    }  # fmt: skip
+    from django.utils import timezone
+
+    WorkerMachine.objects.create(hostname="box", report=report, reported_at=timezone.now())
+    page = client.get(reverse("study-new")).content.decode()
+    assert '<optgroup label="torchvision">' in page and '<option value="resnet18">' in page
+    assert '<option value="mnist" selected>mnist (the 5,000-digit sample)</option>' in page
+    assert '<option value="fashion-mnist">fashion-mnist</option>' in page
+    assert "For DDP, Hogwild and DeepSpeed, e.g. 2, 4." not in page
+    for spec in REGISTRY:
+        if spec.name in FORM_STRATEGIES and spec.processes:
+            assert spec.short in PROCESS_COUNTS_HELP
+    assert PROCESS_COUNTS_HELP in page
+    assert f'name="target_accuracy" value="{TARGET_DEFAULT}"' in page
+    # The default CNN is at about 0.94 after the default one epoch of the sample.
+    assert StudyForm().fields["epochs"].initial == 1 and TARGET_DEFAULT <= 0.94
+
+
 def test_the_form_page_shows_the_bad_cell(client: Client, launched: Any) -> None:
     response = client.post(
         reverse("study-new"),

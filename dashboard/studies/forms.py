@@ -8,11 +8,25 @@ from typing import Any
 
 from django import forms
 
+from dashboard.experiments.core.catalogue_options import (
+    dataset_choices,
+    folder_choices,
+    model_choices,
+)
 from dashboard.experiments.core.forms import FORM_STRATEGIES
 from dashboard.experiments.models import Dataset, Optimizer, option_title
 from dashboard.studies.grid import AXIS_FIELDS, NAME_MAX
 from dashboard.studies.models import BatchMode
-from dashboard.studies.texts import AXES_HELP, BATCH_MODE_HELP, PRESET_HELP, STOP_AT_TARGET_HELP
+from dashboard.studies.texts import (
+    AXES_HELP,
+    BATCH_MODE_HELP,
+    MODEL_HELP,
+    PRESET_HELP,
+    PROCESS_COUNTS_HELP,
+    STOP_AT_TARGET_HELP,
+    TARGET_DEFAULT,
+    TARGET_HELP,
+)
 from training.catalogue import MODEL_DEFAULT
 from training.registry import COUNT, OPTIONS_DECLARED, REGISTRY, StrategyOption
 
@@ -78,7 +92,9 @@ def values_parse(text: str, kind: Callable[[str], Any]) -> list[Any]:
 class StudyForm(forms.Form):
     name = forms.CharField(max_length=NAME_MAX)
     # Names the workers report; each cell's launch checks judge them (what no worker has).
-    model = forms.CharField(initial=MODEL_DEFAULT, max_length=200, required=False)
+    model = forms.CharField(
+        initial=MODEL_DEFAULT, max_length=200, required=False, help_text=MODEL_HELP
+    )
     dataset = forms.CharField(initial=Dataset.MNIST, max_length=100)
     data_path = forms.CharField(
         required=False, max_length=1000, label="Image folder",
@@ -88,7 +104,9 @@ class StudyForm(forms.Form):
     batch_size = forms.IntegerField(initial=64, min_value=1, max_value=8192)
     lr = forms.FloatField(initial=0.001, label="Learning rate")
     optimizer = forms.ChoiceField(choices=Optimizer.choices, initial=Optimizer.ADAM)
-    target_accuracy = forms.FloatField(initial=0.97, min_value=0.0001, max_value=1.0)
+    target_accuracy = forms.FloatField(
+        initial=TARGET_DEFAULT, min_value=0.0001, max_value=1.0, help_text=TARGET_HELP
+    )
     stop_at_target = forms.BooleanField(required=False, help_text=STOP_AT_TARGET_HELP)
     batch_mode = forms.ChoiceField(
         choices=BatchMode.choices, initial=BatchMode.PER_PROCESS, widget=forms.RadioSelect
@@ -106,7 +124,9 @@ class StudyForm(forms.Form):
         widget=forms.CheckboxSelectMultiple,
         help_text=PRESET_HELP,
     )
-    process_counts = forms.CharField(initial="2", required=False, label="Process counts")
+    process_counts = forms.CharField(
+        initial="2", required=False, label="Process counts", help_text=PROCESS_COUNTS_HELP
+    )
     seeds = forms.CharField(initial="1, 2", required=False, label="Seeds")
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -121,6 +141,13 @@ class StudyForm(forms.Form):
                 help_text=OPTIONS[key].help if key in OPTIONS else "",
             )
         self.fields["mode"].help_text = AXES_HELP
+
+    def options_apply(self, options: dict[str, Any]) -> None:
+        """Offer what the online workers have, as the launch form does (the same lists,
+        catalogue_options.launch_options); each cell's launch checks still judge the names."""
+        self.fields["model"].widget = forms.Select(choices=model_choices(options))
+        self.fields["dataset"].widget = forms.Select(choices=dataset_choices(options))
+        self.fields["data_path"].widget = forms.Select(choices=folder_choices(options))
 
     @property
     def batch_mode_help(self) -> list[tuple[str, str, str]]:

@@ -11,6 +11,7 @@ from django.shortcuts import redirect, render
 from django.urls import reverse
 from django.views.decorators.http import require_POST
 
+from dashboard.experiments.core.catalogue_options import launch_options
 from dashboard.experiments.core.limits import LaunchLimited
 from dashboard.experiments.core.memory import MEMORY_RULE
 from dashboard.experiments.metrics.phases import SHARES_RULE
@@ -55,6 +56,7 @@ def study_new(request: HttpRequest) -> HttpResponse:
         else:
             return redirect(study.get_absolute_url())
     status = 400 if request.method == "POST" else 200
+    form.options_apply(launch_options())
     return render(request, "studies/form.html", {"form": form, "refused": refused}, status=status)
 
 

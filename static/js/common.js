@@ -251,11 +251,18 @@ window.Trainyard = (function () {
     };
   }
 
+  // Stop and Cancel ask first where a run was launched long ago: the server's question and
+  // the moment from which it is asked (dashboard/texts.py end_confirm).
+  function endConfirmed(ask) {
+    if (!ask || !ask.text || !(Date.now() / 1000 >= Number(ask.from))) return true;
+    return window.confirm(ask.text);
+  }
+
   const statusLabel = (status) => facts.statuses[status] || status;
   const strategy = (name) => facts.strategies[name] || { label: name, short: name, processes: false };
 
   return {
     facts, isNum, setText, formatDuration, formatPercent, bytesText, csrfToken, el, logLine,
-    runSocketReader, runSocket, statusLabel, strategy,
+    runSocketReader, runSocket, statusLabel, strategy, endConfirmed,
   };
 })();

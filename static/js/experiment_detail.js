@@ -411,9 +411,14 @@
     }
   }
 
+  // Stop asks first where the run was launched long ago (the server's words on #stop-button).
+  const stopAsk = document.getElementById("stop-button");
   for (const button of stopButtons) {
     button.addEventListener("click", async function () {
       if (stopping) return;
+      if (stopAsk && !Trainyard.endConfirmed({
+        text: stopAsk.dataset.confirmText, from: stopAsk.dataset.confirmFrom,
+      })) return;
       markStopping();
       stopError.hidden = true;
       try {

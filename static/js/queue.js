@@ -58,6 +58,7 @@
   function cancelCell(entry) {
     const button = el("button", { type: "button", class: "button small danger queue-cancel" }, "Cancel");
     button.addEventListener("click", () => {
+      if (!Trainyard.endConfirmed(entry.cancel_confirm)) return;
       button.disabled = true;
       act(() => post(entry.stop_url));
     });

@@ -33,6 +33,7 @@ from dashboard.texts import (
     QUEUE_ESTIMATE_METHOD,
     QUEUE_NOT_TRIED,
     QUEUE_OTHERS_RUN,
+    end_confirm,
     queue_start_text,
     queue_summary_text,
     runs_ahead_text,
@@ -87,6 +88,10 @@ def queue_entry(
         "estimated_start_basis": reason_for_viewer(estimate.basis, viewer_runs=viewer_runs),
         "url": run.get_absolute_url(),
         "stop_url": reverse("api-experiment-stop", args=[run.pk]),
+        # Cancel asks first where the run has waited long (texts.end_confirm).
+        "cancel_confirm": end_confirm(
+            name=run.name, launched_at=run.created_at.timestamp(), queued=True
+        ),
         "priority_url": reverse("api-queue-priority", args=[run.pk]),
     }
 

@@ -96,7 +96,7 @@ from dashboard.experiments.web.run_list import (
     list_query_parse,
     runs_page,
 )
-from dashboard.texts import format_duration, words_joined
+from dashboard.texts import end_confirm, format_duration, words_joined
 from training.registry import REGISTRY, SHARED_BATCH_STRATEGIES, STRATEGIES
 
 # The detail page embeds the stored curve so that it draws before the socket opens; the log box
@@ -384,6 +384,10 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "throughput_title": THROUGHPUT_TITLE,
         "throughput_rule": THROUGHPUT_RULE,
         "can_control": can_control,
+        # Stop asks first where the run was launched long ago (texts.end_confirm).
+        "stop_confirm": end_confirm(
+            name=experiment.name, launched_at=experiment.created_at.timestamp()
+        ),
         "progress": progress_percent(experiment),
         "accuracy": format_percent(experiment.test_accuracy),
         "duration": format_duration(experiment_duration_seconds(experiment=experiment)),
