@@ -379,6 +379,26 @@ def test_a_scripts_metrics_are_series_per_rank_and_rank_0s_are_the_runs(
     assert script_run.step == 7  # rank 0's step; rank 1's (behind it) did not move it back
 
 
+def test_once_the_observers_steps_come_the_scripts_own_numbering_no_longer_moves_the_row(
+    script_run: Experiment,
+) -> None:
+    """The script counts its own steps (here in samples); the observer counts optimizer steps:
+    the row follows the observer's, not each in turn."""
+    sink = EventSink(script_run)
+    sink.add(metrics(3200, 0, {"loss": 0.5}))
+    sink.flush()
+    script_run.refresh_from_db()
+    assert script_run.step == 3200  # no step event yet: the script's is all there is
+    window = {"v": 1, "minor": 12, "run": "r", "seq": 2, "type": "step", "time": 3.0,
+              "epoch": 0, "step": 100}  # fmt: skip
+    sink.add(window)
+    sink.add(metrics(6400, 0, {"loss": 0.4}))
+    sink.flush()
+    script_run.refresh_from_db()
+    assert script_run.step == 100
+    assert SeriesPoint.objects.get(key="loss", step=6400).value == 0.4  # its figure kept
+
+
 @pytest.mark.parametrize(
     "event",
     [

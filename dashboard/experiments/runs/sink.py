@@ -228,9 +228,11 @@ def evaluated_figures(values: Mapping[str, float | None]) -> dict[str, float]:
 
 
 def _metrics_store(sink: EventSink, message: dict[str, Any]) -> None:
-    """A script's figures, stored as series at its step (rank 0's moves the row's step, as
-    a step event does). The message becomes a `series` one (add_series' shape), which the
-    page's charts take; an event out of bounds stores nothing and sends no points."""
+    """A script's figures, stored as series at its step. Rank 0's moves the row's step, as a
+    step event does, until a step event comes: the observer's count of optimizer steps is then
+    the row's, not the script's own numbering, which may differ. The message becomes a
+    `series` one (add_series' shape), which the page's charts take; an event out of bounds
+    stores nothing and sends no points."""
     step, rank = cast(int, message.get("step")), message.get("rank")
     time_ = number_or_none(message.get("time")) or 0.0
     values = metrics_series(message) if is_count(step) and step <= MAX_STEP else {}
@@ -241,7 +243,7 @@ def _metrics_store(sink: EventSink, message: dict[str, Any]) -> None:
         return
     sink._add_values(values, step=step, time_=time_)
     message["points"] = {key: [[step, time_, v]] for key, v in values.items()}
-    if rank == 0:
+    if rank == 0 and not sink.stepped:
         sink.step = sink.updates["step"] = step
 
 
@@ -284,6 +286,7 @@ class EventSink:
         self.unflushed_drop()
         self.channel_layer = get_channel_layer()
         self.step = experiment.step  # the run's latest step: where a machine sample is placed
+        self.stepped = False  # a step event came (a script's observer's, or the engine's)
         # One whole copy of the model's parameters, which each rank's memory share is of: the
         # started event's, kept here since the row's run_info is written only at the flush.
         self.model_bytes = model_bytes_of(experiment.run_info)
@@ -377,7 +380,7 @@ class EventSink:
             values.update(_rank_series(entries, fields=MEMORY_FIELDS))
             texts["memory"] = memory_rows(entries, model_bytes=self.model_bytes)
         self._add_values(values, step=step, time_=time_)
-        self.step = step
+        self.step, self.stepped = step, self.stepped or message["type"] == "step"
         self.updates.update(step=step, epoch=epoch if is_count(epoch) else 0)
         self.updates.update(evaluated_figures(values))
         throughput = self._throughput_add(values, step=step)
