@@ -102,6 +102,16 @@ def start_run(
     page.goto(f"{stack.base_url}/experiments/new/")
     page.get_by_label("Name").fill(name)
     page.get_by_label("Strategy").select_option(strategy)
+    # The Processes and Batch size lines follow the strategy, in the server's words (#form-help);
+    # a pipeline's says its model's stage limit before the form is sent (issue 34 item 10).
+    lines = page.evaluate(
+        "s => JSON.parse(document.getElementById('form-help').textContent).strategies[s]", strategy
+    )
+    assert page.locator("#id_batch_size_helptext").inner_text() == lines["batch_size"]
+    processes_line = page.locator("#id_processes_helptext").inner_text()
+    assert processes_line.startswith(lines["processes"])
+    if lines["stages"]:
+        assert "simple-cnn splits into at most 2 stages" in processes_line
     page.get_by_label("Processes").fill("2")
     page.get_by_label("Epochs").fill(str(epochs))
     if batch_size is not None:
