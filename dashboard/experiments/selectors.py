@@ -9,6 +9,7 @@ from typing import Any
 
 from django.utils import timezone
 
+from dashboard.experiments.core.access import reason_for_owner
 from dashboard.experiments.core.checkpoints import checkpoint_as_dict
 from dashboard.experiments.core.descriptions import (
     experiment_devices_label,
@@ -118,7 +119,7 @@ def experiment_as_dict(experiment: Experiment, *, breakdown: bool = True) -> dic
         last_seq=experiment.last_seq,
         notes=experiment.notes,
         dataset_source=experiment.run_info.get("dataset_source"),
-        waiting_reason=experiment.waiting_reason,
+        waiting_reason=reason_for_owner(experiment=experiment, reason=experiment.waiting_reason),
         attempt=experiment.attempt,
         attempts=experiment.attempts,
         heartbeat_at=iso_or_none(experiment.heartbeat_at),

@@ -9,6 +9,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from dashboard.experiments.core import transitions
+from dashboard.experiments.core.access import reason_for_owner
 from dashboard.experiments.models import Experiment, Status
 from dashboard.experiments.runs.sink import EventSink
 from dashboard.experiments.scheduling.allocation import (
@@ -78,6 +79,7 @@ def experiment_claim(*, experiment_id: int, machine: Machine) -> Claim:
     if reason[:300] != experiment.waiting_reason:
         # Tell the run's page why it waits, once per change of reason.
         sink = EventSink(experiment)
-        sink.add({"type": "status", "status": Status.QUEUED, "reason": reason})
+        said = reason_for_owner(experiment=experiment, reason=reason)  # the run's page's words
+        sink.add({"type": "status", "status": Status.QUEUED, "reason": said})
         sink.flush()
     return Claim(False, reason)

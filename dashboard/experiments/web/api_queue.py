@@ -8,7 +8,6 @@ stop route (POST /api/experiments/<id>/stop/), given as `stop_url`.
 
 from __future__ import annotations
 
-import re
 from datetime import datetime
 from typing import Any
 
@@ -18,6 +17,7 @@ from django.utils import timezone
 from ninja import Router
 
 from dashboard.api import ApiError, errors, json_body, json_request_body
+from dashboard.experiments.core.access import reason_for_viewer
 from dashboard.experiments.core.descriptions import experiment_devices_label
 from dashboard.experiments.models import Experiment, Status
 from dashboard.experiments.scheduling.queue import (
@@ -32,26 +32,13 @@ from dashboard.experiments.web.params import body_int
 from dashboard.texts import (
     QUEUE_ESTIMATE_METHOD,
     QUEUE_NOT_TRIED,
-    QUEUE_OTHERS_RUN,
     end_confirm,
     queue_start_text,
     queue_summary_text,
     runs_ahead_text,
 )
 
-RUN_REFERENCE = re.compile(r"#(\d+)")
 router = Router(tags=["queue"])
-
-
-def reason_for_viewer(reason: str, *, viewer_runs: set[int] | None) -> str:
-    """The waiting reason with other users' run numbers taken out (viewer_runs None: staff)."""
-    if viewer_runs is None:
-        return reason
-
-    def name(match: re.Match[str]) -> str:
-        return match.group(0) if int(match.group(1)) in viewer_runs else QUEUE_OTHERS_RUN
-
-    return RUN_REFERENCE.sub(name, reason)
 
 
 def queue_entry(

@@ -24,6 +24,7 @@ from django.urls import reverse
 from dashboard.experiments.core.access import (
     experiment_can_control,
     experiments_visible_to,
+    reason_for_owner,
     script_allowed,
 )
 from dashboard.experiments.core.catalogue_checks import stage_limits_known
@@ -353,6 +354,8 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
     can_control = experiment_can_control(experiment=experiment, user=request.user)
     context = {
         "experiment": experiment,
+        # Other users' runs it waits behind are not named to its owner (the queue page's rule).
+        "waiting_reason": reason_for_owner(experiment=experiment, reason=experiment.waiting_reason),
         # Its settings in words (core/descriptions.py): the heading's and the Settings card's.
         "devices_label": experiment_devices_label(experiment=experiment),
         "dataset_label": experiment_dataset_label(experiment=experiment),
