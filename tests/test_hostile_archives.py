@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import io
 import struct
+import tarfile
 import tracemalloc
 import zipfile
+import zlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -222,3 +224,44 @@ def test_a_csv_of_one_huge_line_is_refused_without_splitting_it(tmp_path: Path) 
     assert peak < PEAK_MOST, f"refusing took {peak} bytes"
     assert isinstance(raised, archives.ImportRefused) and raised.status == 400, raised
     assert "CSV line 1 is over" in raised.message
+
+
+def _tar(mode: str, members: dict[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode=mode) as archive:
+        for name, data in members.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            archive.addfile(info, io.BytesIO(data))
+    return buffer.getvalue()
+
+
+def _xz_declaring_a_4_gib_dictionary(data: bytes) -> bytes:
+    """An .xz whose one block's header declares LZMA2's largest dictionary (4 GiB), with its
+    CRC made good: liblzma allocates the dictionary a header declares before it decodes."""
+    xz = bytearray(data)
+    size = (xz[12] + 1) * 4  # the block header, after the 12-byte stream header
+    header = xz[12 : 12 + size]
+    props = header.find(b"\x21\x01") + 2  # the LZMA2 filter's one property byte
+    header[props] = 40
+    header[-4:] = struct.pack("<I", zlib.crc32(bytes(header[:-4])))
+    xz[12 : 12 + size] = header
+    return bytes(xz)
+
+
+def test_an_xz_declaring_a_huge_dictionary_is_refused_before_it_is_allocated(
+    tmp_path: Path,
+) -> None:
+    bomb = _xz_declaring_a_4_gib_dictionary(_tar("w:xz", {"events.out.tfevents.1": b"x" * 100}))
+    peak, raised = _peak(lambda: archives.tar_unpack(source=io.BytesIO(bomb), root=tmp_path))
+    assert peak < PEAK_MOST, f"refusing took {peak} bytes"
+    assert isinstance(raised, archives.ImportRefused) and raised.status == 400, raised
+    assert "memory" in raised.message
+
+
+@pytest.mark.parametrize("mode", ["w:xz", "w:bz2", "w:gz"])
+def test_a_tar_of_each_compression_still_unpacks(mode: str, tmp_path: Path) -> None:
+    members = {f"logs/events.out.tfevents.{i}": bytes([i]) * 300_000 for i in range(3)}
+    (path, *_) = files = archives.tar_unpack(source=io.BytesIO(_tar(mode, members)), root=tmp_path)
+    assert sorted(p.read_bytes() for p in files) == sorted(members.values())
+    assert path.is_relative_to(tmp_path)

@@ -2,7 +2,7 @@
 that trusts nothing about a zip or a tar. Sizes are counted as bytes really come out (headers can
 lie), members are counted, paths are kept inside the scratch folder (zip slip), links and devices
 are refused, a zip's members are read only where zipfile's reader is bounded (stored, deflate),
-and a small tar.gz cannot decompress to gigabytes.
+a small tar.gz cannot decompress to gigabytes, and an .xz is decoded within a memory limit.
 
 Two callers, each with its `Bounds`: an import (metrics/imports.py) unpacks only the TensorBoard
 event files of a log folder, and refuses one too big with a 413; uploaded code (scripts/code.py)
@@ -46,6 +46,9 @@ ZIP_ENTRY_HEADER = 46  # a central directory entry's fixed part, before its name
 # whatever the copy around it counts. Method 9 (deflate64) and the rest zipfile cannot read.
 ZIP_METHODS = {zipfile.ZIP_STORED: "stored", zipfile.ZIP_DEFLATED: "deflate"}
 ZIP_METHODS_REFUSED = {zipfile.ZIP_BZIP2: "bzip2", zipfile.ZIP_LZMA: "LZMA", 9: "deflate64"}
+# What liblzma may allocate to decode an .xz: its dictionary is what the stream's header declares
+# (up to 4 GiB), allocated before a byte is decoded. xz -9 needs 65 MiB to decode.
+XZ_MEMLIMIT = 96 * 1024 * 1024
 # Tar headers, their padding and long names, beyond the members' own bytes: what the
 # decompressed stream of a tar may hold past the unpacked limit.
 TAR_OVERHEAD_PER_MEMBER = 4096
@@ -256,7 +259,7 @@ class _CappedStream(io.RawIOBase):
     and skips through it, and a small tar.gz can decompress to tens of gigabytes (skipped
     members, or a header that declares a huge size, which tarfile reads into memory)."""
 
-    def __init__(self, inner: IO[bytes] | gzip.GzipFile, cap: int, bounds: Bounds):
+    def __init__(self, inner: IO[bytes] | gzip.GzipFile | io.RawIOBase, cap: int, bounds: Bounds):
         super().__init__()
         self.inner, self.cap, self.given, self.bounds = inner, cap, 0, bounds
 
@@ -301,15 +304,68 @@ class _CappedStream(io.RawIOBase):
         return self.inner.seek(target)
 
 
-def _decompressed(source: IO[bytes]) -> IO[bytes] | gzip.GzipFile:
+class _XzStream(io.RawIOBase):
+    """An .xz stream decoded within XZ_MEMLIMIT (lzma.LZMAFile takes no memory limit, and
+    liblzma allocates the dictionary a header declares), at most the bytes asked for a read.
+    Seeks forward by decoding its way there, back by decoding again from the start, as
+    LZMAFile does."""
+
+    def __init__(self, source: IO[bytes]):
+        super().__init__()
+        self.source = source
+        self._rewind()
+
+    def _rewind(self) -> None:
+        self.source.seek(0)
+        self.decoder = lzma.LZMADecompressor(format=lzma.FORMAT_XZ, memlimit=XZ_MEMLIMIT)
+        self.position = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def tell(self) -> int:
+        return self.position
+
+    def read(self, size: int | None = -1) -> bytes:
+        size = COPY_CHUNK if size is None or size < 0 else size
+        while size and not self.decoder.eof:
+            data = self.source.read(COPY_CHUNK) if self.decoder.needs_input else b""
+            if self.decoder.needs_input and not data:
+                raise EOFError("the .xz stream ends before its end marker")
+            out = self.decoder.decompress(data, size)
+            if out:
+                self.position += len(out)
+                return out
+        return b""
+
+    def readinto(self, buffer: Any) -> int:
+        data = self.read(len(buffer))
+        buffer[: len(data)] = data
+        return len(data)
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        target = offset if whence == io.SEEK_SET else self.position + offset
+        if whence not in (io.SEEK_SET, io.SEEK_CUR) or target < 0:
+            raise OSError("an .xz stream seeks from its start or where it is only")
+        if target < self.position:
+            self._rewind()
+        while self.position < target and self.read(min(COPY_CHUNK, target - self.position)):
+            pass
+        return self.position
+
+
+def _decompressed(source: IO[bytes]) -> IO[bytes] | gzip.GzipFile | io.RawIOBase:
     head = source.read(6)
     source.seek(0)
     if head.startswith(b"\x1f\x8b"):
         return gzip.GzipFile(fileobj=source, mode="rb")
     if head.startswith(b"BZh"):
-        return bz2.BZ2File(source)
+        return bz2.BZ2File(source)  # a fixed 900 KB a block, at most the bytes asked for
     if head.startswith(b"\xfd7zXZ"):
-        return lzma.LZMAFile(source)
+        return _XzStream(source)
     return source
 
 
@@ -330,7 +386,13 @@ def tar_unpack(*, source: IO[bytes], root: Path, bounds: Bounds | None = None) -
                 member = archive.extractfile(info) if target is not None else None
                 if target is not None and member is not None:
                     unpacker.copy(member, target, info.name)
-    except (tarfile.TarError, EOFError, OSError, zlib.error, lzma.LZMAError) as exc:
+    except lzma.LZMAError as exc:
+        if "memory" in str(exc).lower():
+            raise ImportRefused(
+                400, f"the .xz stream needs over {XZ_MEMLIMIT} bytes of memory to decode"
+            ) from None
+        raise ImportRefused(400, f"not a readable tar archive: {exc}"[:300]) from None
+    except (tarfile.TarError, EOFError, OSError, zlib.error) as exc:
         text = _os_error_text(exc)
         raise ImportRefused(400, f"not a readable tar archive: {text}"[:300]) from None
     return unpacker.files
