@@ -8,7 +8,6 @@ import os
 import shutil
 import signal
 import sys
-import tempfile
 import traceback
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -16,7 +15,7 @@ from types import FrameType
 from typing import IO, NoReturn
 
 from training.config import TrainConfig, build_parser, parse_args, under_torchrun
-from training.observe.progress import PROGRESS_ENV
+from training.observe.progress import PROGRESS_ENV, records_folder_make
 from training.process.torchrun import (
     socket_interfaces_set,
     torchrun_rank_output,
@@ -249,7 +248,7 @@ def exec_torchrun(cfg: TrainConfig, argv: Sequence[str]) -> NoReturn:
         socket_interfaces_set(env, cfg.local_addr)
     # Each rank's progress record for rank 0's stall watch (training.observe.rank_watch); the
     # first rank removes the folder when it ends (_progress_folder_remove).
-    env[PROGRESS_ENV] = tempfile.mkdtemp(prefix="trainyard-progress-")
+    env[PROGRESS_ENV] = records_folder_make()
     cmd = [
         sys.executable,
         "-m",

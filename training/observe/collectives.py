@@ -51,6 +51,7 @@ Nothing here is wrapped with the clock off (``--no-phases``, ``phases.clock_off`
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any, Final, TypeVar
@@ -210,23 +211,45 @@ def _sends(counted: Counted, args: tuple[Any, ...], kwargs: dict[str, Any]) -> f
         return 0
 
 
+def clock_safely(call: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
+    """``call`` on the clock; False where it raised: the clock is then turned off, said once
+    on stderr, and the collective around it goes on untimed (a clock that fails, e.g. a CUDA
+    event that cannot be recorded, never fails the training's own collective)."""
+    try:
+        call(*args, **kwargs)
+    except Exception as error:  # noqa: BLE001
+        if phases.CLOCK.enabled:
+            phases.clock_off()
+            sys.stderr.write(f"trainyard's phase clock stopped: {type(error).__name__}: {error}; "
+                             "training goes on, untimed\n")  # fmt: skip
+        return False
+    return True
+
+
+def _collective_enter(depth: int, counted: Counted, args: Any, kwargs: Any, arrives: bool) -> None:
+    if depth == 0:  # the outermost: its bytes and arrival, once
+        phases.CLOCK.entered(_sends(counted, args, kwargs), arrives=arrives)
+    phases.CLOCK.enter("communication")
+
+
 def _timed(collective: F, counted: Counted, *, arrives: bool) -> F:
     # Plain code, no context manager of a generator's: FSDP2 calls these a few times a layer.
+    # The clock is checked at each call: one turned off (--no-phases, an observer that left)
+    # keeps no time, and no device event is recorded that no one would read.
     @functools.wraps(collective)
     def timed(*args: Any, **kwargs: Any) -> Any:
-        if torch.compiler.is_compiling():  # traced into a graph: nothing runs here
+        clock = phases.CLOCK
+        if not clock.enabled or torch.compiler.is_compiling():  # compiling: traced, not run
             return collective(*args, **kwargs)
         depth = getattr(_INSIDE, "depth", 0)
-        if depth == 0:
-            phases.CLOCK.entered(_sends(counted, args, kwargs), arrives=arrives)
+        if not clock_safely(_collective_enter, depth, counted, args, kwargs, arrives):
+            return collective(*args, **kwargs)
         _INSIDE.depth = depth + 1
-        clock = phases.CLOCK
-        clock.enter("communication")
         try:
             return collective(*args, **kwargs)
         finally:
-            clock.leave()
             _INSIDE.depth = depth
+            clock_safely(clock.leave)
 
     timed.__trainyard_timed__ = True  # type: ignore[attr-defined]
     return timed  # type: ignore[return-value]
@@ -277,9 +300,14 @@ def hook_timed(hook: F) -> F:
     # wraps: DDP reads the hook's signature (through __wrapped__) and logs its name.
     @functools.wraps(hook)
     def timed(state: Any, bucket: Any) -> Any:
-        with phases.CLOCK.phase("communication"):
+        clock = phases.CLOCK
+        if not clock.enabled or not clock_safely(clock.enter, "communication"):
+            return hook(state, bucket)
+        try:
             future = hook(state, bucket)
-        phases.CLOCK.handed_over()
+        finally:
+            clock_safely(clock.leave)
+        clock_safely(clock.handed_over)
         return future
 
     return timed  # type: ignore[return-value]

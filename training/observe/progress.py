@@ -16,8 +16,10 @@ import faulthandler
 import mmap
 import os
 import re
+import shutil
 import signal
 import struct
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -27,6 +29,32 @@ from typing import IO
 # The folder of an engine run's records on one machine, made by the CLI before it execs torchrun
 # (a script run's are in its launcher's events folder).
 PROGRESS_ENV = "TRAINYARD_PROGRESS_DIR"
+# The records' folder of an engine run is made by the CLI, whose process then becomes torchrun
+# (exec keeps its pid): the pid in its name tells a folder whose run is gone.
+RECORDS_PREFIX = "trainyard-progress-"
+
+
+def records_folder_make() -> str:
+    """A new records' folder for this machine's ranks, named with this process's pid; the
+    folders of runs whose process is gone are removed first (a run killed by SIGKILL, as
+    torchrun's Stop of a rank hung in a collective ends it, never removed its own)."""
+    for stale in Path(tempfile.gettempdir()).glob(f"{RECORDS_PREFIX}*-*"):
+        pid = stale.name.removeprefix(RECORDS_PREFIX).split("-", 1)[0]
+        if pid.isdigit() and not _alive(int(pid)):
+            shutil.rmtree(stale, ignore_errors=True)
+    return tempfile.mkdtemp(prefix=f"{RECORDS_PREFIX}{os.getpid()}-")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive, and not ours to judge
+        return True
+    return True
+
+
 PROGRESS_FILE = "progress-{rank}.bin"
 PROGRESS_NAME = re.compile(r"progress-(\d{1,6})\.bin")
 STACK_FILE = "stack-{rank}.txt"

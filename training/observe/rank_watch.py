@@ -24,6 +24,7 @@ import contextlib
 import faulthandler
 import logging
 import os
+import signal
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -103,6 +104,9 @@ class RankWatch:
             handle.remove()
         self.hooks.remove()
         faulthandler.unregister(STACK_SIGNAL)  # before its file closes: no dump into another
+        # Unregistered, the signal's default action would end the process: a watch that read
+        # this rank as stalled an instant before must not kill a rank that is done.
+        signal.signal(STACK_SIGNAL, signal.SIG_IGN)
         self.hooks.writer.stacks.close()
 
 
@@ -119,8 +123,8 @@ def rank_watch(
         return None
     try:
         return RankWatch(Path(folder), rt, events, stall_floor(environ))
-    except OSError as error:
-        log.warning("no stall watch on this rank: %s", error)
+    except Exception as error:  # noqa: BLE001 - c10d's hooks are new API: the run trains on
+        log.warning("no stall watch on this rank: %s: %s", type(error).__name__, error)
         return None
 
 

@@ -226,7 +226,13 @@ class Observer:
         self.step += 1
         if self.progress is not None:
             self.progress.stepped(self.step)
-        self.profiles.stepped(gather=self.objects_gather)
+        try:
+            self.profiles.stepped(gather=self.objects_gather)
+        except Exception as error:  # noqa: BLE001
+            # A profile's end that raised on one rank (its event unwritten: a full disk) must not
+            # keep this rank from closing its window at the step the others close theirs.
+            sys.stderr.write(f"trainyard's profiler raised at a step: {type(error).__name__}: "
+                             f"{error}; the script goes on\n")  # fmt: skip
         if self.pace.tick():
             self.window_close()
 
