@@ -153,3 +153,26 @@ def test_a_stop_and_resume_after_the_training_finished_resumes_nothing(
     assert run_finish(experiment=run, sink=EventSink(run), outcome=outcome)
     row = Experiment.objects.get(pk=run.pk)
     assert (row.status, row.resume_requested, row.stalled) == (Status.SUCCEEDED, False, None)
+
+
+def test_a_training_that_failed_while_a_resume_was_pending_is_restarted(
+    user_factory: Any, experiment_factory: Any
+) -> None:
+    """A stall often ends in a collective timeout's failure before its processes are ended;
+    the user asked for the run to go on from its checkpoint: it is queued again, not failed
+    (only a training that finished stands against the request)."""
+    alice = user_factory(username="alice")
+    run = stalled_run(experiment_factory, alice, worker="w1")
+    Experiment.objects.filter(pk=run.pk).update(resume_requested=True)
+    failed = {"type": "failed", "error": "gloo: Timed out waiting 120000ms for recv"}
+    state = AttemptState(stopped_by="alice", resuming=True, final_event=failed)
+    outcome = attempt_outcome(state=state, returncode=1, stderr_tail=[])
+    assert (outcome.status, outcome.restart) == (Status.CANCELLED, True)
+    assert run_restart(experiment=run, sink=EventSink(run), outcome=outcome)
+    row = Experiment.objects.get(pk=run.pk)
+    assert (row.status, row.resume_requested, row.cancel_requested_at) == (
+        Status.QUEUED, False, None,
+    )  # fmt: skip
+    # Without the request the failure stands.
+    plain = attempt_outcome(state=AttemptState(final_event=failed), returncode=1, stderr_tail=[])
+    assert (plain.status, plain.restart) == (Status.FAILED, False)

@@ -13,6 +13,11 @@ from dashboard.experiments.runs.state import AttemptState
 
 
 def attempt_outcome(*, state: AttemptState, returncode: int, stderr_tail: Iterable[str]) -> Outcome:
+    """The attempt's end. Only a ``finished`` training stands against a Stop and resume (its
+    results are whole; the request is cleared). A training that emitted ``failed`` while a
+    Stop and resume was pending is restarted all the same: a stall often ends in a collective
+    timeout's failure (120 s) before or while its processes are ended, and the user asked for
+    the run to go on from its last checkpoint. A plain Stop's attempt is cancelled either way."""
     final = state.final_event or {}
     # A finished event comes after the last evaluation and checkpoint: a Stop after it, or a
     # rank aborting in the process group's teardown (Gloo's "terminate called without an
