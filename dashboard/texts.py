@@ -85,8 +85,8 @@ QUEUE_ESTIMATE_METHOD = (
 )
 QUEUE_BASIS_FREE = "its devices are free now"
 QUEUE_BASIS_UNKNOWN = (
-    "no estimate: a run it waits for is less than a tenth of the way through and nothing like "
-    "it has finished"
+    "no estimate: a run it waits for has not gone far enough to say when it ends, and nothing "
+    "like it has finished"
 )
 
 

@@ -141,8 +141,14 @@ def test_claims_are_first_in_first_out_within_priority(
     listing = wait_for(settled, timeout=90, what="the queue's order and reasons", interval=0.5)
     assert [e["position"] for e in listing["queue"]] == [1, 2, 3]
     assert listing["queue"][2]["reason"].endswith("3rd in the queue")
-    # Once the blocker has taken steps, the head's start is expected from its pace.
-    wait_for(lambda: run(stack, bob, blocker)["step"] > 0, timeout=120, what="a step", interval=0.5)
+
+    # Once the blocker is a tenth of the way through, the head's start is expected from its pace
+    # (before that its time is mostly start-up: issue 34 item 11).
+    def tenth() -> bool:
+        blocking = run(stack, bob, blocker)
+        return bool(blocking["total_steps"]) and blocking["step"] * 10 >= blocking["total_steps"]
+
+    wait_for(tenth, timeout=180, what="a tenth of the steps", interval=0.5)
     with paused(stack, blocker):
         head = queue(stack, root)["queue"][0]
         assert head["id"] == urgent and head["estimated_start_seconds"] > 0, head
@@ -193,6 +199,15 @@ def queue_pages_check(stack: Stack, browser: Any, *, ids: list[int]) -> None:  #
         assert [p.split()[0] for p in positions] == ["1", "2", "3"]
         reasons = page.locator("#queue-rows [data-field=reason]").all_inner_texts()
         assert reasons[1].startswith(f"waiting behind #{ids[0]}")
+        # Each estimate says what it rests on (issue 34 item 11): a run's end and how it was
+        # expected, free devices, or why there is none.
+        bases = page.locator("#queue-rows [data-field=estimate-basis]").all_inner_texts()
+        assert len(bases) == 3 and all(
+            b.startswith(
+                ("when #", "when another user's run", "its devices are free", "no estimate")
+            )
+            for b in bases
+        ), bases
         assert page.locator(".priority-input").count() == 0  # not staff
         screenshot(page, "queue-alice.png")
         # Cancel a run of hers that waits: it leaves the queue, the others move up.
