@@ -159,6 +159,12 @@ def test_a_stall_is_stored_logged_sent_shown_and_announced_once_then_cleared(
             assert [(r["rank"], r["entered"], r["stack"]) for r in body["ranks"]] == [
                 (0, True, STACK_0), (1, False, STACK_1),
             ]  # fmt: skip
+            # The list of runs says the stall, its stacks left to the run's own read.
+            listed = client.get("/api/experiments/").json()["experiments"]
+            [row] = [r for r in listed if r["id"] == run.pk]
+            assert [(r["rank"], r["entered"], r["stack"]) for r in row["stalled"]["ranks"]] == [
+                (0, True, ""), (1, False, ""),
+            ]  # fmt: skip
             shown = banner(client.get(f"/experiments/{run.pk}/").content.decode())
             assert 'aria-labelledby="stalled-title">' in shown  # not hidden
             assert "No step for 70 s: the same." in shown and "stalled since 10:02:02 UTC" in shown

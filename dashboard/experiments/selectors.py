@@ -161,7 +161,14 @@ def experiment_as_dict(experiment: Experiment, *, breakdown: bool = True) -> dic
             else None
         ),
         # Null, or where the ranks of a running run that makes no step are (protocol 1.13, as
-        # its launcher said): since, each rank's collective, whether it waits in it, its stack.
-        stalled=experiment.stalled,
+        # its launcher said): since, each rank's collective, whether it waits in it, its stack
+        # (in the list of runs, with ``breakdown`` off, no stacks: a few KB a rank, read per run).
+        stalled=experiment.stalled if breakdown else _without_stacks(experiment.stalled),
     )
     return data
+
+
+def _without_stacks(stalled: dict[str, Any] | None) -> dict[str, Any] | None:
+    if not stalled:
+        return stalled
+    return {**stalled, "ranks": [{**rank, "stack": ""} for rank in stalled.get("ranks", [])]}
