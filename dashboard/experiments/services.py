@@ -14,7 +14,11 @@ from django.utils import timezone
 from dashboard.experiments.core.forms import experiment_clone_fields
 from dashboard.experiments.core.limits import launch_slot_claim
 from dashboard.experiments.core.profiles import profile_refusal
-from dashboard.experiments.core.stalls import resume_offer
+from dashboard.experiments.core.stalls import (
+    RESUME_NOT_STALLED,
+    resume_moved_on_text,
+    resume_plan,
+)
 from dashboard.experiments.models import PROFILE_IN_FLIGHT, Experiment, Profile, Status
 from dashboard.experiments.runs.lifecycle import run_cancel_queued
 from dashboard.experiments.runs.reported import reported_run_stop_silent
@@ -71,19 +75,32 @@ def experiment_checkpoint_request(*, experiment: Experiment, by: Any) -> str | N
     return _not_running_text(experiment, "write a checkpoint")
 
 
-def experiment_resume_request(*, experiment: Experiment, by: Any) -> str | None:
-    """Ask a running run to stop and resume from its last checkpoint (the stalled banner's
-    button): its supervisor ends every process as for a Stop, then queues the run again, and
-    the next attempt starts from the newest checkpoint. Returns why it cannot, or None."""
-    offer = resume_offer(experiment=experiment)
-    if not offer["resumable"]:
-        return offer["text"]
+def experiment_resume_request(*, experiment: Experiment, by: Any, attempt: int) -> str | None:
+    """Ask a stalled run to stop and resume from its last checkpoint (the stalled banner's
+    button), for the ``attempt`` the page showed: its supervisor ends every process as for a
+    Stop, then queues the run again, and the next attempt starts from the newest checkpoint
+    (pinned to the worker that holds its file where no shared folder has it: resume_plan). The
+    request is bound to that attempt and its stall, so a retry or a second tab never stops the
+    next attempt. Returns why it cannot, or None."""
+    plan = resume_plan(experiment=experiment)
+    if not plan.offer["resumable"]:
+        return plan.offer["text"]
+    pin = {"machines": [plan.pin]} if plan.pin and not experiment.machines else {}
     requested = Experiment.objects.filter(
-        pk=experiment.pk, status=Status.RUNNING, cancel_requested_at__isnull=True
-    ).update(cancel_requested_at=timezone.now(), cancelled_by=by, resume_requested=True)
+        pk=experiment.pk,
+        status=Status.RUNNING,
+        attempt=attempt,
+        stalled__isnull=False,
+        cancel_requested_at__isnull=True,
+    ).update(cancel_requested_at=timezone.now(), cancelled_by=by, resume_requested=True, **pin)
     if requested:
         return None
     experiment.refresh_from_db()
+    running, queued = experiment.status == Status.RUNNING, experiment.status == Status.QUEUED
+    if running and experiment.attempt != attempt or queued and experiment.attempt > attempt:
+        return resume_moved_on_text(asked=attempt, now=experiment.attempt)
+    if experiment.status == Status.RUNNING and experiment.cancel_requested_at is None:
+        return RESUME_NOT_STALLED
     return _not_running_text(experiment, "be stopped and resumed")
 
 

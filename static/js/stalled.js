@@ -19,7 +19,18 @@
   const resumeError = document.getElementById("stalled-resume-error");
   let shown = null; // what the list holds: a stack someone opened stays open on a new snapshot
   let resumable = Boolean(resumeButton && !resumeButton.disabled);
-  let stopping = false; // a Stop, or this button's, asked: the run ends either way
+  let stopping = false; // a Stop, or this button's, asked: this attempt ends either way
+  // The attempt the banner shows: the request names it, so that a retry or a page left open
+  // never stops a later attempt (the server refuses one that has moved on). A new attempt
+  // starts with no Stop asked: the button follows its own stall again.
+  let attempt = resumeButton ? Number(resumeButton.dataset.attempt) || 0 : 0;
+
+  function attemptSeen(number) {
+    if (typeof number !== "number" || number === attempt) return;
+    attempt = number;
+    stopping = false;
+    if (resumeError) resumeError.hidden = true;
+  }
 
   function resumeShow(offer) {
     if (!resumeButton) return;
@@ -61,7 +72,12 @@
       const response = await fetch(root.dataset.resumeUrl, {
         method: "POST",
         credentials: "same-origin",
-        headers: { "X-CSRFToken": csrfToken(), Accept: "application/json" },
+        headers: {
+          "X-CSRFToken": csrfToken(),
+          Accept: "application/json",
+          "Content-Type": "application/json",
+        },
+        body: JSON.stringify({ attempt: attempt }),
       });
       if (response.ok) return; // the Stop shows as asked; the run's messages say the rest
       let body = {};
@@ -84,6 +100,8 @@
   root.addEventListener("run:message", function (event) {
     const msg = event.detail;
     if (!msg || typeof msg !== "object") return;
+    if (msg.experiment) attemptSeen(msg.experiment.attempt);
+    else if (msg.type === "status" && msg.status === "running") attemptSeen(msg.attempt);
     if (msg.experiment && msg.experiment.stop_requested && resumeButton) {
       stopping = true; // asked here or elsewhere: nothing left to resume from this page
       resumeButton.disabled = true;

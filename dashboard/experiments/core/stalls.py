@@ -15,8 +15,12 @@ which services.py's ``experiment_resume_request`` refuses with.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Final, NotRequired, TypedDict
+
+from dashboard.devices.models import WorkerMachine
+from dashboard.experiments.core.checkpoints import checkpoint_file_resolve
 
 if TYPE_CHECKING:
     from dashboard.experiments.models import Experiment
@@ -75,23 +79,83 @@ RESUME_REPORTED: Final = (
     "A run reported from outside is not resumed from here: its script runs where you started it."
 )
 NO_RESUME: ResumeOffer = {"resumable": False, "text": ""}
+# The route's refusals of a request made for an attempt or a stall that is over (a retry, a
+# second tab, a page left open): the run is not stopped again.
+RESUME_NOT_STALLED: Final = (
+    "the run is not stalled (it steps again): only a stalled run is stopped and resumed from here"
+)
+
+
+def resume_moved_on_text(*, asked: int, now: int) -> str:
+    return (
+        f"the run has moved on: attempt {asked} was asked to stop and resume, and attempt {now} "
+        "runs now; reload the page to see it"
+    )
+
+
+@dataclass(frozen=True)
+class ResumePlan:
+    """What a Stop and resume would do: the banner's words, and the worker the next attempt
+    must run on ("": any, the checkpoint's file is in the runs folder every machine shares)."""
+
+    offer: ResumeOffer
+    pin: str = ""
+
+
+def resume_plan(*, experiment: Experiment) -> ResumePlan:
+    """Whether the run can be stopped and resumed from its last checkpoint, in words, and where.
+
+    The next attempt starts from the newest checkpoint whose file its worker can read
+    (runs/attempts.py checkpoint_latest); a worker that cannot read it starts from step 0 and
+    replaces the run's series. So the offer names the newest checkpoint and makes sure the next
+    attempt can read it: a file this web server reads is in the shared runs folder (the README's
+    multi-machine setup, or one machine), which every worker reads at the same path; any other
+    is on the worker that wrote it only (``Checkpoint.worker``), and the run is pinned there
+    (``Experiment.machines``, as the launch form pins one), or refused where that worker is
+    offline, unknown, or not one the run is pinned to."""
+    if experiment.reported:
+        return ResumePlan({"resumable": False, "text": RESUME_REPORTED})
+    if experiment.nodes > 1:
+        return ResumePlan({"resumable": False, "text": RESUME_NODES})
+    last = experiment.checkpoints.order_by("-step").first()
+    if last is None:
+        return ResumePlan({"resumable": False, "text": RESUME_NONE})
+    what = f"the last checkpoint (step {last.step})"
+    start = f"ends every process and starts attempt {experiment.attempt + 1}"
+    if checkpoint_file_resolve(checkpoint=last, folder_ok=True) is not None:
+        return ResumePlan({"resumable": True, "text": f"{start} from {what}."})
+    refused = _resume_pin_refusal(experiment=experiment, worker=last.worker, what=what)
+    if refused:
+        return ResumePlan({"resumable": False, "text": refused})
+    text = f"{start} on {last.worker}, where its file is, from {what}."
+    return ResumePlan({"resumable": True, "text": text}, pin=last.worker)
+
+
+def _resume_pin_refusal(*, experiment: Experiment, worker: str, what: str) -> str:
+    """Why the run cannot be pinned to the worker that has its checkpoint's file ("": it can)."""
+    shared = "a runs folder (TRAINYARD_RUNS_DIR) shared with the web server"
+    if not worker:
+        return (
+            f"The file of {what} is not in {shared}, and no worker is known to hold it: "
+            "a new attempt would start from step 0. Stop ends the run."
+        )
+    if experiment.machines and worker not in experiment.machines:
+        pinned = ", ".join(str(name) for name in experiment.machines)
+        return (
+            f"The file of {what} is on {worker}, and the run is pinned to {pinned}: a new "
+            "attempt there would start from step 0. Stop ends the run."
+        )
+    if not WorkerMachine.objects.online().filter(hostname=worker).exists():
+        return (
+            f"The file of {what} is on {worker} only (not in {shared}), and {worker} is "
+            "offline: a new attempt elsewhere would start from step 0. Stop ends the run."
+        )
+    return ""
 
 
 def resume_offer(*, experiment: Experiment) -> ResumeOffer:
-    """Whether the run can be stopped and resumed from its last checkpoint, in words: the next
-    attempt starts from the newest checkpoint the run reported (runs/attempts.py)."""
-    if experiment.reported:
-        return {"resumable": False, "text": RESUME_REPORTED}
-    if experiment.nodes > 1:
-        return {"resumable": False, "text": RESUME_NODES}
-    last = experiment.checkpoints.order_by("-step").first()
-    if last is None:
-        return {"resumable": False, "text": RESUME_NONE}
-    return {
-        "resumable": True,
-        "text": f"ends every process and starts attempt {experiment.attempt + 1} from the last "
-        f"checkpoint (step {last.step}).",
-    }
+    """The banner's words for the Stop and resume (``resume_plan``'s)."""
+    return resume_plan(experiment=experiment).offer
 
 
 def clock_text(iso: str | None) -> str:

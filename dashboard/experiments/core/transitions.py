@@ -33,7 +33,7 @@ from dataclasses import KW_ONLY, dataclass
 from datetime import datetime
 from typing import Any
 
-from django.db.models import F
+from django.db.models import Case, F, Value, When
 
 from dashboard.experiments.core.signals import run_ended
 from dashboard.experiments.models import (
@@ -203,14 +203,28 @@ def experiment_lose(
 
 
 def experiment_requeue(*, experiment_id: int, waiting_reason: str, now: datetime) -> bool:
-    """lost -> queued, for another attempt; the caller sends it to a worker."""
-    fields: dict[str, Any] = {"waiting_reason": waiting_reason[:300], "heartbeat_at": now}
+    """lost -> queued, for another attempt; the caller sends it to a worker. A Stop and resume
+    that was pending when the run was lost is this requeue itself: its Stop is cleared with it
+    (in the same UPDATE), or the next attempt would be stopped at once only to start a third.
+    A plain Stop pending is left as it was."""
+
+    def unless_resuming(field: str) -> Case:
+        return Case(When(resume_requested=True, then=Value(None)), default=F(field))
+
+    fields: dict[str, Any] = {
+        "waiting_reason": waiting_reason[:300],
+        "heartbeat_at": now,
+        "cancel_requested_at": unless_resuming("cancel_requested_at"),
+        "cancelled_by": unless_resuming("cancelled_by"),
+        "resume_requested": False,
+    }
     return _move(experiment_id, Status.LOST, Status.QUEUED, **fields)
 
 
 def experiment_give_up(*, experiment_id: int, error: str, now: datetime) -> bool:
-    """lost -> failed, its attempts used up."""
-    return _move(experiment_id, Status.LOST, Status.FAILED, error=error, finished_at=now)
+    """lost -> failed, its attempts used up (a Stop and resume pending resumes nothing)."""
+    fields: dict[str, Any] = {"error": error, "finished_at": now, "resume_requested": False}
+    return _move(experiment_id, Status.LOST, Status.FAILED, **fields)
 
 
 def experiment_cancel_queued(*, experiment_id: int, by: Any, error: str, now: datetime) -> bool:

@@ -72,8 +72,9 @@ from dashboard.experiments.web.api_schemas import (
     LaunchLimitedOut,
     LogsOut,
     MetricsOut,
+    ResumeIn,
 )
-from dashboard.experiments.web.params import query_int
+from dashboard.experiments.web.params import body_int, query_int
 from dashboard.experiments.web.run_list import (
     LIST_PAGE_MAX,
     SORT_FIELDS,
@@ -342,15 +343,20 @@ def experiment_checkpoint_view(request: HttpRequest, pk: int) -> JsonResponse:
 @router.post(
     "/experiments/{pk}/resume/",
     url_name="api-experiment-resume",
-    response={202: ExperimentOut, **errors(403, 404, 409)},
+    response={202: ExperimentOut, **errors(400, 403, 404, 409, 413)},
+    openapi_extra=json_request_body(ResumeIn, description="the attempt the page showed stalled"),
 )
 def experiment_resume_view(request: HttpRequest, pk: int) -> JsonResponse:
-    """Stop a running run and resume it from its last checkpoint (owner or staff; 202): its
+    """Stop a stalled run and resume it from its last checkpoint (owner or staff; 202): its
     worker ends every process, then the run is queued again and its next attempt starts from
-    the newest checkpoint. 409 where it is not running, is stopping already, or has no
-    checkpoint to resume from (the answer says which)."""
+    the newest checkpoint. The body's ``attempt`` (required) is the attempt the page showed:
+    409 where that attempt is over (the run has moved on), the run is not running or not
+    stalled, is stopping already, or has no checkpoint the next attempt can read (the answer
+    says which)."""
     experiment = _controllable(request, pk, "stop and resume")
-    return _asked(experiment, experiment_resume_request(experiment=experiment, by=request.user))
+    attempt = body_int(json_body(request), "attempt", lo=1, hi=MAX_JSON_INT)
+    refused = experiment_resume_request(experiment=experiment, by=request.user, attempt=attempt)
+    return _asked(experiment, refused)
 
 
 def _asked(experiment: Experiment, refused: str | None) -> JsonResponse:

@@ -64,7 +64,7 @@ class StalledRankOut(Open):
     rank: int
     collective: str  # "all_reduce #42": the last this rank entered ("" where it made none)
     entered: bool  # true: it is still in that collective (has not moved since)
-    stack: str  # every thread's Python stack, taken from outside its code
+    stack: str  # every thread's Python stack, taken from outside its code ("" in the list of runs)
     waiting_since: str | None = None  # ISO 8601, where it is still in it
     line: str = ""  # the launcher's words for it, against the latest any rank entered
 
@@ -300,6 +300,12 @@ class QueueOut(Open):
 
 class PriorityIn(Schema):
     priority: int
+
+
+class ResumeIn(Schema):
+    """The attempt the page showed stalled: a request for an attempt that is over is refused."""
+
+    attempt: int
 
 
 class PriorityOut(Open):
