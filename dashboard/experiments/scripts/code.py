@@ -39,7 +39,12 @@ HASH_CHUNK = 1024 * 1024
 
 
 class CodeRefused(Exception):
-    """The upload is not code Trainyard can keep: a 400, with the reason."""
+    """The upload is not code Trainyard can keep, with the reason: a 400, or a 413 where it is
+    over a size bound (its bytes, or what it unpacks to), as an import's refusals are."""
+
+    def __init__(self, message: str, *, status: int = 400):
+        super().__init__(message)
+        self.status = status
 
 
 @dataclass(frozen=True)
@@ -54,12 +59,12 @@ def code_max_bytes() -> int:
 
 
 def code_bounds() -> Bounds:
-    """What an archive may hold: every file is unpacked, and a bound passed is a 400."""
+    """What an archive may hold: every file is unpacked; over the bytes bound a 413 (the
+    import's answer), over another a 400."""
     return Bounds(
         unpacked_bytes=env_int("TRAINYARD_CODE_MAX_UNPACKED_BYTES", 256 * 1024 * 1024),
         members=env_int("TRAINYARD_CODE_MAX_FILES", MAX_MEMBERS),
         keep=lambda path: True,
-        over_status=400,
     )
 
 
@@ -95,7 +100,7 @@ def code_unpack(*, upload: IO[bytes], kind: str, root: Path) -> Unpacked:
     try:
         files = unpack(source=upload, root=root, bounds=code_bounds())
     except ImportRefused as refused:
-        raise CodeRefused(refused.message) from None
+        raise CodeRefused(refused.message, status=refused.status) from None
     finally:
         upload.seek(0)
     kept = set(files)  # a member named twice is one file, the last one's bytes
@@ -134,7 +139,9 @@ def code_store(*, owner: Any, upload: IO[bytes], size: int) -> CodeArchive:
     """Check the archive and keep it; the same content again from the same owner is the same
     row. CodeRefused where it is not code Trainyard can keep."""
     if size > code_max_bytes():
-        raise CodeRefused(f"the archive is {size} bytes, over the {code_max_bytes()} taken")
+        raise CodeRefused(
+            f"the archive is {size} bytes, over the {code_max_bytes()} taken", status=413
+        )
     kind = code_kind(upload=upload)
     sha256 = code_sha256(upload=upload)
     with tempfile.TemporaryDirectory(prefix="trainyard-code-") as scratch:
@@ -189,7 +196,7 @@ def code_files(*, code: CodeArchive) -> frozenset[str]:
             # The root is never written to: `listed` keeps no file.
             unpack(source=archive, root=code_dir(), bounds=replace(code_bounds(), keep=listed))
         except ImportRefused as refused:
-            raise CodeRefused(refused.message) from None
+            raise CodeRefused(refused.message, status=refused.status) from None
     return frozenset(names)
 
 

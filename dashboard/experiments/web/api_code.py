@@ -52,9 +52,8 @@ class CodeOut(Schema):
 
 class CodeCap(UploadCap):
     """Before the body is read (a session's CSRF check reads it before the view runs): a caller
-    not allowed to run scripts is refused (403), an archive over the size taken too (400)."""
+    not allowed to run scripts is refused (403), an archive over the size taken too (413)."""
 
-    status = 400
     slack = MAX_BODY_BYTES  # the multipart's own bytes around the archive
 
     def limit_get(self) -> int:
@@ -88,6 +87,6 @@ def code_upload(request: HttpRequest) -> Any:
     try:
         code = code_store(owner=request.user, upload=upload, size=upload.size or 0)
     except CodeRefused as refused:
-        raise ApiError(400, str(refused)) from None
+        raise ApiError(refused.status, str(refused)) from None
     body = {"id": code.pk, "sha256": code.sha256, "bytes": code.bytes, "files": code.files}
     return JsonResponse(body, status=201)
