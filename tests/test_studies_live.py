@@ -18,9 +18,9 @@ from tests.stack import Stack, wait_for
 from tests.test_browser import (  # noqa: F401 (fixtures)
     browser,
     log_in,
-    mean_images_per_second,
     page,
     screenshot,
+    throughput_by_hand,
 )
 from training.registry import COMM_HOOK, option_strategies
 
@@ -64,7 +64,7 @@ def study_ended(session: requests.Session, stack: Stack, pk: int, timeout: float
 
 def by_hand(stack: Stack, runs: list[int]) -> dict[str, float]:
     """Per run, straight from the stored rows: the first epoch point at or above the target
-    (its time), and the mean images/s of the step points."""
+    (its time), and its throughput so far (metrics/throughput.py)."""
     figures: dict[str, float] = {}
     for pk in runs:
         rows = stack.query(
@@ -74,7 +74,7 @@ def by_hand(stack: Stack, runs: list[int]) -> dict[str, float]:
             TARGET,
         )
         figures[f"time/{pk}"] = rows[0][0]
-        figures[f"ips/{pk}"] = mean_images_per_second(stack, pk)
+        figures[f"ips/{pk}"] = throughput_by_hand(stack, pk)
     return figures
 
 
