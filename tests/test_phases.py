@@ -17,6 +17,7 @@ from torch import nn
 
 from dashboard.experiments.metrics.breakdown import PHASES, experiment_straggler
 from dashboard.experiments.metrics.stragglers import (
+    StragglerContext,
     stage_imbalance_text,
     straggler_context,
     straggler_text,
@@ -484,6 +485,18 @@ def test_the_busiest_rank_is_named_where_it_also_arrives_last_with_how_late(
     assert experiment_straggler(experiment=runs["mixed"]) == {
         "rank": 2, "slower_by": 0.75, "since_step": 3, "late_seconds": None
     }  # fmt: skip
+
+
+def test_a_phase_the_others_spend_no_time_in_is_said_in_seconds() -> None:
+    """A rank paused in the script's own code between steps (`other`, where the others spend
+    none): its extra time there is named in seconds, as no ratio is."""
+    named = {"rank": 1, "slower_by": 0.9, "since_step": 29, "late_seconds": 0.009}
+    context = StragglerContext(others_share=0.13, phase=("other", None, 0.42), other_stages=None)
+    assert straggler_text(named, context=context) == (  # type: ignore[arg-type]
+        "rank 1 is 1.9x slower than the median since step 29: it reaches each collective 9 ms "
+        "after the others; the others spend 13% of their time waiting for it in communication; "
+        "its other takes 420 ms more than theirs"
+    )
 
 
 def test_lateness_is_against_the_median_of_the_others_and_only_for_the_same_collectives() -> None:

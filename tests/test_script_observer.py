@@ -147,10 +147,12 @@ def test_a_paused_rank_of_a_script_is_named_by_when_it_comes_to_the_collectives_
     """Rank 1 of a plain DDP script, paused (SIGSTOP) most of every tenth of a second as
     tests/test_stragglers.py pauses an engine's rank: its windows stored as the supervisor
     stores them, it is named with how late it comes and the phase of its extra time; the even
-    runs of test_a_scripts_phases_and_bytes_are_measured_on_every_rank name nobody."""
+    runs of test_a_scripts_phases_and_bytes_are_measured_on_every_rank name nobody. 192 steps,
+    a window every 4: the rule's latest 20 windows all come after the pauses began (the first
+    window's event starts them), some 3 s of training at a paused rank's pace."""
     monkeypatch.setenv("TRAINYARD_OBSERVE_EVERY", "4")
     run = Launched(tmp_path, "--nproc", "2", "--entrypoint", "train.py", code=code,
-                   args=["--wrap", "ddp", "--epochs", "2", "--images", "1024"])  # fmt: skip
+                   args=["--wrap", "ddp", "--epochs", "6", "--images", "2048"])  # fmt: skip
     run.wait_for(lambda e: e["type"] == "step")  # the ranks are in the script
     pauser = Pauser(rank_pid(run.process.pid, 1))
     pauser.start()
@@ -169,7 +171,8 @@ def test_a_paused_rank_of_a_script_is_named_by_when_it_comes_to_the_collectives_
     text = straggler_text(named, context=straggler_context(experiment=experiment, straggler=named))
     said = (r"rank 1 is \d+\.\dx slower than the median since step \d+: it reaches each "
             r"collective \d+ ms after the others; the others spend \d+% of their time waiting "
-            r"for it in communication; its \w+ takes \d+\.\dx theirs$")  # fmt: skip
+            r"for it in communication; its \w+ takes (\d+\.\dx theirs|"
+            r"\d+(\.\d)? m?s more than theirs)$")  # fmt: skip
     assert re.match(said, text), text
 
 

@@ -30,7 +30,7 @@ class StragglerContext:
     its extra time, with its ratio to the others' median."""
 
     others_share: float | None
-    phase: tuple[str, float] | None
+    phase: tuple[str, float | None, float] | None  # name, ratio (None: theirs is 0), seconds over
     # A pipeline's ranks are its stages (each runs its own part of the model): the other
     # stages, where the rank named is one. Its extra time is the split's, not a slow machine's.
     other_stages: tuple[int, ...] | None = None
@@ -82,18 +82,20 @@ def _phase_seconds(*, experiment: Experiment, straggler: Straggler) -> dict[int,
 
 def _extra_phase(
     mine: dict[str, float], others: list[dict[str, float]]
-) -> tuple[str, float] | None:
+) -> tuple[str, float | None, float] | None:
     """The busy phase (communication aside: that is the others' waiting) where the straggler
-    spent most time over the others' median, and its ratio to that median."""
-    best: tuple[float, str, float] | None = None
+    spent most time over the others' median: its name, its ratio to that median (None where
+    theirs is none: a rank paused in the script's own code between steps, which the others
+    spend no time in) and the seconds over it."""
+    best: tuple[str, float | None, float] | None = None
     for phase in PHASES:
         if phase == "communication" or not others:
             continue
         median = statistics.median(o.get(phase, 0.0) for o in others)
         extra = mine.get(phase, 0.0) - median
-        if extra > 0 and median > 0 and (best is None or extra > best[0]):
-            best = (extra, phase, mine.get(phase, 0.0) / median)
-    return None if best is None else (best[1], best[2])
+        if extra > 0 and (best is None or extra > best[2]):
+            best = (phase, mine.get(phase, 0.0) / median if median > 0 else None, extra)
+    return best
 
 
 def straggler_text(straggler: Straggler, *, context: StragglerContext) -> str:
@@ -115,7 +117,9 @@ def straggler_text(straggler: Straggler, *, context: StragglerContext) -> str:
         said.append(f"the others spend {context.others_share:.0%} of their time waiting for it "
                     "in communication")  # fmt: skip
     if context.phase is not None:
-        said.append(f"its {context.phase[0]} takes {context.phase[1]:.1f}x theirs")
+        phase, ratio, extra = context.phase
+        more = f"{_duration(extra)} more than theirs" if ratio is None else f"{ratio:.1f}x theirs"
+        said.append(f"its {phase} takes {more}")
     return f"{text}: {'; '.join(said)}" if said else text
 
 
