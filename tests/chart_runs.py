@@ -83,3 +83,36 @@ def chart_run_make(
                 )
     SeriesPoint.objects.bulk_create(rows, batch_size=10000)
     return experiment.pk
+
+
+# The engine's windows for --log-interval 20 over three epochs of 47 steps (training/engine.py:
+# step 1 alone, every 20th step, each epoch's last): 1, 19, 20, 7, 13, 20, 14, 6, 20, 20, 1 steps.
+WINDOW_ENDS = (1, 20, 40, 47, 60, 80, 94, 100, 120, 140, 141)
+COMPUTE_PER_STEP = 0.01
+
+
+def window_run_make(*, owner: str, name: str) -> int:
+    """A finished run whose step events are WINDOW_ENDS': compute_seconds sums
+    COMPUTE_PER_STEP over each window's steps, images/s is the same in every window."""
+    experiment = Experiment.objects.create(
+        owner=get_user_model().objects.get(username=owner),
+        name=name,
+        status=Status.SUCCEEDED,
+        started_at=timezone.now() - datetime.timedelta(minutes=5),
+        finished_at=timezone.now(),
+        step=WINDOW_ENDS[-1],
+        total_steps=WINDOW_ENDS[-1],
+    )
+    rows, prev = [], 0
+    for end in WINDOW_ENDS:
+        time = end * SECONDS_PER_STEP
+        for key, value in (
+            ("compute_seconds", COMPUTE_PER_STEP * (end - prev)),
+            ("images_per_second", 1000.0),
+        ):
+            rows.append(
+                SeriesPoint(experiment=experiment, key=key, step=end, time=time, value=value)
+            )
+        prev = end
+    SeriesPoint.objects.bulk_create(rows)
+    return experiment.pk

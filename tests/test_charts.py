@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from dashboard.experiments.core.memory import memory_rows
-from tests.chart_runs import SPIKE_VALUE
+from tests.chart_runs import COMPUTE_PER_STEP, SPIKE_VALUE, WINDOW_ENDS
 from tests.stack import Stack
-from tests.test_browser import browser, log_in, page, screenshot, start_run  # noqa: F401 (fixtures)
+from tests.test_browser import ARTIFACTS, browser, log_in, page, screenshot, start_run  # noqa: F401 (fixtures)
 
 # sqlite_only: what a chart draws from the buckets is the same on either engine; the buckets' SQL
 # is checked on PostgreSQL by tests/test_series.py (test_the_same_buckets_on_postgres).
@@ -341,3 +341,36 @@ def test_the_charts_come_from_the_page_facts_series_contract(tab: Any, stack: St
     live = tab.evaluate(MEMORY_LIVE, memory_rows(fsdp, model_bytes=4096))
     assert (live["before"], live["after"], live["bar"]) == (True, False, "50%")
     assert live["cells"][1] == ["1", "2.0 KiB", "50%", "2.0 KiB", "4.0 KiB", "8.0 KiB", "250.0 MiB"]
+
+
+def test_a_short_window_is_drawn_per_step_and_marked(tab: Any, stack: Stack) -> None:
+    """Issue 34 item 9: an epoch's short last window read as a drop in Compute and images/s.
+    Compute is drawn per step (flat: every step took the same), and both charts mark the
+    windows shorter than the usual 20 steps, with their step count on hover."""
+    out = stack.manage(
+        "shell", "-c",
+        "from tests.chart_runs import window_run_make; "
+        "print(window_run_make(owner='alice', name='windows'))",
+    )  # fmt: skip
+    log_in(tab, stack, "alice")
+    open_run(tab, stack, int(out.strip().splitlines()[-1]))
+    compute = tab.evaluate(DRAWN, "compute_seconds")["lines"]["Compute per step (s)"]
+    assert compute["mean"] == pytest.approx([COMPUTE_PER_STEP] * len(WINDOW_ENDS))
+    short_steps = [1, 47, 60, 94, 100, 141]  # windows of 1, 7, 13, 14, 6 and 1 steps
+    for chart in ("compute_seconds", "images_per_second"):
+        drawn = tab.evaluate(DRAWN, chart)
+        line = next(iter(drawn["lines"].values()))
+        marked = [x for x, v in zip(drawn["x"], line["short"], strict=True) if v is not None]
+        assert marked == short_steps, chart
+    assert tab.evaluate(DRAWN, "images_per_second")["x"] == list(WINDOW_ENDS)
+    over = tab.locator("#chart-images_per_second .u-over")
+    # The hover names the short window's steps: the point at step 47 (7 of the usual 20).
+    x = tab.evaluate("() => TrainyardCharts.instances.get('images_per_second').u.valToPos(47, 'x')")
+    over.hover(position={"x": x, "y": 10})
+    hover = tab.locator("[data-chart='images_per_second'] .chart-hover")
+    assert "a window of 7 steps (most have 20)" in hover.inner_text()
+    note = tab.locator("[data-chart='compute_seconds'] .chart-note").inner_text()
+    assert "Ringed points: windows shorter than most" in note and "per step" in note
+    tab.locator("[data-chart='images_per_second']").screenshot(
+        path=str(ARTIFACTS / "charts-short-windows.png")
+    )

@@ -10,12 +10,15 @@ window.TrainyardCharts = (function () {
 
   const { isNum, el, bytesText } = window.Trainyard;
   const Axis = window.TrainyardAxis;
+  const Windows = window.TrainyardWindows;
 
   // Bucket fields, by index (the series contract).
   const SF = 0, SL = 1, TF = 2, TL = 3, MIN = 4, MAX = 5, MEAN = 6, N = 8;
   // Past this many buckets a live line merges neighbours pairwise: a run followed for hours
   // stays as light as the snapshot (min/max/mean stay exact, only the resolution halves).
   const LIVE_BUCKET_LIMIT = 2000;
+  // uPlot series per line: min, max, mean, smoothed, short windows.
+  const PER_LINE = 5;
 
   // The x axes of every chart (the shared contract): images seen and wall time are what make
   // runs with different global batches comparable.
@@ -324,23 +327,35 @@ window.TrainyardCharts = (function () {
       });
     }
 
-    /** The arrays drawn: x, then per line [min, max, mean, smoothed], joined on x. */
+    /** The arrays drawn: x, then per line [min, max, mean, smoothed, short], joined on x. A
+     * window chart (the contract's `window`: "sum" draws per step) marks its short windows'
+     * points in `short` (static/js/windows.js); line.shortAt keeps their step counts by x. */
     tables() {
       const f = this.spec.factor || 1;
       const keep = this.log ? (v) => (isNum(v) && v > 0 ? v * f : null) : (v) => (isNum(v) ? v * f : null);
+      const kind = this.spec.window;
       const tables = [];
       for (const line of this.shown()) {
         const toX = XS[this.xMode];
-        const xs = [], mins = [], maxs = [], means = [];
-        for (const b of line.zoom || line.buckets) {
+        let buckets = line.zoom || line.buckets;
+        const steps = kind ? Windows.covered(buckets, line.buckets) : null;
+        const short = kind ? Windows.short(buckets, steps) : null;
+        if (kind === "sum") buckets = Windows.perStep(buckets, steps);
+        line.usual = kind ? Windows.usual(buckets, steps) : null;
+        line.shortAt = new Map();
+        const xs = [], mins = [], maxs = [], means = [], marks = [];
+        buckets.forEach((b, i) => {
           const x = toX(b, line.ctx);
-          if (!isNum(x) || (xs.length && x <= xs[xs.length - 1])) continue;
+          if (!isNum(x) || (xs.length && x <= xs[xs.length - 1])) return;
           xs.push(x);
           mins.push(keep(b[MIN]));
           maxs.push(keep(b[MAX]));
           means.push(keep(b[MEAN]));
-        }
-        tables.push([xs, mins, maxs, means, this.smoothing > 0 ? smooth(means, this.smoothing) : means.map(() => null)]);
+          const isShort = short && short[i] !== null;
+          marks.push(isShort ? keep(b[MEAN]) : null);
+          if (isShort) line.shortAt.set(x, short[i]);
+        });
+        tables.push([xs, mins, maxs, means, this.smoothing > 0 ? smooth(means, this.smoothing) : means.map(() => null), marks]);
       }
       return tables;
     }
@@ -365,6 +380,8 @@ window.TrainyardCharts = (function () {
         // uPlot's own rule dots the mean while its points are sparse: one point alone shows.
         series.push({ label: line.name, stroke: smoothing ? alpha(line.color, 0.4) : line.color, width: smoothing ? 1 : 1.5, spanGaps: true });
         series.push(Object.assign({ label: line.name + " smoothed", stroke: line.color, width: 2, show: smoothing }, common));
+        // A short window's point: a hollow dot on the line, no line of its own.
+        series.push({ label: line.name + " short window", stroke: cssVar("--chart-short", "#d97706"), fill: cssVar("--surface", "#fff"), width: 2, paths: () => null, points: { show: true, size: 9 } });
         bands.push({ series: [base + 1, base], fill: alpha(line.color, 0.15) });
       }
       const axis = { stroke: cssVar("--muted", "#6b7280"), grid: { stroke: cssVar("--grid", "rgba(0,0,0,.06)"), width: 1 }, ticks: { width: 1, stroke: cssVar("--grid", "rgba(0,0,0,.06)") } };
@@ -426,22 +443,29 @@ window.TrainyardCharts = (function () {
       const any = shown.some((l) => l.buckets.length);
       if (this.empty) this.empty.hidden = any;
       this.renderLegend();
-      this.renderNote();
-      if (!any || typeof uPlot === "undefined") return;
-      if (this.u && this.u.series.length === 1 + 4 * shown.length) {
-        this.u.setData(this.data(), !this.zoomed);
+      if (!any || typeof uPlot === "undefined") {
+        this.renderNote();
         return;
       }
-      if (this.u) this.u.destroy();
-      this.u = new uPlot(this.options(), this.data(), this.box);
-      this.u.over.addEventListener("dblclick", () => this.zoomReset());
-      if (this.zoomed && this.zoomRange) this.u.setScale("x", this.zoomRange);
+      // The note after the data: drawing finds the short windows it mentions.
+      if (this.u && this.u.series.length === 1 + PER_LINE * shown.length) {
+        this.u.setData(this.data(), !this.zoomed);
+      } else {
+        if (this.u) this.u.destroy();
+        this.u = new uPlot(this.options(), this.data(), this.box);
+        this.u.over.addEventListener("dblclick", () => this.zoomReset());
+        if (this.zoomed && this.zoomRange) this.u.setScale("x", this.zoomRange);
+      }
+      this.renderNote();
     }
 
     renderNote() {
-      const bucketed = this.shown().some((l) => l.count > (l.zoom || l.buckets).length);
+      const shown = this.shown();
+      const bucketed = shown.some((l) => l.count > (l.zoom || l.buckets).length);
       let text = "";
       if (bucketed) text = "Each bucket drawn as its min–max band and its mean";
+      const short = shown.some((l) => l.shortAt && l.shortAt.size);
+      if (short) text = (text ? text + ". " : "") + "Ringed points: windows shorter than most (an epoch's last steps)" + (this.spec.window === "sum" ? ", drawn per step as the others" : "");
       if (this.smoothing > 0) {
         text = bucketed
           ? "Smoothing the bucket means (the server groups many points per bucket), not the raw points"
@@ -478,11 +502,13 @@ window.TrainyardCharts = (function () {
       const shown = this.shown();
       for (const line of shown) {
         const mean = u.data[s + 2][i], min = u.data[s][i], max = u.data[s + 1][i], sm = u.data[s + 3][i];
-        s += 4;
+        s += PER_LINE;
         if (!isNum(mean)) continue;
         let text = (shown.length > 1 ? line.name + ": " : "") + numberText(mean, unit);
         if (isNum(min) && isNum(max) && min !== max) text += " (" + numberText(min, unit) + "–" + numberText(max, unit) + ")";
         if (isNum(sm)) text += ", smoothed " + numberText(sm, unit);
+        const steps = line.shortAt && line.shortAt.get(u.data[0][i]);
+        if (steps) text += ", a window of " + steps + (steps === 1 ? " step" : " steps") + " (most have " + line.usual + ")";
         parts.push(text);
       }
       this.hover.textContent = parts.join(" · ");
@@ -541,10 +567,10 @@ window.TrainyardCharts = (function () {
       const out = { x: Array.from(this.u.data[0]), xMode: this.xMode, log: this.u.scales.y.distr === 3, lines: {} };
       let s = 1;
       for (const { name } of this.shown()) {
-        const [min, max, mean, smoothed] = [0, 1, 2, 3].map((k) => Array.from(this.u.data[s + k]));
+        const [min, max, mean, smoothed, short] = [0, 1, 2, 3, 4].map((k) => Array.from(this.u.data[s + k]));
         const dotted = this.u.series[s + 2].points.show(this.u, s + 2);
-        out.lines[name] = { min, max, mean, smoothed, dotted };
-        s += 4;
+        out.lines[name] = { min, max, mean, smoothed, short, dotted };
+        s += PER_LINE;
       }
       return out;
     }

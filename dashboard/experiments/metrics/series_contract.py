@@ -95,6 +95,10 @@ class ChartSpec(TypedDict):
     # False: the run page shows these figures another way (the phases' view) or not at all; the
     # compare and study pages, which overlay every stored series, still title them from here.
     run_page: NotRequired[bool]
+    # A figure of the engine's step windows (static/js/windows.js): "sum" (seconds, bytes,
+    # counts over the window) is drawn per step, so that an epoch's short last window does not
+    # read as a drop; "rate" is drawn as it is. Both mark a short window's point.
+    window: NotRequired[str]
 
 
 def _per_rank(
@@ -106,6 +110,7 @@ def _per_rank(
     section: str = "ranks",
     zero: bool = False,
     run_page: bool = True,
+    window: str | None = None,
 ) -> ChartSpec:
     """The chart of one of RANK_FIELDS, PHASE_FIELDS, ARRIVAL_FIELDS or MEMORY_FIELDS, a line
     per rank."""
@@ -122,6 +127,8 @@ def _per_rank(
         spec["zero"] = True
     if not run_page:
         spec["run_page"] = False
+    if window:
+        spec["window"] = window
     return spec
 
 
@@ -132,8 +139,11 @@ def _phase_charts() -> tuple[ChartSpec, ...]:
     for field in PHASE_FIELDS:
         name = field.removesuffix("_seconds")
         if name in PHASE_STYLES:
-            title = f"{PHASE_STYLES[name][0]} per rank (s)"
-            charts.append(_per_rank(f"phase_{name}", field, title, section="time", run_page=False))
+            title = f"{PHASE_STYLES[name][0]} per step, per rank (s)"
+            charts.append(
+                _per_rank(f"phase_{name}", field, title, section="time", run_page=False,
+                          window="sum")
+            )  # fmt: skip
     return tuple(charts)
 
 
@@ -147,22 +157,22 @@ CHARTS: Final[tuple[ChartSpec, ...]] = (
     {"id": "test_accuracy", "title": "Test accuracy", "match": "^test_accuracy$", "unit": "%",
      "factor": 100, "color": "--chart-acc", "section": "training"},
     {"id": "images_per_second", "title": "Images/s", "match": "^images_per_second$",
-     "section": "training"},
+     "section": "training", "window": "rate"},
     {"id": "epoch_ips", "title": "Images/s per epoch", "match": "^epoch/images_per_second$",
      "section": "training", "run_page": False},
     {"id": "lr", "title": "Learning rate", "match": "^lr$", "log": True, "section": "training"},
     # Where the time goes.
-    {"id": "data_seconds", "title": "Waiting for data (s)", "match": "^data_seconds$",
-     "section": "time"},
-    {"id": "compute_seconds", "title": "Compute (s)", "match": "^compute_seconds$",
-     "section": "time"},
+    {"id": "data_seconds", "title": "Waiting for data per step (s)", "match": "^data_seconds$",
+     "section": "time", "window": "sum"},
+    {"id": "compute_seconds", "title": "Compute per step (s)", "match": "^compute_seconds$",
+     "section": "time", "window": "sum"},
     *_phase_charts(),
-    _per_rank("rank_sent", "communication_bytes", "Sent per rank", unit="bytes", section="time",
-              run_page=False),
+    _per_rank("rank_sent", "communication_bytes", "Sent per step, per rank", unit="bytes",
+              section="time", run_page=False, window="sum"),
     _per_rank("rank_late", "arrived_late_seconds", "Late at collectives per rank (s)",
-              section="time", run_page=False),
-    _per_rank("rank_collectives", "collectives", "Collectives per rank", section="time",
-              run_page=False),
+              section="time", run_page=False, window="rate"),
+    _per_rank("rank_collectives", "collectives", "Collectives per step, per rank",
+              section="time", run_page=False, window="sum"),
     # Memory. What each rank holds changes little over epochs: from 0, so that DDP's whole copy
     # and FSDP's 1/N read as levels.
     {"id": "rss_bytes", "title": "Memory (RSS)", "match": "^rss_bytes$", "unit": "bytes",
@@ -176,9 +186,10 @@ CHARTS: Final[tuple[ChartSpec, ...]] = (
               unit="bytes", section="memory", zero=True),
     _per_rank("rank_peak", "peak_bytes", "Peak memory per rank", unit="bytes", section="memory"),
     # Per rank.
-    _per_rank("rank_ips", "images_per_second", "Images/s per rank"),
-    _per_rank("rank_data", "data_seconds", "Waiting for data per rank (s)"),
-    _per_rank("rank_compute", "compute_seconds", "Compute per rank (s)"),
+    _per_rank("rank_ips", "images_per_second", "Images/s per rank", window="rate"),
+    _per_rank("rank_data", "data_seconds", "Waiting for data per step, per rank (s)",
+              window="sum"),
+    _per_rank("rank_compute", "compute_seconds", "Compute per step, per rank (s)", window="sum"),
     # System.
     {"id": "cpu", "title": "Machine CPU", "match": r"^machine/(.+)/cpu_percent$", "unit": "%",
      "line": "$1", "section": "system"},
