@@ -32,6 +32,7 @@ import math
 import os
 import struct
 import tempfile
+from array import array
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from django.utils import timezone
 
 from dashboard.env import env_int
 from dashboard.experiments.core.archives import ImportRefused, tar_unpack, zip_unpack
+from dashboard.experiments.core.bounded import bounded_call
 from dashboard.experiments.core.forms import LIMITS
 from dashboard.experiments.metrics.exports import RUN_FIELDS, RUN_TEXT_TAG
 from dashboard.experiments.metrics.series import MAX_KEY_CHARS, MAX_STEP
@@ -147,6 +149,44 @@ class ImportedSeries:
                     400,
                     f"series {key[:80]!r} has {count} points at step {step}, over the {most} "
                     "a series may have at one step",
+                )
+
+
+@dataclass
+class PackedSeries:
+    """ImportedSeries as the bounded child sends it back: per key, its steps, times and values
+    (NaN: none) as arrays, 24 bytes a point where a list of tuples takes about 130, so that the
+    web server holds at most import_max_points() * 24 bytes of an import's points."""
+
+    kind: str
+    start: float | None
+    count: int
+    run_fields: dict[str, Any]
+    series: dict[str, tuple[array, array, array]]
+
+    @classmethod
+    def of(cls, found: ImportedSeries, kind: str) -> PackedSeries:
+        series = {}
+        for key in list(found.points):
+            points = found.points.pop(key)  # freed as it is packed
+            series[key] = (
+                array("q", (step for step, _, _ in points)),
+                array("d", (time for _, time, _ in points)),
+                array("d", (math.nan if value is None else value for _, _, value in points)),
+            )
+        return cls(kind, found.start, found.count, found.run_fields, series)
+
+    def last(self, key: str) -> float | None:
+        """The series' last value, where it has one."""
+        values = self.series[key][2] if key in self.series else array("d")
+        return next((v for v in reversed(values) if not math.isnan(v)), None)
+
+    def rows(self, experiment: Experiment) -> Iterator[SeriesPoint]:
+        for key, (steps, times, values) in self.series.items():
+            for step, time, value in zip(steps, times, values, strict=True):
+                stored = None if math.isnan(value) else value
+                yield SeriesPoint(
+                    experiment=experiment, key=key, step=step, time=time, value=stored
                 )
 
 
@@ -401,15 +441,31 @@ def _kind(head: bytes, filename: str) -> str:
     return "tensorboard"
 
 
-def import_read(*, upload: UploadedFile, folder: Path) -> tuple[ImportedSeries, str]:
-    """The series in an uploaded file and what kind of file it was; `folder` is scratch room."""
+def import_read(*, upload: UploadedFile, folder: Path) -> PackedSeries:
+    """The series in an uploaded file and what kind of file it was, checked (points, series,
+    points at one step); `folder` is scratch room. The web server only saves the upload: a
+    bounded child reads it (core/bounded.py)."""
     saved = folder / "upload" / "events.out.tfevents.upload"
     saved.parent.mkdir()
     with saved.open("wb") as out:
         for chunk in upload.chunks():
             out.write(chunk)
+    return bounded_call(saved_packed, saved, upload.name or "", folder)
+
+
+def saved_packed(saved: Path, filename: str, folder: Path) -> PackedSeries:
+    """import_read's work in the bounded child: the saved upload read and checked."""
+    found, kind = saved_read(saved, filename, folder)
+    if not found.count:
+        raise ImportRefused(400, "the file holds no points")
+    found.steps_check()
+    return PackedSeries.of(found, kind)
+
+
+def saved_read(saved: Path, filename: str, folder: Path) -> tuple[ImportedSeries, str]:
+    """The series in the saved upload and what kind of file it was."""
     with saved.open("rb") as source:
-        kind = _kind(source.read(512), upload.name or "")
+        kind = _kind(source.read(512), filename)
         source.seek(0)
         if kind == "zip":
             return tensorboard_read(files=zip_unpack(source=source, root=folder / "log")), kind
@@ -418,21 +474,10 @@ def import_read(*, upload: UploadedFile, folder: Path) -> tuple[ImportedSeries, 
     if kind == "csv":
         try:
             with saved.open(encoding="utf-8-sig", newline="") as text:
-                return csv_read(source=text, filename=upload.name or ""), kind
+                return csv_read(source=text, filename=filename), kind
         except UnicodeDecodeError:
             raise ImportRefused(400, "the CSV is not UTF-8 text") from None
     return tensorboard_read(files=[saved]), "TensorBoard event file"
-
-
-def _last(found: ImportedSeries, key: str) -> float | None:
-    values = [value for _, _, value in found.points.get(key, []) if value is not None]
-    return values[-1] if values else None
-
-
-def _point_rows(experiment: Experiment, found: ImportedSeries) -> Iterator[SeriesPoint]:
-    for key, points in found.points.items():
-        for step, time, value in points:
-            yield SeriesPoint(experiment=experiment, key=key, step=step, time=time, value=value)
 
 
 def run_fields_read(*, files: Iterable[Path]) -> dict[str, Any]:
@@ -504,14 +549,11 @@ def experiment_import(
     if upload.size is not None and upload.size > import_max_bytes():
         raise ImportRefused(413, f"the file is {upload.size} bytes, over {import_max_bytes()}")
     with tempfile.TemporaryDirectory(prefix="trainyard-import-") as scratch:
-        found, kind = import_read(upload=upload, folder=Path(scratch))
-    if not found.count:
-        raise ImportRefused(400, "the file holds no points")
-    found.steps_check()
+        found = import_read(upload=upload, folder=Path(scratch))
     # Only the notes say it; a character no column stores is dropped rather than refused.
     filename = "".join(c for c in PurePosixPath(upload.name or "upload").name if not text_fault(c))
     started = datetime.fromtimestamp(found.start, tz=UTC) if found.start else timezone.now()
-    last_time = max(time for points in found.points.values() for _, time, _ in points)
+    last_time = max(max(times) for _, times, _ in found.series.values())
     given = run_fields_parse(json.dumps(fields or {}))
     launch = {**found.run_fields, **{key: value for key, value in given.items() if value}}
     if launch.get("dataset") != IMAGEFOLDER:  # a path means something to an image folder only
@@ -525,16 +567,16 @@ def experiment_import(
             status=Status.SUCCEEDED,
             started_at=started,
             finished_at=started + timedelta(seconds=max(0.0, last_time)),
-            step=max(step for points in found.points.values() for step, _, _ in points),
-            test_loss=_last(found, "test_loss"),
-            test_accuracy=_last(found, "test_accuracy"),
+            step=max(max(steps) for steps, _, _ in found.series.values()),
+            test_loss=found.last("test_loss"),
+            test_accuracy=found.last("test_accuracy"),
             imported=True,
             notes=[
-                f"Imported from {filename[:120]} ({kind}): {len(found.points)} series, "
+                f"Imported from {filename[:120]} ({found.kind}): {len(found.series)} series, "
                 f"{found.count} points. No worker trained it here."
             ],
         )
-        rows = _point_rows(experiment, found)
+        rows = found.rows(experiment)
         while batch := list(itertools.islice(rows, WRITE_BATCH)):
             SeriesPoint.objects.bulk_create(batch)
     return experiment

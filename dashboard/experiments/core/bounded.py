@@ -1,0 +1,122 @@
+"""A function of a user's file run in a child process under a memory and a CPU-time limit, never
+in the web server's own: a reader that a crafted file fools (a tensor's declared shape, a
+decompressor without a bound, a parser that loops) then fails alone, and daphne, which serves
+every page and socket, keeps its memory (issue 35, item 1).
+
+The child forks from multiprocessing's fork server, which has Django and the target's module
+loaded once (dashboard/forkserver.py): a fork takes milliseconds where a fresh interpreter that
+imports Django and TensorBoard takes a second and a half. The limit is on the child's address
+space (RLIMIT_AS) above what it has mapped when it starts, so that the libraries' own mappings
+do not count; past it an allocation fails (MemoryError) instead of the kernel's OOM killer
+picking a process. The CPU limit (RLIMIT_CPU) ends a child that computes for too long
+(SIGXCPU), and the wall-clock one a child that waits. The settings the target reads
+(TRAINYARD_*) travel with each call: the fork server keeps the environment it started with.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import resource
+from collections.abc import Callable
+from multiprocessing.connection import Connection
+from typing import Any, TypeVar
+
+from dashboard.env import env_int
+from dashboard.experiments.core.archives import ImportRefused
+
+T = TypeVar("T")
+MiB = 1024 * 1024
+ENV_PREFIX = "TRAINYARD_"
+# Wall-clock seconds on top of the CPU limit: a child that waits on nothing still ends.
+WALL_SLACK = 2.0
+
+
+def bounded_memory_bytes() -> int:
+    return env_int("TRAINYARD_IMPORT_MEMORY_BYTES", 1024 * MiB)
+
+
+def bounded_cpu_seconds() -> int:
+    return env_int("TRAINYARD_IMPORT_CPU_SECONDS", 120)
+
+
+def _context(module: str) -> Any:
+    context = multiprocessing.get_context("forkserver")
+    # Only read before the fork server starts (the first call); later calls' modules load in
+    # the child on unpickling its target, as any other import.
+    context.set_forkserver_preload(["dashboard.forkserver", module])
+    return context
+
+
+def bounded_call(fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args) in a bounded child; its ImportRefused is raised here as it was there, and a
+    child that ran out of its memory or its time is an ImportRefused of its own (413, 400).
+    `fn` and its arguments and result travel by pickle: a module-level function."""
+    memory, cpu = bounded_memory_bytes(), bounded_cpu_seconds()
+    context = _context(fn.__module__)
+    receive, send = context.Pipe(duplex=False)
+    env = {key: value for key, value in os.environ.items() if key.startswith(ENV_PREFIX)}
+    child = context.Process(
+        target=_child, args=(send, fn, args, env, memory, cpu), name="trainyard-bounded"
+    )
+    child.start()
+    send.close()
+    try:
+        outcome, payload = _receive(receive, cpu + WALL_SLACK)
+    finally:
+        receive.close()
+        child.kill()
+        child.join()
+    if outcome == "done":
+        return payload
+    if outcome == "refused":
+        raise ImportRefused(*payload)
+    if outcome == "memory":
+        raise ImportRefused(413, f"reading the file needs more than {memory // MiB} MiB")
+    if outcome == "time":
+        raise ImportRefused(400, f"reading the file takes over {cpu} s")
+    raise ImportRefused(400, f"the file could not be read ({payload})")
+
+
+def _receive(receive: Connection, seconds: float) -> tuple[str, Any]:
+    if not receive.poll(seconds):
+        return "time", None
+    try:
+        return receive.recv()
+    except EOFError:
+        # Ended without a word: SIGXCPU past its CPU time, or killed.
+        return "time", None
+
+
+def _address_space() -> int:
+    with open("/proc/self/statm") as statm:
+        return int(statm.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _child(
+    send: Connection,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    env: dict[str, str],
+    memory: int,
+    cpu: int,
+) -> None:
+    for key in [key for key in os.environ if key.startswith(ENV_PREFIX)]:
+        del os.environ[key]
+    os.environ.update(env)
+    limit = _address_space() + memory
+    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
+    outcome: tuple[str, Any]
+    try:
+        outcome = ("done", fn(*args))
+    except ImportRefused as refused:
+        outcome = ("refused", (refused.status, refused.message))
+    except MemoryError:
+        outcome = ("memory", None)
+    except Exception as exc:  # a reader's own failure: the file's fault, said in one line
+        outcome = ("failed", f"{type(exc).__name__}: {str(exc)[:200]}")
+    try:
+        send.send(outcome)
+    except MemoryError:  # the result itself did not fit
+        send.send(("memory", None))
