@@ -60,6 +60,8 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django.contrib.auth.middleware.LoginRequiredMiddleware",
+    # A login page's or the admin's POST past the login limits: the 429 page.
+    "dashboard.accounts.throttles.LoginThrottledPage",
 ]
 
 ROOT_URLCONF = "dashboard.urls"
@@ -156,6 +158,13 @@ LOGIN_URL = "login"
 LOGIN_REDIRECT_URL = "experiment-list"
 LOGOUT_REDIRECT_URL = "login"
 
+# The throttle first: it lets no one in itself, it refuses a login past its limits (429)
+# before the password is checked (accounts/throttles.py). Sessions keep naming ModelBackend.
+AUTHENTICATION_BACKENDS = [
+    "dashboard.accounts.throttles.LoginThrottle",
+    "django.contrib.auth.backends.ModelBackend",
+]
+
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -188,6 +197,16 @@ TRAINYARD_MAX_ACTIVE_RUNS_PER_USER = env_int("TRAINYARD_MAX_ACTIVE_RUNS_PER_USER
 TRAINYARD_LAUNCH_RATE_PER_MINUTE = env_int("TRAINYARD_LAUNCH_RATE_PER_MINUTE", 10)
 # Tokens made through POST /api/tokens/ per user in any minute (0: no limit), the same way.
 TRAINYARD_TOKEN_RATE_PER_MINUTE = env_int("TRAINYARD_TOKEN_RATE_PER_MINUTE", 10)
+# Password guessing (the login page, the admin's, POST /api/tokens/): failed logins in the last
+# TRAINYARD_LOGIN_WINDOW_SECONDS, per username tried and per client address (0: no limit). At
+# the limit, the next try is answered 429 with Retry-After until the oldest failure is out of
+# the window, whatever its password; a login that succeeds counts for nothing.
+TRAINYARD_LOGIN_FAILURES_PER_ACCOUNT = env_int("TRAINYARD_LOGIN_FAILURES_PER_ACCOUNT", 5)
+TRAINYARD_LOGIN_FAILURES_PER_ADDRESS = env_int("TRAINYARD_LOGIN_FAILURES_PER_ADDRESS", 20)
+TRAINYARD_LOGIN_WINDOW_SECONDS = env_int("TRAINYARD_LOGIN_WINDOW_SECONDS", 15 * 60)
+# Imports (POST /api/experiments/import/) a user may send in any hour, refused ones too: each
+# is read and parsed by the web server (0: no limit).
+TRAINYARD_IMPORT_RATE_PER_HOUR = env_int("TRAINYARD_IMPORT_RATE_PER_HOUR", 30)
 
 if not DEBUG:
     SESSION_COOKIE_SECURE = True

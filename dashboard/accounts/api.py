@@ -9,6 +9,7 @@ from ninja import Router, Schema
 from pydantic import ConfigDict, Field
 
 from dashboard.accounts.services import TokenRateLimited, token_create_limited
+from dashboard.accounts.throttles import LoginThrottled
 from dashboard.api import ApiError, error_response, errors, json_body, json_request_body
 
 LOGIN_REQUIRED = "login required: POST a JSON object with username and password"
@@ -52,7 +53,15 @@ def tokens_create(request: HttpRequest) -> JsonResponse:
         return error_response(401, LOGIN_REQUIRED)
     if name is not None and not isinstance(name, str):
         return error_response(400, "invalid request", {"name": ["must be a string"]})
-    user = authenticate(request, username=username, password=password)
+    try:
+        user = authenticate(request, username=username, password=password)
+    except LoginThrottled as throttled:  # too many wrong passwords: this one is not checked
+        return error_response(
+            429,
+            throttled.message,
+            details=throttled.as_details(),
+            headers={"Retry-After": str(throttled.retry_after)},
+        )
     if user is None or not user.is_active:
         return error_response(401, "login failed: wrong username or password")
     try:

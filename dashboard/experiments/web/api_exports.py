@@ -22,6 +22,8 @@ from dashboard.api import (
 )
 from dashboard.experiments.core.access import experiments_visible_to
 from dashboard.experiments.core.archives import ImportRefused
+from dashboard.experiments.core.import_limits import import_slot_claim
+from dashboard.experiments.core.limits import LaunchLimited
 from dashboard.experiments.metrics.exports import (
     RUN_FIELDS,
     ExportRefused,
@@ -35,7 +37,7 @@ from dashboard.experiments.metrics.imports import experiment_import, import_max_
 from dashboard.experiments.metrics.scaling import compare_ids_parse
 from dashboard.experiments.models import Experiment
 from dashboard.experiments.selectors import experiment_as_dict
-from dashboard.experiments.web.api_schemas import ExperimentOut
+from dashboard.experiments.web.api_schemas import ExperimentOut, LaunchLimitedOut
 from dashboard.experiments.web.upload_cap import UploadCap
 from dashboard.streaming import streamed
 from dashboard.text_input import texts_fault
@@ -178,13 +180,23 @@ class ImportCap(UploadCap):
 @router.post(
     "/experiments/import/",
     url_name="api-experiments-import",
-    response={201: ExperimentOut, **errors(400, 403, 413)},
+    response={201: ExperimentOut, 429: LaunchLimitedOut, **errors(400, 403, 413)},
     openapi_extra=IMPORT_BODY,
 )
 @with_upload_handler(ImportCap)
 def experiment_import_view(request: HttpRequest) -> JsonResponse:
     """A run from a file: a TensorBoard event file, a zip or tar.gz of a log folder, or a CSV
-    whose first column is step; stored as a finished, imported run of the caller's."""
+    whose first column is step; stored as a finished, imported run of the caller's. At most
+    TRAINYARD_IMPORT_RATE_PER_HOUR tries a user an hour (then 429 with Retry-After)."""
+    try:
+        import_slot_claim(owner=request.user)
+    except LaunchLimited as refused:
+        raise ApiError(
+            429,
+            refused.message,
+            details=refused.as_details(),
+            headers={"Retry-After": str(refused.retry_after)},
+        ) from None
     upload = request.FILES.get("file")
     if upload is None:
         raise ApiError(400, "send the file as the multipart field `file`", {"file": ["required"]})

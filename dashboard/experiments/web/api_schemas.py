@@ -262,7 +262,8 @@ class CompareOut(Schema):
 
 
 class LaunchLimitedOut(Open):
-    """429: too many runs; `limit` says which, `retry_after` when to try again (seconds)."""
+    """429: too many runs (or imports); `limit` says which, `retry_after` when to try again
+    (seconds)."""
 
     error: str
     limit: Any = None
