@@ -277,6 +277,9 @@ TRAINYARD_NOTIFY_BACKOFF_SECONDS = env_float("TRAINYARD_NOTIFY_BACKOFF_SECONDS",
 # A delivery still pending (or sending) this long after its last try lost its retry with a
 # restarted worker: the sweep queues it again. Longer than the longest backoff (160 s by default).
 TRAINYARD_NOTIFY_STALE_SECONDS = env_int("TRAINYARD_NOTIFY_STALE_SECONDS", 600)
+# How long the link that verifies a notification address works (notifications/verification.py):
+# mail goes only to a verified address.
+TRAINYARD_EMAIL_VERIFY_SECONDS = env_int("TRAINYARD_EMAIL_VERIFY_SECONDS", 3 * 24 * 3600)
 # Webhooks to private, loopback and link-local addresses are refused (SSRF) unless this is on.
 TRAINYARD_WEBHOOK_ALLOW_PRIVATE = env_bool("TRAINYARD_WEBHOOK_ALLOW_PRIVATE", False)
 

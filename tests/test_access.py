@@ -86,6 +86,7 @@ def sample_values(*, run: Experiment, pk: int) -> dict[str, Any]:
         "step": 1,
         "profile_id": 1,
         "rank": 0,
+        "token": "not-a-signed-token",
     }
 
 

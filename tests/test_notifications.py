@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
+import re
 import threading
 import time
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ from dashboard.notifications import services, tasks, webhooks
 from dashboard.notifications.delivery import SIGNATURE_HEADER
 from dashboard.notifications.models import Delivery, DeliveryState, NotificationSettings
 from dashboard.notifications.services import notifications_queue
+from dashboard.notifications.verification import VERIFY_MAILS_PER_HOUR
 
 pytestmark = pytest.mark.django_db
 
@@ -110,10 +112,13 @@ def finished_run(experiment_factory: Any, owner: Any, **fields: Any) -> Any:
     return experiment_factory(owner=owner, name="ddp on mnist", **values)
 
 
-def opt_in(user: Any, **fields: Any) -> NotificationSettings:
+def opt_in(user: Any, *, verified: bool = True, **fields: Any) -> NotificationSettings:
+    """The user's choices; their address verified (as its mailed link does), unless not."""
     prefs, _ = NotificationSettings.objects.get_or_create(user=user)
     for key, value in fields.items():
         setattr(prefs, key, value)
+    if verified:
+        prefs.email_verified, prefs.email_verified_at = prefs.email_address, timezone.now()
     prefs.save()
     return prefs
 
@@ -481,6 +486,7 @@ def test_the_sweep_sends_a_delivery_whose_retry_was_lost(
     user_factory: Any, experiment_factory: Any
 ) -> None:
     alice = user_factory(email="a@example.com")
+    opt_in(alice)  # her address verified
     run = finished_run(experiment_factory, alice)
     long_ago = timezone.now() - timezone.timedelta(hours=1)
     fields = {"experiment": run, "user": alice, "target": "a@example.com"}
@@ -500,8 +506,11 @@ def test_two_copies_of_a_delivery_task_send_once(
     monkeypatch: pytest.MonkeyPatch, user_factory: Any, experiment_factory: Any
 ) -> None:
     alice = user_factory(email="a@example.com")
+    opt_in(alice)  # her address verified
     run = finished_run(experiment_factory, alice)
-    row = Delivery.objects.create(experiment=run, user=alice, channel="email", target="a@x.example")
+    row = Delivery.objects.create(
+        experiment=run, user=alice, channel="email", target="a@example.com"
+    )
     inner = delivery_module._email_send
 
     def send_while_a_twin_tries(delivery: Any) -> Any:
@@ -514,6 +523,99 @@ def test_two_copies_of_a_delivery_task_send_once(
     tasks.delivery_send(row.pk)  # a copy after it was sent: nothing
     row.refresh_from_db()
     assert len(mail.outbox) == 1 and row.state == DeliveryState.SENT and row.attempts == 1
+
+
+# --- mail only to verified addresses -------------------------------------------------------------
+
+
+LINK = re.compile(r"https://trainyard\.example(/notifications/verify/[^/\s]+/)")
+
+
+def test_the_sweep_mails_a_verified_address_and_not_an_unverified_one(
+    user_factory: Any, experiment_factory: Any, receiver: Receiver
+) -> None:
+    alice, bob = user_factory(email="a@example.com"), user_factory(email="b@example.com")
+    # Alice's address was never verified (anyone's, typed in); her webhook is her own.
+    opt_in(
+        alice, verified=False, email_enabled=True, webhook_enabled=True, webhook_url=receiver.url
+    )
+    opt_in(bob, email_enabled=True)
+    ago = timezone.now() - timezone.timedelta(minutes=5)
+    finished_run(experiment_factory, alice, finished_at=ago)
+    bobs = finished_run(experiment_factory, bob, finished_at=ago)
+    tasks.notifications_sweep()
+    (message,) = mail.outbox
+    assert message.to == ["b@example.com"] and f"run #{bobs.pk} " in message.subject
+    assert len(receiver.got) == 1  # webhooks are unaffected
+    assert not Delivery.objects.filter(user=alice, channel="email").exists()
+
+
+def test_a_changed_address_is_unverified_and_a_delivery_made_before_is_not_sent(
+    user_factory: Any, experiment_factory: Any
+) -> None:
+    alice = user_factory(email="a@example.com")
+    prefs = opt_in(alice, email_enabled=True)
+    run = finished_run(experiment_factory, alice)
+    old = Delivery.objects.create(
+        experiment=run, user=alice, channel="email", target="a@example.com"
+    )
+    prefs.email = "victim@example.org"  # now hers to verify again
+    prefs.save()
+    announce_run = finished_run(experiment_factory, alice)
+    tasks.run_end_notify(announce_run.pk)
+    tasks.delivery_send(old.pk)  # made for the old address (or before addresses were verified)
+    old.refresh_from_db()
+    assert mail.outbox == [] and old.state == DeliveryState.FAILED
+    assert old.last_error == delivery_module.UNVERIFIED
+    assert not Delivery.objects.filter(experiment=announce_run).exists()
+
+
+def test_the_page_says_unverified_and_the_mailed_link_verifies(
+    settings: Any, user_factory: Any, experiment_factory: Any
+) -> None:
+    alice = user_factory(username="alice", email="alice@example.com")
+    opt_in(alice, verified=False, email_enabled=True)
+    client = Client()
+    client.force_login(alice)
+    page = client.get("/notifications/").content.decode()
+    assert "alice@example.com is not verified" in page and "Send verification" in page
+    sent = client.post("/notifications/verify/", follow=True)
+    assert "A link is on its way to alice@example.com" in sent.content.decode()
+    (message,) = mail.outbox
+    assert message.to == ["alice@example.com"] and "alice" in message.body
+    path = LINK.search(message.body).group(1)  # type: ignore[union-attr]
+
+    # Not by a changed or a forged link, nor by another account, nor after it expired.
+    mallory = Client()
+    mallory.force_login(user_factory())
+    said = mallory.get(path, follow=True).content.decode()
+    assert "another account" in said
+    forged = client.get(path.replace("/verify/", "/verify/x"), follow=True).content.decode()
+    assert "not one we sent" in forged
+    settings.TRAINYARD_EMAIL_VERIFY_SECONDS = -1
+    assert "expired" in client.get(path, follow=True).content.decode()
+    assert not NotificationSettings.objects.get(user=alice).email_address_verified
+    settings.TRAINYARD_EMAIL_VERIFY_SECONDS = 3600
+
+    page = client.get(path, follow=True).content.decode()
+    assert "Address verified" in page and "alice@example.com is verified" in page
+    prefs = NotificationSettings.objects.get(user=alice)
+    assert prefs.email_verified == "alice@example.com" and prefs.email_verified_at is not None
+    ago = timezone.now() - timezone.timedelta(minutes=5)
+    finished_run(experiment_factory, alice, finished_at=ago)
+    tasks.notifications_sweep()
+    assert [m.to for m in mail.outbox] == [["alice@example.com"], ["alice@example.com"]]
+
+
+def test_verification_mails_are_few(user_factory: Any) -> None:
+    alice = user_factory(email="a@example.com")
+    opt_in(alice, verified=False, email_enabled=True)
+    client = Client()
+    client.force_login(alice)
+    for _ in range(VERIFY_MAILS_PER_HOUR):
+        client.post("/notifications/verify/")
+    refused = client.post("/notifications/verify/", follow=True).content.decode()
+    assert len(mail.outbox) == VERIFY_MAILS_PER_HOUR and "try again in 60 minutes" in refused
 
 
 # --- end to end: a real run on the stack announces its end ------------------------------------
@@ -537,6 +639,17 @@ def test_a_real_run_ends_with_an_email_and_a_signed_webhook(stack: Any, receiver
         "webhook_url": receiver.url,
     }
     assert dora.post(url, data=form, timeout=10, allow_redirects=False).status_code == 302
+    # Her address gets mail once she opens the link a worker mailed to it (printed on its console).
+    sent = dora.post(f"{url}verify/", timeout=10, allow_redirects=False)
+    assert sent.status_code == 302
+    link = re.compile(r"http://127\.0\.0\.1:8000(/notifications/verify/[^/\s]+/)")
+    wait_for(
+        lambda: link.search(stack.services["worker"].log_tail(400)),
+        timeout=60,
+        what="the verification mail",
+    )
+    path = link.search(stack.services["worker"].log_tail(400)).group(1)  # type: ignore[union-attr]
+    assert "is verified" in dora.get(f"{stack.base_url}{path}", timeout=10).text
     ((secret,),) = stack.query(
         "SELECT webhook_secret FROM notifications_notificationsettings n"
         " JOIN auth_user u ON u.id = n.user_id WHERE u.username = 'dora'"

@@ -52,6 +52,7 @@ EVENT = "run.ended"
 STRAGGLER_EVENT = "run.straggler"
 STALLED_EVENT = "run.stalled"
 WEBHOOK_TIMEOUT_SECONDS = 10
+UNVERIFIED = "not sent: the address is not the owner's verified one"
 # How much of an exception's words is kept to show on the settings page.
 ERROR_CHARS = 300
 # The sweep looks this far back for runs nobody was told about.
@@ -175,7 +176,8 @@ def run_end_payload(*, experiment: Experiment, delivery: Delivery) -> dict[str, 
 
 def _targets(prefs: NotificationSettings) -> list[tuple[str, str]]:
     targets = []
-    if prefs.email_enabled and prefs.email_address:
+    # Mail only to an address its owner verified (verification.py); webhooks are the user's own.
+    if prefs.email_enabled and prefs.email_address_verified:
         targets.append((Channel.EMAIL, prefs.email_address))
     if prefs.webhook_enabled and prefs.webhook_url:
         targets.append((Channel.WEBHOOK, prefs.webhook_url))
@@ -267,6 +269,11 @@ def delivery_give_up(*, delivery_id: int) -> None:
 def _email_send(delivery: Delivery) -> Attempt:
     experiment = delivery.experiment
     news = delivery.kind in NEWS
+    # A delivery made before its address changed, or before addresses were verified at all:
+    # never to an address that is not the owner's verified one.
+    prefs = NotificationSettings.objects.filter(user=delivery.user).first()
+    if prefs is None or not prefs.email_address_verified or prefs.email_address != delivery.target:
+        return Attempt(sent=False, retry=False, error=UNVERIFIED)
     try:
         send_mail(
             news_subject(delivery) if news else run_end_subject(experiment),

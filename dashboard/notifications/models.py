@@ -20,6 +20,11 @@ class NotificationSettings(models.Model):
     )
     email_enabled = models.BooleanField("email me when a run ends", default=False)
     email = models.EmailField(blank=True, help_text="Empty: your account's address.")
+    # The address whose owner followed the link mailed to it (verification.py), and when. Mail
+    # goes only to an email_address equal to it: a changed address (here, or the account's) is
+    # unverified until its own link is followed, so no one can make the dashboard mail others.
+    email_verified = models.EmailField(blank=True)
+    email_verified_at = models.DateTimeField(null=True, blank=True)
     webhook_enabled = models.BooleanField("call a webhook when a run ends", default=False)
     # On the channels chosen above, besides the run's end (dashboard.experiments' straggler_named
     # and run_stalled).
@@ -44,6 +49,10 @@ class NotificationSettings(models.Model):
     @property
     def email_address(self) -> str:
         return self.email or getattr(self.user, "email", "") or ""
+
+    @property
+    def email_address_verified(self) -> bool:
+        return bool(self.email_address) and self.email_verified == self.email_address
 
 
 class Channel(models.TextChoices):

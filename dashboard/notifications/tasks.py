@@ -22,6 +22,7 @@ from dashboard.notifications.delivery import (
     runs_unannounced,
 )
 from dashboard.notifications.models import Kind
+from dashboard.notifications.verification import email_verify_mail_send
 
 
 @shared_task(name="notifications.run_end_notify", ignore_result=True)
@@ -58,6 +59,12 @@ def delivery_send(self: Any, delivery_id: int) -> None:
     # Exponential backoff: base, 2 x base, 4 x base, ... (10 s, 20 s, 40 s by default).
     countdown = settings.TRAINYARD_NOTIFY_BACKOFF_SECONDS * 2 ** (attempt.attempts - 1)
     raise self.retry(countdown=countdown)
+
+
+@shared_task(name="notifications.email_verify_send", ignore_result=True)
+def email_verify_send(user_id: int, address: str) -> None:
+    """A worker mails the verification link: the web request never waits on the mail server."""
+    email_verify_mail_send(user_id=user_id, address=address)
 
 
 @shared_task(name="notifications.notifications_sweep", ignore_result=True)
