@@ -163,3 +163,40 @@ def test_imports_past_the_hourly_limit_get_429(user_factory: Any, settings: Any)
     first.at -= timedelta(hours=1)
     first.save()
     assert import_csv(alice).status_code == 201
+
+
+# --- through daphne, with failures counted in other processes -------------------------------------
+
+
+@pytest.mark.integration
+@pytest.mark.sqlite_only  # rows like any other: the in-process tests above run on both engines
+@pytest.mark.timeout(300)
+def test_the_limit_holds_across_processes_on_the_real_server(stack: Any) -> None:
+    import requests
+
+    stack.user_create("hana")
+    login_page = f"{stack.base_url}/accounts/login/"
+    for _ in range(3):  # three wrong passwords on daphne's login page
+        session = requests.Session()
+        session.get(login_page, timeout=10)
+        form = {"username": "hana", "password": "guess", "csrfmiddlewaretoken": ""}
+        form["csrfmiddlewaretoken"] = session.cookies["csrftoken"]  # set by the GET
+        page = session.post(login_page, data=form, headers={"Referer": login_page}, timeout=10)
+        assert page.status_code == 200
+    # Two more in another process altogether (a script calling authenticate()).
+    code = (
+        "from django.contrib.auth import authenticate as a;"
+        "[a(username='hana', password='guess') for _ in range(2)]"
+    )
+    stack.manage("shell", "-c", code)
+    right = {"username": "hana", "password": stack.passwords["hana"]}
+    refused = requests.post(f"{stack.base_url}/api/tokens/", json=right, timeout=10)
+    assert refused.status_code == 429 and 0 < int(refused.headers["Retry-After"]) <= 900
+    assert refused.json()["limit"] == "login-account"
+    session = requests.Session()
+    session.get(login_page, timeout=10)
+    form = {**right, "csrfmiddlewaretoken": session.cookies["csrftoken"]}
+    page = session.post(login_page, data=form, headers={"Referer": login_page}, timeout=10)
+    assert page.status_code == 429 and "Retry-After" in page.headers
+    assert "Too many failed logins for this account" in page.text
+    assert stack.login("alice")  # another account is not affected
