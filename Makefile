@@ -7,6 +7,12 @@ export PYTORCH_NVML_BASED_CUDA_CHECK := 1
 
 .PHONY: setup run test test-fast lint worker clean
 
+# The local dashboard: DEBUG (its pages and tracebacks), a development key, local host names,
+# plain HTTP. Off unless asked for (dashboard/settings.py): a production install sets SECRET_KEY
+# and ALLOWED_HOSTS instead, and runs its commands itself (README, More machines). The tests ask
+# for it by themselves (tests/settings.py).
+setup run worker: export TRAINYARD_DEBUG ?= 1
+
 $(VENV)/.installed: pyproject.toml .ci/pip_parallel.py
 	@command -v $(PYTHON) >/dev/null || { echo "$(PYTHON) not found: Trainyard needs Python 3.11"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -15,15 +15,22 @@ VAR_DIR = Path(env_str("TRAINYARD_HOME", str(BASE_DIR / "var")))
 
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
-DEBUG = env_bool("DEBUG", True)
+# Off unless asked for: a debug page shows settings (the Redis URL with its password) and
+# tracebacks to whoever makes a request fail. `make run` and the tests ask for the local
+# dashboard's defaults with TRAINYARD_DEBUG=1: debug pages, a development key, local host names,
+# plain HTTP.
+DEBUG = env_bool("TRAINYARD_DEBUG", False)
+_LOCAL_HINT = "(or TRAINYARD_DEBUG=1 for a local dashboard)"
 SECRET_KEY = env_str("SECRET_KEY", "")
 if not SECRET_KEY:
     if not DEBUG:
-        raise ImproperlyConfigured("SECRET_KEY must be set when DEBUG=0")
+        raise ImproperlyConfigured(f"SECRET_KEY must be set when DEBUG is off {_LOCAL_HINT}")
     SECRET_KEY = "insecure-dev-key-only-for-debug-mode"  # noqa: S105
 if not DEBUG and not env_str("ALLOWED_HOSTS", ""):
     # The local defaults below would serve production under any name it is reached by.
-    raise ImproperlyConfigured("ALLOWED_HOSTS must be set when DEBUG=0 (e.g. example.com)")
+    raise ImproperlyConfigured(
+        f"ALLOWED_HOSTS must be set when DEBUG is off (e.g. example.com) {_LOCAL_HINT}"
+    )
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 

@@ -129,6 +129,7 @@ def cluster_running(*, home: Path, data_dir: Path, env: dict[str, str]) -> Itera
                 "REDIS_URL": f"redis://{bridge}:{redis_port}/0",
                 "TRAINYARD_DATA_DIR": str(data_dir), "TRAINYARD_NO_DOWNLOAD": "1",
                 "TRAINYARD_RUNS_DIR": str(home / "runs"), "PYTHONUNBUFFERED": "1",
+                "TRAINYARD_DEBUG": "1",
             },
         )  # fmt: skip
         cluster.services["redis"] = service_start(

@@ -212,7 +212,7 @@ def stack_running(
         # the stack's other scripts step every 50 ms.
         "TRAINYARD_STALL_SECONDS": "8",
         "PYTHONUNBUFFERED": "1",
-        "DEBUG": "1",
+        "TRAINYARD_DEBUG": "1",  # the local dashboard, as `make run` serves it
     }
     stack = Stack(f"http://127.0.0.1:{web_port}", redis_url, database_url, env, logs)
     stack.services["redis"] = redis

@@ -473,13 +473,15 @@ def test_concurrent_launches_never_pass_the_limit(
 # --- production settings ---------------------------------------------------------------------
 
 
+PRODUCTION_VARIABLES = frozenset(
+    {"TRAINYARD_DEBUG", "DEBUG", "SECRET_KEY", "ALLOWED_HOSTS", "DATABASE_URL", "REDIS_URL"}
+)
+
+
 def python_run(*args: str, env: dict[str, str], home: Path) -> subprocess.CompletedProcess[str]:
-    """A fresh interpreter with only the given production variables, none of this shell's."""
-    clean = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in {"DEBUG", "SECRET_KEY", "ALLOWED_HOSTS", "DATABASE_URL", "REDIS_URL"}
-    }
+    """A fresh interpreter with only the given production variables, none of this shell's (nor
+    the tests' TRAINYARD_DEBUG=1: tests/settings.py)."""
+    clean = {key: value for key, value in os.environ.items() if key not in PRODUCTION_VARIABLES}
     return subprocess.run(  # noqa: S603
         [sys.executable, *args],
         cwd=ROOT,
@@ -497,7 +499,8 @@ def python_run(*args: str, env: dict[str, str], home: Path) -> subprocess.Comple
 
 
 def production_env() -> dict[str, str]:
-    return {"DEBUG": "0", "SECRET_KEY": secrets.token_urlsafe(64), "ALLOWED_HOSTS": "example.com"}
+    # DEBUG is off unless TRAINYARD_DEBUG asks for it: nothing to say here.
+    return {"SECRET_KEY": secrets.token_urlsafe(64), "ALLOWED_HOSTS": "example.com"}
 
 
 def test_check_deploy_is_clean(tmp_path: Path) -> None:
@@ -508,12 +511,49 @@ def test_check_deploy_is_clean(tmp_path: Path) -> None:
     assert "WARNINGS" not in result.stdout + result.stderr
 
 
+def test_debug_is_off_unless_asked_for(tmp_path: Path) -> None:
+    def debug(**env: str) -> str:
+        code = "from django.conf import settings; print(settings.DEBUG)"
+        result = python_run("-c", code, env=env, home=tmp_path)
+        assert result.returncode == 0, result.stderr[-2000:]
+        return result.stdout.strip().splitlines()[-1]
+
+    # On main DEBUG was on unless DEBUG=0 said otherwise: a debug 500 page showed the settings.
+    assert debug(**production_env()) == "False"
+    assert debug(**production_env(), DEBUG="1") == "False"  # a stray variable asks for nothing
+    assert debug(TRAINYARD_DEBUG="1") == "True"  # the local dashboard: no key or hosts needed
+
+
+def recipe_environment() -> dict[str, str]:
+    """What the README's multi-machine recipe exports on the web host (its "Every machine" and
+    "Web host" blocks), its placeholders (`<password>`) filled with random text."""
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("\n## More machines", 1)[1].split("\n## ", 1)[0]
+    web_host = section.split("**Each worker machine**", 1)[0]
+    exports = re.findall(r"^export (\w+)=(\S+)", web_host, flags=re.M)
+    assert {"SECRET_KEY", "ALLOWED_HOSTS", "DATABASE_URL", "REDIS_URL"} <= dict(exports).keys()
+    return {
+        name: re.sub(r"<[^>]*>", lambda _: secrets.token_urlsafe(50), value)
+        for name, value in exports
+    }
+
+
+def test_check_deploy_is_clean_for_the_multi_machine_recipe(tmp_path: Path) -> None:
+    # On main the recipe set no key and left DEBUG on: W018 (DEBUG), W009 (the key), W004, W008,
+    # W012 and W016 (HSTS, the HTTPS redirect and the secure cookies).
+    env = recipe_environment()
+    result = python_run("manage.py", "check", "--deploy", env=env, home=tmp_path)
+    print(result.stdout + result.stderr)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "System check identified no issues (0 silenced)." in result.stdout
+
+
 @pytest.mark.parametrize("missing", ["SECRET_KEY", "ALLOWED_HOSTS"])
 def test_production_refuses_to_start_without(tmp_path: Path, missing: str) -> None:
     env = production_env()
     del env[missing]
     result = python_run("manage.py", "check", env=env, home=tmp_path)
-    assert result.returncode != 0 and f"{missing} must be set when DEBUG=0" in result.stderr
+    assert result.returncode != 0 and f"{missing} must be set when DEBUG is off" in result.stderr
 
 
 def test_production_settings_come_from_the_environment(tmp_path: Path) -> None:

@@ -18,7 +18,8 @@ from tests.stack import ROOT, Stack
 def _manage(url: str, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "manage.py", *args], cwd=ROOT, capture_output=True, text=True,
-        env={"PATH": "/usr/bin:/bin", "DATABASE_URL": url, "PYTORCH_NVML_BASED_CUDA_CHECK": "1"},
+        env={"PATH": "/usr/bin:/bin", "DATABASE_URL": url, "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
+             "TRAINYARD_DEBUG": "1"},
         timeout=300, check=False,
     )  # fmt: skip
 

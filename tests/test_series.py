@@ -88,7 +88,7 @@ def test_a_spike_survives_100k_points_and_a_zoom_gives_finer_buckets(
 
 def test_the_same_buckets_on_postgres(postgres_server: Postgres) -> None:
     # The session's server (tests/conftest.py), a database of this test's own.
-    env = {"PATH": "/usr/bin:/bin", "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
+    env = {"PATH": "/usr/bin:/bin", "PYTORCH_NVML_BASED_CUDA_CHECK": "1", "TRAINYARD_DEBUG": "1",
            "DATABASE_URL": postgres_server.database_create("trainyard_series")}  # fmt: skip
     for args in (["migrate", "--noinput"], ["shell", "-c", BUCKETS_SCRIPT]):
         done = subprocess.run(
