@@ -31,3 +31,7 @@ def refuse() -> None:
 
 def fail() -> None:
     raise ValueError("a reader's own error")
+
+
+def crash() -> None:
+    os._exit(3)

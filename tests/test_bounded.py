@@ -52,3 +52,6 @@ def test_refusals_and_failures_come_back_as_refusals() -> None:
         bounded_call(targets.fail)
     assert failed.value.status == 400
     assert failed.value.message == "the file could not be read (ValueError: a reader's own error)"
+    with pytest.raises(ImportRefused) as died:
+        bounded_call(targets.crash)
+    assert died.value.message == "the file could not be read (its reader ended with exit code 3)"

@@ -18,6 +18,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import resource
+import signal
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any, TypeVar
@@ -51,7 +52,9 @@ def _context(module: str) -> Any:
 def bounded_call(fn: Callable[..., T], *args: Any) -> T:
     """fn(*args) in a bounded child; its ImportRefused is raised here as it was there, and a
     child that ran out of its memory or its time is an ImportRefused of its own (413, 400).
-    `fn` and its arguments and result travel by pickle: a module-level function."""
+    `fn` and its arguments and result travel by pickle: a module-level function. As with any
+    multiprocessing child, the main module is imported there again: an entry point's work sits
+    under `if __name__ == "__main__"` (daphne's, manage.py's, Celery's and pytest's do)."""
     memory, cpu = bounded_memory_bytes(), bounded_cpu_seconds()
     context = _context(fn.__module__)
     receive, send = context.Pipe(duplex=False)
@@ -67,6 +70,9 @@ def bounded_call(fn: Callable[..., T], *args: Any) -> T:
         receive.close()
         child.kill()
         child.join()
+    if outcome == "died":  # without a word: past its CPU time (SIGXCPU), or another end
+        outcome = "time" if child.exitcode == -signal.SIGXCPU else "failed"
+        payload = f"its reader ended with exit code {child.exitcode}"
     if outcome == "done":
         return payload
     if outcome == "refused":
@@ -84,8 +90,7 @@ def _receive(receive: Connection, seconds: float) -> tuple[str, Any]:
     try:
         return receive.recv()
     except EOFError:
-        # Ended without a word: SIGXCPU past its CPU time, or killed.
-        return "time", None
+        return "died", None
 
 
 def _address_space() -> int:
