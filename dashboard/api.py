@@ -45,7 +45,14 @@ from dashboard.text_input import texts_fault
 MAX_BODY_BYTES = 64 * 1024
 LOGIN_NEEDED = "login or an API token is required"
 BAD_TOKEN = "invalid or revoked API token"
-TOO_BIG = f"request body over {MAX_BODY_BYTES} bytes"
+
+
+def body_too_big(most: int) -> str:
+    """The 413's words, from Django's check, an upload's and the server's (http_server.py)."""
+    return f"request body over {most} bytes"
+
+
+TOO_BIG = body_too_big(MAX_BODY_BYTES)
 MAX_ID = 2**63 - 1  # the largest primary key a database column holds
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 # A body Django cannot parse, or a request it finds suspect (too many fields, ...): the API's 400.
@@ -319,6 +326,7 @@ def gate(view: PathView) -> View:
     check (401 first, so an anonymous caller learns nothing), as JSON with Allow."""
     methods = sorted({method for op in view.operations for method in op.methods})
     uploads = [f for op in view.operations if (f := getattr(op.view_func, "upload_handler", None))]
+    uploads_most = [most for f in uploads if (most := getattr(f, "body_most", None))]
     answer = view.get_view()
 
     @csrf_exempt  # session writes are checked by SessionCookie, token writes need none
@@ -352,6 +360,10 @@ def gate(view: PathView) -> View:
             return _unreadable(request, exc)
 
     gated.api_methods = tuple(methods)
+    if uploads_most:
+        # The server refuses a larger body before it reads it (dashboard/http_server.py); the
+        # limits come from the environment, so they are read for each request.
+        gated.body_most = lambda: max(most() for most in uploads_most)
     return gated
 
 

@@ -1,5 +1,13 @@
-"""daphne's HTTP request, changed so that every answer under /api/ is the API's JSON, even one
-the server gives before Django sees the request.
+"""daphne's HTTP request, changed so that a request body over its route's limit is refused
+before it is read, and every answer under /api/ is the API's JSON, even one the server gives
+before Django sees the request.
+
+daphne has no limit on request bodies: Twisted keeps each whole (in a temporary file past
+100 KB) before daphne hands it to the application, whose own checks (DATA_UPLOAD_MAX_MEMORY_SIZE,
+the uploads' caps) then come after the disk has filled. So the request checks the body's size
+here, against the most its route takes (`body_limit`): by its Content-Length as soon as the
+headers are in, and by the bytes that arrive for a chunked one. Over it, a 413 (JSON under
+/api/), and nothing of the body is kept.
 
 Three refusals happen in daphne and Twisted, below the ASGI application:
 - Twisted's `Request.requestReceived` parses every multipart POST body into `request.args`
@@ -22,17 +30,40 @@ from __future__ import annotations
 
 import functools
 from typing import Any
+from urllib.parse import unquote
 
 from daphne import http_protocol
+from django.conf import settings
+from django.urls import Resolver404, resolve
 from twisted.web import http
 
-from dashboard.api import error_response
+from dashboard.api import body_too_big, error_response
 
 API_PREFIX = b"/api/"
 MALFORMED = "the request is not well-formed HTTP"
+# A refused body's connection stays open this long, its bytes dropped, so that a client still
+# sending reads the 413: a socket closed with unread data resets the connection, and with it the
+# answer.
+LINGER_SECONDS = 2.0
+
+
+def body_limit(raw_path: bytes) -> int:
+    """The most bytes a request to this path may send: its route's (an upload's, dashboard/api.py
+    `gate`), else what Django takes in a body (DATA_UPLOAD_MAX_MEMORY_SIZE)."""
+    most = int(settings.DATA_UPLOAD_MAX_MEMORY_SIZE)
+    try:
+        match = resolve(unquote(raw_path.split(b"?", 1)[0].decode("ascii")))
+    except (UnicodeDecodeError, Resolver404):
+        return most
+    route_most = getattr(match.func, "body_most", None)
+    return max(most, route_most()) if route_most is not None else most
 
 
 class ApiAwareRequest(http_protocol.WebRequest):
+    body_most = 0
+    body_received = 0
+    body_refused = False
+
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         kwargs["parsePOSTFormSubmission"] = False
         super().__init__(*args, **kwargs)
@@ -40,6 +71,50 @@ class ApiAwareRequest(http_protocol.WebRequest):
         if isinstance(self.channel, http.HTTPChannel):
             refuse = functools.partial(_malformed, self.channel)
             self.channel._respondToBadRequestAndDisconnect = refuse  # type: ignore[method-assign]
+
+    # ---- the body's size (Twisted calls these as the request comes in) ----
+
+    def gotLength(self, length: int | None) -> None:
+        self.body_most = body_limit(_channel_path(self.channel))
+        if length is not None and length > self.body_most:
+            self._body_refuse()
+            return
+        super().gotLength(length)
+
+    def handleContentChunk(self, data: bytes) -> None:
+        if self.body_refused:
+            return
+        self.body_received += len(data)
+        if self.body_received > self.body_most:  # a chunked body, counted as it comes
+            self.content.close()
+            self._body_refuse()
+            return
+        super().handleContentChunk(data)
+
+    def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
+        if self.body_refused:
+            self.channel.loseConnection()  # the whole body came and was dropped: answered
+            return
+        super().requestReceived(command, path, version)
+
+    def _body_refuse(self) -> None:
+        self.body_refused = True
+        # Twisted answers an `Expect: 100-continue` after this call: not after our answer.
+        self.requestHeaders.removeHeader(b"expect")
+        message = body_too_big(self.body_most)
+        if _channel_path(self.channel).startswith(API_PREFIX):
+            answer = error_response(413, message)
+            _answer_raw(self.channel, 413, answer["Content-Type"], answer.content)
+        else:
+            page = self.error_template % {"title": "413 Request Entity Too Large", "body": message}
+            _answer_raw(self.channel, 413, "text/html; charset=utf-8", page.encode("utf-8"))
+        # Imported here: daphne installs its asyncio reactor before it serves, and an import
+        # at the module's load would install Twisted's default one first wherever asgi.py is
+        # imported without daphne (tests).
+        from twisted.internet import reactor
+
+        clock: Any = reactor  # typed as the module, not the reactor it is
+        clock.callLater(LINGER_SECONDS, self.channel.loseConnection)
 
     def basic_error(self, status: int, status_text: bytes, body: str) -> None:
         if not (getattr(self, "path", None) or b"").startswith(API_PREFIX):
@@ -51,19 +126,30 @@ class ApiAwareRequest(http_protocol.WebRequest):
         self.handle_reply({"type": "http.response.body", "body": answer.content})
 
 
+def _channel_path(channel: Any) -> bytes:
+    # The request line's target, which the channel keeps until the request is whole.
+    return getattr(channel, "_path", None) or b""
+
+
 def _malformed(channel: http.HTTPChannel) -> None:
     """Twisted's bare 400 (HTTPChannel._respondToBadRequestAndDisconnect), as JSON under /api/."""
-    if not (getattr(channel, "_path", None) or b"").startswith(API_PREFIX):
+    if not _channel_path(channel).startswith(API_PREFIX):
         http.HTTPChannel._respondToBadRequestAndDisconnect(channel)
         return
     answer = error_response(400, MALFORMED)
+    _answer_raw(channel, 400, answer["Content-Type"], answer.content)
+    channel.loseConnection()
+
+
+def _answer_raw(channel: http.HTTPChannel, status: int, content_type: str, body: bytes) -> None:
+    """An answer written to the connection itself, before the request is one daphne handles."""
+    reason = http.RESPONSES[status].decode("ascii")
     head = (
-        f"HTTP/1.1 400 Bad Request\r\nContent-Type: {answer['Content-Type']}\r\n"
-        f"Content-Length: {len(answer.content)}\r\nConnection: close\r\n\r\n"
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
     )
     transport: Any = channel.transport  # Twisted types it as the interface, not the TCP one
-    transport.write(head.encode("ascii") + answer.content)
-    channel.loseConnection()
+    transport.write(head.encode("ascii") + body)
 
 
 def install() -> None:

@@ -23,6 +23,13 @@ class UploadCap(FileUploadHandler):
     def limit_get(self) -> int:
         raise NotImplementedError
 
+    @classmethod
+    def body_most(cls) -> int:
+        """The largest request body the route takes: daphne's request refuses a larger one by
+        its Content-Length before reading it (dashboard/http_server.py), as this handler would
+        once it was read."""
+        return cls().limit + cls.slack
+
     def refusal_text(self) -> str:
         return f"the upload is over the limit of {self.limit} bytes"
 
