@@ -44,7 +44,7 @@ from dashboard.text_input import texts_fault
 # Django's own check and this one refuse the same bodies.
 MAX_BODY_BYTES = 64 * 1024
 LOGIN_NEEDED = "login or an API token is required"
-BAD_TOKEN = "invalid or revoked API token"
+BAD_TOKEN = "invalid or revoked API token (or one past its expiry)"
 
 
 def body_too_big(most: int) -> str:

@@ -204,6 +204,10 @@ TRAINYARD_MAX_ACTIVE_RUNS_PER_USER = env_int("TRAINYARD_MAX_ACTIVE_RUNS_PER_USER
 TRAINYARD_LAUNCH_RATE_PER_MINUTE = env_int("TRAINYARD_LAUNCH_RATE_PER_MINUTE", 10)
 # Tokens made through POST /api/tokens/ per user in any minute (0: no limit), the same way.
 TRAINYARD_TOKEN_RATE_PER_MINUTE = env_int("TRAINYARD_TOKEN_RATE_PER_MINUTE", 10)
+# An open WebSocket checks the login it was opened with this often (a token past its expiry, a
+# change made without a signal); a logout, a password change, a deactivation or a loss of staff
+# tell the user's sockets at once.
+TRAINYARD_SOCKET_RECHECK_SECONDS = env_float("TRAINYARD_SOCKET_RECHECK_SECONDS", 60.0)
 # Password guessing (the login page, the admin's, POST /api/tokens/): failed logins in the last
 # TRAINYARD_LOGIN_WINDOW_SECONDS, per username tried and per client address (0: no limit). At
 # the limit, the next try is answered 429 with Retry-After until the oldest failure is out of

@@ -3,6 +3,7 @@ from django.contrib.auth import views as auth_views
 from django.urls import include, path
 
 from dashboard.accounts import urls as accounts_urls
+from dashboard.accounts.views import PasswordChangeView
 
 # Of django.contrib.auth.urls only what a signed-in dashboard needs: the password reset views
 # answer anonymous visitors and send mail, and Trainyard configures no mail (staff reset
@@ -10,7 +11,8 @@ from dashboard.accounts import urls as accounts_urls
 account_urlpatterns = [
     path("login/", auth_views.LoginView.as_view(), name="login"),
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
-    path("password_change/", auth_views.PasswordChangeView.as_view(), name="password_change"),
+    # Django's, with the choice to revoke the API tokens too.
+    path("password_change/", PasswordChangeView.as_view(), name="password_change"),
     path(
         "password_change/done/",
         auth_views.PasswordChangeDoneView.as_view(),

@@ -3,16 +3,24 @@ API token (the key in the answer, once)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib.auth import authenticate
 from django.http import HttpRequest, JsonResponse
 from ninja import Router, Schema
 from pydantic import ConfigDict, Field
 
-from dashboard.accounts.services import TokenRateLimited, token_create_limited
+from dashboard.accounts.services import (
+    EXPIRY_MAX_DAYS,
+    TokenRateLimited,
+    token_create_limited,
+    token_expiry,
+)
 from dashboard.accounts.throttles import LoginThrottled
 from dashboard.api import ApiError, error_response, errors, json_body, json_request_body
 
 LOGIN_REQUIRED = "login required: POST a JSON object with username and password"
+EXPIRY_DAYS = f"must be a whole number of days from 1 to {EXPIRY_MAX_DAYS}, or null"
 
 router = Router(tags=["tokens"])
 
@@ -23,6 +31,12 @@ class TokenIn(Schema):
     username: str
     password: str
     name: str | None = Field(None, description="to tell your tokens apart on the tokens page")
+    expires_in_days: int | None = Field(
+        None,
+        ge=1,
+        le=EXPIRY_MAX_DAYS,
+        description="the token stops working this many days from now (none: when revoked)",
+    )
 
 
 class TokenOut(Schema):
@@ -30,6 +44,7 @@ class TokenOut(Schema):
     name: str
     prefix: str
     token: str = Field(description="the key, shown this once: send it as `Bearer <key>`")
+    expires_at: str | None = Field(description="ISO 8601; null: it works until revoked")
 
 
 @router.post(
@@ -53,6 +68,9 @@ def tokens_create(request: HttpRequest) -> JsonResponse:
         return error_response(401, LOGIN_REQUIRED)
     if name is not None and not isinstance(name, str):
         return error_response(400, "invalid request", {"name": ["must be a string"]})
+    days = payload.get("expires_in_days")
+    if days is not None and not _days_valid(days):
+        return error_response(400, "invalid request", {"expires_in_days": [EXPIRY_DAYS]})
     try:
         user = authenticate(request, username=username, password=password)
     except LoginThrottled as throttled:  # too many wrong passwords: this one is not checked
@@ -65,7 +83,9 @@ def tokens_create(request: HttpRequest) -> JsonResponse:
     if user is None or not user.is_active:
         return error_response(401, "login failed: wrong username or password")
     try:
-        token, key = token_create_limited(user=user, name=name or "")
+        token, key = token_create_limited(
+            user=user, name=name or "", expires_at=token_expiry(days=days)
+        )
     except TokenRateLimited as refused:
         return error_response(
             429,
@@ -73,5 +93,17 @@ def tokens_create(request: HttpRequest) -> JsonResponse:
             details={"limit": "token_rate", "retry_after": refused.retry_after},
             headers={"Retry-After": str(refused.retry_after)},
         )
-    body = {"id": token.pk, "name": token.name, "prefix": token.prefix, "token": key}
+    expires_at = token.expires_at.isoformat() if token.expires_at else None
+    body = {
+        "id": token.pk,
+        "name": token.name,
+        "prefix": token.prefix,
+        "token": key,
+        "expires_at": expires_at,
+    }
     return JsonResponse(body, status=201, headers={"Cache-Control": "no-store"})
+
+
+def _days_valid(days: Any) -> bool:
+    # bool is an int to Python, not a number of days to anyone.
+    return type(days) is int and 1 <= days <= EXPIRY_MAX_DAYS

@@ -13,6 +13,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import models
+from django.utils import timezone
 
 KEY_PREFIX = "ty_"
 # "ty_" and the first characters of the random part: enough to tell a user's tokens apart,
@@ -42,6 +43,8 @@ class ApiToken(models.Model):
     key_hash = models.CharField(max_length=64, unique=True, editable=False)
     prefix = models.CharField(max_length=16, editable=False, help_text="the key's first characters")
     created_at = models.DateTimeField(auto_now_add=True)
+    # Optional: past it the key is refused like a revoked one (HTTP 401, sockets closed).
+    expires_at = models.DateTimeField(null=True, blank=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True, db_index=True)
     revoked_by = models.ForeignKey(
@@ -68,3 +71,7 @@ class ApiToken(models.Model):
     @property
     def is_revoked(self) -> bool:
         return self.revoked_at is not None
+
+    @property
+    def is_expired(self) -> bool:
+        return self.expires_at is not None and self.expires_at <= timezone.now()

@@ -1,13 +1,11 @@
-"""Tokens: make one (its key returned once), find the one a request presents, revoke one."""
+"""Tokens: make one (its key returned once, with an expiry or none), find the one a request
+presents, revoke one or all of a user's."""
 
 from __future__ import annotations
 
-import logging
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
-from asgiref.sync import async_to_sync
-from channels.layers import get_channel_layer
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import transaction
@@ -15,20 +13,29 @@ from django.db.models import Q, QuerySet
 from django.utils import timezone
 
 from dashboard.accounts.models import ApiToken, token_key_hash
+from dashboard.accounts.sockets import sockets_recheck, sockets_tell
 from dashboard.rates import RATE_WINDOW, rate_retry_after
-
-log = logging.getLogger(__name__)
 
 # A bearer key is "ty_" and 43 URL-safe characters; anything much longer is not one of ours and
 # is not worth hashing.
 MAX_KEY_CHARS = 200
 # How exact "last used" on the Tokens page is: the page says "5 minutes ago", not seconds.
 LAST_USED_EVERY = timedelta(seconds=60)
+# The longest expiry a token may be given, in days (about ten years); none at all is allowed.
+EXPIRY_MAX_DAYS = 3650
 
 
-def token_create(*, user: Any, name: str = "") -> tuple[ApiToken, str]:
-    """A new token and its key: the only time the key exists outside the client."""
-    token = ApiToken.objects.create(user=user, name=name[:100])
+def token_expiry(*, days: int | None) -> datetime | None:
+    """When a token made now for `days` days stops working (None: days None, never)."""
+    return None if days is None else timezone.now() + timedelta(days=days)
+
+
+def token_create(
+    *, user: Any, name: str = "", expires_at: datetime | None = None
+) -> tuple[ApiToken, str]:
+    """A new token and its key: the only time the key exists outside the client. `expires_at`:
+    when it stops working (None: when it is revoked)."""
+    token = ApiToken.objects.create(user=user, name=name[:100], expires_at=expires_at)
     assert token.key is not None  # set by save() for a new token
     return token, token.key
 
@@ -45,7 +52,9 @@ class TokenRateLimited(Exception):
         super().__init__(self.message)
 
 
-def token_create_limited(*, user: Any, name: str = "") -> tuple[ApiToken, str]:
+def token_create_limited(
+    *, user: Any, name: str = "", expires_at: datetime | None = None
+) -> tuple[ApiToken, str]:
     """token_create within the per-user rate, for POST /api/tokens/; raises TokenRateLimited.
     The user's row lock makes two requests take turns, so both cannot pass the check at once."""
     with transaction.atomic():
@@ -60,24 +69,26 @@ def token_create_limited(*, user: Any, name: str = "") -> tuple[ApiToken, str]:
         retry_after = rate_retry_after(times=recent, most=most, now=now)
         if retry_after is not None:
             raise TokenRateLimited(made=len(recent), most=most, retry_after=retry_after)
-        return token_create(user=user, name=name)
+        return token_create(user=user, name=name, expires_at=expires_at)
+
+
+def tokens_live(*, now: datetime) -> QuerySet[ApiToken]:
+    """Tokens that work at `now`: not revoked, not expired, their user active."""
+    unexpired = Q(expires_at__isnull=True) | Q(expires_at__gt=now)
+    return ApiToken.objects.filter(unexpired, revoked_at__isnull=True, user__is_active=True)
 
 
 def token_authenticate(*, key: str) -> ApiToken | None:
-    """The live token of an active user with this key, its use recorded; None otherwise."""
+    """The live token with this key, its use recorded; None otherwise."""
     key = key.strip()
     if not key or len(key) > MAX_KEY_CHARS:
         return None
-    token = (
-        ApiToken.objects.select_related("user")
-        .filter(key_hash=token_key_hash(key), revoked_at__isnull=True)
-        .first()
-    )
-    if token is None or not token.user.is_active:
+    now = timezone.now()
+    token = tokens_live(now=now).select_related("user").filter(key_hash=token_key_hash(key)).first()
+    if token is None:
         return None
     # At most one write a minute per token: a script polling the API must not write on each
     # request. One conditional UPDATE, not save(): concurrent requests do not race on fields.
-    now = timezone.now()
     stale = Q(last_used_at__isnull=True) | Q(last_used_at__lt=now - LAST_USED_EVERY)
     ApiToken.objects.filter(stale, pk=token.pk).update(last_used_at=now)
     return token
@@ -97,22 +108,19 @@ def token_revoke(*, token: ApiToken, by: Any) -> bool:
     if revoked != 1:
         return False
     group = token_group(token.pk)
-    transaction.on_commit(lambda: _sockets_close(group))
+    transaction.on_commit(lambda: sockets_tell(group=group, message={"type": "token.revoked"}))
     return True
 
 
-def _sockets_close(group: str) -> None:
-    # The revocation is committed whatever happens here: a socket that misses this message
-    # fails its next reconnect (401), so an unreachable channel layer only logs.
-    layer = get_channel_layer()
-    if layer is None:
-        return
-    try:
-        async_to_sync(layer.group_send)(group, {"type": "token.revoked"})
-    except Exception:
-        log.warning(
-            "channel layer unreachable; the sockets of %s stay open until they reconnect", group
-        )
+def tokens_revoke_all(*, user: Any, by: Any) -> int:
+    """Revoke every token of `user` now (a password change, by the user's choice); how many.
+    Their sockets are closed by their user's check (sockets.py)."""
+    revoked = ApiToken.objects.filter(user=user, revoked_at__isnull=True).update(
+        revoked_at=timezone.now(), revoked_by=by
+    )
+    if revoked:
+        sockets_recheck(user_id=user.pk)
+    return revoked
 
 
 def tokens_of(user: Any) -> QuerySet[ApiToken]:

@@ -1,16 +1,28 @@
-"""The Tokens page: each user makes named API tokens (the key shown once), sees when each was
-last used, and revokes them."""
+"""The Tokens page: each user makes named API tokens (the key shown once), with an expiry or
+none, sees when each was last used and when it expires, and revokes them. The password change,
+which may revoke them all."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import messages
+from django.contrib.auth import views as auth_views
+from django.db import transaction
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, redirect, render
+from django.urls import reverse_lazy
 from django.views.decorators.http import require_http_methods, require_POST
 
-from dashboard.accounts.forms import TokenCreateForm
+from dashboard.accounts.forms import PasswordChangeRevokingForm, TokenCreateForm
 from dashboard.accounts.models import ApiToken
-from dashboard.accounts.services import token_create, token_revoke, tokens_of
+from dashboard.accounts.services import (
+    token_create,
+    token_expiry,
+    token_revoke,
+    tokens_of,
+    tokens_revoke_all,
+)
 
 
 @require_http_methods(["GET", "POST"])
@@ -19,7 +31,10 @@ def token_list(request: HttpRequest) -> HttpResponse:
     created: tuple[ApiToken, str] | None = None
     if request.method == "POST" and form.is_valid():
         # Rendered, not redirected: the key exists only in this response, never in a session.
-        created = token_create(user=request.user, name=form.cleaned_data["name"])
+        expires_at = token_expiry(days=form.cleaned_data["expires_in_days"])
+        created = token_create(
+            user=request.user, name=form.cleaned_data["name"], expires_at=expires_at
+        )
         form = TokenCreateForm()
     context = {
         "form": form,
@@ -42,3 +57,24 @@ def token_revoke_view(request: HttpRequest, pk: int) -> HttpResponse:
     if token_revoke(token=token, by=request.user):
         messages.success(request, f"Revoked “{token.name or token.prefix}”: it no longer works.")
     return redirect("token-list")
+
+
+class PasswordChangeView(auth_views.PasswordChangeView):
+    """Django's, which keeps this session (its login hash renewed) and ends the others: their
+    next request logs out, and their open sockets close (accounts/sockets.py)."""
+
+    form_class = PasswordChangeRevokingForm
+    template_name = "accounts/password_change.html"
+    success_url = reverse_lazy("token-list")
+
+    def form_valid(self, form: Any) -> HttpResponse:
+        # One transaction: the sockets are told once this session holds the new hash too, so
+        # that only the other sessions' sockets find theirs stale.
+        with transaction.atomic():
+            response = super().form_valid(form)
+            done = "Your password was changed; your other sessions are logged out."
+            if form.cleaned_data["revoke_tokens"]:
+                count = tokens_revoke_all(user=form.user, by=form.user)
+                done += f" Revoked {count} API token(s)."
+        messages.success(self.request, done)
+        return response

@@ -84,7 +84,10 @@ class SocketClose(IntEnum):
     """The run socket's close codes; pages get them in their facts (common.js `runSocket`)."""
 
     FINAL = 1000  # the page's: the run is final, nothing more will come
-    RESYNC = 4000  # the page's: a gap in seq or a resumed attempt; reconnect for a fresh snapshot
+    # The page's: a gap in seq or a resumed attempt; reconnect for a fresh snapshot. The
+    # server's: the socket's session is gone (a logout, or a password change that gave it a new
+    # key): a reconnect's handshake decides.
+    RESYNC = 4000
     UNAUTHENTICATED = 4401  # the consumer's refusals: retrying would not help
     FORBIDDEN = 4403
 

@@ -6,6 +6,9 @@ write one run may send theirs in the other order). Clients drop what they alread
 snapshot's) and reconnect on a gap, so nothing is lost when the channel layer drops, the socket
 breaks or two sends cross. Every
 message it sends is typed and described in `messages.py`.
+
+The socket lasts only as long as the login it was opened with and the owner-or-staff rule that
+let it in (socket_login.py).
 """
 
 from __future__ import annotations
@@ -13,7 +16,6 @@ from __future__ import annotations
 from typing import Any
 
 from channels.db import database_sync_to_async
-from channels.generic.websocket import AsyncJsonWebsocketConsumer
 
 from dashboard.experiments.core.access import experiments_visible_to
 from dashboard.experiments.core.messages import (
@@ -25,6 +27,7 @@ from dashboard.experiments.core.messages import (
 from dashboard.experiments.models import Experiment
 from dashboard.experiments.runs.broadcast import experiment_group
 from dashboard.experiments.selectors import experiment_snapshot_build
+from dashboard.experiments.web.socket_login import LoginWatched
 
 SNAPSHOT_LOG_LINES = 200
 # The channel is one-way, so a client has nothing sizable to say: a frame over this closes the
@@ -61,10 +64,9 @@ def experiment_snapshot(*, pk: int) -> SnapshotMessage:
     return experiment_snapshot_build(experiment=experiment, log_lines=SNAPSHOT_LOG_LINES)
 
 
-class ExperimentConsumer(AsyncJsonWebsocketConsumer):
+class ExperimentConsumer(LoginWatched):
     group_name: str | None = None
-    # Set by the token middleware when a bearer token opened the socket: revoking it closes us.
-    token_group: str | None = None
+    pk: int | None = None
 
     async def connect(self) -> None:
         user = self.scope.get("user")
@@ -78,21 +80,21 @@ class ExperimentConsumer(AsyncJsonWebsocketConsumer):
             return
         # Join before reading the snapshot: an event stored in between then arrives twice
         # (dropped by seq) instead of never.
-        self.group_name = experiment_group(pk)
+        self.pk, self.group_name = pk, experiment_group(pk)
         await self.channel_layer.group_add(self.group_name, self.channel_name)
-        self.token_group = self.scope.get("token_group")
-        if self.token_group is not None:
-            await self.channel_layer.group_add(self.token_group, self.channel_name)
+        await self.login_watch_start()  # its user's group, and its token's: told of changes
         await self.accept()
         await self.send_json(await experiment_snapshot(pk=pk))
+        self.login_timer_start()
 
     async def disconnect(self, code: int) -> None:
-        for group in (self.group_name, self.token_group):
-            if group is not None:
-                await self.channel_layer.group_discard(group, self.channel_name)
+        await self.login_watch_stop()
+        if self.group_name is not None:
+            await self.channel_layer.group_discard(self.group_name, self.channel_name)
 
-    async def token_revoked(self, message: dict[str, Any]) -> None:
-        await self.close(code=int(SocketClose.UNAUTHENTICATED))
+    async def still_allowed(self, user: Any) -> bool:
+        # Staff see every run, a user their own: a user no longer staff loses others' runs.
+        return self.pk is not None and await experiment_visible(pk=self.pk, user=user)
 
     async def receive(self, text_data: str | None = None, bytes_data: bytes | None = None) -> None:
         # The channel is one-way: whatever a client sends, even invalid JSON, is answered with an
