@@ -202,6 +202,10 @@ DAPHNE_WEBSOCKET_MAX_FRAME_SIZE = 64 * 1024
 # in any minute. Over either, the API answers 429 with Retry-After and the form says why.
 TRAINYARD_MAX_ACTIVE_RUNS_PER_USER = env_int("TRAINYARD_MAX_ACTIVE_RUNS_PER_USER", 4)
 TRAINYARD_LAUNCH_RATE_PER_MINUTE = env_int("TRAINYARD_LAUNCH_RATE_PER_MINUTE", 10)
+# Runs one user may have queued or running, however launched (a study asks for room for all of
+# its runs up front and is refused whole, 409, where they do not fit): the queue's bound. Above
+# a study's 48 runs, so that the largest study fits beside a few runs of the user's own.
+TRAINYARD_MAX_QUEUED_RUNS_PER_USER = env_int("TRAINYARD_MAX_QUEUED_RUNS_PER_USER", 64)
 # Tokens made through POST /api/tokens/ per user in any minute (0: no limit), the same way.
 TRAINYARD_TOKEN_RATE_PER_MINUTE = env_int("TRAINYARD_TOKEN_RATE_PER_MINUTE", 10)
 # An open WebSocket checks the login it was opened with this often (a token past its expiry, a
@@ -264,10 +268,9 @@ TRAINYARD_REAPER_SECONDS = env_float("TRAINYARD_REAPER_SECONDS", 10.0)
 # this long: its page says so, and a Stop ends it at once (no script is there to hear it).
 # Its client posts at least every few seconds while it lives, so a minute is a real silence.
 TRAINYARD_REPORTED_SILENT_SECONDS = env_int("TRAINYARD_REPORTED_SILENT_SECONDS", 60)
-# A queued run not dispatched for this long is sent to the workers again.
+# A queued run never tried for this long is sent to the workers again; a run whose turn it is,
+# not tried for this long, is woken again (the net under the wake-ups: runs/parked.py).
 TRAINYARD_REDISPATCH_SECONDS = env_int("TRAINYARD_REDISPATCH_SECONDS", 60)
-# How long a run that waits for devices sleeps before it asks again.
-TRAINYARD_WAIT_RETRY_SECONDS = env_float("TRAINYARD_WAIT_RETRY_SECONDS", 3.0)
 
 # Notifications when a run ends (each user opts in on the Notifications page). Mail goes to the
 # console unless EMAIL_BACKEND says otherwise, e.g. django.core.mail.backends.smtp.EmailBackend

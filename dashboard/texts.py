@@ -83,6 +83,12 @@ QUEUE_ESTIMATE_METHOD = (
     "online. Unknown where a run it waits for is less than a tenth of the way through and "
     "nothing like it has finished. Each estimate says what it rests on."
 )
+# How the queue orders runs between users (scheduling/fair.py), said in one line on the page.
+QUEUE_ORDER = (
+    "Users take turns: the next run is the next of the user with the fewest runs running (on a "
+    "tie, the one whose last run started longest ago); priority, then launch time, orders only "
+    "each user's own runs."
+)
 QUEUE_BASIS_FREE = "its devices are free now"
 QUEUE_BASIS_UNKNOWN = (
     "no estimate: a run it waits for has not gone far enough to say when it ends, and nothing "

@@ -27,7 +27,7 @@ from tests.stack import wait_for
 JOB = {"strategy": "ddp", "batch_size": 32, "optimizer": "sgd", "lr": 0.01, "seed": 7,
        "dataset": "mnist", "epochs": 1}  # fmt: skip
 ENV = {"TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS": "8", "TRAINYARD_REAPER_SECONDS": "2",
-       "TRAINYARD_WAIT_RETRY_SECONDS": "1", "TRAINYARD_DEVICE_REPORT_SECONDS": "2",
+       "TRAINYARD_DEVICE_REPORT_SECONDS": "2",
        "TRAINYARD_MAX_ACTIVE_RUNS_PER_USER": "0",
        "TRAINYARD_LAUNCH_RATE_PER_MINUTE": "0"}  # fmt: skip
 

@@ -202,9 +202,9 @@ def stack_running(
         # Short bounds, so that a lost worker is noticed within a test's patience.
         "TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS": "8",
         "TRAINYARD_REAPER_SECONDS": "2",
-        "TRAINYARD_WAIT_RETRY_SECONDS": "1",
         # The suite launches more runs per user than a person would; limits have tests of their own.
         "TRAINYARD_MAX_ACTIVE_RUNS_PER_USER": "0",
+        "TRAINYARD_MAX_QUEUED_RUNS_PER_USER": "0",
         "TRAINYARD_LAUNCH_RATE_PER_MINUTE": "0",
         # The tests' webhook receivers listen on 127.0.0.1, which webhooks otherwise refuse.
         "TRAINYARD_WEBHOOK_ALLOW_PRIVATE": "1",

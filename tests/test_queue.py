@@ -1,4 +1,8 @@
-"""The claim order and the running limit, through claim.experiment_claim on the real database.
+"""The claim order and the running limit, through claim.experiment_claim on the real database;
+fair queues (issue 35 item 2): a bound on each user's runs queued or running that studies obey,
+users taking turns on the machines, and waiting runs woken instead of polling. The task itself
+is called in this process, as a worker's pool child calls it; the messages it sends are caught
+as Celery publishes them (its before_task_publish signal) to this process's in-memory broker.
 
 The end-to-end checks (a Celery worker, Redis, the page) are in tests/test_queue_stack.py.
 """
@@ -6,18 +10,31 @@ The end-to-end checks (a Celery worker, Redis, the page) are in tests/test_queue
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from celery.signals import before_task_publish
+from django.test import Client
+from django.urls import reverse
 from django.utils import timezone
 
+from dashboard.devices.facts import machine_name, machine_queue
 from dashboard.devices.models import WorkerMachine
+from dashboard.devices.reporter import machine_report_save
 from dashboard.experiments.core.limits import LaunchLimited, launch_slot_claim
+from dashboard.experiments.core.transitions import Outcome
 from dashboard.experiments.models import Experiment, Status
 from dashboard.experiments.runs.claim import experiment_claim
+from dashboard.experiments.runs.lifecycle import run_finish
+from dashboard.experiments.runs.sink import EventSink
 from dashboard.experiments.scheduling.allocation import Machine
-from dashboard.experiments.scheduling.queue import ordinal, queue_head_for, queue_ordered
+from dashboard.experiments.scheduling.queue import ordinal, queue_heads_for, queue_ordered
+from dashboard.experiments.services import experiment_clone, experiment_stop
+from dashboard.experiments.tasks import reap_lost_runs, run_experiment
+from dashboard.studies.models import Study
+from dashboard.texts import QUEUE_ORDER
 
 pytestmark = pytest.mark.django_db
 
@@ -315,12 +332,14 @@ def test_the_run_woken_when_a_machine_frees_is_the_first_that_could_start_there(
     alice, bob = user_factory(), user_factory()
     queued(experiment_factory, alice, "running", status=Status.RUNNING, worker="m2")
     queued(experiment_factory, bob, "pinned to m2", machines=["m2"])
-    queued(experiment_factory, alice, "alice is at her limit")
+    alices = queued(experiment_factory, alice, "alice is at her limit")
     bobs = queued(experiment_factory, bob, "bob's")
-    assert queue_head_for(worker="m1") == bobs
+    assert queue_heads_for(worker="m1") == [bobs]
+    # Without the limit, turns alternate: Bob's first (he has none running) is his run waiting
+    # for m2, then Alice's comes before his second.
     settings.TRAINYARD_MAX_ACTIVE_RUNS_PER_USER = 0
-    assert queue_head_for(worker="m1").name == "alice is at her limit"
-    assert queue_head_for(worker="m2").name == "pinned to m2"
+    assert queue_heads_for(worker="m1") == [alices]
+    assert [run.name for run in queue_heads_for(worker="m2")] == ["pinned to m2"]
 
 
 def test_a_run_waiting_for_machines_that_are_not_online_holds_nobody_up(
@@ -350,4 +369,222 @@ def test_the_run_woken_never_wants_gpus_the_freed_machine_lacks(
     WorkerMachine.objects.create(hostname="m1", reported_at=timezone.now(), report={"cpu_count": 2})
     queued(experiment_factory, alice, "wants GPU 3", gpus=[3])
     cpu = queued(experiment_factory, alice, "cpu")
-    assert queue_head_for(worker="m1") == cpu
+    assert queue_heads_for(worker="m1") == [cpu]
+
+
+@pytest.fixture
+def published() -> Iterator[list[dict[str, Any]]]:
+    """Every run_experiment message this process publishes meanwhile (a run's end also queues
+    its notification, which is not the queue's): its arguments and queue."""
+    sent: list[dict[str, Any]] = []
+
+    def record(sender: str, body: Any, routing_key: str, **kwargs: Any) -> None:
+        if sender != run_experiment.name:
+            return
+        args, task_kwargs, _ = body
+        sent.append({"task": sender, "args": list(args), "kwargs": task_kwargs,
+                     "queue": routing_key})  # fmt: skip
+
+    before_task_publish.connect(record, weak=False)
+    try:
+        yield sent
+    finally:
+        before_task_publish.disconnect(record)
+
+
+# ---- fair queues (issue 35 item 2): users take turns -------------------------------------
+
+
+def test_two_users_sharing_one_machine_take_turns(user_factory: Any, experiment_factory: Any):
+    """Alice queues 4 runs, then Bob 2, on a machine that runs one at a time. First in, first
+    out ran all of Alice's before Bob's first; the turns alternate."""
+    alice, bob = user_factory(), user_factory()
+    a1, a2, a3, a4 = (queued(experiment_factory, alice, f"a{n}") for n in range(1, 5))
+    b1, b2 = (queued(experiment_factory, bob, f"b{n}") for n in range(1, 3))
+    launched = [a1, a2, a3, a4, b1, b2]
+    started: list[Experiment] = []
+    while len(started) < len(launched):
+        # Every queued run's claim, in launch order (the worst case for Bob): one starts.
+        claims = [(r, experiment_claim(experiment_id=r.pk, machine=TWO_CORES)) for r in launched]
+        (winner,) = [run for run, claim in claims if claim.claimed]
+        started.append(winner)
+        Experiment.objects.filter(pk=winner.pk).update(
+            status=Status.SUCCEEDED, finished_at=timezone.now()
+        )
+    assert started == [a1, b1, a2, b2, a3, a4]
+    assert started.index(b1) < started.index(a3)
+
+
+def test_a_waiting_run_says_whose_turn_comes_first(
+    user_factory: Any, experiment_factory: Any, client: Client
+):
+    alice, bob, root = user_factory(), user_factory(), user_factory(staff=True)
+    a1, a2 = queued(experiment_factory, alice, "a1"), queued(experiment_factory, alice, "a2")
+    b1 = queued(experiment_factory, bob, "b1")
+    assert experiment_claim(experiment_id=a1.pk, machine=TWO_CORES).claimed
+    # Alice has one running: Bob's run comes before her second, though launched after it.
+    assert queue_ordered() == [b1, a2]
+    claim = experiment_claim(experiment_id=a2.pk, machine=TWO_CORES)
+    assert claim.waiting_reason == (
+        f"waiting behind #{b1.pk}, whose turn on m1 comes first; 2nd in the queue"
+    )
+    # The page's JSON: its order in a line, and, added to each entry, what the turn rests on.
+    client.force_login(root)
+    listing = client.get("/api/queue/").json()
+    assert listing["order"] == QUEUE_ORDER and "fewest runs running" in listing["order"]
+    entries = [(e["id"], e["position"], e["owner_running"], e["owner_position"])
+               for e in listing["queue"]]  # fmt: skip
+    assert entries == [(b1.pk, 1, 0, 1), (a2.pk, 2, 1, 1)]
+    page = client.get("/queue/").content.decode()
+    assert 'id="queue-order"' in page and "fewest runs running" in page
+
+
+# ---- the bound on runs queued or running -------------------------------------------------
+
+STUDY = {
+    "name": "grid",
+    "base": {"dataset": "mnist", "epochs": 1, "batch_size": 64},
+    "axes": {"strategy": ["single", "ddp"], "seed": [1, 2]},  # 4 runs
+    "target_accuracy": 0.9,
+}
+
+
+def study_post(client: Client, body: dict[str, Any]) -> Any:
+    return client.post(reverse("api-studies"), json.dumps(body), content_type="application/json")
+
+
+def test_a_study_past_the_users_bound_is_refused_whole(
+    alice_client: Client, alice: Any, experiment_factory: Any, settings: Any, launched: list[int]
+):
+    """On main a study skipped the per-user limit: any number of runs queued at once."""
+    settings.TRAINYARD_MAX_QUEUED_RUNS_PER_USER = 5
+    for name in ("running", "queued"):
+        queued(experiment_factory, alice, name)
+    refused = study_post(alice_client, STUDY)
+    assert refused.status_code == 409
+    error = refused.json()["error"]
+    assert "TRAINYARD_MAX_QUEUED_RUNS_PER_USER" in error and "is 5" in error
+    assert "these 4 runs do not fit: you have 2 runs queued or running" in error
+    assert "room for 3 now" in error
+    assert Study.objects.count() == 0 and Experiment.objects.count() == 2  # nothing stored
+    # More runs than the bound itself: never, however long the user waits.
+    settings.TRAINYARD_MAX_QUEUED_RUNS_PER_USER = 3
+    Experiment.objects.update(status=Status.SUCCEEDED)
+    refused = study_post(alice_client, STUDY)
+    assert refused.status_code == 409 and "can never all be queued" in refused.json()["error"]
+    # Room for all four: the study is launched.
+    settings.TRAINYARD_MAX_QUEUED_RUNS_PER_USER = 6
+    assert study_post(alice_client, STUDY).status_code == 201
+    assert Experiment.objects.filter(status=Status.QUEUED).count() == 4
+
+
+def test_every_launch_obeys_the_bound(
+    alice_client: Client, alice: Any, experiment_factory: Any, settings: Any, launched: list[int]
+):
+    """One launch (the API, the form, Run again) past the bound: 429 as the other limits, with
+    Retry-After, even where the active-run limit is off."""
+    settings.TRAINYARD_MAX_QUEUED_RUNS_PER_USER = 2
+    first = queued(experiment_factory, alice, "one")
+    launch = {"name": "two", "strategy": "single"}
+    answer = alice_client.post(
+        reverse("api-experiments"), json.dumps(launch), content_type="application/json"
+    )
+    assert answer.status_code == 201
+    answer = alice_client.post(
+        reverse("api-experiments"), json.dumps(launch), content_type="application/json"
+    )
+    assert answer.status_code == 429 and answer.json()["limit"] == "queued_runs"
+    assert int(answer["Retry-After"]) > 0
+    assert "TRAINYARD_MAX_QUEUED_RUNS_PER_USER" in answer.json()["error"]
+    with pytest.raises(LaunchLimited) as again:
+        experiment_clone(experiment=first, owner=alice)
+    assert again.value.limit == "queued_runs"
+    assert Experiment.objects.filter(owner=alice).count() == 2
+
+
+# ---- waiting without polling -------------------------------------------------------------
+
+
+def test_a_waiting_run_is_woken_not_polled(
+    user_factory: Any,
+    experiment_factory: Any,
+    published: list[dict[str, Any]],
+    django_capture_on_commit_callbacks: Any,
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """On main a waiting run's task retried its locking claim every
+    TRAINYARD_WAIT_RETRY_SECONDS for as long as it waited. Now its task ends and sends nothing;
+    the run's end that frees the machine wakes it, on that machine's queue."""
+    monkeypatch.setenv("TRAINYARD_CPU_THREADS_PER_RUN", "1000")  # every core of this machine
+    here = machine_name()
+    WorkerMachine.objects.create(hostname=here, report={"cpu_count": 2}, reported_at=timezone.now())
+    alice, bob = user_factory(), user_factory()
+    busy = experiment_factory(
+        owner=alice, name="holding every core", strategy="single", processes=1,
+        status=Status.RUNNING, worker=here, placement=[{"worker": here}], started_at=timezone.now(),
+    )  # fmt: skip
+    waiting = queued(experiment_factory, bob, "waits")
+    assert run_experiment(waiting.pk) is None  # its first claim: no retry raised
+    assert run_experiment(waiting.pk, wake=True) is None  # a wake-up too early: the same
+    waiting.refresh_from_db()
+    assert waiting.status == Status.QUEUED and "CPU core" in waiting.waiting_reason
+    assert published == []  # nothing comes back to ask again
+    with django_capture_on_commit_callbacks(execute=True):
+        run_finish(experiment=busy, sink=EventSink(busy), outcome=Outcome(Status.SUCCEEDED))
+    assert published == [
+        {"task": "experiments.run_experiment", "args": [waiting.pk], "kwargs": {"wake": True},
+         "queue": machine_queue(here)},
+    ]  # fmt: skip
+
+
+def test_a_cancelled_run_lets_the_next_in_turn_be_woken(
+    user_factory: Any,
+    experiment_factory: Any,
+    published: list[dict[str, Any]],
+    django_capture_on_commit_callbacks: Any,
+):
+    """A queued run cancelled frees no device, but the run behind it may now be first."""
+    WorkerMachine.objects.create(hostname="m1", report={"cpu_count": 2}, reported_at=timezone.now())
+    alice, bob = user_factory(), user_factory()
+    first, behind = queued(experiment_factory, alice, "first"), queued(experiment_factory, bob, "2")
+    claim = experiment_claim(experiment_id=behind.pk, machine=TWO_CORES)
+    assert claim.waiting_reason.startswith(f"waiting behind #{first.pk}")
+    with django_capture_on_commit_callbacks(execute=True):
+        assert experiment_stop(experiment=first, by=alice)
+    assert [(m["args"], m["queue"]) for m in published] == [([behind.pk], machine_queue("m1"))]
+
+
+def test_the_reapers_net_wakes_only_whose_turn_it_is(
+    user_factory: Any, experiment_factory: Any, published: list[dict[str, Any]], settings: Any
+):
+    """A wake lost with the broker's messages: the beat wakes the run whose turn it is once its
+    last claim is older than TRAINYARD_REDISPATCH_SECONDS, not every waiting run, and not again
+    at once. On main it sent every queued run not claimed for a minute."""
+    settings.TRAINYARD_REDISPATCH_SECONDS = 60
+    WorkerMachine.objects.create(hostname="m1", report={"cpu_count": 2}, reported_at=timezone.now())
+    alice = user_factory()
+    blocker = queued(experiment_factory, alice, "holds m1")
+    assert experiment_claim(experiment_id=blocker.pk, machine=TWO_CORES).claimed
+    head, behind = queued(experiment_factory, alice, "head"), queued(experiment_factory, alice, "2")
+    for run in (head, behind):  # each tried once: they wait
+        assert experiment_claim(experiment_id=run.pk, machine=TWO_CORES).waiting_reason
+    assert reap_lost_runs()["woken"] == []  # tried just now
+    long_ago = timezone.now() - timedelta(minutes=5)
+    Experiment.objects.filter(status=Status.QUEUED).update(heartbeat_at=long_ago)
+    assert reap_lost_runs()["woken"] == [head.pk]
+    assert [(m["args"], m["queue"]) for m in published] == [([head.pk], machine_queue("m1"))]
+    assert reap_lost_runs()["woken"] == []  # and not again at once
+
+
+def test_a_worker_that_joins_wakes_the_run_whose_turn_it_is_there(
+    user_factory: Any,
+    experiment_factory: Any,
+    published: list[dict[str, Any]],
+    django_capture_on_commit_callbacks: Any,
+):
+    alice = user_factory()
+    waiting = queued(experiment_factory, alice, "waits for a machine")
+    with django_capture_on_commit_callbacks(execute=True):
+        machine_report_save(facts={"hostname": "m9", "cpu_count": 2})
+        machine_report_save(facts={"hostname": "m9", "cpu_count": 2})  # online already: no wake
+    assert [(m["args"], m["queue"]) for m in published] == [([waiting.pk], machine_queue("m9"))]

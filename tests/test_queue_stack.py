@@ -150,6 +150,11 @@ def test_claims_are_first_in_first_out_within_priority(
 
     wait_for(tenth, timeout=180, what="a tenth of the steps", interval=0.5)
     with paused(stack, blocker):
+        # Waiting runs are parked, not polled (issue 35 item 2): no claim of the two behind the
+        # head meanwhile (each claim writes the run's heartbeat_at; main retried every second).
+        claimed_at = claims_last(stack, [a, b])
+        time.sleep(3)
+        assert claims_last(stack, [a, b]) == claimed_at
         head = queue(stack, root)["queue"][0]
         assert head["id"] == urgent and head["estimated_start_seconds"] > 0, head
         assert head["estimated_start_text"].startswith("in about "), head
@@ -159,6 +164,14 @@ def test_claims_are_first_in_first_out_within_priority(
     statuses = [r["status"] for r in runs]
     assert statuses == ["cancelled"] + ["succeeded"] * 3, stack.diagnostics()
     assert_one_after_another(runs)
+
+
+def claims_last(stack: Stack, ids: list[int]) -> list[Any]:
+    """When each run's last claim was (a claim that finds no room writes heartbeat_at)."""
+    return [
+        stack.query("SELECT heartbeat_at FROM experiments_experiment WHERE id = ?", pk)[0][0]
+        for pk in ids
+    ]
 
 
 @contextlib.contextmanager

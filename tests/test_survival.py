@@ -94,7 +94,12 @@ def test_silent_run_is_lost_then_queued_again(
     fresh = experiment_factory(owner=alice, status="running", attempt=1, worker="w1")
     _stale(run, 31)
     _stale(fresh, 5)
-    assert reap_lost_runs() == {"lost": [run.pk], "requeued": [run.pk], "redispatched": []}
+    assert reap_lost_runs() == {
+        "lost": [run.pk],
+        "requeued": [run.pk],
+        "redispatched": [],
+        "woken": [],
+    }
     run.refresh_from_db()
     assert run.status == "queued" and launched == [run.pk]
     assert run.checkpoint_requested_at is None
@@ -119,7 +124,7 @@ def test_a_run_lost_too_often_fails_with_its_history(
     history = [{"attempt": 1, "worker": "w1", "outcome": "lost", "reason": "no heartbeat"}]
     run = experiment_factory(owner=alice, status="running", attempt=2, attempts=history)
     _stale(run, 3600)
-    assert reap_lost_runs() == {"lost": [run.pk], "requeued": [], "redispatched": []}
+    assert reap_lost_runs() == {"lost": [run.pk], "requeued": [], "redispatched": [], "woken": []}
     run.refresh_from_db()
     assert run.status == "failed" and not launched
     assert run.error.startswith("gave up after 2 attempts") and "attempt 1 on w1" in run.error

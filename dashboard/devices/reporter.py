@@ -12,23 +12,29 @@ from django.utils import timezone
 
 from dashboard.devices.facts import machine_facts_collect, worker_address
 from dashboard.devices.models import WorkerMachine
+from dashboard.devices.signals import machine_joined
 
 logger = logging.getLogger(__name__)
 
 
-def machine_report_save(*, facts: dict[str, Any]) -> WorkerMachine:
-    """Upsert by hostname: a restarted worker takes over its machine's row."""
+def machine_report_save(*, facts: dict[str, Any], joined: bool = False) -> WorkerMachine:
+    """Upsert by hostname: a restarted worker takes over its machine's row. A report that brings
+    the machine online (its first, one after a silence, or `joined`: this worker's first) sends
+    machine_joined."""
+    before = WorkerMachine.objects.filter(hostname=facts["hostname"]).first()
     machine, _ = WorkerMachine.objects.update_or_create(
         hostname=facts["hostname"],
         defaults={"report": facts, "reported_at": timezone.now(), "address": worker_address()},
     )
+    if joined or before is None or not before.is_online:
+        machine_joined.send_robust(sender=WorkerMachine, hostname=machine.hostname)
     return machine
 
 
-def machine_report_once() -> WorkerMachine | None:
+def machine_report_once(*, joined: bool = False) -> WorkerMachine | None:
     """Collect and save one report; failures are logged, never raised, so the loop lives on."""
     try:
-        return machine_report_save(facts=machine_facts_collect())
+        return machine_report_save(facts=machine_facts_collect(), joined=joined)
     except Exception:
         logger.exception("device report failed; trying again at the next interval")
         return None
@@ -63,8 +69,10 @@ class MachineReporter:
 
     def _run(self) -> None:
         logger.info("device reporter started, every %s s", self.interval)
+        joined = True  # this worker's first report: runs may wait for its machine
         while not self._stop.is_set():
-            machine_report_once()
+            machine_report_once(joined=joined)
+            joined = False
             # wait() instead of sleep() so that a shutdown does not wait out the interval.
             self._stop.wait(self.interval)
         logger.info("device reporter stopped")

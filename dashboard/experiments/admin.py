@@ -30,6 +30,7 @@ from dashboard.experiments.services import (
     experiment_checkpoint_request,
     experiment_clone,
     experiment_stop,
+    queue_turns_changed,
 )
 from training.registry import STRATEGIES
 
@@ -101,6 +102,11 @@ class ExperimentAdmin(admin.ModelAdmin):
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False
+
+    def save_model(self, request: HttpRequest, obj: Experiment, form: Any, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        if "priority" in form.changed_data:  # a queued run may be next among its owner's now
+            queue_turns_changed()
 
     def _shown(self, name: str) -> str:
         return f"{name}_json" if name in JSON_FIELDS else name

@@ -1,10 +1,8 @@
-"""Wake the head of the queue when a run ends, so a freed device does not sit idle for a retry.
+"""Wake the queue when room frees: a run ends (or a queued one is cancelled), or a worker joins.
 
-A waiting run's task message comes back every TRAINYARD_WAIT_RETRY_SECONDS; when a run ends,
-the first queued run that could start on the machine it freed gets a nudge at once on that
-machine's queue (a second message, `wake=True`, which gives up instead of retrying: the run's own
-message still does).
-The order itself never depends on this: queue.queue_turn_refusal keeps it in every claim.
+Waiting runs are parked, with no task of theirs polling (runs/parked.py): these receivers wake
+the runs whose turn it is (tasks.queue_wake_send), each on the machine where it is. The order
+itself never depends on this: queue.queue_turn_refusal keeps it in every claim.
 """
 
 from __future__ import annotations
@@ -13,21 +11,18 @@ from typing import Any
 
 from django.db import transaction
 
-from dashboard.devices.facts import machine_queue
-from dashboard.experiments.models import Experiment
-from dashboard.experiments.scheduling.queue import queue_head_for
-from dashboard.experiments.tasks import run_experiment
+from dashboard.experiments.tasks import queue_wake_send
 
 
 def run_ended_wake(sender: Any, *, experiment_id: int, **kwargs: Any) -> None:
-    """The receiver of signals.run_ended, connected in ExperimentsConfig.ready."""
-    worker = Experiment.objects.filter(pk=experiment_id).values_list("worker", flat=True).first()
-    if not worker:  # cancelled while queued: no device freed
-        return
-    head = queue_head_for(worker=worker)
-    if head is not None:
-        head_id, queue = head.pk, machine_queue(worker)
-        # To the machine that freed the device: its worker is the one that can claim it now.
-        transaction.on_commit(
-            lambda: run_experiment.apply_async((head_id,), {"wake": True}, queue=queue)
-        )
+    """The receiver of signals.run_ended, connected in ExperimentsConfig.ready: on every machine
+    online, since the owner's share moved with the devices freed (and a cancelled queued run
+    may have stood before others)."""
+    # Once the end is committed: a claim before that would still see the run holding its devices.
+    # Robust: a failure here is logged and never reaches the code that ended the run.
+    transaction.on_commit(queue_wake_send, robust=True)
+
+
+def machine_joined_wake(sender: Any, *, hostname: str, **kwargs: Any) -> None:
+    """The receiver of devices.signals.machine_joined: the runs whose turn it is there."""
+    transaction.on_commit(lambda: queue_wake_send(workers=[hostname]), robust=True)

@@ -22,7 +22,8 @@ from dashboard.experiments.core.stalls import (
 from dashboard.experiments.models import PROFILE_IN_FLIGHT, Experiment, Profile, Status
 from dashboard.experiments.runs.lifecycle import run_cancel_queued
 from dashboard.experiments.runs.reported import reported_run_stop_silent
-from dashboard.experiments.tasks import run_experiment_send
+from dashboard.experiments.scheduling.queue import experiment_priority_set
+from dashboard.experiments.tasks import queue_wake_send, run_experiment_send
 
 User = AbstractBaseUser | AnonymousUser
 
@@ -45,6 +46,21 @@ def experiment_launch(
         experiment = Experiment.objects.create(owner=owner, cloned_from=cloned_from, **fields)
         transaction.on_commit(lambda: run_experiment_send(experiment=experiment))
     return experiment
+
+
+def experiment_priority_change(*, experiment_id: int, priority: int) -> bool:
+    """Move a queued run among its owner's queued runs (staff only: the caller checks); False
+    where it is not queued any more. Raises ValueError outside queue.PRIORITY_RANGE."""
+    changed = experiment_priority_set(experiment_id=experiment_id, priority=priority)
+    if changed:
+        queue_turns_changed()
+    return changed
+
+
+def queue_turns_changed() -> None:
+    """Once committed, wake the runs whose turn it is now (a priority moved: its run may be next
+    among its owner's), and say the others' new places (runs/parked.py)."""
+    transaction.on_commit(queue_wake_send, robust=True)
 
 
 def experiment_stop(*, experiment: Experiment, by: Any) -> bool:

@@ -1,7 +1,8 @@
 """Celery tasks: thin, they take ids and call the services.
 
 Services import these tasks to queue them (`experiment_launch`); nothing the tasks call imports
-them back. The reaper returns the runs it queued again and the task here sends them.
+them back. The reaper returns the runs it queued again and the task here sends them. A run that
+waits has no task: it is woken (queue_wake_send, runs/parked.py).
 
 Queues: every worker consumes the shared one and its machine's own (dashboard/celery.py). A run
 pinned to machines goes to its first machine's queue; once a multi-node run is claimed,
@@ -11,15 +12,18 @@ pinned to machines goes to its first machine's queue; once a multi-node run is c
 from __future__ import annotations
 
 import logging
-from typing import Any
+from collections.abc import Collection
+from datetime import datetime, timedelta
 
 from celery import shared_task
 from django.conf import settings
+from django.utils import timezone
 
 from dashboard.devices.facts import machine_name, machine_queue
 from dashboard.experiments.models import Experiment, Status
 from dashboard.experiments.runs.claim import experiment_claim
 from dashboard.experiments.runs.nodes import nodes_further
+from dashboard.experiments.runs.parked import Wake, queue_wake_plan
 from dashboard.experiments.runs.runner import experiment_node_supervise, experiment_supervise
 from dashboard.experiments.runs.survival import experiments_reap_lost, experiments_redispatch_queued
 from dashboard.experiments.scheduling.allocation import machine_local
@@ -27,33 +31,65 @@ from dashboard.experiments.scheduling.allocation import machine_local
 log = logging.getLogger(__name__)
 
 
-@shared_task(bind=True, name="experiments.run_experiment", ignore_result=True, max_retries=None)
-def run_experiment(self: Any, experiment_id: int, wake: bool = False) -> str | None:
-    """Claim the run on this machine, then route it, retry it, or send its further nodes their
-    tasks and supervise it here; returns the status it was settled in (None: not by this task)."""
+@shared_task(name="experiments.run_experiment", ignore_result=True)
+def run_experiment(experiment_id: int, wake: bool = False) -> str | None:
+    """Claim the run on this machine, then route it, park it, or send its further nodes their
+    tasks and supervise it here; returns the status it was settled in (None: not by this task).
+
+    A run that waits is parked (runs/parked.py): this task ends and nothing retries it; it is
+    woken when room frees. `wake`: this message is a wake-up (queue_wake_send) or was routed
+    here, so it looks for room on this machine only; a run's first message (its launch, its
+    requeue) is sent on to another machine with room (claim.experiment_claim's `elsewhere`)."""
     worker = machine_name()
-    claim = experiment_claim(experiment_id=experiment_id, machine=machine_local(worker=worker))
+    claim = experiment_claim(
+        experiment_id=experiment_id, machine=machine_local(worker=worker), elsewhere=not wake
+    )
     if claim.routed_to:
-        # Another machine's worker must claim it (pinned there, or a multi-node run this
-        # machine cannot host now): the message moves to that machine's queue, nudge or not.
+        # Another machine's worker must claim it (pinned there, a multi-node run this machine
+        # cannot host now, or one with room): the message moves to that machine's queue.
         run_experiment.apply_async(
-            (experiment_id,), {"wake": wake}, queue=machine_queue(claim.routed_to)
+            (experiment_id,), {"wake": True}, queue=machine_queue(claim.routed_to)
         )
         return None
-    if claim.waiting_reason and wake:
-        # A nudge sent when a device freed (queue_wake.py): the run's own message keeps retrying.
-        return None
     if claim.waiting_reason:
-        # Devices are busy: ask again shortly, on the queue the message came from.
-        raise self.retry(countdown=settings.TRAINYARD_WAIT_RETRY_SECONDS)
+        if not wake:
+            # A run that just came may stand before others: their reasons say where they are.
+            queue_wake_quietly(workers=())
+        return None
     if not claim.claimed:
+        if wake:  # another worker took it, or it was cancelled: the next in turn here
+            queue_wake_quietly(workers=[worker])
         log.info("experiment %s was not queued any more; not starting it", experiment_id)
         return None
     run_nodes_send(experiment_id=experiment_id)  # committed: each further node to its machine
+    queue_wake_quietly(workers=[worker])  # where room is left, the next in turn here takes it
     status = experiment_supervise(experiment_id=experiment_id, worker=worker)
     if status == Status.QUEUED:  # stopped to resume from its last checkpoint: the next attempt
         run_experiment_send(experiment=Experiment.objects.get(pk=experiment_id))
+        queue_wake_quietly(workers=None)  # its devices are free, and its owner's share moved
     return status
+
+
+def queue_wake_quietly(*, workers: Collection[str] | None) -> None:
+    """queue_wake_send (`workers=()`: only the others' reasons), where a failure must not stop
+    the run this task holds: the reaper's net wakes whose turn it is later."""
+    try:
+        queue_wake_send(workers=workers)
+    except Exception:
+        log.exception("the queue could not be woken on %s", workers or "every machine")
+
+
+def queue_wake_send(
+    *, workers: Collection[str] | None = None, due_before: datetime | None = None
+) -> list[Wake]:
+    """Wake the runs whose turn it is on `workers` (every machine online: None), each on its
+    machine's queue (runs/parked.py says who calls this, and when; `due_before`: the net's)."""
+    wakes = queue_wake_plan(workers=workers, due_before=due_before)
+    for wake in wakes:
+        run_experiment.apply_async(
+            (wake.experiment_id,), {"wake": True}, queue=machine_queue(wake.worker)
+        )
+    return wakes
 
 
 def run_nodes_send(*, experiment_id: int) -> None:
@@ -91,4 +127,14 @@ def reap_lost_runs() -> dict[str, list[int]]:
     # Committed already (a task runs in autocommit): a worker that takes one finds it queued.
     for experiment in Experiment.objects.filter(pk__in=[*reaped.requeued, *redispatched]):
         run_experiment_send(experiment=experiment)
-    return {"lost": reaped.lost, "requeued": reaped.requeued, "redispatched": redispatched}
+    if reaped.requeued:  # their devices are free, and their owners' shares moved
+        woken = queue_wake_send()
+    else:  # the net under the wake-ups (runs/parked.py): whose turn it is, not tried lately
+        due = timezone.now() - timedelta(seconds=settings.TRAINYARD_REDISPATCH_SECONDS)
+        woken = queue_wake_send(due_before=due)
+    return {
+        "lost": reaped.lost,
+        "requeued": reaped.requeued,
+        "redispatched": redispatched,
+        "woken": [wake.experiment_id for wake in woken],
+    }

@@ -53,11 +53,12 @@ def studies(request: HttpRequest) -> HttpResponse:
 @router.post(
     "/studies/",
     url_name="api-studies",
-    response={201: StudyOut, 429: LaunchLimitedOut, **errors(400, 403, 413)},
+    response={201: StudyOut, 429: LaunchLimitedOut, **errors(400, 403, 409, 413)},
     openapi_extra=json_request_body(StudyIn, description="each cell is checked as a launch"),
 )
 def study_launch(request: HttpRequest) -> HttpResponse:
-    """Start a study: one run per cell of the axes, all queued at once."""
+    """Start a study: one run per cell of the axes, all queued at once (409 where they would
+    take the caller past TRAINYARD_MAX_QUEUED_RUNS_PER_USER runs queued or running)."""
     try:
         study = study_create(owner=request.user, request=study_request_parse(json_body(request)))
     except StudyRefused as refused:

@@ -12,13 +12,19 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
-from dashboard.experiments.core.limits import launch_slot_claim
+from dashboard.experiments.core.limits import launch_room_refusal, launch_slot_claim
 from dashboard.experiments.models import Experiment, Status
 from dashboard.experiments.services import experiment_launch, experiment_stop
 from dashboard.studies.args_axes import is_args_axis
 from dashboard.studies.cells import OPTION_NAMES, cells_build, scaling_build
 from dashboard.studies.fastest import fastest_build
-from dashboard.studies.grid import AXIS_FIELDS, StudyRequest, cells_skipped, study_plan
+from dashboard.studies.grid import (
+    AXIS_FIELDS,
+    StudyRefused,
+    StudyRequest,
+    cells_skipped,
+    study_plan,
+)
 from dashboard.studies.models import Study, StudyRun
 from training.registry import strategy_get
 
@@ -65,11 +71,17 @@ def run_name(*, study_name: str, fields: dict[str, Any], values: dict[str, Any])
 def study_create(*, owner: Any, request: StudyRequest) -> Study:
     """Check every cell as one launch (StudyRefused names the first bad one), then store the study
     and queue its runs in one transaction: all of them or none. The study is one launch for the
-    owner's limits (LaunchLimited), and its runs wait in the queue past the active-run limit."""
+    owner's limits (LaunchLimited), and its runs wait in the queue past the active-run limit,
+    but it asks for room for every run up front: past the owner's bound on runs queued or
+    running it is refused whole (StudyRefused, 409), nothing stored."""
     planned = study_plan(owner=owner, request=request)
     target = request.target_accuracy if request.stop_at_target else None
     with transaction.atomic():
         launch_slot_claim(owner=owner, queue_over_active=True)
+        # Under the owner's row lock launch_slot_claim took: two studies cannot both fit.
+        full = launch_room_refusal(owner=owner, runs=len(planned))
+        if full is not None:
+            raise StudyRefused(f"the study is not launched: {full}", {"runs": [full]}, status=409)
         study = Study.objects.create(
             owner=owner, name=request.name, base=request.base, axes=request.axes,
             batch_mode=request.batch_mode, target_accuracy=request.target_accuracy,

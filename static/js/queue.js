@@ -101,6 +101,7 @@
     document.getElementById("queue-empty").hidden = listing.queue.length > 0;
     setText(document.getElementById("queue-summary"), listing.summary);
     setText(document.getElementById("queue-estimate"), listing.estimate);
+    setText(document.getElementById("queue-order"), listing.order);
   }
 
   async function refresh() {

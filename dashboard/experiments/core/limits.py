@@ -5,6 +5,10 @@ queued past the active limit (`launch_slot_claim(..., queue_over_active=True)`) 
 queue, where the claim holds each user to TRAINYARD_MAX_ACTIVE_RUNS_PER_USER runs *running*
 at once (queue.queue_turn_refusal).
 
+Every launch, a study's too, stays within TRAINYARD_MAX_QUEUED_RUNS_PER_USER runs queued or
+running (launch_room_refusal): a study asks for room for all its runs up front and is refused
+whole (409) where they do not fit, so no user can queue without bound.
+
 Both are counted from the Experiment rows themselves, so they hold across every web server
 process without a cache: the check and the insert run in one transaction that first locks the
 owner's row (SQLite's IMMEDIATE transactions serialise writers the same way).
@@ -26,6 +30,7 @@ from dashboard.rates import RATE_WINDOW, rate_retry_after
 ACTIVE_RETRY_SECONDS = 30
 LIMIT_ACTIVE = "active_runs"
 LIMIT_RATE = "launch_rate"
+LIMIT_QUEUED = "queued_runs"
 
 
 class LaunchLimited(Exception):
@@ -45,16 +50,54 @@ def _runs(count: int) -> str:
     return f"{count} run{'' if count == 1 else 's'}"
 
 
+def runs_active(*, owner: Any) -> int:
+    """The owner's runs queued or running; a run reported from outside holds no worker and does
+    not count against launches."""
+    mine = Experiment.objects.filter(owner_id=owner.pk, status__in=ACTIVE_STATUSES)
+    return mine.exclude(reported=True).count()
+
+
+def launch_room_refusal(*, owner: Any, runs: int) -> str | None:
+    """Why `runs` more runs would take the owner past TRAINYARD_MAX_QUEUED_RUNS_PER_USER runs
+    queued or running, or None (also where 0 turns the bound off)."""
+    most = settings.TRAINYARD_MAX_QUEUED_RUNS_PER_USER
+    if most <= 0:
+        return None
+    active = runs_active(owner=owner)
+    if active + runs <= most:
+        return None
+    bound = (
+        f"the most one user may have queued or running is {most} "
+        f"(TRAINYARD_MAX_QUEUED_RUNS_PER_USER)"
+    )
+    if runs == 1:
+        return f"you have {_runs(active)} queued or running, {bound}"
+    if runs > most:
+        return f"these {_runs(runs)} can never all be queued: {bound}; launch fewer at once"
+    room = max(0, most - active)
+    return (
+        f"these {_runs(runs)} do not fit: you have {_runs(active)} queued or running, {bound}, "
+        f"so there is room for {room} now; launch fewer, or wait for some of yours to end"
+    )
+
+
+def launch_room_check(*, owner: Any) -> LaunchLimited | None:
+    refused = launch_room_refusal(owner=owner, runs=1)
+    if refused is None:
+        return None
+    return LaunchLimited(
+        f"{refused}; stop one or wait for one to finish, then retry "
+        f"(in about {ACTIVE_RETRY_SECONDS} s)",
+        limit=LIMIT_QUEUED,
+        retry_after=ACTIVE_RETRY_SECONDS,
+    )
+
+
 def launch_active_check(*, owner: Any) -> LaunchLimited | None:
     most = settings.TRAINYARD_MAX_ACTIVE_RUNS_PER_USER
     if most <= 0:  # 0 turns the limit off
         return None
-    # A run reported from outside holds no worker: it does not count against launches.
-    active = (
-        Experiment.objects.filter(owner_id=owner.pk, status__in=ACTIVE_STATUSES)
-        .exclude(reported=True)
-        .count()
-    )
+    active = runs_active(owner=owner)
     if active < most:
         return None
     return LaunchLimited(
@@ -85,8 +128,12 @@ def launch_rate_check(*, owner: Any, now: datetime) -> LaunchLimited | None:
 
 
 def launch_limits_check(*, owner: Any, queue_over_active: bool = False) -> LaunchLimited | None:
-    active = None if queue_over_active else launch_active_check(owner=owner)
-    return active or launch_rate_check(owner=owner, now=timezone.now())
+    if not queue_over_active:
+        # A study asks for its room itself, for all its runs at once (launch_room_refusal).
+        refused = launch_active_check(owner=owner) or launch_room_check(owner=owner)
+        if refused is not None:
+            return refused
+    return launch_rate_check(owner=owner, now=timezone.now())
 
 
 def launch_slot_claim(*, owner: Any, queue_over_active: bool = False) -> None:
@@ -97,7 +144,8 @@ def launch_slot_claim(*, owner: Any, queue_over_active: bool = False) -> None:
 
     `queue_over_active=True` (a study, called once before inserting all its runs): the runs are
     not refused for the runs the owner already has active; they wait in the queue until the
-    owner has fewer than the limit running. The launch rate still applies."""
+    owner has fewer than the limit running. The launch rate still applies, and the caller asks
+    launch_room_refusal for room for all its runs (under the lock this takes)."""
     list(get_user_model().objects.select_for_update().filter(pk=owner.pk).values_list("pk"))
     refused = launch_limits_check(owner=owner, queue_over_active=queue_over_active)
     if refused is not None:

@@ -31,9 +31,12 @@ class Claim:
     )
 
 
-def experiment_claim(*, experiment_id: int, machine: Machine) -> Claim:
+def experiment_claim(*, experiment_id: int, machine: Machine, elsewhere: bool = False) -> Claim:
     """Start a queued run on this machine (node 0 of its machines) if their devices are free;
-    else say what it waits for, or which machine's worker should claim it.
+    else say what it waits for, or which machine's worker should claim it. `elsewhere`: a
+    one-machine run this machine has no room for goes to another online machine that has room
+    and where it is its turn (a run's first claim: a waiting run's task does not come back, so
+    the shared queue's next worker will not try it).
 
     Only a queued run can become running (a conditional update), so two workers can never both
     start one run; the machines' locks make the device check and the claim one step, for all
@@ -59,6 +62,7 @@ def experiment_claim(*, experiment_id: int, machine: Machine) -> Claim:
                 names=names,
                 rows=rows,
                 turn=queue_turn_check(experiment=experiment),
+                elsewhere=elsewhere,
             )
         )
         if plan.route_to:
@@ -77,9 +81,13 @@ def experiment_claim(*, experiment_id: int, machine: Machine) -> Claim:
             waiting_reason=reason[:300], heartbeat_at=now
         )
     if reason[:300] != experiment.waiting_reason:
-        # Tell the run's page why it waits, once per change of reason.
-        sink = EventSink(experiment)
-        said = reason_for_owner(experiment=experiment, reason=reason)  # the run's page's words
-        sink.add({"type": "status", "status": Status.QUEUED, "reason": said})
-        sink.flush()
+        waiting_reason_tell(experiment=experiment, reason=reason)
     return Claim(False, reason)
+
+
+def waiting_reason_tell(*, experiment: Experiment, reason: str) -> None:
+    """Tell the run's page why it waits (once per change of reason: the caller compares)."""
+    sink = EventSink(experiment)
+    said = reason_for_owner(experiment=experiment, reason=reason)  # the run's page's words
+    sink.add({"type": "status", "status": Status.QUEUED, "reason": said})
+    sink.flush()

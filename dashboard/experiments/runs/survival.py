@@ -91,15 +91,14 @@ def experiment_mark_lost(
 
 
 def experiments_redispatch_queued(*, now: datetime | None = None) -> list[int]:
-    """Queued runs whose task message may have been lost (a Redis restart without persistence):
-    the caller sends them again. A duplicate is harmless: only one claim of a queued run can
-    succeed. Each is marked sent here, so the next round leaves it alone for a while."""
+    """Queued runs never tried whose first task message may have been lost (a Redis restart
+    without persistence): the caller sends them again. A duplicate is harmless: only one claim
+    of a queued run can succeed. Each is marked sent here, so the next round leaves it alone for
+    a while. A run tried once has a reason and waits parked (runs/parked.py): it is not sent
+    again here, but woken, or caught by the net under the wake-ups when its turn comes."""
     now = now or timezone.now()
     bound = now - timedelta(seconds=settings.TRAINYARD_REDISPATCH_SECONDS)
-    stale = Experiment.objects.filter(status=Status.QUEUED, heartbeat_at__lt=bound)
-    stale = stale | Experiment.objects.filter(
-        status=Status.QUEUED, heartbeat_at=None, created_at__lt=bound
-    )
+    stale = Experiment.objects.filter(status=Status.QUEUED, heartbeat_at=None, created_at__lt=bound)
     resend = []
     for experiment in stale:
         if Experiment.objects.filter(pk=experiment.pk, status=Status.QUEUED).update(

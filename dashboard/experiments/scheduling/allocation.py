@@ -289,12 +289,14 @@ def placement_plan(
     names: list[str],
     rows: dict[str, WorkerMachine],
     turn: TurnCheck | None = None,
+    elsewhere: bool = False,
 ) -> PlacementPlan:
     """Where a queued run can start now with this worker's machine (`local`, one of `names`) as
     node 0. Call inside the claim's transaction, with the rows of `names` locked
     (machines_lock): it reads what runs on them. `turn`: the queue's rule for the further
     machines of a multi-node run (queue.queue_turn_check says why; the claim asks it of `local`
-    itself)."""
+    itself), and for `elsewhere`: a one-machine run `local` has no room for is sent to an
+    online machine that has room and where it is its turn (that worker's claim decides)."""
     local = replace(machine_catalogued(local, row=rows.get(local.name)), address=worker_address())
     running = list(Experiment.objects.filter(status=Status.RUNNING).exclude(pk=experiment.pk))
     busy = busy_by_machine(running)
@@ -309,6 +311,8 @@ def placement_plan(
         if refusal is None:
             return PlacementPlan(placement=[_entry(local, 0)])
         having = None if experiment.machines else machine_with_catalogue(experiment, local)
+        if having is None and elsewhere and not experiment.machines:
+            having = machine_with_room(experiment=experiment, local=local, busy=busy, turn=turn)
         return PlacementPlan(route_to=having) if having else PlacementPlan(reason=refusal.text)
     for m in machines[1:]:
         blocker = turn(m) if turn is not None and refusals[m.name] is None else None
@@ -336,6 +340,24 @@ def machine_with_catalogue(experiment: Experiment, local: Machine) -> str | None
         return None
     for row in WorkerMachine.objects.online().exclude(hostname=local.name).order_by("hostname"):
         if catalogue_refusal(experiment=experiment, machine=machine_from_row(row)) is None:
+            return row.hostname
+    return None
+
+
+def machine_with_room(
+    *,
+    experiment: Experiment,
+    local: Machine,
+    busy: dict[str, list[Experiment]],
+    turn: TurnCheck | None,
+) -> str | None:
+    """Another online machine that could start the one-machine run now (its devices free, its
+    turn there), in host name order, or None."""
+    for row in WorkerMachine.objects.online().exclude(hostname=local.name).order_by("hostname"):
+        machine = machine_from_row(row)
+        if machine_refusal(experiment=experiment, machine=machine, busy=busy.get(row.hostname, [])):
+            continue
+        if turn is None or turn(machine) is None:
             return row.hostname
     return None
 

@@ -1,15 +1,18 @@
 """The queue: the order queued runs are claimed in, and whose turn it is on a machine.
 
-Claim order is priority (higher first), then first in, first out (created_at, id). A worker's
-task message for a run that waits is retried every TRAINYARD_WAIT_RETRY_SECONDS, so without a
-rule the run whose retry happens to come first takes a freed device, older or not. The rule,
-checked in the claim's transaction (claim.experiment_claim) on every machine the run would
-take (a multi-node run's further machines too, queue_turn_check): a run waits while an earlier
-queued run could use the same resources of that machine (a GPU both want, or CPU threads when
-both need some) and is not itself held back by its owner's running limit. A run that could
-never use this machine (pinned elsewhere through `machines`, wanting GPUs it lacks, or a model
-or data it does not have) does not hold anyone up there. There is no backfill: a small run does
-not slip past a big one that waits for the whole machine, so the big one cannot starve.
+Claim order shares the machines between users (fair.fair_order): the next run is the next of
+the user with the fewest runs running (then the one served least lately); a user's own runs go
+by priority (higher first), then first in, first out (created_at, id). The rule, checked in the
+claim's transaction (claim.experiment_claim) on every machine the run would take (a multi-node
+run's further machines too, queue_turn_check): a run waits while an earlier queued run could
+use the same resources of that machine (a GPU both want, or CPU threads when both need some)
+and is not itself held back by its owner's running limit. A run that could never use this
+machine (pinned elsewhere through `machines`, wanting GPUs it lacks, or a model or data it does
+not have) does not hold anyone up there. There is no backfill: a small run does not slip past a
+big one that waits for the whole machine, so the big one cannot starve.
+
+The runs whose turn it is on a machine (queue_turns) are the ones woken when room frees there
+(runs/parked.py): a run that waits has no task polling for it.
 
 The running limit (TRAINYARD_MAX_ACTIVE_RUNS_PER_USER) is enforced here too, at claim time: a
 study's runs are queued past the launch-time check (limits.launch_slot_claim) and wait here.
@@ -19,10 +22,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterable
+from datetime import datetime
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, Max
 
 from dashboard.devices.models import WorkerMachine
 from dashboard.experiments.models import Experiment, Status
@@ -33,26 +37,33 @@ from dashboard.experiments.scheduling.allocation import (
     machine_from_row,
     run_cpu_threads,
 )
+from dashboard.experiments.scheduling.fair import fair_order
 
+# A user's own runs: higher priority first, then first in, first out (fair.py between users).
 CLAIM_ORDER = ("-priority", "created_at", "id")
 # What staff may set: wide enough for any scheme of levels, narrow enough to read at a glance.
 PRIORITY_RANGE = (-1000, 1000)
 
 
-def queue_ordered() -> QuerySet[Experiment]:
-    """Every queued run, in the order workers claim them."""
-    return Experiment.objects.filter(status=Status.QUEUED).order_by(*CLAIM_ORDER)
+def queue_ordered(*, running: Counter[int] | None = None) -> list[Experiment]:
+    """Every queued run, in the order workers claim them. `running`: running_by_owner(), where
+    the caller has it."""
+    runs = list(Experiment.objects.filter(status=Status.QUEUED).order_by(*CLAIM_ORDER))
+    running = running_by_owner() if running is None else running
+    return fair_order(runs, running=running, served=owners_served({run.owner_id for run in runs}))
 
 
-def queue_earlier(*, experiment: Experiment) -> QuerySet[Experiment]:
-    """The queued runs claimed before this one."""
-    p, created = experiment.priority, experiment.created_at
-    before = (
-        Q(priority__gt=p)
-        | Q(priority=p, created_at__lt=created)
-        | Q(priority=p, created_at=created, id__lt=experiment.pk)
-    )
-    return queue_ordered().filter(before)
+def owners_served(owners: set[int]) -> dict[int, datetime | None]:
+    """When each owner's latest run started (fair.py: the one served least lately goes first)."""
+    rows = Experiment.objects.filter(owner_id__in=owners, started_at__isnull=False)
+    latest = rows.values("owner_id").annotate(last=Max("started_at"))
+    return dict(latest.values_list("owner_id", "last"))
+
+
+def queue_earlier(*, experiment: Experiment, ordered: list[Experiment]) -> list[Experiment]:
+    """The queued runs of `ordered` claimed before this one."""
+    index = next((i for i, run in enumerate(ordered) if run.pk == experiment.pk), len(ordered))
+    return ordered[:index]
 
 
 def ordinal(number: int) -> str:
@@ -129,35 +140,72 @@ def run_placeable(
     return run.nodes <= max(1, len(online))
 
 
+class Turns:
+    """Whose turn comes first on one machine: the runs that contend for it (not held back by
+    their owner's running limit, able to use it, placeable on the machines online), and which
+    of them competes with a later run (runs_compete)."""
+
+    def __init__(self, *, machine: Machine, held: set[int]) -> None:
+        self.machine = machine_catalogued(machine)
+        self.online = hostnames_online() | {machine.name}
+        self.held = held
+        # The online machines as they reported, read once the first multi-node run needs them.
+        self._reported: list[Machine] | None = None
+
+    def contends(self, run: Experiment) -> bool:
+        if run.owner_id in self.held or not run_could_use(run=run, machine=self.machine):
+            return False
+        if run.nodes > 1 and self._reported is None:
+            rows = WorkerMachine.objects.online().exclude(hostname=self.machine.name)
+            self._reported = [self.machine, *(machine_from_row(row) for row in rows)]
+        return run_placeable(run=run, online=self.online, machines=self._reported)
+
+    def blocker(self, run: Experiment, earlier: Iterable[Experiment]) -> Experiment | None:
+        """The first run of `earlier` (claim order) whose turn here comes before `run`'s."""
+        for other in earlier:
+            if self.contends(other) and runs_compete(first=other, second=run, machine=self.machine):
+                return other
+        return None
+
+
 def turn_blocker(
     *, run: Experiment, machine: Machine, earlier: Iterable[Experiment], held: set[int]
 ) -> Experiment | None:
     """The first run of `earlier` (claim order) whose turn on this machine comes before `run`'s,
     or None. `held`: owners at their running limit, whose runs cannot start anyway."""
-    online = hostnames_online() | {machine.name}
-    machine = machine_catalogued(machine)
-    reported = None  # the online machines, read once the first multi-node run needs them
-    for other in earlier:
-        if other.owner_id in held or not run_could_use(run=other, machine=machine):
+    return Turns(machine=machine, held=held).blocker(run, earlier)
+
+
+def queue_turns(
+    *, machine: Machine, ordered: list[Experiment], held: set[int]
+) -> list[tuple[Experiment, Experiment | None]]:
+    """Each run of `ordered` (claim order) that contends for this machine, with the earlier run
+    whose turn there comes first, or None where it is the run's turn now: those are the runs a
+    freed device there could start, the ones to wake."""
+    turns = Turns(machine=machine, held=held)
+    contenders: list[Experiment] = []
+    found: list[tuple[Experiment, Experiment | None]] = []
+    for run in ordered:
+        if not turns.contends(run):
             continue
-        if other.nodes > 1 and reported is None:
-            rows = WorkerMachine.objects.online().exclude(hostname=machine.name)
-            reported = [machine, *(machine_from_row(row) for row in rows)]
-        if not run_placeable(run=other, online=online, machines=reported):
-            continue
-        if runs_compete(first=other, second=run, machine=machine):
-            return other
-    return None
+        first = next(
+            (o for o in contenders if runs_compete(first=o, second=run, machine=turns.machine)),
+            None,
+        )
+        found.append((run, first))
+        contenders.append(run)
+    return found
 
 
 def queue_turn_check(*, experiment: Experiment) -> Callable[[Machine], Experiment | None]:
     """The turn rule for the further machines of a multi-node run (allocation.placement_plan
     asks it of each machine it would take): without it, a run claimed on host-a would overtake
     an earlier run waiting on host-b there."""
-    held = owners_at_limit(running_by_owner())
+    running = running_by_owner()
+    held = owners_at_limit(running)
+    earlier = queue_earlier(experiment=experiment, ordered=queue_ordered(running=running))
 
     def blocker(machine: Machine) -> Experiment | None:
-        earlier = queue_earlier(experiment=experiment).iterator()
         return turn_blocker(run=experiment, machine=machine, earlier=earlier, held=held)
 
     return blocker
@@ -170,6 +218,13 @@ def running_limit_refusal(*, owner_id: int, running: int) -> str | None:
     return (
         f"waiting for one of its owner's runs to end: {running} running, the most one user may "
         f"run at once is {most} (TRAINYARD_MAX_ACTIVE_RUNS_PER_USER)"
+    )
+
+
+def turn_waiting_text(*, blocker: Experiment, machine: str, position: int) -> str:
+    return (
+        f"waiting behind #{blocker.pk}, whose turn on {machine} comes first; "
+        f"{ordinal(position)} in the queue"
     )
 
 
@@ -187,25 +242,18 @@ def queue_turn_refusal(*, experiment: Experiment, machine: Machine) -> str | Non
     )
     if refused:
         return refused
-    earlier = queue_earlier(experiment=experiment)
+    earlier = queue_earlier(experiment=experiment, ordered=queue_ordered(running=running))
     blocker = turn_blocker(
-        run=experiment,
-        machine=machine,
-        earlier=earlier.iterator(),
-        held=owners_at_limit(running),
+        run=experiment, machine=machine, earlier=earlier, held=owners_at_limit(running)
     )
     if blocker is None:
         return None
-    position = earlier.count() + 1
-    return (
-        f"waiting behind #{blocker.pk}, whose turn on {machine.name} comes first; "
-        f"{ordinal(position)} in the queue"
-    )
+    return turn_waiting_text(blocker=blocker, machine=machine.name, position=len(earlier) + 1)
 
 
 def experiment_priority_set(*, experiment_id: int, priority: int) -> bool:
-    """Move a queued run up or down the queue (staff only: the caller checks). A run that is
-    not queued any more keeps its priority: it would mean nothing now."""
+    """Move a queued run up or down among its owner's queued runs (staff only: the caller
+    checks). A run that is not queued any more keeps its priority: it would mean nothing now."""
     low, high = PRIORITY_RANGE
     if not low <= priority <= high:
         raise ValueError(f"priority must be a whole number from {low} to {high}")
@@ -214,15 +262,19 @@ def experiment_priority_set(*, experiment_id: int, priority: int) -> bool:
     )
 
 
-def queue_head_for(*, worker: str) -> Experiment | None:
-    """The first queued run in claim order that could start on `worker` when something there
-    ends (its owner not at the running limit, not pinned elsewhere, the GPUs it names there,
-    its machines online): the one to wake."""
-    held = owners_at_limit(running_by_owner())
+def machine_named(worker: str) -> Machine:
+    """A machine as its worker last reported it (one CPU and no GPU where it never did)."""
     row = WorkerMachine.objects.filter(hostname=worker).first()
-    machine = machine_from_row(row) if row is not None else Machine(worker, 1, frozenset())
-    online = hostnames_online() | {worker}
-    for run in queue_ordered().exclude(owner_id__in=held).iterator():
-        if run_could_use(run=run, machine=machine) and run_placeable(run=run, online=online):
-            return run
-    return None
+    return machine_from_row(row) if row is not None else Machine(worker, 1, frozenset())
+
+
+def queue_heads_for(*, worker: str) -> list[Experiment]:
+    """The queued runs whose turn it is on `worker` (claim order): what a device freed there
+    could start."""
+    running = running_by_owner()
+    turns = queue_turns(
+        machine=machine_named(worker),
+        ordered=queue_ordered(running=running),
+        held=owners_at_limit(running),
+    )
+    return [run for run, blocker in turns if blocker is None]

@@ -8,8 +8,10 @@
   with the same strategy, dataset, processes, nodes, epochs and batch size.
 - Then the queue is walked in claim order at now and at each expected end, on the worker
   machines online, with the claim's own rules (queue.turn_blocker, allocation.allocation_refusal,
-  the running limit): a run starts at the first moment they let it. A run whose start depends on
-  an end nobody can expect (too little progress and no finished run like it) gets no estimate.
+  the running limit): a run starts at the first moment they let it. The users' turns
+  (fair.fair_order) are taken again at each of those moments, from the runs running then. A run
+  whose start depends on an end nobody can expect (too little progress and no finished run like
+  it) gets no estimate.
 
 Each estimate carries its basis in words (dashboard/texts.py), shown beside it: the end of which
 run it waits for, and how that end was expected.
@@ -29,7 +31,13 @@ from dashboard.experiments.scheduling.allocation import (
     machines_online,
     placement_workers,
 )
-from dashboard.experiments.scheduling.queue import run_could_use, running_limit, turn_blocker
+from dashboard.experiments.scheduling.fair import fair_order
+from dashboard.experiments.scheduling.queue import (
+    owners_served,
+    run_could_use,
+    running_limit,
+    turn_blocker,
+)
 from dashboard.texts import (
     QUEUE_BASIS_FREE,
     QUEUE_BASIS_UNKNOWN,
@@ -183,12 +191,18 @@ def queue_estimates_explained(*, queued: list[Experiment], now: datetime) -> dic
         end, basis = running_end_explained(run=run, now=now, durations=durations)
         slots.append(Slot(run, placement_workers(run), end, basis))
     waiting = list(queued[:MOST_ESTIMATED])
+    served = owners_served({run.owner_id for run in waiting})
     estimates = {run.pk: Estimate(None, QUEUE_BASIS_UNKNOWN) for run in queued}
     at, basis = now, QUEUE_BASIS_FREE
     while waiting:
+        # Whose turn comes next depends on who runs what now (a run reported from outside
+        # holds no worker: queue.running_by_owner).
+        running = Counter(slot.run.owner_id for slot in slots if not slot.run.reported)
+        waiting = fair_order(waiting, running=running, served=served)
         for run in _round(waiting, slots, machines, at, durations):
             estimates[run.pk] = Estimate(at, basis)
             waiting.remove(run)
+            served[run.owner_id] = at
         ends = [slot.end for slot in slots if slot.end is not None]
         if not ends:
             break

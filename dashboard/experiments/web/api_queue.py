@@ -8,9 +8,11 @@ stop route (POST /api/experiments/<id>/stop/), given as `stop_url`.
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import datetime
 from typing import Any
 
+from django.db.models import prefetch_related_objects
 from django.http import HttpRequest, JsonResponse
 from django.urls import reverse
 from django.utils import timezone
@@ -22,16 +24,18 @@ from dashboard.experiments.core.descriptions import experiment_devices_label
 from dashboard.experiments.models import Experiment, Status
 from dashboard.experiments.scheduling.queue import (
     PRIORITY_RANGE,
-    experiment_priority_set,
     queue_ordered,
+    running_by_owner,
 )
 from dashboard.experiments.scheduling.queue_estimate import Estimate, queue_estimates_explained
 from dashboard.experiments.selectors import iso_or_none
+from dashboard.experiments.services import experiment_priority_change
 from dashboard.experiments.web.api_schemas import PriorityIn, PriorityOut, QueueOut
 from dashboard.experiments.web.params import body_int
 from dashboard.texts import (
     QUEUE_ESTIMATE_METHOD,
     QUEUE_NOT_TRIED,
+    QUEUE_ORDER,
     end_confirm,
     queue_start_text,
     queue_summary_text,
@@ -48,6 +52,8 @@ def queue_entry(
     estimate: Estimate,
     now: datetime,
     reason: str,
+    owner_running: int = 0,
+    owner_position: int = 1,
     viewer_runs: set[int] | None = None,
 ) -> dict[str, Any]:
     start = estimate.start
@@ -62,6 +68,10 @@ def queue_entry(
         "ahead_text": runs_ahead_text(position - 1),
         "reason": reason or QUEUE_NOT_TRIED,
         "priority": run.priority,
+        # What its turn rests on (QUEUE_ORDER): its owner's runs running now, and its place
+        # among its owner's queued runs (priority orders those only).
+        "owner_running": owner_running,
+        "owner_position": owner_position,
         "strategy": run.strategy,
         "processes": run.processes,
         "nodes": run.nodes,
@@ -86,8 +96,15 @@ def queue_entry(
 def queue_listing(*, user: Any, now: datetime) -> dict[str, Any]:
     """The queue as `user` may see it: claim order, positions counted over everyone's runs."""
     staff = bool(getattr(user, "is_staff", False))
-    queued = list(queue_ordered().select_related("owner"))
+    running = running_by_owner()
+    queued = queue_ordered(running=running)
+    prefetch_related_objects(queued, "owner")
     estimates = queue_estimates_explained(queued=queued, now=now)
+    places: Counter[int] = Counter()
+    owner_position = {}
+    for run in queued:
+        places[run.owner_id] += 1
+        owner_position[run.pk] = places[run.owner_id]
     mine = None if staff else set(
         Experiment.objects.filter(owner_id=user.pk).values_list("pk", flat=True)
     )  # fmt: skip
@@ -98,6 +115,8 @@ def queue_listing(*, user: Any, now: datetime) -> dict[str, Any]:
             estimate=estimates[run.pk],
             now=now,
             reason=reason_for_viewer(run.waiting_reason, viewer_runs=mine),
+            owner_running=running[run.owner_id],
+            owner_position=owner_position[run.pk],
             viewer_runs=mine,
         )
         for position, run in enumerate(queued, start=1)
@@ -108,6 +127,7 @@ def queue_listing(*, user: Any, now: datetime) -> dict[str, Any]:
         "total": len(queued),
         "summary": queue_summary_text(total=len(queued), shown=len(entries), everyone=staff),
         "estimate": QUEUE_ESTIMATE_METHOD,
+        "order": QUEUE_ORDER,  # how turns are shared between users, in one line
         "can_set_priority": staff,
         "priority_range": list(PRIORITY_RANGE),
         "now": now.isoformat(),
@@ -135,7 +155,7 @@ def queue_priority_view(request: HttpRequest, pk: int) -> JsonResponse:
     experiment = Experiment.objects.filter(pk=pk).first()
     if experiment is None:
         raise ApiError(404, f"no experiment {pk}")
-    if not experiment_priority_set(experiment_id=pk, priority=priority):
+    if not experiment_priority_change(experiment_id=pk, priority=priority):
         raise ApiError(
             409, f"the run is {experiment.status}; only a queued run's priority moves it"
         )

@@ -279,6 +279,8 @@ class QueueEntryOut(Open):
     ahead: int
     reason: str
     priority: int
+    owner_running: int  # its owner's runs running now: the fewer, the sooner its turn
+    owner_position: int  # its place among its owner's queued runs
     estimated_start: str | None
     estimated_start_seconds: float | None
     estimated_start_basis: str  # what the estimate rests on, in words
@@ -294,6 +296,7 @@ class QueueOut(Open):
     total: int
     summary: str
     estimate: str
+    order: str  # how turns are shared between users, in one line
     can_set_priority: bool
     priority_range: list[int]
     now: str

@@ -1,0 +1,106 @@
+"""Queued runs that wait are parked: no task of theirs comes back to ask again.
+
+A run's claim that finds no room (or not its turn) stores why and ends; the run is woken when
+something that could let it start happens, and only the runs whose turn it is on a machine are
+woken there (queue.queue_turns), each by one message to that machine's worker
+(tasks.queue_wake_send):
+- a run ends or a queued one is cancelled (queue_wake.py, on `run_ended`): on every machine
+  online, since its owner's share moved as well as its devices;
+- a run is queued again (Stop and resume, the reaper): the same;
+- a claim started a run, or found that another worker had taken it: the next in turn on that
+  machine, where room may be left;
+- a priority changed, or a worker joined (its first report, queue_wake.py);
+- as a net for a wake lost with the broker's messages, the reaper's beat wakes the runs whose
+  turn it is and whose last claim is older than TRAINYARD_REDISPATCH_SECONDS: at most a few
+  runs a machine a minute, never every waiting run.
+
+The places of waiting runs move as others start, leave or come: each pass here also writes the
+reasons that changed of the runs it does not wake (whose turn comes first, and where they
+stand; their owner's running limit), so the queue page and the runs' pages stay true without a
+claim of each.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.utils import timezone
+
+from dashboard.devices.models import WorkerMachine
+from dashboard.experiments.models import Experiment, Status
+from dashboard.experiments.runs.claim import waiting_reason_tell
+from dashboard.experiments.scheduling.allocation import machine_from_row
+from dashboard.experiments.scheduling.queue import (
+    owners_at_limit,
+    queue_ordered,
+    queue_turns,
+    running_by_owner,
+    running_limit_refusal,
+    turn_waiting_text,
+)
+
+
+@dataclass(frozen=True)
+class Wake:
+    """A run to wake on a machine: its worker's claim decides whether it starts."""
+
+    experiment_id: int
+    worker: str
+
+
+def queue_wake_plan(
+    *, workers: Collection[str] | None = None, due_before: datetime | None = None
+) -> list[Wake]:
+    """The runs whose turn it is on `workers` (every machine online: None; none: only the
+    reasons are written), in claim order. `due_before`: only those whose last claim is older
+    (the reaper's net), marked as tried now so that the next round leaves them alone."""
+    running = running_by_owner()
+    ordered = queue_ordered(running=running)
+    held = owners_at_limit(running)
+    position = {run.pk: place for place, run in enumerate(ordered, start=1)}
+    wakes: list[Wake] = []
+    turn_now: set[int] = set()
+    reasons: dict[int, str] = {}
+    for row in WorkerMachine.objects.online().order_by("hostname") if ordered else []:
+        for run, first in queue_turns(machine=machine_from_row(row), ordered=ordered, held=held):
+            if first is not None:
+                text = turn_waiting_text(
+                    blocker=first, machine=row.hostname, position=position[run.pk]
+                )
+                reasons.setdefault(run.pk, text)
+                continue
+            turn_now.add(run.pk)
+            if (workers is None or row.hostname in workers) and _due(run, due_before):
+                wakes.append(Wake(run.pk, row.hostname))
+    for run in ordered:
+        limit = running_limit_refusal(owner_id=run.owner_id, running=running[run.owner_id])
+        said = limit or reasons.get(run.pk)
+        if run.pk not in turn_now and said:
+            waiting_reason_store(experiment=run, reason=said)
+    if due_before is not None:
+        woken = {wake.experiment_id for wake in wakes}
+        Experiment.objects.filter(pk__in=woken, status=Status.QUEUED).update(
+            heartbeat_at=timezone.now()
+        )
+    return wakes
+
+
+def _due(run: Experiment, due_before: datetime | None) -> bool:
+    if due_before is None:
+        return True
+    return run.heartbeat_at is None or run.heartbeat_at < due_before
+
+
+def waiting_reason_store(*, experiment: Experiment, reason: str) -> bool:
+    """Store why a queued run waits, and tell its page, where the reason changed."""
+    reason = reason[:300]
+    if reason == experiment.waiting_reason:
+        return False
+    stored = Experiment.objects.filter(pk=experiment.pk, status=Status.QUEUED).update(
+        waiting_reason=reason
+    )
+    if stored:
+        waiting_reason_tell(experiment=experiment, reason=reason)
+    return bool(stored)
