@@ -246,8 +246,16 @@ def zip_unpack(*, source: IO[bytes], root: Path, bounds: Bounds | None = None) -
                 if target is not None:
                     with archive.open(info) as member:
                         unpacker.copy(member, target, info.filename)
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, RuntimeError, EOFError, OSError) as exc:
-        # RuntimeError: an encrypted member; OSError and EOFError: a truncated or corrupt one.
+    except (
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        RuntimeError,
+        EOFError,
+        OSError,
+        zlib.error,
+    ) as exc:
+        # RuntimeError: an encrypted member; OSError and EOFError: a truncated or corrupt one;
+        # zlib.error: a deflate stream damaged inside (found by tests/test_fuzz_files.py).
         raise ImportRefused(400, f"not a readable zip: {_os_error_text(exc)}"[:300]) from None
     except (UnicodeDecodeError, ValueError) as exc:  # a name flagged UTF-8 that is not
         raise ImportRefused(400, f"not a readable zip: {exc}"[:300]) from None
