@@ -76,10 +76,12 @@ def test_every_missing_package_is_named_in_one_command(tmp_path: Path) -> None:
     done = _run_unprivileged(
         tmp_path, path, TRAINYARD_TEST_FREE_GB="0", TRAINYARD_FASHION_DIR=str(tmp_path / "none"),
         TRAINYARD_POSTGRES_LIB=str(tmp_path / "none"),
+        TRAINYARD_SLURM_PREFIX=str(tmp_path / "none"),
     )  # fmt: skip
     assert done.returncode == 1, done.stderr
     assert (
-        "apt-get install -y redis-server chromium postgresql dataset-fashion-mnist'" in done.stderr
+        "apt-get install -y redis-server chromium postgresql dataset-fashion-mnist slurmctld "
+        "slurmd slurm-client munge'" in done.stderr
     )
 
 
