@@ -22,6 +22,7 @@ claim of each.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Collection
 from dataclasses import dataclass
 from datetime import datetime
@@ -58,33 +59,50 @@ def queue_wake_plan(
     (the reaper's net), marked as tried now so that the next round leaves them alone."""
     running = running_by_owner()
     ordered = queue_ordered(running=running)
-    held = owners_at_limit(running)
-    position = {run.pk: place for place, run in enumerate(ordered, start=1)}
-    wakes: list[Wake] = []
-    turn_now: set[int] = set()
-    reasons: dict[int, str] = {}
-    for row in WorkerMachine.objects.online().order_by("hostname") if ordered else []:
-        for run, first in queue_turns(machine=machine_from_row(row), ordered=ordered, held=held):
-            if first is not None:
-                text = turn_waiting_text(
-                    blocker=first, machine=row.hostname, position=position[run.pk]
-                )
-                reasons.setdefault(run.pk, text)
-                continue
-            turn_now.add(run.pk)
-            if (workers is None or row.hostname in workers) and _due(run, due_before):
-                wakes.append(Wake(run.pk, row.hostname))
-    for run in ordered:
-        limit = running_limit_refusal(owner_id=run.owner_id, running=running[run.owner_id])
-        said = limit or reasons.get(run.pk)
-        if run.pk not in turn_now and said:
-            waiting_reason_store(experiment=run, reason=said)
+    turns = turns_online(ordered=ordered, held=owners_at_limit(running))
+    wakes = [
+        Wake(run.pk, machine)
+        for machine, run, first in turns
+        if first is None and (workers is None or machine in workers) and _due(run, due_before)
+    ]
+    reasons_store(ordered=ordered, turns=turns, running=running)
     if due_before is not None:
         woken = {wake.experiment_id for wake in wakes}
         Experiment.objects.filter(pk__in=woken, status=Status.QUEUED).update(
             heartbeat_at=timezone.now()
         )
     return wakes
+
+
+Turn = tuple[str, Experiment, Experiment | None]  # a machine, a run, whose turn there is first
+
+
+def turns_online(*, ordered: list[Experiment], held: set[int]) -> list[Turn]:
+    """queue.queue_turns on every machine online, in host name order."""
+    if not ordered:
+        return []
+    return [
+        (row.hostname, run, first)
+        for row in WorkerMachine.objects.online().order_by("hostname")
+        for run, first in queue_turns(machine=machine_from_row(row), ordered=ordered, held=held)
+    ]
+
+
+def reasons_store(*, ordered: list[Experiment], turns: list[Turn], running: Counter[int]) -> None:
+    """Write the reasons that changed of the runs whose turn it is nowhere: their owner's
+    running limit, else whose turn comes first on the first machine they wait for."""
+    position = {run.pk: place for place, run in enumerate(ordered, start=1)}
+    turn_now = {run.pk for _, run, first in turns if first is None}
+    behind: dict[int, str] = {}
+    for machine, run, first in turns:
+        if first is not None:
+            text = turn_waiting_text(blocker=first, machine=machine, position=position[run.pk])
+            behind.setdefault(run.pk, text)
+    for run in ordered:
+        limit = running_limit_refusal(owner_id=run.owner_id, running=running[run.owner_id])
+        said = limit or behind.get(run.pk)
+        if run.pk not in turn_now and said:
+            waiting_reason_store(experiment=run, reason=said)
 
 
 def _due(run: Experiment, due_before: datetime | None) -> bool:
