@@ -144,10 +144,13 @@ def queue_view(request: HttpRequest) -> JsonResponse:
     "/queue/{pk}/priority/",
     url_name="api-queue-priority",
     response={200: PriorityOut, **errors(400, 403, 404, 409, 413)},
-    openapi_extra=json_request_body(PriorityIn, description="higher is claimed first"),
+    openapi_extra=json_request_body(
+        PriorityIn, description="higher is claimed first among its owner's runs"
+    ),
 )
 def queue_priority_view(request: HttpRequest, pk: int) -> JsonResponse:
-    """Set a queued run's priority (staff only): higher is claimed first."""
+    """Set a queued run's priority (staff only): higher is claimed first among its owner's
+    queued runs (users take turns between them: scheduling/fair.py)."""
     if not getattr(request.user, "is_staff", False):
         raise ApiError(403, "only staff may set a run's priority")
     low, high = PRIORITY_RANGE
