@@ -17,10 +17,13 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import pickle
 import resource
 import signal
+import tempfile
 from collections.abc import Callable
 from multiprocessing.connection import Connection
+from pathlib import Path
 from typing import Any, TypeVar
 
 from dashboard.env import env_int
@@ -59,17 +62,21 @@ def bounded_call(fn: Callable[..., T], *args: Any) -> T:
     context = _context(fn.__module__)
     receive, send = context.Pipe(duplex=False)
     env = {key: value for key, value in os.environ.items() if key.startswith(ENV_PREFIX)}
-    child = context.Process(
-        target=_child, args=(send, fn, args, env, memory, cpu), name="trainyard-bounded"
-    )
-    child.start()
-    send.close()
-    try:
-        outcome, payload = _receive(receive, cpu + WALL_SLACK)
-    finally:
-        receive.close()
-        child.kill()
-        child.join()
+    with tempfile.TemporaryDirectory(prefix="trainyard-bounded-") as folder:
+        result = Path(folder) / "result.pickle"
+        child = context.Process(
+            target=_child,
+            args=(send, fn, args, env, memory, cpu, result),
+            name="trainyard-bounded",
+        )
+        child.start()
+        send.close()
+        try:
+            outcome, payload = _receive(receive, cpu + WALL_SLACK, result)
+        finally:
+            receive.close()
+            child.kill()
+            child.join()
     if outcome == "died":  # without a word: past its CPU time (SIGXCPU), or another end
         outcome = "time" if child.exitcode == -signal.SIGXCPU else "failed"
         payload = f"its reader ended with exit code {child.exitcode}"
@@ -84,13 +91,20 @@ def bounded_call(fn: Callable[..., T], *args: Any) -> T:
     raise ImportRefused(400, f"the file could not be read ({payload})")
 
 
-def _receive(receive: Connection, seconds: float) -> tuple[str, Any]:
+def _receive(receive: Connection, seconds: float, result: Path) -> tuple[str, Any]:
+    """The child's outcome. Its value comes through a file, unpickled as it is read: a pipe's
+    message arrives whole, so the web server would hold the pickled bytes and the value at
+    once (twice an import's points)."""
     if not receive.poll(seconds):
         return "time", None
     try:
-        return receive.recv()
+        outcome, payload = receive.recv()
     except EOFError:
         return "died", None
+    if outcome != "done":
+        return outcome, payload
+    with result.open("rb") as written:
+        return outcome, pickle.load(written)
 
 
 def _address_space() -> int:
@@ -105,6 +119,7 @@ def _child(
     env: dict[str, str],
     memory: int,
     cpu: int,
+    result: Path,
 ) -> None:
     for key in [key for key in os.environ if key.startswith(ENV_PREFIX)]:
         del os.environ[key]
@@ -114,14 +129,17 @@ def _child(
     resource.setrlimit(resource.RLIMIT_CPU, (cpu, cpu + 1))
     outcome: tuple[str, Any]
     try:
-        outcome = ("done", fn(*args))
+        with result.open("wb") as out:
+            pickler = pickle.Pickler(out, protocol=pickle.HIGHEST_PROTOCOL)
+            # No memo: an unpickler keeps every memoised object (an array's bytes) until the
+            # end, twice what the value holds. Values here have no cycles.
+            pickler.fast = True
+            pickler.dump(fn(*args))
+        outcome = ("done", None)
     except ImportRefused as refused:
         outcome = ("refused", (refused.status, refused.message))
     except MemoryError:
         outcome = ("memory", None)
     except Exception as exc:  # a reader's own failure: the file's fault, said in one line
         outcome = ("failed", f"{type(exc).__name__}: {str(exc)[:200]}")
-    try:
-        send.send(outcome)
-    except MemoryError:  # the result itself did not fit
-        send.send(("memory", None))
+    send.send(outcome)
