@@ -99,6 +99,31 @@ class Experiment(models.Model):
         default="",
         help_text="with imagefolder: an image folder a worker reports (a path on it)",
     )
+    # A language model's (byte-llama: training/text_catalogue.py): its size preset and its
+    # window in bytes, as the run trains with them (the launch fills in the size's defaults);
+    # blank and null for the other models. The launch checks judge them against the engine's
+    # facts, so the columns take any name and length.
+    model_size = models.CharField(
+        max_length=32,
+        blank=True,
+        default="",
+        help_text="a language model's size preset (byte-llama: smoke, small, ...); blank: its "
+        "default",
+    )
+    seq_len = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        help_text="bytes a language model reads at once (its training windows); null: the "
+        "size's default",
+    )
+    # Tensor parallel's split of a language model's norms and residual stream by sequence
+    # (torchtitan's plan, on by default); null where the run does not split one by tensor.
+    sequence_parallel = models.BooleanField(
+        null=True,
+        blank=True,
+        help_text="tensor parallel also splits a language model by sequence (default true); "
+        "null: not read",
+    )
     strategy = models.CharField(max_length=32, choices=strategy_choices, default=Strategy.DDP)
     processes = models.PositiveSmallIntegerField(
         default=2, help_text="processes of DDP, Hogwild and DeepSpeed; 1 for the others"
@@ -185,6 +210,18 @@ class Experiment(models.Model):
     error = models.TextField(blank=True)
     test_loss = models.FloatField(null=True, blank=True)
     test_accuracy = models.FloatField(null=True, blank=True, help_text="fraction 0..1")
+    # A language model's evaluation (protocol 1.15), kept as test_loss is: the held-out loss in
+    # bits a byte, the epoch's model FLOPs utilisation, and the latest texts it wrote.
+    bits_per_byte = models.FloatField(null=True, blank=True, help_text="test loss in bits a byte")
+    mfu = models.FloatField(
+        null=True, blank=True, help_text="model FLOPs utilisation over the last epoch, 0..1"
+    )
+    samples = models.JSONField(
+        default=list,
+        blank=True,
+        help_text="the latest texts a language model wrote at its evaluations: epoch, step, text",
+    )
+
 
     # Progress, as of the last event the supervising task stored.
     epoch = models.PositiveIntegerField(default=0)
