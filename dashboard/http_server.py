@@ -7,7 +7,9 @@ daphne has no limit on request bodies: Twisted keeps each whole (in a temporary 
 the uploads' caps) then come after the disk has filled. So the request checks the body's size
 here, against the most its route takes (`body_limit`): by its Content-Length as soon as the
 headers are in, and by the bytes that arrive for a chunked one. Over it, a 413 (JSON under
-/api/), and nothing of the body is kept.
+/api/), and nothing of the body is kept. Over HTTP/2 (daphne speaks it where it serves TLS
+itself) the request is a stream of a shared connection: the 413 goes on that stream, which is
+then reset, and the connection's other streams go on.
 
 Three refusals happen in daphne and Twisted, below the ASGI application:
 - Twisted's `Request.requestReceived` parses every multipart POST body into `request.args`
@@ -35,6 +37,8 @@ from urllib.parse import unquote
 from daphne import http_protocol
 from django.conf import settings
 from django.urls import Resolver404, resolve
+from twisted.internet.error import ConnectionLost
+from twisted.python.failure import Failure
 from twisted.web import http
 
 from dashboard.api import body_too_big, error_response
@@ -93,7 +97,10 @@ class ApiAwareRequest(http_protocol.WebRequest):
 
     def requestReceived(self, command: bytes, path: bytes, version: bytes) -> None:
         if self.body_refused:
-            self.channel.loseConnection()  # the whole body came and was dropped: answered
+            # The whole body came and was dropped: answered. An HTTP/2 stream is closed by
+            # its own answer (_stream_refuse), the connection being others' too.
+            if isinstance(self.channel, http.HTTPChannel):
+                self.channel.loseConnection()
             return
         super().requestReceived(command, path, version)
 
@@ -104,17 +111,23 @@ class ApiAwareRequest(http_protocol.WebRequest):
         message = body_too_big(self.body_most)
         if _channel_path(self.channel).startswith(API_PREFIX):
             answer = error_response(413, message)
-            _answer_raw(self.channel, 413, answer["Content-Type"], answer.content)
+            content_type, body = answer["Content-Type"], answer.content
         else:
             page = self.error_template % {"title": "413 Request Entity Too Large", "body": message}
-            _answer_raw(self.channel, 413, "text/html; charset=utf-8", page.encode("utf-8"))
+            content_type, body = "text/html; charset=utf-8", page.encode("utf-8")
         # Imported here: daphne installs its asyncio reactor before it serves, and an import
         # at the module's load would install Twisted's default one first wherever asgi.py is
         # imported without daphne (tests).
         from twisted.internet import reactor
 
         clock: Any = reactor  # typed as the module, not the reactor it is
-        clock.callLater(LINGER_SECONDS, self.channel.loseConnection)
+        if isinstance(self.channel, http.HTTPChannel):
+            _answer_raw(self.channel, 413, content_type, body)
+            clock.callLater(LINGER_SECONDS, self.channel.loseConnection)
+        else:
+            # HTTP/2: Twisted calls gotLength while it makes the stream, before the connection
+            # holds it; the answer goes out on the next turn of the reactor.
+            clock.callLater(0, _stream_refuse, self.channel, content_type, body)
 
     def basic_error(self, status: int, status_text: bytes, body: str) -> None:
         if not (getattr(self, "path", None) or b"").startswith(API_PREFIX):
@@ -127,8 +140,33 @@ class ApiAwareRequest(http_protocol.WebRequest):
 
 
 def _channel_path(channel: Any) -> bytes:
-    # The request line's target, which the channel keeps until the request is whole.
-    return getattr(channel, "_path", None) or b""
+    # HTTP/1.1: the request line's target, which the channel keeps until the request is whole;
+    # HTTP/2: the stream's :path (Twisted's H2Stream), which comes before its other headers.
+    if isinstance(channel, http.HTTPChannel):
+        return getattr(channel, "_path", None) or b""
+    return getattr(channel, "path", None) or b""
+
+
+def _stream_refuse(stream: Any, content_type: str, body: bytes) -> None:
+    """HTTP/2: the 413 on the refused body's stream alone, then RST_STREAM with NO_ERROR, which
+    asks the client to stop sending the body (RFC 9113, 8.1) and has the h2 library drop what
+    still comes of it; the connection's other streams go on. An HTTP/2 stream has no transport
+    to write to, and Twisted's own answer waits for the whole body."""
+    connection = stream._conn  # Twisted's H2Connection
+    if stream.streamID not in connection.streams:
+        return  # the client reset the stream first
+    h2, stream_id = connection.conn, stream.streamID
+    head = [(b":status", b"413"), (b"content-type", content_type.encode("ascii"))]
+    # A client may shrink its window below a page: then the status alone.
+    if len(body) <= min(h2.local_flow_control_window(stream_id), h2.max_outbound_frame_size):
+        h2.send_headers(stream_id, [*head, (b"content-length", str(len(body)).encode("ascii"))])
+        h2.send_data(stream_id, body, end_stream=True)
+    else:
+        h2.send_headers(stream_id, head, end_stream=True)
+    h2.reset_stream(stream_id, error_code=0)
+    if connection._tryToWriteControlData():  # False: the connection itself is gone
+        stream.connectionLost(Failure(ConnectionLost("request body over its limit")))
+        connection._requestDone(stream_id)
 
 
 def _malformed(channel: http.HTTPChannel) -> None:
