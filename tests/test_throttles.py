@@ -133,6 +133,37 @@ def test_zero_turns_the_limits_off(user_factory: Any, settings: Any) -> None:
     assert page_login("gus", "pw-gus", ATTACKER).status_code == 302
 
 
+def password_change(client: Client, old: str) -> Any:
+    change = {
+        "old_password": old,
+        "new_password1": "a-new-Pass-42",
+        "new_password2": "a-new-Pass-42",
+    }
+    return client.post("/accounts/password_change/", change)
+
+
+def test_the_password_change_page_is_no_way_around_the_limit(user_factory: Any) -> None:
+    # Its old password is checked by the form (check_password), not authenticate(): whoever
+    # held a session (a browser left open, a stolen cookie) could guess the password there
+    # without limit, then keep the account after the session ended.
+    user = user_factory(username="ivy")
+    held = Client(REMOTE_ADDR=ATTACKER)
+    held.force_login(user)
+    for _ in range(5):
+        wrong = password_change(held, "guess")
+        assert wrong.status_code == 200 and "old_password" in wrong.context["form"].errors
+    refused = password_change(held, "pw-ivy")  # the right one is not checked
+    assert refused.status_code == 429 and retry_after(refused)
+    assert "Too many failed logins for this account" in refused.content.decode()
+    user.refresh_from_db()
+    assert user.check_password("pw-ivy")
+    # The failures are the account's: its login page is throttled too, from anywhere.
+    assert page_login("ivy", "pw-ivy", ELSEWHERE).status_code == 429
+    # Once they are older than the window, the change goes through.
+    RateEvent.objects.update(at=RateEvent.objects.first().at - timedelta(seconds=WINDOW))
+    assert password_change(held, "pw-ivy").status_code == 302
+
+
 # --- imports per user per hour -----------------------------------------------------------------
 
 

@@ -3,7 +3,8 @@ address over a sliding window (TRAINYARD_LOGIN_*), and a login past either limit
 with 429 and Retry-After before its password is checked.
 
 Every way in goes through django.contrib.auth.authenticate(): the login page, the admin's and
-POST /api/tokens/. So the check is an authentication backend, LoginThrottle, first in
+POST /api/tokens/ (the password change page checks its old password itself, through
+password_check_throttled). So the check is an authentication backend, LoginThrottle, first in
 AUTHENTICATION_BACKENDS: it authenticates no one, and raises LoginThrottled past a limit, which
 authenticate() lets through (it stops only on PermissionDenied). The form logins' 429 page is
 LoginThrottledPage's, the API's answer the token route's own. A failure is counted where
@@ -26,6 +27,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
+from django.contrib.auth.signals import user_login_failed
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import timezone
@@ -134,6 +136,21 @@ def login_failure_record(
     now = timezone.now()
     for kind, key, _ in _limits(username, request):
         rate_event_record(kind=kind, keys=[key], now=now, window=_window())
+
+
+def password_check_throttled(*, user: Any, password: str, request: HttpRequest | None) -> bool:
+    """user.check_password(password) under the same limits, for a form that checks a password
+    itself rather than through authenticate() (the password change's old password, which
+    whoever holds a session could otherwise guess without limit): past a limit LoginThrottled,
+    the password unchecked; a wrong one counted as authenticate() counts its failures."""
+    username = user.get_username()
+    refused = login_throttle_check(username=username, request=request, now=timezone.now())
+    if refused is not None:
+        raise refused
+    if user.check_password(password):
+        return True
+    user_login_failed.send(sender=__name__, credentials={"username": username}, request=request)
+    return False
 
 
 class LoginThrottle:

@@ -67,6 +67,10 @@ class PasswordChangeView(auth_views.PasswordChangeView):
     template_name = "accounts/password_change.html"
     success_url = reverse_lazy("token-list")
 
+    def get_form_kwargs(self) -> dict[str, Any]:
+        # The client's address, for the login limits its old password is checked under.
+        return {**super().get_form_kwargs(), "request": self.request}
+
     def form_valid(self, form: Any) -> HttpResponse:
         # One transaction: the sockets are told once this session holds the new hash too, so
         # that only the other sessions' sockets find theirs stale.
