@@ -4,6 +4,7 @@ by pickle."""
 from __future__ import annotations
 
 import os
+import time
 
 from dashboard.experiments.core.archives import ImportRefused
 
@@ -18,6 +19,12 @@ def allocate(total: int) -> int:
     """Holds `total` bytes in 64 MiB blocks, as a reader filling a declared shape would."""
     blocks = [bytearray(64 * 1024 * 1024) for _ in range(total // (64 * 1024 * 1024))]
     return len(blocks)
+
+
+def wait(seconds: float) -> float:
+    """A reader that takes its time without computing (a child that holds its slot)."""
+    time.sleep(seconds)
+    return seconds
 
 
 def spin() -> None:

@@ -6,12 +6,15 @@ process (the web server's stand-in) never holding the memory."""
 from __future__ import annotations
 
 import resource
+import threading
 import time
 
 import pytest
 
+from dashboard.experiments.core import bounded
 from dashboard.experiments.core.archives import ImportRefused
 from dashboard.experiments.core.bounded import bounded_call
+from dashboard.experiments.core.limits import LaunchLimited
 from tests import bounded_targets as targets
 
 
@@ -55,3 +58,30 @@ def test_refusals_and_failures_come_back_as_refusals() -> None:
     with pytest.raises(ImportRefused) as died:
         bounded_call(targets.crash)
     assert died.value.message == "the file could not be read (its reader ended with exit code 3)"
+
+
+def test_children_at_once_are_bounded_and_a_call_past_them_is_a_429(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Each child may take its memory limit: a burst of imports at once (30 a user an hour pass
+    # the rate limit) took 30 times it, the machine's memory, not the web server's bound.
+    monkeypatch.setenv("TRAINYARD_IMPORT_CONCURRENCY", "1")
+    monkeypatch.setattr(bounded, "SLOT_WAIT_SECONDS", 0.5)
+    results: list[float] = []
+    holder = threading.Thread(target=lambda: results.append(bounded_call(targets.wait, 4.0)))
+    holder.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not bounded.bounded_running() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert bounded.bounded_running() == 1
+        with pytest.raises(LaunchLimited) as refused:
+            bounded_call(targets.echo_env, "TRAINYARD_IMPORT_CONCURRENCY")
+        assert refused.value.limit == "import_readers"
+        assert 0 < refused.value.retry_after <= 4 + bounded.WALL_SLACK + 120
+        assert "TRAINYARD_IMPORT_CONCURRENCY" in refused.value.message
+    finally:
+        holder.join()
+    assert results == [4.0]
+    # Its slot freed, the next call runs.
+    assert bounded_call(targets.echo_env, "TRAINYARD_IMPORT_CONCURRENCY") == "1"

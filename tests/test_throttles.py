@@ -12,6 +12,7 @@ import pytest
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
+from dashboard.experiments.core import bounded
 from dashboard.models import RateEvent
 
 pytestmark = pytest.mark.django_db
@@ -194,6 +195,23 @@ def test_imports_past_the_hourly_limit_get_429(user_factory: Any, settings: Any)
     first.at -= timedelta(hours=1)
     first.save()
     assert import_csv(alice).status_code == 201
+
+
+def test_an_import_with_no_turn_to_be_read_gets_429(
+    user_factory: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Files are read by bounded children, TRAINYARD_IMPORT_CONCURRENCY at once (core/bounded.py).
+    monkeypatch.setenv("TRAINYARD_IMPORT_CONCURRENCY", "1")
+    monkeypatch.setattr(bounded, "SLOT_WAIT_SECONDS", 0.1)
+    client = Client()
+    client.force_login(user_factory())
+    with bounded._turn(bound=30):  # another import's child, reading
+        refused = import_csv(client)
+    assert refused.status_code == 429
+    assert 0 < int(refused["Retry-After"]) <= 30
+    body = refused.json()
+    assert body["limit"] == "import_readers" and body["retry_after"] == int(refused["Retry-After"])
+    assert import_csv(client).status_code == 201  # its turn come
 
 
 # --- through daphne, with failures counted in other processes -------------------------------------

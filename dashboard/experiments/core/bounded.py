@@ -11,29 +11,44 @@ do not count; past it an allocation fails (MemoryError) instead of the kernel's 
 picking a process. The CPU limit (RLIMIT_CPU) ends a child that computes for too long
 (SIGXCPU), and the wall-clock one a child that waits. The settings the target reads
 (TRAINYARD_*) travel with each call: the fork server keeps the environment it started with.
+Each child may take its memory limit, so a process runs at most TRAINYARD_IMPORT_CONCURRENCY at
+once: a burst of imports (the hourly rate lets a user send 30 at once) waits for a turn, briefly,
+and is then refused (429) rather than taking the machine's memory.
 """
 
 from __future__ import annotations
 
+import math
 import multiprocessing
 import os
 import pickle
 import resource
 import signal
 import tempfile
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any, TypeVar
 
 from dashboard.env import env_int
 from dashboard.experiments.core.archives import ImportRefused
+from dashboard.experiments.core.limits import LaunchLimited
 
 T = TypeVar("T")
 MiB = 1024 * 1024
 ENV_PREFIX = "TRAINYARD_"
 # Wall-clock seconds on top of the CPU limit: a child that waits on nothing still ends.
 WALL_SLACK = 2.0
+# How long a call waits for a turn when TRAINYARD_IMPORT_CONCURRENCY children run already.
+SLOT_WAIT_SECONDS = 10.0
+LIMIT_READERS = "import_readers"
+
+# The children running in this process: when each one's wall-clock bound ends.
+_turns = threading.Condition()
+_running: dict[object, float] = {}
 
 
 def bounded_memory_bytes() -> int:
@@ -42,6 +57,40 @@ def bounded_memory_bytes() -> int:
 
 def bounded_cpu_seconds() -> int:
     return env_int("TRAINYARD_IMPORT_CPU_SECONDS", 120)
+
+
+def bounded_concurrency() -> int:
+    """Children at once in this process (0: no limit)."""
+    return env_int("TRAINYARD_IMPORT_CONCURRENCY", 2)
+
+
+def bounded_running() -> int:
+    with _turns:
+        return len(_running)
+
+
+@contextmanager
+def _turn(*, bound: float) -> Iterator[None]:
+    """A child's turn: at most bounded_concurrency() at once; a call that finds none free in
+    SLOT_WAIT_SECONDS is refused with LaunchLimited (the API's 429, Retry-After when the first
+    running child ends at the latest)."""
+    most, me = bounded_concurrency(), object()
+    with _turns:
+        if most > 0 and not _turns.wait_for(lambda: len(_running) < most, SLOT_WAIT_SECONDS):
+            retry = max(1, math.ceil(min(_running.values()) - time.monotonic()))
+            raise LaunchLimited(
+                f"{len(_running)} files are being read now, the most at once is {most} "
+                f"(TRAINYARD_IMPORT_CONCURRENCY); retry in {retry} s",
+                limit=LIMIT_READERS,
+                retry_after=retry,
+            )
+        _running[me] = time.monotonic() + bound
+    try:
+        yield
+    finally:
+        with _turns:
+            del _running[me]
+            _turns.notify()
 
 
 def _context(module: str) -> Any:
@@ -57,8 +106,14 @@ def bounded_call(fn: Callable[..., T], *args: Any) -> T:
     child that ran out of its memory or its time is an ImportRefused of its own (413, 400).
     `fn` and its arguments and result travel by pickle: a module-level function. As with any
     multiprocessing child, the main module is imported there again: an entry point's work sits
-    under `if __name__ == "__main__"` (daphne's, manage.py's, Celery's and pytest's do)."""
+    under `if __name__ == "__main__"` (daphne's, manage.py's, Celery's and pytest's do). It
+    waits its turn (_turn): LaunchLimited where none comes."""
     memory, cpu = bounded_memory_bytes(), bounded_cpu_seconds()
+    with _turn(bound=cpu + WALL_SLACK):
+        return _bounded_run(fn, args, memory=memory, cpu=cpu)
+
+
+def _bounded_run(fn: Callable[..., T], args: tuple[Any, ...], *, memory: int, cpu: int) -> T:
     context = _context(fn.__module__)
     receive, send = context.Pipe(duplex=False)
     env = {key: value for key, value in os.environ.items() if key.startswith(ENV_PREFIX)}

@@ -187,16 +187,12 @@ class ImportCap(UploadCap):
 def experiment_import_view(request: HttpRequest) -> JsonResponse:
     """A run from a file: a TensorBoard event file, a zip or tar.gz of a log folder, or a CSV
     whose first column is step; stored as a finished, imported run of the caller's. At most
-    TRAINYARD_IMPORT_RATE_PER_HOUR tries a user an hour (then 429 with Retry-After)."""
+    TRAINYARD_IMPORT_RATE_PER_HOUR tries a user an hour, and TRAINYARD_IMPORT_CONCURRENCY files
+    read at once (then 429 with Retry-After)."""
     try:
         import_slot_claim(owner=request.user)
     except LaunchLimited as refused:
-        raise ApiError(
-            429,
-            refused.message,
-            details=refused.as_details(),
-            headers={"Retry-After": str(refused.retry_after)},
-        ) from None
+        raise _limited(refused) from None
     upload = request.FILES.get("file")
     if upload is None:
         raise ApiError(400, "send the file as the multipart field `file`", {"file": ["required"]})
@@ -210,4 +206,11 @@ def experiment_import_view(request: HttpRequest) -> JsonResponse:
         experiment = experiment_import(owner=request.user, upload=upload, name=name, fields=fields)
     except ImportRefused as refused:
         raise ApiError(refused.status, refused.message) from None
+    except LaunchLimited as refused:  # no turn to read it (core/bounded.py)
+        raise _limited(refused) from None
     return JsonResponse(experiment_as_dict(experiment), status=201)
+
+
+def _limited(refused: LaunchLimited) -> ApiError:
+    headers = {"Retry-After": str(refused.retry_after)}
+    return ApiError(429, refused.message, details=refused.as_details(), headers=headers)
