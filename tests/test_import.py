@@ -266,6 +266,22 @@ def test_oversized_uploads_and_members_get_413(
     assert nothing_created()
 
 
+def test_a_file_at_the_limit_is_taken_with_its_form_fields(
+    client: Client, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The limit is the file's: the multipart's own bytes around it (boundaries, headers, the
+    # name and launch fields) are not the file's. The body was held to the file's limit, so a
+    # file at it, or a few hundred bytes under it, was refused with 413 "over the limit".
+    monkeypatch.setenv("TRAINYARD_IMPORT_MAX_BYTES", "1000")
+    content = b"step,loss\n" + b"".join(b"%d,0.5\n" % step for step in range(1, 127))
+    content += b"127,0." + b"5" * (1000 - len(content) - 7) + b"\n"
+    assert len(content) == 1000
+    fields = {"name": "at the limit", "model": "simple-cnn", "dataset": "mnist"}
+    response = client.post(URL, {"file": SimpleUploadedFile("at.csv", content), **fields})
+    assert response.status_code == 201, response.content
+    assert response.json()["name"] == "at the limit"
+
+
 def test_a_failure_while_storing_leaves_nothing(
     client: Client, monkeypatch: pytest.MonkeyPatch
 ) -> None:

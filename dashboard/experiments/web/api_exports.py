@@ -13,6 +13,7 @@ from django.http import FileResponse, HttpRequest, HttpResponse, JsonResponse, S
 from ninja import Router
 
 from dashboard.api import (
+    MAX_BODY_BYTES,
     MAX_ID,
     ApiError,
     errors,
@@ -169,6 +170,8 @@ def experiments_compare_export(request: HttpRequest) -> HttpResponse:
 
 class ImportCap(UploadCap):
     """An import over its limit is refused before it is read (413)."""
+
+    slack = MAX_BODY_BYTES  # the multipart's own bytes around the file: its name, its fields
 
     def limit_get(self) -> int:
         return import_max_bytes()
