@@ -23,6 +23,7 @@ from django.utils import timezone
 from dashboard.devices.facts import machine_name, machine_queue
 from dashboard.devices.models import WorkerMachine
 from dashboard.devices.reporter import machine_report_save
+from dashboard.experiments import tasks
 from dashboard.experiments.core.limits import LaunchLimited, launch_slot_claim
 from dashboard.experiments.core.transitions import Outcome
 from dashboard.experiments.models import Experiment, Status
@@ -552,6 +553,61 @@ def test_a_cancelled_run_lets_the_next_in_turn_be_woken(
     with django_capture_on_commit_callbacks(execute=True):
         assert experiment_stop(experiment=first, by=alice)
     assert [(m["args"], m["queue"]) for m in published] == [([behind.pk], machine_queue("m1"))]
+
+
+def test_a_run_that_starts_wakes_the_run_it_held_up_on_another_machine(
+    user_factory: Any,
+    experiment_factory: Any,
+    published: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """Two runs' first messages reach two idle machines' workers at once, the second's claim
+    first: it waits behind the first, whose turn on m2 comes first. The first then starts here;
+    the second must be woken on m2 at once, not a minute later by the reaper's net."""
+    monkeypatch.setenv("TRAINYARD_CPU_THREADS_PER_RUN", "1000")  # every core of a machine
+    here = machine_name()
+    for host in (here, "m2"):
+        WorkerMachine.objects.create(
+            hostname=host, report={"cpu_count": 2}, reported_at=timezone.now()
+        )
+    alice = user_factory()
+    first, second = queued(experiment_factory, alice, "1"), queued(experiment_factory, alice, "2")
+    on_m2 = experiment_claim(experiment_id=second.pk, machine=Machine("m2", 2, frozenset()))
+    assert on_m2.waiting_reason.startswith(f"waiting behind #{first.pk}, whose turn on m2")
+    # The training itself is not this test's: the claim and the messages it sends are.
+    monkeypatch.setattr(tasks, "experiment_supervise", lambda **kwargs: None)
+    run_experiment(first.pk)
+    assert Experiment.objects.get(pk=first.pk).status == Status.RUNNING
+    woken = [(m["args"], m["queue"]) for m in published]
+    assert ([second.pk], machine_queue("m2")) in woken, woken
+
+
+def test_a_first_claim_held_up_here_is_woken_where_it_is_its_turn(
+    user_factory: Any,
+    experiment_factory: Any,
+    published: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """A run's first message reaches this machine's worker, where a run pinned here (a resume
+    pinned to its checkpoint's machine) waits first for the cores; m2 is idle and it is the
+    run's turn there. Nothing will end to wake it: it must be sent to m2 now."""
+    monkeypatch.setenv("TRAINYARD_CPU_THREADS_PER_RUN", "1000")
+    here = machine_name()
+    for host in (here, "m2"):
+        WorkerMachine.objects.create(
+            hostname=host, report={"cpu_count": 2}, reported_at=timezone.now()
+        )
+    alice, bob, carol = user_factory(), user_factory(), user_factory()
+    queued(experiment_factory, carol, "holding here", status=Status.RUNNING, worker=here,
+           placement=[{"worker": here}], started_at=timezone.now())  # fmt: skip
+    pinned = queued(experiment_factory, alice, "pinned here", machines=[here])
+    assert run_experiment(pinned.pk) is None  # waits for the cores here
+    later = queued(experiment_factory, bob, "may go anywhere")
+    assert run_experiment(later.pk) is None
+    later.refresh_from_db()
+    assert later.waiting_reason.startswith(f"waiting behind #{pinned.pk}, whose turn on {here}")
+    woken = [(m["args"], m["queue"]) for m in published]
+    assert woken == [([later.pk], machine_queue("m2"))]
 
 
 def test_the_reapers_net_wakes_only_whose_turn_it_is(

@@ -27,6 +27,7 @@ from dashboard.experiments.runs.parked import Wake, queue_wake_plan
 from dashboard.experiments.runs.runner import experiment_node_supervise, experiment_supervise
 from dashboard.experiments.runs.survival import experiments_reap_lost, experiments_redispatch_queued
 from dashboard.experiments.scheduling.allocation import machine_local
+from dashboard.experiments.scheduling.queue import hostnames_online
 
 log = logging.getLogger(__name__)
 
@@ -53,8 +54,10 @@ def run_experiment(experiment_id: int, wake: bool = False) -> str | None:
         return None
     if claim.waiting_reason:
         if not wake:
-            # A run that just came may stand before others: their reasons say where they are.
-            queue_wake_quietly(workers=())
+            # Its first claim, held up here: where it is its turn on another machine with room,
+            # nothing may end to wake it, so it is woken there. A run that just came may stand
+            # before others: their reasons say where they are.
+            queue_wake_quietly(workers=hostnames_online() - {worker}, runs=[experiment_id])
         return None
     if not claim.claimed:
         if wake:  # another worker took it, or it was cancelled: the next in turn here
@@ -62,7 +65,9 @@ def run_experiment(experiment_id: int, wake: bool = False) -> str | None:
         log.info("experiment %s was not queued any more; not starting it", experiment_id)
         return None
     run_nodes_send(experiment_id=experiment_id)  # committed: each further node to its machine
-    queue_wake_quietly(workers=[worker])  # where room is left, the next in turn here takes it
+    # Everywhere: it no longer stands before the runs it held up on the machines it did not
+    # take, and where room is left here, the next in turn takes it.
+    queue_wake_quietly(workers=None)
     status = experiment_supervise(experiment_id=experiment_id, worker=worker)
     if status == Status.QUEUED:  # stopped to resume from its last checkpoint: the next attempt
         run_experiment_send(experiment=Experiment.objects.get(pk=experiment_id))
@@ -70,21 +75,27 @@ def run_experiment(experiment_id: int, wake: bool = False) -> str | None:
     return status
 
 
-def queue_wake_quietly(*, workers: Collection[str] | None) -> None:
+def queue_wake_quietly(
+    *, workers: Collection[str] | None, runs: Collection[int] | None = None
+) -> None:
     """queue_wake_send (`workers=()`: only the others' reasons), where a failure must not stop
     the run this task holds: the reaper's net wakes whose turn it is later."""
     try:
-        queue_wake_send(workers=workers)
+        queue_wake_send(workers=workers, runs=runs)
     except Exception:
         log.exception("the queue could not be woken on %s", workers or "every machine")
 
 
 def queue_wake_send(
-    *, workers: Collection[str] | None = None, due_before: datetime | None = None
+    *,
+    workers: Collection[str] | None = None,
+    due_before: datetime | None = None,
+    runs: Collection[int] | None = None,
 ) -> list[Wake]:
     """Wake the runs whose turn it is on `workers` (every machine online: None), each on its
-    machine's queue (runs/parked.py says who calls this, and when; `due_before`: the net's)."""
-    wakes = queue_wake_plan(workers=workers, due_before=due_before)
+    machine's queue (runs/parked.py says who calls this, and when; `due_before`: the net's;
+    `runs`: only these)."""
+    wakes = queue_wake_plan(workers=workers, due_before=due_before, runs=runs)
     for wake in wakes:
         run_experiment.apply_async(
             (wake.experiment_id,), {"wake": True}, queue=machine_queue(wake.worker)

@@ -7,8 +7,11 @@ woken there (queue.queue_turns), each by one message to that machine's worker
 - a run ends or a queued one is cancelled (queue_wake.py, on `run_ended`): on every machine
   online, since its owner's share moved as well as its devices;
 - a run is queued again (Stop and resume, the reaper): the same;
-- a claim started a run, or found that another worker had taken it: the next in turn on that
-  machine, where room may be left;
+- a claim started a run: on every machine online, since the run no longer stands before others
+  on the machines it did not take, and its owner's share moved (where room is left here, the
+  next in turn takes it); a claim that found its run taken: the next in turn on that machine;
+- a run's first claim held up on its worker: that run, on the other machines where it is its
+  turn (nothing may end to wake it there);
 - a priority changed, or a worker joined (its first report, queue_wake.py);
 - as a net for a wake lost with the broker's messages, the reaper's beat wakes the runs whose
   turn it is and whose last claim is older than TRAINYARD_REDISPATCH_SECONDS: at most a few
@@ -52,18 +55,25 @@ class Wake:
 
 
 def queue_wake_plan(
-    *, workers: Collection[str] | None = None, due_before: datetime | None = None
+    *,
+    workers: Collection[str] | None = None,
+    due_before: datetime | None = None,
+    runs: Collection[int] | None = None,
 ) -> list[Wake]:
     """The runs whose turn it is on `workers` (every machine online: None; none: only the
     reasons are written), in claim order. `due_before`: only those whose last claim is older
-    (the reaper's net), marked as tried now so that the next round leaves them alone."""
+    (the reaper's net), marked as tried now so that the next round leaves them alone. `runs`:
+    only these are woken (a run's first claim, held up on its worker)."""
     running = running_by_owner()
     ordered = queue_ordered(running=running)
     turns = turns_online(ordered=ordered, held=owners_at_limit(running))
     wakes = [
         Wake(run.pk, machine)
         for machine, run, first in turns
-        if first is None and (workers is None or machine in workers) and _due(run, due_before)
+        if first is None
+        and (workers is None or machine in workers)
+        and (runs is None or run.pk in runs)
+        and _due(run, due_before)
     ]
     reasons_store(ordered=ordered, turns=turns, running=running)
     if due_before is not None:
