@@ -34,7 +34,7 @@ from dashboard.experiments.scheduling.allocation import Machine
 from dashboard.experiments.scheduling.queue import ordinal, queue_heads_for, queue_ordered
 from dashboard.experiments.services import experiment_clone, experiment_stop
 from dashboard.experiments.tasks import reap_lost_runs, run_experiment
-from dashboard.studies.models import Study
+from dashboard.studies.models import Study, StudyRun
 from dashboard.texts import QUEUE_ORDER
 
 pytestmark = pytest.mark.django_db
@@ -608,6 +608,52 @@ def test_a_first_claim_held_up_here_is_woken_where_it_is_its_turn(
     assert later.waiting_reason.startswith(f"waiting behind #{pinned.pk}, whose turn on {here}")
     woken = [(m["args"], m["queue"]) for m in published]
     assert woken == [([later.pk], machine_queue("m2"))]
+
+
+def test_a_study_stopped_wakes_the_queue_once_not_once_a_run(
+    user_factory: Any,
+    experiment_factory: Any,
+    published: list[dict[str, Any]],
+    client: Client,
+    django_capture_on_commit_callbacks: Any,
+):
+    """A study's queued runs cancelled together: one wake pass for all of them (each pass reads
+    the whole queue and rewrites the reasons that moved: one a run made stopping a study of 48
+    queued runs take 28 s here, 60 s with 100 other runs queued; 1 s before the wakes)."""
+    WorkerMachine.objects.create(hostname="m1", report={"cpu_count": 2}, reported_at=timezone.now())
+    alice, bob = user_factory(), user_factory()
+    study = Study.objects.create(owner=alice, name="s", base={}, axes={}, target_accuracy=0.9)
+    for position in range(4):
+        run = queued(experiment_factory, alice, f"a{position}")
+        StudyRun.objects.create(study=study, experiment=run, position=position, values={})
+    behind = queued(experiment_factory, bob, "behind the study")
+    client.force_login(alice)
+    with django_capture_on_commit_callbacks(execute=True):
+        answer = client.post(reverse("api-study-stop", args=[study.pk]))
+    assert answer.status_code == 200 and len(answer.json()["stopping"]) == 4
+    # Not each of Alice's next runs in turn, about to be cancelled too: Bob's, once.
+    assert [(m["args"], m["queue"]) for m in published] == [([behind.pk], machine_queue("m1"))]
+
+
+def test_a_reported_runs_end_wakes_nobody(
+    user_factory: Any,
+    experiment_factory: Any,
+    published: list[dict[str, Any]],
+    django_capture_on_commit_callbacks: Any,
+):
+    """A script reporting from elsewhere holds no worker: its end (a request of its own) frees
+    nothing in the queue and must not cost a pass over it."""
+    WorkerMachine.objects.create(hostname="m1", report={"cpu_count": 2}, reported_at=timezone.now())
+    alice = user_factory()
+    elsewhere = queued(experiment_factory, alice, "reported", status=Status.RUNNING,
+                       reported=True, attempt=1, started_at=timezone.now())  # fmt: skip
+    queued(experiment_factory, alice, "waits")
+    with django_capture_on_commit_callbacks(execute=True) as callbacks:
+        run_finish(
+            experiment=elsewhere, sink=EventSink(elsewhere), outcome=Outcome(Status.SUCCEEDED)
+        )
+    assert Experiment.objects.get(pk=elsewhere.pk).status == Status.SUCCEEDED
+    assert published == [] and tasks.queue_wake_send not in callbacks
 
 
 def test_the_reapers_net_wakes_only_whose_turn_it_is(

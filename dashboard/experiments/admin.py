@@ -29,7 +29,7 @@ from dashboard.experiments.models import Checkpoint, CodeArchive, Experiment, Lo
 from dashboard.experiments.services import (
     experiment_checkpoint_request,
     experiment_clone,
-    experiment_stop,
+    experiments_stop,
     queue_turns_changed,
 )
 from training.registry import STRATEGIES
@@ -175,7 +175,7 @@ class ExperimentAdmin(admin.ModelAdmin):
 
     @admin.action(description="Stop the selected runs")
     def stop_runs(self, request: HttpRequest, queryset: QuerySet[Experiment]) -> None:
-        stopped = sum(experiment_stop(experiment=e, by=request.user) for e in queryset)
+        stopped = len(experiments_stop(experiments=queryset, by=request.user))
         self.message_user(request, f"Stop requested for {stopped} run(s).", messages.SUCCESS)
 
     @admin.action(description="Write a checkpoint of the selected running runs now")

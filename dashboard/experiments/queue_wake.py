@@ -11,16 +11,19 @@ from typing import Any
 
 from django.db import transaction
 
-from dashboard.experiments.tasks import queue_wake_send
+from dashboard.experiments.models import Experiment
+from dashboard.experiments.tasks import queue_wake_on_commit, queue_wake_send
 
 
 def run_ended_wake(sender: Any, *, experiment_id: int, **kwargs: Any) -> None:
     """The receiver of signals.run_ended, connected in ExperimentsConfig.ready: on every machine
     online, since the owner's share moved with the devices freed (and a cancelled queued run
-    may have stood before others)."""
+    may have stood before others). A run reported from outside held no worker and counts in no
+    share: its end (its script's request) moves nothing in the queue."""
+    if Experiment.objects.filter(pk=experiment_id, reported=True).exists():
+        return
     # Once the end is committed: a claim before that would still see the run holding its devices.
-    # Robust: a failure here is logged and never reaches the code that ended the run.
-    transaction.on_commit(queue_wake_send, robust=True)
+    queue_wake_on_commit()
 
 
 def machine_joined_wake(sender: Any, *, hostname: str, **kwargs: Any) -> None:

@@ -5,6 +5,7 @@ Views, the API and the admin call these."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser, AnonymousUser
@@ -23,7 +24,7 @@ from dashboard.experiments.models import PROFILE_IN_FLIGHT, Experiment, Profile,
 from dashboard.experiments.runs.lifecycle import run_cancel_queued
 from dashboard.experiments.runs.reported import reported_run_stop_silent
 from dashboard.experiments.scheduling.queue import experiment_priority_set
-from dashboard.experiments.tasks import queue_wake_send, run_experiment_send
+from dashboard.experiments.tasks import queue_wake_send, queue_wakes_held, run_experiment_send
 
 User = AbstractBaseUser | AnonymousUser
 
@@ -77,6 +78,17 @@ def experiment_stop(*, experiment: Experiment, by: Any) -> bool:
         pk=experiment.pk, status=Status.RUNNING, cancel_requested_at__isnull=True
     ).update(cancel_requested_at=now, cancelled_by=by)
     return bool(requested)
+
+
+def experiments_stop(*, experiments: Iterable[Experiment], by: Any) -> list[int]:
+    """experiment_stop for each run (a study's, the admin's selection), the queue woken once for
+    all the queued ones cancelled (tasks.queue_wakes_held); returns the ids stopped."""
+    with queue_wakes_held():
+        return [
+            experiment.pk
+            for experiment in experiments
+            if experiment_stop(experiment=experiment, by=by)
+        ]
 
 
 def experiment_checkpoint_request(*, experiment: Experiment, by: Any) -> str | None:

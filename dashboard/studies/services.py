@@ -14,7 +14,7 @@ from django.utils import timezone
 
 from dashboard.experiments.core.limits import launch_room_refusal, launch_slot_claim
 from dashboard.experiments.models import Experiment, Status
-from dashboard.experiments.services import experiment_launch, experiment_stop
+from dashboard.experiments.services import experiment_launch, experiments_stop
 from dashboard.studies.args_axes import is_args_axis
 from dashboard.studies.cells import OPTION_NAMES, cells_build, scaling_build
 from dashboard.studies.fastest import fastest_build
@@ -105,11 +105,11 @@ def study_runs(study: Study) -> list[Experiment]:
 
 
 def study_stop(*, study: Study, by: Any) -> dict[str, Any]:
-    """Stop the running runs and cancel the queued ones (experiment_stop for each)."""
+    """Stop the running runs and cancel the queued ones (experiments_stop: the queue woken once)."""
     Study.objects.filter(pk=study.pk, stopped_at__isnull=True).update(
         stopped_at=timezone.now(), stopped_by=by
     )
-    stopping = [e.pk for e in study_runs(study) if experiment_stop(experiment=e, by=by)]
+    stopping = experiments_stop(experiments=study_runs(study), by=by)
     study.refresh_from_db()
     return {"id": study.pk, "stopping": stopping, "stopped_at": study.stopped_at.isoformat()}
 
