@@ -91,20 +91,23 @@ WINDOW_ENDS = (1, 20, 40, 47, 60, 80, 94, 100, 120, 140, 141)
 COMPUTE_PER_STEP = 0.01
 
 
-def window_run_make(*, owner: str, name: str) -> int:
+def window_run_make(*, owner: str, name: str, start: int = 0) -> int:
     """A finished run whose step events are WINDOW_ENDS': compute_seconds sums
-    COMPUTE_PER_STEP over each window's steps, images/s is the same in every window."""
+    COMPUTE_PER_STEP over each window's steps, images/s is the same in every window. With a
+    `start`, the windows after step 1's, shifted by it: a line whose first point is not at the
+    start of the run (an imported log, a script joined late)."""
+    ends = WINDOW_ENDS if not start else [start + end for end in WINDOW_ENDS[1:]]
     experiment = Experiment.objects.create(
         owner=get_user_model().objects.get(username=owner),
         name=name,
         status=Status.SUCCEEDED,
         started_at=timezone.now() - datetime.timedelta(minutes=5),
         finished_at=timezone.now(),
-        step=WINDOW_ENDS[-1],
-        total_steps=WINDOW_ENDS[-1],
+        step=ends[-1],
+        total_steps=ends[-1],
     )
-    rows, prev = [], 0
-    for end in WINDOW_ENDS:
+    rows, prev = [], start
+    for end in ends:
         time = end * SECONDS_PER_STEP
         for key, value in (
             ("compute_seconds", COMPUTE_PER_STEP * (end - prev)),

@@ -371,6 +371,15 @@ def test_a_short_window_is_drawn_per_step_and_marked(tab: Any, stack: Stack) -> 
     assert "a window of 7 steps (most have 20)" in hover.inner_text()
     note = tab.locator("[data-chart='compute_seconds'] .chart-note").inner_text()
     assert "Ringed points: windows shorter than most" in note and "per step" in note
+    # A line that starts late: its first point counts as a usual window, not all steps since 0.
+    out = stack.manage(
+        "shell", "-c",
+        "from tests.chart_runs import window_run_make; "
+        "print(window_run_make(owner='alice', name='late', start=200))",
+    )  # fmt: skip
+    open_run(tab, stack, int(out.strip().splitlines()[-1]))
+    late = tab.evaluate(DRAWN, "compute_seconds")["lines"]["Compute per step (s)"]
+    assert late["mean"] == pytest.approx([COMPUTE_PER_STEP] * (len(WINDOW_ENDS) - 1))
     tab.locator("[data-chart='images_per_second']").screenshot(
         path=str(ARTIFACTS / "charts-short-windows.png")
     )

@@ -17,18 +17,25 @@ window.TrainyardWindows = (function () {
    * one before the first is the last of the `whole` line's buckets ending before it (a line's
    * buckets partition its points, and the zoom asks from a bucket's first step). */
   function covered(buckets, whole) {
-    let prev = 0;
+    let prev = null;
     if (buckets.length && whole && whole !== buckets) {
       for (const b of whole) {
         if (b[SL] >= buckets[0][SF]) break;
         prev = b[SL];
       }
     }
-    return buckets.map((b) => {
-      const steps = b[SL] - prev;
+    const first = prev === null;
+    const steps = buckets.map((b) => {
+      const n = b[SL] - (prev === null ? 0 : prev);
       prev = b[SL];
-      return steps;
+      return n;
     });
+    // A line's first point covers from step 0 where the engine wrote it (its step-1 window);
+    // one that starts later (an imported run, a script joined late) has no window before it
+    // to measure: it counts as a usual one, not as all the steps since 0.
+    const u = usual(buckets, steps);
+    if (first && steps.length && (buckets[0][N] || 1) === 1 && u !== null && steps[0] > u) steps[0] = u;
+    return steps;
   }
 
   /** Each bucket's figures per step: a bucket of n windows summing to mean * n over `steps`
