@@ -41,6 +41,12 @@ STRATEGY_FIELDS = {
 # Fields of a type that only a script's observer writes (protocol 1.12): a step's memory, which
 # the engine says in its epoch events (checked there).
 OBSERVER_FIELDS = {"StepEvent": {"memory"}}
+# Fields only a language model's run writes (protocol 1.15; tests/test_lm_training.py checks
+# them).
+LANGUAGE_FIELDS = {
+    "peak_flops", "peak_source", "tokens_per_second", "mfu", "grad_norm", "bits_per_byte",
+    "perplexity", "sample",
+}  # fmt: skip
 
 
 def line(**fields: Any) -> str:
@@ -54,7 +60,7 @@ def test_the_writer_puts_major_and_minor_on_the_wire() -> None:
     buffer = io.StringIO()
     EventWriter("r", stream=buffer).log("hello")
     event = json.loads(buffer.getvalue())
-    assert (event["v"], event["minor"]) == (PROTOCOL_VERSION, PROTOCOL_MINOR) == (1, 14)
+    assert (event["v"], event["minor"]) == (PROTOCOL_VERSION, PROTOCOL_MINOR) == (1, 15)
     # A reader of 1.0 to 1.2 checked only that v is an int it knows: it still reads this.
     assert isinstance(event["v"], int) and not isinstance(event["v"], bool)
 
@@ -108,7 +114,7 @@ def assert_matches(entry: dict[str, Any], cls: type, *, every: bool) -> None:
     assert required <= entry.keys(), (cls.__name__, required - entry.keys())
     assert entry.keys() <= declared, (cls.__name__, entry.keys() - declared)
     if every:
-        optional = STRATEGY_FIELDS | OBSERVER_FIELDS.get(cls.__name__, set())
+        optional = STRATEGY_FIELDS | LANGUAGE_FIELDS | OBSERVER_FIELDS.get(cls.__name__, set())
         assert declared - optional <= entry.keys(), (cls.__name__, declared - entry.keys())
 
 

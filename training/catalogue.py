@@ -5,10 +5,12 @@ launch checks all read them from here. Nothing here imports torch's model code u
 (``torchvision.models`` is a cheap import: its builders are registered, not built).
 
 Models
-    ``simple-cnn`` (the built-in, the default), every classification model of
-    ``torchvision.models`` (``list_models``), and plug-ins: the entry points of group
-    ``trainyard.models`` of any installed package. An entry point's name is the model's name and
-    its object a callable ``build(*, num_classes, in_channels, image_size) -> nn.Module``.
+    ``simple-cnn`` (the built-in, the default), ``byte-llama`` (the built-in language model,
+    ``training.text_catalogue``: it trains on text, the others on images), every
+    classification model of ``torchvision.models`` (``list_models``), and plug-ins: the entry
+    points of group ``trainyard.models`` of any installed package. An entry point's name is the
+    model's name and its object a callable
+    ``build(*, num_classes, in_channels, image_size) -> nn.Module``.
 
 Datasets
     ``mnist`` (always: the offline sample stands in for the full one), ``fashion-mnist`` (where
@@ -16,7 +18,8 @@ Datasets
     image roots, see ``image_roots``), torchvision's built-ins whose files are present under the
     data folder (``TORCHVISION_DATASETS``), and plug-ins: entry points of group
     ``trainyard.datasets``, whose object is a callable ``build(*, root: Path, train: bool)``
-    returning a map-style dataset of (image, label) pairs, as torchvision's datasets do.
+    returning a map-style dataset of (image, label) pairs, as torchvision's datasets do; and the
+    text datasets ``jargon`` and ``textfolder`` (``training.text_catalogue``), for language models.
 """
 
 from __future__ import annotations
@@ -31,8 +34,19 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from training.text_catalogue import (
+    JARGON,
+    LANGUAGE_MODELS,
+    TEXT_DATASETS,
+    TEXTFOLDER,
+    folders_under,
+    jargon_file,
+    text_folders,
+    text_roots,
+)
+
 MODEL_DEFAULT = "simple-cnn"
-BUILTIN_MODELS = (MODEL_DEFAULT,)
+BUILTIN_MODELS = (MODEL_DEFAULT, *LANGUAGE_MODELS)
 MODEL_GROUP = "trainyard.models"
 DATASET_GROUP = "trainyard.datasets"
 IMAGEFOLDER = "imagefolder"
@@ -57,7 +71,7 @@ TORCHVISION_DATASETS = {
     "kmnist": ("KMNIST", "KMNIST/raw"),
     "svhn": ("SVHN", "train_32x32.mat"),
 }
-DATASET_NAMES_KNOWN = (*IDX_DATASETS, IMAGEFOLDER, *TORCHVISION_DATASETS)
+DATASET_NAMES_KNOWN = (*IDX_DATASETS, IMAGEFOLDER, *TORCHVISION_DATASETS, *TEXT_DATASETS)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".ppm", ".bmp", ".pgm", ".tif", ".tiff", ".webp")
 EVAL_SPLITS = ("val", "test")
 IMAGE_ROOTS_ENV = "TRAINYARD_IMAGE_FOLDERS"
@@ -116,9 +130,10 @@ def model_splittable(entry: ModelEntry) -> bool:
 
 
 def model_tensor_parallel(entry: ModelEntry) -> bool:
-    """Whether ``tensor-parallel`` and ``fsdp-tp`` can split this model: the built-in declares
-    its plan (``SimpleCNN.tensor_parallel_plan``), torchvision's declare none, and a plug-in can
-    where its ``build`` has a ``tensor_parallel`` attribute, a callable
+    """Whether ``tensor-parallel`` and ``fsdp-tp`` can split this model: the built-ins declare
+    their plans (``SimpleCNN.tensor_parallel_plan``, byte-llama's torchtitan plan),
+    torchvision's declare none, and a plug-in can where its ``build`` has a
+    ``tensor_parallel`` attribute, a callable
     ``tensor_parallel(model) -> {module path: "colwise" | "rowwise"}``."""
     if entry.source == "built in":
         return True
@@ -151,8 +166,8 @@ def unknown_model_message(name: str, names: list[str]) -> str:
     close = difflib.get_close_matches(name, names, n=3, cutoff=0.6)
     hint = f"; did you mean {' or '.join(close)}?" if close else ""
     return (
-        f"unknown model {name!r}: not simple-cnn, a torchvision classifier or an installed "
-        f"{MODEL_GROUP} plug-in{hint} (python -m training.catalogue lists them)"
+        f"unknown model {name!r}: not simple-cnn, byte-llama, a torchvision classifier or an "
+        f"installed {MODEL_GROUP} plug-in{hint} (python -m training.catalogue lists them)"
     )
 
 
@@ -257,21 +272,7 @@ def _folder_problem(parts: list[dict[str, tuple[int, int]]], layout: str) -> str
 
 def image_folders(roots: Sequence[Path]) -> list[ImageFolderFacts]:
     """The image folders under ``roots`` (each root, or its subfolders, one level down)."""
-    found: dict[str, ImageFolderFacts] = {}
-    for root in roots:
-        facts = image_folder_facts(root) if root.is_dir() else None
-        if facts is not None:
-            found.setdefault(facts.path, facts)
-            continue
-        try:
-            children = sorted(p for p in root.iterdir() if p.is_dir())
-        except OSError:
-            continue
-        for child in children:
-            facts = image_folder_facts(child)
-            if facts is not None:
-                found.setdefault(facts.path, facts)
-    return list(found.values())
+    return folders_under(roots, image_folder_facts)
 
 
 def _class_counts(split: Path) -> dict[str, tuple[int, int]]:
@@ -302,7 +303,9 @@ def catalogue_collect(*, data_dir: Path) -> dict[str, Any]:
     (``model_sources``, ``dataset_details``, ``image_folders``)."""
     entries = model_entries()
     folders = image_folders(image_roots(data_dir))
+    texts = text_folders(text_roots(data_dir))
     details = dataset_details(data_dir=data_dir, folders=folders)
+    details += text_details(data_dir=data_dir, texts=texts)
     return {
         "models": [entry.name for entry in entries],
         "model_sources": {entry.name: entry.source for entry in entries},
@@ -311,7 +314,30 @@ def catalogue_collect(*, data_dir: Path) -> dict[str, Any]:
         "datasets": [d["name"] for d in details],
         "dataset_details": details,
         "image_folders": [asdict(f) for f in folders],
+        "language_models": list(LANGUAGE_MODELS),
+        "text_folders": [
+            {"path": t.path, "files": t.files, "bytes": t.bytes, "layout": t.layout} for t in texts
+        ],
     }
+
+
+def text_details(*, data_dir: Path, texts: Sequence[Any]) -> list[dict[str, Any]]:
+    """``dataset_details``' entries of the text datasets this machine has: the Jargon File
+    where it is, ``textfolder`` where a text folder is under the text roots."""
+    details: list[dict[str, Any]] = []
+    jargon = jargon_file(data_dir)
+    if jargon is not None:
+        details.append(_detail(JARGON, jargon, "the Jargon File 4.4.7 (public domain)"))
+    if texts:
+        details.append(
+            {
+                "name": TEXTFOLDER,
+                "where": ", ".join(t.path for t in texts),
+                "bytes": sum(t.bytes for t in texts),
+                "source": f"{len(texts)} text folder(s)",
+            }
+        )
+    return details
 
 
 def dataset_details(*, data_dir: Path, folders: Sequence[ImageFolderFacts]) -> list[dict[str, Any]]:

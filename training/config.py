@@ -24,9 +24,11 @@ from training.registry import (
     STRATEGY_NAMES,
     SWITCH,
     SYNC_BATCHNORM_STRATEGIES,
+    TENSOR_PARALLEL_STRATEGIES,
     StrategyOption,
     option_strategies,
 )
+from training.text_catalogue import BYTE_LLAMA, BYTE_LLAMA_SIZE_DEFAULT, BYTE_LLAMA_SIZES
 
 DATASETS = ("mnist", "fashion-mnist")  # the IDX datasets; dataset_choices() has them all
 WORKERS_DEFAULT = 2
@@ -86,6 +88,16 @@ class TrainConfig:
     script: ScriptSettings | None = None  # --strategy script: the user's code
     # where profiles asked for by SIGUSR2 go (training.observe.profiling)
     profile_dir: str | None = None
+    # A language model's (byte-llama): its size preset and window in bytes (None for the
+    # others), and whether tensor parallel also splits the norms and residuals by sequence.
+    model_size: str | None = None
+    seq_len: int | None = None
+    sequence_parallel: bool = True
+
+    @property
+    def language(self) -> bool:
+        """Whether this run trains a language model (on text)."""
+        return self.seq_len is not None
 
     @property
     def step_limit(self) -> int | None:
@@ -163,7 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m training",
         description="Train a model (the built-in simple-cnn, a torchvision classifier or a "
-        "trainyard.models plug-in) on a dataset with one of several parallel strategies. "
+        "trainyard.models plug-in) on a dataset, or the built-in language model byte-llama on "
+        "text (jargon, textfolder), with one of several parallel strategies. "
         "Events go to stdout as JSON lines, logs to stderr.",
         epilog="strategies:\n" + "\n".join(f"  {spec.name:15} {spec.summary}" for spec in REGISTRY),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -190,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
         "resnet18, or an installed trainyard.models plug-in (python -m training.catalogue "
         "lists them); adapted to the dataset's channels, classes and image size",
     )
+    _language_arguments(p)
     p.add_argument(
         "--weights",
         default=None,
@@ -282,6 +296,34 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _language_arguments(p: argparse.ArgumentParser) -> None:
+    sizes = "; ".join(f"{s.name}: {s.help}" for s in BYTE_LLAMA_SIZES.values())
+    p.add_argument(
+        "--model-size",
+        choices=tuple(BYTE_LLAMA_SIZES),
+        default=None,
+        help=f"a language model's size (--model {BYTE_LLAMA} only; default: "
+        f"{BYTE_LLAMA_SIZE_DEFAULT}): {sizes}",
+    )
+    p.add_argument(
+        "--seq-len",
+        type=_int_in(8, 65536),
+        default=None,
+        metavar="N",
+        help="bytes a language model reads at once, its training windows (default: the size's, "
+        + ", ".join(f"{s.seq_len} for {s.name}" for s in BYTE_LLAMA_SIZES.values())
+        + "); --batch-size counts these windows",
+    )
+    p.add_argument(
+        "--sequence-parallel",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="tensor parallel also splits a language model's norms and residual stream by "
+        f"sequence, torchtitan's plan (--strategy {' or '.join(TENSOR_PARALLEL_STRATEGIES)} "
+        "with a language model; default: on)",
+    )
+
+
 def _script_arguments(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group(
         "your own script",
@@ -314,7 +356,9 @@ def _data_arguments(p: argparse.ArgumentParser) -> None:
         default=None,
         metavar="DIR",
         help="the image folder for --dataset imagefolder (train/ and val/ or test/ of class "
-        "folders, or class folders directly)",
+        "folders, or class folders directly), or the text folder for --dataset textfolder "
+        "(.txt files, under train/ and val/ or not; in <data dir>/textfolders or "
+        "$TRAINYARD_TEXT_FOLDERS)",
     )
     p.add_argument(
         "-j",
@@ -422,6 +466,7 @@ def parse_args(argv: Sequence[str], parser: argparse.ArgumentParser | None = Non
     config_checks.reshard_check(ns, parser)
     data_path = config_checks.data_check(ns, parser)
     config_checks.model_check(ns, parser)
+    language = config_checks.language_check(ns, parser)
     return TrainConfig(
         strategy=ns.strategy,
         nproc=ns.nproc if ns.nproc is not None else _default_nproc(ns.strategy, ns.gpus),
@@ -459,6 +504,9 @@ def parse_args(argv: Sequence[str], parser: argparse.ArgumentParser | None = Non
         reshard_after_forward=ns.reshard_after_forward,
         phases=ns.phases,
         script=script,
+        model_size=language.model_size,
+        seq_len=language.seq_len,
+        sequence_parallel=language.sequence_parallel,
         **options,
     )
 

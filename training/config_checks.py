@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from training import catalogue
-from training.catalogue import IMAGEFOLDER, MODEL_DEFAULT, image_folder_facts
-from training.refusals import option_refusals
+from training.catalogue import IMAGEFOLDER, image_folder_facts
+from training.refusals import language_refusals, option_refusals
 from training.registry import (
     OPTIONS_DECLARED,
     RESHARD_STRATEGIES,
@@ -25,6 +25,16 @@ from training.registry import (
     TENSOR_PARALLEL_STRATEGIES,
     TORCHRUN_STRATEGIES,
     OptionValue,
+)
+from training.text_catalogue import (
+    BYTE_LLAMA_SIZE_DEFAULT,
+    LANGUAGE_MODELS,
+    TEXT_ROOTS_ENV,
+    TEXTFOLDER,
+    model_size_get,
+    path_under,
+    text_layout,
+    text_roots,
 )
 
 
@@ -93,11 +103,13 @@ def reshard_check(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> No
 def data_check(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> str | None:
     """--data-path resolved; refused where the dataset does not take one, required (and looked
     at, without decoding) where it does. The engine checks the rest (train/val classes)."""
+    if ns.dataset == TEXTFOLDER:
+        return _text_folder_check(ns, parser)
     if ns.dataset != IMAGEFOLDER:
         if ns.data_path is not None:
             parser.error(
-                f"argument --data-path: only with --dataset {IMAGEFOLDER}, not {ns.dataset} "
-                "(its files are found under --data-dir)"
+                f"argument --data-path: only with --dataset {IMAGEFOLDER} or {TEXTFOLDER}, not "
+                f"{ns.dataset} (its files are found under --data-dir)"
             )
         return None
     if not ns.data_path:
@@ -119,6 +131,63 @@ def data_check(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> str |
     return str(path)
 
 
+def _text_folder_check(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> str:
+    """A text folder: given, holding .txt files, and under the text roots (the folders a worker
+    reads users' text from, as its image folders are found under the image roots)."""
+    if not ns.data_path:
+        parser.error(f"argument --data-path: required with --dataset {TEXTFOLDER}")
+    path = Path(ns.data_path).expanduser().resolve()
+    roots = text_roots(Path(ns.data_dir).expanduser().resolve())
+    if not path_under(path, roots):
+        parser.error(
+            f"argument --data-path: {ns.data_path} is not under the text folders' roots "
+            f"({', '.join(str(r) for r in roots)}; ${TEXT_ROOTS_ENV} adds more)"
+        )
+    if text_layout(path) is None:
+        parser.error(f"argument --data-path: {ns.data_path} holds no .txt files with text in them")
+    return str(path)
+
+
+@dataclass(frozen=True)
+class LanguageSettings:
+    """A language model's settings for TrainConfig (None where the model is not one)."""
+
+    model_size: str | None
+    seq_len: int | None
+    sequence_parallel: bool
+
+
+def language_check(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> LanguageSettings:
+    """--model-size and --seq-len only for a language model, --sequence-parallel only where
+    tensor parallel splits one; the pairing of model and data and the widths a tensor-parallel
+    degree must divide (``training.refusals.language_refusals``, the dashboard's too)."""
+    language = ns.model in LANGUAGE_MODELS
+    given = [flag for flag, value in (("--model-size", ns.model_size), ("--seq-len", ns.seq_len),
+                                      ("--sequence-parallel", ns.sequence_parallel))
+             if value is not None]  # fmt: skip
+    if given and not language:
+        parser.error(
+            f"argument {given[0]}: only with a language model (--model "
+            f"{' or '.join(LANGUAGE_MODELS)}), not {ns.model}"
+        )
+    processes = ns.nproc if ns.nproc is not None else len(ns.gpus) or 2
+    for refusal in language_refusals(
+        ns.strategy, model=ns.model, dataset=ns.dataset, processes=processes,
+        model_size=ns.model_size, seq_len=ns.seq_len, sequence_parallel=ns.sequence_parallel,
+    ):  # fmt: skip
+        parser.error(refusal.cli_message)
+    if ns.sequence_parallel is not None and ns.strategy not in TENSOR_PARALLEL_STRATEGIES:
+        parser.error(
+            f"argument --sequence-parallel: applies to --strategy "
+            f"{' or '.join(TENSOR_PARALLEL_STRATEGIES)} only, not {ns.strategy}"
+        )
+    if not language:
+        return LanguageSettings(None, None, True)
+    size = model_size_get(ns.model_size or BYTE_LLAMA_SIZE_DEFAULT)
+    sequence_parallel = ns.sequence_parallel is not False  # on unless turned off
+    return LanguageSettings(size.name, ns.seq_len or size.seq_len, sequence_parallel)
+
+
 def model_check(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """--model names a model of the catalogue (close matches said where not), one that declares
     a tensor-parallel plan for the strategies that split by it; --sync-batchnorm only where it
@@ -130,8 +199,8 @@ def model_check(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> None
         )
     if ns.sync_batchnorm and not ns.gpus:
         parser.error(f"argument --sync-batchnorm: {SYNC_BATCHNORM_CPU_REASON}")
-    if ns.model == MODEL_DEFAULT:
-        return  # the built-in: no need to import torchvision to know it
+    if ns.model in catalogue.BUILTIN_MODELS:
+        return  # the built-ins: no need to import torchvision to know them
     entries = {entry.name: entry for entry in catalogue.model_entries()}
     if ns.model not in entries:
         message = catalogue.unknown_model_message(ns.model, list(entries))

@@ -10,9 +10,10 @@ and imports nothing here.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,15 +29,18 @@ from training.checkpoint import (
 )
 from training.config import TrainConfig
 from training.data.batching import rank_batches, steps_per_epoch
-from training.data.datasets import Dataset
+from training.data.datasets import Dataset, text_dataset
 from training.data.shared_data import dataset_for_ranks
 from training.data.sources import dataset_open
+from training.data.text import TextSplit, text_batches
 from training.epochs import EpochStart, Ranks, epochs_drive, model_build, started_emit
-from training.loop import Tested, evaluate, steps_run
+from training.loop import Tested, evaluate, sample_text, steps_run
 from training.models.build import BuiltModel
 from training.observe.collectives import collectives_time
+from training.observe.language import test_fields, tokens_fields
 from training.observe.memory import memory_report
 from training.observe.meter import Window, window_report
+from training.observe.peak import Peak, run_peak
 from training.observe.phases import clock_for, clock_off
 from training.observe.profiling import ProfileRecorder
 from training.observe.rank_watch import RankWatch, rank_watched
@@ -45,6 +49,7 @@ from training.process.run_requests import checkpoint_request_pending, checkpoint
 from training.process.runtime import Runtime, all_gather, all_reduce_sum, machine_name
 from training.protocol import EventWriter, SharedTensor
 from training.strategies import Plan, own_trainer, plan_build
+from training.strategies.schedule import lr_schedule, scheduled
 
 
 def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
@@ -60,7 +65,7 @@ def train(cfg: TrainConfig, rt: Runtime, events: EventWriter) -> None:
     if rt.distributed and cfg.phases:
         collectives_time()  # the communication phase and bytes (training.observe.collectives)
     run = _setup(cfg, rt)
-    _started_emit(cfg, rt, events, run)
+    run = dataclasses.replace(run, peak=_started_emit(cfg, rt, events, run))
     profiles = ProfileRecorder(cfg, rt, events)  # profiles on request (SIGUSR2)
     # A hung rank named within a minute, not after the collective's timeout (rank_watch.py).
     with rank_watched(rt, events) as watch:
@@ -84,6 +89,7 @@ class _Run:
     per_epoch: int  # optimizer steps per epoch
     resume: ResumePoint
     notes: list[str]  # started.notes: the plan's, then the resume's
+    peak: Peak | None = None  # a language model's: what its MFU is measured against
 
 
 def _setup(cfg: TrainConfig, rt: Runtime) -> _Run:
@@ -108,6 +114,8 @@ def _setup(cfg: TrainConfig, rt: Runtime) -> _Run:
         if plan.scaler is not None and state.get("scaler"):
             plan.scaler.load_state_dict(state["scaler"])  # fp16: the loss scale it had reached
     notes = [*plan.notes, *data.notes, *resumed.notes]
+    if cfg.language:
+        notes.append(lr_schedule(cfg.lr, per_epoch * cfg.epochs).words())
     return _Run(plan, built, data, shared_tensors, per_epoch, resumed.point, notes)
 
 
@@ -117,9 +125,16 @@ def _step_images(cfg: TrainConfig, slices: int) -> int:
     return cfg.batch_size * cfg.accumulate * slices
 
 
-def _started_emit(cfg: TrainConfig, rt: Runtime, events: EventWriter, run: _Run) -> None:
-    """The ``started`` event (every rank joins the gather of PIDs) and the logs that follow."""
+def _started_emit(cfg: TrainConfig, rt: Runtime, events: EventWriter, run: _Run) -> Peak | None:
+    """The ``started`` event (every rank joins the gather of PIDs) and the logs that follow;
+    for a language model, the peak its MFU is measured against (found once all ranks are
+    here: ``observe.peak``), which the event says."""
     gathered = all_gather(rt, (os.getpid(), rt.device_label, machine_name()))
+    peak = None
+    extra = dict(run.plan.started)
+    if cfg.language:
+        peak = run_peak(rt, cfg.precision, [machine for _, _, machine in gathered])
+        extra |= {"peak_flops": peak.flops, "peak_source": peak.source}
     ranks = Ranks(
         devices=run.plan.devices or [label for _, label, _ in gathered],
         pids=[pid for pid, _, _ in gathered],
@@ -128,7 +143,7 @@ def _started_emit(cfg: TrainConfig, rt: Runtime, events: EventWriter, run: _Run)
         launcher_pid=os.getppid() if rt.distributed else os.getpid(),
         notes=run.notes,
         shared_tensors=run.shared_tensors,
-        extra=run.plan.started,
+        extra=extra,
         warnings=run.plan.warnings,
         batch_ranks=run.plan.shard(rt.rank, rt.world_size).count,
     )
@@ -136,6 +151,7 @@ def _started_emit(cfg: TrainConfig, rt: Runtime, events: EventWriter, run: _Run)
         cfg, rt, events, data=run.data, built=run.built, per_epoch=run.per_epoch,
         start_epoch=run.resume.start_epoch, ranks=ranks,
     )  # fmt: skip
+    return peak
 
 
 def _epoch_train(
@@ -149,21 +165,25 @@ def _epoch_train(
 ) -> tuple[int, Tested]:
     """Train, evaluate and checkpoint one epoch; returns (global step, its test figures)."""
     epoch, step, done_before = work.epoch, work.step_base, work.skip
-    shard = run.plan.shard(rt.rank, rt.world_size)
-    batches = rank_batches(
-        len(run.data.train), cfg.batch_size, shard.count, shard.rank, cfg.seed, epoch,
-        cfg.accumulate,
-    )[: run.per_epoch]  # fmt: skip
-    run.plan.net.train()
+    batches = _epoch_batches(cfg, rt, run, epoch)
+    plan = run.plan
+    if cfg.language:  # warm-up and cosine, set from the global step (strategies.schedule)
+        schedule = lr_schedule(cfg.lr, run.per_epoch * cfg.epochs)
+        step_at = scheduled(plan.step, plan.optimizer, schedule, first=step + 1)
+        plan = dataclasses.replace(plan, step=step_at)
+    plan.net.train()
+    figures = _language_figures(cfg, run)
     step, whole = epoch_run(
-        cfg=cfg, rt=rt, events=events, plan=run.plan, data=run.data,
+        cfg=cfg, rt=rt, events=events, plan=plan, data=run.data,
         batches=batches[done_before:], epoch=epoch, step=step, done_before=done_before,
-        profiles=profiles, watch=watch,
+        profiles=profiles, watch=watch, figures=figures,
     )  # fmt: skip
     report = window_report(rt, whole, replicas(run.plan, rt))
     # Before evaluation, which may free or gather (FSDP2 reshards): what training held.
     memory = memory_report(rt, model=run.plan.model, optimizer=run.plan.optimizer)
     test_loss, test_accuracy = _evaluate(cfg, rt, run)
+    if figures is not None:  # a language model's: tokens/s, MFU, bits per byte, its text
+        report = figures(report) | test_fields(test_loss, _sample(cfg, rt, run, epoch))
     epoch_emit(
         events, rt, epoch=epoch, step=step, test_loss=test_loss, test_accuracy=test_accuracy,
         report=report, memory=memory,
@@ -179,13 +199,60 @@ def _epoch_train(
     return step, (test_loss, test_accuracy)
 
 
+def _epoch_batches(cfg: TrainConfig, rt: Runtime, run: _Run, epoch: int) -> list[torch.Tensor]:
+    """This rank's batches of ``epoch``: indices of its images in the epoch's seeded order, or
+    a language model's window offsets, drawn per global step (``training.data.text``)."""
+    shard = run.plan.shard(rt.rank, rt.world_size)
+    if isinstance(run.data.train, TextSplit):
+        return text_batches(
+            run.data.train, batch_size=cfg.batch_size, count=shard.count, rank=shard.rank,
+            seed=cfg.seed, first_step=(epoch - 1) * run.per_epoch + 1, steps=run.per_epoch,
+            accumulate=cfg.accumulate,
+        )  # fmt: skip
+    return rank_batches(
+        len(run.data.train), cfg.batch_size, shard.count, shard.rank, cfg.seed, epoch,
+        cfg.accumulate,
+    )[: run.per_epoch]  # fmt: skip
+
+
+def _language_figures(
+    cfg: TrainConfig, run: _Run
+) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
+    """What a language model's step and epoch events add to the meter's report: tokens/s,
+    MFU and the last step's gradient norm (``observe.language``); None for a classifier."""
+    if not cfg.language or cfg.seq_len is None:
+        return None
+    seq_len, flops = cfg.seq_len, int(run.built.info.get("flops_per_token", 0))
+    clip = run.plan.grad_clip
+
+    def figures(report: dict[str, Any]) -> dict[str, Any]:
+        fields = tokens_fields(report, seq_len=seq_len, peak=run.peak, flops_per_token=flops)
+        if clip is not None and clip.last is not None:
+            fields["grad_norm"] = round(float(clip.last), 6)
+        return fields
+
+    return figures
+
+
 def _evaluate(cfg: TrainConfig, rt: Runtime, run: _Run) -> Tested:
     plan = run.plan
+    # A language model's windows are as long as its training's: no larger batch than those.
+    size = min(cfg.test_batch_size, cfg.batch_size) if cfg.language else cfg.test_batch_size
     with plan.evaluating(), plan.autocast():
         return evaluate(
-            plan.eval_net, run.data, rt, cfg.test_batch_size, plan.input_device,
+            plan.eval_net, run.data, rt, size, plan.input_device,
             plan.output_device, shard=plan.shard(rt.rank, rt.world_size),
         )  # fmt: skip
+
+
+def _sample(cfg: TrainConfig, rt: Runtime, run: _Run, epoch: int) -> str:
+    """The text the model writes after the held-out text's first window (every rank of a
+    tensor-parallel group writes it with the others; rank 0's is reported)."""
+    plan, test = run.plan, run.data.test
+    assert isinstance(test, TextSplit)
+    prompt = test.tokens[: test.seq_len]
+    with plan.evaluating(), plan.autocast():
+        return sample_text(plan.eval_net, prompt, device=plan.input_device, seed=cfg.seed + epoch)
 
 
 def epoch_run(
@@ -201,10 +268,12 @@ def epoch_run(
     done_before: int = 0,
     profiles: ProfileRecorder | None = None,
     watch: RankWatch | None = None,
+    figures: Callable[[dict[str, Any]], dict[str, Any]] | None = None,
 ) -> tuple[int, Window]:
     """Train on ``batches`` (the epoch's, after the ``done_before`` a resumed run had done),
-    emitting step events, writing requested checkpoints and recording requested profiles, and
-    telling the stall ``watch`` of each step; returns (global step, the epoch's window)."""
+    emitting step events (``figures`` adds a language model's to each), writing requested
+    checkpoints and recording requested profiles, and telling the stall ``watch`` of each
+    step; returns (global step, the epoch's window)."""
     # On the output device: that is where the loss is (model-parallel: the last stage's).
     interval, whole = Window(plan.output_device), Window(plan.output_device)
     slices = plan.shard(rt.rank, rt.world_size).count
@@ -223,6 +292,8 @@ def epoch_run(
         if reported:
             # Every rank takes this branch at the same step: the all-gather inside matches up.
             report = window_report(rt, interval, replicas(plan, rt))
+            if figures is not None:
+                report = figures(report)
             lr = float(plan.optimizer.param_groups[0]["lr"])
             events.emit("step", epoch=epoch, step=step, lr=lr, **report)
         if profiles is not None:
@@ -298,6 +369,8 @@ def checkpoint_asked(plan: Plan, rt: Runtime) -> bool:
 def dataset_for(cfg: TrainConfig, rt: Runtime) -> tuple[Dataset, list[SharedTensor]]:
     """The run's data and ``started.shared_tensors``: under torchrun one shared copy per
     machine (where it stays resident), else this process's own (nothing to share with)."""
+    if cfg.language and cfg.seq_len is not None:  # text: a few MB, each process its own copy
+        return text_dataset(cfg.dataset, Path(cfg.data_dir), cfg.data_path, cfg.seq_len), []
     if rt.distributed:
         return dataset_for_ranks(cfg.dataset, Path(cfg.data_dir), rt, cfg.data_path, cfg.workers)
     data = dataset_open(cfg.dataset, Path(cfg.data_dir), cfg.data_path, workers=cfg.workers)

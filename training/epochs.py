@@ -55,7 +55,10 @@ def model_build(cfg: TrainConfig) -> tuple[BuiltModel, dict[str, Any] | None]:
     torch.manual_seed(cfg.seed)
     meta = dataset_meta(cfg.dataset, Path(cfg.data_dir), cfg.data_path)
     weights = cfg.weights if state is None else None
-    built = model_build_for(name=cfg.model, meta=meta, weights=weights)
+    built = model_build_for(
+        name=cfg.model, meta=meta, weights=weights, model_size=cfg.model_size,
+        seq_len=cfg.seq_len,
+    )  # fmt: skip
     if state is not None:
         mismatch = weights_mismatch(built.model.state_dict(), state["model"])
         if mismatch:

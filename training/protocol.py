@@ -1,10 +1,10 @@
-"""The event protocol between a training run and whoever watches it (version 1.14).
+"""The event protocol between a training run and whoever watches it (version 1.15).
 
 A run writes one JSON object per line on standard output; rank 0 alone writes them. Every object
 has the envelope (``Envelope`` below)
 
     v      protocol major version (int, 1)
-    minor  protocol minor version (int, 14); absent before 1.3, so a 1.0 to 1.2 writer is "1.x"
+    minor  protocol minor version (int, 15); absent before 1.3, so a 1.0 to 1.2 writer is "1.x"
     run    the run id given with --run-id ("" when none was given)
     seq    sequence number, 1, 2, 3, ... in the order written, with no gaps
     type   one of ``EventType``: started, step, epoch, log, checkpoint, profile, metrics,
@@ -20,7 +20,7 @@ higher major (``parse_event`` raises ``ProtocolVersionError``). Standard error i
 the training's own log lines carry ``LOG_LINE_MARKER`` (``log_line_format``, ``log_line_read``).
 
 docs/protocol.md has the whole description: the types, the reading rules, the stderr marker and
-the history of each minor version (what 1.1 to 1.14 added).
+the history of each minor version (what 1.1 to 1.15 added).
 """
 
 # No ``from __future__ import annotations`` here: on Python 3.11 it hides ``NotRequired`` from
@@ -49,7 +49,7 @@ from training.protocol_entries import (  # noqa: F401 - readers import every typ
 )
 
 PROTOCOL_VERSION: Final = 1  # the major version, "v" on the wire
-PROTOCOL_MINOR: Final = 14  # the minor version, "minor" on the wire (since 1.3)
+PROTOCOL_MINOR: Final = 15  # the minor version, "minor" on the wire (since 1.3)
 
 EventType = Literal[
     "started",
@@ -152,6 +152,13 @@ class StartedFields(TypedDict):
     # are empty or 0 there: the script's are its own.
     script: NotRequired[ScriptInfo]
     stop_pid: NotRequired[int]
+    # 1.15, a language model's run (model_info says its size, window and FLOPs per token): the
+    # peak its MFU is measured against, FLOP/s over all the run's devices, and how it was found
+    # ("measured peak (...)": a matmul calibration once per machine, cached; or a GPU's
+    # datasheet). train_size and test_size count windows of model_info.seq_len bytes, and
+    # batch_size and global_batch_size such windows (sequences).
+    peak_flops: NotRequired[float]
+    peak_source: NotRequired[str]
 
 
 class StepFields(TypedDict):
@@ -177,6 +184,14 @@ class StepFields(TypedDict):
     # 1.12, a script's observer: what each rank holds at the window's end (the engine says it
     # in its epoch events).
     memory: NotRequired[list[MemoryEntry]]
+    # 1.15, a language model's: images_per_second (windows) x the window's bytes, all ranks (a
+    # token a tensor-parallel group or pipeline trains on together counted once; per rank in
+    # ranks[].tokens_per_second), the model FLOPs utilisation over the started event's peak
+    # (tokens/s x model_info.flops_per_token / peak_flops), and the gradient norm of the
+    # window's last step, before clipping at 1.0.
+    tokens_per_second: NotRequired[float]
+    mfu: NotRequired[float]
+    grad_norm: NotRequired[float]
 
 
 class EpochFields(TypedDict):
@@ -194,6 +209,17 @@ class EpochFields(TypedDict):
     ranks: NotRequired[list[RankReport]]  # 1.1
     memory: NotRequired[list[MemoryEntry]]  # 1.7: one per rank (Hogwild: per process)
     compile_seconds: NotRequired[float]  # 1.8: as the step event's, over the epoch
+    # 1.15, a language model's: test_loss is per byte of the held-out text and test_accuracy
+    # the next byte's; tokens_per_second, mfu and grad_norm as the step event's, over the epoch;
+    # bits_per_byte (test_loss / ln 2) and perplexity (e ^ test_loss), null where the loss is;
+    # sample: SAMPLE_BYTES bytes the model writes after the held-out text's first window
+    # (temperature 0.8, seeded by seed + epoch), as UTF-8 text (undecodable bytes replaced).
+    tokens_per_second: NotRequired[float]
+    mfu: NotRequired[float]
+    grad_norm: NotRequired[float]
+    bits_per_byte: NotRequired[float | None]
+    perplexity: NotRequired[float | None]
+    sample: NotRequired[str]
 
 
 class LogFields(TypedDict):

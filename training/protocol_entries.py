@@ -41,6 +41,13 @@ class ModelInfo(TypedDict):
     num_classes: int
     image_size: int  # the dataset's image size (square), which it was built for
     input_size: int  # the size its layers see: image_size, or what each batch is resized to
+    # 1.15, a language model (byte-llama; in_channels and image_size 0, num_classes its
+    # vocabulary, input_size its window): its size preset, the window in bytes (--seq-len), and
+    # its training FLOPs per token, 6 x the parameters that multiply (not the embedding) + 12 x
+    # layers x heads x head_dim x seq_len (torchtitan's and nanoGPT's estimate), MFU's numerator.
+    model_size: NotRequired[str]
+    seq_len: NotRequired[int]
+    flops_per_token: NotRequired[int]
 
 
 class RankReport(TypedDict):
@@ -68,6 +75,8 @@ class RankReport(TypedDict):
     # straggler), and how many it entered; only where every rank entered the same number.
     arrived_late_seconds: NotRequired[float]
     collectives: NotRequired[int]
+    # 1.15, a language model's: this rank's windows a second x the window's bytes.
+    tokens_per_second: NotRequired[float]
 
 
 class MemoryEntry(TypedDict):

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from training.registry import (
+    LANGUAGE_STRATEGIES,
     MICROBATCHES,
     OPTIONS_DECLARED,
     PIPELINE_SCHEDULE,
@@ -26,6 +27,12 @@ from training.registry import (
     option_strategies,
     strategy_get,
 )
+from training.text_catalogue import (
+    BYTE_VOCAB,
+    LANGUAGE_MODELS,
+    TEXT_DATASETS,
+    model_size_get,
+)
 
 RULE_PER_GPU = "per_gpu"  # torchrun strategies with GPUs: one process per GPU
 RULE_CPU_ONLY = "cpu_only"  # no GPU ids at all
@@ -33,6 +40,7 @@ RULE_MAX_GPUS = "max_gpus"
 RULE_MIN_GPUS = "min_gpus"  # callers that know the machine say more (which one has enough)
 RULE_MESH = "mesh"  # a 2-D mesh (fsdp-tp): the ranks must factor into its two dimensions
 RULE_PIPELINE = "pipeline"  # stages, micro-batches and the batch must fit together
+RULE_LANGUAGE = "language"  # a language model: text, its strategies, widths its split divides
 NUMBER_WORDS = ("no", "one", "two", "three", "four")
 
 
@@ -118,11 +126,13 @@ def pipeline_refusals(
     microbatches: int | None,
     schedule: str | None,
     stages: int | None = None,
+    language: bool = False,
 ) -> list[Refusal]:
     """What a pipeline (a strategy that splits the model into stages) refuses in this request:
     fewer than two stages, more stages than the model has parts (``stages``, where the caller
-    knows it), a batch that does not cut into equal micro-batches, and 1F1B with fewer
-    micro-batches than stages (torch's Schedule1F1B requires as many). Empty elsewhere."""
+    knows it; a ``language`` model's are its layers), a batch that does not cut into equal
+    micro-batches, and fewer micro-batches than stages with 1F1B (torch's Schedule1F1B requires
+    as many) or with a language model (a stage would idle for good). Empty elsewhere."""
     spec = strategy_get(name)
     if not spec.stages:
         return []
@@ -135,6 +145,16 @@ def pipeline_refusals(
                 f"a pipeline needs 2 stages or more, one a process (got {processes})",
                 f"argument --nproc: {name} runs one stage per rank and needs 2 or more "
                 f"(got --nproc {processes})",
+            )
+        )  # fmt: skip
+    elif stages is not None and processes > stages and language:
+        refusals.append(
+            Refusal(
+                RULE_PIPELINE, "processes",
+                f"the pipeline cuts the model by layer, one stage a process, and it has "
+                f"{stages} layers: give {stages} processes or fewer (got {processes})",
+                f"argument --nproc: {name} runs one stage per rank, cut by layer, and the model "
+                f"has {stages} layers; got --nproc {processes} (more stages than layers)",
             )
         )  # fmt: skip
     elif stages is not None and processes > stages:
@@ -157,13 +177,114 @@ def pipeline_refusals(
                 "micro-batches; give a number that divides it",
             )
         )  # fmt: skip
-    if (schedule or PIPELINE_SCHEDULE.default) == "1f1b" and m < processes:
+    if language and m < processes:
+        refusals.append(
+            Refusal(
+                RULE_PIPELINE, "microbatches",
+                f"a pipeline needs at least as many micro-batches as stages: {m} for "
+                f"{processes}",
+                f"argument --microbatches: {m} micro-batches are fewer than the {processes} "
+                "stages (--nproc); give at least as many",
+            )
+        )  # fmt: skip
+    elif (schedule or PIPELINE_SCHEDULE.default) == "1f1b" and m < processes:
         refusals.append(
             Refusal(
                 RULE_PIPELINE, "microbatches",
                 f"1F1B needs at least as many micro-batches as stages: {m} for {processes}",
                 f"argument --microbatches: --pipeline-schedule 1f1b needs at least as many "
                 f"micro-batches as stages (--nproc): got {m} for {processes}",
+            )
+        )  # fmt: skip
+    return refusals
+
+
+def language_refusals(
+    name: str,
+    *,
+    model: str,
+    dataset: str,
+    processes: int,
+    model_size: str | None = None,
+    seq_len: int | None = None,
+    sequence_parallel: bool | None = None,
+) -> list[Refusal]:
+    """What a request pairing a language model (byte-llama) or text refuses: a language model
+    on images or a classifier on text, a strategy that does not train language models, and
+    widths the tensor-parallel degree does not divide (heads, the 256-byte vocabulary, the
+    SwiGLU width; with sequence parallel the window). The pipeline's are
+    ``pipeline_refusals``'. Empty for a classifier on images."""
+    language, text = model in LANGUAGE_MODELS, dataset in TEXT_DATASETS
+    if not language and not text:
+        return []
+    if language != text:
+        return [_refusal_pairing(model, dataset, language=language)]
+    spec = strategy_get(name)
+    if not spec.language_models:
+        return [
+            Refusal(
+                RULE_LANGUAGE, "strategy",
+                f"{spec.label} does not train language models yet; use "
+                f"{', '.join(LANGUAGE_STRATEGIES)}",
+                f"argument --strategy: {name} does not train language models ({model}) yet; "
+                f"use {', '.join(LANGUAGE_STRATEGIES)}",
+            )
+        ]  # fmt: skip
+    if spec.stages or spec.tensor_ranks == 1:
+        return []
+    return _tensor_widths_refusals(spec, model, processes, model_size, seq_len, sequence_parallel)
+
+
+def _refusal_pairing(model: str, dataset: str, *, language: bool) -> Refusal:
+    texts = " or ".join(TEXT_DATASETS)
+    if language:
+        return Refusal(
+            RULE_LANGUAGE, "dataset",
+            f"{model} is a language model: it trains on text ({texts}), not on {dataset}",
+            f"argument --dataset: {model} is a language model and trains on text ({texts}), "
+            f"not on {dataset}",
+        )  # fmt: skip
+    return Refusal(
+        RULE_LANGUAGE, "model",
+        f"{dataset} is text: it trains a language model ({', '.join(LANGUAGE_MODELS)}), not "
+        f"{model}",
+        f"argument --model: --dataset {dataset} is text, which trains a language model "
+        f"(--model {' or '.join(LANGUAGE_MODELS)}), not {model}",
+    )  # fmt: skip
+
+
+def _tensor_widths_refusals(
+    spec: StrategySpec,
+    model: str,
+    processes: int,
+    model_size: str | None,
+    seq_len: int | None,
+    sequence_parallel: bool | None,
+) -> list[Refusal]:
+    """The widths a tensor-parallel degree must divide: each rank takes whole heads, an equal
+    share of the vocabulary's logits (loss_parallel) and of the SwiGLU width; with sequence
+    parallel an equal share of each window's positions."""
+    size = model_size_get(model_size)
+    degree = spec.tensor_ranks or processes
+    where = f"{degree} tensor-parallel ranks"
+    widths = [
+        ("number of heads", size.n_heads, "processes", "--nproc"),
+        ("vocabulary (the byte values)", BYTE_VOCAB, "processes", "--nproc"),
+        ("SwiGLU width", size.hidden_dim, "processes", "--nproc"),
+    ]
+    if sequence_parallel is not False:  # each rank takes an equal share of a window's bytes
+        widths.append(("window (--seq-len)", seq_len or size.seq_len, "seq_len", "--seq-len"))
+    refusals = []
+    for what, width, field, flag in widths:
+        if width % degree == 0:
+            continue
+        refusals.append(
+            Refusal(
+                RULE_LANGUAGE, field,
+                f"{model} ({size.name}) cannot be split over {where}: its {what}, {width}, is "
+                f"not a multiple of {degree}",
+                f"argument {flag}: {spec.name} splits {model} ({size.name}) over {where}, and "
+                f"its {what}, {width}, is not a multiple of {degree}",
             )
         )  # fmt: skip
     return refusals

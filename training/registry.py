@@ -253,6 +253,9 @@ class StrategySpec:
     # size, learning rate or optimizer (the script has its own), and no module of
     # training.strategies exists for it.
     user_script: bool = False
+    # Trains the language model (byte-llama) on text: by the model's own plan where it splits
+    # it (torchtitan's per-block tensor-parallel plan, FSDP2 per block, pipeline by layer).
+    language_models: bool = False
 
 
 REGISTRY: tuple[StrategySpec, ...] = (
@@ -266,6 +269,7 @@ REGISTRY: tuple[StrategySpec, ...] = (
         max_gpus=1,
         max_gpus_reason="a single-device run uses one GPU",
         options=STEP_OPTIONS,
+        language_models=True,
     ),
     StrategySpec(
         name="dp",
@@ -291,6 +295,7 @@ REGISTRY: tuple[StrategySpec, ...] = (
         torchrun=True,
         nodes=True,
         options=(*STEP_OPTIONS, COMM_HOOK, SHARD_OPTIMIZER),
+        language_models=True,
     ),
     StrategySpec(
         name="dp-primitives",
@@ -362,6 +367,7 @@ REGISTRY: tuple[StrategySpec, ...] = (
         nodes=True,
         # Not --compile: per-block compile of FSDP2's sharded blocks is not offered yet.
         options=(ACCUMULATE, PRECISION),
+        language_models=True,
     ),
     StrategySpec(
         name="pipeline",
@@ -379,6 +385,7 @@ REGISTRY: tuple[StrategySpec, ...] = (
         options=(PIPELINE_SCHEDULE, MICROBATCHES),
         tensor_ranks=0,
         stages=True,
+        language_models=True,
     ),
     StrategySpec(
         name="tensor-parallel",
@@ -393,6 +400,7 @@ REGISTRY: tuple[StrategySpec, ...] = (
         processes=True,
         torchrun=True,
         tensor_ranks=0,
+        language_models=True,
     ),
     StrategySpec(
         name="fsdp-tp",
@@ -407,6 +415,7 @@ REGISTRY: tuple[StrategySpec, ...] = (
         processes=True,
         torchrun=True,
         tensor_ranks=2,
+        language_models=True,
     ),
     StrategySpec(
         name="script",
@@ -455,6 +464,9 @@ TENSOR_PARALLEL_STRATEGIES: tuple[str, ...] = tuple(
 # The strategies whose ranks (or groups of them) train on one batch together: --batch-size is
 # per group, not per rank.
 SHARED_BATCH_STRATEGIES: tuple[str, ...] = tuple(s.name for s in REGISTRY if s.tensor_ranks != 1)
+
+# The strategies that train a language model (training.refusals refuses the others).
+LANGUAGE_STRATEGIES: tuple[str, ...] = tuple(s.name for s in REGISTRY if s.language_models)
 
 # Every strategy's own settings, once each, in the order the registry declares them.
 STRATEGY_OPTIONS: tuple[StrategyOption, ...] = tuple(

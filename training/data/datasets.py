@@ -31,6 +31,8 @@ from training.data.idx_files import (
     idx_tensors_fill,
 )
 from training.data.images import folder_layout
+from training.data.text import TextSplit, text_read, text_splits
+from training.text_catalogue import BYTE_VOCAB, TEXT_DATASETS
 
 
 @dataclass(frozen=True)
@@ -57,7 +59,7 @@ class StreamSplit:
         return self.size
 
 
-AnySplit = Split | StreamSplit
+AnySplit = Split | StreamSplit | TextSplit
 
 
 def resident(split: AnySplit) -> Split:
@@ -98,6 +100,8 @@ def dataset_meta(name: str, data_dir: Path, data_path: str | None) -> DatasetMet
     decoding of the whole set): the model is built from them before the data loads."""
     if name in IDX_NAMES:
         return DatasetMeta(name, IDX_CLASSES, 1, IDX_IMAGE_SIZE)
+    if name in TEXT_DATASETS:  # bytes: 256 "classes", the next byte's value
+        return DatasetMeta(name, BYTE_VOCAB, 0, 0)
     if name == IMAGEFOLDER:
         layout = folder_layout(data_path)
         return DatasetMeta(name, len(layout.classes), layout.channels, layout.image_size)
@@ -120,6 +124,17 @@ def load_dataset(name: str, data_dir: Path) -> Dataset:
     train = Split(tensors["train.images"], tensors["train.labels"])
     test = Split(tensors["test.images"], tensors["test.labels"])
     return Dataset(name, train, test, files.source, mean, std, files.substitute)
+
+
+def text_dataset(name: str, data_dir: Path, data_path: str | None, seq_len: int) -> Dataset:
+    """A text dataset (``training.data.text``) in this process's memory, its windows
+    ``seq_len`` bytes long."""
+    text = text_read(name, data_dir, data_path)
+    train, test = text_splits(text, seq_len)
+    return Dataset(
+        name, train, test, text.source, mean=(), std=(), substitute=False, classes=BYTE_VOCAB,
+        channels=0, image_size=0, notes=text.notes,
+    )  # fmt: skip
 
 
 def to_batch(
@@ -148,6 +163,8 @@ def batch_to(
     """A batch of uint8 images (B x C x H x W) and labels, from either data path, as the model
     takes it: float, normalised per channel, on ``device``; labels on ``label_device``."""
     label_device = device if label_device is None else label_device
+    if not x.is_floating_point() and x.dtype != torch.uint8:  # a language model's tokens
+        return x.to(device, non_blocking=True), y.to(label_device, non_blocking=True)
     if device.type == "cuda":
         # Copy uint8 (4x less than float) from pinned memory, normalise on the GPU. pin_memory()
         # takes its buffer from the caching host allocator, which does not hand it out again

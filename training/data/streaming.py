@@ -15,6 +15,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from training.data.datasets import AnySplit, Split
+from training.data.text import TextSplit
 
 PREFETCH = 2  # batches each worker decodes ahead (DataLoader's default)
 
@@ -22,7 +23,12 @@ PREFETCH = 2  # batches each worker decodes ahead (DataLoader's default)
 def split_batches(
     split: AnySplit, batches: Sequence[torch.Tensor]
 ) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-    """(images, labels) of each batch of indices into ``split``, in order."""
+    """(images, labels) of each batch of indices into ``split``, in order; a text split's
+    batches are window offsets, its (inputs, next bytes)."""
+    if isinstance(split, TextSplit):
+        for starts in batches:
+            yield split.windows(starts)
+        return
     if isinstance(split, Split):
         for idx in batches:
             yield split.images.index_select(0, idx), split.labels.index_select(0, idx)

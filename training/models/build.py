@@ -5,6 +5,8 @@ adapted to it.
 
 - ``simple-cnn``, the built-in (``models.simple_cnn``), made for the dataset's classes, channels
   and image size;
+- ``byte-llama``, the built-in language model (``models.byte_llama``), at its ``--model-size``
+  for windows of ``--seq-len`` bytes;
 - a torchvision classifier, ``get_model(name, weights=None, num_classes=...)``, its first
   ``Conv2d`` (in module order) replaced by one that takes the dataset's channels;
 - a plug-in: the entry point of group ``trainyard.models`` called ``name``, whose object is
@@ -36,8 +38,10 @@ from torch import nn
 
 from training import catalogue
 from training.data.datasets import DatasetMeta
+from training.models.byte_llama.model import ByteLlama, flops_per_token
 from training.models.simple_cnn import SimpleCNN
 from training.protocol import ModelInfo
+from training.text_catalogue import LANGUAGE_MODELS, model_size_get
 
 # Sizes tried, smallest first, where a model does not take the dataset's: common input sizes,
 # and the minimum of the models that have one (inception_v3: 75, alexnet: 63 rounds up to 64).
@@ -76,9 +80,19 @@ class InputResize:
         return (x, *rest)
 
 
-def model_build_for(*, name: str, meta: DatasetMeta, weights: str | None = None) -> BuiltModel:
+def model_build_for(
+    *,
+    name: str,
+    meta: DatasetMeta,
+    weights: str | None = None,
+    model_size: str | None = None,
+    seq_len: int | None = None,
+) -> BuiltModel:
     """``name`` built for ``meta``'s dataset (weights from ``weights``, a local state-dict file,
-    where given). Seed the RNG first: the initial weights come from it."""
+    where given); a language model at ``model_size`` for windows of ``seq_len``. Seed the RNG
+    first: the initial weights come from it."""
+    if name in LANGUAGE_MODELS:
+        return _language_model_build(name, model_size, seq_len, weights)
     entry = _entry(name)
     model: nn.Module
     if entry.source == "built in":
@@ -104,6 +118,29 @@ def model_build_for(*, name: str, meta: DatasetMeta, weights: str | None = None)
         "image_size": meta.image_size,
         "input_size": size,
     }
+    return BuiltModel(model, info, notes)
+
+
+def _language_model_build(
+    name: str, model_size: str | None, seq_len: int | None, weights: str | None
+) -> BuiltModel:
+    size = model_size_get(model_size)
+    length = seq_len or size.seq_len
+    model = ByteLlama(size, length)
+    parameters = sum(p.numel() for p in model.parameters())
+    notes = [
+        f"{name} ({size.name}): {size.n_layers} layers of width {size.dim}, {size.n_heads} "
+        f"heads, SwiGLU width {size.hidden_dim}, {parameters:,} parameters; windows of "
+        f"{length} bytes (vocabulary: the 256 byte values)."
+    ]
+    if weights:
+        notes.append(weights_load(model, Path(weights), name=name))
+    info: ModelInfo = {
+        "name": name, "source": "built in", "parameters": parameters, "in_channels": 0,
+        "num_classes": model.output.out_features, "image_size": 0, "input_size": length,
+        "model_size": size.name, "seq_len": length,
+        "flops_per_token": flops_per_token(model, length),
+    }  # fmt: skip
     return BuiltModel(model, info, notes)
 
 

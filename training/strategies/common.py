@@ -15,6 +15,7 @@ from training.config import TrainConfig
 from training.data.batching import DataShard
 from training.loop import StepFn
 from training.observe.phases import phase
+from training.strategies.clipping import GradClip
 from training.strategies.optimizers import optimizer_class
 from training.strategies.stepping import (
     ContextFactory,
@@ -62,6 +63,8 @@ class Plan:
     # Where ranks train on one batch together (tensor parallel): the slice of the data this
     # rank's group takes. None: its own slice, as the runtime's rank of its world.
     data_shard: DataShard | None = None
+    # A language model's gradient clipping: its norm of the last step is the step's grad_norm.
+    grad_clip: GradClip | None = None
 
     def shard(self, rank: int, world_size: int) -> DataShard:
         """The slice of each global batch and of the test split this rank takes."""
@@ -96,15 +99,19 @@ def step_default(
         for i, (xi, yi) in enumerate(pieces):
             # Only the last micro-batch's backward reduces gradients over the ranks.
             last = i == len(pieces) - 1
-            with contextlib.nullcontext() if last else options.no_sync():
+            with contextlib.nullcontext() if last else options.no_sync(), options.loss_context():
                 with phase("forward"), options.autocast():
                     # Weighted by its share: the sum is the whole batch's mean loss (x 1.0,
                     # exact, without accumulation). float(): FSDP2's policy may return bf16.
-                    loss = F.cross_entropy(net(xi).float(), yi) * (len(yi) / len(y))
+                    loss = loss_of(net(xi), yi) * (len(yi) / len(y))
                 with phase("backward"):
                     (loss if scaler is None else scaler.scale(loss)).backward()
-            total += loss.detach()
+            total += replicated(loss.detach())
         with phase("optimizer"):
+            if options.clip is not None:
+                if scaler is not None:
+                    scaler.unscale_(optimizer)  # clipped at the gradients' own scale
+                options.clip()
             if scaler is None:
                 optimizer.step()
             else:
@@ -115,6 +122,20 @@ def step_default(
     return step
 
 
+def loss_of(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """The mean cross-entropy of a classifier's logits (batch x classes) for its labels, or of a
+    language model's (batch x sequence x vocabulary) for each next byte: one formula, the
+    positions of a window counted as a classifier counts images. float(): FSDP2's policy may
+    return bf16 logits."""
+    return F.cross_entropy(logits.flatten(0, -2).float(), labels.flatten())
+
+
+def replicated(value: torch.Tensor) -> torch.Tensor:
+    """A loss as a plain tensor: under loss_parallel it is a replicated DTensor."""
+    full = getattr(value, "full_tensor", None)
+    return full() if callable(full) else value
+
+
 def plan_simple(
     cfg: TrainConfig,
     model: nn.Module,
@@ -123,6 +144,7 @@ def plan_simple(
     *,
     no_sync: ContextFactory | None = None,
     autocast: bool = True,
+    loss_context: ContextFactory = contextlib.nullcontext,
     **extra: Any,
 ) -> Plan:
     """A plan whose model sits on one device; ``net`` may wrap it. The step's options apply
@@ -133,9 +155,12 @@ def plan_simple(
     backward). ``autocast`` False: the strategy casts by itself (FSDP2's policy)."""
     optimizer = optimizer_make(cfg, model)
     no_sync = no_sync or getattr(net, "no_sync", None)
+    # A language model's gradients are clipped (training.strategies.clipping), as torchtitan's.
+    clip = GradClip(model.parameters()) if cfg.language else None
     options = step_options(
-        cfg, device, no_sync=no_sync or contextlib.nullcontext, autocast=autocast
-    )
+        cfg, device, no_sync=no_sync or contextlib.nullcontext, autocast=autocast,
+        loss_context=loss_context, clip=clip,
+    )  # fmt: skip
     synchronised = "gradients are reduced over the ranks once, after the last"
     notes = [
         *extra.pop("notes", []),
@@ -156,5 +181,6 @@ def plan_simple(
         autocast=options.autocast,
         scaler=options.scaler,
         compile_clock=compile_clock if cfg.compile else None,
+        grad_clip=clip,
         **extra,
     )

@@ -44,7 +44,9 @@ from training.config import TrainConfig
 from training.observe.collectives import hook_timed
 from training.process.runtime import Runtime, all_gather
 from training.registry import POWERSGD_RANK, POWERSGD_START
+from training.strategies.clipping import GradClip
 from training.strategies.common import Plan, optimizer_make, plan_simple, step_default
+from training.strategies.stepping import StepOptions
 
 if TYPE_CHECKING:
     # Imported where --shard-optimizer uses it: it imports DTensor and FSDP (0.3 s a rank).
@@ -217,12 +219,15 @@ def plan_sharded(
         model.parameters(), optimizer_class=type(plain), **plain.defaults
     )
     note = _shard_note(rt, optimizer, type(plain).__name__)  # a collective: every rank's share
+    # A language model's gradients are clipped, as plan_simple's are (strategies.clipping).
+    clip = GradClip(model.parameters()) if cfg.language else None
     return Plan(
         model=model,
         net=net,
         eval_net=model,
         optimizer=optimizer,
-        step=step_default(net, optimizer),
+        step=step_default(net, optimizer, StepOptions(clip=clip)),
+        grad_clip=clip,
         input_device=rt.device,
         output_device=rt.device,
         notes=[*notes, note],

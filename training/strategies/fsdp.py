@@ -37,6 +37,8 @@ from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 
 from training.config import TrainConfig
+from training.models.byte_llama.model import ByteLlama
+from training.models.byte_llama.parallelize import apply_fsdp
 from training.observe.memory import tensor_bytes
 from training.process.runtime import Runtime
 from training.strategies.common import Plan
@@ -65,7 +67,14 @@ def blocks_shard(
     model: nn.Module, mesh: DeviceMesh, *, reshard_after_forward: bool, precision: str = "fp32"
 ) -> list[str]:
     """``fully_shard`` each top-level block that holds parameters, then the root, with
-    ``precision``'s policy; returns the blocks' names."""
+    ``precision``'s policy; returns the blocks' names. A language model is sharded by its own
+    plan (torchtitan's: the embedding, each layer, [norm, output], the root)."""
+    if isinstance(model, ByteLlama):
+        return apply_fsdp(
+            model, mesh, reshard_after_forward=reshard_after_forward,
+            policy=_precision_policy(precision),
+            root_policy=_precision_policy(precision, output_dtype=torch.float32),
+        )  # fmt: skip
     blocks = [name for name, child in model.named_children() if _holds_parameters(child)]
     for name in blocks:
         fully_shard(

@@ -22,9 +22,12 @@ from __future__ import annotations
 
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.tensor.parallel import loss_parallel
 
 from training.config import TrainConfig
 from training.data.batching import DataShard
+from training.models.byte_llama.model import ByteLlama
+from training.models.byte_llama.parallelize import apply_tp, tp_plan_text
 from training.process.runtime import Runtime
 from training.registry import mesh_shape
 from training.strategies.common import Plan
@@ -37,18 +40,25 @@ def plan_build(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> Plan:
     model.to(rt.device)
     dp, tp = mesh_shape(cfg.strategy, rt.world_size)
     mesh = init_device_mesh(rt.device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
-    plan = tensor_split(cfg.model, model, mesh["tp"])
+    language = isinstance(model, ByteLlama)
+    if isinstance(model, ByteLlama):  # its own plan (torchtitan's), its loss split by vocabulary
+        apply_tp(model, mesh["tp"], sequence_parallel=cfg.sequence_parallel)
+        split = tp_plan_text(cfg.sequence_parallel)
+    else:
+        split = plan_text(tensor_split(cfg.model, model, mesh["tp"]))
     blocks = blocks_shard(model, mesh["dp"], reshard_after_forward=cfg.reshard_after_forward)
     note = (
         f"FSDP2 + tensor parallel on a 2-D mesh of {rt.world_size} ranks ({backend_name(rt)}, "
         f"dp {dp} x tp {tp}; tp is 2, neighbouring ranks, dp the rest): tensor parallel within "
-        f"each pair ({plan_text(plan)}), then fully_shard of {', '.join(blocks)} and the root "
+        f"each pair ({split}), then fully_shard of {', '.join(blocks)} and the root "
         f"over dp; {held_text(model)}. Each pair trains on one batch of --batch-size "
         f"({cfg.batch_size}): {cfg.batch_size * dp} a step over {dp} pairs."
     )
+    extra = {"loss_context": loss_parallel} if language else {}
     return plan_sharded(
         cfg, rt, model,
         notes=[note],
         evaluating=lambda: gathered(model, cfg),
         data_shard=DataShard(mesh["dp"].get_local_rank(), dp),
+        **extra,
     )  # fmt: skip

@@ -45,10 +45,13 @@ from training.config import TrainConfig
 from training.data.batching import DataShard
 from training.data.datasets import dataset_meta
 from training.models.build import ModelRefused, Part, model_stages, stages_split
+from training.models.byte_llama.model import ByteLlama
+from training.models.byte_llama.parallelize import LanguageStage, pipeline_stages
 from training.observe.collectives import pipelining_time
 from training.observe.memory import tensor_bytes
 from training.observe.phases import method_timed, phase
 from training.process.runtime import Runtime, all_gather
+from training.strategies.clipping import GradClip
 from training.strategies.common import Plan, optimizer_make
 from training.strategies.full_state import by_name, by_number
 from training.strategies.model_parallel import stage_table
@@ -126,13 +129,28 @@ def composition_check(
         )
 
 
-def plan_build(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> Plan:
-    model.to(rt.device)
+Stage = StageModule | LanguageStage
+
+
+def _stages(
+    cfg: TrainConfig, rt: Runtime, model: nn.Module
+) -> tuple[list[Stage], list[list[Part]]]:
+    """The stages, one a rank, and the parts each runs: a language model's by layer
+    (``byte_llama.parallelize``), any other's by its declared parts, balanced by parameters."""
+    if isinstance(model, ByteLlama):
+        cut = pipeline_stages(model, rt.world_size)
+        return list(cut), [list(zip(m.names, m.parts, strict=True)) for m in cut]
     parts = model_stages(cfg.model, model, stages=rt.world_size, strategy="pipeline")
     stages = stages_split(parts, rt.world_size)
     modules = stage_modules(model, stages)
     meta = dataset_meta(cfg.dataset, Path(cfg.data_dir), cfg.data_path)
     composition_check(cfg.model, model, modules, (meta.channels, meta.image_size, meta.image_size))
+    return list(modules), stages
+
+
+def plan_build(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> Plan:
+    model.to(rt.device)
+    modules, stages = _stages(cfg, rt, model)
     mine = modules[rt.rank]
     others = [m for i, mod in enumerate(modules) if i != rt.rank for m in mod.parts]
     for module in others:
@@ -155,6 +173,7 @@ def plan_build(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> Plan:
         optimizer_restore=pipe.optimizer_restore,
         evaluating=pipe.gathered,
         data_shard=DataShard(0, 1),
+        grad_clip=pipe.clip,
     )
 
 
@@ -166,7 +185,7 @@ class Pipe:
         cfg: TrainConfig,
         rt: Runtime,
         model: nn.Module,
-        modules: list[StageModule],
+        modules: list[Stage],
         optimizer: torch.optim.Optimizer,
     ) -> None:
         self.cfg, self.rt, self.model, self.modules = cfg, rt, model, modules
@@ -178,7 +197,12 @@ class Pipe:
         method_timed(stage, "forward_one_chunk", "forward")
         method_timed(stage, "backward_one_chunk", "backward")
         pipelining_time(schedules)
-        self.images = cfg.batch_size  # the step's real images, the loss's denominator
+        # The step's real images (a language model's: the bytes it predicts), the loss's
+        # denominator.
+        self.images = cfg.batch_size
+        # A language model's gradients are clipped by the norm over every stage's.
+        mine = modules[rt.rank].parameters()
+        self.clip = GradClip(mine, reduce=self._summed) if cfg.language else None
         self.schedule = SCHEDULES[cfg.pipeline_schedule](
             stage, n_microbatches=cfg.microbatches, loss_fn=self._loss, scale_grads=False
         )
@@ -194,8 +218,17 @@ class Pipe:
         """A micro-batch's share of the batch's mean loss (the shares sum to it); the
         schedule calls it after the last stage's forward chunk, so it is forward too."""
         with phase("forward"):
-            summed = F.cross_entropy(output.float(), target, ignore_index=IGNORED, reduction="sum")
+            summed = F.cross_entropy(
+                output.flatten(0, -2).float(), target.flatten(), ignore_index=IGNORED,
+                reduction="sum",
+            )  # fmt: skip
             return summed / self.images
+
+    def _summed(self, value: torch.Tensor) -> torch.Tensor:
+        """``value`` summed over the stages (a collective)."""
+        if self.rt.distributed:
+            dist.all_reduce(value)
+        return value
 
     def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         # The schedule interleaves the micro-batches' forwards and backwards with the stages'
@@ -203,7 +236,7 @@ class Pipe:
         # between them is "other".
         with phase("optimizer"):
             self.optimizer.zero_grad(set_to_none=True)
-        self.images = len(y)
+        self.images = y.numel()
         short = self.cfg.batch_size - len(y)
         if short > 0:  # the epoch's last batch: padded, the padding's labels ignored
             x = torch.cat([x, x.new_zeros((short, *x.shape[1:]))])
@@ -213,6 +246,8 @@ class Pipe:
         target = y if self.last else None
         self.schedule.step(*args, target=target, losses=losses if self.last else None)
         with phase("optimizer"):
+            if self.clip is not None:
+                self.clip()
             self.optimizer.step()
         loss = torch.stack(losses).sum().detach() if self.last else torch.zeros((), device=y.device)
         if self.rt.distributed:
@@ -283,7 +318,7 @@ def _to_cpu(value: Any) -> Any:
     return value
 
 
-def _note(cfg: TrainConfig, rt: Runtime, model: nn.Module, modules: list[StageModule]) -> str:
+def _note(cfg: TrainConfig, rt: Runtime, model: nn.Module, modules: list[Stage]) -> str:
     whole = sum(p.numel() * p.element_size() for p in model.parameters())
     mine = sum(tensor_bytes(p) for p in modules[rt.rank].parameters())
     stages = "; ".join(f"stage {i}: {', '.join(m.names)}" for i, m in enumerate(modules))

@@ -45,6 +45,11 @@ class StepOptions:
     no_sync: ContextFactory = (
         contextlib.nullcontext
     )  # entered around every micro-batch but the last
+    # A language model's: entered around each micro-batch's loss and backward (tensor
+    # parallel's loss_parallel, whose logits stay split by vocabulary) ...
+    loss_context: ContextFactory = contextlib.nullcontext
+    # ... and called between the last backward and the update: clips, keeps the norm.
+    clip: Callable[[], torch.Tensor] | None = None
 
 
 def autocast_for(precision: str, device: torch.device) -> ContextFactory:
@@ -67,6 +72,8 @@ def step_options(
     *,
     no_sync: ContextFactory = contextlib.nullcontext,
     autocast: bool = True,
+    loss_context: ContextFactory = contextlib.nullcontext,
+    clip: Callable[[], torch.Tensor] | None = None,
 ) -> StepOptions:
     """The run's step options on ``device``; ``autocast`` False where the strategy casts by
     itself (FSDP2's mixed-precision policy)."""
@@ -75,6 +82,8 @@ def step_options(
         autocast=autocast_for(cfg.precision, device) if autocast else contextlib.nullcontext,
         scaler=scaler_for(cfg.precision, device),
         no_sync=no_sync,
+        loss_context=loss_context,
+        clip=clip,
     )
 
 
