@@ -21,8 +21,10 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+from dashboard.paths import SOURCE_DIR
+
 ROOT = Path(__file__).resolve().parent.parent
-PROCFILE = ROOT / "Procfile"
+PROCFILE = SOURCE_DIR / "Procfile"  # a clone's, or the copy an installed wheel carries
 ASGI_APPLICATION = "dashboard.asgi:application"
 # Debian's Chromium (Playwright's own browsers are never installed here), with the flags that let
 # it run headless as root in a container: browser tests and bench_charts launch it alike.

@@ -8,10 +8,12 @@ import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
 
 from dashboard.env import env_bool, env_float, env_int, env_list, env_str
+from dashboard.paths import INSTALLED, SOURCE_DIR, home_default
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-# Everything a running dashboard writes (database, datasets, checkpoints) lives under one folder.
-VAR_DIR = Path(env_str("TRAINYARD_HOME", str(BASE_DIR / "var")))
+# Everything a running dashboard writes (database, datasets, checkpoints) lives under one folder:
+# a clone's var/, an installed wheel's folder in the user's data folder (dashboard/paths.py).
+VAR_DIR = Path(env_str("TRAINYARD_HOME", str(home_default())))
 
 os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
 
@@ -75,7 +77,7 @@ ROOT_URLCONF = "dashboard.urls"
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [SOURCE_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -184,9 +186,10 @@ USE_I18N = True
 USE_TZ = True
 
 STATIC_URL = "static/"
-STATIC_ROOT = BASE_DIR / "staticfiles"
+# collectstatic's target (whitenoise serves from the finders without it): never site-packages.
+STATIC_ROOT = (VAR_DIR if INSTALLED else BASE_DIR) / "staticfiles"
 # uPlot is vendored in static/vendor/uplot/ (its README: version, licence): no Node, no build step.
-STATICFILES_DIRS = [BASE_DIR / "static"]
+STATICFILES_DIRS = [SOURCE_DIR / "static"]
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
 

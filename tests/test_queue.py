@@ -416,6 +416,21 @@ def test_two_users_sharing_one_machine_take_turns(user_factory: Any, experiment_
     assert started.index(b1) < started.index(a3)
 
 
+def test_a_script_reporting_from_elsewhere_is_no_turn_taken(
+    user_factory: Any, experiment_factory: Any
+):
+    """Turns go first to whoever the machines served least lately. A run reported from outside
+    holds no worker (it counts in no one's runs running): its start is no turn on the machines,
+    or a user's own scripts elsewhere would put her behind everyone here."""
+    alice, bob = user_factory(), user_factory()
+    hour_ago = timezone.now() - timedelta(hours=1)
+    queued(experiment_factory, bob, "b0", status=Status.SUCCEEDED, started_at=hour_ago)
+    a1, b1 = queued(experiment_factory, alice, "a1"), queued(experiment_factory, bob, "b1")
+    queued(experiment_factory, alice, "her script elsewhere", status=Status.RUNNING,
+           reported=True, attempt=1, started_at=timezone.now())  # fmt: skip
+    assert queue_ordered() == [a1, b1]
+
+
 def test_a_waiting_run_says_whose_turn_comes_first(
     user_factory: Any, experiment_factory: Any, client: Client
 ):

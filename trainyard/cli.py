@@ -10,6 +10,7 @@ from trainyard import commands
 from trainyard.api import ApiError
 from trainyard.config import ConfigError
 from trainyard.script_command import run_parser
+from trainyard.serve_command import serve_parsers
 from trainyard.sync_command import sync_parser
 
 EPILOG = """\
@@ -89,7 +90,8 @@ def _run_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParse
 def parser_build() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="trainyard",
-        description="Launch, watch and stop Trainyard training runs.",
+        description="Launch, watch and stop Trainyard training runs; serve the dashboard "
+        "(server) and train on this machine (worker).",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -115,6 +117,7 @@ def parser_build() -> argparse.ArgumentParser:
     commands_all = (_launch_parser(sub), *_run_parsers(sub), run_parser(sub), sync_parser(sub))
     for command in commands_all:
         _connection_flags(command, default=argparse.SUPPRESS)
+    serve_parsers(sub)  # the server's side, from an installed wheel: no --url, no token
     return parser
 
 

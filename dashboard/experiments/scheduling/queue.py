@@ -54,8 +54,10 @@ def queue_ordered(*, running: Counter[int] | None = None) -> list[Experiment]:
 
 
 def owners_served(owners: set[int]) -> dict[int, datetime | None]:
-    """When each owner's latest run started (fair.py: the one served least lately goes first)."""
+    """When each owner's latest run started (fair.py: the one served least lately goes first),
+    on the workers: a run reported from outside took no turn on them (running_by_owner)."""
     rows = Experiment.objects.filter(owner_id__in=owners, started_at__isnull=False)
+    rows = rows.exclude(reported=True)
     latest = rows.values("owner_id").annotate(last=Max("started_at"))
     return dict(latest.values_list("owner_id", "last"))
 
