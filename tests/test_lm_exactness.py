@@ -2,7 +2,8 @@
 the same global batch: DDP and FSDP2 (per block, [norm, output], root) over 2 ranks at 8
 windows each, tensor parallel (torchtitan's plan, with and without sequence parallel, the loss
 under loss_parallel) and the pipeline (by layer; GPipe and 1F1B) over 2 ranks sharing a batch of
-16, against single at 16. The smoke size, 4 steps of windows of 32 bytes from the Jargon File.
+16, and FSDP2 + tensor parallel over 4 ranks (pairs of 8), against single at 16. The smoke size,
+4 steps of windows of 32 bytes from the Jargon File.
 
 Tolerance as tests/test_tensor_parallel.py's: the split sums (the row-wise layers' reductions,
 FSDP2's reduce-scatter, the pipeline's loss summed by micro-batch) are taken in another order
@@ -132,4 +133,17 @@ def test_the_pipeline_by_layer_equals_single(
         ["tok_embeddings", "layers.0"],
         ["layers.1", "norm", "output"],
     ]
+    assert_same_epoch(result, single, 1)
+
+
+@slow
+def test_fsdp_tp_equals_single(data: Path, single: Result, tmp_path: Path) -> None:
+    """The 2-D mesh (dp 2 x tp 2) needs 4 ranks: the one run here of more than 2 processes
+    (about 30 s on 2 cores). Each pair trains on 8 windows, 16 a step."""
+    result = _run(data, tmp_path, "fsdp-tp", "--strategy", "fsdp-tp", "--nproc", "4",
+                  "--batch-size", "8")  # fmt: skip
+    assert result.started["global_batch_size"] == 16
+    [note] = [n for n in result.started["notes"] if n.startswith("FSDP2 + tensor parallel")]
+    assert "per block wq, wk, wv, w1, w3 column-wise" in note
+    assert "tok_embeddings, layers.0, layers.1, [norm, output] and the root over dp" in note
     assert_same_epoch(result, single, 1)
