@@ -12,8 +12,10 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import need
 from tests.imagefolders import image_folder_write
 from tests.stack import Stack, wait_for
+from training.text_catalogue import jargon_file
 
 # Models and data live in the engine and the workers' reports, not in SQL: SQLite's pass is enough.
 pytestmark = [pytest.mark.integration, pytest.mark.sqlite_only, pytest.mark.timeout(900)]
@@ -151,3 +153,27 @@ def test_a_model_plugin_is_listed_after_a_restart_and_trained_by_ddp(
     assert run["test_accuracy"] > 0.3, run
     page = alice.get(f"{stack.base_url}/devices/", timeout=10)
     assert "tinynet" in page.text
+
+
+def test_byte_llama_on_the_jargon_file_by_ddp(stack: Stack) -> None:
+    """The language model through the stack (issue 36): launched with its size, trained by two
+    DDP ranks under the worker, its tokens/s, MFU, bits per byte and text read back. A batch of
+    256 windows a rank makes the epoch about 90 steps of the smoke size: seconds."""
+    need(jargon_file(Path(stack.env["TRAINYARD_DATA_DIR"])) is not None, "the Jargon File")
+    alice = stack.login("alice")
+    wait_for(
+        lambda: "jargon" in machine(stack, alice)["datasets"],
+        timeout=60, what="the worker's report of the Jargon File", interval=1,
+    )  # fmt: skip
+    pk = launch(
+        alice, stack, name="byte-llama ddp", strategy="ddp", processes=2, model="byte-llama",
+        model_size="smoke", seq_len=32, dataset="jargon", epochs=1, batch_size=256,
+    )  # fmt: skip
+    run = finished(stack, alice, pk)
+    assert (run["model_size"], run["seq_len"]) == ("smoke", 32)
+    assert run["tokens_per_second"] > 0 and 0 < run["mfu"] < 1, run
+    # Untrained, a byte is 8 bits; one epoch of the smoke size brings it down.
+    assert 0 < run["bits_per_byte"] < 8, run
+    assert run["samples"] and isinstance(run["samples"][-1]["text"], str), run
+    page = alice.get(f"{stack.base_url}/experiments/{pk}/", timeout=10).text
+    assert 'id="stat-tps"' in page and 'id="lm-sample"' in page

@@ -1,7 +1,8 @@
 """What each worker machine can train, read from its report (training/catalogue.py wrote it):
-its models, datasets and image folders. The launch checks, placement and the pages read it
-from here, so that an old report (a worker from before the catalogue) means the same to all of
-them: the built-ins only (simple-cnn on mnist and fashion-mnist), which every worker has."""
+its models, datasets, image folders and text folders (a language model's). The launch checks,
+placement and the pages read it from here, so that an old report (a worker from before the
+catalogue) means the same to all of them: the built-ins only (simple-cnn on mnist and
+fashion-mnist), which every worker has."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 from dashboard.devices.models import WorkerMachine
 from dashboard.texts import bytes_text
 from training.catalogue import IDX_DATASETS, IMAGEFOLDER, MODEL_DEFAULT
+from training.text_catalogue import TEXTFOLDER
 
 BUILTIN_MODELS = (MODEL_DEFAULT,)
 BUILTIN_DATASETS = IDX_DATASETS
@@ -25,6 +27,8 @@ class MachineCatalogue:
     datasets: tuple[str, ...]
     # path -> {path, classes, images, bytes, layout}
     image_folders: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # path -> {path, files, bytes, layout}: the users' text, for --dataset textfolder
+    text_folders: dict[str, dict[str, Any]] = field(default_factory=dict)
     models_splittable: tuple[str, ...] = ()
     models_tensor_parallel: tuple[str, ...] = ()  # those that declare a tensor-parallel plan
     models_stages: dict[str, int] = field(default_factory=dict)  # a plug-in's pipeline stages
@@ -65,6 +69,7 @@ def catalogue_from_report(*, hostname: str, report: dict[str, Any] | None) -> Ma
     folders = [
         f for f in report.get("image_folders") or [] if isinstance(f, dict) and f.get("path")
     ]
+    texts = [f for f in report.get("text_folders") or [] if isinstance(f, dict) and f.get("path")]
     details = [d for d in report.get("dataset_details") or [] if isinstance(d, dict)]
     sources = report.get("model_sources")
     return MachineCatalogue(
@@ -72,6 +77,7 @@ def catalogue_from_report(*, hostname: str, report: dict[str, Any] | None) -> Ma
         models=_names(report["models"]),
         datasets=_names(report["datasets"]),
         image_folders={str(f["path"]): f for f in folders},
+        text_folders={str(f["path"]): f for f in texts},
         models_splittable=_names(report.get("models_splittable")),
         models_tensor_parallel=_names(report.get("models_tensor_parallel")),
         models_stages=_counts(report.get("models_stages")),
@@ -100,6 +106,8 @@ def catalogue_missing(
         missing.append(f"dataset {dataset}")
     elif dataset == IMAGEFOLDER and data_path and data_path not in catalogue.image_folders:
         missing.append(f"image folder {data_path}")
+    elif dataset == TEXTFOLDER and data_path and data_path not in catalogue.text_folders:
+        missing.append(f"text folder {data_path}")
     return missing
 
 
@@ -139,6 +147,15 @@ def catalogue_card(catalogue: MachineCatalogue) -> dict[str, Any]:
                 "layout": f.get("layout") or "",
             }
             for path, f in catalogue.image_folders.items()
+        ],
+        "text_folders": [
+            {
+                "path": path,
+                "files": f.get("files"),
+                "size_text": _size_text(f.get("bytes")),
+                "layout": f.get("layout") or "",
+            }
+            for path, f in catalogue.text_folders.items()
         ],
     }
 

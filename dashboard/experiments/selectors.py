@@ -14,6 +14,7 @@ from dashboard.experiments.core.checkpoints import checkpoint_as_dict
 from dashboard.experiments.core.descriptions import (
     experiment_devices_label,
     experiment_duration_seconds,
+    experiment_language_settings,
     experiment_option_values,
     experiment_strategy_label,
 )
@@ -24,8 +25,10 @@ from dashboard.experiments.core.reported import reported_silence_text
 from dashboard.experiments.core.run_facts import snapshot_texts
 from dashboard.experiments.core.stalls import StalledTexts, resume_offer, stalled_texts
 from dashboard.experiments.metrics.breakdown import experiment_breakdown, experiment_straggler
+from dashboard.experiments.metrics.language import experiment_language, language_model
 from dashboard.experiments.metrics.series import series_snapshot
 from dashboard.experiments.metrics.throughput import (
+    Throughput,
     rank_stats_so_far,
     run_figure,
     run_throughput_read,
@@ -64,13 +67,18 @@ def experiment_snapshot_build(*, experiment: Experiment, log_lines: int) -> Snap
     return {
         "type": "snapshot",
         "seq": experiment.last_seq,
-        "experiment": experiment_as_dict(experiment),
+        "experiment": experiment_as_dict(experiment, summed=throughput),
         "series": dict(series_snapshot(experiment=experiment)),
         "logs": logs,
         "run": run,
         "rank_stats": rank_stats,
         "checkpoints": checkpoints,
         "throughput": run_figure(throughput),
+        # A language model's tokens/s, MFU and bits per byte with their texts, as each step and
+        # epoch message brings them (metrics/language.py); None for the other models.
+        "language": experiment_language(experiment, throughput)
+        if language_model(experiment)
+        else None,
         "texts": snapshot_texts(
             run=run,
             rank_stats=rank_stats_so_far(rank_stats, ranks=throughput.ranks()),
@@ -94,12 +102,32 @@ def iso_or_none(value: datetime | None) -> str | None:
     return value.isoformat() if value is not None else None
 
 
-def experiment_as_dict(experiment: Experiment, *, breakdown: bool = True) -> dict[str, Any]:
+def experiment_language_figures(
+    experiment: Experiment, *, summed: Throughput | None = None
+) -> dict[str, Any]:
+    """The read JSON's language-model figures (metrics/language.py), null for the other models:
+    tokens/s and MFU so far, the last evaluation's bits per byte, where the peak comes from,
+    and the latest texts the model wrote ([{epoch, step, text}], oldest first)."""
+    if not language_model(experiment):
+        found = dict.fromkeys(("tokens_per_second", "mfu", "bits_per_byte", "peak_source"))
+        return {**found, "samples": []}
+    summed = summed or run_throughput_read(experiment_id=experiment.pk)
+    figures = experiment_language(experiment, summed)
+    keys = ("tokens_per_second", "mfu", "bits_per_byte", "peak_source")
+    return {**{key: figures[key] for key in keys}, "samples": experiment.samples or []}
+
+
+def experiment_as_dict(
+    experiment: Experiment, *, breakdown: bool = True, summed: Throughput | None = None
+) -> dict[str, Any]:
     """The run's read JSON; ``breakdown`` False leaves its queries over the series out (a
-    list of runs: ``breakdown`` empty and ``straggler`` null there)."""
+    list of runs: ``breakdown`` empty and ``straggler`` null there); ``summed``: its stored
+    throughput where the caller read it already."""
     data: dict[str, Any] = {"id": experiment.pk}
     data.update({name: getattr(experiment, name) for name in FIELDS})
-    data["data_path"] = experiment.data_path or None  # the API's null: no image folder
+    data["data_path"] = experiment.data_path or None  # the API's null: no image or text folder
+    # A language model's size and window as it trains with them; null for the other models.
+    data.update(experiment_language_settings(experiment=experiment))
     # The strategy options: what the run trains with where its strategy reads one (a row from
     # before an option was declared gets its default), null where it does not.
     data.update(experiment_option_values(experiment=experiment))
@@ -113,6 +141,7 @@ def experiment_as_dict(experiment: Experiment, *, breakdown: bool = True) -> dic
         error=experiment.error,
         test_loss=experiment.test_loss,
         test_accuracy=experiment.test_accuracy,
+        **experiment_language_figures(experiment, summed=summed),
         epoch=experiment.epoch,
         step=experiment.step,
         total_steps=experiment.total_steps,

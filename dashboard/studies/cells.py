@@ -33,12 +33,14 @@ from dashboard.experiments.core.descriptions import (
     experiment_option_values,
     experiment_options_label,
 )
+from dashboard.experiments.core.language_fields import LANGUAGE_FIELDS
 from dashboard.experiments.core.memory import (
     SUMMARY_FIGURES,
     experiment_memory_rows,
     memory_summary,
 )
 from dashboard.experiments.metrics.breakdown import experiments_breakdown
+from dashboard.experiments.metrics.language import TABLE_FIGURES, runs_language_read
 from dashboard.experiments.metrics.phases import run_shares, shares_pooled
 from dashboard.experiments.metrics.scaling import (
     ScalingRow,
@@ -58,7 +60,7 @@ OPTION_NAMES = tuple(option.name for option in OPTIONS_DECLARED)
 # run's entry point and arguments (its args axes' cells differ only there).
 CONFIG_FIELDS = (
     "model", "dataset", "data_path", "strategy", "processes", "nodes", "gpus", "epochs",
-    "batch_size", "lr", "optimizer", *OPTION_NAMES, "entrypoint", "args",
+    "batch_size", "lr", "optimizer", *OPTION_NAMES, "entrypoint", "args", *LANGUAGE_FIELDS,
 )  # fmt: skip
 ENDED = (Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.LOST)
 
@@ -146,10 +148,21 @@ def _cell_figures(cell: dict[str, Any], runs: list[Experiment], target: float, f
         final_accuracy_mean=_mean(finals),
         final_accuracy_std=statistics.stdev(finals) if len(finals) > 1 else None,
         images_per_second=_mean(ips),
+        **_cell_language(runs, found["language"]),
         phase_shares=shares_pooled(
             [shares for e in runs if (shares := run_shares(breakdowns.get(e.pk, [])))]
         ),
     )
+
+
+def _cell_language(runs: list[Experiment], found: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """A language model's cell: the mean over its runs of their tokens/s, MFU and bits per
+    byte (metrics/language.py); ``language`` False (and none of them) for a classifier's."""
+    figures = [found[e.pk] for e in runs if e.pk in found]
+    means = {
+        name: _mean([f[name] for f in figures if f[name] is not None]) for name in TABLE_FIGURES
+    }
+    return {"language": bool(figures), **means}
 
 
 def _cell_memory(runs: list[Experiment]) -> dict[str, Any]:
@@ -167,6 +180,7 @@ def cells_build(*, runs: Sequence[Experiment], target: float) -> list[dict[str, 
         "reached": reached_read(runs=runs, target=target),
         "throughputs": throughputs_read(experiment_ids=[e.pk for e in runs]),
         "breakdowns": experiments_breakdown(experiment_ids=[e.pk for e in runs]),
+        "language": runs_language_read(experiments=runs),
     }
     cells = []
     for members in groups.values():

@@ -29,6 +29,7 @@ from dashboard.studies.texts import (
 )
 from training.catalogue import MODEL_DEFAULT
 from training.registry import COUNT, OPTIONS_DECLARED, REGISTRY, StrategyOption
+from training.text_catalogue import BYTE_LLAMA_SIZES
 
 MODE_SCALING, MODE_AXES = "scaling", "axes"
 SWITCH_WORDS = {"true": True, "on": True, "yes": True, "false": False, "off": False, "no": False}
@@ -55,17 +56,21 @@ OPTIONS = {option.name: option for option in OPTIONS_DECLARED}
 AXIS_TYPES: dict[str, Callable[[str], Any]] = {
     "model": str, "dataset": str, "strategy": str, "processes": int, "nodes": int,
     "batch_size": int, "lr": float, "optimizer": str, "seed": int,
+    "model_size": str, "seq_len": int, "sequence_parallel": switch_parse,
     **{name: switch_parse if isinstance(o.default, bool) else type(o.default)
        for name, o in OPTIONS.items()},
 }  # fmt: skip
 AXIS_LABELS = {
-    "lr": "Learning rate", "processes": "Processes (per node)",
+    "lr": "Learning rate", "processes": "Processes (per node)", "seq_len": "Window (seq_len)",
     **{name: option_title(option) for name, option in OPTIONS.items()},
 }  # fmt: skip
 AXIS_PLACEHOLDERS = {
     "model": "simple-cnn, resnet18", "dataset": "mnist, fashion-mnist",
     "strategy": "single, ddp", "processes": "2, 4", "nodes": "1", "batch_size": "32, 64",
     "lr": "0.001, 0.01", "optimizer": "adam, sgd", "seed": "1, 2",
+    # A language model's (byte-llama's sizes and windows).
+    "model_size": ", ".join(list(BYTE_LLAMA_SIZES)[:2]), "seq_len": "64, 128",
+    "sequence_parallel": "true, false",
     **{name: option_placeholder(option) for name, option in OPTIONS.items()},
 }  # fmt: skip
 VALUE_NOUNS: dict[Callable[[str], Any], str] = {

@@ -22,6 +22,7 @@ from typing import Any
 
 from dashboard.api import ApiError
 from dashboard.experiments.core.forms import ExperimentForm
+from dashboard.experiments.core.language_fields import LANGUAGE_FIELDS, language_not_read
 from dashboard.experiments.models import PROCESS_STRATEGIES
 from dashboard.experiments.web.api_launch import (
     launch_form_data,
@@ -31,6 +32,7 @@ from dashboard.experiments.web.api_launch import (
 from dashboard.studies.args_axes import ARGS_AXIS, args_axis_error, cell_payload, is_args_axis
 from dashboard.studies.models import BatchMode
 from dashboard.studies.texts import MAX_RUNS, all_skipped_text, runs_text
+from training.catalogue import MODEL_DEFAULT
 from training.refusals import option_refusals
 from training.registry import (
     OPTIONS_DECLARED,
@@ -42,6 +44,8 @@ from training.registry import (
 
 AXIS_FIELDS = (
     "model", "dataset", "strategy", "processes", "nodes", "batch_size", "lr", "optimizer", "seed",
+    # A language model's: "seq_len [64, 128] x model_size [smoke, small]".
+    *LANGUAGE_FIELDS,
     # Every strategy option the registry declares: "ddp x comm_hook [none, fp16, powersgd]".
     *(option.name for option in OPTIONS_DECLARED),
 )  # fmt: skip
@@ -224,7 +228,14 @@ def cell_skip_reason(*, base: dict[str, Any], values: dict[str, Any]) -> str | N
     than the default (training.refusals' option_refusals, its "not read" kind). None otherwise,
     and where the cell's types or strategy are wrong: the launch checks refuse those."""
     payload = cell_payload(base=base, values=values)
-    strategy = launch_form_data(payload)["strategy"]
+    form_data = launch_form_data(payload)
+    strategy, model = form_data["strategy"], form_data["model"] or MODEL_DEFAULT
+    if isinstance(model, str) and isinstance(strategy, str):
+        # A language field its model or strategy does not read: as an option's, a question
+        # the grid's shape asked (model [simple-cnn, byte-llama] x seq_len [64, 128]).
+        language = language_not_read(payload, model=model, strategy=strategy)
+        if language:
+            return "; ".join(f"{name}: {why}" for name, why in language.items())
     if launch_payload_check(payload) or strategy not in STRATEGIES:
         return None
     read = STRATEGIES[strategy].options

@@ -9,6 +9,7 @@ from typing import Any, cast
 
 from dashboard.experiments.core.forms import FORM_STRATEGIES
 from dashboard.experiments.core.memory import SUMMARY_FIGURES, memory_summary_texts
+from dashboard.experiments.metrics.language import TABLE_FIGURES, table_texts
 from dashboard.experiments.metrics.phases import RunShares, efficiency_reason_text, shares_text
 from dashboard.studies.models import BatchMode
 from dashboard.texts import words_joined
@@ -147,7 +148,10 @@ def cell_settings_text(config: Mapping[str, Any]) -> str:
     optimizer, or a script's command line (its args axes' pairs last), as a shell writes it."""
     if config["entrypoint"]:
         return shlex.join([config["entrypoint"], *config["args"]])
-    return f"bs {config['batch_size']} · lr {config['lr']} · {config['optimizer']}"
+    settings = f"bs {config['batch_size']} · lr {config['lr']} · {config['optimizer']}"
+    if config.get("model_size"):  # a language model's size and window
+        settings = f"{config['model_size']} · window {config['seq_len']} · {settings}"
+    return settings
 
 
 def cell_texts(cell: dict[str, object]) -> dict[str, str]:
@@ -177,4 +181,8 @@ def cell_texts(cell: dict[str, object]) -> dict[str, str]:
         "efficiency": f"{efficiency:.0%}" if isinstance(efficiency, float) else "—",
         "phase_shares": shares_text(shares),
         "efficiency_reason": reason or "",
+        # A language model's tokens/s, MFU and bits per byte ("" for a classifier's cell).
+        **table_texts(
+            {name: cell[name] for name in TABLE_FIGURES} if cell.get("language") else None
+        ),
     }

@@ -14,6 +14,7 @@ from django.views.decorators.http import require_POST
 from dashboard.experiments.core.catalogue_options import launch_options
 from dashboard.experiments.core.limits import LaunchLimited
 from dashboard.experiments.core.memory import MEMORY_RULE
+from dashboard.experiments.metrics.language import language_page_texts
 from dashboard.experiments.metrics.phases import SHARES_RULE
 from dashboard.experiments.metrics.scaling import experiment_global_batch
 from dashboard.experiments.web.views import chart_run
@@ -76,9 +77,14 @@ def _chart_run(experiment: Any) -> dict[str, Any]:
 def study_detail(request: HttpRequest, pk: int) -> HttpResponse:
     study = _visible(request, pk)
     data = study_as_dict(study)
+    language = any(cell["language"] for cell in data["cells"])
+    texts = language_page_texts()
     context = {
         "study": study,
         "data": data,
+        # Tokens/s, MFU and bits per byte, where a cell trains a language model.
+        "language_columns": language,
+        "language_texts": texts,
         "can_control": study_can_control(study=study, user=request.user),
         "charts": {
             "runs": [_chart_run(e) for e in study_runs(study)],
@@ -90,6 +96,7 @@ def study_detail(request: HttpRequest, pk: int) -> HttpResponse:
             SPEEDUP_RULE,
             f"{MEMORY_CELL_RULE} {MEMORY_RULE}",
             SHARES_RULE,
+            *((texts["tokens_rule"], texts["mfu_rule"], texts["bpb_rule"]) if language else ()),
         ],  # fmt: skip
         "skipped_rule": SKIPPED_RULE,
         "live": {"api_url": reverse("api-study", args=[study.pk])},

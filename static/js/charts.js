@@ -97,7 +97,9 @@ window.TrainyardCharts = (function () {
     const t = isNum(msg.time) ? msg.time : null;
     if (msg.type === "step") {
       for (const [field, key] of Object.entries(contract.step_series)) put(out, key, msg.step, t, msg[field]);
-      putRanks(out, msg.ranks, contract.rank_fields.concat(contract.phase_fields), msg.step, t);
+      // A language model's ranks also say their tokens/s (protocol 1.15).
+      const rankFields = contract.rank_fields.concat(contract.phase_fields, contract.language_rank_fields || []);
+      putRanks(out, msg.ranks, rankFields, msg.step, t);
       // A script's observer says what each rank holds every window (protocol 1.12).
       putRanks(out, msg.memory, contract.memory_fields, msg.step, t);
     } else if (msg.type === "epoch") {

@@ -108,6 +108,12 @@
           "No image folder: put one under <data dir>/imagefolders or $TRAINYARD_IMAGE_FOLDERS on this worker.")
       );
     }
+    // A language model's text (the users' .txt folders, for the textfolder dataset).
+    const texts = c.text_folders || [];
+    if (texts.length) {
+      const rows = texts.map((f) => [f.path, f.files, f.size_text, f.layout]);
+      nodes.push(table("text-folders", ["Text folder", "Files", "Size", "Layout"], rows));
+    }
     return nodes;
   }
 

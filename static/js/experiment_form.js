@@ -82,20 +82,55 @@
       const group = options.model_groups.find((g) => g.models.includes(model.value));
       modelExplain.textContent = group ? group.source + ": " + group.help : "";
     }
-    const isFolder = dataset && dataset.value === options.imagefolder;
-    // Hidden, not dimmed: only imagefolder reads a path (the server drops it elsewhere).
+    // Hidden, not dimmed: only imagefolder and textfolder read a path (the server drops it
+    // elsewhere); each offers its own folders (the select's groups).
+    const isImages = dataset && dataset.value === options.imagefolder;
+    const isTexts = dataset && dataset.value === options.textfolder;
+    const isFolder = isImages || isTexts;
     if (folderField) folderField.hidden = !isFolder;
+    if (folder) {
+      for (const group of folder.querySelectorAll("optgroup")) {
+        const shown = group.label === (isTexts ? "Text folders" : "Image folders");
+        group.hidden = !shown;
+        group.disabled = !shown;
+      }
+    }
     if (datasetExplain && dataset) {
       const row = options.datasets.find((d) => d.name === dataset.value);
-      const picked = isFolder && folder
-        ? options.image_folders.find((f) => f.path === folder.value)
-        : null;
+      const folders = isTexts ? options.text_folders || [] : options.image_folders;
+      const picked = isFolder && folder ? folders.find((f) => f.path === folder.value) : null;
       datasetExplain.textContent = picked ? picked.help : row ? row.help : "";
     }
+    syncLanguage();
   }
-  for (const input of [model, dataset, folder]) {
+
+  // A language model's size, window and sequence parallel: shown for one alone, with the
+  // chosen size's line and window (#launch-options' `language`, core/language_fields.py).
+  const languageFields = document.getElementById("language-fields");
+  const modelSize = form.elements.namedItem("model_size");
+  const seqLen = form.elements.namedItem("seq_len");
+  const sequenceParallel = form.elements.namedItem("sequence_parallel");
+  const sizeExplain = document.getElementById("model-size-explain");
+  function syncLanguage() {
+    const language = options && options.language;
+    if (!language || !languageFields || !model) return;
+    const isLanguage = language.language_models.includes(model.value);
+    languageFields.hidden = !isLanguage;
+    const size = language.sizes[(modelSize && modelSize.value) || language.size_default];
+    if (sizeExplain) sizeExplain.textContent = size ? size.help : "";
+    if (seqLen && size) seqLen.placeholder = "default (" + size.seq_len + ")";
+    if (sequenceParallel) {
+      // Read by tensor parallel alone: not sent elsewhere, where the server refuses "off".
+      const read = isLanguage && language.tensor_parallel.includes(strategy.value);
+      const field = document.getElementById("field-sequence_parallel");
+      if (field) field.hidden = !read;
+      sequenceParallel.disabled = !read;
+    }
+  }
+  for (const input of [model, dataset, folder, modelSize]) {
     if (input) input.addEventListener("change", syncCatalogue);
   }
+  strategy.addEventListener("change", syncLanguage);
   syncCatalogue();
 
   // A user's own script reads none of the engine's model, data and training fields: they are

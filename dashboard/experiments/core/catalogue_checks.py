@@ -23,15 +23,20 @@ from dashboard.devices.catalogue import (
 from training.catalogue import IMAGEFOLDER, SPLIT_STRATEGIES, no_tensor_plan_message
 from training.refusals import plural
 from training.registry import TENSOR_PARALLEL_STRATEGIES
+from training.text_catalogue import TEXT_ROOTS_ENV, TEXT_ROOTS_SUBDIR, TEXTFOLDER
+
+# The datasets that read a folder given as data_path: their folders, as a worker reports them.
+FOLDER_DATASETS = (IMAGEFOLDER, TEXTFOLDER)
 
 Errors = dict[str, list[str]]
 LISTED_MAX = 8  # names said in a message before "and N more"
 
 
 def data_path_normalise(*, dataset: str, data_path: str | None) -> str:
-    """Only imagefolder reads a path: elsewhere it is dropped, not refused (the form keeps the
-    field, hidden, while the user switches datasets). A trailing slash is no other folder."""
-    if dataset != IMAGEFOLDER or not data_path or not data_path.strip():
+    """Only imagefolder and textfolder read a path: elsewhere it is dropped, not refused (the
+    form keeps the field, hidden, while the user switches datasets). A trailing slash is no
+    other folder."""
+    if dataset not in FOLDER_DATASETS or not data_path or not data_path.strip():
         return ""
     return os.path.normpath(data_path.strip())
 
@@ -79,18 +84,30 @@ def _dataset_check(*, dataset: str, catalogues: list[MachineCatalogue]) -> list[
     ]
 
 
-def folders_text(catalogues: list[MachineCatalogue]) -> str:
-    """ "host-a: /data/pets (37 classes), ..." or a sentence saying where folders are looked for."""
+NO_FOLDER = {
+    False: "no online worker reports an image folder (they look under <data dir>/imagefolders "
+    "and $TRAINYARD_IMAGE_FOLDERS)",
+    True: f"no online worker reports a text folder (they look under <data dir>/{TEXT_ROOTS_SUBDIR} "
+    f"and ${TEXT_ROOTS_ENV})",
+}
+
+
+def _folder_size(facts: dict[str, Any], *, text: bool) -> str:
+    if text:
+        return plural(int(facts.get("files") or 0), "file")
+    return plural(int(facts.get("classes") or 0), "class", "classes")
+
+
+def folders_text(catalogues: list[MachineCatalogue], *, text: bool = False) -> str:
+    """ "host-a: /data/pets (37 classes), ..." or a sentence saying where folders are looked for;
+    ``text``: the text folders ("host-a: /data/textfolders/poems (3 files)")."""
     parts = [
-        f"{c.hostname}: {path} ({plural(int(f.get('classes') or 0), 'class', 'classes')})"
+        f"{c.hostname}: {path} ({_folder_size(f, text=text)})"
         for c in catalogues
-        for path, f in c.image_folders.items()
+        for path, f in (c.text_folders if text else c.image_folders).items()
     ]
     if not parts:
-        return (
-            "no online worker reports an image folder (they look under <data dir>/imagefolders "
-            "and $TRAINYARD_IMAGE_FOLDERS)"
-        )
+        return NO_FOLDER[text]
     return "the workers have " + "; ".join(parts[:LISTED_MAX])
 
 
@@ -110,6 +127,20 @@ def _data_path_check(*, data_path: str, catalogues: list[MachineCatalogue]) -> l
         return [
             f"{data_path} has {plural(classes, 'class', 'classes')}; a classifier needs at least "
             "two (one folder per class)"
+        ]
+    return []
+
+
+def _text_path_check(*, data_path: str, catalogues: list[MachineCatalogue]) -> list[str]:
+    if not data_path:
+        return [
+            f"textfolder needs data_path, a folder of .txt files on the worker: "
+            f"{folders_text(catalogues, text=True)}"
+        ]
+    if not any(data_path in c.text_folders for c in catalogues):
+        return [
+            f"no online worker reports a text folder at {data_path}; "
+            f"{folders_text(catalogues, text=True)}"
         ]
     return []
 
@@ -210,6 +241,8 @@ def launch_catalogue_check(
     }
     if dataset == IMAGEFOLDER and not checks["dataset"]:
         checks["data_path"] = _data_path_check(data_path=data_path, catalogues=catalogues)
+    if dataset == TEXTFOLDER and not checks["dataset"]:
+        checks["data_path"] = _text_path_check(data_path=data_path, catalogues=catalogues)
     if not checks["dataset"]:
         checks["batch_size"] = _batch_check(
             dataset=dataset, global_batch=global_batch, made=batch_made, catalogues=catalogues

@@ -1,5 +1,6 @@
-"""What the launch form offers: the models, datasets and image folders the online workers
-report, grouped by where they come from, each with a line saying what it is. The page is sent
+"""What the launch form offers: the models, datasets, image folders and text folders the online
+workers report, grouped by where they come from, each with a line saying what it is, and a
+language model's sizes (core/language_fields.py). The page is sent
 these (its JSON), the script only shows the line of the chosen one and keeps no list itself."""
 
 from __future__ import annotations
@@ -13,8 +14,10 @@ from dashboard.devices.catalogue import (
     catalogues_online,
 )
 from dashboard.experiments.core.catalogue_checks import training_set_size
+from dashboard.experiments.core.language_fields import language_facts
 from dashboard.texts import bytes_text
 from training.catalogue import IMAGEFOLDER, MNIST_SAMPLE_NAME
+from training.text_catalogue import JARGON, TEXTFOLDER
 
 SOURCE_HELP = {
     "built in": "Trainyard's small CNN for 28x28 images: the default, and the fastest to train.",
@@ -26,8 +29,15 @@ SOURCE_HELP = {
 BUILTIN_DATASET_HELP = {
     "mnist": "Handwritten digits, 28x28 grey, 10 classes.",
     "fashion-mnist": "Clothes, 28x28 grey, 10 classes.",
+    JARGON: "Text for a language model: the Jargon File (1.7 MB of hackers' English, public "
+    "domain), its last tenth held out.",
 }
 IMAGEFOLDER_HELP = "An image folder on the worker: one folder per class (train/ and val/ or test/)."
+TEXTFOLDER_HELP = (
+    "Text for a language model: your .txt files in a folder on the worker (train/ and val/, or "
+    "one folder whose last tenth is held out)."
+)
+FOLDER_HELP = {IMAGEFOLDER: IMAGEFOLDER_HELP, TEXTFOLDER: TEXTFOLDER_HELP}
 
 
 def source_help(source: str) -> str:
@@ -61,7 +71,8 @@ def _datasets(catalogues: list[MachineCatalogue]) -> list[dict[str, Any]]:
             row["help"] = (
                 row["help"]
                 or BUILTIN_DATASET_HELP.get(name)
-                or (IMAGEFOLDER_HELP if name == IMAGEFOLDER else str(detail.get("source") or ""))
+                or FOLDER_HELP.get(name)
+                or str(detail.get("source") or "")
             )
             if detail.get("sample"):
                 row["sample"].append((catalogue.hostname, str(detail.get("source") or "")))
@@ -78,16 +89,23 @@ def _datasets(catalogues: list[MachineCatalogue]) -> list[dict[str, Any]]:
     return list(rows.values())
 
 
-def _folders(catalogues: list[MachineCatalogue]) -> list[dict[str, Any]]:
+def _folder_what(facts: dict[str, Any], *, text: bool) -> str:
+    if text:
+        return f"{facts.get('files')} .txt files"
+    return f"{facts.get('classes')} classes, {facts.get('images')} images"
+
+
+def _folders(catalogues: list[MachineCatalogue], *, text: bool = False) -> list[dict[str, Any]]:
+    """The image folders (``text``: the text folders) the workers report, each with its line
+    and the machines that have it."""
     rows: dict[str, dict[str, Any]] = {}
     for catalogue in catalogues:
-        for path, facts in catalogue.image_folders.items():
+        for path, facts in (catalogue.text_folders if text else catalogue.image_folders).items():
             row = rows.setdefault(path, {**facts, "path": path, "machines": []})
             row["machines"].append(catalogue.hostname)
             row["help"] = (
-                f"{facts.get('classes')} classes, {facts.get('images')} images, "
-                f"{bytes_text(facts.get('bytes'))}, {facts.get('layout')}; on "
-                + ", ".join(row["machines"])
+                f"{_folder_what(facts, text=text)}, {bytes_text(facts.get('bytes'))}, "
+                f"{facts.get('layout')}; on " + ", ".join(row["machines"])
             )
     return list(rows.values())
 
@@ -109,6 +127,10 @@ def launch_options() -> dict[str, Any]:
         "datasets": _datasets(catalogues),
         "image_folders": _folders(catalogues),
         "imagefolder": IMAGEFOLDER,
+        "text_folders": _folders(catalogues, text=True),
+        "textfolder": TEXTFOLDER,
+        # Which models are language models, and each size's window and help.
+        "language": language_facts(),
     }
 
 
@@ -123,6 +145,11 @@ def dataset_choices(options: dict[str, Any]) -> list[tuple[str, str]]:
     return [(row["name"], row.get("label") or row["name"]) for row in options["datasets"]]
 
 
-def folder_choices(options: dict[str, Any]) -> list[tuple[str, str]]:
-    folders = [(row["path"], row["path"]) for row in options["image_folders"]]
-    return [("", "— an image folder on the worker —"), *folders]
+def folder_choices(options: dict[str, Any]) -> list[Any]:
+    """A folder on the worker: the image folders for imagefolder, the text folders for
+    textfolder (the page's script shows the group of the dataset chosen)."""
+    images = [(row["path"], row["path"]) for row in options["image_folders"]]
+    texts = [(row["path"], row["path"]) for row in options["text_folders"]]
+    groups = [(label, rows) for label, rows in (("Image folders", images),
+                                                 ("Text folders", texts)) if rows]  # fmt: skip
+    return [("", "— a folder on the worker —"), *groups]

@@ -9,6 +9,7 @@ the exports all say a run's settings the same way, in the registry's words.
 from __future__ import annotations
 
 import shlex
+from typing import Any
 
 from django.utils import timezone
 
@@ -28,6 +29,7 @@ from training.registry import (
     StrategyOption,
     option_value_text,
 )
+from training.text_catalogue import BYTE_LLAMA_SIZE_DEFAULT, BYTE_LLAMA_SIZES, LANGUAGE_MODELS
 
 
 def experiment_runs_script(*, experiment: Experiment) -> bool:
@@ -50,6 +52,37 @@ def experiment_script_facts(*, experiment: Experiment) -> list[dict[str, str]]:
         {"label": "Arguments", "value": shlex.join(experiment.args or []) or "none"},
         {"label": "Code", "value": f"sha256 {code.sha256}" if code else experiment.code_path},
     ]
+
+
+def experiment_language_settings(*, experiment: Experiment) -> dict[str, Any]:
+    """A language model's size, window and sequence parallel as it trains with them (a blank
+    size or window: the size's default); None each for the other models (the read JSON's)."""
+    if experiment.model not in LANGUAGE_MODELS:
+        return {"model_size": None, "seq_len": None, "sequence_parallel": None}
+    name = experiment.model_size or BYTE_LLAMA_SIZE_DEFAULT
+    size = BYTE_LLAMA_SIZES.get(name)  # None: a size the engine no longer has
+    return {
+        "model_size": name,
+        "seq_len": experiment.seq_len or (size.seq_len if size else None),
+        "sequence_parallel": experiment.sequence_parallel,
+    }
+
+
+def experiment_language_facts(*, experiment: Experiment) -> list[dict[str, str]]:
+    """The run page's Settings rows of a language model (empty for the other models): its
+    size with the engine's line for it, its window, and sequence parallel where it is read."""
+    settings = experiment_language_settings(experiment=experiment)
+    if settings["model_size"] is None:
+        return []
+    size = BYTE_LLAMA_SIZES.get(settings["model_size"])
+    rows = [
+        {"label": "Model size", "value": settings["model_size"], "help": size.help if size else ""},
+        {"label": "Window", "value": f"{settings['seq_len']} bytes", "help": ""},
+    ]
+    if settings["sequence_parallel"] is not None:
+        value = "on" if settings["sequence_parallel"] else "off"
+        rows.append({"label": "Sequence parallel", "value": value, "help": ""})
+    return rows
 
 
 def experiment_is_active(*, experiment: Experiment) -> bool:

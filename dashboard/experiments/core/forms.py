@@ -19,6 +19,14 @@ from dashboard.experiments.core.catalogue_options import (
     folder_choices,
     model_choices,
 )
+from dashboard.experiments.core.language_fields import (
+    SEQ_LEN_BOUNDS,
+    language_clean,
+    model_size_field,
+    seq_len_help,
+    sequence_parallel_field,
+    stage_count,
+)
 from dashboard.experiments.models import Experiment, option_title
 from dashboard.texts import words_joined
 from training.catalogue import MODEL_DEFAULT
@@ -47,6 +55,7 @@ LIMITS = {
     "processes": (1, 256),
     "nodes": (1, 64),
     "seed": (0, 2**31 - 1),
+    "seq_len": SEQ_LEN_BOUNDS,
 }
 LR_MAX = 10.0
 DEFAULT_CPU_PROCESSES = 2
@@ -55,6 +64,11 @@ FIELDS = (
     "model",
     "dataset",
     "data_path",
+    # A language model's (byte-llama): its size preset, window and tensor parallel's sequence
+    # split, as it trains with them (core/language_fields.py); empty for the other models.
+    "model_size",
+    "seq_len",
+    "sequence_parallel",
     "strategy",
     "processes",
     "nodes",
@@ -251,6 +265,10 @@ class ExperimentForm(forms.ModelForm):
         )
         for option in OPTIONS_DECLARED:
             self.fields[option.name] = option_field(option)
+        self.fields["model_size"] = model_size_field()
+        self.fields["sequence_parallel"] = sequence_parallel_field()
+        self.fields["seq_len"].label = "Window (bytes)"
+        self.fields["seq_len"].help_text = seq_len_help()
         for name, (low, high) in LIMITS.items():
             field = self.fields[name]
             field.min_value = low
@@ -273,7 +291,7 @@ class ExperimentForm(forms.ModelForm):
         self.fields["model"].widget = forms.Select(choices=model_choices(options))
         self.fields["dataset"].widget = forms.Select(choices=dataset_choices(options))
         self.fields["data_path"].widget = forms.Select(choices=folder_choices(options))
-        self.fields["data_path"].label = "Image folder"
+        self.fields["data_path"].label = "Folder"
 
     def _catalogue_clean(self, data: dict[str, Any]) -> bool:
         """The model, dataset and image folder against the online workers' reports."""
@@ -375,15 +393,20 @@ class ExperimentForm(forms.ModelForm):
             if refusal.rule == RULE_PER_GPU:
                 self.add_error("processes", refusal.message)
                 return data
+        model = data.get("model") or MODEL_DEFAULT
+        for name, message in language_clean(data, spec=spec, model=model):
+            self.add_error(name, message)  # (add_error drops the field from cleaned_data)
+        if self.errors:
+            return data
         stages = (
-            pipeline_stage_limit(model=data.get("model") or MODEL_DEFAULT)
+            stage_count(data, model=model) or pipeline_stage_limit(model=model)
             if spec.stages and data["processes"] >= 2
             else None
         )
         for refusal in pipeline_refusals(
             strategy, processes=data["processes"], batch_size=data.get("batch_size") or 1,
             microbatches=data.get("microbatches"), schedule=data.get("pipeline_schedule"),
-            stages=stages,
+            stages=stages, language=bool(data.get("seq_len")),
         ):  # fmt: skip
             self.add_error(refusal.field, refusal.message)
         if not self._nodes_clean(data, spec) or self.errors:

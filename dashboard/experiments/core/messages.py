@@ -216,6 +216,9 @@ class StepMessage(StepFields, Numbered):
     # The run's images/s over the training so far (metrics/throughput.py), the page's headline
     # figure; the event's own images_per_second is its window's (the chart's point).
     throughput: NotRequired[float | None]
+    # A language model's (protocol 1.15): its tokens/s and MFU so far, the last evaluation's
+    # bits per byte, and their texts (metrics/language.py's language_figures).
+    language: NotRequired[dict[str, Any]]
 
 
 class EpochMessage(EpochFields, Numbered):
@@ -223,6 +226,7 @@ class EpochMessage(EpochFields, Numbered):
     time: float
     texts: NotRequired[dict[str, Any]]
     throughput: NotRequired[float | None]  # as the step message's
+    language: NotRequired[dict[str, Any]]  # as the step message's; `sample` is the text written
 
 
 class CheckpointMessage(CheckpointFields, Numbered):
@@ -280,6 +284,7 @@ class SnapshotMessage(TypedDict):
     scaling: NotRequired[dict[str, Any]]  # embedded in the page only: scaling.py's facts
     texts: dict[str, Any]  # run_facts.snapshot_texts: the panels' rows, formatted
     throughput: float | None  # as a step message's: the run's images/s so far
+    language: dict[str, Any] | None  # as a step message's; None for a model that is no LM
 
 
 class ErrorMessage(TypedDict):

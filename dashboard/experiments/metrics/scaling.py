@@ -29,6 +29,7 @@ from typing import Any
 from dashboard.experiments.core.access import experiments_visible_to
 from dashboard.experiments.core.memory import experiment_memory_rows, memory_summary
 from dashboard.experiments.metrics.breakdown import experiments_breakdown
+from dashboard.experiments.metrics.language import TABLE_FIGURES, runs_language_read, table_texts
 from dashboard.experiments.metrics.phases import (
     RunShares,
     efficiency_reason_text,
@@ -135,6 +136,8 @@ class ScalingRow:
     baseline_global_batch: int | None
     # Its shares of communication, data and waiting (metrics/phases.py), None without phases.
     shares: RunShares | None = None
+    # A language model's tokens/s, MFU and bits per byte (metrics/language.py), None else.
+    language: dict[str, Any] | None = None
 
     @property
     def speedup(self) -> float | None:
@@ -174,6 +177,7 @@ class ScalingRow:
             "phase_shares": shares_text(self.shares),
             "efficiency_reason": efficiency_reason_text(efficiency=efficiency, shares=self.shares)
             or "",
+            **table_texts(self.language),
         }
 
     def as_dict(self) -> dict[str, Any]:
@@ -210,6 +214,8 @@ class ScalingRow:
             # what its efficiency lost to, in words; null without phases (or efficiency).
             "phase_shares": self.shares,
             "efficiency_reason": self.texts["efficiency_reason"] or None,
+            # A language model's (metrics/language.py): null for the other models.
+            **{key: (self.language or {}).get(key) for key in TABLE_FIGURES},
         }
 
 
@@ -217,6 +223,7 @@ def scaling_rows_build(*, experiments: Sequence[Experiment], visible: Any) -> li
     """One row per run; `visible` is the queryset of runs the viewer may use as baselines."""
     throughputs = throughputs_read(experiment_ids=[e.pk for e in experiments])
     breakdowns = experiments_breakdown(experiment_ids=[e.pk for e in experiments])
+    language = runs_language_read(experiments=experiments)
     rows = []
     for experiment in experiments:
         baseline = single_baseline_find(
@@ -234,6 +241,7 @@ def scaling_rows_build(*, experiments: Sequence[Experiment], visible: Any) -> li
                 if baseline is None
                 else experiment_global_batch(baseline),
                 shares=run_shares(breakdowns.get(experiment.pk, [])),
+                language=language.get(experiment.pk),
             )
         )
     return rows

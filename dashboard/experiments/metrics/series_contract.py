@@ -24,15 +24,29 @@ STEP_SERIES: Final = {
         "data_seconds",
         "compute_seconds",
         "rss_bytes",
+        # A language model's (protocol 1.15): bytes a second over all ranks, the model FLOPs
+        # utilisation over the run's peak, the last step's gradient norm before clipping.
+        "tokens_per_second",
+        "mfu",
+        "grad_norm",
     )
 }
 EPOCH_SERIES: Final = {
     "test_loss": "test_loss",
     "test_accuracy": "test_accuracy",
     "images_per_second": "epoch/images_per_second",
+    # A language model's evaluation (protocol 1.15): the held-out loss in bits a byte and
+    # e to it; the epoch's tokens/s and MFU, coarser than the steps' (as its images/s).
+    "bits_per_byte": "bits_per_byte",
+    "perplexity": "perplexity",
+    "tokens_per_second": "epoch/tokens_per_second",
+    "mfu": "epoch/mfu",
 }
 # Each rank's figures of a step (its `ranks`), stored as rank/<r>/<field>.
 RANK_FIELDS: Final = ("images_per_second", "data_seconds", "compute_seconds", "rss_bytes")
+# A language model's ranks also say their tokens/s (protocol 1.15), stored as rank/<r>/<field>
+# where a rank's entry has it (a classifier's runs store no column of nulls).
+LANGUAGE_RANK_FIELDS: Final = ("tokens_per_second",)
 # Where each rank's wall time went and what it sent (protocol 1.9, training/observe/phases.py),
 # stored as rank/<r>/<field> where a step's `ranks` carry them: with data_seconds the six *_seconds
 # add up to the rank's wall time of the window (the read JSON's `breakdown` sums them over the run).
@@ -161,6 +175,21 @@ CHARTS: Final[tuple[ChartSpec, ...]] = (
     {"id": "epoch_ips", "title": "Images/s per epoch", "match": "^epoch/images_per_second$",
      "section": "training", "run_page": False},
     {"id": "lr", "title": "Learning rate", "match": "^lr$", "log": True, "section": "training"},
+    # A language model's (protocol 1.15): tokens are bytes here (byte-llama's vocabulary).
+    {"id": "tokens_per_second", "title": "Tokens/s", "match": "^tokens_per_second$",
+     "section": "training", "window": "rate"},
+    {"id": "epoch_tps", "title": "Tokens/s per epoch", "match": "^epoch/tokens_per_second$",
+     "section": "training", "run_page": False},
+    {"id": "bits_per_byte", "title": "Bits per byte (test)", "match": "^bits_per_byte$",
+     "color": "--chart-test", "section": "training"},
+    {"id": "perplexity", "title": "Perplexity (test)", "match": "^perplexity$", "log": True,
+     "section": "training"},
+    {"id": "mfu", "title": "Model FLOPs utilisation", "match": "^mfu$", "unit": "%",
+     "factor": 100, "section": "training", "window": "rate"},
+    {"id": "epoch_mfu", "title": "Model FLOPs utilisation per epoch", "match": "^epoch/mfu$",
+     "unit": "%", "factor": 100, "section": "training", "run_page": False},
+    {"id": "grad_norm", "title": "Gradient norm (before clipping)", "match": "^grad_norm$",
+     "log": True, "section": "training"},
     # Where the time goes.
     {"id": "data_seconds", "title": "Waiting for data per step (s)", "match": "^data_seconds$",
      "section": "time", "window": "sum"},
@@ -187,6 +216,7 @@ CHARTS: Final[tuple[ChartSpec, ...]] = (
     _per_rank("rank_peak", "peak_bytes", "Peak memory per rank", unit="bytes", section="memory"),
     # Per rank.
     _per_rank("rank_ips", "images_per_second", "Images/s per rank", window="rate"),
+    _per_rank("rank_tps", "tokens_per_second", "Tokens/s per rank", window="rate"),
     _per_rank("rank_data", "data_seconds", "Waiting for data per step, per rank (s)",
               window="sum"),
     _per_rank("rank_compute", "compute_seconds", "Compute per step, per rank (s)", window="sum"),
@@ -209,6 +239,7 @@ def series_contract_facts() -> dict[str, Any]:
         "step_series": STEP_SERIES,
         "epoch_series": EPOCH_SERIES,
         "rank_fields": list(RANK_FIELDS),
+        "language_rank_fields": list(LANGUAGE_RANK_FIELDS),
         "phase_fields": list(PHASE_FIELDS),
         "memory_fields": list(MEMORY_FIELDS),
     }

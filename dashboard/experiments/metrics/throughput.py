@@ -12,7 +12,9 @@ protocol 1.1) at its last step; its window is the steps since the previous event
     throughput = sum(steps of each window) / sum(steps of each window / its images/s)
 
 the global batch (images a step) cancelling out. A run with no step event (a --dry-run) is read
-the same way from its epoch events' figures.
+the same way from its epoch events' figures. A language model's tokens/s (protocol 1.15: its
+windows a second x the window's bytes) is the same figure over its own series, so that it is
+the images/s figure x the window, whichever one a page shows.
 """
 
 from __future__ import annotations
@@ -34,6 +36,10 @@ THROUGHPUT_RULE: Final = (
 )
 RUN_KEY: Final = "images_per_second"
 EPOCH_KEY: Final = "epoch/images_per_second"
+TOKENS_KEY: Final = "tokens_per_second"  # a language model's (series_contract.STEP_SERIES)
+EPOCH_TOKENS_KEY: Final = "epoch/tokens_per_second"
+# Which series a run's figure is read from: its steps', else its epochs'.
+KEYS: Final = {False: (RUN_KEY, EPOCH_KEY), True: (TOKENS_KEY, EPOCH_TOKENS_KEY)}
 _RANK_KEY: Final = re.compile(r"^rank/(\d+)/images_per_second$")
 
 
@@ -86,14 +92,15 @@ def throughput_of(points: Iterable[tuple[int, float | None]]) -> float | None:
     return summed.of()
 
 
-def throughputs_read(*, experiment_ids: Iterable[int]) -> dict[int, float]:
+def throughputs_read(*, experiment_ids: Iterable[int], tokens: bool = False) -> dict[int, float]:
     """Each run's figure from its step events (its epoch events where it has none); a run with
-    neither has no entry."""
+    neither has no entry. ``tokens``: its tokens/s (a language model's), not its images/s."""
     ids = set(experiment_ids)
-    found = _read(experiment_ids=ids, key=RUN_KEY)
+    step_key, epoch_key = KEYS[tokens]
+    found = _read(experiment_ids=ids, key=step_key)
     missing = ids - found.keys()
     if missing:  # the epochs' own series (series_contract.EPOCH_SERIES)
-        found.update(_read(experiment_ids=missing, key=EPOCH_KEY))
+        found.update(_read(experiment_ids=missing, key=epoch_key))
     return found
 
 
@@ -112,7 +119,7 @@ def _read(*, experiment_ids: set[int], key: str) -> dict[int, float]:
 def run_throughput_read(*, experiment_id: int) -> Throughput:
     """The run's and each rank's running figures from its stored step events."""
     summed = Throughput()
-    keys = Q(key__in=(RUN_KEY, EPOCH_KEY)) | Q(
+    keys = Q(key__in=(*KEYS[False], *KEYS[True])) | Q(
         key__startswith="rank/", key__endswith="/images_per_second"
     )
     points = (
@@ -125,10 +132,12 @@ def run_throughput_read(*, experiment_id: int) -> Throughput:
     return summed
 
 
-def run_figure(summed: Throughput) -> float | None:
-    """The run's figure: its step events', else its epoch events' (a --dry-run)."""
-    found = summed.of(RUN_KEY)
-    return found if found is not None else summed.of(EPOCH_KEY)
+def run_figure(summed: Throughput, *, tokens: bool = False) -> float | None:
+    """The run's figure: its step events', else its epoch events' (a --dry-run); ``tokens``:
+    its tokens/s."""
+    step_key, epoch_key = KEYS[tokens]
+    found = summed.of(step_key)
+    return found if found is not None else summed.of(epoch_key)
 
 
 def rank_stats_so_far(stats: Mapping[str, Any], *, ranks: Mapping[int, float]) -> dict[str, Any]:

@@ -23,6 +23,7 @@ from django.db import DatabaseError
 
 from dashboard.devices.facts import machine_samples_collect
 from dashboard.env import env_float
+from dashboard.experiments.core.catalogue_checks import FOLDER_DATASETS
 from dashboard.experiments.core.messages import Body
 from dashboard.experiments.core.profiles import profiles_dir
 from dashboard.experiments.core.transitions import Outcome
@@ -55,9 +56,10 @@ from dashboard.experiments.runs.survival import supervisor_started
 from dashboard.experiments.scheduling.allocation import machine_local, run_cpu_threads
 from dashboard.experiments.scripts.attempt import script_code_folder, script_flags
 from dashboard.experiments.scripts.environment import script_environment
-from training.catalogue import IMAGEFOLDER, MODEL_DEFAULT
+from training.catalogue import MODEL_DEFAULT
 from training.protocol import Event
 from training.registry import strategy_get
+from training.text_catalogue import LANGUAGE_MODELS
 
 log = logging.getLogger(__name__)
 
@@ -105,9 +107,10 @@ def training_command(*, experiment: Experiment) -> list[str]:
     # Said only when not the default: an engine from before the catalogue has no --model.
     if experiment.model and experiment.model != MODEL_DEFAULT:
         command += ["--model", experiment.model]
-    # Only an image folder reads a path (the engine refuses --data-path for the others).
-    if experiment.data_path and experiment.dataset == IMAGEFOLDER:
+    # Only an image or text folder reads a path (the engine refuses --data-path elsewhere).
+    if experiment.data_path and experiment.dataset in FOLDER_DATASETS:
         command += ["--data-path", experiment.data_path]
+    command += language_flags(experiment=experiment)
     if experiment.strategy in PROCESS_STRATEGIES:
         command += ["--nproc", str(experiment.processes)]
     # The strategy's own settings (ZeRO's stage), with the flags the registry declares.
@@ -119,6 +122,20 @@ def training_command(*, experiment: Experiment) -> list[str]:
     if experiment.target_accuracy is not None:  # a study's stop-at-target
         command += ["--target-accuracy", repr(experiment.target_accuracy)]
     return command
+
+
+def language_flags(*, experiment: Experiment) -> list[str]:
+    """A language model's size and window, as the run stores them, and tensor parallel's split
+    by sequence where its strategy reads it (the engine refuses them for the other models)."""
+    if experiment.model not in LANGUAGE_MODELS:
+        return []
+    flags = ["--model-size", experiment.model_size] if experiment.model_size else []
+    if experiment.seq_len:
+        flags += ["--seq-len", str(experiment.seq_len)]
+    if experiment.sequence_parallel is not None:
+        flags.append("--sequence-parallel" if experiment.sequence_parallel else
+                     "--no-sequence-parallel")  # fmt: skip
+    return flags
 
 
 def experiment_supervise(*, experiment_id: int, worker: str) -> str | None:

@@ -15,12 +15,17 @@ too, protocol 1.9); the epoch's test_loss and
 test_accuracy, its mean images/s as epoch/images_per_second (a coarser figure over a whole
 epoch: scaling.py reads it only for a run with no step event), and what each rank holds (its
 `memory`, protocol 1.7) as rank/<r>/parameter_bytes and the like, the last epoch's also on the
-row (`Experiment.memory`, the read JSON's). The supervisor's machine samples come through
-`add_series`. A user's script reports its own figures in `metrics` events (protocol 1.11), one
-rank's at its step: stored as rank/<r>/<name>, rank 0's also as <name>, and sent to the page as
-a `series` message, the shape its charts already take. A script run's launcher says when its
-ranks stall and step again (`stalled`, protocol 1.13): the row takes it at once (stalls.py), the
-log a line, and the page a `stalled` message.
+row (`Experiment.memory`, the read JSON's). A language model's (protocol 1.15): tokens/s (each
+rank's too), MFU and the gradient norm of a step; bits per byte, perplexity, tokens/s and MFU of
+an evaluation, its bits per byte and MFU also on the row, as its test loss, and the text the
+model wrote there among the row's latest few (`Experiment.samples`); each step and epoch
+message then carries the run's tokens/s and MFU so far (`language`, metrics/language.py).
+The supervisor's machine samples come through `add_series`. A user's script reports its own
+figures in `metrics` events (protocol 1.11), one rank's at its step: stored as rank/<r>/<name>,
+rank 0's also as <name>, and sent to the page as a `series` message, the shape its charts
+already take. A script run's launcher says when its ranks stall and step again (`stalled`,
+protocol 1.13): the row takes it at once (stalls.py), the log a line, and the page a `stalled`
+message.
 
 The sink is the unit of work (add, due, flush, numbering under the row lock), and that only:
 a flush says whether it stored windows of several ranks' phases (`PhasesStored`), and whoever
@@ -53,16 +58,24 @@ from dashboard.experiments.core.messages import (
 from dashboard.experiments.core.profiles import profile_as_dict
 from dashboard.experiments.core.run_facts import checkpoint_texts, rank_rows, started_texts
 from dashboard.experiments.core.stalls import STALLED_UNREAD
+from dashboard.experiments.metrics.language import (
+    language_figures,
+    sample_clean,
+    samples_with,
+)
 from dashboard.experiments.metrics.series import MAX_KEY_CHARS, MAX_STEP
 from dashboard.experiments.metrics.series_contract import (
     ARRIVAL_FIELDS,
     EPOCH_SERIES,
+    LANGUAGE_RANK_FIELDS,
     MEMORY_FIELDS,
     PHASE_FIELDS,
     RANK_FIELDS,
     STEP_SERIES,
 )
 from dashboard.experiments.metrics.throughput import (
+    EPOCH_TOKENS_KEY,
+    TOKENS_KEY,
     Throughput,
     rank_stats_so_far,
     run_figure,
@@ -91,8 +104,14 @@ MAX_METRICS_VALUES = 256  # a script's figures in one `metrics` event
 # the engine also writes (train_loss, lr) is the script's to use, and meant to be: a script run
 # has no engine writing them, and the charts that draw them then draw the script's.
 RESERVED_PREFIXES = ("rank/", "machine/")
-# The row's figures of an evaluation, named as their series (EPOCH_SERIES).
-EVALUATED_FIELDS = ("test_loss", "test_accuracy")
+# The row's figures of an evaluation: its field, and the series it is stored under
+# (EPOCH_SERIES); a language model's too (protocol 1.15).
+EVALUATED_FIELDS = {
+    "test_loss": "test_loss",
+    "test_accuracy": "test_accuracy",
+    "bits_per_byte": "bits_per_byte",
+    "mfu": "epoch/mfu",
+}
 
 
 def output_body(line: str, *, level: str, rank: int | None = None, machine: str = "") -> LogBody:
@@ -182,6 +201,7 @@ def event_series(message: dict[str, Any]) -> dict[str, float | None]:
         values.update(_rank_series(message.get("ranks"), fields=RANK_FIELDS))
         values.update(_rank_series(message.get("ranks"), fields=PHASE_FIELDS, given=True))
         values.update(_rank_series(message.get("ranks"), fields=ARRIVAL_FIELDS, given=True))
+        values.update(_rank_series(message.get("ranks"), fields=LANGUAGE_RANK_FIELDS, given=True))
     return values
 
 
@@ -220,8 +240,8 @@ def evaluated_figures(values: Mapping[str, float | None]) -> dict[str, float]:
     """The row's test figures an epoch's evaluation gives (its series' values, none where it
     did not evaluate): kept on the row as they come, so that a run stopped or lost after an
     evaluation still shows it, on its page and in the list, as its charts do."""
-    found = {key: values.get(key) for key in EVALUATED_FIELDS}
-    return {key: value for key, value in found.items() if value is not None}
+    found = {field: values.get(key) for field, key in EVALUATED_FIELDS.items()}
+    return {field: value for field, value in found.items() if value is not None}
 
 
 # Two of the stores of EVENT_STORES below, outside the class to keep it to the unit of work.
@@ -295,6 +315,11 @@ class EventSink:
         # from the windows stored so far (a next attempt goes on from them), then kept here:
         # read now, as the sink is made, so that `add` never waits on the database.
         self.throughput = run_throughput_read(experiment_id=experiment.pk)
+        # A language model's (metrics/language.py): what its started event said (FLOPs per
+        # token, the peak), its latest evaluation's bits per byte and MFU, and the texts kept.
+        self.run_info: dict[str, Any] = dict(experiment.run_info or {})
+        self.evaluated = {"bits_per_byte": experiment.bits_per_byte, "mfu": experiment.mfu}
+        self.samples: list[dict[str, Any]] = list(experiment.samples or [])
 
     def unflushed_drop(self) -> None:
         """Nothing added since the last flush (or that flush rolled back: the next renumbers)."""
@@ -329,8 +354,9 @@ class EventSink:
 
     def _started_store(self, message: dict[str, Any]) -> None:
         self.model_bytes = model_bytes_of(message)
+        self.run_info = {k: v for k, v in message.items() if k not in {"seq", "type"}}
         self.updates.update(
-            run_info={k: v for k, v in message.items() if k not in {"seq", "type"}},
+            run_info=self.run_info,
             notes=list(message.get("notes") or []),
             total_steps=message.get("total_steps"),
         )
@@ -382,9 +408,12 @@ class EventSink:
         self._add_values(values, step=step, time_=time_)
         self.step, self.stepped = step, self.stepped or message["type"] == "step"
         self.updates.update(step=step, epoch=epoch if is_count(epoch) else 0)
-        self.updates.update(evaluated_figures(values))
+        evaluated = evaluated_figures(values)
+        self.updates.update(evaluated)
         throughput = self._throughput_add(values, step=step)
         message["throughput"] = run_figure(throughput)
+        if self._language(message, evaluated, step=step):
+            message["language"] = self._language_figures(sample=message["type"] == "epoch")
         stats = rank_stats_from_event(message)
         if stats is not None:
             self.updates["rank_stats"] = stats
@@ -395,9 +424,34 @@ class EventSink:
     def _throughput_add(self, values: Mapping[str, float | None], *, step: int) -> Throughput:
         """The running throughput with this step or epoch event's figures added."""
         for key, value in values.items():
-            if key.endswith("images_per_second"):
+            if key.endswith("images_per_second") or key in (TOKENS_KEY, EPOCH_TOKENS_KEY):
                 self.throughput.add(key, step, value)
         return self.throughput
+
+    def _language(self, message: dict[str, Any], evaluated: dict[str, float], *, step: int) -> bool:
+        """Whether the event is a language model's (it says its tokens/s); its evaluation's
+        figures and text kept for the row (the latest SAMPLES_KEPT texts)."""
+        if "tokens_per_second" not in message:
+            return False
+        self.evaluated.update({k: v for k, v in evaluated.items() if k in self.evaluated})
+        text = sample_clean(message.get("sample"))
+        if message["type"] == "epoch" and text is not None:
+            message["sample"] = text
+            self.samples = samples_with(self.samples, text=text, epoch=message.get("epoch"),
+                                        step=step)  # fmt: skip
+            self.updates["samples"] = self.samples
+        return True
+
+    def _language_figures(self, *, sample: bool) -> dict[str, Any]:
+        """The run's figures so far; ``sample``: with its latest text (an evaluation's message:
+        a step's would carry the same text each time)."""
+        return language_figures(
+            summed=self.throughput,
+            run_info=self.run_info,
+            bits_per_byte=self.evaluated["bits_per_byte"],
+            mfu_reported=self.evaluated["mfu"],
+            sample=self.samples[-1] if sample and self.samples else None,
+        )
 
     def _add_values(self, values: dict[str, float | None], *, step: int, time_: float) -> None:
         self.points.extend(

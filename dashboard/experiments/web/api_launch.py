@@ -17,6 +17,7 @@ from pydantic import ConfigDict, Field, create_model
 from dashboard.api import ApiError
 from dashboard.experiments.core.access import script_allowed
 from dashboard.experiments.core.forms import FIELDS, LIMITS, LR_MAX, MAX_GPU_IDS, SCRIPT_FIELDS
+from dashboard.experiments.core.language_fields import LANGUAGE_FIELDS, language_not_read
 from dashboard.experiments.core.limits import LaunchLimited
 from dashboard.experiments.models import Experiment
 from dashboard.experiments.scripts.launch import (
@@ -26,6 +27,7 @@ from dashboard.experiments.scripts.launch import (
     script_fields_given,
     script_launch_fields,
 )
+from training.catalogue import MODEL_DEFAULT
 from training.registry import (
     COUNT,
     OPTIONS_DECLARED,
@@ -34,6 +36,7 @@ from training.registry import (
     StrategyOption,
     option_strategies,
 )
+from training.text_catalogue import BYTE_LLAMA_SIZES
 
 # JSON types each field accepts; booleans are never numbers here (but a switch's values).
 FIELD_TYPES: dict[str, tuple[type, ...]] = {
@@ -41,6 +44,10 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "model": (str,),
     "dataset": (str,),
     "data_path": (str,),
+    # A language model's (byte-llama): its size preset, window in bytes, sequence parallel.
+    "model_size": (str,),
+    "seq_len": (int,),
+    "sequence_parallel": (bool,),
     "strategy": (str,),
     "processes": (int,),
     "nodes": (int,),
@@ -67,6 +74,7 @@ NULLABLE_FIELDS = frozenset(
         "processes",
         "nodes",
         "data_path",
+        *LANGUAGE_FIELDS,  # null: the size's default (sequence parallel's: on)
         *(option.name for option in OPTIONS_DECLARED),
         *(name for name in SCRIPT_FIELDS if name != "args"),
     }
@@ -138,6 +146,8 @@ def _launch_bounds(name: str) -> dict[str, Any]:
         return {"minimum": low, "maximum": high}
     if name == "lr":
         return {"exclusiveMinimum": 0, "maximum": LR_MAX}
+    if name == "model_size":  # the engine's presets; null or blank: the default
+        return {"enum": [*BYTE_LLAMA_SIZES, "", None]}
     if name == "args":  # as scripts/launch.py's args_error bounds them
         return {"maxItems": MAX_ARGS, "items": {"type": "string", "maxLength": MAX_ARG_CHARS}}
     if FIELD_TYPES[name] == (str,):  # as launch_payload_bounds_check caps them
@@ -174,6 +184,11 @@ def launch_payload_check(payload: dict[str, Any]) -> dict[str, list[str]]:
         errors["gpus"] = ["must be a list of integer GPU ids"]
     for key, why in launch_payload_bounds_check(payload).items():
         errors.setdefault(key, why)
+    model, strategy = payload.get("model") or MODEL_DEFAULT, payload.get("strategy")
+    if isinstance(model, str) and isinstance(strategy or DEFAULT_STRATEGY, str):
+        found = language_not_read(payload, model=model, strategy=strategy or DEFAULT_STRATEGY)
+        for key, reason in found.items():
+            errors.setdefault(key, [reason])
     strategy = payload.get("strategy", DEFAULT_STRATEGY)
     if isinstance(strategy, str) and not launch_runs_script(payload):
         not_read = f"only a script run reads it (strategy script), not {strategy}"

@@ -75,6 +75,15 @@ class StalledOut(Open):
     text: str = ""  # the launcher's sentence, the run log's line
 
 
+class SampleOut(Schema):
+    """A text a language model wrote at an evaluation (the engine's UTF-8, bytes that are none
+    replaced)."""
+
+    epoch: int | None
+    step: int
+    text: str
+
+
 class ExperimentOut(OptionsOut):
     """A run, as every route that answers with one gives it."""
 
@@ -82,7 +91,14 @@ class ExperimentOut(OptionsOut):
     name: str
     model: str  # "simple-cnn", a torchvision classifier or a plug-in's name
     dataset: str
-    data_path: str | None  # the image folder on the worker (dataset imagefolder), else null
+    # the image or text folder on the worker (dataset imagefolder or textfolder), else null
+    data_path: str | None
+    # A language model's (byte-llama): its size preset, window in bytes and whether tensor
+    # parallel also splits it by sequence (null where the strategy does not split it), as it
+    # trains with them; null for the other models.
+    model_size: str | None = None
+    seq_len: int | None = None
+    sequence_parallel: bool | None = None
     strategy: str
     processes: int | None
     gpus: list[int]
@@ -100,6 +116,15 @@ class ExperimentOut(OptionsOut):
     error: str
     test_loss: float | None
     test_accuracy: float | None
+    # A language model's figures, null for the other models: tokens/s over the training so far
+    # (as images/s is read), the model FLOPs utilisation of that figure against the peak of the
+    # run's devices (`peak_source` says where the peak comes from: "measured peak (...)" on a
+    # CPU), the last evaluation's bits per byte, and the latest texts the model wrote.
+    tokens_per_second: float | None = None
+    mfu: float | None = None
+    bits_per_byte: float | None = None
+    peak_source: str | None = None
+    samples: list[SampleOut] = []
     epoch: int
     step: int
     total_steps: int | None
@@ -252,6 +277,11 @@ class CompareRowOut(Open):
     # in words (null without phases; the sentence also without an efficiency).
     phase_shares: RunSharesOut | None = None
     efficiency_reason: str | None = None
+    # A language model's run: its tokens/s and MFU so far and its last bits per byte (as its
+    # read JSON has them); null for the other models.
+    tokens_per_second: float | None = None
+    mfu: float | None = None
+    bits_per_byte: float | None = None
 
 
 class CompareOut(Schema):

@@ -39,6 +39,7 @@ from dashboard.experiments.core.descriptions import (
     experiment_devices_label,
     experiment_duration_seconds,
     experiment_is_active,
+    experiment_language_facts,
     experiment_option_facts,
     experiment_options_label,
     experiment_script_facts,
@@ -58,6 +59,7 @@ from dashboard.experiments.core.limits import LaunchLimited
 from dashboard.experiments.core.memory import MEMORY_RULE
 from dashboard.experiments.core.messages import socket_path
 from dashboard.experiments.core.stalls import stalled_rows
+from dashboard.experiments.metrics.language import language_page_texts
 from dashboard.experiments.metrics.phases import SHARES_RULE
 from dashboard.experiments.metrics.scaling import (
     BASELINE_RULE,
@@ -360,6 +362,12 @@ def experiment_detail(request: HttpRequest, pk: int) -> HttpResponse:
         "devices_label": experiment_devices_label(experiment=experiment),
         "dataset_label": experiment_dataset_label(experiment=experiment),
         "option_facts": experiment_option_facts(experiment=experiment),
+        # A language model's size, window and sequence parallel (empty for the other models).
+        "language_facts": experiment_language_facts(experiment=experiment),
+        # Its tokens/s, MFU, bits per byte and latest text with their texts (the snapshot's,
+        # which static/js/language.js keeps live), None for the other models.
+        "language": initial["language"],
+        "language_texts": language_page_texts(),
         # A script run's entry point, arguments and code, in place of the engine's settings
         # (empty for the other strategies).
         "script_facts": experiment_script_facts(experiment=experiment),
@@ -498,5 +506,8 @@ def experiment_compare(request: HttpRequest) -> HttpResponse:
         "world_size_rule": WORLD_SIZE_RULE,
         "memory_rule": MEMORY_RULE,
         "shares_rule": SHARES_RULE,
+        # Tokens/s, MFU and bits per byte, where a language model's run is compared.
+        "language_columns": any(row.language for row in comparison["rows"]),
+        "language_texts": language_page_texts(),
     }
     return render(request, "experiments/compare.html", context)
