@@ -275,6 +275,20 @@ TRAINYARD_REPORTED_SILENT_SECONDS = env_int("TRAINYARD_REPORTED_SILENT_SECONDS",
 # not tried for this long, is woken again (the net under the wake-ups: runs/parked.py).
 TRAINYARD_REDISPATCH_SECONDS = env_int("TRAINYARD_REDISPATCH_SECONDS", 60)
 
+# Slurm as an execution backend (scheduling/slurm/, runs/slurm/; README "Slurm"): a run with
+# backend "slurm" is one batch job, which the cluster's scheduler orders and places. The Slurm
+# commands are on this machine's PATH (the web server's and beat's), or run on a login node over
+# ssh (TRAINYARD_SLURM_SSH=user@login-node). The partition a job asks for unless its run names
+# one (empty: the cluster's default), and more sbatch options (shell words, e.g. "--qos=normal
+# --account=ml"). A job is sent SIGUSR1 this many seconds before its time limit: its run writes
+# a checkpoint and is requeued. The reconciler reads squeue this often (beat).
+TRAINYARD_SLURM = env_bool("TRAINYARD_SLURM", False)
+TRAINYARD_SLURM_SSH = env_str("TRAINYARD_SLURM_SSH", "")
+TRAINYARD_SLURM_PARTITION = env_str("TRAINYARD_SLURM_PARTITION", "")
+TRAINYARD_SLURM_SBATCH_ARGS = env_str("TRAINYARD_SLURM_SBATCH_ARGS", "")
+TRAINYARD_SLURM_SIGNAL_SECONDS = env_int("TRAINYARD_SLURM_SIGNAL_SECONDS", 120)
+TRAINYARD_SLURM_RECONCILE_SECONDS = env_float("TRAINYARD_SLURM_RECONCILE_SECONDS", 15.0)
+
 # Notifications when a run ends (each user opts in on the Notifications page). Mail goes to the
 # console unless EMAIL_BACKEND says otherwise, e.g. django.core.mail.backends.smtp.EmailBackend
 # with EMAIL_HOST, EMAIL_PORT, EMAIL_HOST_USER, EMAIL_HOST_PASSWORD and EMAIL_USE_TLS.
@@ -311,6 +325,11 @@ CELERY_BEAT_SCHEDULE = {
         "schedule": 60.0,
     },
 }
+if TRAINYARD_SLURM:  # the Slurm jobs' states, mirrored (runs/slurm/reconcile.py)
+    CELERY_BEAT_SCHEDULE["slurm-reconcile"] = {
+        "task": "experiments.slurm_reconcile",
+        "schedule": TRAINYARD_SLURM_RECONCILE_SECONDS,
+    }
 
 LOGGING = {
     "version": 1,

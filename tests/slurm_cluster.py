@@ -105,13 +105,13 @@ class SlurmCluster:
         return "\n".join(tails)
 
     def left_behind(self) -> list[psutil.Process]:
-        """Processes of this cluster's jobs still alive: they carry its SLURM_CONF."""
+        """Processes of this cluster's jobs still alive: a job's id and this cluster's
+        SLURM_CONF in their environment (a client of the cluster has only the latter)."""
         found = []
         for process in psutil.process_iter(["pid"]):
             with contextlib.suppress(psutil.Error):
-                if process.environ().get("SLURM_CONF") == str(self.conf) and not any(
-                    process.pid == daemon.pid for daemon in self.processes.values()
-                ):
+                env = process.environ()
+                if env.get("SLURM_CONF") == str(self.conf) and "SLURM_JOB_ID" in env:
                     found.append(process)
         return found
 

@@ -182,9 +182,11 @@ def worker_start(stack: Stack) -> Service:
 
 @contextmanager
 def stack_running(
-    *, home: Path, data_dir: Path, database_url: str | None = None
-) -> Iterator[Stack]:
-    """The stack over `database_url` (an empty database), by default a new SQLite file in home."""
+    *, home: Path, data_dir: Path, database_url: str | None = None,
+    env_extra: dict[str, str] | None = None,
+) -> Iterator[Stack]:  # fmt: skip
+    """The stack over `database_url` (an empty database), by default a new SQLite file in home;
+    `env_extra`: settings of its own for every process (a Slurm cluster's, tests/test_slurm.py)."""
     logs = home / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     redis, redis_url = redis_start(logs=logs)
@@ -213,6 +215,7 @@ def stack_running(
         "TRAINYARD_STALL_SECONDS": "8",
         "PYTHONUNBUFFERED": "1",
         "TRAINYARD_DEBUG": "1",  # the local dashboard, as `make run` serves it
+        **(env_extra or {}),
     }
     stack = Stack(f"http://127.0.0.1:{web_port}", redis_url, database_url, env, logs)
     stack.services["redis"] = redis

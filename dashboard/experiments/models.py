@@ -23,6 +23,14 @@ class Status(models.TextChoices):
 ACTIVE_STATUSES = (Status.QUEUED, Status.RUNNING)
 
 
+class Backend(models.TextChoices):
+    """What runs a run: Trainyard's own Celery workers, which it places itself, or a Slurm
+    cluster's scheduler, which places one batch job per run (scheduling/slurm/)."""
+
+    CELERY = "celery", "Celery workers"
+    SLURM = "slurm", "Slurm"
+
+
 class Dataset(models.TextChoices):
     """The built-in datasets, which every worker has; the field takes any name a worker
     reports (training/catalogue.py), checked at launch (core/catalogue_checks.py)."""
@@ -199,6 +207,28 @@ class Experiment(models.Model):
         help_text="a script run's code as a folder on the workers, under their "
         "TRAINYARD_SCRIPT_ROOTS (an absolute path); or code",
     )
+
+    # Where it runs (Backend); on Slurm, the partition and time limit its job asks for (empty:
+    # TRAINYARD_SLURM_PARTITION, else the cluster's default; the partition's limit).
+    backend = models.CharField(
+        max_length=16,
+        choices=Backend.choices,
+        default=Backend.CELERY,
+        help_text="celery (Trainyard's workers) or slurm (one batch job per run)",
+    )
+    partition = models.CharField(
+        max_length=100, blank=True, help_text="the Slurm partition; empty: the default one"
+    )
+    time_limit_minutes = models.PositiveIntegerField(
+        null=True, blank=True, help_text="the Slurm job's time limit; empty: the partition's"
+    )
+    # The scheduler's side of a Slurm run, mirrored by polling (runs/slurm/reconcile.py): its
+    # current job, the job's state and the reason it pends, and the job's restarts its current
+    # attempt started at (SLURM_RESTART_COUNT: a later start of the same job is a requeue).
+    scheduler_job_id = models.CharField(max_length=32, blank=True, db_index=True)
+    scheduler_state = models.CharField(max_length=32, blank=True)
+    scheduler_reason = models.CharField(max_length=200, blank=True)
+    scheduler_restarts = models.PositiveIntegerField(default=0)
 
     status = models.CharField(
         max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True

@@ -10,6 +10,7 @@ from typing import Any
 from django.utils import timezone
 
 from dashboard.experiments.core.access import reason_for_owner
+from dashboard.experiments.core.backends import backend_default, slurm_configured
 from dashboard.experiments.core.checkpoints import checkpoint_as_dict
 from dashboard.experiments.core.descriptions import (
     experiment_devices_label,
@@ -33,7 +34,9 @@ from dashboard.experiments.metrics.throughput import (
     run_figure,
     run_throughput_read,
 )
-from dashboard.experiments.models import Experiment
+from dashboard.experiments.models import Backend, Experiment
+from dashboard.experiments.scheduling.slurm.commands import SlurmError
+from dashboard.experiments.scheduling.slurm.jobs import slurm_partitions
 
 
 def experiment_run_facts(experiment: Experiment) -> dict[str, Any]:
@@ -193,8 +196,33 @@ def experiment_as_dict(
         # its launcher said): since, each rank's collective, whether it waits in it, its stack
         # (in the list of runs, with ``breakdown`` off, no stacks: a few KB a rank, read per run).
         stalled=experiment.stalled if breakdown else _without_stacks(experiment.stalled),
+        # A Slurm run's job as the reconciler last read it (runs/slurm/reconcile.py): its id,
+        # state and Slurm's reason while it pends; null for a run on the workers.
+        scheduler=experiment_scheduler(experiment),
     )
     return data
+
+
+def experiment_scheduler(experiment: Experiment) -> dict[str, str] | None:
+    if experiment.backend != Backend.SLURM:
+        return None
+    return {
+        "job_id": experiment.scheduler_job_id,
+        "state": experiment.scheduler_state,
+        "reason": experiment.scheduler_reason,
+    }
+
+
+def slurm_launch_facts() -> dict[str, Any] | None:
+    """What the launch form offers of Slurm: its partitions (sinfo; none, with why, where the
+    cluster cannot be asked) and the default backend; None where Slurm is not configured."""
+    if not slurm_configured():
+        return None
+    try:
+        partitions, error = slurm_partitions(), ""
+    except SlurmError as exc:
+        partitions, error = [], str(exc)
+    return {"partitions": partitions, "error": error, "default_backend": backend_default()}
 
 
 def _without_stacks(stalled: dict[str, Any] | None) -> dict[str, Any] | None:

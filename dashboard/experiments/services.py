@@ -20,10 +20,12 @@ from dashboard.experiments.core.stalls import (
     resume_moved_on_text,
     resume_plan,
 )
-from dashboard.experiments.models import PROFILE_IN_FLIGHT, Experiment, Profile, Status
+from dashboard.experiments.models import PROFILE_IN_FLIGHT, Backend, Experiment, Profile, Status
 from dashboard.experiments.runs.lifecycle import run_cancel_queued
 from dashboard.experiments.runs.reported import reported_run_stop_silent
+from dashboard.experiments.runs.slurm.submit import slurm_run_stopped, slurm_run_submit
 from dashboard.experiments.scheduling.queue import experiment_priority_set
+from dashboard.experiments.scheduling.slurm.launch import slurm_launch_refusals
 from dashboard.experiments.tasks import queue_wake_send, queue_wakes_held, run_experiment_send
 
 User = AbstractBaseUser | AnonymousUser
@@ -45,8 +47,32 @@ def experiment_launch(
         if limits:
             launch_slot_claim(owner=owner)
         experiment = Experiment.objects.create(owner=owner, cloned_from=cloned_from, **fields)
-        transaction.on_commit(lambda: run_experiment_send(experiment=experiment))
+        transaction.on_commit(lambda: run_send(experiment=experiment))
     return experiment
+
+
+def experiment_launch_refusals(*, fields: dict[str, Any]) -> dict[str, list[str]]:
+    """What the run's backend refuses of a valid launch, by field, before it is stored: on
+    Slurm, a run no partition of the cluster could ever hold (the form and the API say it)."""
+    if fields.get("backend") != Backend.SLURM:
+        return {}
+    return slurm_launch_refusals(
+        partition=fields.get("partition") or "",
+        nodes=fields.get("nodes") or 1,
+        ranks_per_node=fields.get("processes") or 1,
+        gpus_per_node=len(fields.get("gpus") or []),
+        time_limit_minutes=fields.get("time_limit_minutes"),
+    )
+
+
+def run_send(*, experiment: Experiment) -> None:
+    """Hand a committed run to its backend: the workers' queue, or the Slurm cluster's (sbatch;
+    a job it refuses fails the run with its words)."""
+    if experiment.backend == Backend.SLURM:
+        slurm_run_submit(experiment_id=experiment.pk)
+        experiment.refresh_from_db()  # the launch answers with its job (or why it has none)
+    else:
+        run_experiment_send(experiment=experiment)
 
 
 def experiment_priority_change(*, experiment_id: int, priority: int) -> bool:
@@ -71,6 +97,8 @@ def experiment_stop(*, experiment: Experiment, by: Any) -> bool:
     if run_cancel_queued(
         experiment=experiment, by=by, error=f"Stopped by {by} before it started.", now=now
     ):
+        # A Slurm run's job goes with it (scancel), pending or just starting.
+        transaction.on_commit(lambda: slurm_run_stopped(experiment=experiment), robust=True)
         return True
     if reported_run_stop_silent(experiment=experiment, by=by):
         return True  # reported from outside and silent: no script is there to hear it

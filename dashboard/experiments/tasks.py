@@ -15,7 +15,9 @@ import logging
 from collections.abc import Collection, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
+from dataclasses import asdict
 from datetime import datetime, timedelta
+from typing import Any
 
 from celery import shared_task
 from django.conf import settings
@@ -28,9 +30,11 @@ from dashboard.experiments.runs.claim import experiment_claim
 from dashboard.experiments.runs.nodes import nodes_further
 from dashboard.experiments.runs.parked import Wake, queue_wake_plan
 from dashboard.experiments.runs.runner import experiment_node_supervise, experiment_supervise
+from dashboard.experiments.runs.slurm.reconcile import slurm_reconcile
 from dashboard.experiments.runs.survival import experiments_reap_lost, experiments_redispatch_queued
 from dashboard.experiments.scheduling.allocation import machine_local
 from dashboard.experiments.scheduling.queue import hostnames_online
+from dashboard.experiments.scheduling.slurm.commands import SlurmError
 
 log = logging.getLogger(__name__)
 
@@ -182,3 +186,14 @@ def reap_lost_runs() -> dict[str, list[int]]:
         "redispatched": redispatched,
         "woken": [wake.experiment_id for wake in woken],
     }
+
+
+@shared_task(name="experiments.slurm_reconcile", ignore_result=True)
+def slurm_reconcile_runs() -> dict[str, list[Any]]:
+    """The Slurm jobs' states on their runs (runs/slurm/reconcile.py; beat, where TRAINYARD_SLURM
+    is on); a cluster that cannot be asked is tried again next round."""
+    try:
+        return asdict(slurm_reconcile())
+    except SlurmError as exc:
+        log.warning("the Slurm jobs could not be read: %s", exc)
+        return {}

@@ -9,6 +9,7 @@ from django.core import validators
 
 from dashboard.devices.capacity import capacity_check
 from dashboard.experiments.core.access import script_allowed
+from dashboard.experiments.core.backends import backend_refusals
 from dashboard.experiments.core.catalogue_checks import (
     data_path_normalise,
     launch_catalogue_check,
@@ -27,7 +28,7 @@ from dashboard.experiments.core.language_fields import (
     sequence_parallel_field,
     stage_count,
 )
-from dashboard.experiments.models import Experiment, option_title
+from dashboard.experiments.models import Backend, Experiment, option_title
 from dashboard.texts import words_joined
 from training.catalogue import MODEL_DEFAULT
 from training.refusals import (
@@ -55,6 +56,7 @@ LIMITS = {
     "processes": (1, 256),
     "nodes": (1, 64),
     "seed": (0, 2**31 - 1),
+    "time_limit_minutes": (1, 366 * 24 * 60),
     "seq_len": SEQ_LEN_BOUNDS,
 }
 LR_MAX = 10.0
@@ -79,6 +81,10 @@ FIELDS = (
     "lr",
     "optimizer",
     "seed",
+    # What runs it (core/backends.py): the workers, or a Slurm job in a partition, time-limited.
+    "backend",
+    "partition",
+    "time_limit_minutes",
     # Every strategy option the registry declares (ZeRO's stage, DDP's comm hook, ...).
     *(option.name for option in OPTIONS_DECLARED),
 )
@@ -259,6 +265,7 @@ class ExperimentForm(forms.ModelForm):
         self.fields["processes"].required = False
         # Omitted nodes mean one machine, or as many as are pinned.
         self.fields["nodes"].required = False
+        self.fields["backend"].required = False  # core/backends.py's default
         self.fields["nodes"].help_text = (
             f"Machines the run spans ({spanning_labels(strategies)} only); Processes are the "
             "ranks on each machine."
@@ -292,6 +299,15 @@ class ExperimentForm(forms.ModelForm):
         self.fields["dataset"].widget = forms.Select(choices=dataset_choices(options))
         self.fields["data_path"].widget = forms.Select(choices=folder_choices(options))
         self.fields["data_path"].label = "Folder"
+
+    def partitions_apply(self, partitions: list[Any]) -> None:
+        """Offer the Slurm cluster's partitions (selectors.slurm_launch_facts, for the page; the
+        API sends a name, which the launch checks judge), the default one first."""
+        default = next((p.name for p in partitions if p.default), "")
+        first = f"default ({default})" if default else "the cluster's default"
+        self.fields["partition"].widget = forms.Select(
+            choices=[("", first), *((p.name, p.describe()) for p in partitions)]
+        )
 
     def _catalogue_clean(self, data: dict[str, Any]) -> bool:
         """The model, dataset and image folder against the online workers' reports."""
@@ -329,6 +345,12 @@ class ExperimentForm(forms.ModelForm):
                     name,
                     f"{spec.label} does not read it: give your script its settings in `args`",
                 )
+
+    def _backend_clean(self, data: dict[str, Any]) -> bool:
+        """The backend (empty: the default) and the fields only one of them reads."""
+        for field, message in backend_refusals(data).items():
+            self.add_error(field, message)
+        return not self.errors
 
     def clean_lr(self) -> float:
         lr = self.cleaned_data["lr"]
@@ -409,11 +431,15 @@ class ExperimentForm(forms.ModelForm):
             stages=stages, language=bool(data.get("seq_len")),
         ):  # fmt: skip
             self.add_error(refusal.field, refusal.message)
-        if not self._nodes_clean(data, spec) or self.errors:
+        if not self._nodes_clean(data, spec) or not self._backend_clean(data) or self.errors:
             return data
+        # The workers' catalogue and devices judge a run for them; a Slurm run's partition is
+        # asked once the form is valid (services.experiment_launch_refusals).
+        on_workers = data["backend"] == Backend.CELERY
         # A script run trains no model of the catalogue: nothing there to look for.
-        if not spec.user_script and not self._catalogue_clean(data):
+        if on_workers and not spec.user_script and not self._catalogue_clean(data):
             return data
+        data["model"] = data.get("model") or MODEL_DEFAULT
         # A strategy that cannot run without GPUs is refused on the GPU field, where the fix is.
         needs_gpus = gpus or spec.min_gpus
         messages = capacity_check(
@@ -425,7 +451,7 @@ class ExperimentForm(forms.ModelForm):
         )
         # Said where the fix is: the pinned machines, the count of machines, else the devices.
         field = "machines" if data["machines"] else "nodes" if data["nodes"] > 1 else None
-        for message in messages:
+        for message in messages if on_workers else []:
             self.add_error(field or ("gpus" if needs_gpus else "processes"), message)
         if not data.get("name") and spec.user_script:
             data["name"] = spec.label  # scripts/launch.py names it after its entry point

@@ -1,14 +1,16 @@
 """Every change of a run's status, and nothing else: read or add a transition here.
 
     queued ──start──▶ running ──finish──▶ succeeded | failed | cancelled
-      │                 │  │
-      │ cancel_queued   │  └──restart──▶ queued   (Stop and resume: from its last checkpoint)
-      ▼                 ▼ lose (the reaper: no heartbeat)
-    cancelled          lost ──requeue──▶ queued   (attempts left: resumes from a checkpoint)
-                        │
-                        └───give_up───▶ failed   (attempts used up)
+      │  │              │  │
+      │  │ cancel_queued│  └──restart──▶ queued   (Stop and resume: from its last checkpoint)
+      │  ▼              ▼ lose (the reaper: no heartbeat)
+      │ cancelled      lost ──requeue──▶ queued   (attempts left: resumes from a checkpoint)
+      │                 │
+      │                 └───give_up───▶ failed   (attempts used up)
+      └──refuse──▶ failed   (its Slurm job refused by sbatch: runs/slurm/)
 
-Who moves a run: a worker's claim (runs/claim.py) starts it, its supervisor (runner.py)
+Who moves a run: a worker's claim (runs/claim.py), or on Slurm its job's supervisor
+(runs/slurm/job.py), starts it, its supervisor (runner.py)
 finishes it (or, asked to stop and resume, restarts it), the reaper (survival.py) loses,
 requeues and gives up on it, a Stop (services.py) cancels a queued one. A running run is
 cancelled by its supervisor, which ends the training and finishes the run with the outcome
@@ -46,7 +48,7 @@ from dashboard.experiments.models import (
 
 # The diagram above as data: from each status, the statuses a run may move to.
 NEXT: dict[str, frozenset[str]] = {
-    Status.QUEUED: frozenset({Status.RUNNING, Status.CANCELLED}),
+    Status.QUEUED: frozenset({Status.RUNNING, Status.CANCELLED, Status.FAILED}),
     Status.RUNNING: frozenset(
         {Status.SUCCEEDED, Status.FAILED, Status.CANCELLED, Status.LOST, Status.QUEUED}
     ),
@@ -116,10 +118,26 @@ def experiment_start(
 ) -> bool:
     """queued -> running on `worker` (node 0 of `placement`, the machines it runs on): the claim
     of one attempt (counted here)."""
-    return _move(
-        experiment.pk,
-        Status.QUEUED,
-        Status.RUNNING,
+    fields = _start_fields(experiment=experiment, worker=worker, now=now, placement=placement)
+    return _move(experiment.pk, Status.QUEUED, Status.RUNNING, **fields)
+
+
+def experiment_start_job(
+    *, experiment: Experiment, job_id: str, restarts: int, now: datetime, placement: list[Any]
+) -> bool:
+    """queued -> running in Slurm job `job_id`, the run's current job only (a job the run was
+    taken from must not start it), at the job's `restarts`-th start: its supervisor's claim."""
+    worker = str(placement[0]["worker"])
+    fields = _start_fields(experiment=experiment, worker=worker, now=now, placement=placement)
+    job = {"scheduler_state": "RUNNING", "scheduler_reason": "", "scheduler_restarts": restarts}
+    where = {"scheduler_job_id": job_id}
+    return _move(experiment.pk, Status.QUEUED, Status.RUNNING, where=where, **fields, **job)
+
+
+def _start_fields(
+    *, experiment: Experiment, worker: str, now: datetime, placement: list[Any] | None
+) -> dict[str, Any]:
+    return dict(
         started_at=experiment.started_at or now,
         worker=worker,
         placement=placement or [{"worker": worker, "address": "", "node_rank": 0, "ranks": []}],
@@ -132,6 +150,13 @@ def experiment_start(
         straggler_rank=None,
         straggler_text="",
     )
+
+
+def experiment_refuse(*, experiment_id: int, error: str, now: datetime) -> bool:
+    """queued -> failed, where the scheduler refused the run's job (sbatch's error): no attempt
+    was started, and none will be."""
+    fields: dict[str, Any] = {"error": error, "finished_at": now, "waiting_reason": ""}
+    return _move(experiment_id, Status.QUEUED, Status.FAILED, **fields)
 
 
 def experiment_finish(

@@ -10,7 +10,7 @@ from django.utils import timezone
 
 from dashboard.experiments.core import transitions
 from dashboard.experiments.core.access import reason_for_owner
-from dashboard.experiments.models import Experiment, Status
+from dashboard.experiments.models import Backend, Experiment, Status
 from dashboard.experiments.runs.sink import EventSink
 from dashboard.experiments.scheduling.allocation import (
     Machine,
@@ -44,7 +44,9 @@ def experiment_claim(*, experiment_id: int, machine: Machine, elsewhere: bool = 
     this has committed (tasks.run_nodes_send).
     """
     with transaction.atomic():
-        experiment = Experiment.objects.filter(pk=experiment_id, status=Status.QUEUED).first()
+        # A Slurm run is its job's to start (runs/slurm/job.py), never a worker's.
+        queued = Experiment.objects.filter(status=Status.QUEUED, backend=Backend.CELERY)
+        experiment = queued.filter(pk=experiment_id).first()
         if experiment is None:
             return Claim(False)
         names = placement_candidates(experiment=experiment, local=machine)

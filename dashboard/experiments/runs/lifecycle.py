@@ -93,6 +93,19 @@ def run_cancel_queued(*, experiment: Experiment, by: Any, error: str, now: datet
     return True
 
 
+def run_refuse(*, experiment: Experiment, error: str) -> bool:
+    """queued -> failed: the scheduler refused the run's job (runs/slurm/submit.py). No
+    supervisor will ever tell this run's pages, so the message goes here."""
+    if not transitions.experiment_refuse(
+        experiment_id=experiment.pk, error=error, now=timezone.now()
+    ):
+        return False
+    sink = EventSink(experiment)
+    sink.add(run_end_body(Outcome(Status.FAILED, error=error)))
+    sink.flush()
+    return True
+
+
 def run_finish(*, experiment: Experiment, sink: EventSink, outcome: Outcome) -> bool:
     """running -> succeeded / failed / cancelled (a Stop ends here too): the attempt's end as its
     supervisor saw it. False when the run had moved on (its page hears nothing)."""

@@ -11,6 +11,7 @@ import queue
 import subprocess
 import threading
 from pathlib import Path
+from subprocess import Popen
 
 from dashboard.experiments.runs.processes import (
     parent_death_signal_set,
@@ -23,7 +24,13 @@ from training.process.tree import OutputLine, output_lines_forward
 def training_process_start(
     *, command: list[str], env: dict[str, str], cwd: Path | str
 ) -> TrainingProcess:
-    popen = subprocess.Popen(  # noqa: S603 - the command is built from validated fields
+    return TrainingProcess(training_popen(command=command, env=env, cwd=cwd))
+
+
+def training_popen(*, command: list[str], env: dict[str, str], cwd: Path | str) -> Popen[str]:
+    """The launcher as a child of this process, its two streams piped: a TrainingProcess (or a
+    kind of one, runs/slurm/step.py) reads them, once."""
+    return subprocess.Popen(  # noqa: S603 - the command is built from validated fields
         command,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -35,13 +42,12 @@ def training_process_start(
         cwd=cwd,
         env=env,
     )
-    return TrainingProcess(popen)
 
 
 class TrainingProcess:
     """A started launcher: its output lines from one queue, its tree ended on request."""
 
-    def __init__(self, popen: subprocess.Popen[str]):
+    def __init__(self, popen: Popen[str]):
         self.popen = popen
         self.pid = popen.pid
         self.lines: queue.Queue[OutputLine] = queue.Queue()

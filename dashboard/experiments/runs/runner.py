@@ -33,6 +33,7 @@ from dashboard.experiments.models import (
     Status,
 )
 from dashboard.experiments.runs.attempts import checkpoint_latest, experiment_resume_prepare
+from dashboard.experiments.runs.executor import Executor
 from dashboard.experiments.runs.lifecycle import run_finish, run_restart
 from dashboard.experiments.runs.liveness import Liveness, heartbeat_interval
 from dashboard.experiments.runs.nodes import (
@@ -138,9 +139,12 @@ def language_flags(*, experiment: Experiment) -> list[str]:
     return flags
 
 
-def experiment_supervise(*, experiment_id: int, worker: str) -> str | None:
+def experiment_supervise(
+    *, experiment_id: int, worker: str, executor: Executor | None = None
+) -> str | None:
     """Supervise the attempt this worker just claimed (tasks.run_experiment) to its end; returns
-    the status it settled the run in, or None when the run was not this attempt's to settle."""
+    the status it settled the run in, or None when the run was not this attempt's to settle.
+    `executor`: the scheduler the attempt runs under (a Slurm job: runs/slurm/job.py)."""
     experiment = Experiment.objects.get(pk=experiment_id)
     resume = experiment_resume_prepare(experiment=experiment)
     sink = EventSink(experiment)
@@ -156,7 +160,9 @@ def experiment_supervise(*, experiment_id: int, worker: str) -> str | None:
         }
     )
     sink.flush()
-    return attempt_supervise(experiment=experiment, sink=sink, resume=resume, node_rank=0)
+    return attempt_supervise(
+        experiment=experiment, sink=sink, resume=resume, node_rank=0, executor=executor
+    )
 
 
 def experiment_node_supervise(
@@ -181,12 +187,13 @@ def experiment_node_supervise(
 
 
 def attempt_supervise(
-    *, experiment: Experiment, sink: EventSink, resume: Path | None, node_rank: int
-) -> str | None:
+    *, experiment: Experiment, sink: EventSink, resume: Path | None, node_rank: int,
+    executor: Executor | None = None,
+) -> str | None:  # fmt: skip
     """Supervise this machine's part of an attempt to its end, and settle the run if it is this
     machine's to say (on several machines, settlement.py says whose)."""
     outcome = RunSupervisor(
-        experiment=experiment, sink=sink, resume=resume, node_rank=node_rank
+        experiment=experiment, sink=sink, resume=resume, node_rank=node_rank, executor=executor
     ).run()
     if outcome is None:
         log.warning(
@@ -246,13 +253,16 @@ class RunSupervisor:
         sink: EventSink,
         resume: Path | None = None,
         node_rank: int = 0,
+        executor: Executor | None = None,
     ):
         self.experiment = experiment
         self.sink = sink
         self.resume = resume
         # On several machines, this machine's part (nodes.py); its log lines name the machine.
+        # Under a scheduler (`executor`), this one supervisor starts and hears every node.
         self.node_rank = node_rank
-        self.multinode = run_multinode(experiment)
+        self.executor = executor
+        self.multinode = executor is None and run_multinode(experiment)
         self.machine = experiment.worker if self.multinode else ""
         self.state = AttemptState()
         self.relay = EventRelay(state=self.state, machine=self.machine, multinode=self.multinode)
@@ -266,7 +276,9 @@ class RunSupervisor:
         training: it must not run on unsupervised, nor leave the run "running"."""
         try:
             returncode = self._supervise()
-            return None if self.state.taken_over else self.outcome(returncode)
+            if self.state.taken_over or (self.executor and self.executor.ended_outside()):
+                return None
+            return self.outcome(returncode)
         except Exception as exc:
             log.exception("supervising experiment %s failed", self.experiment.pk)
             if self.process is not None:
@@ -313,6 +325,8 @@ class RunSupervisor:
                 if now >= next_beat:
                     next_beat = now + heartbeat_interval()
                     liveness.heartbeat()
+                if self.executor is not None:
+                    self.executor.turn(supervisor=self, now=now)
             except DatabaseError as exc:
                 liveness.database_unreachable(exc)
         returncode = self.state.returncode = process.wait()
@@ -343,8 +357,10 @@ class RunSupervisor:
             command += ["--resume", str(self.resume)]
         if self.multinode:
             command += node_flags(experiment=self.experiment, node_rank=self.node_rank)
-        if script:  # last: the launcher's parser stops at "--", the rest is the script's
-            command += ["--", *self.experiment.args]
+        elif self.executor is not None and self.experiment.nodes > 1:
+            command += self.executor.rendezvous_flags(experiment=self.experiment)
+        # Last: the launcher's parser stops at "--", the rest is the script's.
+        tail = ["--", *self.experiment.args] if script else []
         # Each rank names its machine in `started` (placement's ranks come from it).
         env = {**training_environment(experiment=self.experiment),
                "TRAINYARD_WORKER_NAME": self.experiment.worker}  # fmt: skip
@@ -352,7 +368,13 @@ class RunSupervisor:
             # The step the checkpoint holds (the run is back at it: attempts.py): a script's
             # observer counts its steps on from there, as the script does from its checkpoint.
             env["TRAINYARD_RESUME_STEP"] = str(self.experiment.step)
-        process = training_process_start(command=command, env=env, cwd=settings.BASE_DIR)
+        if self.executor is not None:
+            process = self.executor.start(
+                command=command, tail=tail, env=env, cwd=settings.BASE_DIR
+            )
+        else:
+            command += tail
+            process = training_process_start(command=command, env=env, cwd=settings.BASE_DIR)
         log.info("experiment %s: pid %s: %s", self.experiment.pk, process.pid, " ".join(command))
         if self.node_rank == 0:  # the run's row is node 0's; the others' is their RunNode
             Experiment.objects.filter(pk=self.experiment.pk).update(launcher_pid=process.pid)
@@ -364,6 +386,11 @@ class RunSupervisor:
         started = self.state.started_event if relayed.started else None
         if started is not None and self.multinode and isinstance(started.get("machines"), list):
             rank_machines_store(experiment=self.experiment, machines=self.state.rank_machines)
+        elif started is not None and self.executor is not None:
+            # Under a scheduler the ranks say their hosts, which are its nodes' names.
+            machines = started.get("machines")
+            if isinstance(machines, list) and len(machines) <= MAX_RANKS:
+                rank_machines_store(experiment=self.experiment, machines=[str(m) for m in machines])
         elif started is not None and not self.multinode:
             # One machine: every rank is on the one that claimed the run.
             world = started.get("world_size")

@@ -18,7 +18,7 @@ import psutil
 from django.conf import settings
 from django.utils import timezone
 
-from dashboard.experiments.models import Experiment, Status
+from dashboard.experiments.models import Backend, Experiment, Status
 from dashboard.experiments.runs.attempts import attempts_summary, attempts_with_current
 from dashboard.experiments.runs.lifecycle import run_give_up, run_lose, run_requeue
 from dashboard.experiments.runs.nodes import nodes_silent
@@ -42,11 +42,14 @@ class Reaped:
 
 
 def experiments_reap_lost(*, now: datetime | None = None) -> Reaped:
-    """Mark runs whose heartbeat stopped as lost; queue them again while attempts remain."""
+    """Mark runs whose heartbeat stopped as lost; queue them again while attempts remain. A
+    Slurm run is its reconciler's (runs/slurm/reconcile.py): its job's state says more."""
     now = now or timezone.now()
     bound = timedelta(seconds=settings.TRAINYARD_HEARTBEAT_TIMEOUT_SECONDS)
     lost, requeued = [], []
-    stale = Experiment.objects.filter(status=Status.RUNNING, heartbeat_at__lt=now - bound)
+    stale = Experiment.objects.filter(
+        status=Status.RUNNING, heartbeat_at__lt=now - bound, backend=Backend.CELERY
+    )
     # On several machines one silent node loses the whole run (nodes.py), though others beat.
     silent = nodes_silent(now=now)
     stale = stale | Experiment.objects.filter(pk__in=list(silent), status=Status.RUNNING)
@@ -98,7 +101,9 @@ def experiments_redispatch_queued(*, now: datetime | None = None) -> list[int]:
     again here, but woken, or caught by the net under the wake-ups when its turn comes."""
     now = now or timezone.now()
     bound = now - timedelta(seconds=settings.TRAINYARD_REDISPATCH_SECONDS)
-    stale = Experiment.objects.filter(status=Status.QUEUED, heartbeat_at=None, created_at__lt=bound)
+    stale = Experiment.objects.filter(
+        status=Status.QUEUED, heartbeat_at=None, created_at__lt=bound, backend=Backend.CELERY
+    )
     resend = []
     for experiment in stale:
         if Experiment.objects.filter(pk=experiment.pk, status=Status.QUEUED).update(

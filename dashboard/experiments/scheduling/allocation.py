@@ -29,7 +29,7 @@ from dashboard.devices.catalogue import (
 from dashboard.devices.facts import machine_facts_collect, worker_address
 from dashboard.devices.models import WorkerMachine
 from dashboard.env import env_str
-from dashboard.experiments.models import PROCESS_STRATEGIES, Experiment, Status
+from dashboard.experiments.models import PROCESS_STRATEGIES, Backend, Experiment, Status
 from training.refusals import gpu_ids_text, plural
 
 RDZV_PORTS_DEFAULT = "29400-29499"
@@ -298,7 +298,12 @@ def placement_plan(
     itself), and for `elsewhere`: a one-machine run `local` has no room for is sent to an
     online machine that has room and where it is its turn (that worker's claim decides)."""
     local = replace(machine_catalogued(local, row=rows.get(local.name)), address=worker_address())
-    running = list(Experiment.objects.filter(status=Status.RUNNING).exclude(pk=experiment.pk))
+    # A Slurm run's nodes are its cluster's, whatever their names: no worker's devices.
+    running = list(
+        Experiment.objects.filter(status=Status.RUNNING, backend=Backend.CELERY).exclude(
+            pk=experiment.pk
+        )
+    )
     busy = busy_by_machine(running)
     others = [rows[n] for n in names if n in rows and n != local.name and rows[n].is_online]
     machines = [local, *(machine_from_row(row) for row in others)]

@@ -29,7 +29,7 @@ from django.contrib.auth import get_user_model
 from django.db.models import Count, Max
 
 from dashboard.devices.models import WorkerMachine
-from dashboard.experiments.models import Experiment, Status
+from dashboard.experiments.models import Backend, Experiment, Status
 from dashboard.experiments.scheduling.allocation import (
     Machine,
     catalogue_refusal,
@@ -46,9 +46,10 @@ PRIORITY_RANGE = (-1000, 1000)
 
 
 def queue_ordered(*, running: Counter[int] | None = None) -> list[Experiment]:
-    """Every queued run, in the order workers claim them. `running`: running_by_owner(), where
-    the caller has it."""
-    runs = list(Experiment.objects.filter(status=Status.QUEUED).order_by(*CLAIM_ORDER))
+    """Every queued run for the workers, in the order they claim them (a Slurm run's job waits
+    in its cluster's queue instead). `running`: running_by_owner(), where the caller has it."""
+    queued = Experiment.objects.filter(status=Status.QUEUED, backend=Backend.CELERY)
+    runs = list(queued.order_by(*CLAIM_ORDER))
     running = running_by_owner() if running is None else running
     return fair_order(runs, running=running, served=owners_served({run.owner_id for run in runs}))
 

@@ -52,6 +52,7 @@ from dashboard.experiments.selectors import experiment_as_dict
 from dashboard.experiments.services import (
     experiment_checkpoint_request,
     experiment_launch,
+    experiment_launch_refusals,
     experiment_resume_request,
     experiment_stop,
 )
@@ -218,6 +219,9 @@ def experiment_launch_view(request: HttpRequest) -> HttpResponse:
         errors = {k: [e["message"] for e in v] for k, v in form.errors.get_json_data().items()}
         raise ApiError(400, "invalid experiment", errors)
     fields = {**form.cleaned_data, **script}
+    unholdable = experiment_launch_refusals(fields=fields)  # a Slurm run no partition holds
+    if unholdable:
+        raise ApiError(400, "invalid experiment", unholdable)
     try:
         experiment = experiment_launch(owner=request.user, fields=fields)
     except LaunchLimited as refused:

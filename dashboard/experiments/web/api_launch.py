@@ -58,6 +58,10 @@ FIELD_TYPES: dict[str, tuple[type, ...]] = {
     "lr": (int, float),
     "optimizer": (str,),
     "seed": (int,),
+    # What runs it: "celery" (the workers) or "slurm" (a batch job: its partition, time limit).
+    "backend": (str,),
+    "partition": (str,),
+    "time_limit_minutes": (int,),
     # The strategy options (training/registry.py), typed as their defaults: a switch true or
     # false, a count an integer, a choice its values' type (ZeRO's stage 1, a comm hook "fp16").
     **{option.name: (type(option.default),) for option in OPTIONS_DECLARED},
@@ -74,6 +78,8 @@ NULLABLE_FIELDS = frozenset(
         "processes",
         "nodes",
         "data_path",
+        "backend",  # null: the server's default (core/backends.py)
+        "time_limit_minutes",  # null: the partition's
         *LANGUAGE_FIELDS,  # null: the size's default (sequence parallel's: on)
         *(option.name for option in OPTIONS_DECLARED),
         *(name for name in SCRIPT_FIELDS if name != "args"),
@@ -243,6 +249,7 @@ def launch_form_data(payload: dict[str, Any]) -> dict[str, Any]:
     defaults = {name: Experiment._meta.get_field(name).get_default() for name in FIELDS}
     defaults["processes"] = None  # decided by the strategy and the GPUs
     defaults["nodes"] = None  # one machine, or as many as `machines` names
+    defaults["backend"] = None  # the server's default (core/backends.py)
     return {**defaults, **payload}
 
 

@@ -149,6 +149,13 @@ class ExperimentOut(OptionsOut):
     nodes: int
     machines: list[str]
     placement: list[dict[str, Any]]
+    # What runs it: "celery" (the workers) or "slurm"; a Slurm run's partition ("": the
+    # default), time limit (null: the partition's) and job: {job_id, state, reason} (the state
+    # and Slurm's reason while it pends, as the reconciler last read them; null on the workers).
+    backend: str = "celery"
+    partition: str = ""
+    time_limit_minutes: int | None = None
+    scheduler: dict[str, str] | None = None
     # One entry per rank at the last epoch: rank, parameter_bytes, gradient_bytes,
     # optimizer_state_bytes, peak_bytes (empty before the first epoch).
     memory: list[dict[str, int]] = []

@@ -89,8 +89,8 @@ from dashboard.experiments.scripts.code import (
     code_max_bytes,
 )
 from dashboard.experiments.scripts.form import ScriptForm, script_folders
-from dashboard.experiments.selectors import experiment_snapshot_build
-from dashboard.experiments.services import experiment_launch
+from dashboard.experiments.selectors import experiment_snapshot_build, slurm_launch_facts
+from dashboard.experiments.services import experiment_launch, experiment_launch_refusals
 from dashboard.experiments.web.run_list import (
     SORT_FIELDS,
     ListQuery,
@@ -284,6 +284,11 @@ def experiment_new(request: HttpRequest) -> HttpResponse:
             form.add_error(None, f"unknown fields: {unknown}; the fields are {', '.join(FIELDS)}")
         fields = _launch_fields(request, form, script)
         if fields is not None and not unknown:
+            # A Slurm run no partition can hold, said on its field (the API's 400 says the same).
+            for field, messages in experiment_launch_refusals(fields=fields).items():
+                for message in messages:
+                    form.add_error(field if field in form.fields else None, message)
+        if fields is not None and not unknown and form.is_valid():
             try:
                 experiment = experiment_launch(
                     owner=request.user, fields=fields, cloned_from=source
@@ -298,6 +303,9 @@ def experiment_new(request: HttpRequest) -> HttpResponse:
     # What the online workers have: the selects' options, and their explanations for the script.
     options = launch_options()
     form.options_apply(options)
+    slurm = slurm_launch_facts()  # None where Slurm is not configured: no backend to choose
+    if slurm is not None:
+        form.partitions_apply(slurm["partitions"])
     context = {
         "form": form,
         "script_form": script,
@@ -309,6 +317,7 @@ def experiment_new(request: HttpRequest) -> HttpResponse:
         ),
         "source": source,
         "launch_options": options,
+        "slurm": slurm,
         # Each strategy's help and each model's stage limit, which the page's script shows.
         "form_help": form_help(stage_limits=stage_limits_known()),
         "strategy_help": [spec for spec in REGISTRY if spec.name in strategies],

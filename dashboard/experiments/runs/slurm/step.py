@@ -1,0 +1,165 @@
+"""The training inside a Slurm job: one `srun` step over every node of the allocation, and the
+signals the scheduler sends the job's supervisor (runs/executor.py's Executor, for Slurm).
+
+srun starts one task a node, each the same `python -m training ... --nnodes N`, which becomes
+torchrun there (c10d rendezvous hosted on the first node, at its NodeAddr: node names need not
+resolve). srun hands back every task's stdout and stderr, so this one supervisor reads the events
+of rank 0 wherever torchrun's rendezvous put it, and every rank's log lines.
+
+The ranks run under slurmstepd on their nodes, not under this process: they are reached through
+the scheduler. A request (SIGUSR1: a checkpoint, SIGUSR2: a profile) is `scancel --signal` to
+the job's steps, which reaches every process of them; torchrun ignores SIGUSR1 (training/cli.py
+exec_torchrun) and only rank 0 acts on either. A Stop is SIGTERM the same way (torchrun passes it
+to its ranks), then, after the grace, the srun client ended here (which ends the step).
+
+sbatch's warning (`--signal=B:USR1@N`, before the time limit or a preemption) reaches this
+process only (the batch shell execs it): the supervisor asks for a checkpoint, waits for it, and
+ends the step to resume; the job then requeues itself (job.py). A SIGTERM to the batch shell is
+the scheduler ending the job (scancel, `scontrol requeue`, a preemption): the ranks get it too;
+the run is left to the reconciler, or to this job's next start.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import signal
+import subprocess
+import time
+from pathlib import Path
+from subprocess import Popen
+from typing import TYPE_CHECKING
+
+from django.utils import timezone
+
+from dashboard.experiments.models import Experiment
+from dashboard.experiments.runs.nodes import rendezvous_id
+from dashboard.experiments.runs.process import TrainingProcess, training_popen
+from dashboard.experiments.runs.processes import process_tree_stop
+from dashboard.experiments.scheduling.slurm.commands import SlurmError
+from dashboard.experiments.scheduling.slurm.jobs import slurm_job_cancel
+from dashboard.experiments.scheduling.slurm.parse import SlurmNode
+from dashboard.serving import free_port
+
+if TYPE_CHECKING:
+    from dashboard.experiments.runs.runner import RunSupervisor
+
+log = logging.getLogger(__name__)
+
+# On the first node only, --rdzv-host (torchrun's is_host): the training's flags before a
+# script's "--", then the rest. The count of the first part comes first.
+NODE_SHELL = (
+    'head=("${@:2:$1}"); tail=("${@:$(($1 + 2))}"); '
+    '[ "$SLURM_NODEID" = 0 ] && head+=(--rdzv-host); '
+    'exec "${head[@]}" "${tail[@]}"'
+)
+# After sbatch's warning, how long the training's checkpoint may take before the step is ended
+# anyway: within the warning's time, with some left for the requeue.
+WARNING_CHECKPOINT_SHARE = 0.5
+STOPPED_BY_WARNING = "Slurm's warning (SIGUSR1: the time limit or a preemption is near)"
+
+
+class SlurmStepProcess(TrainingProcess):
+    """The local srun client of the training's step; its processes reached through Slurm."""
+
+    def __init__(self, popen: Popen[str], *, job_id: str) -> None:
+        super().__init__(popen)
+        self.job_id = job_id
+
+    def stop(self, *, rank_pids: list[int], grace_seconds: float) -> list[int]:
+        """SIGTERM to every process of the step (torchrun passes it to its ranks: they stop as
+        on a worker), wait, then end the srun client, which ends what is left of the step.
+        `rank_pids` are other nodes' PIDs as often as not: never signalled from here."""
+        if self.popen.poll() is None:
+            try:
+                slurm_job_cancel(self.job_id, signal="TERM", here=True)
+            except SlurmError as exc:
+                log.warning("job %s: SIGTERM to its step failed: %s", self.job_id, exc)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.popen.wait(timeout=grace_seconds)
+        return process_tree_stop(root_pid=self.pid, extra_pids=[], grace_seconds=grace_seconds)
+
+    def signal_in_tree(self, *, pid: int, signum: int) -> bool:
+        """Signal the step's processes (the rank that takes requests among them); False when
+        the step has ended."""
+        if self.popen.poll() is not None:
+            return False
+        try:
+            slurm_job_cancel(self.job_id, signal=signal.Signals(signum).name[3:], here=True)
+        except SlurmError as exc:
+            log.warning("job %s: %s to its step failed: %s", self.job_id, signum, exc)
+            return False
+        return True
+
+
+class SlurmStep:
+    """The Executor of a run's attempt in Slurm job `job_id` on `nodes` (the allocation's)."""
+
+    def __init__(self, *, job_id: str, nodes: list[SlurmNode], warning_seconds: float) -> None:
+        self.job_id = job_id
+        self.nodes = nodes
+        self.warning_seconds = warning_seconds
+        self.warned_at: float | None = None  # sbatch's SIGUSR1, by this process's clock
+        self.checkpoint_asked = False
+        self.terminated = False  # the scheduler's SIGTERM
+        self.ended = False  # the step ended once for the SIGTERM
+
+    def signals_install(self) -> None:
+        """sbatch's warning and the scheduler's SIGTERM, both to this process: the handlers only
+        note them; the supervisor's loop acts (turn)."""
+        signal.signal(signal.SIGUSR1, lambda signum, frame: self._warned())
+        signal.signal(signal.SIGTERM, lambda signum, frame: self._terminated())
+
+    def _warned(self) -> None:
+        self.warned_at = self.warned_at or time.monotonic()
+
+    def _terminated(self) -> None:
+        self.terminated = True
+
+    def rendezvous_flags(self, *, experiment: Experiment) -> list[str]:
+        """The c10d store on the first node (where this supervisor runs: the batch host), at its
+        NodeAddr and a port free here."""
+        return [
+            "--nnodes", str(len(self.nodes)),
+            "--rdzv-endpoint", f"{self.nodes[0].address}:{free_port()}",
+            "--rdzv-id", rendezvous_id(experiment),
+        ]  # fmt: skip
+
+    def start(
+        self, *, command: list[str], tail: list[str], env: dict[str, str], cwd: Path | str
+    ) -> TrainingProcess:
+        srun = [
+            "srun", f"--nodes={len(self.nodes)}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+            f"--chdir={cwd}", "bash", "-c", NODE_SHELL, "trainyard-node", str(len(command)),
+            *command, *tail,
+        ]  # fmt: skip
+        return SlurmStepProcess(training_popen(command=srun, env=env, cwd=cwd), job_id=self.job_id)
+
+    def ended_outside(self) -> bool:
+        return self.terminated
+
+    def turn(self, *, supervisor: RunSupervisor, now: float) -> None:
+        process, requests, state = supervisor.process, supervisor.requests, supervisor.state
+        if process is None or requests is None:
+            return
+        if self.terminated and not self.ended:
+            self.ended = True
+            supervisor.sink.add_output(
+                f"Slurm ended job {self.job_id} (a cancel, a requeue or a preemption); its "
+                "processes are ending, and the run follows the job",
+                level="warning",
+            )
+            process.stop(rank_pids=[], grace_seconds=2)
+            return
+        if self.warned_at is None or state.stopped_by is not None or self.terminated:
+            return
+        if not self.checkpoint_asked:
+            self.checkpoint_asked = True
+            requests.checkpoint_request_pass(requested_at=timezone.now(), by=STOPPED_BY_WARNING)
+            return
+        waited = now - self.warned_at
+        bound = self.warning_seconds * WARNING_CHECKPOINT_SHARE
+        if state.checkpoint_signalled is None or waited > bound:
+            # The checkpoint is written (or none could be): end this attempt to resume from it.
+            state.resuming = True
+            requests.stop(by=STOPPED_BY_WARNING)

@@ -1,0 +1,82 @@
+"""A queued Slurm run's job: submitted once the launch has committed (services.py) or when a lost
+run goes on (reconcile.py), and cancelled with a run stopped before it started."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from django.conf import settings
+from django.utils import timezone
+
+from dashboard.experiments.models import Backend, Experiment, Status
+from dashboard.experiments.runs.lifecycle import run_refuse
+from dashboard.experiments.runs.sink import EventSink
+from dashboard.experiments.scheduling.slurm.commands import SlurmError
+from dashboard.experiments.scheduling.slurm.jobs import (
+    JobRequest,
+    slurm_job_cancel,
+    slurm_job_submit,
+)
+from dashboard.experiments.scheduling.slurm.texts import refused_text, submitted_text
+
+log = logging.getLogger(__name__)
+
+
+def job_request(*, experiment: Experiment) -> JobRequest:
+    return JobRequest(
+        experiment_id=experiment.pk,
+        nodes=max(1, experiment.nodes),
+        ranks_per_node=max(1, experiment.processes),
+        gpus_per_node=len(experiment.gpus),
+        partition=experiment.partition,
+        time_limit_minutes=experiment.time_limit_minutes,
+        # Beside the run's checkpoints (the shared runs folder): what the job's supervisor logs.
+        log=Path(settings.TRAINYARD_RUNS_DIR) / str(experiment.pk) / "slurm-%j.out",
+    )
+
+
+def slurm_run_submit(*, experiment_id: int) -> str | None:
+    """sbatch the queued run's job and write its id on the run; a job sbatch refuses fails the
+    run with sbatch's words. Returns the job's id (None: not queued, or refused)."""
+    run = Experiment.objects.filter(
+        pk=experiment_id, status=Status.QUEUED, backend=Backend.SLURM
+    ).first()
+    if run is None:
+        return None
+    try:
+        job_id = slurm_job_submit(job_request(experiment=run))
+    except SlurmError as exc:
+        run_refuse(experiment=run, error=refused_text(error=str(exc)))
+        return None
+    said = submitted_text(job_id=job_id)
+    written = Experiment.objects.filter(pk=run.pk, status=Status.QUEUED).update(
+        scheduler_job_id=job_id, scheduler_state="PENDING", scheduler_reason="",
+        waiting_reason=said, heartbeat_at=timezone.now(),
+    )  # fmt: skip
+    if not written:  # stopped meanwhile: nothing wants the job
+        slurm_job_cancel_quietly(job_id=job_id)
+        return None
+    sink = EventSink(run)
+    sink.add({"type": "status", "status": Status.QUEUED, "reason": said})
+    sink.flush()
+    return job_id
+
+
+def slurm_job_cancel_quietly(*, job_id: str) -> None:
+    """scancel, where a failure must not stop the caller (the reconciler cancels what is left
+    of a run that ended)."""
+    try:
+        slurm_job_cancel(job_id)
+    except SlurmError as exc:
+        log.warning("job %s could not be cancelled: %s", job_id, exc)
+
+
+def slurm_run_stopped(*, experiment: Experiment) -> None:
+    """A Slurm run stopped while queued: its job, pending or just starting, goes too (its id as
+    the row holds it now: the caller's copy may be older than the submission)."""
+    if experiment.backend != Backend.SLURM:
+        return
+    job_id = Experiment.objects.filter(pk=experiment.pk).values_list("scheduler_job_id", flat=True)
+    if job_id and job_id[0]:
+        slurm_job_cancel_quietly(job_id=job_id[0])

@@ -1,0 +1,122 @@
+"""A run as a Slurm batch job: what it asks for, its script, and the commands over it (submit,
+list, cancel, requeue) and over the cluster (partitions, nodes). An adapter over the
+scheduler's own commands, as TorchX's slurm_scheduler.py and submitit are: one job per run,
+named `ty-<run id>`, its state read back by polling (runs/slurm/reconcile.py).
+"""
+
+from __future__ import annotations
+
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from django.conf import settings
+
+from dashboard.experiments.scheduling.slurm.commands import slurm_run
+from dashboard.experiments.scheduling.slurm.parse import (
+    SINFO_FORMAT,
+    SQUEUE_FORMAT,
+    Partition,
+    SlurmJob,
+    SlurmNode,
+    scontrol_nodes_parse,
+    sinfo_parse,
+    squeue_parse,
+)
+
+JOB_PREFIX = "ty-"
+# The management command a job's script starts: the supervisor a Celery worker runs, in the job.
+JOB_COMMAND = "slurm_job"
+
+
+def job_name(experiment_id: int) -> str:
+    return f"{JOB_PREFIX}{experiment_id}"
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """What one run's job asks of the cluster."""
+
+    experiment_id: int
+    nodes: int
+    ranks_per_node: int  # a CPU core each
+    gpus_per_node: int
+    partition: str  # "": TRAINYARD_SLURM_PARTITION, else the cluster's default
+    time_limit_minutes: int | None  # None: the partition's
+    log: Path  # the supervisor's own output (its log lines; the training's go to the run)
+
+
+def sbatch_args(request: JobRequest) -> list[str]:
+    """sbatch's options: one task a node (the supervisor's srun starts torchrun on each, which
+    starts the node's ranks), requeued rather than ended when preempted or requeued, and SIGUSR1
+    to the batch shell (the supervisor) TRAINYARD_SLURM_SIGNAL_SECONDS before the time limit."""
+    args = [
+        "sbatch", "--parsable", f"--job-name={job_name(request.experiment_id)}",
+        f"--nodes={request.nodes}", "--ntasks-per-node=1",
+        f"--cpus-per-task={max(1, request.ranks_per_node)}",
+        "--requeue", f"--signal=B:USR1@{settings.TRAINYARD_SLURM_SIGNAL_SECONDS}",
+        f"--output={request.log}", f"--chdir={settings.BASE_DIR}",
+    ]  # fmt: skip
+    partition = request.partition or settings.TRAINYARD_SLURM_PARTITION
+    if partition:
+        args.append(f"--partition={partition}")
+    if request.time_limit_minutes:
+        args.append(f"--time={request.time_limit_minutes}")
+    if request.gpus_per_node:
+        args.append(f"--gres=gpu:{request.gpus_per_node}")
+    return args + shlex.split(settings.TRAINYARD_SLURM_SBATCH_ARGS)
+
+
+def batch_script(*, experiment_id: int) -> str:
+    """The job's script: exec, so that the supervisor is the batch shell and gets sbatch's
+    `B:` signals itself (torchrun would die of a SIGUSR1 sent to every process: PITFALLS.md).
+    The compute nodes need this checkout and interpreter at the same paths (README)."""
+    command = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), JOB_COMMAND,
+               str(experiment_id)]  # fmt: skip
+    return (
+        "#!/bin/bash\n"
+        f"# Trainyard run {experiment_id}: its supervisor, which starts the training on every\n"
+        "# node of this allocation with srun and reports to the dashboard.\n"
+        f"exec {shlex.join(command)}\n"
+    )
+
+
+def slurm_job_submit(request: JobRequest) -> str:
+    """sbatch the run's job; its id (SlurmError where sbatch refused it)."""
+    request.log.parent.mkdir(parents=True, exist_ok=True)
+    out = slurm_run(sbatch_args(request), stdin=batch_script(experiment_id=request.experiment_id))
+    return out.strip().split(";", 1)[0]  # "123", or "123;cluster" on a federation
+
+
+def slurm_jobs() -> dict[str, SlurmJob]:
+    """Every job of ours the controller knows, ended ones too while it keeps them (MinJobAge),
+    by id."""
+    out = slurm_run(["squeue", "-h", "-t", "all", "-o", SQUEUE_FORMAT])
+    return {job.job_id: job for job in squeue_parse(out) if job.name.startswith(JOB_PREFIX)}
+
+
+def slurm_job_cancel(job_id: str, *, signal: str = "", here: bool = False) -> None:
+    """scancel the job; with `signal`, send it to every process of the job's steps instead (not
+    to the batch shell: scancel's default for any signal but KILL)."""
+    flags = [f"--signal={signal}"] if signal else []
+    slurm_run(["scancel", *flags, job_id], here=here)
+
+
+def slurm_job_requeue(job_id: str) -> None:
+    """Put the job back in the queue from inside it: it ends now and starts again (the run's
+    next attempt) once nodes are free."""
+    slurm_run(["scontrol", "requeue", job_id], here=True)
+
+
+def slurm_partitions() -> list[Partition]:
+    return sinfo_parse(slurm_run(["sinfo", "-h", "-o", SINFO_FORMAT]))
+
+
+def slurm_nodes(nodelist: str, *, here: bool = False) -> list[SlurmNode]:
+    """The nodes of a node list ("n[1-2]") in its order, with their addresses."""
+    names = slurm_run(["scontrol", "show", "hostnames", nodelist], here=here).split()
+    found = {n.name: n for n in scontrol_nodes_parse(
+        slurm_run(["scontrol", "show", "node", "-o", ",".join(names)], here=here)
+    )}  # fmt: skip
+    return [found.get(name) or SlurmNode(name, name, 0, 0, "") for name in names]

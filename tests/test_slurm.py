@@ -1,0 +1,181 @@
+"""Slurm as the backend, end to end: a real two-node cluster on this host (tests/slurm_cluster.py)
+and a stack whose web server, worker and beat have TRAINYARD_SLURM on. Runs go in through the
+API as a user's would, and the cluster is read back with its own commands.
+
+One cluster and one stack for the module (per test worker), and as few trainings as the checks
+allow: the nodes have one CPU each, so a run over both holds the whole cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import requests
+
+from tests.conftest import need
+from tests.slurm_cluster import SlurmCluster, slurm_cluster_running, slurm_missing
+from tests.stack import Stack, stack_running, wait_for
+from tests.test_integration import socket_open
+from tests.test_survival_integration import assert_history_whole, points
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
+# What squeue says of a job waiting for nodes another holds (backfill's word, or the main
+# scheduler's for a job behind one of higher priority).
+SLURM_WAITS = ("Resources", "Priority")
+
+
+@dataclass
+class SlurmStack:
+    cluster: SlurmCluster
+    stack: Stack
+    alice: requests.Session
+
+    def launch(self, **fields: Any) -> dict[str, Any]:
+        body = {"strategy": "ddp", "processes": 1, "epochs": 1, "backend": "slurm", **fields}
+        response = self.alice.post(f"{self.stack.base_url}/api/experiments/", json=body, timeout=30)
+        assert response.status_code == 201, response.text
+        return dict(response.json())
+
+    def run(self, pk: int) -> dict[str, Any]:
+        response = self.alice.get(f"{self.stack.base_url}/api/experiments/{pk}/", timeout=10)
+        return dict(response.json())
+
+    def until(self, pk: int, test: Any, *, timeout: float, what: str) -> dict[str, Any]:
+        """The run once `test(run)` holds (its read JSON), with the logs where it never does."""
+        try:
+            found = wait_for(lambda: r if test(r := self.run(pk)) else None, timeout=timeout,
+                             what=what, interval=0.3)  # fmt: skip
+            return found or {}
+        except TimeoutError:
+            raise AssertionError(f"{what}: {self.run(pk)}\n{self.diagnostics()}") from None
+
+    def diagnostics(self) -> str:
+        jobs = "\n".join(
+            f"--- {path}\n{path.read_text(errors='replace')[-2000:]}"
+            for path in sorted((self.stack.logs.parent / "runs").glob("*/slurm-*.out"))
+        )
+        return f"{self.cluster.jobs()}\n{jobs}\n{self.stack.diagnostics()}"
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Iterator[SlurmStack]:
+    missing = slurm_missing()
+    need(not missing, f"Slurm is not installed here (no {', '.join(missing)})")
+    home = tmp_path_factory.mktemp("slurm")
+    with slurm_cluster_running(home=home / "cluster") as cluster:
+        env = {
+            **cluster.env,
+            "TRAINYARD_SLURM": "1",
+            # The reconciler's round, and sbatch's warning, short for a test's patience.
+            "TRAINYARD_SLURM_RECONCILE_SECONDS": "1",
+            "TRAINYARD_SLURM_SIGNAL_SECONDS": "30",
+        }
+        with stack_running(home=home / "stack", data_dir=data_dir, env_extra=env) as stack:
+            stack.user_create("alice")
+            yield SlurmStack(cluster=cluster, stack=stack, alice=stack.login("alice"))
+
+
+def test_a_run_larger_than_every_partition_is_refused(slurm: SlurmStack) -> None:
+    url = f"{slurm.stack.base_url}/api/experiments/"
+    body: dict[str, Any] = {"strategy": "ddp", "processes": 1, "backend": "slurm"}
+    refused = slurm.alice.post(url, json={**body, "nodes": 3}, timeout=30)
+    assert refused.status_code == 400, refused.text
+    assert refused.json()["errors"]["nodes"] == ["partition debug has 2 nodes; this run asks for 3"]
+    cores = slurm.alice.post(url, json={**body, "processes": 2}, timeout=30)
+    assert cores.status_code == 400 and "1 CPU at most" in cores.json()["errors"]["processes"][0]
+    unknown = slurm.alice.post(url, json={**body, "partition": "gpu"}, timeout=30)
+    assert unknown.json()["errors"]["partition"] == ["no partition 'gpu'; its partitions: debug"]
+    assert slurm.cluster.jobs() == {}  # nothing was submitted
+
+
+def test_ddp_over_both_nodes_pends_requeues_resumes_and_succeeds(slurm: SlurmStack) -> None:
+    """A DDP run over n1 and n2: its job in squeue while it trains, its points live; a second
+    run pends with Slurm's reason and is cancelled from outside; `scontrol requeue` (as a
+    preemption does) ends attempt 1, and attempt 2 resumes from the checkpoint it asked for."""
+    launched = time.monotonic()
+    run = slurm.launch(name="over two nodes", nodes=2)
+    pk, api = run["id"], f"{slurm.stack.base_url}/api/experiments/{run['id']}"
+    assert run["backend"] == "slurm" and run["scheduler"]["state"] == "PENDING", run
+    job = run["scheduler"]["job_id"]
+    with socket_open(slurm.stack, slurm.alice, pk) as ws:
+        first = _first_step(ws, timeout=180)
+    first_point = time.monotonic() - launched
+    assert slurm.cluster.jobs()[job] == (f"ty-{pk}", "RUNNING", "None")
+    detail = slurm.run(pk)
+    assert detail["scheduler"] == {"job_id": job, "state": "RUNNING", "reason": ""}
+    assert [node["worker"] for node in detail["placement"]] == ["n1", "n2"]
+    assert first["train_loss"] > 0
+
+    # The cluster is full: a second run pends, with the reason squeue gives.
+    waiting = slurm.launch(name="waits for nodes", nodes=1)
+    pending = slurm.until(waiting["id"], lambda r: r["scheduler"]["reason"] in SLURM_WAITS,
+                          timeout=30, what="the pending run's reason")  # fmt: skip
+    reason = pending["scheduler"]["reason"]
+    assert pending["status"] == "queued" and pending["scheduler"]["state"] == "PENDING"
+    assert pending["waiting_reason"].endswith(f"is pending: {reason}"), pending
+    # An administrator cancels it: the run ends with the reason, within the reconciler's period.
+    slurm.cluster.run("scancel", pending["scheduler"]["job_id"])
+    cancelled = slurm.until(waiting["id"], lambda r: r["status"] == "cancelled", timeout=30,
+                            what="the run of the job cancelled outside")  # fmt: skip
+    assert "ended outside Trainyard: CANCELLED" in cancelled["error"], cancelled
+
+    assert slurm.alice.post(f"{api}/checkpoint/", timeout=10).status_code == 202
+    slurm.until(pk, lambda r: not r["checkpoint_requested"], timeout=60, what="the checkpoint")
+    saved = slurm.alice.get(f"{api}/checkpoints/", timeout=10).json()["checkpoints"]
+    step = max(c["step"] for c in saved)
+    slurm.cluster.run("scontrol", "requeue", job)
+    resumed = slurm.until(pk, lambda r: r["attempt"] == 2 and r["status"] == "running",
+                          timeout=120, what="attempt 2 in the requeued job")  # fmt: skip
+    assert resumed["scheduler"]["job_id"] == job  # the same job, started again
+    final = slurm.until(pk, lambda r: r["status"] not in ("queued", "running"), timeout=180,
+                        what="the resumed run's end")  # fmt: skip
+    assert final["status"] == "succeeded", slurm.diagnostics()
+    assert [a["outcome"] for a in final["attempts"]] == ["lost", "succeeded"]
+    assert "requeued" in final["attempts"][0]["reason"]
+    assert_history_whole(points(slurm.stack, pk), epochs=1)
+    (said,) = slurm.stack.query(
+        "SELECT message FROM experiments_logline WHERE experiment_id = ? AND message LIKE ?",
+        pk, "Resumed from %",
+    )  # fmt: skip
+    assert f"checkpoint-step{step}" in said[0] or f"step {step}" in said[0], said
+    assert final["test_accuracy"] > 0.5
+    slurm.until(pk, lambda r: r["scheduler"]["state"] == "COMPLETED", timeout=30,
+                what="the job's end mirrored")  # fmt: skip
+    print(f"launch to first point over 2 Slurm nodes: {first_point:.1f} s")
+
+
+def test_stop_cancels_the_job_and_leaves_no_process(slurm: SlurmStack) -> None:
+    run = slurm.launch(name="to stop", nodes=2, epochs=5)
+    pk = run["id"]
+    slurm.until(pk, lambda r: r["step"] > 0, timeout=180, what="the first step")
+    assert slurm.cluster.left_behind(), "the job's processes, while it trains"
+    asked = time.monotonic()
+    response = slurm.alice.post(f"{slurm.stack.base_url}/api/experiments/{pk}/stop/", timeout=10)
+    assert response.status_code == 202
+    final = slurm.until(pk, lambda r: r["status"] == "cancelled", timeout=60, what="the Stop")
+    assert final["cancelled_by"] == "alice" and "alice" in final["error"]
+    job = run["scheduler"]["job_id"]
+    wait_for(lambda: slurm.cluster.jobs()[job][1] in ("COMPLETED", "CANCELLED"), timeout=30,
+             what="the job's end")  # fmt: skip
+    try:
+        wait_for(lambda: not slurm.cluster.left_behind(), timeout=30, what="no job's process")
+    except TimeoutError:
+        left = [" ".join(p.cmdline())[:200] for p in slurm.cluster.left_behind()]
+        raise AssertionError(f"left behind: {left}") from None
+    print(f"Stop to no process left: {time.monotonic() - asked:.1f} s")
+
+
+def _first_step(ws: Any, *, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        message = json.loads(ws.recv(timeout=deadline - time.monotonic()))
+        assert message["type"] not in ("finished", "failed"), message
+        if message["type"] == "step":
+            return dict(message)
+    raise TimeoutError("no step message")
