@@ -114,7 +114,9 @@
   function syncLanguage() {
     const language = options && options.language;
     if (!language || !languageFields || !model) return;
-    const isLanguage = language.language_models.includes(model.value);
+    // A user's script reads none of them (its engine-only fields are hidden too).
+    const spec = window.Trainyard ? Trainyard.facts.strategies[strategy.value] : null;
+    const isLanguage = language.language_models.includes(model.value) && !(spec && spec.user_script);
     languageFields.hidden = !isLanguage;
     const size = language.sizes[(modelSize && modelSize.value) || language.size_default];
     if (sizeExplain) sizeExplain.textContent = size ? size.help : "";
