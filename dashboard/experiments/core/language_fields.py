@@ -41,7 +41,7 @@ def model_size_field() -> forms.ChoiceField:
     """The size's select: "default (small)" first, then each preset of byte-llama."""
     field = forms.ChoiceField(
         required=False,
-        label="Model size",
+        label="Size",
         choices=[("", f"default ({BYTE_LLAMA_SIZE_DEFAULT})")]
         + [(size.name, size.name) for size in BYTE_LLAMA_SIZES.values()],
         help_text=f"{BYTE_LLAMA}'s size preset; the window's default is the size's.",
