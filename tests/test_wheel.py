@@ -2,9 +2,9 @@
 then `trainyard server`, `trainyard worker` and `trainyard launch --watch` from it, as a user of
 the wheel runs them, with nothing of the clone on their path.
 
-The one test here takes minutes: pip installs torch and its CUDA libraries (about 6 GB, from
-the wheels on this machine's disk as `make setup` does) into a new environment, which the test
-deletes when it ends. It prints the time from the fresh environment to a served dashboard."""
+The one test here builds the wheel and installs it into a new environment, which it deletes
+when it ends; torch and torchvision are lent from this one (torch_lend) rather than copied. It
+prints the time from the fresh environment to a served dashboard."""
 
 from __future__ import annotations
 
@@ -147,6 +147,47 @@ def test_server_and_worker_parse() -> None:
     assert (worker.redis_url, worker.name) == ("redis://h:1/0", None)
 
 
+# torch and torchvision, and what they require, lent to the fresh environment from this one: pip
+# copying torch's 6 GB of CUDA libraries into it took 4-8 minutes of CI's two cores, and says
+# nothing of Trainyard's packaging. Everything else the wheel needs, pip installs.
+LENT = ("torch", "torchvision")
+
+
+def _lent_closure() -> set[str]:
+    """LENT's distributions and, transitively, those they require here."""
+    from importlib import metadata
+
+    found: set[str] = set()
+    todo = list(LENT)
+    while todo:
+        name = re.split(r"[ ;<>=!~\[]", todo.pop(), maxsplit=1)[0].lower().replace("_", "-")
+        if name in found:
+            continue
+        try:
+            dist = metadata.distribution(name)
+        except metadata.PackageNotFoundError:
+            continue  # an extra's, or another platform's
+        found.add(name)
+        todo.extend(r for r in dist.requires or () if "extra ==" not in r)
+    return found
+
+
+def torch_lend(venv: Path, folder: Path) -> None:
+    """Link LENT's closure's files into `folder` and put it on the venv's path (a .pth file):
+    pip then finds them installed."""
+    from importlib import metadata
+
+    folder.mkdir()
+    for name in _lent_closure():
+        dist = metadata.distribution(name)
+        for top in {Path(str(f)).parts[0] for f in dist.files or ()}:
+            source = Path(str(dist.locate_file(top)))
+            if source.exists() and not (folder / top).exists() and top != "..":
+                (folder / top).symlink_to(source)
+    site = next((venv / "lib").glob("python3*/site-packages"))
+    (site / "trainyard-lent-torch.pth").write_text(f"{folder}\n")
+
+
 @pytest.mark.integration
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
@@ -154,11 +195,12 @@ def test_wheel_serves_trains_and_stops(tmp_path: Path, data_dir: Path) -> None:
     marks = {"start": time.monotonic()}
     wheel = wheel_build(tmp_path)
     marks["built"] = time.monotonic()
-    # The environment (6 GB) goes as soon as the test ends, whatever pytest keeps of tmp_path.
+    # The environment goes as soon as the test ends, whatever pytest keeps of tmp_path.
     with ExitStack() as stack:
         venv = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="trainyard-wheel-")))
         stack.callback(lambda: [p.kill() for p in processes_of(venv)])  # after a failure only
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=120)  # noqa: S603
+        torch_lend(venv, tmp_path / "lent")
         pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-q", str(wheel)]
         subprocess.run(pip, check=True, timeout=900)  # noqa: S603
         marks["installed"] = time.monotonic()
