@@ -176,6 +176,31 @@ def test_launch_sends_each_option_flag(
     assert sent[-1] == {"strategy": "ddp"}
 
 
+def test_launch_sends_a_language_models_and_a_slurm_jobs_fields(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 36's and 37's launch fields, from `trainyard launch` as from the form."""
+    sent: list[dict[str, Any]] = []
+
+    class Recorder:
+        def launch(self, fields: dict[str, Any]) -> dict[str, Any]:
+            sent.append(fields)
+            return {"id": 7, "url": "/experiments/7/"}
+
+    monkeypatch.setattr(commands, "api_of", lambda args: Recorder())
+    args = ["--model", "byte-llama", "--dataset", "jargon", "--model-size", "smoke"]
+    args += ["--seq-len", "64", "--no-sequence-parallel", "--backend", "slurm"]
+    args += ["--partition", "debug", "--time-limit-minutes", "30"]
+    assert cli.main(["launch", *args]) == 0
+    assert sent == [
+        {"model": "byte-llama", "dataset": "jargon", "model_size": "smoke", "seq_len": 64,
+         "sequence_parallel": False, "backend": "slurm", "partition": "debug",
+         "time_limit_minutes": 30}
+    ]  # fmt: skip
+    assert cli.main(["launch", "--sequence-parallel"]) == 0
+    assert sent[-1] == {"sequence_parallel": True}
+
+
 @pytest.mark.parametrize(("status", "code"), [("succeeded", 0), ("failed", 1), ("cancelled", 3)])
 def test_exit_codes_follow_how_the_run_ended(
     status: str, code: int, capsys: pytest.CaptureFixture[str]

@@ -53,6 +53,23 @@ def _launch_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     launch.add_argument("--lr", type=float)
     launch.add_argument("--optimizer", help="adam or sgd")
     launch.add_argument("--seed", type=int)
+    # A language model's (issue 36), as the engine's CLI names them.
+    launch.add_argument(
+        "--model-size", help="byte-llama's size: smoke, small (the default), medium, large"
+    )
+    launch.add_argument("--seq-len", type=int, help="a language model's window, in bytes")
+    launch.add_argument(
+        "--sequence-parallel",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="tensor parallel's sequence parallel (on unless --no-sequence-parallel)",
+    )
+    # Where it runs (issue 37): the server's workers, or a Slurm cluster's batch job.
+    launch.add_argument("--backend", help="celery (the workers) or slurm (a batch job)")
+    launch.add_argument("--partition", help="with --backend slurm: the partition")
+    launch.add_argument(
+        "--time-limit-minutes", type=int, help="with --backend slurm: the job's time limit"
+    )
     for flag, kind, text in commands.OPTION_FLAGS:
         if kind is None:  # a switch: true when given, else not sent (the default, off)
             launch.add_argument(flag, action="store_const", const=True, default=None, help=text)

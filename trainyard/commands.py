@@ -47,7 +47,7 @@ OPTION_FLAGS: tuple[tuple[str, type | None, str], ...] = (
     ("--accumulate", int, "gradient accumulation steps: batches an optimizer step, 1 to 1024"),
     ("--compile", None, "torch.compile the model first"),
     ("--precision", str, "fp32, bf16 or fp16 (GPUs)"),
-    ("--pipeline-schedule", str, "the pipeline's schedule: gpipe or 1f1b"),
+    ("--pipeline-schedule", str, "pipeline schedule: gpipe, 1f1b, interleaved-1f1b, zero-bubble"),
     ("--microbatches", int, "micro-batches a batch is cut into for the pipeline, 1 to 256"),
 )
 
@@ -73,6 +73,12 @@ LAUNCH_FIELDS = {
     "lr": "lr",
     "optimizer": "optimizer",
     "seed": "seed",
+    "model_size": "model_size",
+    "seq_len": "seq_len",
+    "sequence_parallel": "sequence_parallel",
+    "backend": "backend",
+    "partition": "partition",
+    "time_limit_minutes": "time_limit_minutes",
     **{option_field(flag): option_field(flag) for flag, _, _ in OPTION_FLAGS},
 }
 
