@@ -37,7 +37,7 @@ from dashboard.experiments.runs.nodes import rendezvous_id
 from dashboard.experiments.runs.process import TrainingProcess, training_popen
 from dashboard.experiments.runs.processes import process_tree_stop
 from dashboard.experiments.scheduling.slurm.commands import SlurmError
-from dashboard.experiments.scheduling.slurm.jobs import slurm_job_cancel
+from dashboard.experiments.scheduling.slurm.jobs import slurm_job_cancel, srun_command
 from dashboard.experiments.scheduling.slurm.parse import SlurmNode
 from dashboard.serving import free_port
 
@@ -46,13 +46,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# On the first node only, --rdzv-host (torchrun's is_host): the training's flags before a
-# script's "--", then the rest. The count of the first part comes first.
-NODE_SHELL = (
-    'head=("${@:2:$1}"); tail=("${@:$(($1 + 2))}"); '
-    '[ "$SLURM_NODEID" = 0 ] && head+=(--rdzv-host); '
-    'exec "${head[@]}" "${tail[@]}"'
-)
 # After sbatch's warning, how long the training's checkpoint may take before the step is ended
 # anyway: within the warning's time, with some left for the requeue.
 WARNING_CHECKPOINT_SHARE = 0.5
@@ -128,11 +121,7 @@ class SlurmStep:
     def start(
         self, *, command: list[str], tail: list[str], env: dict[str, str], cwd: Path | str
     ) -> TrainingProcess:
-        srun = [
-            "srun", f"--nodes={len(self.nodes)}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-            f"--chdir={cwd}", "bash", "-c", NODE_SHELL, "trainyard-node", str(len(command)),
-            *command, *tail,
-        ]  # fmt: skip
+        srun = srun_command(nodes=len(self.nodes), cwd=cwd, command=command, tail=tail)
         return SlurmStepProcess(training_popen(command=srun, env=env, cwd=cwd), job_id=self.job_id)
 
     def ended_outside(self) -> bool:

@@ -82,6 +82,25 @@ def batch_script(*, experiment_id: int) -> str:
     )
 
 
+# On the first node only, --rdzv-host (torchrun's is_host): the training's flags before a
+# script's "--", then the rest. The count of the first part comes first.
+NODE_SHELL = (
+    'head=("${@:2:$1}"); tail=("${@:$(($1 + 2))}"); '
+    '[ "$SLURM_NODEID" = 0 ] && head+=(--rdzv-host); '
+    'exec "${head[@]}" "${tail[@]}"'
+)
+
+
+def srun_command(*, nodes: int, cwd: Path | str, command: list[str], tail: list[str]) -> list[str]:
+    """One srun step over the allocation's `nodes`, a task each running `command` (+ `tail`),
+    the first node's with --rdzv-host; a task that fails ends the step."""
+    return [
+        "srun", f"--nodes={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+        f"--chdir={cwd}", "bash", "-c", NODE_SHELL, "trainyard-node", str(len(command)),
+        *command, *tail,
+    ]  # fmt: skip
+
+
 def slurm_job_submit(request: JobRequest) -> str:
     """sbatch the run's job; its id (SlurmError where sbatch refused it)."""
     request.log.parent.mkdir(parents=True, exist_ok=True)
