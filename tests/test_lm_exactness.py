@@ -2,8 +2,9 @@
 the same global batch: DDP and FSDP2 (per block, [norm, output], root) over 2 ranks at 8
 windows each, tensor parallel (torchtitan's plan, with and without sequence parallel, the loss
 under loss_parallel) and the pipeline (by layer; GPipe and 1F1B) over 2 ranks sharing a batch of
-16, and FSDP2 + tensor parallel over 4 ranks (pairs of 8), against single at 16. The smoke size,
-4 steps of windows of 32 bytes from the Jargon File.
+16, and FSDP2 + tensor parallel over 4 ranks (pairs of 8), against single at 16: the smoke size,
+4 steps of windows of 32 bytes from the Jargon File. The pipeline's schedules of two stages a
+rank (interleaved 1F1B, ZB-V's zero bubble) need 4 layers: the small size, at batches of 8.
 
 Tolerance as tests/test_tensor_parallel.py's: the split sums (the row-wise layers' reductions,
 FSDP2's reduce-scatter, the pipeline's loss summed by micro-batch) are taken in another order
@@ -147,3 +148,28 @@ def test_fsdp_tp_equals_single(data: Path, single: Result, tmp_path: Path) -> No
     assert "per block wq, wk, wv, w1, w3 column-wise" in note
     assert "tok_embeddings, layers.0, layers.1, [norm, output] and the root over dp" in note
     assert_same_epoch(result, single, 1)
+
+
+@pytest.fixture(scope="module")
+def single_small(data: Path, tmp_path_factory: pytest.TempPathFactory) -> Result:
+    """The small size (4 layers, windows of 32): enough layers for 2 stages on each of 2 ranks."""
+    out = tmp_path_factory.mktemp("single-small")
+    return _run(data, out, "single", "--strategy", "single", "--model-size", "small",
+                "--seq-len", "32", "--batch-size", "8")  # fmt: skip
+
+
+@slow
+@pytest.mark.parametrize(
+    ("schedule", "owners"), [("interleaved-1f1b", [0, 1, 0, 1]), ("zero-bubble", [0, 1, 1, 0])]
+)
+def test_two_stages_a_rank_equal_single(
+    data: Path, single_small: Result, tmp_path: Path, schedule: str, owners: list[int]
+) -> None:
+    """Interleaved 1F1B (looped) and ZB-V's zero bubble (in a V: rank 0 holds the first stage
+    and the last), four stages of one layer on 2 ranks."""
+    result = _two_ranks(data, tmp_path, "pipeline", 8, "--model-size", "small", "--seq-len",
+                        "32", "--pipeline-schedule", schedule, "--microbatches", "2")  # fmt: skip
+    stages = result.started["stages"]
+    assert [s["device"] for s in stages] == [f"rank {r}, cpu" for r in owners]
+    assert [s["children"][-1] for s in stages] == ["layers.0", "layers.1", "layers.2", "output"]
+    assert_same_epoch(result, single_small, 1)

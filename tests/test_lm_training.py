@@ -132,10 +132,14 @@ def test_a_text_folder_under_the_text_roots_trains(tmp_path: Path) -> None:
          "argument --seq-len: tensor-parallel splits byte-llama (small) over 2 tensor-parallel "
          "ranks, and its window (--seq-len), 33, is not a multiple of 2"),
         (["--model", "byte-llama", "--dataset", "jargon", "--strategy", "pipeline", "--nproc",
-          "5"], "the model has 4 layers; got --nproc 5 (more stages than layers)"),
+          "5"], "the model has 4 layers; got --nproc 5 (5 stages: more stages than layers)"),
         (["--model", "byte-llama", "--dataset", "jargon", "--strategy", "pipeline", "--nproc",
           "4", "--microbatches", "2", "--batch-size", "8"],
          "argument --microbatches: 2 micro-batches are fewer than the 4 stages"),
+        (["--model", "byte-llama", "--dataset", "jargon", "--strategy", "pipeline", "--nproc",
+          "3", "--pipeline-schedule", "zero-bubble", "--microbatches", "3", "--batch-size", "6"],
+         "pipeline runs 2 stages a rank (zero-bubble), cut by layer, and the model has 4 layers; "
+         "got --nproc 3 (6 stages: more stages than layers)"),
         (["--model", "byte-llama", "--dataset", "jargon", "--sequence-parallel"],
          "argument --sequence-parallel: applies to --strategy tensor-parallel or fsdp-tp only"),
         (["--model-size", "smoke"], "argument --model-size: only with a language model"),

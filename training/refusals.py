@@ -25,6 +25,7 @@ from training.registry import (
     StrategyOption,
     StrategySpec,
     option_strategies,
+    pipeline_stages_count,
     strategy_get,
 )
 from training.text_catalogue import (
@@ -137,6 +138,8 @@ def pipeline_refusals(
     if not spec.stages:
         return []
     m = int(MICROBATCHES.default if microbatches is None else microbatches)
+    schedule = schedule or str(PIPELINE_SCHEDULE.default)
+    count = pipeline_stages_count(schedule, processes)
     refusals = []
     if processes < 2:
         refusals.append(
@@ -147,14 +150,29 @@ def pipeline_refusals(
                 f"(got --nproc {processes})",
             )
         )  # fmt: skip
-    elif stages is not None and processes > stages and language:
+    elif stages is not None and count > stages and language:
+        per = count // processes
+        each = "one stage a process" if per == 1 else f"{per} stages a process ({schedule})"
         refusals.append(
             Refusal(
                 RULE_PIPELINE, "processes",
-                f"the pipeline cuts the model by layer, one stage a process, and it has "
-                f"{stages} layers: give {stages} processes or fewer (got {processes})",
-                f"argument --nproc: {name} runs one stage per rank, cut by layer, and the model "
-                f"has {stages} layers; got --nproc {processes} (more stages than layers)",
+                f"the pipeline cuts the model by layer, {each}, and it has {stages} layers: "
+                f"give {stages // per} processes or fewer (got {processes})",
+                f"argument --nproc: {name} runs {each.replace('process', 'rank')}, cut by "
+                f"layer, and the model has {stages} layers; got --nproc {processes} ({count} "
+                "stages: more stages than layers)",
+            )
+        )  # fmt: skip
+    elif stages is not None and count > processes and count > stages:
+        refusals.append(
+            Refusal(
+                RULE_PIPELINE, "pipeline_schedule",
+                f"{schedule} runs {count // processes} stages a process, and the model splits "
+                f"into at most {stages} (its parts that hold parameters; a language model's "
+                "layers split finer)",
+                f"argument --pipeline-schedule: {schedule} runs {count // processes} stages a "
+                f"rank, {count} in all, and the model splits into at most {stages} (its parts "
+                "that hold parameters)",
             )
         )  # fmt: skip
     elif stages is not None and processes > stages:
@@ -187,12 +205,13 @@ def pipeline_refusals(
                 "stages (--nproc); give at least as many",
             )
         )  # fmt: skip
-    elif (schedule or PIPELINE_SCHEDULE.default) == "1f1b" and m < processes:
+    elif schedule != "gpipe" and m < processes:
         refusals.append(
             Refusal(
                 RULE_PIPELINE, "microbatches",
-                f"1F1B needs at least as many micro-batches as stages: {m} for {processes}",
-                f"argument --microbatches: --pipeline-schedule 1f1b needs at least as many "
+                f"{_schedule_words(schedule)} needs at least as many micro-batches as stages: "
+                f"{m} for {processes}",
+                f"argument --microbatches: --pipeline-schedule {schedule} needs at least as many "
                 f"micro-batches as stages (--nproc): got {m} for {processes}",
             )
         )  # fmt: skip
@@ -288,6 +307,11 @@ def _tensor_widths_refusals(
             )
         )  # fmt: skip
     return refusals
+
+
+def _schedule_words(schedule: str) -> str:
+    """ "1F1B", "Interleaved 1F1B", "Zero bubble (ZB-V)": the choice's label before its colon."""
+    return str(dict(PIPELINE_SCHEDULE.choices).get(schedule, schedule)).split(":", 1)[0]
 
 
 def _ids(gpus: Sequence[int]) -> str:

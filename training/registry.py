@@ -180,10 +180,20 @@ PIPELINE_SCHEDULE = StrategyOption(
     flag="--pipeline-schedule",
     label="pipeline schedule",
     help="GPipe runs every micro-batch's forward, then every backward; 1F1B interleaves them "
-    "(less activation memory)",
+    "(less activation memory); interleaved-1f1b gives each rank 2 stages, looped (a smaller "
+    "bubble); zero-bubble (ZB-V) gives each rank 2 stages in a V and splits each backward into "
+    "its input's and its weights' parts to fill the bubble; the last two need a model cut into "
+    "twice as many stages as ranks (a language model's layers)",
     default="gpipe",
-    choices=(("gpipe", "GPipe"), ("1f1b", "1F1B")),
+    choices=(
+        ("gpipe", "GPipe"),
+        ("1f1b", "1F1B"),
+        ("interleaved-1f1b", "Interleaved 1F1B: 2 stages a rank"),
+        ("zero-bubble", "Zero bubble (ZB-V): 2 stages a rank"),
+    ),
 )
+# The schedules that run more stages than ranks, and how many a rank holds.
+STAGES_PER_RANK = {"interleaved-1f1b": 2, "zero-bubble": 2}
 MICROBATCHES = StrategyOption(
     name="microbatches",
     flag="--microbatches",
@@ -472,6 +482,11 @@ LANGUAGE_STRATEGIES: tuple[str, ...] = tuple(s.name for s in REGISTRY if s.langu
 STRATEGY_OPTIONS: tuple[StrategyOption, ...] = tuple(
     dict.fromkeys(option for spec in REGISTRY for option in spec.options)
 )
+
+
+def pipeline_stages_count(schedule: str | None, processes: int) -> int:
+    """Stages a pipeline of ``processes`` ranks runs under ``schedule``."""
+    return processes * STAGES_PER_RANK.get(schedule or str(PIPELINE_SCHEDULE.default), 1)
 
 
 def option_value_text(option: StrategyOption, value: OptionValue) -> str:

@@ -1,6 +1,13 @@
 """``pipeline``: the model cut into one stage per torchrun rank, each batch run through them as
 micro-batches (``torch.distributed.pipelining``: ``PipelineStage`` and ``ScheduleGPipe`` or
-``Schedule1F1B``, chosen by --pipeline-schedule).
+``Schedule1F1B``, chosen by --pipeline-schedule), or into two stages a rank
+(``interleaved-1f1b``: looped, stage ``i`` on rank ``i mod N``, ``ScheduleInterleaved1F1B``;
+``zero-bubble``: in a V, ``ScheduleZBVZeroBubble``, whose backward splits into the input's and
+the weights' gradients to fill the bubble). All four run on Gloo here (torch 2.14.1).
+
+A language model (``byte-llama``) is cut by layer (``byte_llama.parallelize.pipeline_stages``:
+the embedding with the first layers, norm and output with the last), its loss per byte, its
+gradients clipped by their norm over every stage (one all-reduce of the squares).
 
 The stages come from the model's declared split, the one ``model-parallel`` places
 (``models.build.model_stages``: the built-in's ``features`` and ``classifier``, torchvision's
@@ -38,7 +45,15 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe, schedules
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+    ScheduleZBVZeroBubble,
+    schedules,
+)
+from torch.distributed.pipelining.stage import _PipelineStageBase
 
 from training.checkpoint import holds_torch_optimizer
 from training.config import TrainConfig
@@ -51,12 +66,18 @@ from training.observe.collectives import pipelining_time
 from training.observe.memory import tensor_bytes
 from training.observe.phases import method_timed, phase
 from training.process.runtime import Runtime, all_gather
+from training.registry import PIPELINE_SCHEDULE, STAGES_PER_RANK, pipeline_stages_count
 from training.strategies.clipping import GradClip
 from training.strategies.common import Plan, optimizer_make
 from training.strategies.full_state import by_name, by_number
 from training.strategies.model_parallel import stage_table
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
+# The schedules whose ranks hold several stages (STAGES_PER_RANK): they take a list of them.
+MULTI_SCHEDULES = {
+    "interleaved-1f1b": ScheduleInterleaved1F1B,
+    "zero-bubble": ScheduleZBVZeroBubble,
+}
 IGNORED = -100  # cross_entropy's ignore_index: the labels of a short last batch's padding
 
 
@@ -132,16 +153,25 @@ def composition_check(
 Stage = StageModule | LanguageStage
 
 
-def _stages(
-    cfg: TrainConfig, rt: Runtime, model: nn.Module
-) -> tuple[list[Stage], list[list[Part]]]:
-    """The stages, one a rank, and the parts each runs: a language model's by layer
+def stage_owners(schedule: str, world: int) -> list[int]:
+    """The rank of each stage, in the model's order: one a rank in order; looped where a rank
+    holds several (interleaved 1F1B: stage ``i`` on rank ``i mod world``); in a V for ZB-V
+    (rank ``r`` holds stages ``r`` and ``2 world - 1 - r``, so rank 0 holds the first and the
+    last)."""
+    count = pipeline_stages_count(schedule, world)
+    if schedule == "zero-bubble":
+        return [i if i < world else count - 1 - i for i in range(count)]
+    return [i % world for i in range(count)]
+
+
+def _stages(cfg: TrainConfig, count: int, model: nn.Module) -> tuple[list[Stage], list[list[Part]]]:
+    """The ``count`` stages and the parts each runs: a language model's by layer
     (``byte_llama.parallelize``), any other's by its declared parts, balanced by parameters."""
     if isinstance(model, ByteLlama):
-        cut = pipeline_stages(model, rt.world_size)
+        cut = pipeline_stages(model, count)
         return list(cut), [list(zip(m.names, m.parts, strict=True)) for m in cut]
-    parts = model_stages(cfg.model, model, stages=rt.world_size, strategy="pipeline")
-    stages = stages_split(parts, rt.world_size)
+    parts = model_stages(cfg.model, model, stages=count, strategy="pipeline")
+    stages = stages_split(parts, count)
     modules = stage_modules(model, stages)
     meta = dataset_meta(cfg.dataset, Path(cfg.data_dir), cfg.data_path)
     composition_check(cfg.model, model, modules, (meta.channels, meta.image_size, meta.image_size))
@@ -150,14 +180,16 @@ def _stages(
 
 def plan_build(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> Plan:
     model.to(rt.device)
-    modules, stages = _stages(cfg, rt, model)
-    mine = modules[rt.rank]
-    others = [m for i, mod in enumerate(modules) if i != rt.rank for m in mod.parts]
-    for module in others:
-        module.to("meta")  # this rank holds its stage only
+    owners = stage_owners(cfg.pipeline_schedule, rt.world_size)
+    modules, stages = _stages(cfg, len(owners), model)
+    placed = list(zip(modules, owners, strict=True))
+    mine = nn.ModuleList([m for m, owner in placed if owner == rt.rank])
+    for module in [part for m, owner in placed if owner != rt.rank for part in m.parts]:
+        module.to("meta")  # this rank holds its stages only
     optimizer = optimizer_make(cfg, mine)
     pipe = Pipe(cfg, rt, model, modules, optimizer)
-    labels = [str(rt.device)] * rt.world_size
+    several = len(owners) > rt.world_size  # say which rank holds each stage
+    labels = [f"rank {r}, {rt.device}" if several else str(rt.device) for r in owners]
     return Plan(
         model=model,
         net=mine,
@@ -178,7 +210,7 @@ def plan_build(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> Plan:
 
 
 class Pipe:
-    """This rank's stage in the schedule: the step, and the gathers of the whole model."""
+    """This rank's stages in the schedule: the step, and the gathers of the whole model."""
 
     def __init__(
         self,
@@ -190,29 +222,44 @@ class Pipe:
     ) -> None:
         self.cfg, self.rt, self.model, self.modules = cfg, rt, model, modules
         self.optimizer = optimizer
-        self.first, self.last = rt.rank == 0, rt.rank == rt.world_size - 1
-        stage = PipelineStage(modules[rt.rank], rt.rank, rt.world_size, rt.device)
-        # The schedule's phases (training.observe.phases, .collectives): its stage's chunks are
+        self.owners = stage_owners(cfg.pipeline_schedule, rt.world_size)
+        held = [i for i, owner in enumerate(self.owners) if owner == rt.rank]
+        # Feeds the first stage, takes the last one's loss (in a V, rank 0 does both).
+        self.first, self.last = 0 in held, len(modules) - 1 in held
+        stages: list[_PipelineStageBase] = [
+            PipelineStage(modules[i], i, len(modules), rt.device) for i in held
+        ]
+        # The schedule's phases (training.observe.phases, .collectives): its stages' chunks are
         # forward and backward, its sends, receives and waits for the other stages communication.
-        method_timed(stage, "forward_one_chunk", "forward")
-        method_timed(stage, "backward_one_chunk", "backward")
+        for stage in stages:
+            method_timed(stage, "forward_one_chunk", "forward")
+            method_timed(stage, "backward_one_chunk", "backward")
+            method_timed(stage, "backward_weight_one_chunk", "backward")  # zero bubble's W
         pipelining_time(schedules)
         # The step's real images (a language model's: the bytes it predicts), the loss's
         # denominator.
         self.images = cfg.batch_size
+        mine = [p for i in held for p in modules[i].parameters()]
         # A language model's gradients are clipped by the norm over every stage's.
-        mine = modules[rt.rank].parameters()
         self.clip = GradClip(mine, reduce=self._summed) if cfg.language else None
-        self.schedule = SCHEDULES[cfg.pipeline_schedule](
-            stage, n_microbatches=cfg.microbatches, loss_fn=self._loss, scale_grads=False
+        multi = MULTI_SCHEDULES.get(cfg.pipeline_schedule)
+        m, loss = cfg.microbatches, self._loss
+        self.schedule: schedules._PipelineSchedule = (
+            multi(stages, n_microbatches=m, loss_fn=loss, scale_grads=False)
+            if multi is not None
+            else SCHEDULES[cfg.pipeline_schedule](
+                stages[0], n_microbatches=m, loss_fn=loss, scale_grads=False
+            )
         )
         # The first step sets the stages up: a forward on the meta device each, their output
         # shapes passed on (forward, not the schedule's bookkeeping: it would swell "other").
-        method_timed(self.schedule, "_initialize_stage", "forward")
-        # The whole model's parameter names, in its optimizer's order, and this stage's.
+        for setup in ("_initialize_stage", "_initialize_stages"):  # a schedule of one, of several
+            if hasattr(self.schedule, setup):
+                method_timed(self.schedule, setup, "forward")
+        # The whole model's parameter names, in its optimizer's order, and this rank's stages'.
         self.names = [name for name, _ in model.named_parameters()]
         ids = {id(p): name for name, p in model.named_parameters()}
-        self.mine = [ids[id(p)] for p in modules[rt.rank].parameters()]
+        self.mine = [ids[id(p)] for p in mine]
 
     def _loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """A micro-batch's share of the batch's mean loss (the shares sum to it); the
@@ -251,7 +298,7 @@ class Pipe:
             self.optimizer.step()
         loss = torch.stack(losses).sum().detach() if self.last else torch.zeros((), device=y.device)
         if self.rt.distributed:
-            dist.broadcast(loss, src=self.rt.world_size - 1)  # the last stage's, to rank 0
+            dist.broadcast(loss, src=self.owners[-1])  # the last stage's, to rank 0
         return loss
 
     @contextlib.contextmanager
@@ -259,7 +306,7 @@ class Pipe:
         """The whole model on every rank: each stage broadcasts its parameters and buffers to
         the ranks that hold them on the meta device; afterwards they go back there."""
         with torch.no_grad():
-            for owner, module in enumerate(self.modules):
+            for owner, module in zip(self.owners, self.modules, strict=True):
                 if owner != self.rt.rank:
                     module.to_empty(device=self.rt.device)
                 for tensor in [*module.parameters(), *module.buffers()]:
@@ -268,7 +315,7 @@ class Pipe:
         try:
             yield
         finally:
-            for owner, module in enumerate(self.modules):
+            for owner, module in zip(self.owners, self.modules, strict=True):
                 if owner != self.rt.rank:
                     module.to("meta")
 
@@ -320,11 +367,18 @@ def _to_cpu(value: Any) -> Any:
 
 def _note(cfg: TrainConfig, rt: Runtime, model: nn.Module, modules: list[Stage]) -> str:
     whole = sum(p.numel() * p.element_size() for p in model.parameters())
-    mine = sum(tensor_bytes(p) for p in modules[rt.rank].parameters())
-    stages = "; ".join(f"stage {i}: {', '.join(m.names)}" for i, m in enumerate(modules))
-    schedule = {"gpipe": "GPipe", "1f1b": "1F1B"}[cfg.pipeline_schedule]
+    owners = stage_owners(cfg.pipeline_schedule, rt.world_size)
+    held = [m for m, owner in zip(modules, owners, strict=True) if owner == 0]
+    mine = sum(tensor_bytes(p) for m in held for p in m.parameters())
+    stages = "; ".join(
+        f"stage {i}{f' (rank {o})' if len(owners) > rt.world_size else ''}: {', '.join(m.names)}"
+        for i, (m, o) in enumerate(zip(modules, owners, strict=True))
+    )
+    schedule = str(dict(PIPELINE_SCHEDULE.choices)[cfg.pipeline_schedule]).split(":")[0]
+    per = STAGES_PER_RANK.get(cfg.pipeline_schedule, 1)
+    each = "one a rank" if per == 1 else f"{per} a rank"
     return (
-        f"Pipeline ({schedule}) over {rt.world_size} stage(s), one a rank ({stages}); each batch "
+        f"Pipeline ({schedule}) over {len(owners)} stage(s), {each} ({stages}); each batch "
         f"of {cfg.batch_size} cut into {cfg.microbatches} micro-batches of "
         f"{cfg.batch_size // cfg.microbatches}. Rank 0 holds {mine:,} of {whole:,} parameter "
         "bytes; every rank trains on the same batch, so the global batch is --batch-size "
