@@ -85,6 +85,13 @@ def test_ddp_and_fsdp2_equal_single(
 ) -> None:
     result = _two_ranks(data, tmp_path, strategy, 8)
     assert result.started["global_batch_size"] == 16
+    # The text's bytes, one copy the machine's ranks share (its segment gone: run_cli checks).
+    shared = result.started["shared_tensors"]
+    assert [(t["name"], t["is_shared"]) for t in shared] == [
+        ("train.tokens", True),
+        ("test.tokens", True),
+    ]
+    assert sum(t["bytes"] for t in shared) == 1_681_817  # the Jargon File's
     assert_same_epoch(result, single, 1)
     if strategy == "fsdp":
         [note] = [n for n in result.started["notes"] if n.startswith("FSDP2")]

@@ -30,7 +30,7 @@ from training.checkpoint import (
 from training.config import TrainConfig
 from training.data.batching import rank_batches, steps_per_epoch
 from training.data.datasets import Dataset, text_dataset
-from training.data.shared_data import dataset_for_ranks
+from training.data.shared_data import dataset_for_ranks, text_for_ranks
 from training.data.sources import dataset_open
 from training.data.text import TextSplit, text_batches
 from training.epochs import EpochStart, Ranks, epochs_drive, model_build, started_emit
@@ -369,7 +369,9 @@ def checkpoint_asked(plan: Plan, rt: Runtime) -> bool:
 def dataset_for(cfg: TrainConfig, rt: Runtime) -> tuple[Dataset, list[SharedTensor]]:
     """The run's data and ``started.shared_tensors``: under torchrun one shared copy per
     machine (where it stays resident), else this process's own (nothing to share with)."""
-    if cfg.language and cfg.seq_len is not None:  # text: a few MB, each process its own copy
+    if cfg.language and cfg.seq_len is not None:  # text: its bytes, as tensors
+        if rt.distributed:
+            return text_for_ranks(cfg.dataset, Path(cfg.data_dir), rt, cfg.data_path, cfg.seq_len)
         return text_dataset(cfg.dataset, Path(cfg.data_dir), cfg.data_path, cfg.seq_len), []
     if rt.distributed:
         return dataset_for_ranks(cfg.dataset, Path(cfg.data_dir), rt, cfg.data_path, cfg.workers)

@@ -31,7 +31,7 @@ from training.data.idx_files import (
     idx_tensors_fill,
 )
 from training.data.images import folder_layout
-from training.data.text import TextSplit, text_read, text_splits
+from training.data.text import TextData, TextSplit, text_read, text_splits
 from training.text_catalogue import BYTE_VOCAB, TEXT_DATASETS
 
 
@@ -126,11 +126,19 @@ def load_dataset(name: str, data_dir: Path) -> Dataset:
     return Dataset(name, train, test, files.source, mean, std, files.substitute)
 
 
-def text_dataset(name: str, data_dir: Path, data_path: str | None, seq_len: int) -> Dataset:
-    """A text dataset (``training.data.text``) in this process's memory, its windows
-    ``seq_len`` bytes long."""
-    text = text_read(name, data_dir, data_path)
-    train, test = text_splits(text, seq_len)
+def text_dataset(
+    name: str,
+    data_dir: Path,
+    data_path: str | None,
+    seq_len: int,
+    text: TextData | None = None,
+    tensors: dict[str, torch.Tensor] | None = None,
+) -> Dataset:
+    """A text dataset (``training.data.text``), its windows ``seq_len`` bytes long: read here
+    unless ``text`` was, its bytes on ``tensors`` where given (a shared copy), else this
+    process's own."""
+    text = text or text_read(name, data_dir, data_path)
+    train, test = text_splits(text, seq_len, tensors)
     return Dataset(
         name, train, test, text.source, mean=(), std=(), substitute=False, classes=BYTE_VOCAB,
         channels=0, image_size=0, notes=text.notes,

@@ -42,7 +42,7 @@ from typing import cast
 
 import torch
 
-from training.data.datasets import Dataset, Split
+from training.data.datasets import Dataset, Split, text_dataset
 from training.data.sources import (
     DataInfo,
     DataPlan,
@@ -54,6 +54,7 @@ from training.data.sources import (
     tensors_empty,
     workers_usable,
 )
+from training.data.text import TOKENS, TextData, TextSplit, text_read, text_tensor
 from training.process.runtime import Runtime, all_gather
 from training.protocol import SharedTensor
 
@@ -219,7 +220,9 @@ def tensor_entry(name: str, t: torch.Tensor, shared: bool) -> SharedTensor:
 
 
 def dataset_tensors(data: Dataset) -> dict[str, torch.Tensor]:
-    """The resident tensors (none where the data streams)."""
+    """The resident tensors (none where the data streams); a text's bytes."""
+    if isinstance(data.train, TextSplit) and isinstance(data.test, TextSplit):
+        return dict(zip(TOKENS, (data.train.tokens, data.test.tokens), strict=True))
     if not isinstance(data.train, Split) or not isinstance(data.test, Split):
         return {}
     return {
@@ -325,3 +328,42 @@ def dataset_for_ranks(
         dict(zip(dataset_tensors(data), shared_flags(data), strict=True)),
     )
     return data, shared_tensors_report(data, everywhere)
+
+
+def text_for_ranks(
+    name: str, data_dir: Path, rt: Runtime, data_path: str | None, seq_len: int
+) -> tuple[Dataset, list[SharedTensor]]:
+    """A text dataset for a torchrun rank, its bytes one shared copy per machine, as
+    ``dataset_for_ranks`` keeps images: every rank reads the text (a few MB; a refusal comes
+    alike on every rank, before any collective), the machine's local rank 0 copies its bytes
+    into a segment, the others map it and let their own go."""
+    text = text_read(name, data_dir, data_path)
+    shapes = {key: ((len(data),), torch.uint8) for key, data in _text_parts(text).items()}
+    path = segment_path(os.getppid(), f"{os.environ.get('TORCHELASTIC_RUN_ID', '')}-{name}")
+    tensors: dict[str, torch.Tensor] | None = None
+    mine: Segment | None = None
+    with contextlib.ExitStack() as cleanup:
+        if rt.local_rank == 0:
+            stale_segments_remove()
+            cleanup.enter_context(segment_owned(path))
+            try:
+                tensors, mine = segment_create(path, shapes, lambda t: _text_fill(t, text))
+            except OSError as exc:
+                log.warning("no shared copy of the text (%s); each rank keeps its own", exc)
+                segment_remove(path)
+        local = all_gather(rt, mine)[rt.rank - rt.local_rank]
+        if tensors is None and local is not None:
+            tensors = _map(with_path(local, path))
+        data = text_dataset(name, data_dir, data_path, seq_len, text=text, tensors=tensors)
+        gathered: list[list[bool]] = all_gather(rt, shared_flags(data))
+    everywhere = [all(flags[i] for flags in gathered) for i in range(len(gathered[0]))]
+    return data, shared_tensors_report(data, everywhere)
+
+
+def _text_parts(text: TextData) -> dict[str, bytes]:
+    return dict(zip(TOKENS, (text.train, text.test), strict=True))
+
+
+def _text_fill(tensors: dict[str, torch.Tensor], text: TextData) -> None:
+    for key, data in _text_parts(text).items():
+        tensors[key].copy_(text_tensor(data))

@@ -118,18 +118,29 @@ def _split_note(train: int, test: int) -> str:
     )
 
 
-def text_splits(text: TextData, seq_len: int) -> tuple[TextSplit, TextSplit]:
-    """Both splits as tensors, refused (DataRefused) where one is shorter than a window."""
+TOKENS = ("train.tokens", "test.tokens")  # the splits' tensors, as shared memory names them
+
+
+def text_splits(
+    text: TextData, seq_len: int, tensors: dict[str, torch.Tensor] | None = None
+) -> tuple[TextSplit, TextSplit]:
+    """Both splits, on ``tensors`` where given (a shared copy of the bytes, ``TOKENS``), else on
+    tensors of their own; refused (DataRefused) where one is shorter than a window."""
     splits = []
-    for what, data in (("training", text.train), ("validation", text.test)):
+    for name, what, data in zip(TOKENS, ("training", "validation"), (text.train, text.test),
+                                strict=True):  # fmt: skip
         if len(data) < seq_len + 1:
             raise DataRefused(
                 f"the {what} text has {len(data):,} bytes, fewer than one window of --seq-len "
                 f"{seq_len} plus the byte it predicts"
             )
-        tokens = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        tokens = tensors[name] if tensors is not None else text_tensor(data)
         splits.append(TextSplit(tokens, seq_len))
     return splits[0], splits[1]
+
+
+def text_tensor(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
 
 
 def text_batches(
