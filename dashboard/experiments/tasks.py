@@ -62,8 +62,8 @@ def run_experiment(experiment_id: int, wake: bool = False) -> str | None:
     if claim.waiting_reason:
         if not wake:
             # Its first claim, held up here: where it is its turn on another machine with room,
-            # nothing may end to wake it, so it is woken there. A run that just came may stand
-            # before others: their reasons say where they are.
+            # nothing may end to wake it, so it is woken there. (A run that just came may stand
+            # before others: the reaper's beat says where they stand now, runs/parked.py.)
             queue_wake_quietly(workers=hostnames_online() - {worker}, runs=[experiment_id])
         return None
     if not claim.claimed:
@@ -85,8 +85,8 @@ def run_experiment(experiment_id: int, wake: bool = False) -> str | None:
 def queue_wake_quietly(
     *, workers: Collection[str] | None, runs: Collection[int] | None = None
 ) -> None:
-    """queue_wake_send (`workers=()`: only the others' reasons), where a failure must not stop
-    the run this task holds: the reaper's net wakes whose turn it is later."""
+    """queue_wake_send, where a failure must not stop the run this task holds: the reaper's net
+    wakes whose turn it is later."""
     try:
         queue_wake_send(workers=workers, runs=runs)
     except Exception:
@@ -98,11 +98,12 @@ def queue_wake_send(
     workers: Collection[str] | None = None,
     due_before: datetime | None = None,
     runs: Collection[int] | None = None,
+    reasons: bool = False,
 ) -> list[Wake]:
     """Wake the runs whose turn it is on `workers` (every machine online: None), each on its
     machine's queue (runs/parked.py says who calls this, and when; `due_before`: the net's;
-    `runs`: only these)."""
-    wakes = queue_wake_plan(workers=workers, due_before=due_before, runs=runs)
+    `runs`: only these; `reasons`: the others' reasons written too, the beat's)."""
+    wakes = queue_wake_plan(workers=workers, due_before=due_before, runs=runs, reasons=reasons)
     for wake in wakes:
         run_experiment.apply_async(
             (wake.experiment_id,), {"wake": True}, queue=machine_queue(wake.worker)
@@ -175,11 +176,12 @@ def reap_lost_runs() -> dict[str, list[int]]:
     # Committed already (a task runs in autocommit): a worker that takes one finds it queued.
     for experiment in Experiment.objects.filter(pk__in=[*reaped.requeued, *redispatched]):
         run_experiment_send(experiment=experiment)
+    # The waiting runs' reasons are written here, where their places moved (runs/parked.py).
     if reaped.requeued:  # their devices are free, and their owners' shares moved
-        woken = queue_wake_send()
+        woken = queue_wake_send(reasons=True)
     else:  # the net under the wake-ups (runs/parked.py): whose turn it is, not tried lately
         due = timezone.now() - timedelta(seconds=settings.TRAINYARD_REDISPATCH_SECONDS)
-        woken = queue_wake_send(due_before=due)
+        woken = queue_wake_send(due_before=due, reasons=True)
     return {
         "lost": reaped.lost,
         "requeued": reaped.requeued,

@@ -17,10 +17,13 @@ woken there (queue.queue_turns), each by one message to that machine's worker
   turn it is and whose last claim is older than TRAINYARD_REDISPATCH_SECONDS: at most a few
   runs a machine a minute, never every waiting run.
 
-The places of waiting runs move as others start, leave or come: each pass here also writes the
-reasons that changed of the runs it does not wake (whose turn comes first, and where they
-stand; their owner's running limit), so the queue page and the runs' pages stay true without a
-claim of each.
+The places of waiting runs move as others start, leave or come: the reaper's beat (every
+TRAINYARD_REAPER_SECONDS) also writes the reasons that changed of the runs it does not wake
+(whose turn comes first, and where they stand; their owner's running limit), so the queue page
+and the runs' pages stay true without a claim of each. The wakes themselves write none: a place
+moved is a write and a page message for every run behind (~10 ms each), which in each wake made
+a Stop of the head of 640 queued runs take 17 s, and a run just started wait 8 s for its
+supervisor (the reaper's bound on its heartbeat is 30 s).
 """
 
 from __future__ import annotations
@@ -59,11 +62,12 @@ def queue_wake_plan(
     workers: Collection[str] | None = None,
     due_before: datetime | None = None,
     runs: Collection[int] | None = None,
+    reasons: bool = False,
 ) -> list[Wake]:
-    """The runs whose turn it is on `workers` (every machine online: None; none: only the
-    reasons are written), in claim order. `due_before`: only those whose last claim is older
-    (the reaper's net), marked as tried now so that the next round leaves them alone. `runs`:
-    only these are woken (a run's first claim, held up on its worker)."""
+    """The runs whose turn it is on `workers` (every machine online: None), in claim order.
+    `due_before`: only those whose last claim is older (the reaper's net), marked as tried now
+    so that the next round leaves them alone. `runs`: only these are woken (a run's first
+    claim, held up on its worker). `reasons`: the others' reasons are written too (the beat's)."""
     running = running_by_owner()
     ordered = queue_ordered(running=running)
     turns = turns_online(ordered=ordered, held=owners_at_limit(running))
@@ -75,7 +79,8 @@ def queue_wake_plan(
         and (runs is None or run.pk in runs)
         and _due(run, due_before)
     ]
-    reasons_store(ordered=ordered, turns=turns, running=running)
+    if reasons:
+        reasons_store(ordered=ordered, turns=turns, running=running)
     if due_before is not None:
         woken = {wake.experiment_id for wake in wakes}
         Experiment.objects.filter(pk__in=woken, status=Status.QUEUED).update(
