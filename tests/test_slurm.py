@@ -92,6 +92,11 @@ def test_a_run_larger_than_every_partition_is_refused(slurm: SlurmStack) -> None
     unknown = slurm.alice.post(url, json={**body, "partition": "gpu"}, timeout=30)
     assert unknown.json()["errors"]["partition"] == ["no partition 'gpu'; its partitions: debug"]
     assert slurm.cluster.jobs() == {}  # nothing was submitted
+    # The form offers the backend and the cluster's partitions (sinfo), the default first.
+    page = slurm.alice.get(f"{slurm.stack.base_url}/experiments/new/", timeout=30).text
+    assert 'id="backend-fields"' in page and '<option value="slurm">Slurm</option>' in page
+    assert '<option value="" selected>default (debug)</option>' in page, page
+    assert "debug: 2 node(s) of 1 CPU(s), 60 min at most" in page
 
 
 def test_ddp_over_both_nodes_pends_requeues_resumes_and_succeeds(slurm: SlurmStack) -> None:
@@ -111,6 +116,8 @@ def test_ddp_over_both_nodes_pends_requeues_resumes_and_succeeds(slurm: SlurmSta
     detail = slurm.run(pk)
     assert detail["scheduler"] == {"job_id": job, "state": "RUNNING", "reason": ""}
     assert [node["worker"] for node in detail["placement"]] == ["n1", "n2"]
+    page = slurm.alice.get(f"{slurm.stack.base_url}/experiments/{pk}/", timeout=30).text
+    assert f'<dd id="info-scheduler">{job} (running)</dd>' in page
     assert first["train_loss"] > 0
 
     # The cluster is full: a second run pends, with the reason squeue gives.
