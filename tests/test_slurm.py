@@ -118,6 +118,11 @@ def test_ddp_over_both_nodes_pends_requeues_resumes_and_succeeds(slurm: SlurmSta
     assert [node["worker"] for node in detail["placement"]] == ["n1", "n2"]
     page = slurm.alice.get(f"{slurm.stack.base_url}/experiments/{pk}/", timeout=30).text
     assert f'<dd id="info-scheduler">{job} (running)</dd>' in page
+    # The device page shows the cluster: its partition, both nodes taken, the run's job.
+    devices = slurm.alice.get(f"{slurm.stack.base_url}/devices/", timeout=30).text
+    assert 'id="slurm-cluster"' in devices and "<td>debug (default)</td>" in devices
+    assert devices.count("<td>allocated</td>") == 2, devices
+    assert f'<td>{job}</td><td><a href="/experiments/{pk}/">#{pk} over two nodes</a>' in devices
     assert first["train_loss"] > 0
 
     # The cluster is full: a second run pends, with the reason squeue gives.

@@ -15,6 +15,7 @@ from dashboard.api import errors
 from dashboard.devices.catalogue import catalogue_card, catalogue_of
 from dashboard.devices.facts import SHM_LOW_BYTES
 from dashboard.devices.models import WorkerMachine
+from dashboard.experiments.selectors import slurm_cluster_facts
 from dashboard.texts import bytes_text, gpu_status_text, ranks_text
 from training.refusals import plural
 
@@ -268,6 +269,7 @@ def device_list(request: HttpRequest) -> HttpResponse:
             ],
             "stale_seconds": settings.TRAINYARD_WORKER_STALE_SECONDS,
             "poll_seconds": POLL_SECONDS,
+            "slurm": slurm_cluster_facts(user=request.user),  # None: no Slurm configured
         },
     )
 

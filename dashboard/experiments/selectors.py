@@ -9,7 +9,7 @@ from typing import Any
 
 from django.utils import timezone
 
-from dashboard.experiments.core.access import reason_for_owner
+from dashboard.experiments.core.access import experiments_visible_to, reason_for_owner
 from dashboard.experiments.core.backends import backend_default, slurm_configured
 from dashboard.experiments.core.checkpoints import checkpoint_as_dict
 from dashboard.experiments.core.descriptions import (
@@ -36,7 +36,12 @@ from dashboard.experiments.metrics.throughput import (
 )
 from dashboard.experiments.models import Backend, Experiment
 from dashboard.experiments.scheduling.slurm.commands import SlurmError
-from dashboard.experiments.scheduling.slurm.jobs import slurm_partitions
+from dashboard.experiments.scheduling.slurm.jobs import (
+    job_run_id,
+    slurm_cluster_nodes,
+    slurm_jobs,
+    slurm_partitions,
+)
 
 
 def experiment_run_facts(experiment: Experiment) -> dict[str, Any]:
@@ -223,6 +228,27 @@ def slurm_launch_facts() -> dict[str, Any] | None:
     except SlurmError as exc:
         partitions, error = [], str(exc)
     return {"partitions": partitions, "error": error, "default_backend": backend_default()}
+
+
+def slurm_cluster_facts(*, user: Any) -> dict[str, Any] | None:
+    """The device page's view of the Slurm cluster: its partitions, its nodes (CPUs, GPUs from
+    their gres, state) and Trainyard's jobs in it, each with its run where `user` may see it;
+    None where Slurm is not configured, and why where the cluster cannot be asked."""
+    if not slurm_configured():
+        return None
+    try:
+        partitions, nodes, jobs = slurm_partitions(), slurm_cluster_nodes(), slurm_jobs()
+    except SlurmError as exc:
+        return {"error": str(exc), "partitions": [], "nodes": [], "jobs": []}
+    ids = {job.job_id: job_run_id(job.name) for job in jobs.values()}
+    visible = experiments_visible_to(user).filter(pk__in=ids.values(), backend=Backend.SLURM)
+    runs = visible.in_bulk()
+    rows = []
+    for job in jobs.values():
+        run = runs.get(ids[job.job_id] or 0)
+        mine = run is not None and run.scheduler_job_id == job.job_id
+        rows.append({"job": job, "run": run if mine else None})
+    return {"error": "", "partitions": partitions, "nodes": nodes, "jobs": rows}
 
 
 def _without_stacks(stalled: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -29,7 +29,7 @@ from dashboard.experiments.runs.lifecycle import run_cancel_queued, run_finish, 
 from dashboard.experiments.runs.sink import EventSink
 from dashboard.experiments.runs.slurm.submit import slurm_job_cancel_quietly, slurm_run_submit
 from dashboard.experiments.runs.survival import experiment_mark_lost
-from dashboard.experiments.scheduling.slurm.jobs import JOB_PREFIX, slurm_jobs
+from dashboard.experiments.scheduling.slurm.jobs import job_run_id, slurm_jobs
 from dashboard.experiments.scheduling.slurm.parse import SlurmJob
 from dashboard.experiments.scheduling.slurm.texts import (
     cancelled_outside_text,
@@ -93,8 +93,8 @@ def jobs_ended_mirror(*, jobs: list[SlurmJob]) -> None:
 def _stray(job: SlurmJob, *, now: datetime) -> bool:
     """A live ty-* job that no active run holds: its run ended a while ago, or runs in another
     job (a job whose run is being submitted, or is settling, is not one yet)."""
-    run_id = job.name.removeprefix(JOB_PREFIX)
-    run = Experiment.objects.filter(pk=int(run_id)).first() if run_id.isdigit() else None
+    run_id = job_run_id(job.name)
+    run = Experiment.objects.filter(pk=run_id).first() if run_id is not None else None
     if run is None:
         return False  # not a job of this installation's
     if run.status in ACTIVE_STATUSES:

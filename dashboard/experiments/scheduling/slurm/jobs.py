@@ -34,6 +34,12 @@ def job_name(experiment_id: int) -> str:
     return f"{JOB_PREFIX}{experiment_id}"
 
 
+def job_run_id(name: str) -> int | None:
+    """The run a job's name says (`ty-12`: 12); None for another name."""
+    run_id = name.removeprefix(JOB_PREFIX)
+    return int(run_id) if name.startswith(JOB_PREFIX) and run_id.isdigit() else None
+
+
 @dataclass(frozen=True)
 class JobRequest:
     """What one run's job asks of the cluster."""
@@ -130,6 +136,11 @@ def slurm_job_requeue(job_id: str) -> None:
 
 def slurm_partitions() -> list[Partition]:
     return sinfo_parse(slurm_run(["sinfo", "-h", "-o", SINFO_FORMAT]))
+
+
+def slurm_cluster_nodes() -> list[SlurmNode]:
+    """Every node of the cluster, as `scontrol show node` says it (the device page)."""
+    return scontrol_nodes_parse(slurm_run(["scontrol", "show", "node", "-o"]))
 
 
 def slurm_nodes(nodelist: str, *, here: bool = False) -> list[SlurmNode]:
