@@ -136,8 +136,8 @@ def test_sinfo_24_05_adds_up_kinds_of_node() -> None:
 
 def test_scontrol_nodes_22_05() -> None:
     assert scontrol_nodes_parse(SCONTROL_NODE_22_05) == [
-        SlurmNode("n1", "127.0.0.1", cpus=1, gpus=0, state="IDLE"),
-        SlurmNode("n2", "127.0.0.1", cpus=1, gpus=0, state="IDLE"),
+        SlurmNode("n1", "127.0.0.1", cpus=1, gpus=0, state="IDLE", hostname="vm"),
+        SlurmNode("n2", "127.0.0.1", cpus=1, gpus=0, state="IDLE", hostname="vm"),
     ]
     pairs = scontrol_pairs(SCONTROL_NODE_22_05.splitlines()[0])
     assert pairs["OS"] == "Linux 6.18.44-fc-v1300 #1 SMP PREEMPT_DYNAMIC @0"
@@ -146,7 +146,8 @@ def test_scontrol_nodes_22_05() -> None:
 
 def test_scontrol_nodes_24_05() -> None:
     first, drained = scontrol_nodes_parse(SCONTROL_NODE_24_05)
-    assert first == SlurmNode("gpu001", "10.1.0.11", cpus=64, gpus=4, state="MIXED")
+    assert first == SlurmNode("gpu001", "10.1.0.11", cpus=64, gpus=4, state="MIXED",
+                              hostname="gpu001")  # fmt: skip
     assert drained.state == "IDLE+DRAIN" and drained.address == "10.1.0.12"
     reason = scontrol_pairs(SCONTROL_NODE_24_05.splitlines()[1])["Reason"]
     assert reason == "bad dimm in slot 3 [root@2024-06-02T09:00:00]"
@@ -210,3 +211,18 @@ def test_the_job_script_execs_the_supervisor() -> None:
     assert done.returncode == 0, done.stderr
     last = script.splitlines()[-1]
     assert last.startswith("exec ") and last.endswith("manage.py slurm_job 7")
+
+
+def test_a_request_goes_to_the_node_of_the_process_it_names() -> None:
+    from dashboard.experiments.runs.slurm.step import process_node
+
+    nodes = [SlurmNode("gpu001", "10.1.0.11", 64, 4, "MIXED", "gpu001.cluster"),
+             SlurmNode("gpu002", "10.1.0.12", 64, 4, "MIXED", "gpu002.cluster")]  # fmt: skip
+    started = {"pids": [900, 901, 17, 18],
+               "machines": ["gpu002.cluster", "gpu002.cluster", "gpu001.cluster",
+                            "gpu001.cluster"]}  # fmt: skip
+    assert process_node(started=started, pid=900, nodes=nodes) == "gpu002"  # rank 0's
+    assert process_node(started=started, pid=17, nodes=nodes) == "gpu001"
+    # A script's launcher names itself, not a rank: it is on rank 0's node.
+    assert process_node(started=started, pid=4242, nodes=nodes) == "gpu002"
+    assert process_node(started=None, pid=900, nodes=nodes) == "gpu001"  # nothing said yet

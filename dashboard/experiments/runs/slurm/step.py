@@ -7,10 +7,11 @@ resolve). srun hands back every task's stdout and stderr, so this one supervisor
 of rank 0 wherever torchrun's rendezvous put it, and every rank's log lines.
 
 The ranks run under slurmstepd on their nodes, not under this process: they are reached through
-the scheduler. A request (SIGUSR1: a checkpoint, SIGUSR2: a profile) is `scancel --signal` to
-the job's steps, which reaches every process of them; torchrun ignores SIGUSR1 (training/cli.py
-exec_torchrun) and only rank 0 acts on either. A Stop is SIGTERM the same way (torchrun passes it
-to its ranks), then, after the grace, the srun client ended here (which ends the step).
+the scheduler. A request (SIGUSR1: a checkpoint, SIGUSR2: a profile, SIGTERM: a script's agreed
+Stop) goes to the one process the training named, on its node (the `started` event's machine of
+that rank), by a step of its own running kill there; a Stop is `scancel --signal=TERM` to every
+process of the job's steps (torchrun passes it to its ranks), then, after the grace, the srun
+client is ended here (which ends the step).
 
 sbatch's warning (`--signal=B:USR1@N`, before the time limit or a preemption) reaches this
 process only (the batch shell execs it): the supervisor asks for a checkpoint, waits for it, and
@@ -26,9 +27,10 @@ import logging
 import signal
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from subprocess import Popen
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from django.utils import timezone
 
@@ -37,7 +39,11 @@ from dashboard.experiments.runs.nodes import rendezvous_id
 from dashboard.experiments.runs.process import TrainingProcess, training_popen
 from dashboard.experiments.runs.processes import process_tree_stop
 from dashboard.experiments.scheduling.slurm.commands import SlurmError
-from dashboard.experiments.scheduling.slurm.jobs import slurm_job_cancel, srun_command
+from dashboard.experiments.scheduling.slurm.jobs import (
+    slurm_job_cancel,
+    slurm_signal_on_node,
+    srun_command,
+)
 from dashboard.experiments.scheduling.slurm.parse import SlurmNode
 from dashboard.serving import free_port
 
@@ -55,9 +61,13 @@ STOPPED_BY_WARNING = "Slurm's warning (SIGUSR1: the time limit or a preemption i
 class SlurmStepProcess(TrainingProcess):
     """The local srun client of the training's step; its processes reached through Slurm."""
 
-    def __init__(self, popen: Popen[str], *, job_id: str) -> None:
+    def __init__(self, popen: Popen[str], *, job_id: str, nodes: list[SlurmNode]) -> None:
         super().__init__(popen)
         self.job_id = job_id
+        self.nodes = nodes
+        # The training's `started` event (the executor's turn hands it on): each rank's PID and
+        # host, to find the node of the process a request goes to.
+        self.started: Mapping[str, Any] | None = None
 
     def stop(self, *, rank_pids: list[int], grace_seconds: float) -> list[int]:
         """SIGTERM to every process of the step (torchrun passes it to its ranks: they stop as
@@ -73,14 +83,16 @@ class SlurmStepProcess(TrainingProcess):
         return process_tree_stop(root_pid=self.pid, extra_pids=[], grace_seconds=grace_seconds)
 
     def signal_in_tree(self, *, pid: int, signum: int) -> bool:
-        """Signal the step's processes (the rank that takes requests among them); False when
-        the step has ended."""
+        """Signal `pid` on its node; False when the step has ended, or the signal failed (the
+        process is gone)."""
         if self.popen.poll() is not None:
             return False
+        name = signal.Signals(signum).name.removeprefix("SIG")
+        node = process_node(started=self.started, pid=pid, nodes=self.nodes)
         try:
-            slurm_job_cancel(self.job_id, signal=signal.Signals(signum).name[3:], here=True)
+            slurm_signal_on_node(self.job_id, node=node, pid=pid, signal=name)
         except SlurmError as exc:
-            log.warning("job %s: %s to its step failed: %s", self.job_id, signum, exc)
+            log.warning("job %s: SIG%s to %s failed: %s", self.job_id, name, pid, exc)
             return False
         return True
 
@@ -122,7 +134,8 @@ class SlurmStep:
         self, *, command: list[str], tail: list[str], env: dict[str, str], cwd: Path | str
     ) -> TrainingProcess:
         srun = srun_command(nodes=len(self.nodes), cwd=cwd, command=command, tail=tail)
-        return SlurmStepProcess(training_popen(command=srun, env=env, cwd=cwd), job_id=self.job_id)
+        popen = training_popen(command=srun, env=env, cwd=cwd)
+        return SlurmStepProcess(popen, job_id=self.job_id, nodes=self.nodes)
 
     def ended_outside(self) -> bool:
         return self.terminated
@@ -131,6 +144,8 @@ class SlurmStep:
         process, requests, state = supervisor.process, supervisor.requests, supervisor.state
         if process is None or requests is None:
             return
+        if isinstance(process, SlurmStepProcess):
+            process.started = state.started_event
         if self.terminated and not self.ended:
             self.ended = True
             supervisor.sink.add_output(
@@ -152,3 +167,15 @@ class SlurmStep:
             # The checkpoint is written (or none could be): end this attempt to resume from it.
             state.resuming = True
             requests.stop(by=STOPPED_BY_WARNING)
+
+
+def process_node(*, started: Mapping[str, Any] | None, pid: int, nodes: list[SlurmNode]) -> str:
+    """The node `pid` runs on: its rank's host in `started` (a script's launcher, which names
+    itself, is on rank 0's), matched to a node's host name or name; else the first node."""
+    started = started or {}
+    pids, machines = started.get("pids"), started.get("machines")
+    host = None
+    if isinstance(pids, list) and isinstance(machines, list) and machines:
+        host = machines[pids.index(pid)] if pid in pids[: len(machines)] else machines[0]
+    found = [n.name for n in nodes if host is not None and host in (n.hostname, n.name)]
+    return found[0] if found else nodes[0].name

@@ -149,4 +149,14 @@ def slurm_nodes(nodelist: str, *, here: bool = False) -> list[SlurmNode]:
     found = {n.name: n for n in scontrol_nodes_parse(
         slurm_run(["scontrol", "show", "node", "-o", ",".join(names)], here=here)
     )}  # fmt: skip
-    return [found.get(name) or SlurmNode(name, name, 0, 0, "") for name in names]
+    return [found.get(name) or SlurmNode(name, name, 0, 0, "", name) for name in names]
+
+
+def slurm_signal_on_node(job_id: str, *, node: str, pid: int, signal: str) -> None:
+    """Signal one process of the job on one of its nodes, from inside the job: a step of its
+    own (`--overlap`: the training's holds every CPU) running kill there."""
+    slurm_run(
+        ["srun", f"--jobid={job_id}", "--overlap", "--nodes=1", "--ntasks=1",
+         f"--nodelist={node}", "kill", "-s", signal, str(pid)],
+        here=True,
+    )  # fmt: skip

@@ -145,6 +145,7 @@ class SlurmNode:
     cpus: int
     gpus: int
     state: str  # IDLE, MIXED, ALLOCATED, DOWN+NOT_RESPONDING, ...
+    hostname: str = ""  # NodeHostName: what its processes call their host
 
 
 # A key of `scontrol show node -o`: a word (with ':' or '/' in a few) right before '='.
@@ -176,6 +177,7 @@ def scontrol_nodes_parse(text: str) -> list[SlurmNode]:
                 cpus=_leading_int(pairs.get("CPUTot", "")),
                 gpus=gres_gpus(pairs.get("Gres", "")),
                 state=pairs.get("State", ""),
+                hostname=pairs.get("NodeHostName", ""),
             )
         )
     return nodes
