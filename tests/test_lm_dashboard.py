@@ -138,6 +138,10 @@ def test_the_runner_passes_the_language_flags(client: Client, launched: Any) -> 
          "processes", "it has 2 layers"),
         ({**LM, "model_size": "smoke", "strategy": "tensor-parallel", "seq_len": 33},
          "seq_len", "window (--seq-len), 33, is not a multiple of 2"),
+        # Interleaved 1F1B's rounds (max(1, 5 // 2) = 2) must divide the micro-batches.
+        ({**LM, "strategy": "pipeline", "pipeline_schedule": "interleaved-1f1b",
+          "microbatches": 5, "batch_size": 10},
+         "microbatches", "5 micro-batches make 2 rounds over 2 processes"),
         ({**LM, "strategy": "hogwild"}, "strategy", "does not train language models"),
         ({"seq_len": 64}, "seq_len", "only a language model reads it (byte-llama), not simple-cnn"),
         ({**LM, "sequence_parallel": False}, "sequence_parallel", "applies to tensor parallel"),

@@ -16,7 +16,7 @@ from training.data.text import TextData, TextSplit, text_batches, text_splits
 from training.models.build import model_build_for
 from training.models.byte_llama.model import ByteLlama, flops_per_token
 from training.models.byte_llama.parallelize import stage_layers
-from training.refusals import language_refusals, pipeline_refusals
+from training.refusals import Refusal, language_refusals, pipeline_refusals
 from training.strategies.schedule import lr_schedule
 from training.text_catalogue import BYTE_LLAMA_SIZES, model_size_get
 
@@ -168,3 +168,26 @@ def test_the_pipeline_refuses_more_stages_than_layers_and_fewer_microbatches_tha
     (refusal,) = pipeline_refusals("pipeline", processes=4, microbatches=2, **common)  # type: ignore[arg-type]
     assert "fewer than the 4 stages" in refusal.cli_message
     assert pipeline_refusals("pipeline", processes=4, microbatches=4, **common) == []  # type: ignore[arg-type]
+
+
+def test_schedules_of_two_stages_a_rank_refuse_rounds_torch_cannot_run() -> None:
+    """torch's ScheduleInterleaved1F1B and ScheduleZBVZeroBubble run the micro-batches in
+    max(1, M // ranks) rounds and raise (on every rank, after the start) unless the rounds
+    divide M: 5 on 2 ranks makes 2 rounds of 2.5. Refused up front, with the fix."""
+
+    def refusals(schedule: str, microbatches: int) -> list[Refusal]:
+        return pipeline_refusals(
+            "pipeline", processes=2, batch_size=120, microbatches=microbatches,
+            schedule=schedule, stages=4, language=True,
+        )  # fmt: skip
+
+    for schedule in ("interleaved-1f1b", "zero-bubble"):
+        (refusal,) = refusals(schedule, 5)
+        assert refusal.field == "microbatches"
+        assert "5 micro-batches make 2 rounds" in refusal.message
+        assert "a multiple of 2, or fewer than 4" in refusal.message
+        assert refusal.cli_message.startswith("argument --microbatches:")
+        for fine in (2, 3, 4, 8, 10):  # one round, or rounds that divide them
+            assert refusals(schedule, fine) == []
+    # GPipe and 1F1B run every micro-batch in one round: any count at least the stages.
+    assert refusals("1f1b", 5) == []

@@ -21,6 +21,7 @@ from training.registry import (
     OPTIONS_DECLARED,
     PIPELINE_SCHEDULE,
     REGISTRY,
+    STAGES_PER_RANK,
     OptionValue,
     StrategyOption,
     StrategySpec,
@@ -215,7 +216,29 @@ def pipeline_refusals(
                 f"micro-batches as stages (--nproc): got {m} for {processes}",
             )
         )  # fmt: skip
-    return refusals
+    rounds = _rounds_refusal(schedule, processes=processes, microbatches=m)
+    return refusals + ([rounds] if rounds is not None else [])
+
+
+def _rounds_refusal(schedule: str, *, processes: int, microbatches: int) -> Refusal | None:
+    """torch's schedules of several stages a rank (ScheduleInterleaved1F1B,
+    ScheduleZBVZeroBubble) run the micro-batches in max(1, M // ranks) rounds of equal size and
+    raise, on every rank after the start, where the rounds do not divide M (5 on 2 ranks)."""
+    if schedule not in STAGES_PER_RANK or processes < 1:
+        return None
+    rounds = max(1, microbatches // processes)
+    if microbatches % rounds == 0:
+        return None
+    fix = f"give a multiple of {processes}, or fewer than {2 * processes}"
+    return Refusal(
+        RULE_PIPELINE, "microbatches",
+        f"{_schedule_words(schedule)} runs its micro-batches in equal rounds: {microbatches} "
+        f"micro-batches make {rounds} rounds over {processes} processes, which do not divide "
+        f"them; {fix}",
+        f"argument --microbatches: --pipeline-schedule {schedule} runs its micro-batches in "
+        f"equal rounds: {microbatches} micro-batches make {rounds} rounds over {processes} "
+        f"ranks, which do not divide them; {fix}",
+    )  # fmt: skip
 
 
 def language_refusals(
