@@ -5,6 +5,7 @@ cut by layer, and the refusals the CLI and the dashboard share."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +19,7 @@ from training.models.byte_llama.model import ByteLlama, flops_per_token
 from training.models.byte_llama.parallelize import stage_layers
 from training.refusals import Refusal, language_refusals, pipeline_refusals
 from training.strategies.schedule import lr_schedule
-from training.text_catalogue import BYTE_LLAMA_SIZES, model_size_get
+from training.text_catalogue import BYTE_LLAMA_SIZES, model_size_get, text_layout
 
 
 def test_the_modules_have_torchtitans_names_and_no_biases() -> None:
@@ -191,3 +192,33 @@ def test_schedules_of_two_stages_a_rank_refuse_rounds_torch_cannot_run() -> None
             assert refusals(schedule, fine) == []
     # GPipe and 1F1B run every micro-batch in one round: any count at least the stages.
     assert refusals("1f1b", 5) == []
+
+
+def test_a_text_folder_reads_only_its_own_files_not_where_links_lead(tmp_path: Path) -> None:
+    """The CLI checks that --data-path lies under the text roots; a link inside the folder
+    (a train/ that points elsewhere, a .txt that names another file) would read past them, as
+    the worker's user, into a model whose text the run page shows. Such files are not the
+    folder's: left out, and a folder with nothing else holds no text."""
+    outside = tmp_path / "private"
+    outside.mkdir()
+    (outside / "secret.txt").write_text("the worker's secret " * 20)
+    folder = tmp_path / "textfolders" / "notes"
+    folder.mkdir(parents=True)
+    (folder / "mine.txt").write_text("my own words " * 20)
+    (folder / "leak.txt").symlink_to(outside / "secret.txt")
+    (folder / "more").symlink_to(outside, target_is_directory=True)  # os.walk does not follow
+    layout = text_layout(folder)
+    assert layout is not None
+    assert [Path(f).name for f in layout.train] == ["mine.txt"]
+    assert layout.bytes == len("my own words " * 20)
+    # train/ and val/ that lead outside: nothing of the folder's own to train on.
+    split = tmp_path / "textfolders" / "split"
+    split.mkdir()
+    (split / "train").symlink_to(outside, target_is_directory=True)
+    (split / "val").mkdir()
+    (split / "val" / "v.txt").write_text("held out " * 20)
+    assert text_layout(split) is None
+    # A link that stays inside the folder is its own file.
+    (folder / "again.txt").symlink_to(folder / "mine.txt")
+    again = text_layout(folder)
+    assert again is not None and [Path(f).name for f in again.train] == ["again.txt", "mine.txt"]

@@ -125,26 +125,39 @@ class TextLayout:
         return len(self.train) + len(self.held_out)
 
 
-def text_files(folder: Path) -> list[Path]:
-    """The ``.txt`` files under ``folder`` (its subfolders too, hidden ones not), by path."""
+def text_files(folder: Path, inside: Path | None = None) -> list[Path]:
+    """The ``.txt`` files under ``folder`` (its subfolders too, hidden ones not), by path; with
+    ``inside`` (resolved), only those that are there once links are followed."""
     found = []
     for root, dirs, files in os.walk(folder):
         dirs[:] = sorted(d for d in dirs if not d.startswith("."))
         found += [Path(root) / f for f in files if f.lower().endswith(TEXT_EXTENSIONS)]
-    return sorted(found)
+    return sorted(f for f in found if inside is None or _inside(f, inside))
+
+
+def _inside(path: Path, folder: Path) -> bool:
+    try:
+        path.resolve().relative_to(folder)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 def text_layout(path: Path) -> TextLayout | None:
-    """``path`` as a text folder, or None where it holds no text."""
+    """``path`` as a text folder, or None where it holds no text. Its files are those inside it
+    once links are followed: the roots that the CLI holds ``--data-path`` to would mean nothing
+    if a link in the folder (a ``train/`` or a ``.txt`` pointing elsewhere) could read any file
+    the worker's user can."""
     if not path.is_dir():
         return None
     try:
+        own = path.resolve()
         evaluation = next((path / s for s in EVAL_SPLITS if (path / s).is_dir()), None)
         if (path / "train").is_dir() and evaluation is not None:
-            train, held = text_files(path / "train"), text_files(evaluation)
+            train, held = text_files(path / "train", own), text_files(evaluation, own)
             layout = f"train/{evaluation.name}"
         else:
-            train, held, layout = text_files(path), [], "one folder"
+            train, held, layout = text_files(path, own), [], "one folder"
         size = sum(f.stat().st_size for f in (*train, *held))
     except OSError:
         return None
