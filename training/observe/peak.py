@@ -6,10 +6,15 @@ MFU (model FLOPs utilisation) = tokens per second x FLOPs per token (the model's
 - A GPU of the table below: its dense peak in the run's compute precision (NVIDIA's datasheets;
   fp32 is the non-tensor-core figure, as torch multiplies float32 without TF32 by default).
 - A CPU, or a GPU not in the table: a peak measured once per machine by a short matrix-multiply
-  calibration (``MATMUL_SIZE`` square, best of ``ROUNDS`` rounds of about ``ROUND_SECONDS``,
-  every core the process may use), cached in ``$XDG_CACHE_HOME/trainyard/peak-flops.json`` by
-  machine, processor, core count, dtype and torch version; said as "measured peak" beside the
-  figure. ``$TRAINYARD_PEAK_FLOPS`` (FLOP/s of one device or machine) skips it.
+  calibration (``MATMUL_SIZE`` square, best of ``ROUNDS`` rounds of about ``ROUND_SECONDS``),
+  cached in ``$XDG_CACHE_HOME/trainyard/peak-flops.json`` by machine, processor, thread and core
+  counts, dtype and torch version; said as "measured peak" beside the figure.
+  ``$TRAINYARD_PEAK_FLOPS`` (FLOP/s of one device or machine) skips it.
+
+On the CPU the run's devices are the threads its ranks compute with on a machine (each rank's
+torch threads, torchrun's one by default, times the ranks there; at most the cores the process
+may use), not every core: a run of 2 ranks on a 16-core worker holds 2 of them, the others
+being other runs' (the dashboard's allocation), and its MFU is against those 2.
 
 Rank 0 measures (the cache is per machine) while the other ranks wait in a collective, so no
 rank's work competes with it; the run's peak is that machine's (or device's) times the machines
@@ -60,7 +65,8 @@ class Peak:
 
 def run_peak(rt: Runtime, precision: str, machines: Sequence[str]) -> Peak:
     """The run's peak (every rank calls this: rank 0 finds it, the others wait and learn it)."""
-    found = device_peak(rt.device, precision) if rt.is_main else None
+    threads = run_threads(machines) if rt.device.type == "cpu" else None
+    found = device_peak(rt.device, precision, threads=threads) if rt.is_main else None
     flops, source = all_gather(rt, found)[0]
     if rt.device.type == "cuda":
         return Peak(flops * rt.world_size, f"{source}, x {rt.world_size} GPU(s)")
@@ -68,8 +74,18 @@ def run_peak(rt: Runtime, precision: str, machines: Sequence[str]) -> Peak:
     return Peak(flops * count, f"{source}" + (f", x {count} machines" if count > 1 else ""))
 
 
-def device_peak(device: torch.device, precision: str) -> tuple[float, str]:
-    """(FLOP/s, how found) of one GPU, or of this machine's CPU cores."""
+def run_threads(machines: Sequence[str]) -> int:
+    """The threads the run computes with on rank 0's machine: its ranks there (``machines``:
+    each rank's) times this rank's torch threads."""
+    local = sum(1 for machine in machines if machine == machines[0]) if machines else 1
+    return local * torch.get_num_threads()
+
+
+def device_peak(
+    device: torch.device, precision: str, *, threads: int | None = None
+) -> tuple[float, str]:
+    """(FLOP/s, how found) of one GPU, or of ``threads`` of this machine's CPU cores (None:
+    every core the process may use)."""
     given = os.environ.get(PEAK_ENV, "").strip()
     if given:
         return float(given), f"${PEAK_ENV}"
@@ -79,27 +95,30 @@ def device_peak(device: torch.device, precision: str) -> tuple[float, str]:
         for key, peaks in GPU_PEAKS.items():
             if key in name:
                 return peaks[dtype], f"{name}'s datasheet peak ({dtype}, dense)"
-    return _measured(device, dtype)
+    return _measured(device, dtype, threads)
 
 
-def _measured(device: torch.device, dtype: str) -> tuple[float, str]:
+def _measured(device: torch.device, dtype: str, threads: int | None) -> tuple[float, str]:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = cores or 1
+    used = max(1, min(threads or cores, cores))
     what = torch.cuda.get_device_name(device) if device.type == "cuda" else _processor()
-    key = f"{platform.node()}|{what}|{cores} cores|{dtype}|torch {torch.__version__}"
+    key = f"{platform.node()}|{what}|{used} of {cores} cores|{dtype}|torch {torch.__version__}"
     cache = _cache_path()
     known = _cache_read(cache)
     if key not in known:
-        known[key] = calibrate(device, DTYPES[dtype], threads=cores or 1)
+        known[key] = calibrate(device, DTYPES[dtype], threads=used)
         with contextlib.suppress(OSError):
             cache.parent.mkdir(parents=True, exist_ok=True)
             cache.write_text(json.dumps(known, indent=1))
-    where = f"{cores} cores" if device.type == "cpu" else what
+    share = f"{used} cores" if used == cores else f"{used} of {cores} cores"
+    where = share if device.type == "cpu" else what
     return known[key], f"measured peak ({where}, {dtype} matmul {MATMUL_SIZE}x{MATMUL_SIZE})"
 
 
 def calibrate(device: torch.device, dtype: torch.dtype, *, threads: int) -> float:
     """FLOP/s of a square matmul on ``device``: the best round of ``ROUNDS``, with ``threads``
-    threads on the CPU (every core, whatever this rank's own share is)."""
+    threads on the CPU (the run's on this machine, whatever this rank's own share is)."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:

@@ -1,0 +1,64 @@
+"""The peak a language model's MFU is measured against, on the CPU: the threads the run computes
+with on a machine (its ranks there x each rank's torch threads), not every core of the machine,
+whose other cores the dashboard gives other runs. The matmul calibration itself is replaced by
+one that says what it was asked; its cache goes to the test's folder."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from training.observe import peak
+from training.process.runtime import Runtime
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture
+def asked(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[list[int]]:
+    """The thread counts the calibration was run with, on a machine of 8 cores."""
+    found: list[int] = []
+
+    def calibrate(device: torch.device, dtype: torch.dtype, *, threads: int) -> float:
+        found.append(threads)
+        return 1e9 * threads
+
+    monkeypatch.setattr(peak, "calibrate", calibrate)
+    monkeypatch.setattr(peak.os, "sched_getaffinity", lambda _pid: set(range(8)), raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.delenv(peak.PEAK_ENV, raising=False)
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)  # as torchrun's OMP_NUM_THREADS=1 holds each rank
+    yield found
+    torch.set_num_threads(before)
+
+
+def runtime(world: int) -> Runtime:
+    """Rank 0 of ``world`` (not distributed: the gathers return its own value)."""
+    return Runtime(0, 0, world, CPU, "cpu", distributed=False)
+
+
+def test_one_process_of_one_thread_is_measured_on_one_core(asked: list[int]) -> None:
+    found = peak.run_peak(runtime(1), "fp32", ["host-a"])
+    assert asked == [1]
+    assert found.flops == 1e9
+    assert found.source.startswith("measured peak (1 of 8 cores, fp32")
+
+
+def test_ranks_on_a_machine_add_their_threads_and_machines_multiply(asked: list[int]) -> None:
+    two = peak.run_peak(runtime(2), "fp32", ["host-a", "host-a"])
+    assert asked == [2] and two.flops == 2e9
+    # Two machines of 2 ranks: each machine's 2 threads (measured once: cached), x 2 machines.
+    four = peak.run_peak(runtime(4), "fp32", ["host-a", "host-a", "host-b", "host-b"])
+    assert asked == [2] and four.flops == 4e9
+    assert four.source.endswith(", x 2 machines")
+
+
+def test_no_more_threads_than_the_cores_the_process_may_use(asked: list[int]) -> None:
+    torch.set_num_threads(4)
+    found = peak.run_peak(runtime(4), "fp32", ["host-a"] * 4)  # 16 threads asked of 8 cores
+    assert asked == [8] and found.flops == 8e9
+    assert found.source.startswith("measured peak (8 cores, fp32")
