@@ -16,7 +16,9 @@ import math
 from typing import Any
 
 import pytest
+from django.db import connection
 from django.test import Client
+from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 from django.utils import timezone
 
@@ -233,6 +235,32 @@ def test_the_sink_stores_a_language_models_figures(
     assert body["bits_per_byte"] == 8.56132 and body["samples"] == run.samples
     assert body["peak_source"].startswith("measured peak")
     assert (body["model_size"], body["seq_len"]) == ("smoke", 32)
+
+
+def test_the_list_reads_every_language_models_figures_at_once(
+    alice: Any, alice_client: Client, experiment_factory: Any
+) -> None:
+    """The list of runs leaves the series out (a page of many runs): a language model's
+    tokens/s comes for the whole page in one read of the tokens series, not each run's whole
+    series (every rank's images/s too) one run at a time."""
+    first = lm_run(alice, experiment_factory)
+
+    def listed() -> tuple[dict[str, Any], int]:
+        with CaptureQueriesContext(connection) as queries:
+            response = alice_client.get(reverse("api-experiments"))
+        assert response.status_code == 200
+        return response.json(), len(queries)
+
+    _, one = listed()
+    for _ in range(3):
+        lm_run(alice, experiment_factory)
+    body, four = listed()
+    assert four == one
+    [row] = [r for r in body["experiments"] if r["id"] == first.pk]
+    read = alice_client.get(reverse("api-experiment", args=[first.pk])).json()
+    figures = ("tokens_per_second", "mfu", "bits_per_byte", "peak_source", "samples")
+    assert {k: row[k] for k in figures} == {k: read[k] for k in figures}
+    assert row["tokens_per_second"] == pytest.approx(4 / (1 / 6080.0 + 3 / 10345.6))
 
 
 def test_a_classifiers_steps_store_no_tokens(alice: Any, experiment_factory: Any) -> None:

@@ -4,6 +4,7 @@ facts of where it lives, the WebSocket's first message. Nothing here writes (ser
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from datetime import datetime
 from typing import Any
 
@@ -26,7 +27,11 @@ from dashboard.experiments.core.reported import reported_silence_text
 from dashboard.experiments.core.run_facts import snapshot_texts
 from dashboard.experiments.core.stalls import StalledTexts, resume_offer, stalled_texts
 from dashboard.experiments.metrics.breakdown import experiment_breakdown, experiment_straggler
-from dashboard.experiments.metrics.language import experiment_language, language_model
+from dashboard.experiments.metrics.language import (
+    experiment_language,
+    language_model,
+    runs_language_read,
+)
 from dashboard.experiments.metrics.series import series_snapshot
 from dashboard.experiments.metrics.throughput import (
     Throughput,
@@ -111,26 +116,37 @@ def iso_or_none(value: datetime | None) -> str | None:
 
 
 def experiment_language_figures(
-    experiment: Experiment, *, summed: Throughput | None = None
+    experiment: Experiment,
+    *,
+    summed: Throughput | None = None,
+    read: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The read JSON's language-model figures (metrics/language.py), null for the other models:
     tokens/s and MFU so far, the last evaluation's bits per byte, where the peak comes from,
-    and the latest texts the model wrote ([{epoch, step, text}], oldest first)."""
-    if not language_model(experiment):
-        found = dict.fromkeys(("tokens_per_second", "mfu", "bits_per_byte", "peak_source"))
-        return {**found, "samples": []}
-    summed = summed or run_throughput_read(experiment_id=experiment.pk)
-    figures = experiment_language(experiment, summed)
+    and the latest texts the model wrote ([{epoch, step, text}], oldest first). ``read``: the
+    figures a list read for all its runs at once (``runs_language_read``)."""
     keys = ("tokens_per_second", "mfu", "bits_per_byte", "peak_source")
-    return {**{key: figures[key] for key in keys}, "samples": experiment.samples or []}
+    if not language_model(experiment):
+        return {**dict.fromkeys(keys), "samples": []}
+    if read is None:
+        summed = summed or run_throughput_read(experiment_id=experiment.pk)
+        read = experiment_language(experiment, summed)
+    return {**{key: read.get(key) for key in keys}, "samples": experiment.samples or []}
 
 
 def experiment_as_dict(
-    experiment: Experiment, *, breakdown: bool = True, summed: Throughput | None = None
+    experiment: Experiment,
+    *,
+    breakdown: bool = True,
+    summed: Throughput | None = None,
+    language: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The run's read JSON; ``breakdown`` False leaves its queries over the series out (a
-    list of runs: ``breakdown`` empty and ``straggler`` null there); ``summed``: its stored
-    throughput where the caller read it already."""
+    list of runs: ``breakdown`` empty and ``straggler`` null there; a language model's
+    figures from ``language``, which the list reads for all its runs at once, else from its
+    tokens series alone); ``summed``: its stored throughput where the caller read it already."""
+    if language is None and not breakdown and language_model(experiment):
+        language = runs_language_read(experiments=[experiment]).get(experiment.pk)
     data: dict[str, Any] = {"id": experiment.pk}
     data.update({name: getattr(experiment, name) for name in FIELDS})
     data["data_path"] = experiment.data_path or None  # the API's null: no image or text folder
@@ -149,7 +165,7 @@ def experiment_as_dict(
         error=experiment.error,
         test_loss=experiment.test_loss,
         test_accuracy=experiment.test_accuracy,
-        **experiment_language_figures(experiment, summed=summed),
+        **experiment_language_figures(experiment, summed=summed, read=language),
         epoch=experiment.epoch,
         step=experiment.step,
         total_steps=experiment.total_steps,

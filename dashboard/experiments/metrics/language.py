@@ -187,8 +187,8 @@ TABLE_FIGURES: Final = ("tokens_per_second", "mfu", "bits_per_byte")
 
 
 def runs_language_read(*, experiments: Iterable[Experiment]) -> dict[int, dict[str, Any]]:
-    """Each language model's run's tokens/s, MFU and bits per byte (one query for them all);
-    the other runs have no entry."""
+    """Each language model's run's tokens/s, MFU, bits per byte and where its peak comes from
+    (one query for them all: the tokens series alone); the other runs have no entry."""
     runs = [e for e in experiments if language_model(e)]
     tokens = throughputs_read(experiment_ids=[e.pk for e in runs], tokens=True)
     found = {}
@@ -199,6 +199,7 @@ def runs_language_read(*, experiments: Iterable[Experiment]) -> dict[int, dict[s
             "tokens_per_second": rate,
             "mfu": e.mfu if mfu is None else mfu,
             "bits_per_byte": e.bits_per_byte,
+            "peak_source": run_peak(e.run_info or {})[2] or None,
         }
     return found
 

@@ -38,6 +38,7 @@ from dashboard.experiments.core.descriptions import experiment_is_active
 from dashboard.experiments.core.forms import ExperimentForm
 from dashboard.experiments.core.labels import experiment_labels_update, labels_check
 from dashboard.experiments.core.limits import LaunchLimited
+from dashboard.experiments.metrics.language import runs_language_read
 from dashboard.experiments.metrics.logs import (
     LEVEL_SEVERITY,
     LOG_PAGE_DEFAULT,
@@ -173,10 +174,14 @@ def experiments_list_response(request: HttpRequest) -> HttpResponse:
         raise ApiError(400, str(exc)) from None
     page = runs_page(visible=experiments_visible_to(request.user), query=query)
     params = list_query_params(query)
+    # A language model's tokens/s for the whole page in one read (the list reads no series).
+    language = runs_language_read(experiments=page.rows)
     body: dict[str, Any] = {
         "count": page.count,
         "next": _query_url(request, {**params, "page": page.next}) if page.next else None,
-        "experiments": [experiment_as_dict(e, breakdown=False) for e in page.rows],
+        "experiments": [
+            experiment_as_dict(e, breakdown=False, language=language.get(e.pk)) for e in page.rows
+        ],
     }
     etag = _list_etag(body)
     headers = {"ETag": etag, "Cache-Control": "private, no-cache", "Vary": "Cookie, Authorization"}
