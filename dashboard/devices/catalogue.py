@@ -1,8 +1,8 @@
 """What each worker machine can train, read from its report (training/catalogue.py wrote it):
 its models, datasets, image folders and text folders (a language model's). The launch checks,
 placement and the pages read it from here, so that an old report (a worker from before the
-catalogue) means the same to all of them: the built-ins only (simple-cnn on mnist and
-fashion-mnist), which every worker has."""
+catalogue) means the same to all of them: the built-ins that train on data every worker has
+(BUILTIN_MODELS and BUILTIN_DATASETS below, from training/catalogue.py)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,15 @@ from typing import Any
 
 from dashboard.devices.models import WorkerMachine
 from dashboard.texts import bytes_text
-from training.catalogue import IDX_DATASETS, IMAGEFOLDER, MODEL_DEFAULT
-from training.text_catalogue import TEXTFOLDER
+from training import catalogue as engine_catalogue
+from training.catalogue import IDX_DATASETS, IMAGEFOLDER
+from training.text_catalogue import LANGUAGE_MODELS, TEXTFOLDER
 
-BUILTIN_MODELS = (MODEL_DEFAULT,)
+# What a worker is taken to have where its report does not say (or there is none): the engine's
+# built-in models that train on its built-in datasets (the IDX files, which every worker can
+# have). Its language models are left out: their text (the Jargon File, a package) is not on
+# every worker. Both lists are the engine's (training/catalogue.py), not copies of them.
+BUILTIN_MODELS = tuple(m for m in engine_catalogue.BUILTIN_MODELS if m not in LANGUAGE_MODELS)
 BUILTIN_DATASETS = IDX_DATASETS
 CLOSE_NAMES = 5
 
@@ -160,7 +165,9 @@ def catalogue_card(catalogue: MachineCatalogue) -> dict[str, Any]:
     }
 
 
-BUILTINS = "taken as the built-ins, simple-cnn on mnist and fashion-mnist"
+BUILTINS = (
+    f"taken as the built-ins, {' and '.join(BUILTIN_MODELS)} on {' and '.join(BUILTIN_DATASETS)}"
+)
 OLD_REPORT_NOTE = (
     f"this worker's report lists no models or datasets (a worker from before the catalogue): "
     f"{BUILTINS}"
