@@ -118,6 +118,11 @@
     const spec = window.Trainyard ? Trainyard.facts.strategies[strategy.value] : null;
     const isLanguage = language.language_models.includes(model.value) && !(spec && spec.user_script);
     languageFields.hidden = !isLanguage;
+    // Disabled too, as the strategy options are: a hidden field keeps whatever was typed, and
+    // the browser will not send a form whose invalid field it cannot show (nothing happens).
+    for (const input of languageFields.querySelectorAll("input, select")) {
+      input.disabled = !isLanguage;
+    }
     const size = language.sizes[(modelSize && modelSize.value) || language.size_default];
     if (sizeExplain) sizeExplain.textContent = size ? size.help : "";
     if (seqLen && size) seqLen.placeholder = "default (" + size.seq_len + ")";
