@@ -20,19 +20,15 @@ from tests.live_browser import live_page
 from tests.test_lm_dashboard import lm_report
 
 # sqlite_only: the form's catalogue comes from the workers' reports, read alike on either engine.
-pytestmark = [
-    pytest.mark.browser,
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.sqlite_only,
-]
+pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True), pytest.mark.sqlite_only]
 
 
 @pytest.fixture
 def page(live_server: Any, user_factory: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """Alice's page, a worker with the Jargon File and a text folder online."""
     WorkerMachine.objects.create(hostname="host-a", report=lm_report(), reported_at=timezone.now())
-    user = user_factory(username="alice")
-    with live_page(live_server, user, monkeypatch, reduced_motion="reduce") as page:
-        yield page
+    with live_page(live_server, user_factory(username="alice"), monkeypatch) as opened:
+        yield opened
 
 
 def test_a_hidden_window_left_invalid_does_not_stop_a_classifiers_launch(
