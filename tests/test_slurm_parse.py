@@ -8,18 +8,29 @@ partition), as its man pages give them.
 
 from __future__ import annotations
 
+import shlex
 import subprocess
+import sys
+from pathlib import Path
+from typing import Any
 
 import pytest
 
+from dashboard.experiments.scheduling.slurm import jobs
+from dashboard.experiments.scheduling.slurm.commands import SlurmError
 from dashboard.experiments.scheduling.slurm.jobs import (
     JobRequest,
     batch_script,
     job_name,
     sbatch_args,
+    slurm_job_submit,
+    slurm_jobs,
+    slurm_partitions,
+    warning_seconds,
 )
 from dashboard.experiments.scheduling.slurm.launch import partition_refusals
 from dashboard.experiments.scheduling.slurm.parse import (
+    SQUEUE_FORMAT,
     Partition,
     SlurmJob,
     SlurmNode,
@@ -31,6 +42,7 @@ from dashboard.experiments.scheduling.slurm.parse import (
     time_minutes,
 )
 from dashboard.experiments.scheduling.slurm.texts import pending_text
+from tests.slurm_fake import SlurmFake, slurm_fake_install
 
 SQUEUE_22_05 = "2|ty-7|PENDING|Priority\n1|ty-6|RUNNING|None\n3|wrap|COMPLETED|None\n"
 SINFO_22_05 = "debug|up|1:00:00|2|1|(null)|debug*\n"
@@ -226,3 +238,79 @@ def test_a_request_goes_to_the_node_of_the_process_it_names() -> None:
     # A script's launcher names itself, not a rank: it is on rank 0's node.
     assert process_node(started=started, pid=4242, nodes=nodes) == "gpu002"
     assert process_node(started=None, pid=900, nodes=nodes) == "gpu001"  # nothing said yet
+
+
+@pytest.fixture
+def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> SlurmFake:
+    return slurm_fake_install(tmp_path, monkeypatch)
+
+
+def test_a_heterogeneous_job_is_one_job_of_the_id_sbatch_gave() -> None:
+    """squeue lists a het job a component a line; its id is sbatch's `123`, said once: read as
+    `123+0` and `123+1`, the run's job `123` was gone from the queue (lost, submitted again)
+    and both components were strays to cancel."""
+    out = "123+0|ty-5|RUNNING|None\n123+1|ty-5|RUNNING|None\n124_2|ty-6|PENDING|Priority\n"
+    assert squeue_parse(out) == [
+        SlurmJob("123", "ty-5", "RUNNING", ""),
+        SlurmJob("124_2", "ty-6", "PENDING", "Priority"),
+    ]
+
+
+def test_only_this_accounts_jobs_are_read(fake: SlurmFake) -> None:
+    """Another user's job named ty-5 is not run 5's: the reconciler would cancel it as a stray."""
+    fake.command("squeue", out="7|ty-5|RUNNING|None\n8|train|RUNNING|None\n")
+    assert list(slurm_jobs()) == ["7"]
+    assert fake.calls("squeue") == [f"squeue --me -h -t all -o {SQUEUE_FORMAT}"]
+
+
+def test_sbatch_answering_no_job_id_is_a_refusal(fake: SlurmFake, settings: Any) -> None:
+    """A job id goes on the run and into scancel's and srun's arguments: only digits."""
+    settings.TRAINYARD_SLURM_SSH = ""
+    request = JobRequest(experiment_id=3, nodes=1, ranks_per_node=1, gpus_per_node=0,
+                         partition="", time_limit_minutes=None,
+                         log=fake.bin.parent / "runs" / "slurm-%j.out")  # fmt: skip
+    fake.command("sbatch", out="41;cluster-a\n")
+    assert slurm_job_submit(request) == "41"
+    fake.command("sbatch", out="Submitted batch job 42\n")
+    with pytest.raises(SlurmError, match="sbatch answered no job id"):
+        slurm_job_submit(request)
+
+
+def test_the_pages_ask_the_cluster_once_a_few_seconds(
+    fake: SlurmFake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The launch form and its checks, the device page: sinfo once, not once a page load."""
+    fake.command("sinfo", out=SINFO_22_05)
+    assert slurm_partitions() == slurm_partitions() == sinfo_parse(SINFO_22_05)
+    assert len(fake.calls("sinfo")) == 1
+    monkeypatch.setattr(jobs, "FACTS_SECONDS", 0.0)
+    slurm_partitions()
+    assert len(fake.calls("sinfo")) == 2
+    fake.command("sinfo", out="", status=1)  # a failure is said, never kept
+    with pytest.raises(SlurmError):
+        slurm_partitions()
+
+
+def test_the_warning_comes_within_a_short_time_limit(settings: Any) -> None:
+    """sbatch's warning as long as the run's limit came at its job's start, every start: a
+    checkpoint and a requeue forever, and the supervisor not yet listening."""
+    settings.TRAINYARD_SLURM_SIGNAL_SECONDS = 120
+    assert warning_seconds(time_limit_minutes=None) == 120
+    assert warning_seconds(time_limit_minutes=60) == 120
+    assert warning_seconds(time_limit_minutes=2) == 60
+    assert warning_seconds(time_limit_minutes=1) == 30
+    request = JobRequest(experiment_id=1, nodes=1, ranks_per_node=1, gpus_per_node=0,
+                         partition="", time_limit_minutes=1, log=Path("x.out"))  # fmt: skip
+    assert "--signal=B:USR1@30" in sbatch_args(request)
+
+
+def test_the_job_script_outlives_a_warning_before_the_supervisor_listens() -> None:
+    """sbatch's SIGUSR1 to the batch shell while Python and Django start (SIGUSR1's default is
+    to end the process): ignored until the supervisor takes it, across exec."""
+    script = batch_script(experiment_id=7).rsplit("exec ", 1)[0]
+    check = ("import os, signal; os.kill(os.getpid(), signal.SIGUSR1); "
+             "print('alive after SIGUSR1')")  # fmt: skip
+    script += f"kill -USR1 $$\nexec {sys.executable} -c {shlex.quote(check)}\n"
+    done = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=False,
+                          timeout=60)  # fmt: skip
+    assert (done.returncode, done.stdout) == (0, "alive after SIGUSR1\n"), done.stderr

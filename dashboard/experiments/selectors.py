@@ -44,7 +44,7 @@ from dashboard.experiments.scheduling.slurm.commands import SlurmError
 from dashboard.experiments.scheduling.slurm.jobs import (
     job_run_id,
     slurm_cluster_nodes,
-    slurm_jobs,
+    slurm_jobs_cached,
     slurm_partitions,
 )
 
@@ -253,7 +253,7 @@ def slurm_cluster_facts(*, user: Any) -> dict[str, Any] | None:
     if not slurm_configured():
         return None
     try:
-        partitions, nodes, jobs = slurm_partitions(), slurm_cluster_nodes(), slurm_jobs()
+        partitions, nodes, jobs = slurm_partitions(), slurm_cluster_nodes(), slurm_jobs_cached()
     except SlurmError as exc:
         return {"error": str(exc), "partitions": [], "nodes": [], "jobs": []}
     ids = {job.job_id: job_run_id(job.name) for job in jobs.values()}

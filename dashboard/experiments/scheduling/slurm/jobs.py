@@ -6,14 +6,19 @@ named `ty-<run id>`, its state read back by polling (runs/slurm/reconcile.py).
 
 from __future__ import annotations
 
+import os
+import re
 import shlex
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 from django.conf import settings
 
-from dashboard.experiments.scheduling.slurm.commands import slurm_run
+from dashboard.experiments.scheduling.slurm.commands import SlurmError, slurm_run
 from dashboard.experiments.scheduling.slurm.parse import (
     SINFO_FORMAT,
     SQUEUE_FORMAT,
@@ -28,6 +33,15 @@ from dashboard.experiments.scheduling.slurm.parse import (
 JOB_PREFIX = "ty-"
 # The management command a job's script starts: the supervisor a Celery worker runs, in the job.
 JOB_COMMAND = "slurm_job"
+# What sbatch --parsable answers: the job's id, then ";cluster" on a federation.
+JOB_ID = re.compile(r"\d+")
+# The pages' questions (the launch form's and launch checks' partitions, the device page's nodes
+# and jobs) are answered from this process's last answer this long: each is a command (over
+# ssh, a connection) and a call on slurmctld, once per page load otherwise. The reconciler and a
+# job's supervisor always ask afresh.
+FACTS_SECONDS = 5.0
+_facts: dict[tuple[str, ...], tuple[float, Any]] = {}
+T = TypeVar("T")
 
 
 def job_name(experiment_id: int) -> str:
@@ -57,11 +71,12 @@ def sbatch_args(request: JobRequest) -> list[str]:
     """sbatch's options: one task a node (the supervisor's srun starts torchrun on each, which
     starts the node's ranks), requeued rather than ended when preempted or requeued, and SIGUSR1
     to the batch shell (the supervisor) TRAINYARD_SLURM_SIGNAL_SECONDS before the time limit."""
+    warning = warning_seconds(time_limit_minutes=request.time_limit_minutes)
     args = [
         "sbatch", "--parsable", f"--job-name={job_name(request.experiment_id)}",
         f"--nodes={request.nodes}", "--ntasks-per-node=1",
         f"--cpus-per-task={max(1, request.ranks_per_node)}",
-        "--requeue", f"--signal=B:USR1@{settings.TRAINYARD_SLURM_SIGNAL_SECONDS}",
+        "--requeue", f"--signal=B:USR1@{warning}",
         f"--output={request.log}", f"--chdir={settings.BASE_DIR}",
     ]  # fmt: skip
     partition = request.partition or settings.TRAINYARD_SLURM_PARTITION
@@ -74,9 +89,22 @@ def sbatch_args(request: JobRequest) -> list[str]:
     return args + shlex.split(settings.TRAINYARD_SLURM_SBATCH_ARGS)
 
 
+def warning_seconds(*, time_limit_minutes: int | None) -> int:
+    """How long before the time limit sbatch's warning comes: TRAINYARD_SLURM_SIGNAL_SECONDS, or
+    half the run's own limit where that is shorter. A warning as long as the limit would come
+    at the job's start, every start: a checkpoint and a requeue forever, no step between."""
+    warning = settings.TRAINYARD_SLURM_SIGNAL_SECONDS
+    if time_limit_minutes:
+        warning = min(warning, time_limit_minutes * 60 // 2)
+    return max(1, warning)
+
+
 def batch_script(*, experiment_id: int) -> str:
     """The job's script: exec, so that the supervisor is the batch shell and gets sbatch's
     `B:` signals itself (torchrun would die of a SIGUSR1 sent to every process: PITFALLS.md).
+    SIGUSR1 is ignored until the supervisor takes it (runs/slurm/job.py): a warning that comes
+    while Python and Django start (a short time limit, a preemption) must not kill it, which
+    is SIGUSR1's default; an ignored signal stays ignored across exec.
     The compute nodes need this checkout and interpreter at the same paths (README)."""
     command = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), JOB_COMMAND,
                str(experiment_id)]  # fmt: skip
@@ -84,6 +112,7 @@ def batch_script(*, experiment_id: int) -> str:
         "#!/bin/bash\n"
         f"# Trainyard run {experiment_id}: its supervisor, which starts the training on every\n"
         "# node of this allocation with srun and reports to the dashboard.\n"
+        "trap '' USR1\n"
         f"exec {shlex.join(command)}\n"
     )
 
@@ -111,14 +140,38 @@ def slurm_job_submit(request: JobRequest) -> str:
     """sbatch the run's job; its id (SlurmError where sbatch refused it)."""
     request.log.parent.mkdir(parents=True, exist_ok=True)
     out = slurm_run(sbatch_args(request), stdin=batch_script(experiment_id=request.experiment_id))
-    return out.strip().split(";", 1)[0]  # "123", or "123;cluster" on a federation
+    job_id = out.strip().split(";", 1)[0]  # "123", or "123;cluster" on a federation
+    if not JOB_ID.fullmatch(job_id):
+        # A job may have been queued all the same: its ty-* name lets the reconciler end it.
+        raise SlurmError(f"sbatch answered no job id: {out.strip()[:200]!r}")
+    return job_id
 
 
 def slurm_jobs() -> dict[str, SlurmJob]:
     """Every job of ours the controller knows, ended ones too while it keeps them (MinJobAge),
-    by id."""
-    out = slurm_run(["squeue", "-h", "-t", "all", "-o", SQUEUE_FORMAT])
+    by id: this account's (--me) ty-* jobs. Another user's job of the same name is not ours to
+    mirror, nor to cancel as a stray."""
+    out = slurm_run(["squeue", "--me", "-h", "-t", "all", "-o", SQUEUE_FORMAT])
     return {job.job_id: job for job in squeue_parse(out) if job.name.startswith(JOB_PREFIX)}
+
+
+def slurm_jobs_cached() -> dict[str, SlurmJob]:
+    """slurm_jobs for a page (FACTS_SECONDS old at most)."""
+    return slurm_facts_cached("jobs", slurm_jobs)
+
+
+def slurm_facts_cached(name: str, read: Callable[[], T]) -> T:
+    """`read()`, or its answer of less than FACTS_SECONDS ago in this process, for this cluster
+    (a login node, a SLURM_CONF of its own: a test's). A failure is not kept."""
+    key = (name, settings.TRAINYARD_SLURM_SSH, os.environ.get("SLURM_CONF", ""),
+           os.environ.get("PATH", ""))  # fmt: skip
+    now = time.monotonic()
+    held = _facts.get(key)
+    if held is not None and now - held[0] < FACTS_SECONDS:
+        return held[1]
+    found = read()
+    _facts[key] = (now, found)
+    return found
 
 
 def slurm_job_cancel(job_id: str, *, signal: str = "", here: bool = False) -> None:
@@ -135,12 +188,19 @@ def slurm_job_requeue(job_id: str) -> None:
 
 
 def slurm_partitions() -> list[Partition]:
-    return sinfo_parse(slurm_run(["sinfo", "-h", "-o", SINFO_FORMAT]))
+    """The cluster's partitions (sinfo), for the launch form and its checks: FACTS_SECONDS old
+    at most."""
+    return slurm_facts_cached(
+        "partitions", lambda: sinfo_parse(slurm_run(["sinfo", "-h", "-o", SINFO_FORMAT]))
+    )
 
 
 def slurm_cluster_nodes() -> list[SlurmNode]:
-    """Every node of the cluster, as `scontrol show node` says it (the device page)."""
-    return scontrol_nodes_parse(slurm_run(["scontrol", "show", "node", "-o"]))
+    """Every node of the cluster, as `scontrol show node` says it (the device page: FACTS_SECONDS
+    old at most)."""
+    return slurm_facts_cached(
+        "nodes", lambda: scontrol_nodes_parse(slurm_run(["scontrol", "show", "node", "-o"]))
+    )
 
 
 def slurm_nodes(nodelist: str, *, here: bool = False) -> list[SlurmNode]:

@@ -44,15 +44,20 @@ class SlurmJob:
 
 def squeue_parse(text: str) -> list[SlurmJob]:
     """`squeue -h -o '%i|%j|%T|%r'`: a job a line (a job name may hold a '|': the id, state and
-    reason never do)."""
+    reason never do). A heterogeneous job is listed a component a line, `123+0`, `123+1`: it is
+    the one job sbatch answered `123` for, said once, by its first component. An array's task
+    (`123_4`, `123_[5-9]` while pending) keeps its own id: sbatch answered the array's."""
     jobs = []
     for line in text.splitlines():
         if line.count("|") < 3:
             continue
         job_id, rest = line.split("|", 1)
+        job_id, plus, component = job_id.strip().partition("+")
+        if plus and component != "0":
+            continue
         name, state, reason = rest.rsplit("|", 2)
         reason = "" if reason.strip() == NO_REASON else reason.strip()
-        jobs.append(SlurmJob(job_id.strip(), name, state.strip(), reason))
+        jobs.append(SlurmJob(job_id, name, state.strip(), reason))
     return jobs
 
 
