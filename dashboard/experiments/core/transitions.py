@@ -152,11 +152,14 @@ def _start_fields(
     )
 
 
-def experiment_refuse(*, experiment_id: int, error: str, now: datetime) -> bool:
-    """queued -> failed, where the scheduler refused the run's job (sbatch's error): no attempt
-    was started, and none will be."""
+def experiment_refuse(
+    *, experiment_id: int, error: str, now: datetime, where: dict[str, Any] | None = None
+) -> bool:
+    """queued -> failed, where the scheduler refused the run's job (sbatch's error), or the job
+    ended before it started the run (`where`: its job's id still the row's): no attempt was
+    started, and none will be."""
     fields: dict[str, Any] = {"error": error, "finished_at": now, "waiting_reason": ""}
-    return _move(experiment_id, Status.QUEUED, Status.FAILED, **fields)
+    return _move(experiment_id, Status.QUEUED, Status.FAILED, where=where, **fields)
 
 
 def experiment_finish(
@@ -252,12 +255,16 @@ def experiment_give_up(*, experiment_id: int, error: str, now: datetime) -> bool
     return _move(experiment_id, Status.LOST, Status.FAILED, **fields)
 
 
-def experiment_cancel_queued(*, experiment_id: int, by: Any, error: str, now: datetime) -> bool:
-    """queued -> cancelled, by a Stop that came before any worker started the run."""
+def experiment_cancel_queued(
+    *, experiment_id: int, by: Any, error: str, now: datetime,
+    where: dict[str, Any] | None = None,
+) -> bool:  # fmt: skip
+    """queued -> cancelled, by a Stop that came before any worker started the run (or, `where`
+    its Slurm job is still the row's, that job cancelled from outside)."""
     fields: dict[str, Any] = {
         "cancel_requested_at": now,
         "cancelled_by": by,
         "finished_at": now,
         "error": error,
     }
-    return _move(experiment_id, Status.QUEUED, Status.CANCELLED, **fields)
+    return _move(experiment_id, Status.QUEUED, Status.CANCELLED, where=where, **fields)

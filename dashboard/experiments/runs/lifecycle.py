@@ -80,11 +80,15 @@ def run_give_up(*, sink: EventSink, error: str, now: datetime) -> bool:
     return True
 
 
-def run_cancel_queued(*, experiment: Experiment, by: Any, error: str, now: datetime) -> bool:
-    """queued -> cancelled, by a Stop before any worker started it. No supervisor will ever tell
-    this run's pages, so the message goes here."""
+def run_cancel_queued(
+    *, experiment: Experiment, by: Any, error: str, now: datetime,
+    where: dict[str, Any] | None = None,
+) -> bool:  # fmt: skip
+    """queued -> cancelled, by a Stop before any worker started it (`where`: and while the row
+    still holds these values). No supervisor will ever tell this run's pages, so the message
+    goes here."""
     if not transitions.experiment_cancel_queued(
-        experiment_id=experiment.pk, by=by, error=error, now=now
+        experiment_id=experiment.pk, by=by, error=error, now=now, where=where
     ):
         return False
     sink = EventSink(experiment)
@@ -93,11 +97,12 @@ def run_cancel_queued(*, experiment: Experiment, by: Any, error: str, now: datet
     return True
 
 
-def run_refuse(*, experiment: Experiment, error: str) -> bool:
-    """queued -> failed: the scheduler refused the run's job (runs/slurm/submit.py). No
-    supervisor will ever tell this run's pages, so the message goes here."""
+def run_refuse(*, experiment: Experiment, error: str, where: dict[str, Any] | None = None) -> bool:
+    """queued -> failed: the scheduler refused the run's job (runs/slurm/submit.py), or it ended
+    before it started the run (`where`: while the row still holds these values, its job's id).
+    No supervisor will ever tell this run's pages, so the message goes here."""
     if not transitions.experiment_refuse(
-        experiment_id=experiment.pk, error=error, now=timezone.now()
+        experiment_id=experiment.pk, error=error, now=timezone.now(), where=where
     ):
         return False
     sink = EventSink(experiment)

@@ -65,11 +65,12 @@ def experiments_reap_lost(*, now: datetime | None = None) -> Reaped:
 
 
 def experiment_mark_lost(
-    *, experiment: Experiment, now: datetime, why: str | None = None
+    *, experiment: Experiment, now: datetime, why: str | None = None, own_silence: bool = False
 ) -> str | None:
-    """Lose one silent run (`why`: one of its machines fell silent), then queue it again or give
-    it up. Returns the status it was left in, or None when it was not silent any more (another
-    reaper, a late heartbeat)."""
+    """Lose one silent run (`why`: one of its machines fell silent, or its Slurm job ended the
+    attempt; `own_silence`: `why` says the run's own heartbeat stopped, as with no `why`), then
+    queue it again or give it up. Returns the status it was left in, or None when it was not
+    silent any more (another reaper, a late heartbeat) or its attempt had moved on."""
     assert experiment.heartbeat_at is not None
     silent = (now - experiment.heartbeat_at).total_seconds()
     reason = why or f"no heartbeat from worker {experiment.worker} for {silent:.0f} s"
@@ -79,7 +80,8 @@ def experiment_mark_lost(
     sink = EventSink(experiment)  # numbers its messages after the stored ones when it flushes
     if not run_lose(
         experiment=experiment, sink=sink, reason=reason, history=history,
-        node_silent=why is not None,
+        # A heartbeat since the caller read the run keeps it, where the silence is its own.
+        node_silent=why is not None and not own_silence,
     ):  # fmt: skip
         return None
     log.warning("experiment %s lost: %s", experiment.pk, reason)

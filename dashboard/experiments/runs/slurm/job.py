@@ -12,10 +12,9 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
-from django.conf import settings
 from django.utils import timezone
 
 from dashboard.experiments.core.transitions import experiment_start_job
@@ -24,7 +23,11 @@ from dashboard.experiments.runs.runner import experiment_supervise
 from dashboard.experiments.runs.slurm.step import SlurmStep
 from dashboard.experiments.runs.survival import experiment_mark_lost
 from dashboard.experiments.scheduling.slurm.commands import SlurmError
-from dashboard.experiments.scheduling.slurm.jobs import slurm_job_requeue, slurm_nodes
+from dashboard.experiments.scheduling.slurm.jobs import (
+    slurm_job_requeue,
+    slurm_nodes,
+    warning_seconds,
+)
 from dashboard.experiments.scheduling.slurm.parse import SlurmNode
 from dashboard.experiments.scheduling.slurm.texts import requeued_text
 
@@ -52,19 +55,29 @@ def job_start_read(environ: Mapping[str, str]) -> JobStart:
     )
 
 
-def slurm_job_run(*, experiment_id: int, environ: Mapping[str, str] = os.environ) -> str | None:
+def slurm_job_run(
+    *, experiment_id: int, environ: Mapping[str, str] = os.environ,
+    moved: Callable[[], None] = lambda: None,
+) -> str | None:  # fmt: skip
     """The job's whole life: claim, supervise, requeue where asked. Returns the status the run
-    was left in by this job (None: it was not this job's to run, or Slurm ended it)."""
+    was left in by this job (None: it was not this job's to run, or Slurm ended it). `moved`:
+    called where the run started, and where it stopped to resume (its owner's running count
+    moved: the workers' queue is woken, tasks.slurm_job_supervise)."""
     start = job_start_read(environ)
-    nodes = slurm_nodes(start.nodelist, here=True)
+    limits = Experiment.objects.filter(pk=experiment_id).values_list("time_limit_minutes")
+    limit = limits.first()
+    warning = warning_seconds(time_limit_minutes=limit[0] if limit else None)  # as sbatch's
+    step = SlurmStep(job_id=start.job_id, warning_seconds=warning)
+    # First: sbatch's warning may come at once (a preemption), and the claim may wait.
+    step.signals_install()
+    step.nodes = nodes = slurm_nodes(start.nodelist, here=True)
     if not slurm_attempt_claim(experiment_id=experiment_id, start=start, nodes=nodes):
         log.warning("run %s is not job %s's to start; leaving", experiment_id, start.job_id)
         return None
-    step = SlurmStep(job_id=start.job_id, nodes=nodes,
-                     warning_seconds=settings.TRAINYARD_SLURM_SIGNAL_SECONDS)  # fmt: skip
-    step.signals_install()
+    moved()
     status = experiment_supervise(experiment_id=experiment_id, worker=nodes[0].name, executor=step)
     if status == Status.QUEUED:  # stopped to resume (sbatch's warning): this job again, later
+        moved()
         try:
             slurm_job_requeue(start.job_id)
         except SlurmError as exc:
@@ -86,9 +99,11 @@ def slurm_attempt_claim(*, experiment_id: int, start: JobStart, nodes: list[Slur
             why = requeued_text(job_id=start.job_id, attempt=run.attempt)
             experiment_mark_lost(experiment=run, now=timezone.now(), why=why)
             continue
-        if run.status != Status.QUEUED:
+        # Lost: the reconciler is queuing it again this moment (lost, then queued: two updates),
+        # or gives it up; either way it is settled within the wait.
+        if run.status not in (Status.QUEUED, Status.LOST):
             return False
-        if mine:
+        if mine and run.status == Status.QUEUED:
             placement = [
                 {"worker": node.name, "address": node.address, "node_rank": rank, "ranks": []}
                 for rank, node in enumerate(nodes)

@@ -85,9 +85,11 @@ def jobs_ended_mirror(*, jobs: list[SlurmJob]) -> None:
     rows = rows.exclude(status__in=ACTIVE_STATUSES)
     for pk, job_id, state in rows.values_list("pk", "scheduler_job_id", "scheduler_state"):
         if state != ends[job_id]:
-            Experiment.objects.filter(pk=pk).update(
-                scheduler_state=ends[job_id], scheduler_reason=""
-            )
+            # Only while the run is still this job's and not active (a lost run may be queued
+            # again meanwhile, in a new job).
+            Experiment.objects.filter(pk=pk, scheduler_job_id=job_id).exclude(
+                status__in=ACTIVE_STATUSES
+            ).update(scheduler_state=ends[job_id], scheduler_reason="")
 
 
 def _stray(job: SlurmJob, *, now: datetime) -> bool:
@@ -154,10 +156,13 @@ def _job_ended(run: Experiment, job: SlurmJob, *, now: datetime, done: Reconcile
         _lose(run, why=why, now=now, done=done, resubmit=True)
         return
     if run.status == Status.QUEUED:
+        # Only while it still waits for this job: a round beside this one (beat rounds may
+        # overlap) may have lost it and submitted it again, and this job's end is not its end.
+        where = {"scheduler_job_id": job.job_id}
         settled = (
-            run_cancel_queued(experiment=run, by=None, error=why, now=now)
+            run_cancel_queued(experiment=run, by=None, error=why, now=now, where=where)
             if job.state == "CANCELLED"
-            else run_refuse(experiment=run, error=why)
+            else run_refuse(experiment=run, error=why, where=where)
         )
     else:
         stopped = run.cancelled_by is not None and run.cancel_requested_at is not None
@@ -177,19 +182,30 @@ def _silence_check(run: Experiment, job: SlurmJob, *, now: datetime, done: Recon
     if run.status != Status.RUNNING or run.heartbeat_at is None or run.heartbeat_at > now - bound:
         return
     silent = (now - run.heartbeat_at).total_seconds()
-    slurm_job_cancel_quietly(job_id=job.job_id)
+    # The job is cancelled once the attempt is lost, never before: a heartbeat that came since
+    # this round read the run keeps it (the lose is conditional on the heartbeat it read), and a
+    # job cancelled under a run that goes on would end it as cancelled from outside.
     _lose(run, why=silent_text(job_id=job.job_id, seconds=silent), now=now, done=done,
-          resubmit=True)  # fmt: skip
+          resubmit=True, silent_job=job.job_id)  # fmt: skip
 
 
-def _lose(run: Experiment, *, why: str, now: datetime, done: Reconciled, resubmit: bool) -> None:
+def _lose(
+    run: Experiment, *, why: str, now: datetime, done: Reconciled, resubmit: bool,
+    silent_job: str = "",
+) -> None:  # fmt: skip
     """A running run's attempt lost (requeued while attempts remain); a queued run's job gone.
-    `resubmit`: the run needs a new job (its own will not start it again)."""
+    `resubmit`: the run needs a new job (its own will not start it again). `silent_job`: the
+    run's supervisor is silent in this job, which is cancelled once the attempt is lost (the
+    lose holds only while the heartbeat is the one this round read); else the attempt is lost
+    while it is the one this round read, whatever its heartbeat (the job ended it)."""
     if run.status == Status.RUNNING:
-        left_as = experiment_mark_lost(experiment=run, now=now, why=why)
+        own_silence = bool(silent_job)
+        left_as = experiment_mark_lost(experiment=run, now=now, why=why, own_silence=own_silence)
         if left_as is None:
             return
         done.lost.append(run.pk)
+        if silent_job:
+            slurm_job_cancel_quietly(job_id=silent_job)
         if left_as != Status.QUEUED:
             return
     log.warning("slurm run %s: %s", run.pk, why)
@@ -198,5 +214,5 @@ def _lose(run: Experiment, *, why: str, now: datetime, done: Reconciled, resubmi
 
 
 def _submit(run: Experiment, done: Reconciled) -> None:
-    if slurm_run_submit(experiment_id=run.pk):
+    if slurm_run_submit(experiment_id=run.pk, replacing=run.scheduler_job_id):
         done.submitted.append(run.pk)

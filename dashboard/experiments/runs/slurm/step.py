@@ -100,9 +100,11 @@ class SlurmStepProcess(TrainingProcess):
 class SlurmStep:
     """The Executor of a run's attempt in Slurm job `job_id` on `nodes` (the allocation's)."""
 
-    def __init__(self, *, job_id: str, nodes: list[SlurmNode], warning_seconds: float) -> None:
+    def __init__(
+        self, *, job_id: str, warning_seconds: float, nodes: list[SlurmNode] | None = None
+    ) -> None:
         self.job_id = job_id
-        self.nodes = nodes
+        self.nodes = nodes or []  # the job's supervisor sets them after its signals (job.py)
         self.warning_seconds = warning_seconds
         self.warned_at: float | None = None  # sbatch's SIGUSR1, by this process's clock
         self.checkpoint_asked = False

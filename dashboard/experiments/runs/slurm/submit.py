@@ -36,25 +36,30 @@ def job_request(*, experiment: Experiment) -> JobRequest:
     )
 
 
-def slurm_run_submit(*, experiment_id: int) -> str | None:
+def slurm_run_submit(*, experiment_id: int, replacing: str | None = None) -> str | None:
     """sbatch the queued run's job and write its id on the run; a job sbatch refuses fails the
-    run with sbatch's words. Returns the job's id (None: not queued, or refused)."""
+    run with sbatch's words. Returns the job's id (None: not queued, or refused). `replacing`:
+    the job the caller saw the run hold (the reconciler's: gone, or ended); where the run holds
+    another by now, someone else submitted it, and no second job is sent."""
     run = Experiment.objects.filter(
         pk=experiment_id, status=Status.QUEUED, backend=Backend.SLURM
     ).first()
-    if run is None:
+    if run is None or (replacing is not None and run.scheduler_job_id != replacing):
         return None
+    # Each write below only while the run still holds the job it held here: two submitters
+    # (a launch and a reconciler round, two rounds) leave one job on it, and cancel the other.
+    held = {"scheduler_job_id": run.scheduler_job_id}
     try:
         job_id = slurm_job_submit(job_request(experiment=run))
     except SlurmError as exc:
-        run_refuse(experiment=run, error=refused_text(error=str(exc)))
+        run_refuse(experiment=run, error=refused_text(error=str(exc)), where=held)
         return None
     said = submitted_text(job_id=job_id)
-    written = Experiment.objects.filter(pk=run.pk, status=Status.QUEUED).update(
+    written = Experiment.objects.filter(pk=run.pk, status=Status.QUEUED, **held).update(
         scheduler_job_id=job_id, scheduler_state="PENDING", scheduler_reason="",
         waiting_reason=said, heartbeat_at=timezone.now(),
     )  # fmt: skip
-    if not written:  # stopped meanwhile: nothing wants the job
+    if not written:  # stopped, or submitted by another, meanwhile: nothing wants this job
         slurm_job_cancel_quietly(job_id=job_id)
         return None
     sink = EventSink(run)
