@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -32,12 +33,15 @@ from dashboard.experiments.models import Experiment, Status
 from dashboard.experiments.runs.claim import experiment_claim
 from dashboard.experiments.runs.lifecycle import run_finish
 from dashboard.experiments.runs.sink import EventSink
+from dashboard.experiments.runs.slurm import job as slurm_job
+from dashboard.experiments.runs.slurm.step import SlurmStep
 from dashboard.experiments.scheduling.allocation import Machine
 from dashboard.experiments.scheduling.queue import ordinal, queue_heads_for, queue_ordered
 from dashboard.experiments.services import experiment_clone, experiment_stop
 from dashboard.experiments.tasks import reap_lost_runs, run_experiment
 from dashboard.studies.models import Study, StudyRun
 from dashboard.texts import QUEUE_ORDER
+from tests.slurm_fake import slurm_fake_install
 
 pytestmark = pytest.mark.django_db
 
@@ -743,3 +747,41 @@ def test_a_worker_that_joins_wakes_the_run_whose_turn_it_is_there(
         machine_report_save(facts={"hostname": "m9", "cpu_count": 2})
         machine_report_save(facts={"hostname": "m9", "cpu_count": 2})  # online already: no wake
     assert [(m["args"], m["queue"]) for m in published] == [([waiting.pk], machine_queue("m9"))]
+
+
+def test_a_slurm_run_that_starts_or_stops_to_resume_wakes_whose_turn_it_made(
+    user_factory: Any,
+    experiment_factory: Any,
+    published: list[dict[str, Any]],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    settings: Any,
+):
+    """Alice's Slurm run counts among her running runs, as the workers' turns count them. Bob's
+    run waits behind hers on m1; her Slurm job starts: now Bob has fewer running, and his turn
+    comes first. Nothing on the workers started or ended to wake it: the job's start does. Its
+    stop to resume (sbatch's warning) moves her count back: the queue is woken again (Bob's
+    turn still, as Alice was served last)."""
+    settings.TRAINYARD_SLURM = True
+    fake = slurm_fake_install(tmp_path, monkeypatch)
+    fake.command("scontrol", answers={
+        "show hostnames": "n1\n",
+        "show node": "NodeName=n1 NodeAddr=127.0.0.1 NodeHostName=vm CPUTot=1 State=ALLOCATED\n",
+    })  # fmt: skip
+    WorkerMachine.objects.create(hostname="m1", report={"cpu_count": 2}, reported_at=timezone.now())
+    alice, bob = user_factory(), user_factory()
+    hers = queued(experiment_factory, alice, "on m1")
+    his = queued(experiment_factory, bob, "behind hers")
+    assert claim(his)[1].startswith(f"waiting behind #{hers.pk}, whose turn on m1")
+    on_slurm = queued(experiment_factory, alice, "on Slurm", backend="slurm",
+                      scheduler_job_id="21", heartbeat_at=timezone.now())  # fmt: skip
+    monkeypatch.setenv("SLURM_JOB_ID", "21")
+    monkeypatch.setenv("SLURM_JOB_NODELIST", "n1")
+    # The training and the signals are not this test's: the claim and the wakes are.
+    monkeypatch.setattr(SlurmStep, "signals_install", lambda self: None)
+    stops = iter([Status.QUEUED])
+    monkeypatch.setattr(slurm_job, "experiment_supervise", lambda **kwargs: next(stops))
+    monkeypatch.setattr(slurm_job, "slurm_job_requeue", lambda job_id: None)
+    assert tasks.slurm_job_supervise(experiment_id=on_slurm.pk) == Status.QUEUED
+    woken = [(m["args"], m["queue"]) for m in published]
+    assert woken == [([his.pk], machine_queue("m1"))] * 2, woken

@@ -30,6 +30,7 @@ from dashboard.experiments.runs.claim import experiment_claim
 from dashboard.experiments.runs.nodes import nodes_further
 from dashboard.experiments.runs.parked import Wake, queue_wake_plan
 from dashboard.experiments.runs.runner import experiment_node_supervise, experiment_supervise
+from dashboard.experiments.runs.slurm.job import slurm_job_run
 from dashboard.experiments.runs.slurm.reconcile import slurm_reconcile
 from dashboard.experiments.runs.survival import experiments_reap_lost, experiments_redispatch_queued
 from dashboard.experiments.scheduling.allocation import machine_local
@@ -195,7 +196,21 @@ def slurm_reconcile_runs() -> dict[str, list[Any]]:
     """The Slurm jobs' states on their runs (runs/slurm/reconcile.py; beat, where TRAINYARD_SLURM
     is on); a cluster that cannot be asked is tried again next round."""
     try:
-        return asdict(slurm_reconcile())
+        done = slurm_reconcile()
     except SlurmError as exc:
         log.warning("the Slurm jobs could not be read: %s", exc)
         return {}
+    if done.lost:  # their owners' running counts moved: whose turn it is on the workers too
+        queue_wake_quietly(workers=None)
+    return asdict(done)
+
+
+def slurm_job_supervise(*, experiment_id: int) -> str | None:
+    """A Slurm run's job (manage.py slurm_job, which its batch script execs): its supervisor, as
+    run_experiment is a worker's. Its owner's running count, which the workers' queue counts
+    (a user's running limit, the turns between users), moves where it starts and where it stops
+    to resume: the queue is woken then, as a worker's claim wakes it (its end wakes it through
+    run_ended)."""
+    return slurm_job_run(
+        experiment_id=experiment_id, moved=lambda: queue_wake_quietly(workers=None)
+    )

@@ -1,5 +1,6 @@
 """`manage.py slurm_job <run id>`: a run's Slurm job, as its batch script starts it
-(scheduling/slurm/jobs.py): the run's supervisor inside the allocation (runs/slurm/job.py)."""
+(scheduling/slurm/jobs.py): the run's supervisor inside the allocation (runs/slurm/job.py,
+through tasks.slurm_job_supervise, which wakes the workers' queue where the run starts)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandParser
 
-from dashboard.experiments.runs.slurm.job import slurm_job_run
+from dashboard.experiments.tasks import slurm_job_supervise
 
 
 class Command(BaseCommand):
@@ -17,6 +18,6 @@ class Command(BaseCommand):
         parser.add_argument("experiment_id", type=int)
 
     def handle(self, *args: Any, **options: Any) -> None:
-        status = slurm_job_run(experiment_id=options["experiment_id"])
+        status = slurm_job_supervise(experiment_id=options["experiment_id"])
         left = status or "left to the reconciler"
         self.stdout.write(f"run {options['experiment_id']}: {left}")
