@@ -13,6 +13,7 @@ from dashboard.experiments.core.backends import (
     SLURM_NO_MACHINES,
     SLURM_OFF,
     SLURM_ONLY,
+    SLURM_PARTITION_NAME,
     backend_default,
 )
 from dashboard.experiments.models import Backend, Experiment
@@ -57,3 +58,14 @@ def test_the_default_backend_is_slurm_only_where_no_worker_ever_reported(setting
     assert backend_default() == Backend.SLURM
     WorkerMachine.objects.create(hostname="host-a", report={}, reported_at=timezone.now())
     assert backend_default() == Backend.CELERY
+
+
+@pytest.mark.parametrize("partition", ["debug,gpu", "--qos=high", "gpu a100", "gpu;true", "$(id)"])
+def test_a_partition_is_one_name(api: Any, settings: Any, partition: str) -> None:
+    """A list would let sbatch choose among partitions the launch checks never judged (a
+    study's runs are not asked against sinfo); an option or a shell word is no name."""
+    settings.TRAINYARD_SLURM = True
+    refused = api_post(api, {**DDP, "backend": "slurm", "partition": partition})
+    assert refused.status_code == 400
+    assert refused.json()["errors"] == {"partition": [SLURM_PARTITION_NAME]}
+    assert not Experiment.objects.exists()

@@ -5,6 +5,7 @@ job per run, placed by the cluster's scheduler). Both may be configured at once;
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from django.conf import settings
@@ -19,6 +20,11 @@ SLURM_NO_MACHINES = (
 )
 SLURM_ONLY = "only a Slurm run reads it (backend slurm)"
 SLURM_FIELDS = ("partition", "time_limit_minutes")
+# A partition's name as sites write them: one name, never a list ("a,b": sbatch would take
+# either), an option or a space. It reaches sbatch as one argument; checked here all the same,
+# before the cluster is asked (a study's runs are not asked: sbatch would refuse them).
+PARTITION_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")
+SLURM_PARTITION_NAME = "one partition's name: letters, digits, '_', '-' and '.'"
 
 
 def slurm_configured() -> bool:
@@ -44,4 +50,6 @@ def backend_refusals(data: dict[str, Any]) -> dict[str, str]:
         return {"backend": SLURM_OFF}
     if data.get("machines"):
         return {"machines": SLURM_NO_MACHINES}
+    if data.get("partition") and not PARTITION_NAME.fullmatch(str(data["partition"])):
+        return {"partition": SLURM_PARTITION_NAME}
     return {}
