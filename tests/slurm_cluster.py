@@ -104,14 +104,18 @@ class SlurmCluster:
             tails.append(f"--- {path.name} ---\n" + "\n".join(text))
         return "\n".join(tails)
 
-    def left_behind(self) -> list[psutil.Process]:
+    def left_behind(self, *, jobs_only: bool = True) -> list[psutil.Process]:
         """Processes of this cluster's jobs still alive: a job's id and this cluster's
-        SLURM_CONF in their environment (a client of the cluster has only the latter)."""
+        SLURM_CONF in their environment (a client of the cluster has only the latter, and so
+        has a slurmstepd, which its slurmd started: `jobs_only=False` finds them too). Never
+        this process, nor one of the cluster's daemons."""
+        ours = {os.getpid(), *(p.pid for p in self.processes.values() if p.poll() is None)}
         found = []
         for process in psutil.process_iter(["pid"]):
             with contextlib.suppress(psutil.Error):
                 env = process.environ()
-                if env.get("SLURM_CONF") == str(self.conf) and "SLURM_JOB_ID" in env:
+                if (process.pid not in ours and env.get("SLURM_CONF") == str(self.conf)
+                        and (not jobs_only or "SLURM_JOB_ID" in env)):  # fmt: skip
                     found.append(process)
         return found
 
@@ -188,3 +192,8 @@ def slurm_cluster_end(cluster: SlurmCluster) -> None:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+    # What outlives its daemons: a slurmstepd (its slurmd's child, in a session of its own) of a
+    # job that would not end, an srun client; each by its PID.
+    for process in cluster.left_behind(jobs_only=False):
+        with contextlib.suppress(psutil.Error):
+            process.kill()

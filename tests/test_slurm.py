@@ -9,6 +9,7 @@ allow: the nodes have one CPU each, so a run over both holds the whole cluster.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -67,6 +68,8 @@ class SlurmStack:
 def slurm(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Iterator[SlurmStack]:
     missing = slurm_missing()
     need(not missing, f"Slurm is not installed here (no {', '.join(missing)})")
+    # slurmd starts a job's processes as its user, and the cluster's conf says root's.
+    need(os.geteuid() == 0, "the test cluster's slurmd and munged run as root: run as root")
     home = tmp_path_factory.mktemp("slurm")
     with slurm_cluster_running(home=home / "cluster") as cluster:
         env = {
