@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from tests.test_training import Result, assert_well_formed, run_cli
+from tests.test_training import Result, assert_well_formed, run_cli, run_cli_asking_checkpoint
 from training import cli
 from training.text_catalogue import TEXT_ROOTS_ENV
 
@@ -113,6 +113,43 @@ def test_a_text_folder_under_the_text_roots_trains(tmp_path: Path) -> None:
     assert "train/val; 2 files" in started["dataset_source"]
     # 1,800 training bytes in windows of 32: 56 whole windows; 450 held out: 14.
     assert (started["train_size"], started["test_size"]) == (56, 14)
+
+
+def test_a_stopped_run_resumes_and_its_loss_continues(tmp_path: Path) -> None:
+    """Stopped mid-epoch as the dashboard stops to resume (SIGUSR1: a checkpoint at the next
+    step), the run goes on from the step after it: the same windows (drawn from seed, step and
+    rank alone), Adam's moments and the learning rate on its curve (set from the global step),
+    so each later step's loss and rate and each evaluation are the uninterrupted run's. Asking
+    for the checkpoint changes nothing in the run that wrote it: it is the reference."""
+    args = (
+        "--model", "byte-llama", "--model-size", "smoke", "--dataset", "jargon", "--epochs",
+        "2", "--steps-per-epoch", "8", "--log-interval", "1", "--seed", "3",
+    )  # fmt: skip
+    asked = run_cli_asking_checkpoint(
+        tmp_path, *args, "--checkpoint-dir", str(tmp_path / "asked"), "--run-id", "lm-stop"
+    )
+    assert_well_formed(asked, "lm-stop")
+    [checkpoint] = [c for c in asked.of_type("checkpoint") if c["requested"]]
+    stopped = checkpoint["step"]
+    assert 1 <= stopped < 8, checkpoint  # mid-epoch 1: the resume draws the rest of it
+    resumed = run_cli(
+        tmp_path, *args, "--checkpoint-dir", str(tmp_path / "resumed"), "--run-id", "lm-go",
+        "--resume", checkpoint["path"],
+    )  # fmt: skip
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert any(f"from its batch {stopped + 1}" in n for n in resumed.started["notes"])
+
+    def steps(result: Result) -> dict[int, tuple[float, float]]:
+        return {e["step"]: (e["train_loss"], e["lr"]) for e in result.of_type("step")}
+
+    after = {k: v for k, v in steps(asked).items() if k > stopped}
+    assert sorted(steps(resumed)) == sorted(after) and max(after) == 16
+    for step, (loss, lr) in steps(resumed).items():
+        assert loss == pytest.approx(after[step][0], abs=1e-5), step
+        assert lr == pytest.approx(after[step][1], rel=1e-9), step
+    for mine, theirs in zip(resumed.of_type("epoch"), asked.of_type("epoch"), strict=True):
+        assert mine["test_loss"] == pytest.approx(theirs["test_loss"], abs=1e-5)
+        assert mine["bits_per_byte"] == pytest.approx(theirs["bits_per_byte"], abs=2e-5)
 
 
 @pytest.mark.parametrize(
