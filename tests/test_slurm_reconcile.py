@@ -19,7 +19,7 @@ from dashboard.experiments.core import transitions
 from dashboard.experiments.models import Backend, Experiment, Status
 from dashboard.experiments.runs.slurm import job as job_module
 from dashboard.experiments.runs.slurm.job import JobStart, slurm_attempt_claim
-from dashboard.experiments.runs.slurm.reconcile import Reconciled, run_reconcile
+from dashboard.experiments.runs.slurm.reconcile import Reconciled, run_reconcile, slurm_reconcile
 from dashboard.experiments.runs.slurm.submit import slurm_run_submit
 from dashboard.experiments.scheduling.slurm.parse import SlurmJob, SlurmNode
 from tests.slurm_fake import SlurmFake, slurm_fake_install
@@ -128,3 +128,19 @@ def test_a_run_submitted_by_another_is_not_submitted_again(
     assert fake.calls() == []
     assert slurm_run_submit(experiment_id=run.pk, replacing="12") == "14"
     assert Experiment.objects.get(pk=run.pk).scheduler_job_id == "14"
+
+
+def test_a_job_named_after_a_run_on_the_workers_is_not_a_stray(
+    alice: Any, experiment_factory: Any, fake: SlurmFake
+) -> None:
+    """Run 7 trained on the workers and ended; a job ty-7 of this account (another checkout of
+    Trainyard, a user's own) was never its job: the reconciler leaves it alone. A Slurm run's
+    job left running a while after its run ended is cancelled."""
+    long_ago = timezone.now() - timedelta(minutes=5)
+    celery = experiment_factory(owner=alice, status=Status.SUCCEEDED, finished_at=long_ago)
+    ended = slurm_run(experiment_factory, alice, status=Status.SUCCEEDED, finished_at=long_ago,
+                      scheduler_job_id="31")  # fmt: skip
+    fake.command("scancel")
+    fake.command("squeue", out=f"30|ty-{celery.pk}|RUNNING|None\n31|ty-{ended.pk}|RUNNING|None\n")
+    done = slurm_reconcile()
+    assert done.jobs_cancelled == ["31"] and fake.calls("scancel") == ["scancel 31"]

@@ -96,9 +96,10 @@ def _stray(job: SlurmJob, *, now: datetime) -> bool:
     """A live ty-* job that no active run holds: its run ended a while ago, or runs in another
     job (a job whose run is being submitted, or is settling, is not one yet)."""
     run_id = job_run_id(job.name)
-    run = Experiment.objects.filter(pk=run_id).first() if run_id is not None else None
+    runs = Experiment.objects.filter(pk=run_id, backend=Backend.SLURM)
+    run = runs.first() if run_id is not None else None
     if run is None:
-        return False  # not a job of this installation's
+        return False  # not a job of this installation's (a run on the workers had none)
     if run.status in ACTIVE_STATUSES:
         return bool(run.scheduler_job_id) and run.scheduler_job_id != job.job_id
     return run.finished_at is None or run.finished_at < now - ENDED_JOB_GRACE
