@@ -1,7 +1,8 @@
-"""The peak a language model's MFU is measured against, on the CPU: the threads the run computes
-with on a machine (its ranks there x each rank's torch threads), not every core of the machine,
-whose other cores the dashboard gives other runs. The matmul calibration itself is replaced by
-one that says what it was asked; its cache goes to the test's folder."""
+"""The peak a language model's MFU is measured against, on the CPU: the machine's (one
+calibration on every core, cached) x the share of its cores the run computes with there (its
+ranks there x each rank's torch threads), not every core of the machine, whose other cores the
+dashboard gives other runs. The matmul calibration itself is replaced by one that says what it
+was asked (1 GFLOP/s a thread); its cache goes to the test's folder."""
 
 from __future__ import annotations
 
@@ -41,19 +42,19 @@ def runtime(world: int) -> Runtime:
     return Runtime(0, 0, world, CPU, "cpu", distributed=False)
 
 
-def test_one_process_of_one_thread_is_measured_on_one_core(asked: list[int]) -> None:
+def test_one_process_of_one_thread_has_one_cores_share(asked: list[int]) -> None:
     found = peak.run_peak(runtime(1), "fp32", ["host-a"])
-    assert asked == [1]
+    assert asked == [8]  # the machine's peak, every core
     assert found.flops == 1e9
     assert found.source.startswith("measured peak (1 of 8 cores, fp32")
 
 
 def test_ranks_on_a_machine_add_their_threads_and_machines_multiply(asked: list[int]) -> None:
     two = peak.run_peak(runtime(2), "fp32", ["host-a", "host-a"])
-    assert asked == [2] and two.flops == 2e9
+    assert asked == [8] and two.flops == 2e9
     # Two machines of 2 ranks: each machine's 2 threads (measured once: cached), x 2 machines.
     four = peak.run_peak(runtime(4), "fp32", ["host-a", "host-a", "host-b", "host-b"])
-    assert asked == [2] and four.flops == 4e9
+    assert asked == [8] and four.flops == 4e9
     assert four.source.endswith(", x 2 machines")
 
 

@@ -6,15 +6,16 @@ MFU (model FLOPs utilisation) = tokens per second x FLOPs per token (the model's
 - A GPU of the table below: its dense peak in the run's compute precision (NVIDIA's datasheets;
   fp32 is the non-tensor-core figure, as torch multiplies float32 without TF32 by default).
 - A CPU, or a GPU not in the table: a peak measured once per machine by a short matrix-multiply
-  calibration (``MATMUL_SIZE`` square, best of ``ROUNDS`` rounds of about ``ROUND_SECONDS``),
-  cached in ``$XDG_CACHE_HOME/trainyard/peak-flops.json`` by machine, processor, thread and core
-  counts, dtype and torch version; said as "measured peak" beside the figure.
-  ``$TRAINYARD_PEAK_FLOPS`` (FLOP/s of one device or machine) skips it.
+  calibration (``MATMUL_SIZE`` square, best of ``ROUNDS`` rounds of about ``ROUND_SECONDS``,
+  every core the process may use), cached in ``$XDG_CACHE_HOME/trainyard/peak-flops.json`` by
+  machine, processor, core count, dtype and torch version; said as "measured peak" beside the
+  figure. ``$TRAINYARD_PEAK_FLOPS`` (FLOP/s of one device or machine) skips it.
 
 On the CPU the run's devices are the threads its ranks compute with on a machine (each rank's
 torch threads, torchrun's one by default, times the ranks there; at most the cores the process
 may use), not every core: a run of 2 ranks on a 16-core worker holds 2 of them, the others
-being other runs' (the dashboard's allocation), and its MFU is against those 2.
+being other runs' (the dashboard's allocation), and its MFU is against the machine's peak x
+2 / 16 (a peak counts per core; one calibration a machine serves every run on it).
 
 Rank 0 measures (the cache is per machine) while the other ranks wait in a collective, so no
 rank's work competes with it; the run's peak is that machine's (or device's) times the machines
@@ -101,24 +102,27 @@ def device_peak(
 def _measured(device: torch.device, dtype: str, threads: int | None) -> tuple[float, str]:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     cores = cores or 1
-    used = max(1, min(threads or cores, cores))
     what = torch.cuda.get_device_name(device) if device.type == "cuda" else _processor()
-    key = f"{platform.node()}|{what}|{used} of {cores} cores|{dtype}|torch {torch.__version__}"
+    key = f"{platform.node()}|{what}|{cores} cores|{dtype}|torch {torch.__version__}"
     cache = _cache_path()
     known = _cache_read(cache)
     if key not in known:
-        known[key] = calibrate(device, DTYPES[dtype], threads=used)
+        known[key] = calibrate(device, DTYPES[dtype], threads=cores)
         with contextlib.suppress(OSError):
             cache.parent.mkdir(parents=True, exist_ok=True)
             cache.write_text(json.dumps(known, indent=1))
+    words = f"{dtype} matmul {MATMUL_SIZE}x{MATMUL_SIZE}"
+    if device.type != "cpu":
+        return known[key], f"measured peak ({what}, {words})"
+    # The run's share of the machine's peak, as a peak is counted: per core.
+    used = max(1, min(threads or cores, cores))
     share = f"{used} cores" if used == cores else f"{used} of {cores} cores"
-    where = share if device.type == "cpu" else what
-    return known[key], f"measured peak ({where}, {dtype} matmul {MATMUL_SIZE}x{MATMUL_SIZE})"
+    return known[key] * used / cores, f"measured peak ({share}, {words})"
 
 
 def calibrate(device: torch.device, dtype: torch.dtype, *, threads: int) -> float:
     """FLOP/s of a square matmul on ``device``: the best round of ``ROUNDS``, with ``threads``
-    threads on the CPU (the run's on this machine, whatever this rank's own share is)."""
+    threads on the CPU (every core, whatever this rank's own share is)."""
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
