@@ -222,3 +222,16 @@ def test_a_text_folder_reads_only_its_own_files_not_where_links_lead(tmp_path: P
     (folder / "again.txt").symlink_to(folder / "mine.txt")
     again = text_layout(folder)
     assert again is not None and [Path(f).name for f in again.train] == ["again.txt", "mine.txt"]
+
+
+def test_windows_are_drawn_only_where_a_whole_window_fits() -> None:
+    """A window is seq_len + 1 bytes, so a split of N bytes has N - seq_len offsets (``starts``):
+    0 to N - seq_len - 1. A draw of the one past them read past the text's end (IndexError,
+    the run failed): rare on the Jargon File, likely within a run on a small text folder."""
+    split = TextSplit(torch.arange(40, dtype=torch.uint8), 32)
+    assert split.starts == 8
+    batches = text_batches(split, batch_size=64, count=1, rank=0, seed=0, first_step=1, steps=20)
+    drawn = torch.cat(batches)
+    assert set(drawn.tolist()) == set(range(8))  # every offset that fits, and only those
+    inputs, targets = split.windows(drawn)
+    assert int(targets[:, -1].max()) == 39  # the last byte, predicted

@@ -162,7 +162,8 @@ def text_batches(
     batches = []
     for step in range(first_step, first_step + steps):
         generator = torch.Generator().manual_seed(step_seed(seed, step))
-        starts = torch.randint(0, split.starts + 1, (global_size,), generator=generator)
+        # Offsets 0 .. starts - 1: a window needs seq_len + 1 bytes from its offset on.
+        starts = torch.randint(0, split.starts, (global_size,), generator=generator)
         batches.append(starts.tensor_split(count)[rank])
     return batches
 
