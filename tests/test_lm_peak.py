@@ -46,7 +46,8 @@ def test_one_process_of_one_thread_has_one_cores_share(asked: list[int]) -> None
     found = peak.run_peak(runtime(1), "fp32", ["host-a"])
     assert asked == [8]  # the machine's peak, every core
     assert found.flops == 1e9
-    assert found.source.startswith("measured peak (1 of 8 cores, fp32")
+    assert found.source.startswith("measured peak (8 cores, fp32")
+    assert found.source.endswith("; the run's 1 of its 8 cores")
 
 
 def test_ranks_on_a_machine_add_their_threads_and_machines_multiply(asked: list[int]) -> None:
@@ -63,3 +64,12 @@ def test_no_more_threads_than_the_cores_the_process_may_use(asked: list[int]) ->
     found = peak.run_peak(runtime(4), "fp32", ["host-a"] * 4)  # 16 threads asked of 8 cores
     assert asked == [8] and found.flops == 8e9
     assert found.source.startswith("measured peak (8 cores, fp32")
+
+
+def test_a_peak_given_for_the_machine_is_shared_as_a_measured_one(
+    asked: list[int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(peak.PEAK_ENV, "8e9")  # the machine's, all 8 cores
+    found = peak.run_peak(runtime(2), "fp32", ["host-a", "host-a"])
+    assert asked == [] and found.flops == 2e9
+    assert found.source == f"${peak.PEAK_ENV}; the run's 2 of its 8 cores"

@@ -66,13 +66,25 @@ class Peak:
 
 def run_peak(rt: Runtime, precision: str, machines: Sequence[str]) -> Peak:
     """The run's peak (every rank calls this: rank 0 finds it, the others wait and learn it)."""
-    threads = run_threads(machines) if rt.device.type == "cpu" else None
-    found = device_peak(rt.device, precision, threads=threads) if rt.is_main else None
+    found = _machine_share(rt, precision, machines) if rt.is_main else None
     flops, source = all_gather(rt, found)[0]
     if rt.device.type == "cuda":
         return Peak(flops * rt.world_size, f"{source}, x {rt.world_size} GPU(s)")
     count = len(set(machines)) or 1
     return Peak(flops * count, f"{source}" + (f", x {count} machines" if count > 1 else ""))
+
+
+def _machine_share(rt: Runtime, precision: str, machines: Sequence[str]) -> tuple[float, str]:
+    """One GPU's peak, or on the CPU the machine's x the share of its cores the run computes
+    with there (``run_threads``), as a peak is counted: per core."""
+    flops, source = device_peak(rt.device, precision)
+    if rt.device.type != "cpu":
+        return flops, source
+    cores = _cores()
+    used = max(1, min(run_threads(machines), cores))
+    if used == cores:
+        return flops, source
+    return flops * used / cores, f"{source}; the run's {used} of its {cores} cores"
 
 
 def run_threads(machines: Sequence[str]) -> int:
@@ -82,11 +94,14 @@ def run_threads(machines: Sequence[str]) -> int:
     return local * torch.get_num_threads()
 
 
-def device_peak(
-    device: torch.device, precision: str, *, threads: int | None = None
-) -> tuple[float, str]:
-    """(FLOP/s, how found) of one GPU, or of ``threads`` of this machine's CPU cores (None:
-    every core the process may use)."""
+def _cores() -> int:
+    """The cores this process may use."""
+    found = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return found or 1
+
+
+def device_peak(device: torch.device, precision: str) -> tuple[float, str]:
+    """(FLOP/s, how found) of one GPU, or of this machine's CPU cores."""
     given = os.environ.get(PEAK_ENV, "").strip()
     if given:
         return float(given), f"${PEAK_ENV}"
@@ -96,12 +111,11 @@ def device_peak(
         for key, peaks in GPU_PEAKS.items():
             if key in name:
                 return peaks[dtype], f"{name}'s datasheet peak ({dtype}, dense)"
-    return _measured(device, dtype, threads)
+    return _measured(device, dtype)
 
 
-def _measured(device: torch.device, dtype: str, threads: int | None) -> tuple[float, str]:
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    cores = cores or 1
+def _measured(device: torch.device, dtype: str) -> tuple[float, str]:
+    cores = _cores()
     what = torch.cuda.get_device_name(device) if device.type == "cuda" else _processor()
     key = f"{platform.node()}|{what}|{cores} cores|{dtype}|torch {torch.__version__}"
     cache = _cache_path()
@@ -111,13 +125,8 @@ def _measured(device: torch.device, dtype: str, threads: int | None) -> tuple[fl
         with contextlib.suppress(OSError):
             cache.parent.mkdir(parents=True, exist_ok=True)
             cache.write_text(json.dumps(known, indent=1))
-    words = f"{dtype} matmul {MATMUL_SIZE}x{MATMUL_SIZE}"
-    if device.type != "cpu":
-        return known[key], f"measured peak ({what}, {words})"
-    # The run's share of the machine's peak, as a peak is counted: per core.
-    used = max(1, min(threads or cores, cores))
-    share = f"{used} cores" if used == cores else f"{used} of {cores} cores"
-    return known[key] * used / cores, f"measured peak ({share}, {words})"
+    where = f"{cores} cores" if device.type == "cpu" else what
+    return known[key], f"measured peak ({where}, {dtype} matmul {MATMUL_SIZE}x{MATMUL_SIZE})"
 
 
 def calibrate(device: torch.device, dtype: torch.dtype, *, threads: int) -> float:
