@@ -34,10 +34,13 @@ def _launch_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         "--model", help="simple-cnn (the default), a torchvision model such as resnet18, a plug-in"
     )
     launch.add_argument(
-        "--dataset", help="mnist, fashion-mnist, imagefolder, cifar10, ... (what a worker has)"
+        "--dataset",
+        help="mnist, fashion-mnist, imagefolder, jargon, textfolder, ... (what a worker has)",
     )
     launch.add_argument(
-        "--data-path", help="with --dataset imagefolder: the image folder, a path on the worker"
+        "--data-path",
+        help="with --dataset imagefolder or textfolder: the image or text folder, a path on the "
+        "worker",
     )
     launch.add_argument("--strategy", help="single, dp, ddp, dp-primitives, model-parallel, ...")
     launch.add_argument(
