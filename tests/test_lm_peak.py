@@ -73,3 +73,30 @@ def test_a_peak_given_for_the_machine_is_shared_as_a_measured_one(
     found = peak.run_peak(runtime(2), "fp32", ["host-a", "host-a"])
     assert asked == [] and found.flops == 2e9
     assert found.source == f"${peak.PEAK_ENV}; the run's 2 of its 8 cores"
+
+
+@pytest.mark.parametrize(
+    ("name", "found"),
+    [
+        ("NVIDIA H100 80GB HBM3", "datasheet"),
+        ("NVIDIA A100-SXM4-40GB", "datasheet"),
+        ("NVIDIA L4", "datasheet"),
+        ("NVIDIA L40S", "datasheet"),
+        # Not in the table: measured, not another card's peak ("L4" is in "L40", "A10" in "A10G").
+        ("NVIDIA L40", "measured"),
+        ("NVIDIA A10G", "measured"),
+    ],
+)
+def test_a_gpu_takes_its_own_datasheet_peak_or_none(
+    asked: list[int], monkeypatch: pytest.MonkeyPatch, name: str, found: str
+) -> None:
+    monkeypatch.setattr(peak.torch.cuda, "get_device_name", lambda _device=None: name)
+    flops, source = peak.device_peak(torch.device("cuda", 0), "bf16")
+    if found == "datasheet":
+        key = name.split()[1].split("-")[0]
+        assert (flops, source) == (
+            peak.GPU_PEAKS[key]["bf16"],
+            f"{name}'s datasheet peak (bf16, dense)",
+        )
+    else:
+        assert source.startswith(f"measured peak ({name}") and asked == [8]

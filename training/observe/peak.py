@@ -28,6 +28,7 @@ import contextlib
 import json
 import os
 import platform
+import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -41,7 +42,7 @@ PEAK_ENV = "TRAINYARD_PEAK_FLOPS"
 MATMUL_SIZE = 1024
 ROUNDS = 5
 ROUND_SECONDS = 0.2
-# Dense peaks (FLOP/s) by a substring of torch.cuda.get_device_name, per compute dtype.
+# Dense peaks (FLOP/s) by the model's word in torch.cuda.get_device_name, per compute dtype.
 GPU_PEAKS: dict[str, dict[str, float]] = {
     "H200": {"bf16": 989.5e12, "fp16": 989.5e12, "fp32": 66.9e12},
     "H100": {"bf16": 989.5e12, "fp16": 989.5e12, "fp32": 66.9e12},
@@ -109,7 +110,8 @@ def device_peak(device: torch.device, precision: str) -> tuple[float, str]:
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         for key, peaks in GPU_PEAKS.items():
-            if key in name:
+            # The model as a word of the name: "L4" is in "NVIDIA L40", "A10" in "A10G".
+            if re.search(rf"(?<![A-Za-z0-9]){key}(?![A-Za-z0-9])", name):
                 return peaks[dtype], f"{name}'s datasheet peak ({dtype}, dense)"
     return _measured(device, dtype)
 
