@@ -1,10 +1,11 @@
 """Every parallel method applied to ``byte-llama`` as designed trains what one process trains at
-the same global batch: DDP and FSDP2 (per block, [norm, output], root) over 2 ranks at 8
-windows each, tensor parallel (torchtitan's plan, with and without sequence parallel, the loss
-under loss_parallel) and the pipeline (by layer; GPipe and 1F1B) over 2 ranks sharing a batch of
-16, and FSDP2 + tensor parallel over 4 ranks (pairs of 8), against single at 16: the smoke size,
-4 steps of windows of 32 bytes from the Jargon File. The pipeline's schedules of two stages a
-rank (interleaved 1F1B, ZB-V's zero bubble) need 4 layers: the small size, at batches of 8.
+the same global batch: DDP (its optimizer sharded too, ZeRO-1) and FSDP2 (per block, [norm,
+output], root) over 2 ranks at 8 windows each, tensor parallel (torchtitan's plan, with and
+without sequence parallel, the loss under loss_parallel) and the pipeline (by layer; GPipe and
+1F1B) over 2 ranks sharing a batch of 16, and FSDP2 + tensor parallel over 4 ranks (pairs of
+8), against single at 16: the smoke size, 4 steps of windows of 32 bytes from the Jargon File.
+The pipeline's schedules of two stages a rank (interleaved 1F1B, ZB-V's zero bubble) need 4
+layers: the small size, at batches of 8.
 
 Tolerance as tests/test_tensor_parallel.py's: the split sums (the row-wise layers' reductions,
 FSDP2's reduce-scatter, the pipeline's loss summed by micro-batch) are taken in another order
@@ -99,6 +100,15 @@ def test_ddp_and_fsdp2_equal_single(
         whole = _epoch(single, 1)["memory"][0]["parameter_bytes"]
         for rank in _epoch(result, 1)["memory"]:
             assert rank["parameter_bytes"] == pytest.approx(whole / 2, rel=0.01)
+
+
+@slow
+def test_a_sharded_optimizer_equals_single(data: Path, single: Result, tmp_path: Path) -> None:
+    """DDP with ZeroRedundancyOptimizer (--shard-optimizer): each rank steps its share of the
+    parameters, the gradients clipped over the whole model first."""
+    result = _two_ranks(data, tmp_path, "ddp", 8, "--shard-optimizer")
+    assert any("ZeroRedundancyOptimizer" in note for note in result.started["notes"])
+    assert_same_epoch(result, single, 1)
 
 
 @slow
