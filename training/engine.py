@@ -172,7 +172,7 @@ def _epoch_train(
         step_at = scheduled(plan.step, plan.optimizer, schedule, first=step + 1)
         plan = dataclasses.replace(plan, step=step_at)
     plan.net.train()
-    figures = _language_figures(cfg, run)
+    figures = language_figures(cfg, run.built, run.plan, run.peak)
     step, whole = epoch_run(
         cfg=cfg, rt=rt, events=events, plan=plan, data=run.data,
         batches=batches[done_before:], epoch=epoch, step=step, done_before=done_before,
@@ -215,18 +215,19 @@ def _epoch_batches(cfg: TrainConfig, rt: Runtime, run: _Run, epoch: int) -> list
     )[: run.per_epoch]  # fmt: skip
 
 
-def _language_figures(
-    cfg: TrainConfig, run: _Run
+def language_figures(
+    cfg: TrainConfig, built: BuiltModel, plan: Plan, peak: Peak | None
 ) -> Callable[[dict[str, Any]], dict[str, Any]] | None:
     """What a language model's step and epoch events add to the meter's report: tokens/s,
-    MFU and the last step's gradient norm (``observe.language``); None for a classifier."""
+    MFU against ``peak`` and the last step's gradient norm (``observe.language``); None for a
+    classifier. Public: ``python -m training.bench lm`` runs the engine's loop with it."""
     if not cfg.language or cfg.seq_len is None:
         return None
-    seq_len, flops = cfg.seq_len, int(run.built.info.get("flops_per_token", 0))
-    clip = run.plan.grad_clip
+    seq_len, flops = cfg.seq_len, int(built.info.get("flops_per_token", 0))
+    clip = plan.grad_clip
 
     def figures(report: dict[str, Any]) -> dict[str, Any]:
-        fields = tokens_fields(report, seq_len=seq_len, peak=run.peak, flops_per_token=flops)
+        fields = tokens_fields(report, seq_len=seq_len, peak=peak, flops_per_token=flops)
         if clip is not None and clip.last is not None:
             fields["grad_norm"] = round(float(clip.last), 6)
         return fields

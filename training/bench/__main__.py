@@ -1,4 +1,4 @@
-"""``python -m training.bench engine|memory|parity|phases|script|observe|log [options]``
+"""``python -m training.bench engine|memory|parity|phases|script|observe|log|lm [options]``
 (``--help`` on each)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    commands = ("engine", "memory", "parity", "phases", "script", "observe", "log")
+    commands = ("engine", "memory", "parity", "phases", "script", "observe", "log", "lm")
     if not args or args[0] not in commands:
         print(
             f"usage: python -m training.bench {{{','.join(commands)}}} [options]\n"
@@ -21,7 +21,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "  phases  images/s with each rank's phases timed vs without (--no-phases)\n"
             "  script  a user's DDP script's images/s under Trainyard vs bare torchrun\n"
             "  observe a user's DDP and FSDP2 scripts' images/s observed in each rank vs bare\n"
-            "  log     one run.log of five figures vs wandb.log and mlflow.log_metrics",
+            "  log     one run.log of five figures vs wandb.log and mlflow.log_metrics\n"
+            "  lm      byte-llama's tokens/s in the engine's loop vs a bare nanoGPT loop, and\n"
+            "          tokens/s, memory per rank and bits per byte of every strategy",
             file=sys.stderr,
         )
         return 2
