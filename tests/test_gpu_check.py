@@ -11,6 +11,7 @@ import importlib.machinery
 import importlib.util
 import io
 import json
+import math
 import os
 import re
 import subprocess
@@ -28,6 +29,7 @@ from training import cli
 from training.config import build_parser, parse_args
 from training.data import idx_files
 from training.registry import ENGINE_STRATEGIES, OPTIONS_DECLARED
+from training.text_catalogue import JARGON_DEBIAN
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / ".ci" / "gpu-check"
@@ -206,6 +208,97 @@ def test_the_device_check_runs_and_reads_the_machine(tmp_path: Path) -> None:
     assert "===== -m training --strategy script --run-id script-observer" in logged
 
 
+def test_the_language_model_rows_are_commands_the_cli_takes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Each language-model row's command, checked by training's own CLI as the other rows' are:
+    on the CPU and on 1 to 8 GPUs, the medium size (the smoke size in --dry-run); single on one
+    GPU, DDP a rank per GPU, tensor parallel (sequence parallel on) and the pipeline (1F1B) on
+    two, both refused with one GPU for want of GPUs."""
+    assert [row[0] for row in gpu_check.LM_ROWS] == [
+        "lm-single", "lm-ddp", "lm-tp-sp", "lm-pipeline"
+    ]  # fmt: skip
+    assert set(gpu_check.ROWS) >= {row[0] for row in gpu_check.LM_ROWS}
+    two_gpus = {"tensor-parallel", "pipeline"}
+    for gpus in PLANNED_GPUS:
+        for dry_run in (True, False):
+            for label, strategy, flags in gpu_check.LM_ROWS:
+                args, expected = gpu_check.lm_args(strategy, gpus)
+                argv = gpu_check.lm_argv(strategy, label, args, flags, Path("/data"), dry_run)
+                refusal = cli_refusal(argv, gpus=gpus, monkeypatch=monkeypatch)
+                where = f"{label} on {gpus} GPU(s): {' '.join(argv)}"
+                if gpus == 1 and strategy in two_gpus:
+                    assert expected == "refused" and refusal and "GPU" in refusal, where
+                    continue
+                assert expected == "trains" and refusal is None, f"{where}: {refusal}"
+                cfg = parse_args(argv, build_parser())
+                assert cfg.model_size == ("smoke" if dry_run else "medium"), where
+                ranks = {"single": 1, "ddp": gpus or 2}.get(strategy, 2)
+                assert len(cfg.gpus) == (ranks if gpus else 0), where
+                assert strategy == "single" or cfg.nproc == ranks, where
+                assert cfg.sequence_parallel or strategy != "tensor-parallel", where
+                assert cfg.pipeline_schedule == "1f1b" or strategy != "pipeline", where
+
+
+def _lm_events(source: str, sample: str, bits: float) -> list[dict[str, Any]]:
+    """A language-model run's events as the verdict reads them: an untrained first step (8.5
+    bits per byte), one epoch whose phases add up to its wall."""
+    rank = {f"{name}_seconds": 0.0 for name in gpu_check.PHASE_NAMES}
+    rank |= {"forward_seconds": 1.0, "images_per_second": 16.0}
+    return [
+        {"type": "started", "peak_source": source, "notes": [], "batch_size": 16},
+        {"type": "step", "step": 1, "train_loss": 8.5 * math.log(2), "ranks": [rank]},
+        {"type": "epoch", "mfu": 0.01, "bits_per_byte": bits, "sample": sample,
+         "tokens_per_second": 512.0},
+    ]  # fmt: skip
+
+
+def test_a_language_model_row_fails_on_what_it_checks() -> None:
+    """Trained on the CPU: bits per byte below three quarters of the first step's, text written,
+    the measured peak. Each thing missing is said, and fails the row."""
+    text = "hacker n. [originally, someone who makes furniture with an axe] 1. A person who "
+    ok, result = gpu_check.lm_verdict(_lm_events("measured peak (2 cores)", text, 4.4), "single", 0)
+    assert ok, result
+    assert "bits/byte 8.50 -> 4.4, sample 100% text, phases off wall by 0.0%" in result
+    untrained = bytes(range(256)).decode("utf-8", errors="replace")
+    ok, result = gpu_check.lm_verdict(_lm_events("measured peak", untrained, 8.4), "single", 0)
+    assert not ok
+    assert result.endswith("; bits per byte above 75% of the first step's; the sample is not text")
+    # On a GPU the peak must be its datasheet's, not a measured one.
+    ok, result = gpu_check.lm_verdict(_lm_events("measured peak", text, 4.4), "single", 1)
+    assert not ok and result.endswith("; the peak is not the datasheet peak"), result
+    ok, result = gpu_check.lm_verdict(_lm_events("measured peak", text, 4.4), "pipeline", 0)
+    assert not ok and result.endswith("; not 1F1B in its notes"), result
+
+
+@pytest.mark.slow  # four short trainings, three of them 2 ranks, and the engine benchmark
+def test_the_language_model_rows_train_on_the_cpu(tmp_path: Path) -> None:
+    """The language model's rows run as in --dry-run on the CPU (the smoke size, 40 steps): each
+    brings bits per byte down to text, with its MFU against the measured peak."""
+    need(fashion_installed(), "Debian's dataset-fashion-mnist package is not installed")
+    fashion_few_tests_write(tmp_path / "trainyard-gpu-check" / "data" / "FashionMNIST" / "raw")
+    out = tmp_path / "out"
+    labels = [row[0] for row in gpu_check.LM_ROWS]
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "run", "--dry-run", "--out", str(out), "--strategies",
+         ",".join(labels)],
+        capture_output=True, text=True, cwd=ROOT, timeout=600,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = (out / "summary.txt").read_text().splitlines()
+    rows = {line.split()[0]: line for line in summary[3 : 3 + len(labels)]}
+    assert list(rows) == labels, summary
+    for label, row in rows.items():
+        devices = "cpu" if label == "lm-single" else "cpu,cpu"
+        assert re.search(
+            rf" yes +\d+\.\d +{devices} +[\d,]+ tokens/s, MFU 0\.\d+ of measured peak .*, "
+            r"bits/byte \d\.\d\d -> \d\.\d+, sample \d+% text, phases off wall by \d+\.\d%$",
+            row,
+        ), row
+    assert proc.stdout.strip().splitlines()[-1] == "gpu-check: all as expected"
+
+
 def _full_epoch_events(images: int, batch: int, interval: int, step_s: float) -> list[Any]:
     """One rank's events of a full epoch whose phases add up to its wall time exactly, as the
     meter reports them: a step event at step 1, every ``interval`` steps and at the epoch's end,
@@ -285,6 +378,8 @@ def test_prepare_copies_the_data_set_for_a_machine_without_it(tmp_path: Path) ->
     assert sorted(p.name for p in copied.iterdir()) == sorted(
         f"{name}.gz" for name in idx_files.IDX_FILES.values()
     )
+    # The language model's text, where training's jargon_file looks in a data folder.
+    assert (tmp_path / gpu_check.JARGON_NAME).read_bytes() == JARGON_DEBIAN.read_bytes()
 
 
 def test_unknown_strategies_are_named() -> None:
