@@ -252,7 +252,6 @@ class Experiment(models.Model):
         help_text="the latest texts a language model wrote at its evaluations: epoch, step, text",
     )
 
-
     # Progress, as of the last event the supervising task stored.
     epoch = models.PositiveIntegerField(default=0)
     step = models.PositiveIntegerField(default=0)
