@@ -126,7 +126,7 @@ def test_a_per_rank_figure_is_one_chart_with_a_rank_to_pick(
     lines = sized.evaluate(drawn, "phase_backward")
     assert {line.split(" ")[0] for line in lines} == {single, ddp}
     assert all(line.endswith(" · rank 0") for line in lines)
-    sized.get_by_label("Backward per rank (s): which to draw").select_option("rank 1")
+    sized.get_by_label("Backward per step, per rank (s): which to draw").select_option("rank 1")
     lines = sized.evaluate(drawn, "phase_backward")
     assert len(lines) == 1 and lines[0].startswith(ddp) and lines[0].endswith(" · rank 1")
 

@@ -601,7 +601,9 @@ def test_a_pipelines_busiest_stage_is_said_as_the_splits_imbalance(
     rank. Said as the stages' imbalance on the row, in the log and the read JSON's rank; no
     notification (nothing is wrong with a machine)."""
     owner = user_factory(email="owner@example.com")
-    NotificationSettings.objects.create(user=owner, email_enabled=True, straggler_enabled=True)
+    NotificationSettings.objects.create(  # verified: a straggler's mail would reach it
+        user=owner, email_enabled=True, straggler_enabled=True, email_verified=owner.email
+    )
     run = experiment_factory(owner=owner, strategy="pipeline", processes=2, status="running")
     sink = EventSink(run)
     with django_capture_on_commit_callbacks(execute=True):  # a notification would go here

@@ -118,10 +118,13 @@ def test_a_stall_is_stored_logged_sent_shown_and_announced_once_then_cleared(
     # Alice asks on the settings page (the form's new switch) by email, and by webhook.
     answer = client.post("/notifications/", {"email_enabled": "on", "stalled_enabled": "on"})
     assert answer.status_code == 302, answer.content.decode()[-2000:]
+    # Her address verified (mail goes only to a verified one), as Bob's.
     NotificationSettings.objects.filter(user=alice).update(
-        webhook_enabled=True, webhook_url=receiver.url
+        webhook_enabled=True, webhook_url=receiver.url, email_verified=alice.email
     )
-    NotificationSettings.objects.create(user=bob, email_enabled=True)  # runs' ends only
+    NotificationSettings.objects.create(
+        user=bob, email_enabled=True, email_verified=bob.email
+    )  # runs' ends only
     runs = {}
     for owner in (alice, bob):
         run = runs[owner.username] = experiment_factory(owner=owner, status=Status.RUNNING)

@@ -223,8 +223,13 @@ def test_a_change_of_straggler_is_said_once_each_and_its_owner_is_told_if_asked(
         }
     }
     alice, bob = user_factory(email="alice@example.com"), user_factory(email="bob@example.com")
-    NotificationSettings.objects.create(user=alice, email_enabled=True, straggler_enabled=True)
-    NotificationSettings.objects.create(user=bob, email_enabled=True)  # run ends only
+    # Verified addresses: mail goes only to a verified one.
+    NotificationSettings.objects.create(
+        user=alice, email_enabled=True, straggler_enabled=True, email_verified=alice.email
+    )
+    NotificationSettings.objects.create(
+        user=bob, email_enabled=True, email_verified=bob.email
+    )  # run ends only
     page = Client()
     page.force_login(alice)
     for owner in (alice, bob):
