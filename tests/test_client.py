@@ -155,10 +155,8 @@ def test_the_option_flags_are_the_engines() -> None:
             assert all(str(value) in text for value in option.values), option.flag
 
 
-@pytest.mark.parametrize("option", OPTIONS_DECLARED, ids=lambda option: option.name)
-def test_launch_sends_each_option_flag(
-    option: StrategyOption, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
+def launches_recorded(monkeypatch: pytest.MonkeyPatch) -> list[dict[str, Any]]:
+    """The fields of each launch the client sends, answered as the server would."""
     sent: list[dict[str, Any]] = []
 
     class Recorder:
@@ -167,6 +165,14 @@ def test_launch_sends_each_option_flag(
             return {"id": 7, "url": "/experiments/7/"}
 
     monkeypatch.setattr(commands, "api_of", lambda args: Recorder())
+    return sent
+
+
+@pytest.mark.parametrize("option", OPTIONS_DECLARED, ids=lambda option: option.name)
+def test_launch_sends_each_option_flag(
+    option: StrategyOption, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sent = launches_recorded(monkeypatch)
     value = value_off_default(option)
     assert cli.main(["launch", "--strategy", "ddp", *option.cli_args(value)]) == 0
     assert sent == [{"strategy": "ddp", option.name: value}]
@@ -180,14 +186,7 @@ def test_launch_sends_a_language_models_and_a_slurm_jobs_fields(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Issue 36's and 37's launch fields, from `trainyard launch` as from the form."""
-    sent: list[dict[str, Any]] = []
-
-    class Recorder:
-        def launch(self, fields: dict[str, Any]) -> dict[str, Any]:
-            sent.append(fields)
-            return {"id": 7, "url": "/experiments/7/"}
-
-    monkeypatch.setattr(commands, "api_of", lambda args: Recorder())
+    sent = launches_recorded(monkeypatch)
     args = ["--model", "byte-llama", "--dataset", "jargon", "--model-size", "smoke"]
     args += ["--seq-len", "64", "--no-sequence-parallel", "--backend", "slurm"]
     args += ["--partition", "debug", "--time-limit-minutes", "30"]
