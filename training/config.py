@@ -28,7 +28,12 @@ from training.registry import (
     StrategyOption,
     option_strategies,
 )
-from training.text_catalogue import BYTE_LLAMA, BYTE_LLAMA_SIZE_DEFAULT, BYTE_LLAMA_SIZES
+from training.text_catalogue import (
+    BYTE_LLAMA,
+    BYTE_LLAMA_SIZE_DEFAULT,
+    BYTE_LLAMA_SIZES,
+    SEQ_LEN_BOUNDS,
+)
 
 DATASETS = ("mnist", "fashion-mnist")  # the IDX datasets; dataset_choices() has them all
 WORKERS_DEFAULT = 2
@@ -307,7 +312,7 @@ def _language_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--seq-len",
-        type=_int_in(8, 65536),
+        type=_int_in(*SEQ_LEN_BOUNDS),
         default=None,
         metavar="N",
         help="bytes a language model reads at once, its training windows (default: the size's, "

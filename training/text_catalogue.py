@@ -24,6 +24,8 @@ BYTE_LLAMA = "byte-llama"
 # Language models train on text (TEXT_DATASETS) only, and only they do.
 LANGUAGE_MODELS = (BYTE_LLAMA,)
 BYTE_VOCAB = 256  # the byte values: no tokenizer
+# --seq-len's bounds, bytes a window: the CLI's and the launch form's (one home).
+SEQ_LEN_BOUNDS = (8, 65536)
 
 JARGON = "jargon"
 TEXTFOLDER = "textfolder"

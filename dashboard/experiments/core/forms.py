@@ -21,7 +21,6 @@ from dashboard.experiments.core.catalogue_options import (
     model_choices,
 )
 from dashboard.experiments.core.language_fields import (
-    SEQ_LEN_BOUNDS,
     language_clean,
     model_size_field,
     seq_len_help,
@@ -49,6 +48,7 @@ from training.registry import (
     global_batch_words,
     strategy_get,
 )
+from training.text_catalogue import SEQ_LEN_BOUNDS
 
 LIMITS = {
     "epochs": (1, 1000),

@@ -25,10 +25,9 @@ from training.text_catalogue import (
     BYTE_LLAMA_SIZE_DEFAULT,
     BYTE_LLAMA_SIZES,
     LANGUAGE_MODELS,
+    SEQ_LEN_BOUNDS,
 )
 
-# The engine's bounds of --seq-len (training/config.py: bytes a window, from 8 to 65,536).
-SEQ_LEN_BOUNDS: Final = (8, 65536)
 LANGUAGE_FIELDS: Final = ("model_size", "seq_len", "sequence_parallel")
 SEQUENCE_PARALLEL_DEFAULT: Final = True
 
