@@ -13,7 +13,14 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils.flop_counter import FlopCounterMode
 
 from training.data.datasets import DatasetMeta
-from training.data.text import TextData, TextSplit, text_batches, text_splits
+from training.data.text import (
+    TextData,
+    TextSplit,
+    sample_seed,
+    step_seed,
+    text_batches,
+    text_splits,
+)
 from training.models.build import model_build_for
 from training.models.byte_llama.model import ByteLlama, flops_per_token
 from training.models.byte_llama.parallelize import stage_layers
@@ -100,6 +107,18 @@ def test_every_data_parallel_split_of_a_step_draws_the_same_global_batch() -> No
     other = text_batches(split, batch_size=16, count=1, rank=0, seed=4, first_step=5, steps=1)
     assert not torch.equal(other[0], whole[0])
     assert int(max(b.max() for b in whole)) <= split.starts
+
+
+def test_no_two_seeds_and_epochs_write_with_one_generator() -> None:
+    """The sample after each epoch draws from its own generator: seed 1 after epoch 2 and seed
+    2 after epoch 1 write apart (``seed + epoch`` had them write one text), and no sample's
+    generator is a step's windows'."""
+    pairs = [(seed, epoch) for seed in range(40) for epoch in range(1, 41)]
+    seeds = {sample_seed(seed, epoch) for seed, epoch in pairs}
+    assert len(seeds) == len(pairs)
+    assert sample_seed(1, 2) != sample_seed(2, 1)
+    assert not seeds & {step_seed(seed, step) for seed, step in pairs}
+    assert all(0 <= s < 2**32 for s in seeds)  # torch's CPU generator keeps 32 bits
 
 
 def test_a_split_shorter_than_a_window_is_refused() -> None:

@@ -32,7 +32,7 @@ from training.data.batching import rank_batches, steps_per_epoch
 from training.data.datasets import Dataset, text_dataset
 from training.data.shared_data import dataset_for_ranks, text_for_ranks
 from training.data.sources import dataset_open
-from training.data.text import TextSplit, text_batches
+from training.data.text import TextSplit, sample_seed, text_batches
 from training.epochs import EpochStart, Ranks, epochs_drive, model_build, started_emit
 from training.loop import Tested, evaluate, sample_text, steps_run
 from training.models.build import BuiltModel
@@ -253,7 +253,8 @@ def _sample(cfg: TrainConfig, rt: Runtime, run: _Run, epoch: int) -> str:
     assert isinstance(test, TextSplit)
     prompt = test.tokens[: test.seq_len]
     with plan.evaluating(), plan.autocast():
-        return sample_text(plan.eval_net, prompt, device=plan.input_device, seed=cfg.seed + epoch)
+        seed = sample_seed(cfg.seed, epoch)
+        return sample_text(plan.eval_net, prompt, device=plan.input_device, seed=seed)
 
 
 def epoch_run(

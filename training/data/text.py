@@ -171,7 +171,18 @@ def text_batches(
 def step_seed(seed: int, step: int) -> int:
     """One generator seed for (seed, step), mixed by a hash: torch's CPU generator keeps only
     32 bits of its seed, so ``seed x 2^32 + step`` would lose the seed."""
-    digest = hashlib.blake2b(f"{seed}/{step}".encode(), digest_size=8).digest()
+    return _mixed(f"{seed}/{step}")
+
+
+def sample_seed(seed: int, epoch: int) -> int:
+    """The seed of the text sample written after ``epoch``: mixed as ``step_seed`` is, under a
+    label of its own, so distinct (seed, epoch) pairs draw apart (``seed + epoch`` gave seed 1
+    epoch 2 the sample of seed 2 epoch 1) and no sample replays a step's windows."""
+    return _mixed(f"sample/{seed}/{epoch}")
+
+
+def _mixed(key: str) -> int:
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
     return int.from_bytes(digest, "little") % 2**32
 
 
