@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 PORT ?= 8000
 export PYTORCH_NVML_BASED_CUDA_CHECK := 1
 
-.PHONY: setup run test test-fast lint worker clean
+.PHONY: setup run test test-fast lint docs screenshots worker clean
 
 # The local dashboard: DEBUG (its pages and tracebacks), a development key, local host names,
 # plain HTTP. Off unless asked for (dashboard/settings.py): a production install sets SECRET_KEY
@@ -104,11 +104,22 @@ test-fast: $(VENV)/.installed
 	  --durations=10 --durations-min=5; rc=$$?; \
 	  echo "make test-fast took $$(( $$(date +%s) - start )) s"; exit $$rc
 
-lint:
+lint: docs
 	$(VENV)/bin/ruff check . .ci/gpu-check
 	$(VENV)/bin/ruff format --check . .ci/gpu-check
 	$(VENV)/bin/mypy training dashboard trainyard .ci/gpu-check
 	$(VENV)/bin/lint-imports --no-cache
 
+# The documentation site (mkdocs.yml, docs/) into site/. --strict: a broken link, a missing page
+# or anchor fails it, so make lint runs it.
+docs: $(VENV)/.installed
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --quiet
+
+# The docs' pictures (docs/images/), taken again by the browser tests that show those pages
+# (tests/docs_screenshots.py; the tests marked docs_screenshots), to commit with the change that
+# moved the pages.
+screenshots: $(VENV)/.installed
+	TRAINYARD_DOCS_SCREENSHOTS=1 $(PYTEST) -p no:xdist -m docs_screenshots
+
 clean:
-	rm -rf $(VENV) var staticfiles
+	rm -rf $(VENV) var staticfiles site
