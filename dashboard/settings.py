@@ -289,6 +289,18 @@ TRAINYARD_SLURM_SBATCH_ARGS = env_str("TRAINYARD_SLURM_SBATCH_ARGS", "")
 TRAINYARD_SLURM_SIGNAL_SECONDS = env_int("TRAINYARD_SLURM_SIGNAL_SECONDS", 120)
 TRAINYARD_SLURM_RECONCILE_SECONDS = env_float("TRAINYARD_SLURM_RECONCILE_SECONDS", 15.0)
 
+# Kubernetes on paper (scheduling/kubernetes/, docs/guides/kubernetes.md): what `manage.py
+# k8s_manifest <id>` writes into a run's Kubeflow Trainer TrainJob. The image holds this checkout
+# (its WORKDIR) and its environment; the namespace; the Kueue LocalQueue (empty: no queue label);
+# the Trainer runtime; the Secret the supervisor's DATABASE_URL, REDIS_URL and SECRET_KEY come
+# from; the volume claim mounted at TRAINYARD_RUNS_DIR and TRAINYARD_DATA_DIR (runs/, data/).
+TRAINYARD_K8S_IMAGE = env_str("TRAINYARD_K8S_IMAGE", "trainyard:latest")
+TRAINYARD_K8S_NAMESPACE = env_str("TRAINYARD_K8S_NAMESPACE", "default")
+TRAINYARD_K8S_QUEUE = env_str("TRAINYARD_K8S_QUEUE", "")
+TRAINYARD_K8S_RUNTIME = env_str("TRAINYARD_K8S_RUNTIME", "torch-distributed")
+TRAINYARD_K8S_SECRET = env_str("TRAINYARD_K8S_SECRET", "trainyard")
+TRAINYARD_K8S_CLAIM = env_str("TRAINYARD_K8S_CLAIM", "trainyard")
+
 # Notifications when a run ends (each user opts in on the Notifications page). Mail goes to the
 # console unless EMAIL_BACKEND says otherwise, e.g. django.core.mail.backends.smtp.EmailBackend
 # with EMAIL_HOST, EMAIL_PORT, EMAIL_HOST_USER, EMAIL_HOST_PASSWORD and EMAIL_USE_TLS.

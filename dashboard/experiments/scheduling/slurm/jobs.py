@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 from django.conf import settings
 
+from dashboard.experiments.scheduling.job_command import JOB_PREFIX, job_command, job_name
 from dashboard.experiments.scheduling.slurm.commands import SlurmError, slurm_run
 from dashboard.experiments.scheduling.slurm.parse import (
     SINFO_FORMAT,
@@ -30,9 +31,6 @@ from dashboard.experiments.scheduling.slurm.parse import (
     squeue_parse,
 )
 
-JOB_PREFIX = "ty-"
-# The management command a job's script starts: the supervisor a Celery worker runs, in the job.
-JOB_COMMAND = "slurm_job"
 # What sbatch --parsable answers: the job's id, then ";cluster" on a federation.
 JOB_ID = re.compile(r"\d+")
 # The pages' questions (the launch form's and launch checks' partitions, the device page's nodes
@@ -42,10 +40,6 @@ JOB_ID = re.compile(r"\d+")
 FACTS_SECONDS = 5.0
 _facts: dict[tuple[str, ...], tuple[float, Any]] = {}
 T = TypeVar("T")
-
-
-def job_name(experiment_id: int) -> str:
-    return f"{JOB_PREFIX}{experiment_id}"
 
 
 def job_run_id(name: str) -> int | None:
@@ -106,8 +100,8 @@ def batch_script(*, experiment_id: int) -> str:
     while Python and Django start (a short time limit, a preemption) must not kill it, which
     is SIGUSR1's default; an ignored signal stays ignored across exec.
     The compute nodes need this checkout and interpreter at the same paths (README)."""
-    command = [sys.executable, str(Path(settings.BASE_DIR) / "manage.py"), JOB_COMMAND,
-               str(experiment_id)]  # fmt: skip
+    command = job_command(experiment_id=experiment_id, python=sys.executable,
+                          manage=str(Path(settings.BASE_DIR) / "manage.py"))  # fmt: skip
     return (
         "#!/bin/bash\n"
         f"# Trainyard run {experiment_id}: its supervisor, which starts the training on every\n"
