@@ -525,11 +525,11 @@ def test_debug_is_off_unless_asked_for(tmp_path: Path) -> None:
 
 
 def recipe_environment() -> dict[str, str]:
-    """What the README's multi-machine recipe exports on the web host (its "Every machine" and
-    "Web host" blocks), its placeholders (`<password>`) filled with random text."""
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("\n## More machines", 1)[1].split("\n## ", 1)[0]
-    web_host = section.split("**Each worker machine**", 1)[0]
+    """What the production guide's recipe exports on the web host (docs/guides/production.md:
+    its "Every machine" and "The web host" blocks), its placeholders (`<password>`) filled with
+    random text."""
+    guide = (ROOT / "docs" / "guides" / "production.md").read_text()
+    web_host = guide.split("\n## Every machine", 1)[1].split("\n## The workers", 1)[0]
     exports = re.findall(r"^export (\w+)=(\S+)", web_host, flags=re.M)
     assert {"SECRET_KEY", "ALLOWED_HOSTS", "DATABASE_URL", "REDIS_URL"} <= dict(exports).keys()
     return {

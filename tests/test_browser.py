@@ -20,6 +20,7 @@ from dashboard.experiments.models import option_title
 from dashboard.serving import CHROMIUM, CHROMIUM_ARGS
 from dashboard.texts import bytes_text
 from tests.conftest import need
+from tests.docs_screenshots import docs_screenshot
 from tests.stack import ROOT, Stack, wait_for
 from training.registry import MICROBATCHES, PIPELINE_SCHEDULE, StrategyOption
 
@@ -131,6 +132,7 @@ def option_fill(field: Any, value: str) -> None:
         field.fill(value)
 
 
+@pytest.mark.docs_screenshots
 def test_start_ddp_and_watch_it_live(page: Any, stack: Stack) -> None:
     log_in(page, stack, "alice")
     start_run(page, stack, name="browser ddp", epochs=2)
@@ -143,6 +145,8 @@ def test_start_ddp_and_watch_it_live(page: Any, stack: Stack) -> None:
     # Points arrive over the WebSocket, without a reload.
     page.wait_for_function(f"() => ({CHART_POINTS})().some(n => n >= 3)", timeout=120_000)
     screenshot(page, "live-chart.png")
+    docs_screenshot(page, "run-live")
+    docs_screenshot(page, "run-charts", at="#section-training")
     page.wait_for_function(STATUS_IS % "succeeded", timeout=180_000)
     points_live = page.evaluate(CHART_POINTS)
     # The headline's throughput is the run's so far (issue 34 item 2): the same after a reload,
@@ -164,6 +168,7 @@ def test_start_ddp_and_watch_it_live(page: Any, stack: Stack) -> None:
     assert "succeeded" in row.inner_text().lower()
 
 
+@pytest.mark.docs_screenshots
 def test_device_page_shows_the_worker(page: Any, stack: Stack) -> None:
     log_in(page, stack, "alice")
     page.goto(f"{stack.base_url}/devices/")
@@ -175,8 +180,10 @@ def test_device_page_shows_the_worker(page: Any, stack: Stack) -> None:
     assert "Held now" in text and "CPU busy" in text and "% of all cores" in text
     assert "NVML Shared Library" not in text and "probe" not in text
     screenshot(page, "devices.png")
+    docs_screenshot(page, "devices")
 
 
+@pytest.mark.docs_screenshots
 def test_checkpoint_then_stop_a_run_from_its_page(page: Any, stack: Stack) -> None:
     log_in(page, stack, "bob")
     start_run(page, stack, name="browser stop", epochs=30)
@@ -200,6 +207,7 @@ def test_checkpoint_then_stop_a_run_from_its_page(page: Any, stack: Stack) -> No
     )
     assert not button.is_visible()  # nothing left to checkpoint
     screenshot(page, "stopped-run.png")
+    docs_screenshot(page, "run-stopped")
 
 
 # Issue 18's four ways of spreading one model over 2 processes, each launched from the form; the

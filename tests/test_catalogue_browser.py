@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from tests.docs_screenshots import docs_screenshot
 from tests.live_browser import live_page
 from tests.test_catalogue_launch import PETS, catalogue_report, machine
 
@@ -28,6 +29,7 @@ def page(live_server: Any, user_factory: Any, monkeypatch: pytest.MonkeyPatch) -
         yield page
 
 
+@pytest.mark.docs_screenshots
 def test_the_image_folder_shows_for_imagefolder_and_choices_are_explained(
     page: Any, live_server: Any
 ) -> None:
@@ -41,5 +43,6 @@ def test_the_image_folder_shows_for_imagefolder_and_choices_are_explained(
     assert folder.is_visible()
     page.select_option("select[name=data_path]", PETS)
     assert "3 classes, 30 images" in page.text_content("#dataset-explain")
+    docs_screenshot(page, "new-run-form")
     page.select_option("select[name=dataset]", "mnist")
     assert folder.is_hidden()

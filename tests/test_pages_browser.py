@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tests.docs_screenshots import docs_screenshot
 from tests.live_browser import live_page
 from tests.page_runs import page_runs_make
 from tests.stack import ROOT
@@ -138,6 +139,7 @@ FOLD_ALL = """() => {
 }"""
 
 
+@pytest.mark.docs_screenshots
 def test_the_page_heights_at_1440(wide: Any, live_server: Any, runs: dict[str, Any]) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     for name, url in urls(live_server, runs).items():
@@ -145,6 +147,7 @@ def test_the_page_heights_at_1440(wide: Any, live_server: Any, runs: dict[str, A
         height = wide.evaluate("() => document.documentElement.scrollHeight")
         charts = wide.locator(".chart-card:visible").count()
         wide.screenshot(path=str(ARTIFACTS / f"pages-{name}-1440.png"), full_page=True)
+        docs_screenshot(wide, f"page-{name}")  # page-list, page-run, page-compare, page-study
         folded = wide.evaluate(FOLD_ALL)
         print(f"{name}: {height} px, {folded} px folded, {charts} charts shown")  # noqa: T201
         wide.wait_for_timeout(100)  # the toggles' events store the folding: forget it

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from tests.docs_screenshots import docs_screenshot
 from tests.phase_runs import LAST_DATA, RANK_SECONDS
 from tests.stack import Stack
 from tests.test_browser import browser, log_in, page, screenshot  # noqa: F401 (fixtures)
@@ -61,6 +62,7 @@ def share(rank: int, phase: str) -> float:
     return 100 * seconds[phase] / sum(seconds.values())
 
 
+@pytest.mark.docs_screenshots
 def test_the_stacked_bars_and_the_phases_over_time_draw_and_follow_live(
     tab: Any, stack: Stack
 ) -> None:
@@ -82,6 +84,7 @@ def test_the_stacked_bars_and_the_phases_over_time_draw_and_follow_live(
     assert "1.9 MiB sent per step" in beside  # 2,000,000 bytes a step over 10-step windows
     tab.locator("#phase-bars li[data-rank='0'] [data-phase='communication']").hover()
     screenshot(tab, "phases.png")
+    docs_screenshot(tab, "phases")
     # The rank select draws rank 1's shares.
     tab.get_by_label("Over time, rank").select_option("1")
     forward = tab.evaluate(DRAWN)["chart"][2]
