@@ -9,7 +9,7 @@ export PYTORCH_NVML_BASED_CUDA_CHECK := 1
 
 # The local dashboard: DEBUG (its pages and tracebacks), a development key, local host names,
 # plain HTTP. Off unless asked for (dashboard/settings.py): a production install sets SECRET_KEY
-# and ALLOWED_HOSTS instead, and runs its commands itself (README, More machines). The tests ask
+# and ALLOWED_HOSTS instead, and runs its commands itself (docs/guides/production.md). The tests ask
 # for it by themselves (tests/settings.py).
 setup run worker: export TRAINYARD_DEBUG ?= 1
 
@@ -56,7 +56,7 @@ worker: setup
 # Tests that need a missing tool fail instead of skipping (tests/conftest.py's need()). Two passes:
 # every test on SQLite (the embedded default) but those marked postgres_only, then every test that
 # opens the database, but those marked sqlite_only, on a PostgreSQL server the tests start
-# themselves (tests/conftest.py's --database); the README's table says which and why. One alone:
+# themselves (tests/conftest.py's --database); docs/development.md's table says which and why. One alone:
 # `.venv/bin/pytest -m "not postgres_only"` or `.venv/bin/pytest --database=postgres`.
 # Each pass prints its 25 slowest tests, its 25 that took the most CPU (their processes' and
 # children's: tests/cpu_times.py), how busy the cores were, and its wall time (a test over 2

@@ -1,4 +1,5 @@
-"""The tests of Trainyard (README, "Tests"); this package is imported before any test module."""
+"""The tests of Trainyard (docs/development.md, "Tests"); this package is imported before any
+test module."""
 
 import os
 

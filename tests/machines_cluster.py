@@ -1,7 +1,7 @@
 """A Trainyard installation over two machines for tests: each machine a network namespace of
 tests/netns.py running a Celery worker (its own name and address), the web host's services in
 the root namespace listening on the bridge where both reach them: PostgreSQL, Redis, daphne and
-Celery beat. Runs share one TRAINYARD_RUNS_DIR, as the README's "More machines" says to."""
+Celery beat. Runs share one TRAINYARD_RUNS_DIR, as docs/guides/several-machines.md says to."""
 
 from __future__ import annotations
 

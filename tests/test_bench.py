@@ -1,7 +1,8 @@
-"""Smoke runs of the engine benchmarks (``python -m training.bench``), each as the README
-documents it (its defaults) but with tiny step counts and two rounds (seeds) where it has them:
-each must run to its end and print its ratio as the last line. Their values are measured by
-running the commands (README), not here: timings on a shared CI machine mean nothing."""
+"""Smoke runs of the engine benchmarks (``python -m training.bench``), each as
+docs/performance.md documents it (its defaults) but with tiny step counts and two rounds (seeds)
+where it has them: each must run to its end and print its ratio as the last line. Their values
+are measured by running the commands (docs/performance.md), not here: timings on a shared CI
+machine mean nothing."""
 
 from __future__ import annotations
 

@@ -47,7 +47,7 @@ def bench_run(command: str, home: Path, *options: str) -> str:
 @pytest.mark.timeout(300)
 def test_bench_charts_dry_run_prints_its_figures(tmp_path: Path) -> None:
     need(Path(CHROMIUM).exists(), "no Chromium")
-    # As the README documents it, with its one option: --screenshots DIR.
+    # As docs/performance.md documents it, with its one option: --screenshots DIR.
     shots = tmp_path / "shots"
     out = bench_run("bench_charts", tmp_path, "--screenshots", str(shots))
     assert sorted(p.name for p in shots.iterdir()) == ["run-200.png", "run-2000.png"], out

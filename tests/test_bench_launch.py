@@ -1,8 +1,8 @@
-"""`manage.py bench_launch` as the README runs it, with the smallest settings that take every path
-(`--dry-run --rounds 2`: a round's runs must leave nothing that holds up the next): the format,
-not the figures. Measured 78 s (123 s by hand, under more load) on the 2-core development machine
-shared with other checkouts' tests: eight trainings, each a new interpreter importing torch, four
-of them two torchrun ranks, after a migrate of the throwaway database and a Celery worker's
+"""`manage.py bench_launch` as docs/performance.md runs it, with the smallest settings that take
+every path (`--dry-run --rounds 2`: a round's runs must leave nothing that holds up the next): the
+format, not the figures. Measured 78 s (123 s by hand, under more load) on the 2-core development
+machine shared with other checkouts' tests: eight trainings, each a new interpreter importing torch,
+four of them two torchrun ranks, after a migrate of the throwaway database and a Celery worker's
 start."""
 
 from __future__ import annotations

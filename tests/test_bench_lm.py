@@ -2,7 +2,7 @@
 single and tensor parallel over 2 ranks): both sides print their tokens/s each round in the
 alternating order, both loops trained the same model on the same windows (their held-out
 losses agree), every strategy's row has its figures, and the ratio comes last. The figures
-themselves are measured by running the command (README), not here."""
+themselves are measured by running the command (docs/performance.md), not here."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
 """The request body limit over HTTP/2 (dashboard/http_server.py). daphne speaks HTTP/2 wherever it
-serves TLS itself (the README's recipe; twisted[http2] is installed), and browsers pick it: the
-request is then one stream of a connection that others share, its path is the stream's :path and
-it has no TCP transport of its own to write an answer to. Against a real daphne over TLS, with a
-small HTTP/2 client on the h2 library that Twisted's HTTP/2 uses. No database: every answer here
-comes before Django opens one.
+serves TLS itself (docs/guides/production.md's recipe; twisted[http2] is installed), and browsers
+pick it: the request is then one stream of a connection that others share, its path is the stream's
+:path and it has no TCP transport of its own to write an answer to. Against a real daphne over TLS,
+with a small HTTP/2 client on the h2 library that Twisted's HTTP/2 uses. No database: every answer
+here comes before Django opens one.
 """
 
 from __future__ import annotations
@@ -165,7 +165,7 @@ def _certificate(folder: Path) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module")
 def tls_port(tmp_path_factory: pytest.TempPathFactory) -> Iterator[int]:
-    """daphne serving TLS itself, as the README's recipe starts it."""
+    """daphne serving TLS itself, as docs/guides/production.md's recipe starts it."""
     folder = tmp_path_factory.mktemp("http2")
     key, cert = _certificate(folder)
     port = free_port()

@@ -91,7 +91,8 @@ def eager(settings: Any) -> Iterator[None]:
 
 
 def signature_valid(*, secret: str, header: str, body: bytes, tolerance: float = 300) -> bool:
-    """What a receiver does (README, "Webhooks"): the HMAC of `<t>.<body>`, and a recent t."""
+    """What a receiver does (docs/guides/notifications.md): the HMAC of `<t>.<body>`, and a
+    recent t."""
     fields = dict(part.split("=", 1) for part in header.split(","))
     signed = fields["t"].encode() + b"." + body
     expected = hmac.new(secret.encode(), signed, hashlib.sha256).hexdigest()

@@ -23,8 +23,8 @@ from celery import Celery
 
 from tests.stack import ROOT, Service, Stack, service_start, wait_for
 
-# postgres_only: several machines share one PostgreSQL (README: Several machines), so make test
-# runs these in its PostgreSQL pass; the same claims on SQLite are tests/test_queue.py's.
+# postgres_only: several machines share one PostgreSQL (docs/guides/several-machines.md), so
+# make test runs these in its PostgreSQL pass; the same claims on SQLite are tests/test_queue.py's.
 pytestmark = [pytest.mark.integration, pytest.mark.postgres_only, pytest.mark.timeout(600)]
 
 MACHINES = ("place-a", "place-b")

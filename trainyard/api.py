@@ -1,4 +1,4 @@
-"""The JSON API, as the server documents it (README "JSON API")."""
+"""The JSON API, as the server documents it (docs/reference/api.md; the schema at /api/schema/)."""
 
 from __future__ import annotations
 

@@ -20,7 +20,7 @@ def torchrun_rendezvous(cfg: TrainConfig) -> list[str]:
     node descriptor (and the master address the ranks connect to) is --local-addr, else the host
     name, which such machines cannot tell apart either. torchrun's own restarts stay off
     (--max-restarts 0): a failed node ends this attempt, and the dashboard resumes the run from
-    its newest checkpoint on machines that are free (README, "More machines").
+    its newest checkpoint on machines that are free (docs/guides/several-machines.md).
     """
     if cfg.nnodes <= 1:
         return ["--standalone"]

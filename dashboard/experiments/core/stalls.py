@@ -108,8 +108,8 @@ def resume_plan(*, experiment: Experiment) -> ResumePlan:
     The next attempt starts from the newest checkpoint whose file its worker can read
     (runs/attempts.py checkpoint_latest); a worker that cannot read it starts from step 0 and
     replaces the run's series. So the offer names the newest checkpoint and makes sure the next
-    attempt can read it: a file this web server reads is in the shared runs folder (the README's
-    multi-machine setup, or one machine), which every worker reads at the same path; any other
+    attempt can read it: a file this web server reads is in the shared runs folder (docs/guides/
+    several-machines.md, or one machine), which every worker reads at the same path; any other
     is on the worker that wrote it only (``Checkpoint.worker``), and the run is pinned there
     (``Experiment.machines``, as the launch form pins one), or refused where that worker is
     offline, unknown, or not one the run is pinned to."""

@@ -21,8 +21,9 @@ NAMES = frozenset({
 })  # fmt: skip
 PREFIXES = ("LC_", "XDG_", "CUDA_", "NCCL_", "GLOO_", "OMP_", "MKL_", "KMP_", "TORCH",
             "PYTORCH_", "NVIDIA_", "TRITON_", "HF_", "TRANSFORMERS_",
-            # Trainyard's own settings of a script run's launcher and ranks (README: the stall
-            # watch's floor, the observer's windows, the ranks' agreement), set on the worker.
+            # Trainyard's own settings of a script run's launcher and ranks (the stall watch's
+            # floor, the observer's windows, the ranks' agreement: docs/guides/settings.md), set
+            # on the worker.
             "TRAINYARD_STALL_", "TRAINYARD_OBSERVE", "TRAINYARD_AGREE_")  # fmt: skip
 
 
