@@ -52,19 +52,21 @@ SLOW_RANK = 1
 
 
 class Pauser(threading.Thread):
-    """SIGSTOP then SIGCONT one process, STOPPED of every PERIOD, until stopped itself."""
+    """SIGSTOP then SIGCONT one process, ``stopped`` (STOPPED) of every ``period`` (PERIOD),
+    until stopped itself."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, *, period: float = PERIOD, stopped: float = STOPPED) -> None:
         super().__init__(daemon=True)
         self.pid, self.done = pid, threading.Event()
+        self.paused, self.running = period * stopped, period * (1 - stopped)
 
     def run(self) -> None:
         try:
             while not self.done.is_set():
                 os.kill(self.pid, signal.SIGSTOP)
-                self.done.wait(PERIOD * STOPPED)
+                self.done.wait(self.paused)
                 os.kill(self.pid, signal.SIGCONT)
-                self.done.wait(PERIOD * (1 - STOPPED))
+                self.done.wait(self.running)
         except ProcessLookupError:  # the rank ended
             return
 
