@@ -154,6 +154,7 @@ def test_a_language_model_and_text_go_together() -> None:
     assert language_refusals("single", model="simple-cnn", dataset="mnist", processes=1) == []
     (refusal,) = language_refusals("hogwild", model="byte-llama", dataset="jargon", processes=2)
     assert "does not train language models" in refusal.message
+    assert language_refusals("deepspeed", model="byte-llama", dataset="jargon", processes=2) == []
 
 
 def test_tensor_parallel_degrees_must_divide_heads_vocabulary_and_window() -> None:

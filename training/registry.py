@@ -361,6 +361,7 @@ REGISTRY: tuple[StrategySpec, ...] = (
         nodes=True,
         options=(ZERO_STAGE,),
         requires=DEEPSPEED,
+        language_models=True,
     ),
     StrategySpec(
         name="fsdp",

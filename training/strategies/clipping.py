@@ -12,13 +12,33 @@ norm of 1.0.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from torch import nn
 from torch.distributed.tensor import DTensor
 
 MAX_NORM = 1.0
+
+
+class GradNorm(Protocol):
+    """What a step event reads its ``grad_norm`` from: the norm the last step clipped at."""
+
+    @property
+    def last(self) -> torch.Tensor | None: ...
+
+
+class NormRead:
+    """A norm that a strategy's own optimizer computes and clips at (DeepSpeed's ZeRO, whose
+    gradients live in its partitions, not in ``p.grad``), read when a step event asks."""
+
+    def __init__(self, read: Callable[[], float | None]) -> None:
+        self.read = read
+
+    @property
+    def last(self) -> torch.Tensor | None:
+        norm = self.read()
+        return None if norm is None else torch.as_tensor(norm)
 
 
 class GradClip:

@@ -15,7 +15,7 @@ from training.config import TrainConfig
 from training.data.batching import DataShard
 from training.loop import StepFn
 from training.observe.phases import phase
-from training.strategies.clipping import GradClip
+from training.strategies.clipping import GradClip, GradNorm
 from training.strategies.optimizers import optimizer_class
 from training.strategies.stepping import (
     ContextFactory,
@@ -64,7 +64,7 @@ class Plan:
     # rank's group takes. None: its own slice, as the runtime's rank of its world.
     data_shard: DataShard | None = None
     # A language model's gradient clipping: its norm of the last step is the step's grad_norm.
-    grad_clip: GradClip | None = None
+    grad_clip: GradNorm | None = None
 
     def shard(self, rank: int, world_size: int) -> DataShard:
         """The slice of each global batch and of the test split this rank takes."""

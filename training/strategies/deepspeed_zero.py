@@ -5,6 +5,13 @@ updates its partition and the parameters are all-gathered, so every rank ends a 
 whole model, as in DDP. The process group is the one ``training.process.runtime`` joined (NCCL on
 GPUs, Gloo on the CPU with ``DS_ACCELERATOR=cpu``); DeepSpeed uses it as it finds it.
 
+A language model (byte-llama) trains here as under DDP: the mean cross-entropy of each next
+byte, its gradients clipped over the whole model at ``MAX_NORM`` before the update, as every
+strategy clips a language model's. ZeRO holds the gradients in its partitions, not in
+``p.grad``, so the clipping is DeepSpeed's own (``gradient_clipping``: the same factor,
+``max_norm / (norm + 1e-6)`` where the norm exceeds it), and the step's ``grad_norm`` the norm
+it found.
+
 DeepSpeed is an optional extra (``pip install -e '.[deepspeed]'``); the CLI refuses this strategy
 with the install command when it is missing.
 """
@@ -17,14 +24,14 @@ import os
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from training.config import TrainConfig
 from training.observe.phases import phase
 from training.process.runtime import Runtime
 from training.registry import DEEPSPEED
-from training.strategies.common import Plan, optimizer_make
+from training.strategies.clipping import MAX_NORM, NormRead
+from training.strategies.common import Plan, loss_of, optimizer_make
 
 log = logging.getLogger(__name__)
 
@@ -38,6 +45,8 @@ def ds_config(cfg: TrainConfig, world_size: int) -> dict[str, Any]:
         "gradient_accumulation_steps": 1,
         "train_batch_size": cfg.batch_size * world_size,
         "zero_optimization": {"stage": cfg.zero_stage},
+        # A language model's gradients are clipped (training.strategies.clipping); 0: not.
+        "gradient_clipping": MAX_NORM if cfg.language else 0.0,
         # Our torch optimizer (Adam or SGD), not one of DeepSpeed's fused ones: the same
         # update as every other strategy, so runs compare. ZeRO's list of tested optimizers
         # holds torch's Adam but not SGD: an SGD run is allowed here, and DeepSpeed warns.
@@ -71,7 +80,7 @@ def plan_build(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> Plan:
 
     def step(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
         with phase("forward"):
-            loss = F.cross_entropy(engine(x), y)
+            loss = loss_of(engine(x), y)
         with phase("backward"):
             engine.backward(loss)
         with phase("optimizer"):
@@ -94,6 +103,7 @@ def plan_build(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> Plan:
         saves_optimizer=False,
         optimizer_gather=lambda: zero_state_gather(engine, cfg, rt),
         optimizer_restore=lambda saved: zero_state_restore(engine, cfg, rt, saved),
+        grad_clip=NormRead(engine.get_global_grad_norm) if cfg.language else None,
     )
 
 
