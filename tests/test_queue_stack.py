@@ -118,8 +118,10 @@ def test_claims_are_first_in_first_out_within_priority(
     # Each run takes every core of the worker's machine: one at a time.
     worker_env(TRAINYARD_CPU_THREADS_PER_RUN="1000", TRAINYARD_MAX_ACTIVE_RUNS_PER_USER="")
     alice, bob, root = stack.login("alice"), stack.login("bob"), stack.login("root")
-    # Long enough for the pages below; stopped once they are seen, which frees the cores.
-    blocker = launch(bob, stack, "blocker", epochs=30)
+    # Stopped once the pages below are seen, which frees the cores; paused while they are
+    # looked at, so 5 epochs outlast them. A tenth of it (the estimate's wait below) is half an
+    # epoch: 30 epochs made that wait 3 epochs, 40 s of the test.
+    blocker = launch(bob, stack, "blocker", epochs=5)
     wait_running(stack, bob, blocker)
     # Three behind the blocker: the head, and two whose order and reasons say first in first out.
     a, b = (launch(alice, stack, f"fifo {n}") for n in "ab")
