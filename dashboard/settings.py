@@ -281,11 +281,13 @@ TRAINYARD_REDISPATCH_SECONDS = env_int("TRAINYARD_REDISPATCH_SECONDS", 60)
 # ssh (TRAINYARD_SLURM_SSH=user@login-node). The partition a job asks for unless its run names
 # one (empty: the cluster's default), and more sbatch options (shell words, e.g. "--qos=normal
 # --account=ml"). A job is sent SIGUSR1 this many seconds before its time limit: its run writes
-# a checkpoint and is requeued. The reconciler reads squeue this often (beat).
+# a checkpoint and is requeued. The reconciler reads squeue this often (beat). The QoS every job
+# asks for (empty: the account's default); a run's priority goes as its --nice (slurm/jobs.py).
 TRAINYARD_SLURM = env_bool("TRAINYARD_SLURM", False)
 TRAINYARD_SLURM_SSH = env_str("TRAINYARD_SLURM_SSH", "")
 TRAINYARD_SLURM_PARTITION = env_str("TRAINYARD_SLURM_PARTITION", "")
 TRAINYARD_SLURM_SBATCH_ARGS = env_str("TRAINYARD_SLURM_SBATCH_ARGS", "")
+TRAINYARD_SLURM_QOS = env_str("TRAINYARD_SLURM_QOS", "")
 TRAINYARD_SLURM_SIGNAL_SECONDS = env_int("TRAINYARD_SLURM_SIGNAL_SECONDS", 120)
 TRAINYARD_SLURM_RECONCILE_SECONDS = env_float("TRAINYARD_SLURM_RECONCILE_SECONDS", 15.0)
 

@@ -135,6 +135,20 @@ def test_ddp_over_both_nodes_pends_requeues_resumes_and_succeeds(slurm: SlurmSta
     reason = pending["scheduler"]["reason"]
     assert pending["status"] == "queued" and pending["scheduler"]["state"] == "PENDING"
     assert pending["waiting_reason"].endswith(f"is pending: {reason}"), pending
+    # Its priority is its job's nice (0 at the top of Trainyard's scale), and follows a change.
+    pending_job = pending["scheduler"]["job_id"]
+
+    def nice() -> str:
+        return slurm.cluster.run("squeue", "-h", "-j", pending_job, "-o", "%y").strip()
+
+    assert nice() == "1000", nice()
+    slurm.stack.user_create("sam", staff=True)
+    moved = slurm.stack.login("sam").post(
+        f"{slurm.stack.base_url}/api/queue/{waiting['id']}/priority/", json={"priority": 1000},
+        timeout=30,
+    )  # fmt: skip
+    assert moved.status_code == 200, moved.text
+    wait_for(lambda: nice() == "0", timeout=10, what="the job's nice after the priority")
     # An administrator cancels it: the run ends with the reason, within the reconciler's period.
     slurm.cluster.run("scancel", pending["scheduler"]["job_id"])
     cancelled = slurm.until(waiting["id"], lambda r: r["status"] == "cancelled", timeout=30,

@@ -31,6 +31,7 @@ from dashboard.experiments.services import (
     experiment_clone,
     experiments_stop,
     queue_turns_changed,
+    slurm_priority_changed,
 )
 from training.registry import STRATEGIES
 
@@ -107,6 +108,7 @@ class ExperimentAdmin(admin.ModelAdmin):
         super().save_model(request, obj, form, change)
         if "priority" in form.changed_data:  # a queued run may be next among its owner's now
             queue_turns_changed()
+            slurm_priority_changed(experiment_id=obj.pk)
 
     def _shown(self, name: str) -> str:
         return f"{name}_json" if name in JSON_FIELDS else name

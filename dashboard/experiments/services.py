@@ -23,7 +23,11 @@ from dashboard.experiments.core.stalls import (
 from dashboard.experiments.models import PROFILE_IN_FLIGHT, Backend, Experiment, Profile, Status
 from dashboard.experiments.runs.lifecycle import run_cancel_queued
 from dashboard.experiments.runs.reported import reported_run_stop_silent
-from dashboard.experiments.runs.slurm.submit import slurm_run_stopped, slurm_run_submit
+from dashboard.experiments.runs.slurm.submit import (
+    slurm_run_reprioritised,
+    slurm_run_stopped,
+    slurm_run_submit,
+)
 from dashboard.experiments.scheduling.queue import experiment_priority_set
 from dashboard.experiments.scheduling.slurm.launch import slurm_launch_refusals
 from dashboard.experiments.tasks import queue_wake_send, queue_wakes_held, run_experiment_send
@@ -81,7 +85,14 @@ def experiment_priority_change(*, experiment_id: int, priority: int) -> bool:
     changed = experiment_priority_set(experiment_id=experiment_id, priority=priority)
     if changed:
         queue_turns_changed()
+        slurm_priority_changed(experiment_id=experiment_id)
     return changed
+
+
+def slurm_priority_changed(*, experiment_id: int) -> None:
+    """Once committed, a Slurm run's pending job takes its new priority as its nice (a run on
+    the workers: nothing to do)."""
+    transaction.on_commit(lambda: slurm_run_reprioritised(experiment_id=experiment_id), robust=True)
 
 
 def queue_turns_changed() -> None:

@@ -16,6 +16,7 @@ from dashboard.experiments.scheduling.slurm.commands import SlurmError
 from dashboard.experiments.scheduling.slurm.jobs import (
     JobRequest,
     slurm_job_cancel,
+    slurm_job_renice,
     slurm_job_submit,
 )
 from dashboard.experiments.scheduling.slurm.texts import refused_text, submitted_text
@@ -31,6 +32,7 @@ def job_request(*, experiment: Experiment) -> JobRequest:
         gpus_per_node=len(experiment.gpus),
         partition=experiment.partition,
         time_limit_minutes=experiment.time_limit_minutes,
+        priority=experiment.priority,
         # Beside the run's checkpoints (the shared runs folder): what the job's supervisor logs.
         log=Path(settings.TRAINYARD_RUNS_DIR) / str(experiment.pk) / "slurm-%j.out",
     )
@@ -85,3 +87,19 @@ def slurm_run_stopped(*, experiment: Experiment) -> None:
     job_id = Experiment.objects.filter(pk=experiment.pk).values_list("scheduler_job_id", flat=True)
     if job_id and job_id[0]:
         slurm_job_cancel_quietly(job_id=job_id[0])
+
+
+def slurm_run_reprioritised(*, experiment_id: int) -> None:
+    """A queued Slurm run's priority changed (the queue's staff control, the admin): its pending
+    job's nice follows (a job already started keeps its place; a failure is logged, the run's
+    next job takes the new priority)."""
+    held = Experiment.objects.filter(
+        pk=experiment_id, status=Status.QUEUED, backend=Backend.SLURM
+    ).exclude(scheduler_job_id="")
+    row = held.values_list("scheduler_job_id", "priority").first()
+    if row is None:
+        return
+    try:
+        slurm_job_renice(row[0], priority=row[1])
+    except SlurmError as exc:
+        log.warning("job %s could not take its run's priority: %s", row[0], exc)

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from django.conf import settings
 
 from dashboard.experiments.scheduling.job_command import JOB_PREFIX, job_command, job_name
+from dashboard.experiments.scheduling.queue import PRIORITY_RANGE
 from dashboard.experiments.scheduling.slurm.commands import SlurmError, slurm_run
 from dashboard.experiments.scheduling.slurm.parse import (
     SINFO_FORMAT,
@@ -59,6 +60,15 @@ class JobRequest:
     partition: str  # "": TRAINYARD_SLURM_PARTITION, else the cluster's default
     time_limit_minutes: int | None  # None: the partition's
     log: Path  # the supervisor's own output (its log lines; the training's go to the run)
+    priority: int = 0  # the run's, on Trainyard's scale (queue.PRIORITY_RANGE): its --nice
+
+
+def priority_nice(priority: int) -> int:
+    """sbatch's --nice for a run's priority: the top of Trainyard's scale is 0, each step down
+    one more. Never negative: Slurm takes a negative nice (a raised priority) from its
+    administrators only, and refuses the job of anyone else."""
+    low, high = PRIORITY_RANGE
+    return high - min(high, max(low, priority))
 
 
 def sbatch_args(request: JobRequest) -> list[str]:
@@ -80,6 +90,11 @@ def sbatch_args(request: JobRequest) -> list[str]:
         args.append(f"--time={request.time_limit_minutes}")
     if request.gpus_per_node:
         args.append(f"--gres=gpu:{request.gpus_per_node}")
+    # Policy stays Trainyard's: the run's priority as its nice, the site's QoS where one is set
+    # (TRAINYARD_SLURM_SBATCH_ARGS come last, so a site's own --nice or --qos wins).
+    args.append(f"--nice={priority_nice(request.priority)}")
+    if settings.TRAINYARD_SLURM_QOS:
+        args.append(f"--qos={settings.TRAINYARD_SLURM_QOS}")
     return args + shlex.split(settings.TRAINYARD_SLURM_SBATCH_ARGS)
 
 
@@ -173,6 +188,12 @@ def slurm_job_cancel(job_id: str, *, signal: str = "", here: bool = False) -> No
     to the batch shell: scancel's default for any signal but KILL)."""
     flags = [f"--signal={signal}"] if signal else []
     slurm_run(["scancel", *flags, job_id], here=here)
+
+
+def slurm_job_renice(job_id: str, *, priority: int) -> None:
+    """A pending job's nice set anew for its run's priority (one a user may set: never
+    negative)."""
+    slurm_run(["scontrol", "update", f"JobId={job_id}", f"Nice={priority_nice(priority)}"])
 
 
 def slurm_job_requeue(job_id: str) -> None:
