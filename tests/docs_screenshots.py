@@ -19,7 +19,9 @@ def docs_screenshot(page: Any, name: str, *, at: str | None = None) -> None:
     viewport (what a reader sees first), or from the element `at` (a selector) down."""
     if os.environ.get("TRAINYARD_DOCS_SCREENSHOTS") != "1":
         return
-    if at is not None:
-        page.locator(at).first.evaluate("node => node.scrollIntoView({block: 'start'})")
+    if at is not None:  # to the top, less the nav bar that stays there
+        page.locator(at).first.evaluate(
+            "node => window.scrollTo(0, node.getBoundingClientRect().top + window.scrollY - 72)"
+        )
     DOCS_IMAGES.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(DOCS_IMAGES / f"{name}.png"))

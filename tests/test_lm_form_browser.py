@@ -16,6 +16,7 @@ from django.utils import timezone
 
 from dashboard.devices.models import WorkerMachine
 from dashboard.experiments.models import Experiment
+from tests.docs_screenshots import docs_screenshot
 from tests.live_browser import live_page
 from tests.test_lm_dashboard import lm_report
 
@@ -31,6 +32,7 @@ def page(live_server: Any, user_factory: Any, monkeypatch: pytest.MonkeyPatch) -
         yield opened
 
 
+@pytest.mark.docs_screenshots
 def test_a_hidden_window_left_invalid_does_not_stop_a_classifiers_launch(
     page: Any, live_server: Any, launched: list[int]
 ) -> None:
@@ -39,6 +41,7 @@ def test_a_hidden_window_left_invalid_does_not_stop_a_classifiers_launch(
     page.select_option("select[name=model]", "byte-llama")
     page.select_option("select[name=dataset]", "jargon")
     assert fields.is_visible()
+    docs_screenshot(page, "lm-form", at="#language-fields")
     page.fill("input[name=seq_len]", "4")  # under the window's least (8): invalid
     window = page.locator("input[name=seq_len]")
     page.select_option("select[name=model]", "simple-cnn")

@@ -15,6 +15,7 @@ from django.contrib.auth.models import Permission
 
 from dashboard.experiments.models import CodeArchive, Experiment
 from dashboard.experiments.scripts.code import code_files
+from tests.docs_screenshots import docs_screenshot
 from tests.live_browser import live_page
 from tests.stack import ROOT
 
@@ -58,6 +59,7 @@ def page(
         yield page
 
 
+@pytest.mark.docs_screenshots
 def test_a_folder_packed_by_the_page_is_the_code_the_run_launches_with(
     page: Any, live_server: Any, folder: Path, launched: list[int]
 ) -> None:
@@ -80,6 +82,7 @@ def test_a_folder_packed_by_the_page_is_the_code_the_run_launches_with(
     assert page.locator("#id_code").input_value() == str(archive.pk)
     offered = page.locator("#script-entrypoints option").evaluate_all("o => o.map(x => x.value)")
     assert set(offered) == {name for name in FILES if name.endswith(".py")}
+    docs_screenshot(page, "script-form", at="#field-strategy")
 
     # Refused (no such entry point): said on its field, the upload kept, not asked again.
     page.get_by_label("Entry point").fill("missing.py")
