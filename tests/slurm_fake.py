@@ -8,6 +8,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,3 +49,12 @@ def slurm_fake_install(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Slurm
     bin_dir.mkdir()
     monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
     return SlurmFake(bin=bin_dir, log=tmp_path / "slurm-calls.log")
+
+
+def slurm_backend_fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings: Any) -> SlurmFake:
+    """The Slurm backend on (the commands here, no login node; runs' files under tmp_path),
+    with stand-ins on PATH."""
+    settings.TRAINYARD_SLURM = True
+    settings.TRAINYARD_SLURM_SSH = ""
+    settings.TRAINYARD_RUNS_DIR = tmp_path / "runs"
+    return slurm_fake_install(tmp_path, monkeypatch)

@@ -15,7 +15,7 @@ from dashboard.experiments.models import Backend, Experiment, Status
 from dashboard.experiments.scheduling.queue import PRIORITY_RANGE
 from dashboard.experiments.scheduling.slurm.jobs import JobRequest, priority_nice, sbatch_args
 from tests.factories import api_post
-from tests.slurm_fake import SlurmFake, slurm_fake_install
+from tests.slurm_fake import SlurmFake, slurm_backend_fake
 
 pytestmark = pytest.mark.django_db
 
@@ -25,10 +25,7 @@ LAUNCH = {"strategy": "ddp", "processes": 1, "backend": "slurm"}
 
 @pytest.fixture
 def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings: Any) -> SlurmFake:
-    settings.TRAINYARD_SLURM = True
-    settings.TRAINYARD_SLURM_SSH = ""
-    settings.TRAINYARD_RUNS_DIR = tmp_path / "runs"
-    fake = slurm_fake_install(tmp_path, monkeypatch)
+    fake = slurm_backend_fake(tmp_path, monkeypatch, settings)
     fake.command("sinfo", out=SINFO)
     fake.command("sbatch", out="4242\n")
     fake.command("scontrol")

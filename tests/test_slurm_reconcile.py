@@ -22,7 +22,7 @@ from dashboard.experiments.runs.slurm.job import JobStart, slurm_attempt_claim
 from dashboard.experiments.runs.slurm.reconcile import Reconciled, run_reconcile, slurm_reconcile
 from dashboard.experiments.runs.slurm.submit import slurm_run_submit
 from dashboard.experiments.scheduling.slurm.parse import SlurmJob, SlurmNode
-from tests.slurm_fake import SlurmFake, slurm_fake_install
+from tests.slurm_fake import SlurmFake, slurm_backend_fake
 
 pytestmark = pytest.mark.django_db
 
@@ -31,10 +31,7 @@ NODE = SlurmNode("n1", "127.0.0.1", 1, 0, "ALLOCATED", "vm")
 
 @pytest.fixture
 def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings: Any) -> SlurmFake:
-    settings.TRAINYARD_SLURM = True
-    settings.TRAINYARD_SLURM_SSH = ""
-    settings.TRAINYARD_RUNS_DIR = tmp_path / "runs"
-    return slurm_fake_install(tmp_path, monkeypatch)
+    return slurm_backend_fake(tmp_path, monkeypatch, settings)
 
 
 def slurm_run(factory: Any, owner: Any, **fields: Any) -> Experiment:

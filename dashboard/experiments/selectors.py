@@ -40,6 +40,7 @@ from dashboard.experiments.metrics.throughput import (
     run_throughput_read,
 )
 from dashboard.experiments.models import Backend, Experiment
+from dashboard.experiments.runs.slurm.publish import job_fact, job_fact_text
 from dashboard.experiments.scheduling.slurm.commands import SlurmError
 from dashboard.experiments.scheduling.slurm.jobs import (
     job_run_id,
@@ -100,7 +101,9 @@ def experiment_snapshot_build(*, experiment: Experiment, log_lines: int) -> Snap
         )
         # The straggler box's sentence (runs/stragglers.py), empty while no rank is named; the
         # stalled banner's lines beside the experiment's stalled (core/stalls.py).
-        | {"straggler": experiment.straggler_text, "stalled": _stalled_texts(experiment)},
+        | {"straggler": experiment.straggler_text, "stalled": _stalled_texts(experiment)}
+        # A Slurm run's job line ("" off Slurm), as each scheduler message brings it.
+        | {"scheduler": job_fact_text(experiment)},
     }
 
 
@@ -219,19 +222,9 @@ def experiment_as_dict(
         stalled=experiment.stalled if breakdown else _without_stacks(experiment.stalled),
         # A Slurm run's job as the reconciler last read it (runs/slurm/reconcile.py): its id,
         # state and Slurm's reason while it pends; null for a run on the workers.
-        scheduler=experiment_scheduler(experiment),
+        scheduler=job_fact(experiment),
     )
     return data
-
-
-def experiment_scheduler(experiment: Experiment) -> dict[str, str] | None:
-    if experiment.backend != Backend.SLURM:
-        return None
-    return {
-        "job_id": experiment.scheduler_job_id,
-        "state": experiment.scheduler_state,
-        "reason": experiment.scheduler_reason,
-    }
 
 
 def slurm_launch_facts() -> dict[str, Any] | None:

@@ -258,6 +258,7 @@
     state.ips = isNum(msg.throughput) ? msg.throughput : null;
     runContext(msg.run, msg.experiment);
     applyExperiment(msg.experiment);
+    if (msg.texts) onScheduler({ text: msg.texts.scheduler });
     resetSeries(series);
     resetLogs(msg.logs);
     markChartsReady();
@@ -317,6 +318,12 @@
     if (msg.text) appendLog({ time: msg.time, level: msg.level, message: msg.text });
   }
 
+  // A Slurm run's job changed (submitted, started, its state or reason in the cluster's queue):
+  // the server's line for it (core/messages.py's scheduler message), as the snapshot's.
+  function onScheduler(msg) {
+    if ($("info-scheduler") && typeof msg.text === "string") setText($("info-scheduler"), msg.text);
+  }
+
   function onStatus(msg) {
     applyExperiment(
       Object.assign(
@@ -360,6 +367,7 @@
     failed: onFailed,
     series: onSeries,
     stalled: onStalled,
+    scheduler: onScheduler,
   });
   // Unknown types are ignored, as the protocol asks.
   const ignore = () => {};

@@ -34,6 +34,11 @@ a gap: channels-redis drops messages past its capacity without a word.
     log         a line of the run's log: the training's log events, its plain output (stderr, and
                 stdout lines that are no events), the dashboard's own words (a Stop, a request,
                 the training's end, which the page shows as a line: the status is the dashboard's)
+    scheduler   the dashboard's: a Slurm run's job changed (submitted, its state or reason as
+                the reconciler or the job's start found it): ``scheduler``, the read JSON's
+                {job_id, state, reason}, and ``text``, the page's "Slurm job" line
+                (scheduling/slurm/texts.py's job_text); the snapshot's ``texts.scheduler``
+                holds the same line
     straggler   the dashboard's: the rank named a straggler appeared, changed or cleared
                 (runs/stragglers.py), with the sentence the page's banner shows (empty: none)
     stalled     the launcher's stalled event (protocol 1.13) as the row took it (runs/stalls.py):
@@ -147,6 +152,12 @@ class StalledBody(TypedDict):
     time: NotRequired[float]  # the training's, as the event said it
 
 
+class SchedulerBody(TypedDict):
+    type: Literal["scheduler"]
+    scheduler: dict[str, str]  # the read JSON's: job_id, state, reason
+    text: str  # the run page's line for its job
+
+
 class LogBody(LogFields):
     type: Literal["log"]
     time: NotRequired[float]  # the training's (seconds since it started); none for plain output
@@ -164,6 +175,10 @@ class StatusMessage(StatusBody, Numbered):
 
 
 class StragglerMessage(StragglerBody, Numbered):
+    pass
+
+
+class SchedulerMessage(SchedulerBody, Numbered):
     pass
 
 
@@ -309,6 +324,7 @@ Body = (
     | StragglerBody
     | StalledBody
     | ProfileBody
+    | SchedulerBody
 )
 
 Message = (
@@ -323,6 +339,7 @@ Message = (
     | SeriesMessage
     | StragglerMessage
     | StalledMessage
+    | SchedulerMessage
     | RunFinishedMessage
     | RunFailedMessage
     | ErrorMessage

@@ -20,6 +20,7 @@ from django.utils import timezone
 from dashboard.experiments.core.transitions import experiment_start_job
 from dashboard.experiments.models import Backend, Experiment, Status
 from dashboard.experiments.runs.runner import experiment_supervise
+from dashboard.experiments.runs.slurm.publish import scheduler_publish
 from dashboard.experiments.runs.slurm.step import SlurmStep
 from dashboard.experiments.runs.survival import experiment_mark_lost
 from dashboard.experiments.scheduling.slurm.commands import SlurmError
@@ -108,10 +109,13 @@ def slurm_attempt_claim(*, experiment_id: int, start: JobStart, nodes: list[Slur
                 {"worker": node.name, "address": node.address, "node_rank": rank, "ranks": []}
                 for rank, node in enumerate(nodes)
             ]
-            return experiment_start_job(
+            started = experiment_start_job(
                 experiment=run, job_id=start.job_id, restarts=start.restarts,
                 now=timezone.now(), placement=placement,
             )  # fmt: skip
+            if started:  # the page's job line: running (the reconciler sees no change to say)
+                scheduler_publish(experiment_id=experiment_id)
+            return started
         if time.monotonic() > deadline:  # not this job's: the run's job is another
             return False
         time.sleep(0.5)

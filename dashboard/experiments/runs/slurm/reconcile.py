@@ -27,6 +27,7 @@ from dashboard.experiments.core.transitions import Outcome
 from dashboard.experiments.models import ACTIVE_STATUSES, Backend, Experiment, Status
 from dashboard.experiments.runs.lifecycle import run_cancel_queued, run_finish, run_refuse
 from dashboard.experiments.runs.sink import EventSink
+from dashboard.experiments.runs.slurm.publish import scheduler_body, scheduler_publish
 from dashboard.experiments.runs.slurm.submit import slurm_job_cancel_quietly, slurm_run_submit
 from dashboard.experiments.runs.survival import experiment_mark_lost
 from dashboard.experiments.scheduling.slurm.jobs import job_run_id, slurm_jobs
@@ -87,9 +88,13 @@ def jobs_ended_mirror(*, jobs: list[SlurmJob]) -> None:
         if state != ends[job_id]:
             # Only while the run is still this job's and not active (a lost run may be queued
             # again meanwhile, in a new job).
-            Experiment.objects.filter(pk=pk, scheduler_job_id=job_id).exclude(
-                status__in=ACTIVE_STATUSES
-            ).update(scheduler_state=ends[job_id], scheduler_reason="")
+            written = (
+                Experiment.objects.filter(pk=pk, scheduler_job_id=job_id)
+                .exclude(status__in=ACTIVE_STATUSES)
+                .update(scheduler_state=ends[job_id], scheduler_reason="")
+            )
+            if written:
+                scheduler_publish(experiment_id=pk)
 
 
 def _stray(job: SlurmJob, *, now: datetime) -> bool:
@@ -133,8 +138,8 @@ def run_reconcile(
 
 def job_mirror(*, run: Experiment, job: SlurmJob) -> None:
     """The job's state and reason on the run; a queued run's waiting reason says them, and its
-    page hears once per change."""
-    if (run.scheduler_state, run.scheduler_reason) == (job.state, job.reason):
+    page hears once per change (the job's line; a queued run's status with its reason)."""
+    if (run.scheduler_state, run.scheduler_reason) == (job.state, job.reason[:200]):
         return
     fields = {"scheduler_state": job.state, "scheduler_reason": job.reason[:200]}
     said = pending_text(job_id=job.job_id, state=job.state, reason=job.reason)
@@ -143,10 +148,14 @@ def job_mirror(*, run: Experiment, job: SlurmJob) -> None:
     written = Experiment.objects.filter(
         pk=run.pk, status=run.status, scheduler_job_id=job.job_id
     ).update(**fields)
-    if written and run.status == Status.QUEUED:
-        sink = EventSink(run)
+    if not written:
+        return
+    run.scheduler_state, run.scheduler_reason = job.state, job.reason[:200]
+    sink = EventSink(run)
+    if run.status == Status.QUEUED:
         sink.add({"type": "status", "status": Status.QUEUED, "reason": said})
-        sink.flush()
+    sink.add(scheduler_body(run))
+    sink.flush()
 
 
 def _job_ended(run: Experiment, job: SlurmJob, *, now: datetime, done: Reconciled) -> None:
@@ -173,6 +182,7 @@ def _job_ended(run: Experiment, job: SlurmJob, *, now: datetime, done: Reconcile
         settled = run_finish(experiment=run, sink=EventSink(run), outcome=outcome)
     if settled:
         Experiment.objects.filter(pk=run.pk).update(scheduler_state=job.state)
+        scheduler_publish(experiment_id=run.pk)
         done.ended.append(run.pk)
 
 

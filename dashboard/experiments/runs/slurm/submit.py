@@ -12,6 +12,7 @@ from django.utils import timezone
 from dashboard.experiments.models import Backend, Experiment, Status
 from dashboard.experiments.runs.lifecycle import run_refuse
 from dashboard.experiments.runs.sink import EventSink
+from dashboard.experiments.runs.slurm.publish import scheduler_body
 from dashboard.experiments.scheduling.slurm.commands import SlurmError
 from dashboard.experiments.scheduling.slurm.jobs import (
     JobRequest,
@@ -64,8 +65,10 @@ def slurm_run_submit(*, experiment_id: int, replacing: str | None = None) -> str
     if not written:  # stopped, or submitted by another, meanwhile: nothing wants this job
         slurm_job_cancel_quietly(job_id=job_id)
         return None
+    run.scheduler_job_id, run.scheduler_state, run.scheduler_reason = job_id, "PENDING", ""
     sink = EventSink(run)
     sink.add({"type": "status", "status": Status.QUEUED, "reason": said})
+    sink.add(scheduler_body(run))  # the page's job line: "not submitted yet" until now
     sink.flush()
     return job_id
 

@@ -36,3 +36,19 @@ def vanished_text(*, job_id: str) -> str:
 
 def silent_text(*, job_id: str, seconds: float) -> str:
     return f"no heartbeat from its Slurm job {job_id} for {seconds:.0f} s; the job is cancelled"
+
+
+def job_text(
+    *, job_id: str, state: str, reason: str, partition: str, time_limit_minutes: int | None
+) -> str:
+    """The run page's "Slurm job" line: the job, its state and Slurm's reason, and what it asked
+    for ("4811 (pending: Resources), partition gpu, 30 min"), on a reload and live."""
+    said = "not submitted yet"
+    if job_id:
+        why = f": {reason}" if reason else ""
+        said = f"{job_id} ({state.lower() or 'submitted'}{why})"
+    if partition:
+        said += f", partition {partition}"
+    if time_limit_minutes:
+        said += f", {time_limit_minutes} min"
+    return said
