@@ -1,11 +1,15 @@
 """Policy stays Trainyard's on Slurm (issue 37, item 1): a run's priority goes to the cluster as
 its job's --nice, the site's QoS with every job, and the per-user bound on runs in flight holds
-for Slurm launches as for the workers'. In process, the cluster's commands as stand-ins
+for Slurm launches as for the workers'. Its GPUs (item 2) are asked per node and taken as Slurm
+gives them. In process, the cluster's commands as stand-ins
 (tests/slurm_fake.py); the real cluster's nice: tests/test_slurm.py."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -13,7 +17,12 @@ import pytest
 
 from dashboard.experiments.models import Backend, Experiment, Status
 from dashboard.experiments.scheduling.queue import PRIORITY_RANGE
-from dashboard.experiments.scheduling.slurm.jobs import JobRequest, priority_nice, sbatch_args
+from dashboard.experiments.scheduling.slurm.jobs import (
+    JobRequest,
+    priority_nice,
+    sbatch_args,
+    srun_command,
+)
 from tests.factories import api_post
 from tests.slurm_fake import SlurmFake, slurm_backend_fake
 
@@ -100,3 +109,43 @@ def test_a_priority_changed_in_the_queue_renices_the_pending_job(
         assert answer.status_code == 200, answer.content
     # The Slurm run's job only; a run on the workers has none.
     assert fake.calls("scontrol") == [f"scontrol update JobId=77 Nice={PRIORITY_RANGE[1] - 900}"]
+
+
+def _node_argv(*, command: list[str], tail: list[str], env: dict[str, str]) -> list[str]:
+    """What the srun step's task runs on a node with Slurm's `env` there: the node shell of
+    srun_command, run here (the real cluster's: tests/test_slurm.py)."""
+    srun = srun_command(nodes=2, cwd="/", command=command, tail=tail)
+    shell = srun[srun.index("bash") :]
+    slurms = ("CUDA_VISIBLE_DEVICES", "SLURM_NODEID")
+    clean = {k: v for k, v in os.environ.items() if k not in slurms}
+    done = subprocess.run(shell, env={**clean, **env}, capture_output=True, text=True, check=True)
+    return list(json.loads(done.stdout))
+
+
+# The training's stand-in: its arguments, then the CUDA_VISIBLE_DEVICES it was started with.
+ECHO = [sys.executable, "-c", "import json, os, sys; "
+        "print(json.dumps([*sys.argv[1:], os.environ.get('CUDA_VISIBLE_DEVICES')]))"]  # fmt: skip
+
+
+def test_a_node_trains_on_the_gpus_slurm_gave_it(settings: Any) -> None:
+    """The job asks each node for as many GPUs as the run has (--gres); on each, the training
+    takes the ones Slurm allocated there, whatever ids the run was launched with, and counts
+    and narrows to them itself (Slurm's CUDA_VISIBLE_DEVICES would renumber them: ids 2,3
+    under CUDA_VISIBLE_DEVICES=2,3 are no GPUs to the training's checks)."""
+    request = JobRequest(
+        experiment_id=3, nodes=2, ranks_per_node=2, gpus_per_node=2, partition="",
+        time_limit_minutes=None, log=Path("x.out"),
+    )  # fmt: skip
+    assert "--gres=gpu:2" in sbatch_args(request)
+    command, tail = [*ECHO, "--nproc", "2", "--gpus", "0,1"], ["--", "--gpus", "9"]
+    second = _node_argv(command=command, tail=tail,
+                        env={"SLURM_NODEID": "1", "CUDA_VISIBLE_DEVICES": "2,3"})  # fmt: skip
+    # A script's own arguments after "--" are its own.
+    assert second == ["--nproc", "2", "--gpus", "2,3", "--", "--gpus", "9", None]
+    first = _node_argv(command=command, tail=tail,
+                       env={"SLURM_NODEID": "0", "CUDA_VISIBLE_DEVICES": "0,1"})  # fmt: skip
+    assert first == ["--nproc", "2", "--gpus", "0,1", "--rdzv-host", "--", "--gpus", "9", None]
+    # A run on CPUs: nothing to take, whatever the node's environment says.
+    cpu = _node_argv(command=[*ECHO, "--nproc", "2"], tail=[],
+                     env={"SLURM_NODEID": "1", "CUDA_VISIBLE_DEVICES": "0"})  # fmt: skip
+    assert cpu == ["--nproc", "2", "0"]

@@ -128,9 +128,17 @@ def batch_script(*, experiment_id: int) -> str:
 
 # On the first node only, --rdzv-host (torchrun's is_host): the training's flags before a
 # script's "--", then the rest. The count of the first part comes first.
+# A run's --gpus become the GPUs Slurm gave the node (the step's CUDA_VISIBLE_DEVICES, from the
+# job's --gres): the run asked for a count, and the ids it was launched with may be another
+# job's there. Slurm's variable goes, so that the training counts the node's GPUs and narrows
+# to those ids itself, as on a worker (where the cgroup hides the others, Slurm's ids are 0..).
 NODE_SHELL = (
-    'head=("${@:2:$1}"); tail=("${@:$(($1 + 2))}"); '
+    'head=("${@:2:$1}"); tail=("${@:$(($1 + 2))}"); taken=; '
     '[ "$SLURM_NODEID" = 0 ] && head+=(--rdzv-host); '
+    'for i in "${!head[@]}"; do '
+    'if [ "${head[$i]}" = --gpus ] && [ -n "$CUDA_VISIBLE_DEVICES" ]; then '
+    "head[$((i + 1))]=$CUDA_VISIBLE_DEVICES; taken=1; fi; done; "
+    '[ -n "$taken" ] && unset CUDA_VISIBLE_DEVICES; '
     'exec "${head[@]}" "${tail[@]}"'
 )
 
