@@ -31,33 +31,40 @@ COMMON = (
 pytestmark = pytest.mark.usefixtures("no_processes_left")
 
 
-def _run(data: Path, out: Path, *args: str) -> Result:
-    result = run_cli(data, *COMMON, "--checkpoint-dir", str(out), "--run-id", out.name, *args)
+def lm_run(data: Path, out: Path, *args: str) -> Result:
+    """A run that must succeed, its checkpoints in ``out``, named after it."""
+    result = run_cli(data, *args, "--checkpoint-dir", str(out), "--run-id", out.name)
     assert result.returncode == 0, result.stderr[-3000:]
     assert_well_formed(result, out.name)
     return result
 
 
-def _steps(result: Result, key: str) -> list[float]:
+def steps(result: Result, key: str) -> list[float]:
     return [e[key] for e in result.of_type("step")]
+
+
+def assert_same_training(ours: Result, theirs: Result, count: int) -> None:
+    """One epoch of ``count`` steps trained alike: each step's loss and gradient norm, the
+    held-out loss and bits per byte, and the weights it ended with."""
+    assert len(steps(ours, "train_loss")) == count
+    assert steps(ours, "train_loss") == pytest.approx(steps(theirs, "train_loss"), abs=1e-5)
+    assert steps(ours, "grad_norm") == pytest.approx(steps(theirs, "grad_norm"), rel=1e-4)
+    mine, reference = _epoch(ours, 1), _epoch(theirs, 1)
+    assert mine["test_loss"] == pytest.approx(reference["test_loss"], abs=1e-5)
+    assert mine["bits_per_byte"] == pytest.approx(reference["bits_per_byte"], abs=2e-5)
+    assert_same_parameters(_checkpoint(ours, 1), _checkpoint(theirs, 1), rtol=2e-4)
 
 
 @pytest.mark.slow
 def test_deepspeed_zero_2_equals_single(tmp_path: Path) -> None:
     need(cli.deepspeed_available(), "deepspeed is not installed (pip install -e '.[deepspeed]')")
     data = tmp_path / "data"
-    single = _run(data, tmp_path / "single", "--strategy", "single", "--batch-size", "4")
-    zero = _run(data, tmp_path / "zero", "--strategy", "deepspeed", "--zero-stage", "2",
+    single = lm_run(data, tmp_path / "single", *COMMON, "--strategy", "single", "--batch-size", "4")
+    zero = lm_run(data, tmp_path / "zero", *COMMON, "--strategy", "deepspeed", "--zero-stage", "2",
                 "--nproc", "2", "--batch-size", "2")  # fmt: skip
     assert zero.started["global_batch_size"] == 4
     assert any("DeepSpeed ZeRO stage 2 over 2 rank(s)" in n for n in zero.started["notes"])
     # The clipping was reached: each step's norm is above its maximum, 1.0.
-    assert min(_steps(single, "grad_norm")) > 1.0
-    assert len(_steps(zero, "train_loss")) == STEPS
-    assert _steps(zero, "train_loss") == pytest.approx(_steps(single, "train_loss"), abs=1e-5)
-    assert _steps(zero, "grad_norm") == pytest.approx(_steps(single, "grad_norm"), rel=1e-4)
-    mine, reference = _epoch(zero, 1), _epoch(single, 1)
-    assert mine["test_loss"] == pytest.approx(reference["test_loss"], abs=1e-5)
-    assert mine["bits_per_byte"] == pytest.approx(reference["bits_per_byte"], abs=2e-5)
-    assert mine["sample"] == reference["sample"]
-    assert_same_parameters(_checkpoint(zero, 1), _checkpoint(single, 1), rtol=2e-4)
+    assert min(steps(single, "grad_norm")) > 1.0
+    assert_same_training(zero, single, STEPS)
+    assert _epoch(zero, 1)["sample"] == _epoch(single, 1)["sample"]

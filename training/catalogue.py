@@ -10,7 +10,8 @@ Models
     classification model of ``torchvision.models`` (``list_models``), and plug-ins: the entry
     points of group ``trainyard.models`` of any installed package. An entry point's name is the
     model's name and its object a callable
-    ``build(*, num_classes, in_channels, image_size) -> nn.Module``.
+    ``build(*, num_classes, in_channels, image_size) -> nn.Module``; or, where the build
+    declares ``language = True``, a language model's (``model_language``).
 
 Datasets
     ``mnist`` (always: the offline sample stands in for the full one), ``fashion-mnist`` (where
@@ -41,6 +42,7 @@ from training.text_catalogue import (
     TEXTFOLDER,
     folders_under,
     jargon_file,
+    model_size_get,
     text_folders,
     text_roots,
 )
@@ -144,6 +146,42 @@ def model_tensor_parallel(entry: ModelEntry) -> bool:
         return point is not None and callable(getattr(point.load(), "tensor_parallel", None))
     except Exception:  # a broken plug-in declares nothing; building it says why
         return False
+
+
+def model_language(name: str) -> bool:
+    """Whether ``name`` is a language model (it trains on text): ``byte-llama``, or a plug-in
+    whose ``build`` declares ``language = True``: then it is ``build(*, vocab_size, seq_len)``,
+    a module from windows of bytes (batch x seq_len, int64) to each next byte's logits (batch x
+    seq_len x vocab_size), and ``build.seq_len`` (optional) its default window. Its
+    ``build.tensor_parallel(model)`` (optional) gives its tensor-parallel plan, torchtitan's
+    way: module path -> ``ParallelStyle`` (``training.models.language_plugin``)."""
+    if name in LANGUAGE_MODELS:
+        return True
+    if name in BUILTIN_MODELS:
+        return False
+    return _language_build(model_plugins().get(name)) is not None
+
+
+def language_plugins() -> list[str]:
+    """The installed plug-ins that are language models (``model_language``)."""
+    points = metadata.entry_points(group=MODEL_GROUP)
+    return [p.name for p in points if p.name not in BUILTIN_MODELS and _language_build(p)]
+
+
+def language_plugin_window(name: str) -> int:
+    """A plug-in language model's default window: its ``build.seq_len``, else the default
+    size's of byte-llama."""
+    window = getattr(_language_build(model_plugins().get(name)), "seq_len", None)
+    return window if isinstance(window, int) and window > 0 else model_size_get(None).seq_len
+
+
+def _language_build(point: metadata.EntryPoint | None) -> Any:
+    """The plug-in's ``build`` where it declares a language model, else None."""
+    try:
+        build = point.load() if point is not None else None
+    except Exception:  # a broken plug-in is no language model; building it says why
+        return None
+    return build if getattr(build, "language", False) is True else None
 
 
 def no_tensor_plan_message(name: str) -> str:
@@ -293,6 +331,11 @@ def _class_counts(split: Path) -> dict[str, tuple[int, int]]:
     return counts
 
 
+def plugin_source(name: str) -> str:
+    """ "plug-in <distribution>": where the plug-in model ``name`` comes from."""
+    return f"plug-in {_distribution(model_plugins()[name])}"
+
+
 def _distribution(point: metadata.EntryPoint) -> str:
     dist = getattr(point, "dist", None)
     return str(dist.name) if dist is not None else point.value
@@ -314,7 +357,7 @@ def catalogue_collect(*, data_dir: Path) -> dict[str, Any]:
         "datasets": [d["name"] for d in details],
         "dataset_details": details,
         "image_folders": [asdict(f) for f in folders],
-        "language_models": list(LANGUAGE_MODELS),
+        "language_models": [*LANGUAGE_MODELS, *language_plugins()],
         "text_folders": [
             {"path": t.path, "files": t.files, "bytes": t.bytes, "layout": t.layout} for t in texts
         ],

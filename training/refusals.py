@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from training.catalogue import model_language
 from training.registry import (
     LANGUAGE_STRATEGIES,
     MICROBATCHES,
@@ -256,7 +257,7 @@ def language_refusals(
     widths the tensor-parallel degree does not divide (heads, the 256-byte vocabulary, the
     SwiGLU width; with sequence parallel the window). The pipeline's are
     ``pipeline_refusals``'. Empty for a classifier on images."""
-    language, text = model in LANGUAGE_MODELS, dataset in TEXT_DATASETS
+    language, text = model_language(model), dataset in TEXT_DATASETS
     if not language and not text:
         return []
     if language != text:
@@ -272,9 +273,22 @@ def language_refusals(
                 f"use {', '.join(LANGUAGE_STRATEGIES)}",
             )
         ]  # fmt: skip
+    if model not in LANGUAGE_MODELS:  # a plug-in: its own widths, its build says them
+        return [_refusal_plugin_pipeline(spec, model)] if spec.stages else []
     if spec.stages or spec.tensor_ranks == 1:
         return []
     return _tensor_widths_refusals(spec, model, processes, model_size, seq_len, sequence_parallel)
+
+
+def _refusal_plugin_pipeline(spec: StrategySpec, model: str) -> Refusal:
+    # The pipeline cuts byte-llama by layer; a plug-in declares no such cut (yet).
+    return Refusal(
+        RULE_LANGUAGE, "strategy",
+        f"{spec.label} cuts {', '.join(LANGUAGE_MODELS)} by layer; the plug-in language model "
+        f"{model} declares no cut",
+        f"argument --strategy: {spec.name} cuts {', '.join(LANGUAGE_MODELS)} by layer; the "
+        f"plug-in language model {model} declares no cut",
+    )  # fmt: skip
 
 
 def _refusal_pairing(model: str, dataset: str, *, language: bool) -> Refusal:

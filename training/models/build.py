@@ -39,9 +39,10 @@ from torch import nn
 from training import catalogue
 from training.data.datasets import DatasetMeta
 from training.models.byte_llama.model import ByteLlama, flops_per_token
+from training.models.language_plugin import language_plugin_build
 from training.models.simple_cnn import SimpleCNN
 from training.protocol import ModelInfo
-from training.text_catalogue import LANGUAGE_MODELS, model_size_get
+from training.text_catalogue import BYTE_VOCAB, LANGUAGE_MODELS, model_size_get
 
 # Sizes tried, smallest first, where a model does not take the dataset's: common input sizes,
 # and the minimum of the models that have one (inception_v3: 75, alexnet: 63 rounds up to 64).
@@ -91,7 +92,7 @@ def model_build_for(
     """``name`` built for ``meta``'s dataset (weights from ``weights``, a local state-dict file,
     where given); a language model at ``model_size`` for windows of ``seq_len``. Seed the RNG
     first: the initial weights come from it."""
-    if name in LANGUAGE_MODELS:
+    if name in LANGUAGE_MODELS or (seq_len is not None and catalogue.model_language(name)):
         return _language_model_build(name, model_size, seq_len, weights)
     entry = _entry(name)
     model: nn.Module
@@ -124,6 +125,8 @@ def model_build_for(
 def _language_model_build(
     name: str, model_size: str | None, seq_len: int | None, weights: str | None
 ) -> BuiltModel:
+    if name not in LANGUAGE_MODELS:
+        return _language_plugin_build(name, seq_len, weights)
     size = model_size_get(model_size)
     length = seq_len or size.seq_len
     model = ByteLlama(size, length)
@@ -140,6 +143,28 @@ def _language_model_build(
         "num_classes": model.output.out_features, "image_size": 0, "input_size": length,
         "model_size": size.name, "seq_len": length,
         "flops_per_token": flops_per_token(model, length),
+    }  # fmt: skip
+    return BuiltModel(model, info, notes)
+
+
+def _language_plugin_build(name: str, seq_len: int | None, weights: str | None) -> BuiltModel:
+    """A plug-in's language model (``models.language_plugin``). Its FLOPs per token are the
+    6N of its parameters alone: its attention's share depends on a shape it does not declare."""
+    length = seq_len or catalogue.language_plugin_window(name)
+    model = language_plugin_build(name, length)
+    parameters = sum(p.numel() for p in model.parameters())
+    source = catalogue.plugin_source(name)
+    notes = [
+        f"{name}: a language model built by its plug-in ({source[len('plug-in ') :]}), "
+        f"{parameters:,} parameters; windows of {length} bytes (vocabulary: the 256 byte "
+        "values). Its FLOPs per token are counted as 6N (the parameters'), without attention's."
+    ]
+    if weights:
+        notes.append(weights_load(model, Path(weights), name=name))
+    info: ModelInfo = {
+        "name": name, "source": source, "parameters": parameters, "in_channels": 0,
+        "num_classes": BYTE_VOCAB, "image_size": 0, "input_size": length, "seq_len": length,
+        "flops_per_token": 6 * parameters,
     }  # fmt: skip
     return BuiltModel(model, info, notes)
 

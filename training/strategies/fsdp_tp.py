@@ -26,24 +26,27 @@ from torch.distributed.tensor.parallel import loss_parallel
 
 from training.config import TrainConfig
 from training.data.batching import DataShard
-from training.models.byte_llama.model import ByteLlama
-from training.models.byte_llama.parallelize import apply_tp, tp_plan_text
 from training.process.runtime import Runtime
 from training.registry import mesh_shape
 from training.strategies.common import Plan
 from training.strategies.fsdp import blocks_shard, gathered
 from training.strategies.full_state import plan_sharded
-from training.strategies.tensor_parallel import backend_name, held_text, plan_text, tensor_split
+from training.strategies.tensor_parallel import (
+    backend_name,
+    held_text,
+    language_split,
+    plan_text,
+    tensor_split,
+)
 
 
 def plan_build(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> Plan:
     model.to(rt.device)
     dp, tp = mesh_shape(cfg.strategy, rt.world_size)
     mesh = init_device_mesh(rt.device.type, (dp, tp), mesh_dim_names=("dp", "tp"))
-    language = isinstance(model, ByteLlama)
-    if isinstance(model, ByteLlama):  # its own plan (torchtitan's), its loss split by vocabulary
-        apply_tp(model, mesh["tp"], sequence_parallel=cfg.sequence_parallel)
-        split = tp_plan_text(cfg.sequence_parallel)
+    language = cfg.language
+    if language:  # its own plan (byte-llama's torchtitan's), its loss split by vocabulary
+        split = language_split(cfg, model, mesh["tp"])
     else:
         split = plan_text(tensor_split(cfg.model, model, mesh["tp"]))
     blocks = blocks_shard(model, mesh["dp"], reshard_after_forward=cfg.reshard_after_forward)

@@ -34,6 +34,7 @@ from training.data.batching import DataShard
 from training.models.build import model_tensor_plan, tensor_plan_widths_check
 from training.models.byte_llama.model import ByteLlama
 from training.models.byte_llama.parallelize import apply_tp, tp_plan_text
+from training.models.language_plugin import language_plugin_plan, plan_words
 from training.observe.memory import tensor_bytes
 from training.process.runtime import Runtime
 from training.strategies.common import Plan
@@ -46,7 +47,7 @@ STYLES: dict[str, type[ParallelStyle]] = {"colwise": ColwiseParallel, "rowwise":
 def plan_build(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> Plan:
     model.to(rt.device)
     mesh = init_device_mesh(rt.device.type, (rt.world_size,))
-    if isinstance(model, ByteLlama):
+    if cfg.language:
         return _language_plan(cfg, rt, model, mesh)
     plan = tensor_split(cfg.model, model, mesh)
     note = (
@@ -59,14 +60,14 @@ def plan_build(cfg: TrainConfig, rt: Runtime, model: nn.Module) -> Plan:
     return plan_sharded(cfg, rt, model, notes=[note], data_shard=DataShard(0, 1))
 
 
-def _language_plan(cfg: TrainConfig, rt: Runtime, model: ByteLlama, mesh: DeviceMesh) -> Plan:
-    """A language model split by its own plan (torchtitan's, ``byte_llama.parallelize``), its
-    loss taken under ``loss_parallel``: the logits stay split by vocabulary, each rank taking
-    the softmax of its share (two small all-reduces instead of gathering the logits)."""
-    apply_tp(model, mesh, sequence_parallel=cfg.sequence_parallel)
+def _language_plan(cfg: TrainConfig, rt: Runtime, model: nn.Module, mesh: DeviceMesh) -> Plan:
+    """A language model split by its own plan (``language_split``), its loss taken under
+    ``loss_parallel``: the logits stay split by vocabulary, each rank taking the softmax of its
+    share (two small all-reduces instead of gathering the logits)."""
+    split = language_split(cfg, model, mesh)
     note = (
         f"Tensor parallel over {rt.world_size} rank(s) ({backend_name(rt)}, a 1-D mesh of "
-        f"{rt.world_size}), torchtitan's plan: {tp_plan_text(cfg.sequence_parallel)}; "
+        f"{rt.world_size}), {split}; "
         f"{held_text(model)}. The ranks split the model, not the data: all train on the same "
         f"batch, so the global batch is --batch-size ({cfg.batch_size}) whatever the number "
         "of ranks."
@@ -74,6 +75,18 @@ def _language_plan(cfg: TrainConfig, rt: Runtime, model: ByteLlama, mesh: Device
     return plan_sharded(
         cfg, rt, model, notes=[note], data_shard=DataShard(0, 1), loss_context=loss_parallel
     )
+
+
+def language_split(cfg: TrainConfig, model: nn.Module, mesh: DeviceMesh) -> str:
+    """Split a language model over ``mesh`` (1-D) by its plan; returns the plan in words:
+    byte-llama's is torchtitan's (``byte_llama.parallelize``), a plug-in's its own
+    (``models.language_plugin``)."""
+    if isinstance(model, ByteLlama):
+        apply_tp(model, mesh, sequence_parallel=cfg.sequence_parallel)
+        return f"torchtitan's plan: {tp_plan_text(cfg.sequence_parallel)}"
+    plan = language_plugin_plan(cfg.model, model)
+    parallelize_module(model, mesh, plan)
+    return plan_words(plan)
 
 
 def tensor_split(name: str, model: nn.Module, mesh: DeviceMesh) -> dict[str, str]:

@@ -1,0 +1,124 @@
+"""A plug-in's own language model: a package whose ``trainyard.models`` entry point's build declares
+``language = True`` and its tensor-parallel plan, torchtitan's kind (module path -> style, an
+output that leaves the logits split by vocabulary for ``loss_parallel``). It is listed among the
+language models, trains on the Jargon File, and tensor parallel over 2 ranks, splitting it by
+the plug-in's plan (not byte-llama's), trains what one process trains: 3 steps of batches of 4
+windows of 32 bytes, within tests/test_lm_exactness.py's tolerance.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from tests.test_lm_deepspeed import assert_same_training, lm_run
+from tests.test_training import run_cli
+
+STEPS = 3
+COMMON = (
+    *("--model", "tiny-lm", "--dataset", "jargon", "--seq-len", "32", "--batch-size", "4"),
+    *("--seed", "7", "--steps-per-epoch", str(STEPS), "--log-interval", "1"),
+)
+
+PLUGIN = '''
+"""A language model of the user's own: one pre-norm block over bytes, found by its entry point."""
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.tensor import Shard
+from torch.distributed.tensor.parallel import ColwiseParallel
+
+
+class TinyLM(nn.Module):
+    def __init__(self, vocab_size, seq_len, dim=32, heads=4):
+        super().__init__()
+        self.head_dim = dim // heads
+        self.embed = nn.Embedding(vocab_size, dim)
+        self.position = nn.Parameter(torch.randn(seq_len, dim) * 0.02)
+        self.norm1, self.norm2 = nn.RMSNorm(dim), nn.RMSNorm(dim)
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(dim, dim, bias=False) for _ in range(4))
+        self.w1, self.w2 = nn.Linear(dim, 4 * dim, bias=False), nn.Linear(4 * dim, dim, bias=False)
+        self.output = nn.Linear(dim, vocab_size, bias=False)
+
+    def forward(self, tokens):
+        b, t = tokens.shape
+        h = self.embed(tokens) + self.position[:t]
+        x = self.norm1(h)
+        # -1 heads: under tensor parallel each rank holds its share of them.
+        q, k, v = (w(x).view(b, t, -1, self.head_dim).transpose(1, 2)
+                   for w in (self.wq, self.wk, self.wv))
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        h = h + self.wo(a.transpose(1, 2).reshape(b, t, -1))
+        h = h + self.w2(F.gelu(self.w1(self.norm2(h))))
+        return self.output(h)
+
+
+def build(*, vocab_size, seq_len):
+    return TinyLM(vocab_size, seq_len)
+
+
+build.language = True
+build.seq_len = 32
+build.tensor_parallel = lambda model: {
+    "wq": "colwise", "wk": "colwise", "wv": "colwise", "wo": "rowwise",
+    "w1": "colwise", "w2": "rowwise",
+    "output": ColwiseParallel(output_layouts=Shard(-1), use_local_output=False),
+}
+'''
+
+pytestmark = pytest.mark.usefixtures("no_processes_left")
+
+
+@pytest.fixture
+def plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The package as pip would install it, on the runs' PYTHONPATH (run_cli passes ours on)."""
+    root = tmp_path / "plugin"
+    root.mkdir()
+    (root / "tinylm.py").write_text(textwrap.dedent(PLUGIN))
+    info = root / "tinylm-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tinylm\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[trainyard.models]\ntiny-lm = tinylm:build\n")
+    paths = [str(Path.cwd()), str(root), os.environ.get("PYTHONPATH", "")]
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
+    monkeypatch.syspath_prepend(str(root))
+    return root
+
+
+def test_a_plugin_language_model_is_listed_and_refused_byte_llamas_options(
+    plugin: Path, tmp_path: Path
+) -> None:
+    from training.catalogue import catalogue_collect, model_language
+    from training.refusals import language_refusals
+
+    assert model_language("tiny-lm") and not model_language("simple-cnn")
+    listed = catalogue_collect(data_dir=tmp_path)
+    assert listed["language_models"] == ["byte-llama", "tiny-lm"]
+    assert "tiny-lm" in listed["models_tensor_parallel"]
+    (refusal,) = language_refusals("single", model="tiny-lm", dataset="mnist", processes=1)
+    assert "tiny-lm is a language model: it trains on text" in refusal.message
+    (refusal,) = language_refusals("pipeline", model="tiny-lm", dataset="jargon", processes=2)
+    assert "the plug-in language model tiny-lm declares no cut" in refusal.message
+    sized = run_cli(tmp_path, *COMMON, "--model-size", "smoke")
+    assert sized.returncode == 2
+    assert "tiny-lm has its own size and tensor-parallel plan" in sized.stderr
+
+
+@pytest.mark.slow
+def test_tensor_parallel_splits_it_by_its_own_plan_and_equals_single(
+    plugin: Path, tmp_path: Path
+) -> None:
+    data = tmp_path / "data"
+    single = lm_run(data, tmp_path / "single", *COMMON, "--strategy", "single")
+    split = lm_run(data, tmp_path / "tp", *COMMON, "--strategy", "tensor-parallel", "--nproc", "2")
+    info = single.started["model_info"]
+    assert (info["source"], info["seq_len"]) == ("plug-in tinylm", 32)
+    [note] = [n for n in split.started["notes"] if n.startswith("Tensor parallel")]
+    assert "its plug-in's plan: wq ColwiseParallel" in note
+    assert "output ColwiseParallel" in note
+    # Split indeed: the plan's layers hold 20,480 of the model's 29,760 parameters, half a rank.
+    assert "each rank holds 78,080 of 119,040 parameter bytes (66%)" in note
+    assert_same_training(split, single, STEPS)
