@@ -189,6 +189,12 @@ def test_ddp_over_both_nodes_pends_requeues_resumes_and_succeeds(slurm: SlurmSta
     )  # fmt: skip
     assert len(resumed) == 2 and all(f", step {step} (" in said for (said,) in resumed), resumed
     assert final["test_accuracy"] > 0.5
+    # Both nodes' machines sampled: the first by the supervisor, the second by its sampler.
+    sampled = dict(slurm.stack.query(
+        "SELECT key, COUNT(*) FROM experiments_seriespoint WHERE experiment_id = ? AND key LIKE ?"
+        " GROUP BY key", pk, "machine/%/cpu_percent",
+    ))  # fmt: skip
+    assert set(sampled) == {"machine/n1/cpu_percent", "machine/n2/cpu_percent"}, sampled
     slurm.until(pk, lambda r: r["scheduler"]["state"] == "COMPLETED", timeout=30,
                 what="the job's end mirrored")  # fmt: skip
     print(f"launch to first point over 2 Slurm nodes: {first_point:.1f} s; warning to attempt 2 "

@@ -4,7 +4,8 @@ signals the scheduler sends the job's supervisor (runs/executor.py's Executor, f
 srun starts one task a node, each the same `python -m training ... --nnodes N`, which becomes
 torchrun there (c10d rendezvous hosted on the first node, at its NodeAddr: node names need not
 resolve). srun hands back every task's stdout and stderr, so this one supervisor reads the events
-of rank 0 wherever torchrun's rendezvous put it, and every rank's log lines.
+of rank 0 wherever torchrun's rendezvous put it, and every rank's log lines, and every other
+node's machine samples (node_sampler.py's lines, taken out of the training's output here).
 
 The ranks run under slurmstepd on their nodes, not under this process: they are reached through
 the scheduler. A request (SIGUSR1: a checkpoint, SIGUSR2: a profile, SIGTERM: a script's agreed
@@ -26,6 +27,7 @@ import contextlib
 import logging
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -38,6 +40,8 @@ from dashboard.experiments.models import Experiment
 from dashboard.experiments.runs.nodes import rendezvous_id
 from dashboard.experiments.runs.process import TrainingProcess, training_popen
 from dashboard.experiments.runs.processes import process_tree_stop
+from dashboard.experiments.runs.runner import sample_interval
+from dashboard.experiments.runs.slurm.node_sampler import node_sampler_command, node_samples_parse
 from dashboard.experiments.scheduling.slurm.commands import SlurmError
 from dashboard.experiments.scheduling.slurm.jobs import (
     slurm_job_cancel,
@@ -46,6 +50,7 @@ from dashboard.experiments.scheduling.slurm.jobs import (
 )
 from dashboard.experiments.scheduling.slurm.parse import SlurmNode
 from dashboard.serving import free_port
+from training.process.tree import OutputLine
 
 if TYPE_CHECKING:
     from dashboard.experiments.runs.runner import RunSupervisor
@@ -68,6 +73,22 @@ class SlurmStepProcess(TrainingProcess):
         # The training's `started` event (the executor's turn hands it on): each rank's PID and
         # host, to find the node of the process a request goes to.
         self.started: Mapping[str, Any] | None = None
+        # The other nodes' machine samples, as their lines came (the executor's turn adds them).
+        self.samples: list[dict[str, float]] = []
+
+    def line_next(self, timeout: float) -> OutputLine:
+        """The training's next line; a node's samples are kept apart (and read as no line)."""
+        source, line = super().line_next(timeout)
+        samples = node_samples_parse(line) if source == "stderr" and line else None
+        if samples is None:
+            return source, line
+        if samples:
+            self.samples.append(samples)
+        return "", ""
+
+    def samples_take(self) -> list[dict[str, float]]:
+        taken, self.samples = self.samples, []
+        return taken
 
     def stop(self, *, rank_pids: list[int], grace_seconds: float) -> list[int]:
         """SIGTERM to every process of the step (torchrun passes it to its ranks: they stop as
@@ -135,7 +156,10 @@ class SlurmStep:
     def start(
         self, *, command: list[str], tail: list[str], env: dict[str, str], cwd: Path | str
     ) -> TrainingProcess:
-        srun = srun_command(nodes=len(self.nodes), cwd=cwd, command=command, tail=tail)
+        # The other nodes' samples, as often as the supervisor takes its own (runner.py).
+        sampler = node_sampler_command(python=sys.executable, interval=sample_interval())
+        srun = srun_command(nodes=len(self.nodes), cwd=cwd, command=command, tail=tail,
+                            sampler=sampler)  # fmt: skip
         popen = training_popen(command=srun, env=env, cwd=cwd)
         return SlurmStepProcess(popen, job_id=self.job_id, nodes=self.nodes)
 
@@ -148,6 +172,8 @@ class SlurmStep:
             return
         if isinstance(process, SlurmStepProcess):
             process.started = state.started_event
+            for samples in process.samples_take():
+                supervisor.sink.add_series(samples, time_=round(now - supervisor.clock_zero, 3))
         if self.terminated and not self.ended:
             self.ended = True
             supervisor.sink.add_output(

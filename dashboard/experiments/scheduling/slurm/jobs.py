@@ -126,30 +126,41 @@ def batch_script(*, experiment_id: int) -> str:
     )
 
 
-# On the first node only, --rdzv-host (torchrun's is_host): the training's flags before a
-# script's "--", then the rest. The count of the first part comes first.
+# The node's sampler first (its argv; its count first, 0 for none), started in the background on
+# every node but the first (whose machine the supervisor samples itself) with the PID that
+# becomes the training's, so that it ends with it (runs/slurm/node_sampler.py). Then, on the
+# first node only, --rdzv-host (torchrun's is_host): the training's flags before a script's
+# "--", then the rest, their count first.
 # A run's --gpus become the GPUs Slurm gave the node (the step's CUDA_VISIBLE_DEVICES, from the
 # job's --gres): the run asked for a count, and the ids it was launched with may be another
 # job's there. Slurm's variable goes, so that the training counts the node's GPUs and narrows
 # to those ids itself, as on a worker (where the cgroup hides the others, Slurm's ids are 0..).
 NODE_SHELL = (
+    'sampler=("${@:2:$1}"); shift "$(($1 + 1))"; '
     'head=("${@:2:$1}"); tail=("${@:$(($1 + 2))}"); taken=; '
     '[ "$SLURM_NODEID" = 0 ] && head+=(--rdzv-host); '
     'for i in "${!head[@]}"; do '
     'if [ "${head[$i]}" = --gpus ] && [ -n "$CUDA_VISIBLE_DEVICES" ]; then '
     "head[$((i + 1))]=$CUDA_VISIBLE_DEVICES; taken=1; fi; done; "
     '[ -n "$taken" ] && unset CUDA_VISIBLE_DEVICES; '
+    'if [ "$SLURM_NODEID" != 0 ] && [ "${#sampler[@]}" -gt 0 ]; then '
+    '"${sampler[@]}" --parent "$$" > /dev/null & fi; '
     'exec "${head[@]}" "${tail[@]}"'
 )
 
 
-def srun_command(*, nodes: int, cwd: Path | str, command: list[str], tail: list[str]) -> list[str]:
+def srun_command(
+    *, nodes: int, cwd: Path | str, command: list[str], tail: list[str],
+    sampler: list[str] | None = None,
+) -> list[str]:  # fmt: skip
     """One srun step over the allocation's `nodes`, a task each running `command` (+ `tail`),
-    the first node's with --rdzv-host; a task that fails ends the step."""
+    the first node's with --rdzv-host, the others beside `sampler` (NODE_SHELL); a task that
+    fails ends the step."""
+    sampler = sampler or []
     return [
         "srun", f"--nodes={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
-        f"--chdir={cwd}", "bash", "-c", NODE_SHELL, "trainyard-node", str(len(command)),
-        *command, *tail,
+        f"--chdir={cwd}", "bash", "-c", NODE_SHELL, "trainyard-node",
+        str(len(sampler)), *sampler, str(len(command)), *command, *tail,
     ]  # fmt: skip
 
 
