@@ -24,7 +24,7 @@ from training.process.torchrun import (
 from training.protocol import EventWriter, log_line_format
 from training.refusals import RULE_MIN_GPUS, pipeline_refusals, strategy_refusals
 from training.registry import DEEPSPEED, REGISTRY, TORCHRUN_STRATEGIES, strategy_get
-from training.text_catalogue import model_size_get
+from training.text_catalogue import LANGUAGE_MODELS, model_size_get
 
 log = logging.getLogger("training")
 
@@ -160,12 +160,12 @@ def _validate_pipeline(cfg: TrainConfig, parser: argparse.ArgumentParser) -> Non
     """The pipeline's stages, micro-batches and batch. The model's stage count is known by
     building it on the meta device (torch imported for it); the launcher asks, its ranks not."""
     stages = None
-    if cfg.language:  # cut by layer: the size says how many (no need to build it)
+    if cfg.language and cfg.model in LANGUAGE_MODELS:  # by layer: the size says how many
         stages = model_size_get(cfg.model_size).n_layers
     elif not under_torchrun() and cfg.nproc >= 2:
         from training.models.build import model_stage_limit
 
-        stages = model_stage_limit(cfg.model)
+        stages = model_stage_limit(cfg.model, seq_len=cfg.seq_len)
     for refusal in pipeline_refusals(
         cfg.strategy, processes=cfg.nproc, batch_size=cfg.batch_size,
         microbatches=cfg.microbatches, schedule=cfg.pipeline_schedule, stages=stages,

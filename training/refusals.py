@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from training.catalogue import model_language
+from training.catalogue import ModelEntry, model_language, model_splittable, plugin_source
 from training.registry import (
     LANGUAGE_STRATEGIES,
     MICROBATCHES,
@@ -274,20 +274,22 @@ def language_refusals(
             )
         ]  # fmt: skip
     if model not in LANGUAGE_MODELS:  # a plug-in: its own widths, its build says them
-        return [_refusal_plugin_pipeline(spec, model)] if spec.stages else []
+        declared = model_splittable(ModelEntry(model, plugin_source(model)))
+        return [_refusal_plugin_pipeline(spec, model)] if spec.stages and not declared else []
     if spec.stages or spec.tensor_ranks == 1:
         return []
     return _tensor_widths_refusals(spec, model, processes, model_size, seq_len, sequence_parallel)
 
 
 def _refusal_plugin_pipeline(spec: StrategySpec, model: str) -> Refusal:
-    # The pipeline cuts byte-llama by layer; a plug-in declares no such cut (yet).
+    # The pipeline cuts byte-llama by layer, a plug-in where its build declares its parts.
+    declare = "build.stages(model) -> [(name, module), ...], its parts in order"
     return Refusal(
         RULE_LANGUAGE, "strategy",
         f"{spec.label} cuts {', '.join(LANGUAGE_MODELS)} by layer; the plug-in language model "
-        f"{model} declares no cut",
+        f"{model} declares no cut ({declare})",
         f"argument --strategy: {spec.name} cuts {', '.join(LANGUAGE_MODELS)} by layer; the "
-        f"plug-in language model {model} declares no cut",
+        f"plug-in language model {model} declares no cut ({declare})",
     )  # fmt: skip
 
 

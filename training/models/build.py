@@ -439,14 +439,15 @@ def model_stage_count(parts: list[Part]) -> int:
     return sum(1 for _, module in parts if _params(module))
 
 
-def model_stage_limit(name: str) -> int | None:
+def model_stage_limit(name: str, *, seq_len: int | None = None) -> int | None:
     """The most stages ``name`` cuts into (``model_stage_count``), from the model built for
-    MNIST on the meta device (no memory, no weights): the CLI refuses more pipeline ranks
-    before any starts. None where it cannot tell (the model fails to build so); the engine
-    refuses then."""
+    MNIST (a plug-in language model: for windows of ``seq_len``) on the meta device (no memory,
+    no weights): the CLI refuses more pipeline ranks before any starts. None where it cannot
+    tell (the model fails to build so); the engine refuses then."""
     try:
         with torch.device("meta"):
-            model = model_build_for(name=name, meta=DatasetMeta("mnist", 10, 1, 28)).model
+            meta = DatasetMeta("mnist", 10, 1, 28)
+            model = model_build_for(name=name, meta=meta, seq_len=seq_len).model
             return model_stage_count(model_stages(name, model, stages=1))
     except Exception:  # building it for the run says why
         return None

@@ -8,6 +8,10 @@ Its plan is torchtitan's kind: ``build.tensor_parallel(model)`` returns module p
 ``parallelize_module`` over the tensor-parallel mesh. The loss is taken under ``loss_parallel``,
 so the plan may leave the logits split by vocabulary (``ColwiseParallel(output_layouts=Shard(-1),
 use_local_output=False)`` on the output, as byte-llama's does) or whole.
+
+Its pipeline cut is ``build.stages(model)``, its parts in order, as a classifier plug-in's
+(``training.strategies.pipeline``: cut into stages balanced by parameters, nothing flattened
+between them, checked against the model's own forward on windows of bytes).
 """
 
 from __future__ import annotations

@@ -6,8 +6,9 @@ micro-batches (``torch.distributed.pipelining``: ``PipelineStage`` and ``Schedul
 the weights' gradients to fill the bubble). All four run on Gloo here (torch 2.14.1).
 
 A language model (``byte-llama``) is cut by layer (``byte_llama.parallelize.pipeline_stages``:
-the embedding with the first layers, norm and output with the last), its loss per byte, its
-gradients clipped by their norm over every stage (one all-reduce of the squares).
+the embedding with the first layers, norm and output with the last), a plug-in's by the parts
+its build declares (as below, nothing flattened), its loss per byte, its gradients clipped by
+their norm over every stage (one all-reduce of the squares).
 
 The stages come from the model's declared split, the one ``model-parallel`` places
 (``models.build.model_stages``: the built-in's ``features`` and ``classifier``, torchvision's
@@ -71,6 +72,7 @@ from training.strategies.clipping import GradClip
 from training.strategies.common import Plan, optimizer_make
 from training.strategies.full_state import by_name, by_number
 from training.strategies.model_parallel import stage_table
+from training.text_catalogue import BYTE_VOCAB
 
 SCHEDULES = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}
 # The schedules whose ranks hold several stages (STAGES_PER_RANK): they take a list of them.
@@ -121,11 +123,10 @@ def stage_modules(model: nn.Module, stages: list[list[Part]]) -> list[StageModul
 
 
 def composition_check(
-    name: str, model: nn.Module, modules: list[StageModule], shape: tuple[int, int, int]
+    name: str, model: nn.Module, modules: list[StageModule], probe: torch.Tensor
 ) -> None:
     """Refused (ModelRefused) where running the stages one after another is not the model's own
-    forward, on a probe batch of two random images (its own generator: the run's is untouched)."""
-    probe = torch.randn(2, *shape, generator=torch.Generator().manual_seed(0))
+    forward, on a probe batch (two random images, or windows of bytes)."""
     device = next(model.parameters()).device
     probe = probe.to(device)
     was_training = model.training
@@ -172,9 +173,16 @@ def _stages(cfg: TrainConfig, count: int, model: nn.Module) -> tuple[list[Stage]
         return list(cut), [list(zip(m.names, m.parts, strict=True)) for m in cut]
     parts = model_stages(cfg.model, model, stages=count, strategy="pipeline")
     stages = stages_split(parts, count)
-    modules = stage_modules(model, stages)
-    meta = dataset_meta(cfg.dataset, Path(cfg.data_dir), cfg.data_path)
-    composition_check(cfg.model, model, modules, (meta.channels, meta.image_size, meta.image_size))
+    seeded = torch.Generator().manual_seed(0)  # its own: the run's generator is untouched
+    if cfg.language:  # a plug-in's parts in order, over its hidden states: nothing flattened
+        modules = [StageModule(model, p, first=i == 0, flatten=set()) for i, p in enumerate(stages)]
+        probe = torch.randint(0, BYTE_VOCAB, (2, cfg.seq_len or 1), generator=seeded)
+    else:
+        modules = stage_modules(model, stages)
+        meta = dataset_meta(cfg.dataset, Path(cfg.data_dir), cfg.data_path)
+        shape = (meta.channels, meta.image_size, meta.image_size)
+        probe = torch.randn(2, *shape, generator=seeded)
+    composition_check(cfg.model, model, modules, probe)
     return list(modules), stages
 
 
