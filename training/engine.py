@@ -34,7 +34,7 @@ from training.data.shared_data import dataset_for_ranks, text_for_ranks
 from training.data.sources import dataset_open
 from training.data.text import TextSplit, sample_seed, text_batches
 from training.epochs import EpochStart, Ranks, epochs_drive, model_build, started_emit
-from training.loop import Tested, evaluate, sample_text, steps_run
+from training.loop import Tested, evaluate, sample_bytes, sample_text, steps_run
 from training.models.build import BuiltModel
 from training.observe.collectives import collectives_time
 from training.observe.language import test_fields, tokens_fields
@@ -254,7 +254,9 @@ def _sample(cfg: TrainConfig, rt: Runtime, run: _Run, epoch: int) -> str:
     prompt = test.tokens[: test.seq_len]
     with plan.evaluating(), plan.autocast():
         seed = sample_seed(cfg.seed, epoch)
-        return sample_text(plan.eval_net, prompt, device=plan.input_device, seed=seed)
+        return sample_text(
+            plan.eval_net, prompt, device=plan.input_device, seed=seed, length=sample_bytes()
+        )
 
 
 def epoch_run(

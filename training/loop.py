@@ -6,6 +6,7 @@ both import these; neither imports the other.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 
@@ -111,6 +112,19 @@ def whole(logits: torch.Tensor) -> torch.Tensor:
 
 
 SAMPLE_BYTES = 200  # what a language model writes at each evaluation
+# Fewer, for tests that compare strategies and not the text: each byte is a forward, which under
+# tensor parallel or the pipeline is a round of collectives (200 of them took 10 s of a 2-rank
+# run on 2 loaded cores). A test's knob: nothing else sets it.
+SAMPLE_BYTES_ENV = "TRAINYARD_SAMPLE_BYTES"
+
+
+def sample_bytes() -> int:
+    """How many bytes a language model writes at each evaluation: SAMPLE_BYTES, or a positive
+    count in $TRAINYARD_SAMPLE_BYTES."""
+    said = os.environ.get(SAMPLE_BYTES_ENV, "")
+    return int(said) if said.isdigit() and int(said) > 0 else SAMPLE_BYTES
+
+
 SAMPLE_TEMPERATURE = 0.8
 
 
