@@ -3,7 +3,11 @@ the same global batch: DDP (its optimizer sharded too, ZeRO-1) and FSDP2 (per bl
 output], root) over 2 ranks at 8 windows each, tensor parallel (torchtitan's plan, with and
 without sequence parallel, the loss under loss_parallel) and the pipeline (by layer; GPipe and
 1F1B) over 2 ranks sharing a batch of 16, and FSDP2 + tensor parallel over 4 ranks (pairs of
-8), against single at 16: the smoke size, 4 steps of windows of 32 bytes from the Jargon File.
+8), against single at 16: the smoke size, 4 steps of windows of 32 bytes from the Jargon File's
+first 64 KiB (a text folder: its held-out tail, which every epoch evaluates whole, is 6.5 KiB, not
+the whole file's 168 KiB), each epoch's sample 8 bytes, not 200 ($TRAINYARD_SAMPLE_BYTES). Under
+tensor parallel and the pipeline each evaluated window and each sampled byte is a round of
+collectives: the whole file's and 200 bytes took 20 s of each such run on 2 loaded cores.
 The pipeline's schedules of two stages a rank (interleaved 1F1B, ZB-V's zero bubble) need 4
 layers: the small size, at batches of 8.
 
@@ -20,6 +24,8 @@ curve's cosine spans the run's steps, so runs compare with a reference of as man
 
 from __future__ import annotations
 
+import gzip
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,8 +34,11 @@ from tests.test_exactness import assert_same_parameters
 from tests.test_tensor_parallel import STEPS, _checkpoint, _epoch
 from tests.test_tensor_parallel import _run as classifier_run
 from tests.test_training import Result
+from training.loop import SAMPLE_BYTES_ENV
+from training.text_catalogue import JARGON_DEBIAN
 
-LANGUAGE = ("--model", "byte-llama", "--model-size", "smoke", "--dataset", "jargon")
+TEXT_BYTES = 64 * 1024  # the Jargon File's first, in a text folder (the module's docstring)
+SAMPLE = "8"
 
 # The Jargon File comes from Debian's jargon-text, which .ci/system-packages installs.
 pytestmark = pytest.mark.usefixtures("no_processes_left")
@@ -38,8 +47,10 @@ slow = pytest.mark.slow  # each torchrun run takes 10-30 s on a loaded 2-core ma
 
 def _run(data: Path, out: Path, run_id: str, *args: str) -> Result:
     """tests/test_tensor_parallel.py's run (4 steps of seed 7, every step reported), of the
-    smoke size on jargon."""
-    return classifier_run(data, out, run_id, *LANGUAGE, *args)
+    smoke size on the text folder of ``data``."""
+    language = ("--model", "byte-llama", "--model-size", "smoke", "--dataset", "textfolder",
+                "--data-path", str(data / "textfolders" / "jargon"))  # fmt: skip
+    return classifier_run(data, out, run_id, *language, *args)
 
 
 def assert_same_epoch(ours: Result, theirs: Result, epoch: int) -> None:
@@ -56,9 +67,23 @@ def assert_same_epoch(ours: Result, theirs: Result, epoch: int) -> None:
     assert_same_parameters(_checkpoint(ours, epoch), _checkpoint(theirs, epoch), rtol=2e-4)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def short_samples() -> Iterator[None]:
+    """Every run of the module samples SAMPLE bytes an epoch (the runs inherit the environment)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(SAMPLE_BYTES_ENV, SAMPLE)
+        yield
+
+
 @pytest.fixture(scope="module")
 def data(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("data")
+    """A data folder whose text folder holds the Jargon File's first TEXT_BYTES."""
+    path = tmp_path_factory.mktemp("data")
+    folder = path / "textfolders" / "jargon"
+    folder.mkdir(parents=True)
+    text = gzip.decompress(JARGON_DEBIAN.read_bytes())[:TEXT_BYTES]
+    (folder / "jargon.txt").write_bytes(text)
+    return path
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +117,8 @@ def test_ddp_and_fsdp2_equal_single(
         ("train.tokens", True),
         ("test.tokens", True),
     ]
-    assert sum(t["bytes"] for t in shared) == 1_681_817  # the Jargon File's
+    assert sum(t["bytes"] for t in shared) == TEXT_BYTES  # the text's, once
+    assert 0 < len(_epoch(result, 1)["sample"]) <= int(SAMPLE)  # the knob reached rank 0
     assert_same_epoch(result, single, 1)
     if strategy == "fsdp":
         [note] = [n for n in result.started["notes"] if n.startswith("FSDP2")]
