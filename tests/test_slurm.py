@@ -36,6 +36,7 @@ class SlurmStack:
     cluster: SlurmCluster
     stack: Stack
     alice: requests.Session
+    staff: requests.Session  # sets a queued run's priority
 
     def launch(self, **fields: Any) -> dict[str, Any]:
         body = {"strategy": "ddp", "processes": 1, "epochs": 1, "backend": "slurm", **fields}
@@ -81,7 +82,9 @@ def slurm(tmp_path_factory: pytest.TempPathFactory, data_dir: Path) -> Iterator[
         }
         with stack_running(home=home / "stack", data_dir=data_dir, env_extra=env) as stack:
             stack.user_create("alice")
-            yield SlurmStack(cluster=cluster, stack=stack, alice=stack.login("alice"))
+            stack.user_create("sam", staff=True)
+            yield SlurmStack(cluster=cluster, stack=stack, alice=stack.login("alice"),
+                             staff=stack.login("sam"))  # fmt: skip
 
 
 def test_a_run_larger_than_every_partition_is_refused(slurm: SlurmStack) -> None:
@@ -113,8 +116,10 @@ def test_ddp_over_both_nodes_pends_requeues_resumes_and_succeeds(slurm: SlurmSta
     assert run["backend"] == "slurm" and run["scheduler"]["state"] == "PENDING", run
     job = run["scheduler"]["job_id"]
     with socket_open(slurm.stack, slurm.alice, pk) as ws:
-        first = _first_step(ws, timeout=180)
+        first, job_lines = _first_step(ws, timeout=180)
     first_point = time.monotonic() - launched
+    # The page's job line followed the job without a reload: running once the job started it.
+    assert job_lines[-1] == f"{job} (running)", job_lines
     assert slurm.cluster.jobs()[job] == (f"ty-{pk}", "RUNNING", "None")
     detail = slurm.run(pk)
     assert detail["scheduler"] == {"job_id": job, "state": "RUNNING", "reason": ""}
@@ -142,8 +147,7 @@ def test_ddp_over_both_nodes_pends_requeues_resumes_and_succeeds(slurm: SlurmSta
         return slurm.cluster.run("squeue", "-h", "-j", pending_job, "-o", "%y").strip()
 
     assert nice() == "1000", nice()
-    slurm.stack.user_create("sam", staff=True)
-    moved = slurm.stack.login("sam").post(
+    moved = slurm.staff.post(
         f"{slurm.stack.base_url}/api/queue/{waiting['id']}/priority/", json={"priority": 1000},
         timeout=30,
     )  # fmt: skip
@@ -223,11 +227,17 @@ def test_stop_cancels_the_job_and_leaves_no_process(slurm: SlurmStack) -> None:
     print(f"Stop to no process left: {time.monotonic() - asked:.1f} s")
 
 
-def _first_step(ws: Any, *, timeout: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
+def _first_step(ws: Any, *, timeout: float) -> tuple[dict[str, Any], list[str]]:
+    """The first step message, and the job lines the page was given until then (the
+    snapshot's, then each scheduler message's)."""
+    deadline, lines = time.monotonic() + timeout, []
     while time.monotonic() < deadline:
         message = json.loads(ws.recv(timeout=deadline - time.monotonic()))
         assert message["type"] not in ("finished", "failed"), message
+        if message["type"] == "snapshot":
+            lines.append(message["texts"]["scheduler"])
+        if message["type"] == "scheduler":
+            lines.append(message["text"])
         if message["type"] == "step":
-            return dict(message)
+            return dict(message), lines
     raise TimeoutError("no step message")
