@@ -157,6 +157,15 @@ def test_a_plugin_language_model_is_listed_and_refused_byte_llamas_options(
     assert "tiny-lm has its own size and tensor-parallel plan" in sized.stderr
 
 
+def test_a_worker_counts_a_plugin_language_models_parts(plugin: Path, tmp_path: Path) -> None:
+    """The worker's report counts a plug-in language model's stages for the dashboard's launch
+    checks (dashboard.devices.facts): its declared parts, built for windows of bytes."""
+    from dashboard.devices.facts import plugin_stages_count
+    from training.catalogue import catalogue_collect
+
+    assert plugin_stages_count(catalogue_collect(data_dir=tmp_path)) == {"tiny-lm": 4}
+
+
 @pytest.mark.slow
 def test_tensor_parallel_and_the_pipeline_split_it_by_its_own_plan_and_equal_single(
     plugin: Path, tmp_path: Path

@@ -184,24 +184,15 @@ def language_check(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> L
     if not language:
         return LanguageSettings(None, None, True)
     if ns.model not in LANGUAGE_MODELS:
-        return _plugin_language(ns, parser)
+        return _plugin_language(ns)
     size = model_size_get(ns.model_size or BYTE_LLAMA_SIZE_DEFAULT)
     sequence_parallel = ns.sequence_parallel is not False  # on unless turned off
     return LanguageSettings(size.name, ns.seq_len or size.seq_len, sequence_parallel)
 
 
-def _plugin_language(ns: argparse.Namespace, parser: argparse.ArgumentParser) -> LanguageSettings:
+def _plugin_language(ns: argparse.Namespace) -> LanguageSettings:
     """A plug-in language model: its own size and its own plan (sequence parallel or not is
-    its plan's), its window --seq-len or its build's."""
-    for flag, value in (
-        ("--model-size", ns.model_size),
-        ("--sequence-parallel", ns.sequence_parallel),
-    ):
-        if value is not None:
-            parser.error(
-                f"argument {flag}: {' or '.join(LANGUAGE_MODELS)}'s only; the plug-in language "
-                f"model {ns.model} has its own size and tensor-parallel plan"
-            )
+    its plan's: language_refusals refused the flags), its window --seq-len or its build's."""
     return LanguageSettings(None, ns.seq_len or catalogue.language_plugin_window(ns.model), True)
 
 

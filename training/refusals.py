@@ -251,13 +251,22 @@ def language_refusals(
     model_size: str | None = None,
     seq_len: int | None = None,
     sequence_parallel: bool | None = None,
+    language: bool | None = None,
+    splittable: bool | None = None,
 ) -> list[Refusal]:
-    """What a request pairing a language model (byte-llama) or text refuses: a language model
-    on images or a classifier on text, a strategy that does not train language models, and
-    widths the tensor-parallel degree does not divide (heads, the 256-byte vocabulary, the
-    SwiGLU width; with sequence parallel the window). The pipeline's are
-    ``pipeline_refusals``'. Empty for a classifier on images."""
-    language, text = model_language(model), dataset in TEXT_DATASETS
+    """What a request pairing a language model (byte-llama or a plug-in's) or text refuses: a
+    language model on images or a classifier on text, a strategy that does not train language
+    models, and widths the tensor-parallel degree does not divide (heads, the 256-byte
+    vocabulary, the SwiGLU width; with sequence parallel the window); for a plug-in, byte-llama's
+    size and sequence parallel, and a pipeline where it declares no parts. The pipeline's are
+    ``pipeline_refusals``'. Empty for a classifier on images.
+
+    ``language`` (the model is a language model) and ``splittable`` (a plug-in declares its
+    parts): where the caller knows them better than this machine's installed plug-ins (the
+    dashboard, from its workers' reports); None asks the installed catalogue."""
+    if language is None:
+        language = model_language(model)
+    text = dataset in TEXT_DATASETS
     if not language and not text:
         return []
     if language != text:
@@ -274,11 +283,37 @@ def language_refusals(
             )
         ]  # fmt: skip
     if model not in LANGUAGE_MODELS:  # a plug-in: its own widths, its build says them
-        declared = model_splittable(ModelEntry(model, plugin_source(model)))
-        return [_refusal_plugin_pipeline(spec, model)] if spec.stages and not declared else []
+        found = _refusals_plugin_options(
+            model, model_size=model_size, sequence_parallel=sequence_parallel
+        )
+        if spec.stages and not found:
+            if splittable is None:
+                splittable = model_splittable(ModelEntry(model, plugin_source(model)))
+            if not splittable:
+                found.append(_refusal_plugin_pipeline(spec, model))
+        return found
     if spec.stages or spec.tensor_ranks == 1:
         return []
     return _tensor_widths_refusals(spec, model, processes, model_size, seq_len, sequence_parallel)
+
+
+def _refusals_plugin_options(
+    model: str, *, model_size: str | None, sequence_parallel: bool | None
+) -> list[Refusal]:
+    """byte-llama's size preset and sequence parallel, given for a plug-in language model: it
+    has its own size and its own tensor-parallel plan (which splits by sequence or not)."""
+    refusals = []
+    for field, flag, value in (
+        ("model_size", "--model-size", model_size),
+        ("sequence_parallel", "--sequence-parallel", sequence_parallel),
+    ):
+        if value not in (None, ""):
+            owner = f"{' or '.join(LANGUAGE_MODELS)}'s only"
+            why = f"the plug-in language model {model} has its own size and tensor-parallel plan"
+            refusals.append(
+                Refusal(RULE_LANGUAGE, field, f"{owner}; {why}", f"argument {flag}: {owner}; {why}")
+            )
+    return refusals
 
 
 def _refusal_plugin_pipeline(spec: StrategySpec, model: str) -> Refusal:

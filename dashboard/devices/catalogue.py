@@ -38,6 +38,9 @@ class MachineCatalogue:
     models_tensor_parallel: tuple[str, ...] = ()  # those that declare a tensor-parallel plan
     models_stages: dict[str, int] = field(default_factory=dict)  # a plug-in's pipeline stages
     model_sources: dict[str, str] = field(default_factory=dict)
+    # byte-llama and the plug-ins whose build declares a language model (only the workers have
+    # a plug-in installed, so only their report says which it is)
+    language_models: tuple[str, ...] = ()
     dataset_details: tuple[dict[str, Any], ...] = ()
     reported: bool = True  # False: an old report, taken as the built-ins only
     error: str = ""  # why the worker's catalogue failed, where it did
@@ -87,6 +90,7 @@ def catalogue_from_report(*, hostname: str, report: dict[str, Any] | None) -> Ma
         models_tensor_parallel=_names(report.get("models_tensor_parallel")),
         models_stages=_counts(report.get("models_stages")),
         model_sources=dict(sources) if isinstance(sources, dict) else {},
+        language_models=_names(report.get("language_models")),
         dataset_details=tuple(details),
     )
 
@@ -97,6 +101,13 @@ def catalogue_of(machine: WorkerMachine) -> MachineCatalogue:
 
 def catalogues_online() -> list[MachineCatalogue]:
     return [catalogue_of(machine) for machine in WorkerMachine.objects.online()]
+
+
+def language_models_online() -> list[str]:
+    """The language models a run may launch: byte-llama, and each plug-in an online worker
+    reports as one."""
+    reported = (name for c in catalogues_online() for name in c.language_models)
+    return list(dict.fromkeys([*LANGUAGE_MODELS, *reported]))
 
 
 def catalogue_missing(

@@ -282,8 +282,9 @@ def plugin_stages_count(report: dict[str, Any]) -> dict[str, int]:
     a plug-in, so they count it for the launch checks (the web server counts the built-in and
     torchvision's models itself, dashboard/experiments/core/catalogue_checks.py)."""
     sources = report.get("model_sources") or {}
+    language = set(report.get("language_models") or [])
     counts = {
-        name: _stages_of(name)
+        name: _stages_of(name, language=name in language)
         for name in report.get("models_splittable") or []
         if str(sources.get(name, "")).startswith("plug-in")
     }
@@ -291,8 +292,10 @@ def plugin_stages_count(report: dict[str, Any]) -> dict[str, int]:
 
 
 @functools.cache
-def _stages_of(name: str) -> int | None:
-    # Built once on the meta device, once a process: a plug-in changes only with a restart.
+def _stages_of(name: str, *, language: bool) -> int | None:
+    # Built once on the meta device, once a process: a plug-in changes only with a restart. A
+    # language model is built for its own window (its parts do not depend on it).
+    from training.catalogue import language_plugin_window
     from training.models.build import model_stage_limit
 
-    return model_stage_limit(name)
+    return model_stage_limit(name, seq_len=language_plugin_window(name) if language else None)

@@ -123,12 +123,18 @@
     for (const input of languageFields.querySelectorAll("input, select")) {
       input.disabled = !isLanguage;
     }
+    // byte-llama's sizes and sequence parallel; a plug-in's language model has its own.
+    const sized = isLanguage && language.sized.includes(model.value);
+    if (modelSize) {
+      modelSize.disabled = !sized;
+      modelSize.closest("#language-fields > div").hidden = !sized;
+    }
     const size = language.sizes[(modelSize && modelSize.value) || language.size_default];
     if (sizeExplain) sizeExplain.textContent = size ? size.help : "";
-    if (seqLen && size) seqLen.placeholder = "default (" + size.seq_len + ")";
+    if (seqLen) seqLen.placeholder = sized && size ? "default (" + size.seq_len + ")" : "default (its own)";
     if (sequenceParallel) {
       // Read by tensor parallel alone: not sent elsewhere, where the server refuses "off".
-      const read = isLanguage && language.tensor_parallel.includes(strategy.value);
+      const read = sized && language.tensor_parallel.includes(strategy.value);
       const field = document.getElementById("field-sequence_parallel");
       if (field) field.hidden = !read;
       sequenceParallel.disabled = !read;

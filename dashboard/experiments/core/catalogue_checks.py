@@ -146,14 +146,19 @@ def _text_path_check(*, data_path: str, catalogues: list[MachineCatalogue]) -> l
 
 
 def _split_check(*, model: str, strategy: str, catalogues: list[MachineCatalogue]) -> list[str]:
-    if strategy not in SPLIT_STRATEGIES:
-        return []
-    if model in _union([c for c in catalogues if model in c.models], "models_splittable"):
+    if strategy not in SPLIT_STRATEGIES or splittable_reported(model=model, catalogues=catalogues):
         return []
     return [
         f"{strategy} splits the model into stages, and {model} declares none (a plug-in's build "
         "needs a `stages` attribute); pick another strategy or model"
     ]
+
+
+def splittable_reported(*, model: str, catalogues: list[MachineCatalogue] | None = None) -> bool:
+    """Whether a worker that has ``model`` (online, or of ``catalogues``) reports that it cuts
+    into stages (a plug-in's build declares its parts)."""
+    found = catalogues_online() if catalogues is None else catalogues
+    return model in _union([c for c in found if model in c.models], "models_splittable")
 
 
 def _tensor_plan_check(

@@ -56,9 +56,10 @@ def experiment_script_facts(*, experiment: Experiment) -> list[dict[str, str]]:
 
 def experiment_language_settings(*, experiment: Experiment) -> dict[str, Any]:
     """A language model's size, window and sequence parallel as it trains with them (a blank
-    size or window: the size's default); None each for the other models (the read JSON's)."""
-    if experiment.model not in LANGUAGE_MODELS:
-        return {"model_size": None, "seq_len": None, "sequence_parallel": None}
+    size or window: the size's default); None each for the other models (the read JSON's). A
+    plug-in's language model has its own size and plan: its window alone (None: its build's)."""
+    if experiment.model not in LANGUAGE_MODELS:  # (the launch emptied it for a classifier)
+        return {"model_size": None, "seq_len": experiment.seq_len, "sequence_parallel": None}
     name = experiment.model_size or BYTE_LLAMA_SIZE_DEFAULT
     size = BYTE_LLAMA_SIZES.get(name)  # None: a size the engine no longer has
     return {
@@ -72,8 +73,9 @@ def experiment_language_facts(*, experiment: Experiment) -> list[dict[str, str]]
     """The run page's Settings rows of a language model (empty for the other models): its
     size with the engine's line for it, its window, and sequence parallel where it is read."""
     settings = experiment_language_settings(experiment=experiment)
-    if settings["model_size"] is None:
-        return []
+    if settings["model_size"] is None:  # a plug-in's language model: its window, where given
+        window = settings["seq_len"]
+        return [{"label": "Window", "value": f"{window} bytes", "help": ""}] if window else []
     size = BYTE_LLAMA_SIZES.get(settings["model_size"])
     rows = [
         {"label": "Model size", "value": settings["model_size"], "help": size.help if size else ""},

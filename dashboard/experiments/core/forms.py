@@ -23,6 +23,7 @@ from dashboard.experiments.core.catalogue_options import (
 from dashboard.experiments.core.language_fields import (
     language_clean,
     model_size_field,
+    run_language,
     seq_len_help,
     sequence_parallel_field,
     stage_count,
@@ -428,7 +429,7 @@ class ExperimentForm(forms.ModelForm):
         for refusal in pipeline_refusals(
             strategy, processes=data["processes"], batch_size=data.get("batch_size") or 1,
             microbatches=data.get("microbatches"), schedule=data.get("pipeline_schedule"),
-            stages=stages, language=bool(data.get("seq_len")),
+            stages=stages, language=run_language(model=model, dataset=data.get("dataset") or ""),
         ):  # fmt: skip
             self.add_error(refusal.field, refusal.message)
         if not self._nodes_clean(data, spec) or not self._backend_clean(data) or self.errors:

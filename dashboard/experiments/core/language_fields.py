@@ -10,6 +10,10 @@ the same reason. A run stores what it trains with: a blank size or window become
 default, sequence parallel its default where tensor parallel splits the model, and all three
 are emptied for the other models (the page keeps their fields, hidden, as the user switches
 models; the API refuses them there, api_launch.py).
+
+A plug-in's language model is installed on the workers alone: this server knows it as one from
+their reports (``language_models``), and hands that to the engine's refusals. It has its own
+size and plan, so its run stores its window only (blank: its build's).
 """
 
 from __future__ import annotations
@@ -18,6 +22,8 @@ from typing import Any, Final
 
 from django import forms
 
+from dashboard.devices.catalogue import language_models_online
+from dashboard.experiments.core.catalogue_checks import splittable_reported
 from training.refusals import language_refusals
 from training.registry import TENSOR_PARALLEL_STRATEGIES, StrategySpec
 from training.text_catalogue import (
@@ -26,6 +32,7 @@ from training.text_catalogue import (
     BYTE_LLAMA_SIZES,
     LANGUAGE_MODELS,
     SEQ_LEN_BOUNDS,
+    TEXT_DATASETS,
 )
 
 LANGUAGE_FIELDS: Final = ("model_size", "seq_len", "sequence_parallel")
@@ -73,9 +80,11 @@ def sequence_parallel_field() -> forms.NullBooleanField:
 
 def language_facts() -> dict[str, Any]:
     """What the launch form's script needs (the page's JSON): which models are language
-    models, and each size's window and line of help."""
+    models (a plug-in's as the workers report it), which of them have byte-llama's sizes and
+    sequence parallel, and each size's window and line of help."""
     return {
-        "language_models": list(LANGUAGE_MODELS),
+        "language_models": language_models_online(),
+        "sized": list(LANGUAGE_MODELS),
         "sizes": {
             size.name: {"seq_len": size.seq_len, "help": size.help}
             for size in BYTE_LLAMA_SIZES.values()
@@ -90,26 +99,38 @@ def language_clean(
 ) -> list[tuple[str, str]]:
     """``data``'s language fields as the run trains with them, and the refusals as
     (field, message): see the module docstring."""
-    language = model in LANGUAGE_MODELS
+    language = model in language_models_online()
     refusals: list[tuple[str, str]] = []
     if not language:
         data.update(model_size="", seq_len=None, sequence_parallel=None)
-    else:
-        size = BYTE_LLAMA_SIZES[data.get("model_size") or BYTE_LLAMA_SIZE_DEFAULT]
-        data["model_size"], data["seq_len"] = size.name, data.get("seq_len") or size.seq_len
-        given = data.get("sequence_parallel")
-        if spec.name in TENSOR_PARALLEL_STRATEGIES:
-            data["sequence_parallel"] = SEQUENCE_PARALLEL_DEFAULT if given is None else given
-        elif why := sequence_parallel_not_read(spec.name, given):
-            refusals.append(("sequence_parallel", why))
-        else:
-            data["sequence_parallel"] = None
+    elif model in LANGUAGE_MODELS:  # a plug-in's keeps its own size and plan (refused below)
+        refusals += _byte_llama_clean(data, spec=spec)
     found = language_refusals(
         spec.name, model=model, dataset=data.get("dataset") or "",
         processes=data.get("processes") or 1, model_size=data.get("model_size") or None,
         seq_len=data.get("seq_len"), sequence_parallel=data.get("sequence_parallel"),
+        language=language, splittable=splittable_reported(model=model) if language else None,
     )  # fmt: skip
     return refusals + [(refusal.field, refusal.message) for refusal in found]
+
+
+def _byte_llama_clean(data: dict[str, Any], *, spec: StrategySpec) -> list[tuple[str, str]]:
+    size = BYTE_LLAMA_SIZES[data.get("model_size") or BYTE_LLAMA_SIZE_DEFAULT]
+    data["model_size"], data["seq_len"] = size.name, data.get("seq_len") or size.seq_len
+    given = data.get("sequence_parallel")
+    if spec.name in TENSOR_PARALLEL_STRATEGIES:
+        data["sequence_parallel"] = SEQUENCE_PARALLEL_DEFAULT if given is None else given
+    elif why := sequence_parallel_not_read(spec.name, given):
+        return [("sequence_parallel", why)]
+    else:
+        data["sequence_parallel"] = None
+    return []
+
+
+def run_language(*, model: str, dataset: str) -> bool:
+    """Whether a stored run trains a language model: byte-llama, or a model on text (the launch
+    checks paired text with a language model alone, a plug-in's as its workers reported it)."""
+    return model in LANGUAGE_MODELS or dataset in TEXT_DATASETS
 
 
 def sequence_parallel_not_read(strategy: str, value: Any) -> str:
@@ -136,8 +157,9 @@ def language_not_read(payload: dict[str, Any], *, model: str, strategy: str) -> 
     """The language fields a request gives (not null, not blank) that its run would not read,
     with why: every one for a model that is no language model, sequence parallel off for a
     strategy that is no tensor parallel. The API refuses them; a study skips such a cell."""
-    if model in LANGUAGE_MODELS:
+    language = language_models_online()
+    if model in language:
         why = sequence_parallel_not_read(strategy, payload.get("sequence_parallel"))
         return {"sequence_parallel": why} if why else {}
-    why = f"only a language model reads it ({', '.join(LANGUAGE_MODELS)}), not {model}"
+    why = f"only a language model reads it ({', '.join(language)}), not {model}"
     return {name: why for name in LANGUAGE_FIELDS if payload.get(name) not in (None, "")}

@@ -21,9 +21,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
+from dashboard.experiments.core.language_fields import run_language
 from dashboard.experiments.metrics.throughput import Throughput, run_figure, throughputs_read
 from dashboard.experiments.models import Experiment
-from training.text_catalogue import LANGUAGE_MODELS
 
 TOKENS_TITLE: Final = "Tokens/s so far"
 TOKENS_RULE: Final = (
@@ -55,7 +55,7 @@ SAMPLE_MAX_CHARS: Final = 2000
 
 def language_model(experiment: Experiment) -> bool:
     """Whether the run trains a language model (and has these figures)."""
-    return experiment.model in LANGUAGE_MODELS
+    return run_language(model=experiment.model, dataset=experiment.dataset)
 
 
 def _number(value: Any) -> float | None:

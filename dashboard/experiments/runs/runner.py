@@ -24,6 +24,7 @@ from django.db import DatabaseError
 from dashboard.devices.facts import machine_samples_collect
 from dashboard.env import env_float
 from dashboard.experiments.core.catalogue_checks import FOLDER_DATASETS
+from dashboard.experiments.core.language_fields import run_language
 from dashboard.experiments.core.messages import Body
 from dashboard.experiments.core.profiles import profiles_dir
 from dashboard.experiments.core.transitions import Outcome
@@ -60,7 +61,6 @@ from dashboard.experiments.scripts.environment import script_environment
 from training.catalogue import MODEL_DEFAULT
 from training.protocol import Event
 from training.registry import strategy_get
-from training.text_catalogue import LANGUAGE_MODELS
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +128,7 @@ def training_command(*, experiment: Experiment) -> list[str]:
 def language_flags(*, experiment: Experiment) -> list[str]:
     """A language model's size and window, as the run stores them, and tensor parallel's split
     by sequence where its strategy reads it (the engine refuses them for the other models)."""
-    if experiment.model not in LANGUAGE_MODELS:
+    if not run_language(model=experiment.model, dataset=experiment.dataset):
         return []
     flags = ["--model-size", experiment.model_size] if experiment.model_size else []
     if experiment.seq_len:
