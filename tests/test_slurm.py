@@ -140,19 +140,19 @@ def test_ddp_over_both_nodes_pends_requeues_resumes_and_succeeds(slurm: SlurmSta
     reason = pending["scheduler"]["reason"]
     assert pending["status"] == "queued" and pending["scheduler"]["state"] == "PENDING"
     assert pending["waiting_reason"].endswith(f"is pending: {reason}"), pending
-    # Its priority is its job's nice (0 at the top of Trainyard's scale), and follows a change.
+    # Its priority is its job's nice (0 at the default, as a bare sbatch's), and follows a change.
     pending_job = pending["scheduler"]["job_id"]
 
     def nice() -> str:
         return slurm.cluster.run("squeue", "-h", "-j", pending_job, "-o", "%y").strip()
 
-    assert nice() == "1000", nice()
+    assert nice() == "0", nice()
     moved = slurm.staff.post(
-        f"{slurm.stack.base_url}/api/queue/{waiting['id']}/priority/", json={"priority": 1000},
+        f"{slurm.stack.base_url}/api/queue/{waiting['id']}/priority/", json={"priority": -700},
         timeout=30,
     )  # fmt: skip
     assert moved.status_code == 200, moved.text
-    wait_for(lambda: nice() == "0", timeout=10, what="the job's nice after the priority")
+    wait_for(lambda: nice() == "700", timeout=10, what="the job's nice after the priority")
     # An administrator cancels it: the run ends with the reason, within the reconciler's period.
     slurm.cluster.run("scancel", pending["scheduler"]["job_id"])
     cancelled = slurm.until(waiting["id"], lambda r: r["status"] == "cancelled", timeout=30,

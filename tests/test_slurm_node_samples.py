@@ -56,6 +56,10 @@ def test_a_nodes_line_adds_only_its_machines_figures() -> None:
     })  # fmt: skip
     assert node_samples_parse(line) == {"machine/n2/cpu_percent": 40.0,
                                         "gpu/n2/0/utilization": 90.0}  # fmt: skip
+    # Keys of the job's nodes only, as the sampler names them: a script's own are no series.
+    made_up = {f"machine/n2/cpu_{i}": 1 for i in range(3)} | {"gpu/n9/0/utilization": 5}
+    assert node_samples_parse(SAMPLE_PREFIX + json.dumps(made_up), nodes=["n1", "n2"]) == {}
+    assert node_samples_parse(line, nodes=["n1"]) == {}
     assert node_samples_parse(SAMPLE_PREFIX + "[1, 2") == {}
     assert node_samples_parse("an ordinary line") is None
 
@@ -66,7 +70,8 @@ def test_the_step_keeps_a_nodes_samples_out_of_the_trainings_output() -> None:
         [sys.executable, "-c", f"{said}; print('a log line', file=sys.stderr)"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    process = SlurmStepProcess(popen, job_id="7", nodes=[SlurmNode("n1", "", 1, 0, "", "n1")])
+    nodes = [SlurmNode(name, "", 1, 0, "", name) for name in ("n1", "n2")]
+    process = SlurmStepProcess(popen, job_id="7", nodes=nodes)
     lines, closed = [], 0
     for _ in range(100):  # both streams closed well before
         source, text = process.line_next(1.0)

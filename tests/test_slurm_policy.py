@@ -41,12 +41,11 @@ def fake(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, settings: Any) -> Slur
     return fake
 
 
-def test_higher_priority_is_a_lower_nice_never_below_zero() -> None:
+def test_a_lowered_priority_is_a_higher_nice_and_the_default_none() -> None:
     low, high = PRIORITY_RANGE
-    assert priority_nice(high) == 0  # as a bare sbatch: no user may ask for less
-    assert priority_nice(0) == high
-    assert priority_nice(low) == high - low
-    assert priority_nice(high + 50) == 0 and priority_nice(low - 50) == high - low
+    assert priority_nice(0) == 0 and priority_nice(high) == 0  # as a bare sbatch's job
+    assert priority_nice(-300) == 300 and priority_nice(low) == -low
+    assert priority_nice(high + 50) == 0 and priority_nice(low - 50) == -low
     niceness = [priority_nice(p) for p in range(low, high + 1)]
     assert niceness == sorted(niceness, reverse=True) and min(niceness) == 0
 
@@ -56,10 +55,10 @@ def test_the_job_asks_for_the_priority_and_the_sites_qos(settings: Any) -> None:
     settings.TRAINYARD_SLURM_SBATCH_ARGS = "--qos=urgent"
     request = JobRequest(
         experiment_id=3, nodes=1, ranks_per_node=1, gpus_per_node=0, partition="",
-        time_limit_minutes=None, log=Path("x.out"), priority=250,
+        time_limit_minutes=None, log=Path("x.out"), priority=-250,
     )  # fmt: skip
     args = sbatch_args(request)
-    assert f"--nice={PRIORITY_RANGE[1] - 250}" in args and "--qos=ml" in args
+    assert "--nice=250" in args and "--qos=ml" in args
     # The site's own options come last: sbatch takes an option's last value, so they win.
     assert args[-1] == "--qos=urgent" and args.index("--qos=ml") < len(args) - 1
     settings.TRAINYARD_SLURM_QOS = ""
@@ -78,7 +77,7 @@ def test_a_slurm_launch_is_bounded_per_user_and_submits_with_its_nice(
     assert first.status_code == 201, first.content
     assert Experiment.objects.get().scheduler_job_id == "4242"
     (sbatch,) = fake.calls("sbatch")
-    assert f"--nice={PRIORITY_RANGE[1]}" in sbatch.split() and "--qos=ml" in sbatch.split()
+    assert "--nice=0" in sbatch.split() and "--qos=ml" in sbatch.split()
     with django_capture_on_commit_callbacks(execute=True):
         refused = api_post(api, LAUNCH)
     assert refused.status_code == 429 and refused.json()["limit"] == "queued_runs"
@@ -92,7 +91,7 @@ def test_a_slurm_launch_is_bounded_per_user_and_submits_with_its_nice(
 
 
 def test_a_priority_changed_in_the_queue_renices_the_pending_job(
-    user_factory: Any, experiment_factory: Any, fake: SlurmFake,
+    user_factory: Any, experiment_factory: Any, fake: SlurmFake, settings: Any,
     django_capture_on_commit_callbacks: Any,
 ) -> None:  # fmt: skip
     from django.test import Client
@@ -102,13 +101,40 @@ def test_a_priority_changed_in_the_queue_renices_the_pending_job(
     run = experiment_factory(owner=user_factory(), strategy="ddp", processes=1,
                              backend=Backend.SLURM, scheduler_job_id="77")  # fmt: skip
     workers = experiment_factory(owner=user_factory(), strategy="ddp", processes=1)
-    for pk, priority in ((run.pk, 900), (workers.pk, 5)):
+    for pk, priority in ((run.pk, -900), (workers.pk, 5)):
         with django_capture_on_commit_callbacks(execute=True):
             answer = staff.post(f"/api/queue/{pk}/priority/", json.dumps({"priority": priority}),
                                 content_type="application/json")  # fmt: skip
         assert answer.status_code == 200, answer.content
     # The Slurm run's job only; a run on the workers has none.
-    assert fake.calls("scontrol") == [f"scontrol update JobId=77 Nice={PRIORITY_RANGE[1] - 900}"]
+    assert fake.calls("scontrol") == ["scontrol update JobId=77 Nice=900"]
+    # Where the site's own --nice rules every job, a priority leaves it be.
+    settings.TRAINYARD_SLURM_SBATCH_ARGS = "--account=ml --nice=50"
+    with django_capture_on_commit_callbacks(execute=True):
+        staff.post(f"/api/queue/{run.pk}/priority/", json.dumps({"priority": -10}),
+                   content_type="application/json")  # fmt: skip
+    assert len(fake.calls("scontrol")) == 1
+
+
+def test_a_priority_changed_while_sbatch_runs_renices_the_new_job(
+    user_factory: Any, experiment_factory: Any, fake: SlurmFake, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The change finds no job to renice yet, and sbatch was asked with the priority before it:
+    the submission sets the job's nice from the row's priority once it has the job."""
+    from dashboard.experiments.runs.slurm import submit
+
+    run = experiment_factory(owner=user_factory(), strategy="ddp", processes=1,
+                             backend=Backend.SLURM, status=Status.QUEUED)  # fmt: skip
+    sbatch = submit.slurm_job_submit
+
+    def changed_meanwhile(request: Any) -> str:
+        Experiment.objects.filter(pk=run.pk).update(priority=-40)  # the staff's, mid-sbatch
+        return sbatch(request)
+
+    monkeypatch.setattr(submit, "slurm_job_submit", changed_meanwhile)
+    assert submit.slurm_run_submit(experiment_id=run.pk) == "4242"
+    assert "--nice=0" in fake.calls("sbatch")[0].split()
+    assert fake.calls("scontrol") == ["scontrol update JobId=4242 Nice=40"]
 
 
 def _node_argv(*, command: list[str], tail: list[str], env: dict[str, str]) -> list[str]:

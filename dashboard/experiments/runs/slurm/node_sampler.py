@@ -17,15 +17,19 @@ import argparse
 import json
 import math
 import os
+import re
 import socket
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 # A line of this prefix on a node's stderr is a sample, not the training's output.
 SAMPLE_PREFIX = "trainyard-node-sample "
-# The series a node's line may add: its machine's and its GPUs' (never a training's figure).
-SAMPLE_KEYS = ("machine/", "gpu/")
+# The series a node's line may add: its machine's and its GPUs' as devices/facts.py names them
+# (never a training's figure, nor a key of a script's making: any rank may print the prefix,
+# and each new key would be a series of the run's).
+SAMPLE_KEY = re.compile(r"^(?:machine/([^/]{1,100})/cpu_percent|"
+                        r"gpu/([^/]{1,100})/\d{1,3}/(?:utilization|memory_bytes))$")  # fmt: skip
 
 
 def node_sampler_command(*, python: str, interval: float) -> list[str]:
@@ -34,9 +38,10 @@ def node_sampler_command(*, python: str, interval: float) -> list[str]:
     return [python, "-m", module, "--interval", f"{interval:g}"]
 
 
-def node_samples_parse(line: str) -> dict[str, float] | None:
-    """The samples of a node's line (None: not one). Only machine and GPU keys, only numbers:
-    a training that prints the prefix itself adds no figure of its own."""
+def node_samples_parse(line: str, *, nodes: Collection[str] = ()) -> dict[str, float] | None:
+    """The samples of a node's line (None: not one). Only machine and GPU keys of the job's
+    `nodes` (any node where none are given), only numbers: a training that prints the prefix
+    itself adds no figure of its own."""
     if not line.startswith(SAMPLE_PREFIX):
         return None
     try:
@@ -46,9 +51,10 @@ def node_samples_parse(line: str) -> dict[str, float] | None:
     if not isinstance(found, dict):
         return {}
     return {
-        str(key): float(value)
+        key: float(value)
         for key, value in found.items()
-        if str(key).startswith(SAMPLE_KEYS)
+        if (named := SAMPLE_KEY.match(str(key)))
+        and (not nodes or (named[1] or named[2]) in nodes)
         and isinstance(value, int | float)
         and not isinstance(value, bool)
         and math.isfinite(value)

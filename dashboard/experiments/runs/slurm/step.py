@@ -79,7 +79,8 @@ class SlurmStepProcess(TrainingProcess):
     def line_next(self, timeout: float) -> OutputLine:
         """The training's next line; a node's samples are kept apart (and read as no line)."""
         source, line = super().line_next(timeout)
-        samples = node_samples_parse(line) if source == "stderr" and line else None
+        names = [node.name for node in self.nodes]
+        samples = node_samples_parse(line, nodes=names) if source == "stderr" and line else None
         if samples is None:
             return source, line
         if samples:

@@ -66,6 +66,10 @@ def slurm_run_submit(*, experiment_id: int, replacing: str | None = None) -> str
         slurm_job_cancel_quietly(job_id=job_id)
         return None
     run.scheduler_job_id, run.scheduler_state, run.scheduler_reason = job_id, "PENDING", ""
+    # A priority changed while sbatch ran found no job to renice (or the one this replaces):
+    # this job asked with the priority read before, so it takes the row's now.
+    if Experiment.objects.filter(pk=run.pk).exclude(priority=run.priority).exists():
+        slurm_run_reprioritised(experiment_id=run.pk)
     sink = EventSink(run)
     sink.add({"type": "status", "status": Status.QUEUED, "reason": said})
     sink.add(scheduler_body(run))  # the page's job line: "not submitted yet" until now

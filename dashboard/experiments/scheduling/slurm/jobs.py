@@ -64,11 +64,23 @@ class JobRequest:
 
 
 def priority_nice(priority: int) -> int:
-    """sbatch's --nice for a run's priority: the top of Trainyard's scale is 0, each step down
-    one more. Never negative: Slurm takes a negative nice (a raised priority) from its
-    administrators only, and refuses the job of anyone else."""
-    low, high = PRIORITY_RANGE
-    return high - min(high, max(low, priority))
+    """sbatch's --nice for a run's priority: a run at the default or above is 0, as a bare
+    sbatch's job (so Trainyard's jobs never queue behind the same user's own for being
+    Trainyard's), and a lowered one its distance below (priority -300: nice 300). Never
+    negative: Slurm takes a negative nice (a raised priority) from its administrators only, and
+    refuses the job of anyone else; nor does one user's raised run pass other users' jobs, as
+    on the workers' queue, where priority orders a user's own runs only (scheduling/fair.py)."""
+    low, _high = PRIORITY_RANGE
+    return -min(0, max(low, priority))
+
+
+def site_sets_nice() -> bool:
+    """The site's TRAINYARD_SLURM_SBATCH_ARGS give every job its nice: theirs wins, at
+    submission and after."""
+    return any(
+        word == "--nice" or word.startswith("--nice=")
+        for word in shlex.split(settings.TRAINYARD_SLURM_SBATCH_ARGS)
+    )
 
 
 def sbatch_args(request: JobRequest) -> list[str]:
@@ -211,7 +223,9 @@ def slurm_job_cancel(job_id: str, *, signal: str = "", here: bool = False) -> No
 
 def slurm_job_renice(job_id: str, *, priority: int) -> None:
     """A pending job's nice set anew for its run's priority (one a user may set: never
-    negative)."""
+    negative); none where the site's own --nice rules every job."""
+    if site_sets_nice():
+        return
     slurm_run(["scontrol", "update", f"JobId={job_id}", f"Nice={priority_nice(priority)}"])
 
 
