@@ -90,6 +90,17 @@ def section_open(page: Any, section: str) -> bool:
     return bool(page.evaluate("(id) => document.getElementById('section-' + id).open", section))
 
 
+def section_saved(page: Any, section: str, *, open_: bool) -> None:
+    """Wait for the section's folding to be stored: <details> fires its toggle event as a task
+    after the click, and a reload before it loses the choice (CI's PostgreSQL pass reloaded
+    first once)."""
+    page.wait_for_function(
+        """([id, open]) => Object.keys(localStorage).some(
+             (key) => JSON.parse(localStorage.getItem(key))[id] === open)""",
+        arg=[section, open_],
+    )
+
+
 def test_sections_fold_and_stay_folded_after_a_reload(
     sized: Any, live_server: Any, runs: dict[str, Any]
 ) -> None:
@@ -99,6 +110,8 @@ def test_sections_fold_and_stay_folded_after_a_reload(
     assert section_open(sized, "training") and not section_open(sized, "memory")
     sized.locator("#section-training > summary").click()
     sized.locator("#section-memory > summary").click()
+    section_saved(sized, "training", open_=False)
+    section_saved(sized, "memory", open_=True)
     assert not sized.locator("[data-chart='train_loss'] canvas").is_visible()
     # A chart drawn while folded takes the section's width once opened.
     width = "(id) => TrainyardCharts.instances.get(id).u.width"
@@ -112,6 +125,7 @@ def test_sections_fold_and_stay_folded_after_a_reload(
     keys = sized.evaluate("() => Object.keys(localStorage)")
     assert keys == [f"trainyard:sections:{runs['user'].pk}"]
     sized.locator("#section-training > summary").click()
+    section_saved(sized, "training", open_=True)
     sized.reload()
     page_open(sized, at["compare"])
     assert section_open(sized, "training")
