@@ -23,6 +23,7 @@ from tests.conftest import need
 from tests.slurm_cluster import SlurmCluster, slurm_cluster_running, slurm_missing
 from tests.stack import Stack, stack_running, wait_for
 from tests.test_integration import socket_open
+from tests.test_script_stack import PLAIN_DDP, folder_packed, series_of
 from tests.test_survival_integration import assert_history_whole, points
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
@@ -44,18 +45,22 @@ class SlurmStack:
         assert response.status_code == 201, response.text
         return dict(response.json())
 
-    def run(self, pk: int) -> dict[str, Any]:
-        response = self.alice.get(f"{self.stack.base_url}/api/experiments/{pk}/", timeout=10)
+    def run(self, pk: int, *, by: requests.Session | None = None) -> dict[str, Any]:
+        """The run's read JSON, as alice (or `by`) reads it."""
+        response = (by or self.alice).get(f"{self.stack.base_url}/api/experiments/{pk}/",
+                                          timeout=10)  # fmt: skip
         return dict(response.json())
 
-    def until(self, pk: int, test: Any, *, timeout: float, what: str) -> dict[str, Any]:
+    def until(
+        self, pk: int, test: Any, *, timeout: float, what: str, by: requests.Session | None = None
+    ) -> dict[str, Any]:
         """The run once `test(run)` holds (its read JSON), with the logs where it never does."""
         try:
-            found = wait_for(lambda: r if test(r := self.run(pk)) else None, timeout=timeout,
-                             what=what, interval=0.3)  # fmt: skip
+            found = wait_for(lambda: r if test(r := self.run(pk, by=by)) else None,
+                             timeout=timeout, what=what, interval=0.3)  # fmt: skip
             return found or {}
         except TimeoutError:
-            raise AssertionError(f"{what}: {self.run(pk)}\n{self.diagnostics()}") from None
+            raise AssertionError(f"{what}: {self.run(pk, by=by)}\n{self.diagnostics()}") from None
 
     def diagnostics(self) -> str:
         jobs = "\n".join(
@@ -225,6 +230,45 @@ def test_stop_cancels_the_job_and_leaves_no_process(slurm: SlurmStack) -> None:
         left = [" ".join(p.cmdline())[:200] for p in slurm.cluster.left_behind()]
         raise AssertionError(f"left behind: {left}") from None
     print(f"Stop to no process left: {time.monotonic() - asked:.1f} s")
+
+
+def test_a_users_script_runs_as_a_job_over_both_nodes_and_is_profiled(slurm: SlurmStack) -> None:
+    """A script run (an uploaded folder and its entry point) on Slurm: one process a node, its
+    ranks' figures and logs each reported, a profile on request, to its success."""
+    base = slurm.stack.base_url
+    packed = folder_packed(PLAIN_DDP)
+    code = slurm.staff.post(f"{base}/api/code/", files={"archive": ("code.tar.gz", packed)},
+                            timeout=30)  # fmt: skip
+    assert code.status_code == 201, code.text
+    launched = slurm.staff.post(f"{base}/api/experiments/", timeout=30, json={
+        "name": "script on two nodes", "strategy": "script", "processes": 1, "nodes": 2,
+        "backend": "slurm", "code": code.json()["id"], "entrypoint": "train.py",
+        "args": ["--steps", "100", "--sleep", "0.05"],
+    })  # fmt: skip
+    assert launched.status_code == 201, launched.text
+    pk = launched.json()["id"]
+    api = f"{base}/api/experiments/{pk}"
+    slurm.until(pk, lambda r: r["step"] > 0, timeout=120, what="the script's first step",
+                by=slurm.staff)  # fmt: skip
+    # A profile on request, as on a worker: the supervisor signals the process the training
+    # named, on its node, through Slurm (step.py); every rank records, over both nodes.
+    asked = slurm.staff.post(f"{api}/profile/", json={"steps": 3}, timeout=10)
+    assert asked.status_code == 202, asked.text
+    latest = f"{api}/profiles/latest/"
+    profile = wait_for(
+        lambda: None if (p := slurm.staff.get(latest, timeout=10).json()["profile"])["in_flight"]
+        else p, timeout=60, what="the profile",
+    )  # fmt: skip
+    assert (profile["state"], profile["recorded_steps"]) == ("ready", 3), profile
+    traces = slurm.staff.get(f"{api}/profiles/", timeout=10).json()
+    assert sorted(t["rank"] for t in traces) == [0, 1] and all(t["bytes"] for t in traces)
+    final = slurm.until(pk, lambda r: r["status"] not in ("queued", "running"), timeout=180,
+                        what="the script run's end", by=slurm.staff)  # fmt: skip
+    assert final["status"] == "succeeded", f"{final}\n{slurm.diagnostics()}"
+    assert [node["worker"] for node in final["placement"]] == ["n1", "n2"]
+    assert {"rank/0/loss", "rank/1/loss"} <= series_of(slurm.staff, slurm.stack, pk).keys()
+    logs = slurm.staff.get(f"{base}/api/experiments/{pk}/logs/", timeout=10).json()
+    assert logs["ranks"] == [0, 1], logs
 
 
 def _first_step(ws: Any, *, timeout: float) -> tuple[dict[str, Any], list[str]]:

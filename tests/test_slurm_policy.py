@@ -148,6 +148,25 @@ def _node_argv(*, command: list[str], tail: list[str], env: dict[str, str]) -> l
     return list(json.loads(done.stdout))
 
 
+def test_a_studys_runs_are_one_job_each(
+    api: Any, fake: SlurmFake, django_capture_on_commit_callbacks: Any
+) -> None:
+    """A study whose base says backend slurm (issue 37, item 7): each of its runs is stored as a
+    Slurm run and submitted as its own job, named for it."""
+    body = {"name": "on the cluster", "target_accuracy": 0.5, "base": LAUNCH,
+            "axes": {"lr": [0.1, 0.01]}}  # fmt: skip
+    with django_capture_on_commit_callbacks(execute=True):
+        response = api.post("/api/studies/", json.dumps(body), content_type="application/json")
+    assert response.status_code == 201, response.content
+    runs = list(Experiment.objects.order_by("pk"))
+    assert [(r.backend, r.lr, r.scheduler_job_id) for r in runs] == [
+        (Backend.SLURM, 0.1, "4242"), (Backend.SLURM, 0.01, "4242"),
+    ]  # fmt: skip
+    names = [next(a for a in call.split() if a.startswith("--job-name=")) for call in
+             fake.calls("sbatch")]  # fmt: skip
+    assert names == [f"--job-name=ty-{r.pk}" for r in runs]
+
+
 # The training's stand-in: its arguments, then the CUDA_VISIBLE_DEVICES it was started with.
 ECHO = [sys.executable, "-c", "import json, os, sys; "
         "print(json.dumps([*sys.argv[1:], os.environ.get('CUDA_VISIBLE_DEVICES')]))"]  # fmt: skip

@@ -214,7 +214,7 @@ class ScriptLauncher:
                 self.done.add(rank)
             elif kind == "metrics":
                 self.metrics_emit(event, rank=rank)
-            elif kind == "checkpoint" and rank == 0 and self.chief:
+            elif kind == "checkpoint" and rank == 0:  # the launcher of rank 0 (windows_take)
                 self.events.emit(
                     "checkpoint", epoch=0, step=_count(event.get("step")),
                     path=str(event.get("path")), requested=event.get("requested") is True,
@@ -222,11 +222,13 @@ class ScriptLauncher:
                 )  # fmt: skip
 
     def windows_take(self) -> None:
-        """The observer's windows (rank 0's, on the first machine): each a `step` event with
-        every rank's phases, passed on as the engine's are; and its `profile` events."""
+        """The observer's windows (rank 0's): each a `step` event with every rank's phases,
+        passed on as the engine's are; and its `profile` events. Only the launcher of rank 0
+        reads any, and it need not be the first machine's: torchrun's c10d rendezvous numbers
+        the machines by address, then its agent's PID (so under srun, or on one host, either)."""
         for event in self.observer_events.read():
             window = event["type"] == "step" and isinstance(event.get("ranks"), list)
-            if self.chief and (window or event["type"] == "profile"):
+            if window or event["type"] == "profile":
                 fields = {k: v for k, v in event.items() if k not in ENVELOPE_KEYS}
                 self.events.emit(event["type"], **fields)
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -161,7 +162,7 @@ class SlurmStep:
         sampler = node_sampler_command(python=sys.executable, interval=sample_interval())
         srun = srun_command(nodes=len(self.nodes), cwd=cwd, command=command, tail=tail,
                             sampler=sampler)  # fmt: skip
-        popen = training_popen(command=srun, env=env, cwd=cwd)
+        popen = training_popen(command=srun, env={**env, **slurm_environment()}, cwd=cwd)
         return SlurmStepProcess(popen, job_id=self.job_id, nodes=self.nodes)
 
     def ended_outside(self) -> bool:
@@ -196,6 +197,13 @@ class SlurmStep:
             # The checkpoint is written (or none could be): end this attempt to resume from it.
             state.resuming = True
             requests.stop(by=STOPPED_BY_WARNING)
+
+
+def slurm_environment() -> dict[str, str]:
+    """The job's own SLURM_* variables (its id, its steps', the site's SLURM_CONF): srun needs
+    them to start its step inside this allocation, and a script run's environment
+    (scripts/environment.py's allowlist) leaves them out. They describe the job, not a secret."""
+    return {name: value for name, value in os.environ.items() if name.startswith("SLURM_")}
 
 
 def process_node(*, started: Mapping[str, Any] | None, pid: int, nodes: list[SlurmNode]) -> str:
