@@ -161,3 +161,42 @@ def test_a_recording_the_script_outlives_not_is_refused_and_each_request_taken_o
     assert rank.sent[-1]["message"] == "the script ended after 1 of its 3 step(s)"
     rank.steps(3)  # the control file still names request 4: taken already
     assert len(rank.sent) == 2
+
+
+def test_the_launcher_of_rank_0_passes_its_windows_on_on_any_machine(tmp_path: Path) -> None:
+    """torchrun's c10d rendezvous numbers the machines by address, then agent PID: rank 0 may be
+    on a machine other than the first (under srun, either node). Its launcher alone reads the
+    observer's windows and rank 0's events, and passes them on (else a profile never ends)."""
+    import io
+    import shutil
+
+    from training.config import parse_args
+    from training.protocol import EventWriter
+    from training.scripts.launch import ScriptLauncher
+
+    (tmp_path / "train.py").write_text("")
+    # The second machine's launcher: no --rdzv-host.
+    cfg = parse_args([
+        "--run-id", "5", "--strategy", "script", "--entrypoint", "train.py", "--code-dir",
+        str(tmp_path), "--nnodes", "2", "--rdzv-endpoint", "h:29400", "--rdzv-id", "r5",
+    ])  # fmt: skip
+    out = io.StringIO()
+    launcher = ScriptLauncher(cfg, EventWriter("5", stream=out))
+    try:
+        assert not launcher.chief
+        said = {"v": 1, "seq": 1, "time": 0.0, "rank": 0}
+        (launcher.folder / "observer-0.jsonl").write_text(
+            json.dumps({**said, "type": "profile", "profile": 2, "state": "recording", "steps": 3})
+            + "\n"
+        )  # fmt: skip
+        (launcher.folder / "rank-0.jsonl").write_text(
+            json.dumps({**said, "type": "checkpoint", "step": 7, "path": "/c/7.pt"}) + "\n"
+        )
+        launcher.windows_take()
+        launcher.events_take()
+    finally:
+        shutil.rmtree(launcher.folder, ignore_errors=True)
+    events = [json.loads(line) for line in out.getvalue().splitlines() if line.startswith("{")]
+    assert [(e["type"], e.get("profile"), e.get("step")) for e in events] == [
+        ("profile", 2, None), ("checkpoint", None, 7),
+    ], out.getvalue()  # fmt: skip
