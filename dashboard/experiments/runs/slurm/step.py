@@ -30,6 +30,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import deque
 from collections.abc import Mapping
 from pathlib import Path
 from subprocess import Popen
@@ -43,6 +44,7 @@ from dashboard.experiments.runs.process import TrainingProcess, training_popen
 from dashboard.experiments.runs.processes import process_tree_stop
 from dashboard.experiments.runs.runner import sample_interval
 from dashboard.experiments.runs.slurm.node_sampler import node_sampler_command, node_samples_parse
+from dashboard.experiments.runs.slurm.rejoin import EventRejoin
 from dashboard.experiments.scheduling.slurm.commands import SlurmError
 from dashboard.experiments.scheduling.slurm.jobs import (
     slurm_job_cancel,
@@ -76,10 +78,20 @@ class SlurmStepProcess(TrainingProcess):
         self.started: Mapping[str, Any] | None = None
         # The other nodes' machine samples, as their lines came (the executor's turn adds them).
         self.samples: list[dict[str, float]] = []
+        self.rejoin = EventRejoin()  # an event line srun cut around another node's line
+        self.rejoined: deque[OutputLine] = deque()
 
     def line_next(self, timeout: float) -> OutputLine:
         """The training's next line; a node's samples are kept apart (and read as no line)."""
-        source, line = super().line_next(timeout)
+        if self.rejoined:
+            source, line = self.rejoined.popleft()
+        else:
+            source, line = super().line_next(timeout)
+            if source == "stdout" and line:
+                self.rejoined.extend(("stdout", whole) for whole in self.rejoin.take(line))
+                if not self.rejoined:
+                    return "", ""
+                source, line = self.rejoined.popleft()
         names = [node.name for node in self.nodes]
         samples = node_samples_parse(line, nodes=names) if source == "stderr" and line else None
         if samples is None:
