@@ -33,12 +33,18 @@ def page(live_server: Any, user_factory: Any, monkeypatch: pytest.MonkeyPatch) -
 def test_the_image_folder_shows_for_imagefolder_and_choices_are_explained(
     page: Any, live_server: Any
 ) -> None:
-    machine("host-a", catalogue_report())
+    machine("host-a", catalogue_report(models=("simple-cnn", "byte-llama", "resnet18")))
     page.goto(f"{live_server.url}/experiments/new/")
     folder = page.locator("#field-data_path")
     assert folder.is_hidden()
     page.select_option("select[name=model]", "resnet18")
     assert "torchvision: A torchvision classifier" in page.text_content("#model-explain")
+    # Each built-in model says what it is, not the other's line.
+    page.select_option("select[name=model]", "byte-llama")
+    assert "language model over bytes" in page.text_content("#model-explain")
+    page.select_option("select[name=model]", "simple-cnn")
+    assert "small CNN for 28x28" in page.text_content("#model-explain")
+    page.select_option("select[name=model]", "resnet18")
     page.select_option("select[name=dataset]", "imagefolder")
     assert folder.is_visible()
     page.select_option("select[name=data_path]", PETS)

@@ -36,7 +36,8 @@ def catalogue_report(
     splittable: tuple[str, ...] | None = None,
     plugins: tuple[str, ...] = (),
 ) -> dict[str, Any]:
-    sources = {m: "built in" if m == "simple-cnn" else "torchvision" for m in models}
+    built_in = ("simple-cnn", "byte-llama")
+    sources = {m: "built in" if m in built_in else "torchvision" for m in models}
     sources |= {m: "plug-in my-models" for m in plugins}
     return {
         "cpu_count": 4,

@@ -80,7 +80,9 @@
     if (!options) return;
     if (model && modelExplain) {
       const group = options.model_groups.find((g) => g.models.includes(model.value));
-      modelExplain.textContent = group ? group.source + ": " + group.help : "";
+      // A built-in model has a line of its own; the others their source's.
+      const own = group && group.model_help && group.model_help[model.value];
+      modelExplain.textContent = group ? group.source + ": " + (own || group.help) : "";
     }
     // Hidden, not dimmed: only imagefolder and textfolder read a path (the server drops it
     // elsewhere); each offers its own folders (the select's groups).

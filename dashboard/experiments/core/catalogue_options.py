@@ -16,15 +16,21 @@ from dashboard.devices.catalogue import (
 from dashboard.experiments.core.catalogue_checks import training_set_size
 from dashboard.experiments.core.language_fields import language_facts
 from dashboard.texts import bytes_text
-from training.catalogue import IMAGEFOLDER, MNIST_SAMPLE_NAME
-from training.text_catalogue import JARGON, TEXTFOLDER
+from training.catalogue import IMAGEFOLDER, MNIST_SAMPLE_NAME, MODEL_DEFAULT
+from training.text_catalogue import BYTE_LLAMA, JARGON, TEXTFOLDER
 
 SOURCE_HELP = {
-    "built in": "Trainyard's small CNN for 28x28 images: the default, and the fastest to train.",
+    "built in": "Trainyard's own model, on every worker.",
     "torchvision": "A torchvision classifier, built untrained (weights=None); its first layer "
     "and its classes are fitted to the dataset, as the run's notes say.",
     "plug-in": "A model of your own, from a package installed on the worker "
     "(entry point trainyard.models).",
+}
+# A built-in model's own line, in place of its source's (the form shows the chosen model's).
+BUILTIN_MODEL_HELP = {
+    MODEL_DEFAULT: "Trainyard's small CNN for 28x28 images: the default, and the fastest to train.",
+    BYTE_LLAMA: "Trainyard's Llama-style language model over bytes (no tokenizer): pick its "
+    "size and window below; it trains on text (jargon or a text folder).",
 }
 BUILTIN_DATASET_HELP = {
     "mnist": "Handwritten digits, 28x28 grey, 10 classes.",
@@ -53,9 +59,11 @@ def _model_groups(catalogues: list[MachineCatalogue]) -> list[dict[str, Any]]:
             if name not in groups.setdefault(source, []):
                 groups[source].append(name)
     return [
-        {"source": source, "help": source_help(source), "models": names}
+        {"source": source, "help": source_help(source), "models": names,
+         "model_help": {name: BUILTIN_MODEL_HELP[name] for name in names
+                        if source == "built in" and name in BUILTIN_MODEL_HELP}}
         for source, names in groups.items()
-    ]
+    ]  # fmt: skip
 
 
 def _datasets(catalogues: list[MachineCatalogue]) -> list[dict[str, Any]]:
