@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,6 +20,9 @@ from typing import Any
 import pytest
 import requests
 
+from dashboard.experiments.runs.process import training_popen
+from dashboard.experiments.runs.slurm.step import SlurmStepProcess
+from dashboard.experiments.scheduling.slurm.jobs import srun_command
 from tests.conftest import need
 from tests.slurm_cluster import SlurmCluster, slurm_cluster_running, slurm_missing
 from tests.stack import Stack, stack_running, wait_for
@@ -108,6 +112,50 @@ def test_a_run_larger_than_every_partition_is_refused(slurm: SlurmStack) -> None
     assert 'id="backend-fields"' in page and '<option value="slurm">Slurm</option>' in page
     assert '<option value="" selected>default (debug)</option>' in page, page
     assert "debug: 2 node(s) of 1 CPU(s), 60 min at most" in page
+
+
+# Task 0 writes long event lines (each cut in 5 to 20 pieces) while task 1 writes short lines on
+# both streams, from the same moment.
+CUT_LINES = """
+import json, os, sys, time
+time.sleep(max(0, float(os.environ["AT"]) - time.time()))
+if os.environ["SLURM_PROCID"] == "0":
+    for i in range(6):
+        pad = "".join(chr(97 + k % 26) for k in range(5000 if i % 2 else 20000))
+        print(json.dumps({"v": 1, "type": "step", "step": i, "pad": pad}), flush=True)
+        said = json.dumps({"step": i, "pad": "é" * 3000}, ensure_ascii=False)
+        print(said, file=sys.stderr, flush=True)
+else:
+    for i in range(2000):
+        print(f"rank 1 line {i}", flush=True)
+        print(f"rank 1 log {i}", file=sys.stderr, flush=True)
+"""
+
+
+def test_a_long_line_srun_cut_around_the_other_nodes_lines_comes_whole(
+    slurm: SlurmStack,
+) -> None:
+    """The training's step as the supervisor starts and reads it (srun_command, --label, then
+    SlurmStepProcess): every line of each task whole and in order, however srun cut it."""
+    srun = srun_command(nodes=2, cwd="/", command=[sys.executable, "-c", CUT_LINES], tail=[])
+    env = {**os.environ, **slurm.cluster.env, "AT": str(time.time() + 3)}
+    popen = training_popen(command=srun, env=env, cwd="/", errors="surrogateescape")
+    process = SlurmStepProcess(popen, job_id="", nodes=[])
+    lines: dict[str, list[str | None]] = {"stdout": [], "stderr": []}
+    deadline = time.monotonic() + 120
+    while len([got for got in lines.values() if got and got[-1] is None]) < 2:  # both closed
+        assert time.monotonic() < deadline, {name: got[-3:] for name, got in lines.items()}
+        source, text = process.line_next(1.0)
+        if source:  # else none came, or a piece (held)
+            lines[source].append(text)
+    assert popen.wait(timeout=30) == 0, lines["stderr"][-5:]
+    out = [line for line in lines["stdout"] if line and not line.startswith("rank 1")]
+    err = [line for line in lines["stderr"] if line and not line.startswith("rank 1")]
+    assert [json.loads(line)["step"] for line in out] == list(range(6)), out[:2]
+    assert [json.loads(line)["pad"] for line in err] == ["é" * 3000] * 6, err[:2]
+    ones = [f"rank 1 line {i}\n" for i in range(2000)]
+    assert [line for line in lines["stdout"] if line and line.startswith("rank 1")] == ones
+    assert sum(bool(line and line.startswith("rank 1 log")) for line in lines["stderr"]) == 2000
 
 
 def test_ddp_over_both_nodes_pends_requeues_resumes_and_succeeds(slurm: SlurmStack) -> None:

@@ -86,20 +86,3 @@ def test_the_step_keeps_a_nodes_samples_out_of_the_trainings_output() -> None:
     assert not [text for _, text in lines if text and SAMPLE_PREFIX in text]
     assert process.samples_take() == [{"machine/n2/cpu_percent": 5.0}]
     assert process.samples_take() == []
-
-
-def test_an_event_srun_cut_around_another_nodes_line_is_rejoined() -> None:
-    """As the cluster gave it (a script's profile `ready` event, 3.4 KB): srun relayed the event's
-    first 2048 bytes, then the other node's whole metrics line, then the event's rest."""
-    from dashboard.experiments.runs.slurm.rejoin import EventRejoin
-
-    ready = json.dumps({"v": 1, "type": "profile", "state": "ready", "pad": "x" * 3400})
-    other = json.dumps({"v": 1, "type": "metrics", "rank": 1}) + "\n"
-    rejoin = EventRejoin()
-    assert rejoin.take(ready[:2048] + other) == []  # held: nothing whole yet
-    assert rejoin.take(ready[2048:] + "\n") == [other, ready + "\n"]
-    # Lines that are whole pass as they came; a head whose rest never fits is given back.
-    assert rejoin.take("step 3 loss 0.5\n") == ["step 3 loss 0.5\n"]
-    assert rejoin.take(ready + "\n") == [ready + "\n"]
-    assert rejoin.take(ready[:2048] + other) == []
-    assert rejoin.take("log\n") == [ready[:2048] + other, "log\n"]

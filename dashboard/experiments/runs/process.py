@@ -27,15 +27,18 @@ def training_process_start(
     return TrainingProcess(training_popen(command=command, env=env, cwd=cwd))
 
 
-def training_popen(*, command: list[str], env: dict[str, str], cwd: Path | str) -> Popen[str]:
+def training_popen(
+    *, command: list[str], env: dict[str, str], cwd: Path | str, errors: str | None = None
+) -> Popen[str]:
     """The launcher as a child of this process, its two streams piped: a TrainingProcess (or a
-    kind of one, runs/slurm/step.py) reads them, once."""
+    kind of one, runs/slurm/step.py) reads them, once; `errors` as open()'s, for their text."""
     return subprocess.Popen(  # noqa: S603 - the command is built from validated fields
         command,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         stdin=subprocess.DEVNULL,
         text=True,
+        errors=errors,
         bufsize=1,
         start_new_session=True,
         preexec_fn=parent_death_signal_set,  # noqa: PLW1509 - only prctl, no locks taken

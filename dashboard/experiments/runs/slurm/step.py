@@ -44,7 +44,7 @@ from dashboard.experiments.runs.process import TrainingProcess, training_popen
 from dashboard.experiments.runs.processes import process_tree_stop
 from dashboard.experiments.runs.runner import sample_interval
 from dashboard.experiments.runs.slurm.node_sampler import node_sampler_command, node_samples_parse
-from dashboard.experiments.runs.slurm.rejoin import EventRejoin
+from dashboard.experiments.runs.slurm.rejoin import TaskLines
 from dashboard.experiments.scheduling.slurm.commands import SlurmError
 from dashboard.experiments.scheduling.slurm.jobs import (
     slurm_job_cancel,
@@ -78,20 +78,23 @@ class SlurmStepProcess(TrainingProcess):
         self.started: Mapping[str, Any] | None = None
         # The other nodes' machine samples, as their lines came (the executor's turn adds them).
         self.samples: list[dict[str, float]] = []
-        self.rejoin = EventRejoin()  # an event line srun cut around another node's line
-        self.rejoined: deque[OutputLine] = deque()
+        # srun's labelled pieces, joined into each task's lines, per stream (a long line comes
+        # cut, other nodes' lines between its pieces), and the whole ones not yet read.
+        self.streams = {"stdout": TaskLines(), "stderr": TaskLines()}
+        self.whole: deque[OutputLine] = deque()
 
     def line_next(self, timeout: float) -> OutputLine:
-        """The training's next line; a node's samples are kept apart (and read as no line)."""
-        if self.rejoined:
-            source, line = self.rejoined.popleft()
-        else:
+        """The training's next line, whole; a node's samples are kept apart (and read as no
+        line), and so is a piece of a cut line."""
+        if not self.whole:
             source, line = super().line_next(timeout)
-            if source == "stdout" and line:
-                self.rejoined.extend(("stdout", whole) for whole in self.rejoin.take(line))
-                if not self.rejoined:
-                    return "", ""
-                source, line = self.rejoined.popleft()
+            stream = self.streams.get(source)
+            if stream is None:  # none came within `timeout`
+                return source, line
+            self.whole.extend((source, whole) for whole in stream.take(line))
+            if not self.whole:  # a piece, held
+                return "", ""
+        source, line = self.whole.popleft()
         names = [node.name for node in self.nodes]
         samples = node_samples_parse(line, nodes=names) if source == "stderr" and line else None
         if samples is None:
@@ -174,7 +177,9 @@ class SlurmStep:
         sampler = node_sampler_command(python=sys.executable, interval=sample_interval())
         srun = srun_command(nodes=len(self.nodes), cwd=cwd, command=command, tail=tail,
                             sampler=sampler)  # fmt: skip
-        popen = training_popen(command=srun, env={**env, **slurm_environment()}, cwd=cwd)
+        # A piece may end inside a character: its bytes, kept, are decoded once joined.
+        popen = training_popen(command=srun, env={**env, **slurm_environment()}, cwd=cwd,
+                               errors="surrogateescape")  # fmt: skip
         return SlurmStepProcess(popen, job_id=self.job_id, nodes=self.nodes)
 
     def ended_outside(self) -> bool:
@@ -214,8 +219,10 @@ class SlurmStep:
 def slurm_environment() -> dict[str, str]:
     """The job's own SLURM_* variables (its id, its steps', the site's SLURM_CONF): srun needs
     them to start its step inside this allocation, and a script run's environment
-    (scripts/environment.py's allowlist) leaves them out. They describe the job, not a secret."""
-    return {name: value for name, value in os.environ.items() if name.startswith("SLURM_")}
+    (scripts/environment.py's allowlist) leaves them out. They describe the job, not a secret.
+    Not SLURM_UNBUFFEREDIO (srun's --unbuffered): its pieces could not be joined (rejoin.py)."""
+    return {name: value for name, value in os.environ.items()
+            if name.startswith("SLURM_") and name != "SLURM_UNBUFFEREDIO"}  # fmt: skip
 
 
 def process_node(*, started: Mapping[str, Any] | None, pid: int, nodes: list[SlurmNode]) -> str:

@@ -167,10 +167,11 @@ def srun_command(
 ) -> list[str]:  # fmt: skip
     """One srun step over the allocation's `nodes`, a task each running `command` (+ `tail`),
     the first node's with --rdzv-host, the others beside `sampler` (NODE_SHELL); a task that
-    fails ends the step."""
+    fails ends the step. --label: each piece of a long line srun relays comes as a line led by
+    its task's number, to join them again (runs/slurm/rejoin.py)."""
     sampler = sampler or []
     return [
-        "srun", f"--nodes={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1",
+        "srun", f"--nodes={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--label",
         f"--chdir={cwd}", "bash", "-c", NODE_SHELL, "trainyard-node",
         str(len(sampler)), *sampler, str(len(command)), *command, *tail,
     ]  # fmt: skip
