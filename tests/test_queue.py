@@ -735,6 +735,22 @@ def test_the_reapers_net_wakes_only_whose_turn_it_is(
     assert reap_lost_runs()["woken"] == []  # and not again at once
 
 
+def test_the_reapers_net_leaves_a_run_just_launched_to_its_own_task(
+    user_factory: Any, experiment_factory: Any, published: list[dict[str, Any]], settings: Any
+):
+    """A run never tried counts from its creation: its launch's task is on its way, and the
+    net's round a second later woke it on another machine's queue too (the stack's placement
+    test saw the stack's worker take a run sent to its own machine's queue)."""
+    settings.TRAINYARD_REDISPATCH_SECONDS = 60
+    WorkerMachine.objects.create(hostname="m1", report={"cpu_count": 2}, reported_at=timezone.now())
+    fresh = queued(experiment_factory, user_factory(), "just launched")
+    assert reap_lost_runs()["woken"] == [] and published == []
+    # Its task lost with the broker's messages: a minute on, it is sent again, once.
+    Experiment.objects.filter(pk=fresh.pk).update(created_at=timezone.now() - timedelta(minutes=5))
+    assert reap_lost_runs()["redispatched"] == [fresh.pk]
+    assert reap_lost_runs() == {"lost": [], "requeued": [], "redispatched": [], "woken": []}
+
+
 def test_a_worker_that_joins_wakes_the_run_whose_turn_it_is_there(
     user_factory: Any,
     experiment_factory: Any,

@@ -121,9 +121,12 @@ def reasons_store(*, ordered: list[Experiment], turns: list[Turn], running: Coun
 
 
 def _due(run: Experiment, due_before: datetime | None) -> bool:
+    """Not tried since `due_before`: a run never tried counts from its creation, so a run just
+    launched (its task on its way) is not woken a second time, on another machine's queue, by
+    the net's next round (the placement test's run went to the stack's worker, not its own)."""
     if due_before is None:
         return True
-    return run.heartbeat_at is None or run.heartbeat_at < due_before
+    return (run.heartbeat_at or run.created_at) < due_before
 
 
 def waiting_reason_store(*, experiment: Experiment, reason: str) -> bool:
