@@ -55,6 +55,9 @@ def choices_of(field: str) -> list[Any]:
 
 
 CHOICE_FIELDS = [f for f in FIELD_TYPES if f not in LIMITS and choices_of(f)]
+# Choices whose empty value is a valid one, their default (core/backends.py: the form's blank
+# backend and the API's "" alike); any other text outside the choices is refused.
+BLANK_IS_DEFAULT = {"backend"}
 
 # --- JSON payloads, invalid by construction ----------------------------------------------------
 
@@ -143,7 +146,8 @@ def out_of_range(draw: Any) -> tuple[dict[str, Any], str]:
         known = choices_of(field)
         kind = FIELD_TYPES[field][0]
         pool = st.integers() if kind is int else st.text(max_size=30)
-        value = draw(pool.filter(lambda v: v not in known))
+        blank = {""} if field in BLANK_IS_DEFAULT else set()
+        value = draw(pool.filter(lambda v: v not in known and v not in blank))
     return {field: value}, field
 
 

@@ -60,6 +60,18 @@ def test_the_default_backend_is_slurm_only_where_no_worker_ever_reported(setting
     assert backend_default() == Backend.CELERY
 
 
+def test_a_blank_backend_is_the_default_and_another_word_is_refused(api: Any) -> None:
+    """As the form's blank choice: the API's "" is the default backend (tests/test_fuzz.py
+    leaves it out of the values it plants as invalid); a backend outside the choices is a
+    400 on its field."""
+    launched = api_post(api, {**DDP, "backend": ""})
+    assert launched.status_code == 201, launched.content
+    assert launched.json()["backend"] == Backend.CELERY
+    refused = api_post(api, {**DDP, "backend": "kubernetes"})
+    assert refused.status_code == 400 and "backend" in refused.json()["errors"]
+    assert Experiment.objects.count() == 1
+
+
 @pytest.mark.parametrize("partition", ["debug,gpu", "--qos=high", "gpu a100", "gpu;true", "$(id)"])
 def test_a_partition_is_one_name(api: Any, settings: Any, partition: str) -> None:
     """A list would let sbatch choose among partitions the launch checks never judged (a
