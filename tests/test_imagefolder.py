@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +14,7 @@ import pytest
 import torch
 
 from tests.imagefolders import image_folder_write
+from tests.plugin_package import plugin_package_write
 from tests.test_training import Result, run_cli
 from training.data.datasets import Split, dataset_meta
 from training.data.sources import RESIDENT_ENV, dataset_open
@@ -178,11 +178,10 @@ def build(*, root, train):
 def test_a_dataset_plugin_trains(
     sample_data: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    (tmp_path / "ty_digits.py").write_text(textwrap.dedent(PLUGIN))
-    info = tmp_path / "ty_digits-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ty-digits\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text("[trainyard.datasets]\ndigits = ty_digits:build\n")
+    plugin_package_write(
+        tmp_path, module="ty_digits", source=PLUGIN, group="trainyard.datasets",
+        entry_points={"digits": "ty_digits:build"},
+    )  # fmt: skip
     root = Path(__file__).resolve().parent.parent
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(tmp_path), str(root)]))
     result = run_cli(sample_data, "--dataset", "digits", *TRAIN, "--epochs", "1")

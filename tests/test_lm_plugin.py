@@ -9,11 +9,11 @@ windows of 32 bytes, within tests/test_lm_exactness.py's tolerance.
 from __future__ import annotations
 
 import os
-import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests.plugin_package import plugin_package_write
 from tests.test_lm_deepspeed import assert_same_training, lm_run
 from tests.test_training import run_cli
 
@@ -121,15 +121,10 @@ pytestmark = pytest.mark.usefixtures("no_processes_left")
 @pytest.fixture
 def plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """The package as pip would install it, on the runs' PYTHONPATH (run_cli passes ours on)."""
-    root = tmp_path / "plugin"
-    root.mkdir()
-    (root / "tinylm.py").write_text(textwrap.dedent(PLUGIN))
-    info = root / "tinylm-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tinylm\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(
-        "[trainyard.models]\ntiny-lm = tinylm:build\ntiny-lm-whole = tinylm:build_whole\n"
-    )
+    root = plugin_package_write(
+        tmp_path / "plugin", module="tinylm", source=PLUGIN, group="trainyard.models",
+        entry_points={"tiny-lm": "tinylm:build", "tiny-lm-whole": "tinylm:build_whole"},
+    )  # fmt: skip
     paths = [str(Path.cwd()), str(root), os.environ.get("PYTHONPATH", "")]
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in paths if p))
     monkeypatch.syspath_prepend(str(root))

@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -22,6 +21,7 @@ from torchvision import models as tv_models
 from dashboard.devices.facts import plugin_stages_count
 from tests.conftest import need
 from tests.few_digits import sample_data_few  # noqa: F401 (the sample_data fixture)
+from tests.plugin_package import plugin_package_write
 from tests.test_exactness import assert_same_parameters
 from tests.test_training import ROOT, Result, assert_well_formed, run_cli
 from training import cli
@@ -186,15 +186,11 @@ def build_plain(*, num_classes, in_channels, image_size):
 @pytest.fixture(scope="module")
 def plugin_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A package as pip would install it: a module and its ``.dist-info`` on a path."""
-    root = tmp_path_factory.mktemp("plugin")
-    (root / "tinynet.py").write_text(textwrap.dedent(PLUGIN))
-    info = root / "tinynet-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: tinynet\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(
-        "[trainyard.models]\ntiny-net = tinynet:build\ntiny-plain = tinynet:build_plain\n"
-    )
-    return root
+    return plugin_package_write(
+        tmp_path_factory.mktemp("plugin"), module="tinynet", source=PLUGIN,
+        group="trainyard.models",
+        entry_points={"tiny-net": "tinynet:build", "tiny-plain": "tinynet:build_plain"},
+    )  # fmt: skip
 
 
 def _with_plugin(sample_data: Path, plugin_path: Path, *args: str) -> Result:

@@ -14,6 +14,7 @@ import pytest
 
 from tests.conftest import need
 from tests.imagefolders import image_folder_write
+from tests.plugin_package import plugin_package_write
 from tests.stack import Stack, wait_for
 from training.text_catalogue import jargon_file
 
@@ -121,13 +122,10 @@ def worker_restart(stack: Stack, **env: str | None) -> None:
 def plugin_installed(stack: Stack, tmp_path: Path) -> Iterator[Path]:
     """A package as pip installs one (its module and its .dist-info) on the worker's path; the
     worker is restarted to find it, and again without it afterwards."""
-    (tmp_path / "trainyard_tinynet.py").write_text(PLUGIN)
-    info = tmp_path / "trainyard_tinynet-0.1.dist-info"
-    info.mkdir()
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: trainyard-tinynet\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(
-        "[trainyard.models]\ntinynet = trainyard_tinynet:build\n"
-    )
+    plugin_package_write(
+        tmp_path, module="trainyard_tinynet", source=PLUGIN, group="trainyard.models",
+        entry_points={"tinynet": "trainyard_tinynet:build"},
+    )  # fmt: skip
     before = stack.env.get("PYTHONPATH")
     worker_restart(stack, PYTHONPATH=":".join(p for p in (str(tmp_path), before) if p))
     yield tmp_path
